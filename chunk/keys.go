@@ -1,0 +1,151 @@
+package chunk
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// ID is a 128-bit content or context ID: two xxhash64 lanes.
+type ID struct{ Lo, Hi uint64 }
+
+func (id ID) String() string { return fmt.Sprintf("%016x%016x", id.Hi, id.Lo) }
+
+// IsZero reports whether id is the zero ID (the standalone context).
+func (id ID) IsZero() bool { return id.Lo == 0 && id.Hi == 0 }
+
+// Less orders IDs by (Hi, Lo), the order of their hex strings.
+func (id ID) Less(o ID) bool { return id.Hi < o.Hi || (id.Hi == o.Hi && id.Lo < o.Lo) }
+
+// ContextKind says what a chunk was encoded after.
+type ContextKind uint8
+
+const (
+	// ContextStandalone: the chunk was encoded alone, at its own position 0.
+	ContextStandalone ContextKind = 1
+	// ContextWindow: encoded after the w tokens that preceded it (fewer when
+	// it started within w tokens of the prompt start); only the chunk's KV
+	// is kept (InferScale's context-window encoding).
+	ContextWindow ContextKind = 2
+	// ContextPrefix: encoded after its whole prefix, identified by the
+	// prefix chain ID; such an entry is exact for that prefix.
+	ContextPrefix ContextKind = 3
+)
+
+func (k ContextKind) String() string {
+	switch k {
+	case ContextStandalone:
+		return "standalone"
+	case ContextWindow:
+		return "window"
+	case ContextPrefix:
+		return "prefix"
+	}
+	return fmt.Sprintf("context(%d)", uint8(k))
+}
+
+// Valid reports whether k is a known kind.
+func (k ContextKind) Valid() bool { return k >= ContextStandalone && k <= ContextPrefix }
+
+// Context is what a chunk was encoded after: a kind and its ID (zero for
+// standalone). Window is w for ContextWindow: the number of tokens the
+// window asked for, which the ID alone does not say.
+type Context struct {
+	Kind   ContextKind
+	Window uint32
+	ID     ID
+}
+
+func (c Context) String() string {
+	switch c.Kind {
+	case ContextStandalone:
+		return "standalone"
+	case ContextWindow:
+		return fmt.Sprintf("window(%d):%s", c.Window, c.ID)
+	}
+	return fmt.Sprintf("%v:%s", c.Kind, c.ID)
+}
+
+// Key names one stored encoding of a chunk.
+type Key struct {
+	Fingerprint Fingerprint
+	Content     ID
+	Context     Context
+}
+
+func (k Key) String() string {
+	return fmt.Sprintf("%s/%s/%s", k.Fingerprint, k.Content, k.Context)
+}
+
+// Domain-separation constants XORed into the lane seeds, so a content ID, a
+// window ID and a prefix ID of the same tokens never coincide. The values
+// are ASCII tags (docs/KEYS.md).
+const (
+	domContentLo uint64 = 0x636f6e74656e742e // "content."
+	domContentHi uint64 = 0x2e636f6e74656e74 // ".content"
+	domWindowLo  uint64 = 0x77696e646f772e2e // "window.."
+	domWindowHi  uint64 = 0x2e2e77696e646f77 // "..window"
+	domPrefixLo  uint64 = 0x7072656669782e2e // "prefix.."
+	domPrefixHi  uint64 = 0x2e2e707265666978 // "..prefix"
+)
+
+// hashTokens runs the two lanes over tokens as little-endian uint32s. It
+// does not allocate: tokens go through a stack buffer.
+func hashTokens(seedLo, seedHi uint64, tokens []uint32) ID {
+	var lo, hi xxhash.Digest
+	lo.ResetWithSeed(seedLo)
+	hi.ResetWithSeed(seedHi)
+	var buf [512]byte
+	for len(tokens) > 0 {
+		n := min(len(tokens), len(buf)/4)
+		for i, t := range tokens[:n] {
+			binary.LittleEndian.PutUint32(buf[4*i:], t)
+		}
+		_, _ = lo.Write(buf[:4*n])
+		_, _ = hi.Write(buf[:4*n])
+		tokens = tokens[n:]
+	}
+	return ID{Lo: lo.Sum64(), Hi: hi.Sum64()}
+}
+
+// ContentID names a chunk's tokens for one model, wherever they appear.
+func ContentID(fp Fingerprint, tokens []uint32) ID {
+	return hashTokens(fp.Lo^domContentLo, fp.Hi^domContentHi, tokens)
+}
+
+// WindowContext is the context of a chunk encoded after window, the (at
+// most w) tokens that preceded it.
+func WindowContext(fp Fingerprint, w int, window []uint32) Context {
+	return Context{Kind: ContextWindow, Window: uint32(w), ID: hashTokens(fp.Lo^domWindowLo, fp.Hi^domWindowHi, window)}
+}
+
+// StandaloneContext is the context of a chunk encoded alone.
+func StandaloneContext() Context { return Context{Kind: ContextStandalone} }
+
+// PrefixRoot is the prefix chain ID of the empty prefix.
+func PrefixRoot(fp Fingerprint) ID {
+	return ID{Lo: fp.Lo ^ domPrefixLo, Hi: fp.Hi ^ domPrefixHi}
+}
+
+// NextPrefix extends a prefix chain by one chunk: the ID of the prefix that
+// ends with tokens, given the ID of the prefix before them. A chunk encoded
+// after its whole prefix has context PrefixContext(prefix before it).
+func NextPrefix(prev ID, tokens []uint32) ID {
+	return hashTokens(prev.Lo^domPrefixLo, prev.Hi^domPrefixHi, tokens)
+}
+
+// PrefixContext wraps a prefix chain ID as a Context.
+func PrefixContext(prefix ID) Context { return Context{Kind: ContextPrefix, ID: prefix} }
+
+// PrefixChain returns, for chunks in prompt order, the context of each (the
+// prefix chain ID before it) and the chain ID after the last.
+func PrefixChain(fp Fingerprint, chunks [][]uint32) (contexts []Context, end ID) {
+	p := PrefixRoot(fp)
+	contexts = make([]Context, len(chunks))
+	for i, c := range chunks {
+		contexts[i] = PrefixContext(p)
+		p = NextPrefix(p, c)
+	}
+	return contexts, p
+}
