@@ -1,0 +1,29 @@
+// Package cudakern turns stored pre-RoPE keys into keys at new positions and
+// writes them, with their values, into an inference engine's paged KV cache.
+//
+// It has three parts:
+//
+//   - RopeTable: inverse frequencies and cos/sin rows for a chunk.ModelSpec,
+//     with Hugging Face transformers' semantics (default, linear, llama3,
+//     YaRN and dynamic NTK scaling; NeoX and GPT-J pairing; partial rotary).
+//   - CacheLayout: the byte geometry of one layer of a paged KV cache in
+//     vLLM's FlashAttention layout (NHD) or its HND variant, with helpers to
+//     read and write it (GatherF32, ScatterF32), so that no caller repeats
+//     the layout arithmetic.
+//   - Injector: the fused hot path. For a range of layers it reads a chunk's
+//     canonical K and V, rotates K to the target positions, converts to the
+//     cache dtype and scatters both into the named slots in one pass over the
+//     bytes, split over a fixed set of worker goroutines.
+//
+// The CPU implementation here is always built. A CUDA implementation will
+// live behind the `cuda` build tag and provide the same methods; callers
+// should declare the small interface they need (for example one with the
+// Inject method) rather than depend on the concrete type.
+//
+// Precision, everywhere in this package: the rotation angle is the float32
+// product float32(position) * inv_freq[i]; cos and sin are computed in
+// float64 from that float32 angle (times YaRN's attention factor, in float64)
+// and rounded once to float32; x*cos - y*sin is computed in float32 with each
+// product rounded to float32 (no fused multiply-add, so every platform gives
+// the same bits) and rounded once into the destination dtype.
+package cudakern

@@ -1,0 +1,374 @@
+package cudakern
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// Config configures an Injector.
+type Config struct {
+	// Workers is the number of goroutines a call is split over, the calling
+	// goroutine included. 0 means runtime.GOMAXPROCS(0).
+	Workers int
+}
+
+// Job is one fused rotate-and-scatter request: layers of one chunk, from its
+// canonical bytes into one paged cache. The Injector reads it and writes only
+// Dst.
+type Job struct {
+	// Rope is the model's table. Its HeadDim must equal Layout.HeadDim and
+	// Pos+Tokens must not exceed its MaxPositions.
+	Rope *RopeTable
+	// Src holds len(Dst) consecutive layers of the chunk in the canonical
+	// layout [layer][K|V][token][head][head_dim], SrcHeads heads, in
+	// SrcDType (F32, F16, BF16, or FP8E4M3 for a dequantization fused into
+	// the pass). K is pre-RoPE.
+	Src      []byte
+	SrcDType chunk.DType
+	// SrcKScale and SrcVScale dequantize an FP8E4M3 source (x = fp8 *
+	// scale); 0 means 1. Ignored for other dtypes.
+	SrcKScale, SrcVScale float32
+	// Tokens is the chunk's length; token t goes to position Pos+t and slot
+	// Slots[t].
+	Tokens   int
+	SrcHeads int
+	// HeadLo and HeadHi select the source heads [HeadLo, HeadHi) that land on
+	// destination heads 0..HeadHi-HeadLo-1 (a tensor-parallel rank's slice);
+	// HeadHi-HeadLo must equal Layout.KVHeads. Both zero means all SrcHeads.
+	HeadLo, HeadHi int
+	// Pos is the absolute position of token 0 (>= 0).
+	Pos int
+	// Slots maps token t to slot block*BlockSize+offset of the cache, or -1
+	// to skip it. If two tokens name the same slot the later token wins.
+	Slots []int
+	// Layout describes every layer of Dst.
+	Layout CacheLayout
+	// Dst holds one slice per layer of Src, each Layout.LayerBytes() long.
+	// They must not overlap each other or Src.
+	Dst [][]byte
+}
+
+// plan is a validated Job with everything the inner loops need derived once.
+type plan struct {
+	Job
+	heads     int // destination heads
+	srcES     int
+	dstES     int
+	srcRow    int // bytes of one source head vector
+	srcTok    int // bytes between tokens in Src
+	srcLayer  int // bytes of one source layer
+	srcV      int // offset of V within a source layer
+	srcKScale float32
+	srcVScale float32
+	dstKScale float32
+	dstVScale float32
+	copyV     bool // V bytes pass through unchanged
+	kernel    kernelKind
+	items     int
+	cancel    <-chan struct{}
+}
+
+type kernelKind uint8
+
+const (
+	kernelGeneric kernelKind = iota
+	kernelBF16NeoX
+)
+
+// Validate checks j completely. Inject calls it first and writes nothing when
+// it fails.
+func (j *Job) Validate() error {
+	_, err := j.plan()
+	return err
+}
+
+func (j *Job) plan() (plan, error) {
+	p := plan{Job: *j}
+	bad := func(format string, a ...any) (plan, error) {
+		return plan{}, fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, a...))
+	}
+	if j.Rope == nil {
+		return bad("no rope table")
+	}
+	l := j.Layout
+	if err := l.Validate(); err != nil {
+		return plan{}, err
+	}
+	if l.HeadDim != j.Rope.HeadDim() {
+		return bad("layout head dim %d, rope table head dim %d", l.HeadDim, j.Rope.HeadDim())
+	}
+	switch j.SrcDType {
+	case chunk.F32, chunk.F16, chunk.BF16, chunk.FP8E4M3:
+	default:
+		return bad("source dtype %v", j.SrcDType)
+	}
+	p.srcKScale, p.srcVScale = 1, 1
+	if j.SrcDType == chunk.FP8E4M3 {
+		for _, s := range []float32{j.SrcKScale, j.SrcVScale} {
+			if s < 0 || math.IsNaN(float64(s)) || math.IsInf(float64(s), 0) {
+				return bad("source fp8 scale %v must be finite and >= 0", s)
+			}
+		}
+		if j.SrcKScale != 0 {
+			p.srcKScale = j.SrcKScale
+		}
+		if j.SrcVScale != 0 {
+			p.srcVScale = j.SrcVScale
+		}
+	}
+	p.dstKScale, p.dstVScale = l.scales()
+	if j.Tokens < 0 || j.Tokens > MaxTablePositions {
+		return bad("tokens %d", j.Tokens)
+	}
+	if len(j.Slots) != j.Tokens {
+		return bad("%d slots for %d tokens", len(j.Slots), j.Tokens)
+	}
+	if j.SrcHeads <= 0 || j.SrcHeads > 1<<16 {
+		return bad("source heads %d", j.SrcHeads)
+	}
+	lo, hi := j.HeadLo, j.HeadHi
+	if lo == 0 && hi == 0 {
+		hi = j.SrcHeads
+	}
+	if lo < 0 || lo >= hi || hi > j.SrcHeads {
+		return bad("head range [%d,%d) of %d source heads", lo, hi, j.SrcHeads)
+	}
+	if hi-lo != l.KVHeads {
+		return bad("head range [%d,%d) has %d heads, layout has %d", lo, hi, hi-lo, l.KVHeads)
+	}
+	p.HeadLo, p.HeadHi, p.heads = lo, hi, hi-lo
+	if j.Pos < 0 || (j.Tokens > 0 && j.Pos > j.Rope.MaxPositions()-j.Tokens) {
+		return bad("positions [%d,%d) beyond the table's %d", j.Pos, j.Pos+j.Tokens, j.Rope.MaxPositions())
+	}
+	if len(j.Dst) > 1<<16 {
+		return bad("%d layers", len(j.Dst))
+	}
+	p.srcES, p.dstES = j.SrcDType.Size(), l.DType.Size()
+	p.srcRow = l.HeadDim * p.srcES
+	p.srcTok = j.SrcHeads * p.srcRow
+	p.srcV = j.Tokens * p.srcTok
+	p.srcLayer = 2 * p.srcV
+	// Tokens < 2^22, heads < 2^16, head dim <= 4096, 4 bytes: srcLayer <
+	// 2^53, so only the product with the layer count can overflow.
+	if len(j.Dst) > 0 && p.srcLayer > math.MaxInt/len(j.Dst) {
+		return bad("source too large")
+	}
+	if len(j.Src) != len(j.Dst)*p.srcLayer {
+		return bad("source of %d bytes, %d layers of %d tokens need %d", len(j.Src), len(j.Dst), j.Tokens, len(j.Dst)*p.srcLayer)
+	}
+	lb := l.LayerBytes()
+	for i, d := range j.Dst {
+		if len(d) != lb {
+			return bad("destination layer %d of %d bytes, layout needs %d", i, len(d), lb)
+		}
+	}
+	if err := l.checkSlots(j.Slots); err != nil {
+		return plan{}, err
+	}
+	p.copyV = j.SrcDType == l.DType && (l.DType != chunk.FP8E4M3 || p.srcVScale == p.dstVScale)
+	if j.SrcDType == chunk.BF16 && l.DType == chunk.BF16 && j.Rope.neox {
+		p.kernel = kernelBF16NeoX
+	}
+	p.items = len(j.Dst) * p.heads
+	return p, nil
+}
+
+// Injector runs Jobs over a fixed set of worker goroutines. Calls are
+// serialized (one Job at a time uses all workers); it is safe for concurrent
+// use. Close stops the workers.
+type Injector struct {
+	workers int
+
+	mu     sync.Mutex // held for a whole call; guards closed and p
+	closed bool
+	p      plan
+
+	next    atomic.Int64 // next work item of the current call
+	stopped atomic.Bool  // the current call's context was cancelled
+
+	start chan struct{}
+	done  chan struct{}
+	quit  chan struct{}
+	wg    sync.WaitGroup
+
+	scratch [][]float32 // one head vector per worker
+}
+
+// NewInjector starts cfg.Workers-1 goroutines (the caller is the last
+// worker).
+func NewInjector(cfg Config) *Injector {
+	w := cfg.Workers
+	if w <= 0 {
+		w = runtime.GOMAXPROCS(0)
+	}
+	in := &Injector{
+		workers: w,
+		start:   make(chan struct{}, w),
+		done:    make(chan struct{}, w),
+		quit:    make(chan struct{}),
+		scratch: make([][]float32, w),
+	}
+	for i := range in.scratch {
+		in.scratch[i] = make([]float32, 4096)
+	}
+	for i := 1; i < w; i++ {
+		in.wg.Add(1)
+		go in.loop(i)
+	}
+	return in
+}
+
+// Workers is the number of workers a call is split over.
+func (in *Injector) Workers() int { return in.workers }
+
+// Close stops the workers and waits for them. Later calls return ErrClosed.
+func (in *Injector) Close() {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return
+	}
+	in.closed = true
+	close(in.quit)
+	in.wg.Wait()
+}
+
+func (in *Injector) loop(id int) {
+	defer in.wg.Done()
+	for {
+		select {
+		case <-in.quit:
+			return
+		case <-in.start:
+			in.work(id)
+			in.done <- struct{}{}
+		}
+	}
+}
+
+// Inject validates j, then rotates the keys of every layer of j.Src to
+// positions Pos.., converts keys and values to the cache dtype and writes
+// them into the named slots of j.Dst, in one pass over the bytes, split into
+// (layer, head) items over the workers. It does not allocate.
+//
+// An invalid j returns an error wrapping ErrInvalidJob or ErrInvalidLayout
+// with nothing written. If ctx is cancelled during the call, Inject returns
+// its error and the named slots may be partly written; no other byte is.
+func (in *Injector) Inject(ctx context.Context, j *Job) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	p, err := j.plan()
+	if err != nil {
+		return err
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	if in.closed {
+		return ErrClosed
+	}
+	if p.items == 0 || p.Tokens == 0 {
+		return nil
+	}
+	p.cancel = ctx.Done()
+	in.p = p
+	in.next.Store(0)
+	in.stopped.Store(false)
+	helpers := min(in.workers, p.items) - 1
+	for i := 0; i < helpers; i++ {
+		in.start <- struct{}{}
+	}
+	in.work(0)
+	for i := 0; i < helpers; i++ {
+		<-in.done
+	}
+	in.p = plan{}
+	if in.stopped.Load() {
+		return ctx.Err()
+	}
+	return nil
+}
+
+// work takes items until none is left or the call is cancelled.
+func (in *Injector) work(id int) {
+	p := &in.p
+	x := in.scratch[id][:p.Layout.HeadDim]
+	for {
+		if p.cancel != nil {
+			select {
+			case <-p.cancel:
+				in.stopped.Store(true)
+				return
+			default:
+			}
+		}
+		k := int(in.next.Add(1) - 1)
+		if k >= p.items {
+			return
+		}
+		p.item(k/p.heads, k%p.heads, x)
+	}
+}
+
+// item rotates and scatters head h of one layer for every token.
+func (p *plan) item(layer, h int, x []float32) {
+	l := &p.Layout
+	t := p.Rope
+	src := p.Src[layer*p.srcLayer : (layer+1)*p.srcLayer]
+	dst := p.Dst[layer]
+	hd := l.HeadDim
+	dstRow := hd * p.dstES
+	srcHead := (p.HeadLo + h) * p.srcRow
+	for tok, slot := range p.Slots {
+		if slot < 0 {
+			continue
+		}
+		so := tok*p.srcTok + srcHead
+		c, s := t.Row(p.Pos + tok)
+		// K: rotate, convert, store.
+		kd := l.Offset(0, slot, h)
+		ks := src[so : so+p.srcRow]
+		switch p.kernel {
+		case kernelBF16NeoX:
+			rotBF16NeoX(dst[kd:kd+dstRow], ks, c, s, t.half, t.rotary)
+		default:
+			loadF32(x, ks, p.SrcDType, p.srcKScale)
+			t.rotate(x, c, s)
+			storeF32(dst[kd:kd+dstRow], x, l.DType, p.dstKScale)
+		}
+		// V: copy or convert.
+		vd := l.Offset(1, slot, h)
+		vs := src[p.srcV+so : p.srcV+so+p.srcRow]
+		if p.copyV {
+			copy(dst[vd:vd+dstRow], vs)
+		} else {
+			loadF32(x, vs, p.SrcDType, p.srcVScale)
+			storeF32(dst[vd:vd+dstRow], x, l.DType, p.dstVScale)
+		}
+	}
+}
+
+// rotBF16NeoX is the fused bf16 -> bf16 NeoX kernel: widen, rotate in
+// float32, round once, with pass-through dims copied.
+func rotBF16NeoX(dst, src []byte, c, s []float32, half, rotary int) {
+	n := len(src)
+	dst = dst[:n]
+	a, b := src[:2*half], src[2*half:4*half]
+	da, db := dst[:2*half], dst[2*half:4*half]
+	c, s = c[:half], s[:half]
+	for i := 0; i < half; i++ {
+		x0 := math.Float32frombits(uint32(a[2*i])<<16 | uint32(a[2*i+1])<<24)
+		x1 := math.Float32frombits(uint32(b[2*i])<<16 | uint32(b[2*i+1])<<24)
+		r0 := chunk.F32ToBF16(float32(x0*c[i]) - float32(x1*s[i]))
+		r1 := chunk.F32ToBF16(float32(x1*c[i]) + float32(x0*s[i]))
+		da[2*i], da[2*i+1] = byte(r0), byte(r0>>8)
+		db[2*i], db[2*i+1] = byte(r1), byte(r1>>8)
+	}
+	copy(dst[2*rotary:], src[2*rotary:])
+}
