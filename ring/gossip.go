@@ -1,0 +1,792 @@
+package ring
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+// ErrShutdown is returned by the methods of a Gossip that was shut down.
+var ErrShutdown = errors.New("ring: gossip shut down")
+
+// Timing is memberlist's failure-detection and dissemination timing. Zero
+// fields take the value of LANTiming.
+type Timing struct {
+	// ProbeInterval is how often a random member is probed; ProbeTimeout is
+	// how long a direct probe waits for its ack.
+	ProbeInterval, ProbeTimeout time.Duration
+	// GossipInterval is how often queued broadcasts go out.
+	GossipInterval time.Duration
+	// PushPullInterval is how often a full state sync with a random member
+	// happens.
+	PushPullInterval time.Duration
+	// TCPTimeout bounds a TCP exchange (push/pull, fallback probe).
+	TCPTimeout time.Duration
+	// GossipToTheDeadTime is how long dead members still get gossip, so
+	// that they can refute their death.
+	GossipToTheDeadTime time.Duration
+	// DeadNodeReclaimTime is how long after its death a node's name may be
+	// taken by a node on another address (a restart on a new port).
+	DeadNodeReclaimTime time.Duration
+	// SuspicionMult scales the time a suspect has to refute before it is
+	// declared dead (SuspicionMult * log10(N) * ProbeInterval).
+	SuspicionMult int
+	// RetransmitMult scales how many times a broadcast is sent.
+	RetransmitMult int
+	// IndirectChecks is how many members probe a suspect on our behalf.
+	IndirectChecks int
+}
+
+// LANTiming is memberlist's DefaultLANConfig timing (a failure is noticed
+// in a few seconds), with dead names reclaimable after 30 s.
+func LANTiming() Timing {
+	return Timing{
+		ProbeInterval:       time.Second,
+		ProbeTimeout:        500 * time.Millisecond,
+		GossipInterval:      200 * time.Millisecond,
+		PushPullInterval:    30 * time.Second,
+		TCPTimeout:          10 * time.Second,
+		GossipToTheDeadTime: 30 * time.Second,
+		DeadNodeReclaimTime: 30 * time.Second,
+		SuspicionMult:       4,
+		RetransmitMult:      4,
+		IndirectChecks:      3,
+	}
+}
+
+// LocalTiming is a fast timing for nodes on one machine (tests, `kvmesh
+// local-cluster`): failures are noticed in about a second.
+func LocalTiming() Timing {
+	return Timing{
+		ProbeInterval:       200 * time.Millisecond,
+		ProbeTimeout:        100 * time.Millisecond,
+		GossipInterval:      50 * time.Millisecond,
+		PushPullInterval:    2 * time.Second,
+		TCPTimeout:          time.Second,
+		GossipToTheDeadTime: 5 * time.Second,
+		DeadNodeReclaimTime: time.Second,
+		SuspicionMult:       3,
+		RetransmitMult:      2,
+		IndirectChecks:      1,
+	}
+}
+
+func (t Timing) withDefaults() Timing {
+	d := LANTiming()
+	durs := []struct{ v, def *time.Duration }{
+		{&t.ProbeInterval, &d.ProbeInterval}, {&t.ProbeTimeout, &d.ProbeTimeout},
+		{&t.GossipInterval, &d.GossipInterval}, {&t.PushPullInterval, &d.PushPullInterval},
+		{&t.TCPTimeout, &d.TCPTimeout}, {&t.GossipToTheDeadTime, &d.GossipToTheDeadTime},
+		{&t.DeadNodeReclaimTime, &d.DeadNodeReclaimTime},
+	}
+	for _, f := range durs {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	ints := []struct{ v, def *int }{
+		{&t.SuspicionMult, &d.SuspicionMult}, {&t.RetransmitMult, &d.RetransmitMult},
+		{&t.IndirectChecks, &d.IndirectChecks},
+	}
+	for _, f := range ints {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return t
+}
+
+// GossipConfig configures StartGossip.
+type GossipConfig struct {
+	// NodeID is the node's unique name (required).
+	NodeID string
+	// BindAddr is the address to listen on (default "0.0.0.0"); BindPort
+	// the UDP and TCP port (0: any free port, see Gossip.Addr).
+	BindAddr string
+	BindPort int
+	// AdvertiseAddr and AdvertisePort are what others should dial, when
+	// that is not the bound address (default: the bound address).
+	AdvertiseAddr string
+	AdvertisePort int
+	// Meta is what the node announces; its ID defaults to NodeID and must
+	// equal it.
+	Meta NodeMeta
+	// Seeds are host:port gossip addresses of existing members. When none
+	// answers, StartGossip still succeeds and keeps retrying in the
+	// background until one does (as Consul's retry_join).
+	Seeds []string
+	// Logger defaults to slog.Default(); memberlist's own log lines go to
+	// it at their level.
+	Logger *slog.Logger
+	// SecretKey, if set, encrypts gossip with AES (16, 24 or 32 bytes);
+	// all members need the same key.
+	SecretKey []byte
+	// Label, if set, separates clusters sharing a network: members only
+	// talk to members with the same label.
+	Label string
+	// Timing defaults to LANTiming; use LocalTiming on one machine.
+	Timing Timing
+	// JoinRetryMax caps the backoff (starting at 250 ms, doubling) of the
+	// background join retries (default 30 s).
+	JoinRetryMax time.Duration
+	// DeadRetention is how long Status remembers members that left or
+	// failed (default 1 h).
+	DeadRetention time.Duration
+}
+
+// EventKind says what happened to a member.
+type EventKind uint8
+
+// Event kinds.
+const (
+	// EventJoin: a member became alive (joined, or came back).
+	EventJoin EventKind = iota + 1
+	// EventUpdate: an alive member changed its metadata.
+	EventUpdate
+	// EventLeave: a member left gracefully (Gossip.Leave).
+	EventLeave
+	// EventFail: a member was declared dead by failure detection.
+	EventFail
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventJoin:
+		return "join"
+	case EventUpdate:
+		return "update"
+	case EventLeave:
+		return "leave"
+	case EventFail:
+		return "fail"
+	}
+	return "event(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Event is one membership change.
+type Event struct {
+	Kind EventKind
+	Node NodeMeta
+	// At is when this node processed the change.
+	At time.Time
+}
+
+// MemberState is the state of a known member.
+type MemberState uint8
+
+// Member states.
+const (
+	StateAlive MemberState = iota + 1
+	StateLeft
+	StateFailed
+)
+
+func (s MemberState) String() string {
+	switch s {
+	case StateAlive:
+		return "alive"
+	case StateLeft:
+		return "left"
+	case StateFailed:
+		return "failed"
+	}
+	return "state(" + strconv.Itoa(int(s)) + ")"
+}
+
+// MemberStatus is a known member with its state and when it last changed.
+type MemberStatus struct {
+	Meta  NodeMeta
+	State MemberState
+	Since time.Time
+}
+
+// Gossip is this node's membership in the cluster. Its methods are safe
+// for concurrent use.
+type Gossip struct {
+	cfg GossipConfig
+	log *slog.Logger
+	ml  *memberlist.Memberlist
+
+	metaMu sync.Mutex
+	meta   NodeMeta // what we announce
+	metaB  []byte   // its encoding, handed to memberlist
+
+	// queue receives memberlist's events without ever blocking it; drain,
+	// the only reader, applies them to members and fans them out.
+	queue eventQueue
+
+	mu      sync.Mutex
+	members map[string]*MemberStatus
+	subs    map[*subscriber]struct{}
+	closed  bool
+
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	shutOnce sync.Once
+}
+
+// StartGossip creates the node's memberlist, starts draining its events
+// and joins cfg.Seeds (retrying in the background if none answers).
+func StartGossip(cfg GossipConfig) (*Gossip, error) {
+	if cfg.NodeID == "" {
+		return nil, errors.New("ring: GossipConfig.NodeID is required")
+	}
+	if cfg.Meta.ID == "" {
+		cfg.Meta.ID = cfg.NodeID
+	}
+	if cfg.Meta.ID != cfg.NodeID {
+		return nil, fmt.Errorf("ring: Meta.ID %q differs from NodeID %q", cfg.Meta.ID, cfg.NodeID)
+	}
+	if cfg.BindAddr == "" {
+		cfg.BindAddr = "0.0.0.0"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.JoinRetryMax <= 0 {
+		cfg.JoinRetryMax = 30 * time.Second
+	}
+	if cfg.DeadRetention <= 0 {
+		cfg.DeadRetention = time.Hour
+	}
+	switch len(cfg.SecretKey) {
+	case 0, 16, 24, 32:
+	default:
+		return nil, fmt.Errorf("ring: SecretKey must be 16, 24 or 32 bytes, not %d", len(cfg.SecretKey))
+	}
+	cfg.Meta.Leaving = false
+	metaB, err := cfg.Meta.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	g := &Gossip{
+		cfg:     cfg,
+		log:     cfg.Logger.With("component", "gossip", "node", cfg.NodeID),
+		meta:    cfg.Meta,
+		metaB:   metaB,
+		members: make(map[string]*MemberStatus),
+		subs:    make(map[*subscriber]struct{}),
+		stop:    make(chan struct{}),
+	}
+	g.queue.init()
+
+	t := cfg.Timing.withDefaults()
+	mc := memberlist.DefaultLANConfig()
+	mc.Name = cfg.NodeID
+	mc.BindAddr = cfg.BindAddr
+	mc.BindPort = cfg.BindPort
+	mc.AdvertiseAddr = cfg.AdvertiseAddr
+	mc.AdvertisePort = cfg.AdvertisePort
+	mc.Label = cfg.Label
+	mc.SecretKey = slices.Clone(cfg.SecretKey)
+	mc.ProbeInterval, mc.ProbeTimeout = t.ProbeInterval, t.ProbeTimeout
+	mc.GossipInterval, mc.PushPullInterval = t.GossipInterval, t.PushPullInterval
+	mc.TCPTimeout, mc.GossipToTheDeadTime = t.TCPTimeout, t.GossipToTheDeadTime
+	mc.DeadNodeReclaimTime = t.DeadNodeReclaimTime
+	mc.SuspicionMult, mc.RetransmitMult, mc.IndirectChecks = t.SuspicionMult, t.RetransmitMult, t.IndirectChecks
+	mc.Delegate = (*metaDelegate)(g)
+	mc.Events = &g.queue
+	mc.Logger = log.New(&slogWriter{log: g.log}, "", 0)
+
+	g.wg.Add(1)
+	go g.drain()
+
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		close(g.stop)
+		g.wg.Wait()
+		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+	}
+	g.ml = ml
+
+	if seeds := g.otherSeeds(cfg.Seeds); len(seeds) > 0 {
+		if _, err := g.join(seeds); err != nil {
+			g.log.Warn("no seed answered; retrying in the background", "seeds", seeds, "err", err)
+			g.wg.Add(1)
+			go g.retryJoin(seeds)
+		}
+	}
+	return g, nil
+}
+
+// Addr is the host:port this node gossips on (the advertised address).
+func (g *Gossip) Addr() string {
+	n := g.ml.LocalNode()
+	return n.Address()
+}
+
+// LocalID is the node's ID.
+func (g *Gossip) LocalID() string { return g.cfg.NodeID }
+
+// Join contacts seeds (host:port) and returns how many answered; an error
+// when none did.
+func (g *Gossip) Join(ctx context.Context, seeds []string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if g.isClosed() {
+		return 0, ErrShutdown
+	}
+	return g.join(seeds)
+}
+
+func (g *Gossip) join(seeds []string) (int, error) {
+	n, err := g.ml.Join(seeds)
+	if n > 0 {
+		if err != nil {
+			g.log.Debug("some seeds did not answer", "joined", n, "err", err)
+		}
+		return n, nil
+	}
+	if err == nil {
+		err = errors.New("no seed answered")
+	}
+	return 0, fmt.Errorf("ring: join %v: %w", seeds, err)
+}
+
+// otherSeeds drops this node's own address from seeds: joining oneself
+// "succeeds", and nodes started together with the same seed list would
+// each join only themselves and never meet.
+func (g *Gossip) otherSeeds(seeds []string) []string {
+	self := g.ml.LocalNode()
+	port := strconv.Itoa(int(self.Port))
+	var out []string
+	for _, s := range seeds {
+		host, p, err := net.SplitHostPort(s)
+		if err == nil && p == port {
+			ip := net.ParseIP(host)
+			if ip != nil && (ip.Equal(self.Addr) || (ip.IsLoopback() && self.Addr.IsLoopback()) || ip.IsUnspecified()) {
+				continue
+			}
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (g *Gossip) retryJoin(seeds []string) {
+	defer g.wg.Done()
+	wait := 250 * time.Millisecond
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+		if g.ml.NumMembers() > 1 {
+			return // someone joined us meanwhile
+		}
+		n, err := g.join(seeds)
+		if err == nil {
+			g.log.Info("joined cluster", "seeds_answered", n)
+			return
+		}
+		g.log.Warn("join failed; will retry", "err", err, "in", wait)
+		wait = min(2*wait, g.cfg.JoinRetryMax)
+		t.Reset(wait)
+	}
+}
+
+// Members returns the alive members with their metadata, sorted by ID,
+// this node included.
+func (g *Gossip) Members() []NodeMeta {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]NodeMeta, 0, len(g.members))
+	for _, st := range g.members {
+		if st.State == StateAlive {
+			out = append(out, st.Meta)
+		}
+	}
+	slices.SortFunc(out, func(a, b NodeMeta) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Status returns every known member, alive or not (those gone for longer
+// than DeadRetention are forgotten), sorted by ID.
+func (g *Gossip) Status() []MemberStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	out := make([]MemberStatus, 0, len(g.members))
+	for _, st := range g.members {
+		out = append(out, *st)
+	}
+	slices.SortFunc(out, func(a, b MemberStatus) int { return strings.Compare(a.Meta.ID, b.Meta.ID) })
+	return out
+}
+
+// LocalMeta returns what this node currently announces.
+func (g *Gossip) LocalMeta() NodeMeta {
+	g.metaMu.Lock()
+	defer g.metaMu.Unlock()
+	return g.meta
+}
+
+// UpdateMeta changes what this node announces and waits, until ctx is done
+// (at most 10 s without a deadline), for the change to be broadcast. The
+// ID may not change.
+func (g *Gossip) UpdateMeta(ctx context.Context, m NodeMeta) error {
+	if m.ID == "" {
+		m.ID = g.cfg.NodeID
+	}
+	if m.ID != g.cfg.NodeID {
+		return fmt.Errorf("%w: ID %q differs from NodeID %q", ErrMetaInvalid, m.ID, g.cfg.NodeID)
+	}
+	m.GossipAddr = ""
+	if err := g.setMeta(m); err != nil {
+		return err
+	}
+	return g.broadcastMeta(ctx)
+}
+
+func (g *Gossip) setMeta(m NodeMeta) error {
+	b, err := m.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	g.metaMu.Lock()
+	g.meta, g.metaB = m, b
+	g.metaMu.Unlock()
+	return nil
+}
+
+func (g *Gossip) broadcastMeta(ctx context.Context) error {
+	if g.isClosed() {
+		return ErrShutdown
+	}
+	if err := g.ml.UpdateNode(timeoutOf(ctx, 10*time.Second)); err != nil {
+		return fmt.Errorf("ring: broadcast meta: %w", err)
+	}
+	return ctx.Err()
+}
+
+// Leave announces that this node is leaving (the others see EventLeave,
+// not EventFail) and waits, until ctx is done (at most 10 s without a
+// deadline), for the announcement to spread. Call Shutdown afterwards.
+func (g *Gossip) Leave(ctx context.Context) error {
+	if g.isClosed() {
+		return ErrShutdown
+	}
+	g.metaMu.Lock()
+	m := g.meta
+	g.metaMu.Unlock()
+	m.Leaving = true
+	if err := g.setMeta(m); err != nil {
+		return err
+	}
+	// The leaving flag rides on the last metadata the others hold when the
+	// dead message arrives; send it first.
+	if err := g.broadcastMeta(ctx); err != nil {
+		g.log.Warn("broadcasting leave intent", "err", err)
+	}
+	if err := g.ml.Leave(timeoutOf(ctx, 10*time.Second)); err != nil {
+		return fmt.Errorf("ring: leave: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops gossip without announcing anything (the others will
+// detect a failure unless Leave was called first), stops the goroutines and
+// closes every subscription channel. It is idempotent.
+func (g *Gossip) Shutdown() error {
+	var err error
+	g.shutOnce.Do(func() {
+		g.mu.Lock()
+		g.closed = true
+		g.mu.Unlock()
+		// memberlist first, so that no event arrives after drain stopped.
+		err = g.ml.Shutdown()
+		close(g.stop)
+		g.wg.Wait()
+		g.mu.Lock()
+		subs := g.subs
+		g.subs = nil
+		g.mu.Unlock()
+		for s := range subs {
+			s.cancel()
+		}
+		for s := range subs {
+			<-s.done
+		}
+	})
+	return err
+}
+
+func (g *Gossip) isClosed() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.closed
+}
+
+// Subscribe returns a channel of membership events and a function that
+// ends the subscription (idempotent). The channel first carries an
+// EventJoin for every member alive at the call, then every change in
+// order; each subscriber has its own unbounded queue, so a slow one delays
+// nobody. The channel is closed after cancel or Shutdown.
+func (g *Gossip) Subscribe() (<-chan Event, func()) {
+	s := newSubscriber()
+	g.mu.Lock()
+	if g.subs == nil { // shut down
+		g.mu.Unlock()
+		close(s.ch)
+		close(s.done)
+		return s.ch, func() {}
+	}
+	now := time.Now()
+	ids := make([]string, 0, len(g.members))
+	for id, st := range g.members {
+		if st.State == StateAlive {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		s.push(Event{Kind: EventJoin, Node: g.members[id].Meta, At: now})
+	}
+	g.subs[s] = struct{}{}
+	g.mu.Unlock()
+	go s.run()
+	return s.ch, func() {
+		g.mu.Lock()
+		delete(g.subs, s)
+		g.mu.Unlock()
+		s.cancel()
+		<-s.done
+	}
+}
+
+// drain applies memberlist's events in order until stop.
+func (g *Gossip) drain() {
+	defer g.wg.Done()
+	var batch []memberlist.NodeEvent
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-g.queue.wake:
+		}
+		batch = g.queue.take(batch[:0])
+		for i := range batch {
+			g.apply(batch[i])
+			batch[i] = memberlist.NodeEvent{}
+		}
+	}
+}
+
+func (g *Gossip) apply(ev memberlist.NodeEvent) {
+	var meta NodeMeta
+	if err := meta.UnmarshalBinary(ev.Node.Meta); err != nil {
+		g.log.Warn("ignoring member with bad metadata", "member", ev.Node.Name, "addr", ev.Node.Address(), "err", err)
+		return
+	}
+	if meta.ID != ev.Node.Name {
+		g.log.Warn("ignoring member whose metadata names another node", "member", ev.Node.Name, "meta_id", meta.ID)
+		return
+	}
+	meta.GossipAddr = ev.Node.Address()
+	now := time.Now()
+	out := Event{Node: meta, At: now}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.members[meta.ID]
+	switch ev.Event {
+	case memberlist.NodeJoin:
+		out.Kind = EventJoin
+		st = &MemberStatus{Meta: meta, State: StateAlive, Since: now}
+	case memberlist.NodeUpdate:
+		out.Kind = EventUpdate
+		if st == nil || st.State != StateAlive {
+			st = &MemberStatus{State: StateAlive, Since: now}
+		}
+		st.Meta = meta
+	case memberlist.NodeLeave:
+		out.Kind, out.Node.Leaving = EventFail, false
+		state := StateFailed
+		if meta.Leaving {
+			out.Kind, state = EventLeave, StateLeft
+		}
+		st = &MemberStatus{Meta: meta, State: state, Since: now}
+	default:
+		return
+	}
+	g.members[meta.ID] = st
+	for id, m := range g.members {
+		if m.State != StateAlive && now.Sub(m.Since) > g.cfg.DeadRetention {
+			delete(g.members, id)
+		}
+	}
+	g.log.Debug("membership", "event", out.Kind, "member", meta.ID, "addr", meta.GossipAddr)
+	for s := range g.subs {
+		s.push(out)
+	}
+}
+
+// eventQueue is memberlist's EventDelegate: it queues without blocking
+// (memberlist calls it holding its node lock, and a blocked send there, as
+// ChannelEventDelegate can do, would stall failure detection) and wakes
+// drain.
+type eventQueue struct {
+	mu   sync.Mutex
+	q    []memberlist.NodeEvent
+	wake chan struct{}
+}
+
+func (q *eventQueue) init() { q.wake = make(chan struct{}, 1) }
+
+func (q *eventQueue) put(kind memberlist.NodeEventType, n *memberlist.Node) {
+	node := *n
+	node.Meta = slices.Clone(n.Meta)
+	q.mu.Lock()
+	q.q = append(q.q, memberlist.NodeEvent{Event: kind, Node: &node})
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (q *eventQueue) take(dst []memberlist.NodeEvent) []memberlist.NodeEvent {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	dst = append(dst, q.q...)
+	clear(q.q)
+	q.q = q.q[:0]
+	return dst
+}
+
+// NotifyJoin implements memberlist.EventDelegate.
+func (q *eventQueue) NotifyJoin(n *memberlist.Node) { q.put(memberlist.NodeJoin, n) }
+
+// NotifyLeave implements memberlist.EventDelegate.
+func (q *eventQueue) NotifyLeave(n *memberlist.Node) { q.put(memberlist.NodeLeave, n) }
+
+// NotifyUpdate implements memberlist.EventDelegate.
+func (q *eventQueue) NotifyUpdate(n *memberlist.Node) { q.put(memberlist.NodeUpdate, n) }
+
+// subscriber forwards its queue to ch from its own goroutine.
+type subscriber struct {
+	ch       chan Event
+	mu       sync.Mutex
+	q        []Event
+	wake     chan struct{}
+	quit     chan struct{}
+	quitOnce sync.Once
+	done     chan struct{} // closed when run has returned and ch is closed
+}
+
+func newSubscriber() *subscriber {
+	return &subscriber{
+		ch:   make(chan Event),
+		wake: make(chan struct{}, 1),
+		quit: make(chan struct{}),
+		done: make(chan struct{}),
+	}
+}
+
+func (s *subscriber) push(e Event) {
+	s.mu.Lock()
+	s.q = append(s.q, e)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *subscriber) cancel() { s.quitOnce.Do(func() { close(s.quit) }) }
+
+func (s *subscriber) run() {
+	defer close(s.done)
+	defer close(s.ch)
+	for {
+		s.mu.Lock()
+		if len(s.q) == 0 {
+			s.mu.Unlock()
+			select {
+			case <-s.quit:
+				return
+			case <-s.wake:
+				continue
+			}
+		}
+		e := s.q[0]
+		s.q[0] = Event{}
+		s.q = s.q[1:]
+		s.mu.Unlock()
+		select {
+		case <-s.quit:
+			return
+		case s.ch <- e:
+		}
+	}
+}
+
+// metaDelegate is memberlist's Delegate: it only supplies our metadata.
+type metaDelegate Gossip
+
+// NodeMeta implements memberlist.Delegate.
+func (d *metaDelegate) NodeMeta(limit int) []byte {
+	d.metaMu.Lock()
+	defer d.metaMu.Unlock()
+	if len(d.metaB) > limit {
+		return nil // cannot happen: MarshalBinary enforces MetaMaxSize
+	}
+	return slices.Clone(d.metaB)
+}
+
+// NotifyMsg implements memberlist.Delegate; kvmesh sends no user messages.
+func (d *metaDelegate) NotifyMsg([]byte) {}
+
+// GetBroadcasts implements memberlist.Delegate.
+func (d *metaDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+
+// LocalState implements memberlist.Delegate.
+func (d *metaDelegate) LocalState(join bool) []byte { return nil }
+
+// MergeRemoteState implements memberlist.Delegate.
+func (d *metaDelegate) MergeRemoteState(buf []byte, join bool) {}
+
+// timeoutOf is ctx's time left, or def without a deadline.
+func timeoutOf(ctx context.Context, def time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		return max(time.Until(dl), time.Millisecond)
+	}
+	return def
+}
+
+// slogWriter turns memberlist's "[LEVEL] memberlist: msg" lines into slog
+// records at that level.
+type slogWriter struct{ log *slog.Logger }
+
+func (w *slogWriter) Write(p []byte) (int, error) {
+	line := string(bytes.TrimRight(p, "\n"))
+	level := slog.LevelInfo
+	for _, l := range []struct {
+		tag   string
+		level slog.Level
+	}{
+		{"[DEBUG]", slog.LevelDebug}, {"[INFO]", slog.LevelInfo},
+		{"[WARN]", slog.LevelWarn}, {"[ERR]", slog.LevelError}, {"[ERROR]", slog.LevelError},
+	} {
+		if rest, ok := strings.CutPrefix(line, l.tag); ok {
+			level, line = l.level, strings.TrimSpace(rest)
+			break
+		}
+	}
+	line = strings.TrimPrefix(line, "memberlist: ")
+	w.log.Log(context.Background(), level, line)
+	return len(p), nil
+}
