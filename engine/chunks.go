@@ -1,0 +1,376 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+)
+
+// LookupRequest asks for one chunk: Key names the content and the context
+// the engine would like (its true prefix, which makes the entry EXACT);
+// Tokens let the source verify the content.
+type LookupRequest struct {
+	Key    chunk.Key
+	Tokens []uint32
+}
+
+// ChunkSource finds stored KV for chunks. For each request it returns the
+// entry whose context equals the requested one if it holds it, else its best
+// other encoding of the same content (which the engine treats as
+// APPROXIMATE), else nil (MISS). The result has one element per request.
+// An in-memory store implements it for tests; the cluster client in
+// production.
+type ChunkSource interface {
+	Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.Entry, error)
+}
+
+// ChunkSink stores encoded chunks.
+type ChunkSink interface {
+	Put(ctx context.Context, e *chunk.Entry) error
+}
+
+// ChunkStore is a source that can also be written, as the benchmark needs.
+type ChunkStore interface {
+	ChunkSource
+	ChunkSink
+}
+
+// Match is how well a looked-up entry fits the prompt.
+type Match uint8
+
+const (
+	// MatchMiss: nothing usable was found; the chunk is prefilled.
+	MatchMiss Match = iota
+	// MatchApproximate: another encoding of the same tokens (standalone or
+	// windowed); injected, and repaired by recomputation if asked.
+	MatchApproximate
+	// MatchExact: encoded after the same prefix; identical to prefill.
+	MatchExact
+)
+
+func (m Match) String() string {
+	switch m {
+	case MatchExact:
+		return "exact"
+	case MatchApproximate:
+		return "approximate"
+	}
+	return "miss"
+}
+
+// EncodeOptions place an encoding.
+type EncodeOptions struct {
+	// StartPos is the position of the first token of the encoding run (the
+	// context, then the chunk). Pre-RoPE KV does not depend on it beyond
+	// float32 rounding; tests use it to show that.
+	StartPos int
+}
+
+// Encode runs [before, tokens] through the model and returns the chunk
+// entry of tokens alone, keyed by the engine's fingerprint, the content ID of
+// tokens and cx (which should describe before: StandaloneContext for none,
+// WindowContext, or PrefixContext). K is taken before RoPE, after q/k norm.
+func (e *Engine) Encode(ctx context.Context, before, tokens []uint32, cx chunk.Context, opt EncodeOptions) (*chunk.Entry, error) {
+	if len(tokens) == 0 {
+		return nil, fmt.Errorf("engine: encode of an empty chunk")
+	}
+	if !cx.Kind.Valid() {
+		return nil, fmt.Errorf("engine: encode with context kind %v", cx.Kind)
+	}
+	s, err := e.NewSequence(opt.StartPos)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Release()
+	c := &e.cfg
+	kvPerTok := c.NumKVHeads * c.HeadDim
+	capture := make([]float32, c.NumLayers*2*len(tokens)*kvPerTok)
+	e.mu.Lock()
+	all := append(append(make([]uint32, 0, len(before)+len(tokens)), before...), tokens...)
+	if err := s.grow(all); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	active := e.sc.indices(0, len(all))
+	_, err = e.forward(ctx, s, fwdPlan{active: active, capture: capture, capLo: len(before), capHi: len(all)})
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	ent := &chunk.Entry{
+		Key:     chunk.Key{Fingerprint: e.fp, Content: chunk.ContentID(e.fp, tokens), Context: cx},
+		DType:   e.spec.DType,
+		Layers:  c.NumLayers,
+		KVHeads: c.NumKVHeads,
+		HeadDim: c.HeadDim,
+		Tokens:  append([]uint32(nil), tokens...),
+	}
+	ent.KV = make([]byte, 0, len(capture)*e.spec.DType.Size())
+	ent.KV = narrow(ent.KV, capture, e.spec.DType)
+	return ent, nil
+}
+
+// EncodeStandalone encodes tokens alone.
+func (e *Engine) EncodeStandalone(ctx context.Context, tokens []uint32) (*chunk.Entry, error) {
+	return e.Encode(ctx, nil, tokens, chunk.StandaloneContext(), EncodeOptions{})
+}
+
+// EncodeWindow encodes tokens after the last w tokens of preceding
+// (InferScale's context-window encoding), keeping only the chunk's KV.
+func (e *Engine) EncodeWindow(ctx context.Context, preceding []uint32, w int, tokens []uint32) (*chunk.Entry, error) {
+	win := preceding[max(0, len(preceding)-w):]
+	return e.Encode(ctx, win, tokens, chunk.WindowContext(e.fp, w, win), EncodeOptions{})
+}
+
+// EncodeAfterPrefix encodes tokens after the whole prefix, given as the
+// segments of the prompt before it; the entry is EXACT for that prefix.
+func (e *Engine) EncodeAfterPrefix(ctx context.Context, prefix [][]uint32, tokens []uint32) (*chunk.Entry, error) {
+	_, end := chunk.PrefixChain(e.fp, prefix)
+	var before []uint32
+	for _, p := range prefix {
+		before = append(before, p...)
+	}
+	return e.Encode(ctx, before, tokens, chunk.PrefixContext(end), EncodeOptions{})
+}
+
+// Segment is a piece of a prompt: a chunk that may be found in the store,
+// or plain text (a query, an instruction) that is always prefilled.
+type Segment struct {
+	Tokens []uint32
+	Chunk  bool
+}
+
+// Request is one prompt to run through the injection path.
+type Request struct {
+	// StartPos is the position of the prompt's first token.
+	StartPos int
+	Segments []Segment
+	// Recompute is CacheBlend's ratio r in [0, 1]: the fraction of the
+	// APPROXIMATE chunks' tokens recomputed after the check layer. 0 injects
+	// them as they are; 1 recomputes everything (equal to prefill).
+	Recompute float64
+	// CheckLayer is the layer whose key deviation ranks tokens. 0 means 1
+	// (CacheBlend's default); it is clamped to the last layer.
+	CheckLayer int
+	// Keep returns the sequence in the response for decoding; otherwise it
+	// is released.
+	Keep bool
+}
+
+// ChunkResult reports one chunk segment.
+type ChunkResult struct {
+	Segment int
+	Match   Match
+	Context chunk.Context // of the entry used (zero on a miss)
+}
+
+// Response is the result of Run.
+type Response struct {
+	Logits []float32 // next-token logits after the prompt
+	Chunks []ChunkResult
+	// TokenLayers is the number of (token, layer) pairs the forward pass
+	// computed; a full prefill computes Tokens × Layers.
+	TokenLayers int
+	Tokens      int // prompt length
+	Injected    int // tokens whose KV came from the source
+	Recomputed  int // approximate tokens kept after the check layer
+	Lookup      time.Duration
+	Inject      time.Duration
+	Compute     time.Duration
+	// Seq is the sequence when Request.Keep was set; the caller releases it.
+	Seq *Sequence
+}
+
+// Run looks up every chunk segment of req in src (nil: prefill everything,
+// which is prompt injection), injects the hits through cudakern's fused
+// rotate-and-scatter at their positions in the prompt, and prefills the rest
+// (misses and text), repairing APPROXIMATE chunks by deviation-guided
+// recomputation when req.Recompute > 0.
+func (e *Engine) Run(ctx context.Context, src ChunkSource, req Request) (*Response, error) {
+	if req.Recompute < 0 || req.Recompute > 1 || math.IsNaN(req.Recompute) {
+		return nil, fmt.Errorf("engine: recompute ratio %v outside [0, 1]", req.Recompute)
+	}
+	resp := &Response{}
+	var all []uint32
+	starts := make([]int, len(req.Segments))
+	toks := make([][]uint32, len(req.Segments))
+	for i, sg := range req.Segments {
+		starts[i] = len(all)
+		toks[i] = sg.Tokens
+		all = append(all, sg.Tokens...)
+	}
+	if len(all) == 0 {
+		return nil, fmt.Errorf("engine: empty prompt")
+	}
+	resp.Tokens = len(all)
+	// cached[i]: 0 compute, 1 exact, 2 approximate.
+	state := make([]Match, len(all))
+	var entries []*chunk.Entry
+	var segOf []int
+	if src != nil {
+		t0 := time.Now()
+		contexts, _ := chunk.PrefixChain(e.fp, toks)
+		var reqs []LookupRequest
+		for i, sg := range req.Segments {
+			if !sg.Chunk || len(sg.Tokens) == 0 {
+				continue
+			}
+			reqs = append(reqs, LookupRequest{Key: chunk.Key{Fingerprint: e.fp, Content: chunk.ContentID(e.fp, sg.Tokens), Context: contexts[i]}, Tokens: sg.Tokens})
+			segOf = append(segOf, i)
+		}
+		if len(reqs) > 0 {
+			var err error
+			entries, err = src.Lookup(ctx, reqs)
+			if err != nil {
+				// Graceful fallback: a store that is down means prefill.
+				e.log.Warn("engine: chunk lookup failed; prefilling", "err", err)
+				entries = nil
+			} else if len(entries) != len(reqs) {
+				e.log.Warn("engine: chunk source returned the wrong count; prefilling", "want", len(reqs), "got", len(entries))
+				entries = nil
+			}
+			for j := range entries {
+				if ent := entries[j]; ent != nil {
+					if err := e.fits(ent, reqs[j]); err != nil {
+						e.log.Warn("engine: unusable chunk entry", "key", reqs[j].Key, "err", err)
+						entries[j] = nil
+					}
+				}
+			}
+			for j, i := range segOf {
+				r := ChunkResult{Segment: i}
+				if entries != nil && entries[j] != nil {
+					r.Context = entries[j].Key.Context
+					r.Match = MatchApproximate
+					if entries[j].Key.Context == reqs[j].Key.Context {
+						r.Match = MatchExact
+					}
+				}
+				resp.Chunks = append(resp.Chunks, r)
+			}
+		}
+		resp.Lookup = time.Since(t0)
+	}
+	s, err := e.NewSequence(req.StartPos)
+	if err != nil {
+		return nil, err
+	}
+	keep := false
+	defer func() {
+		if !keep {
+			s.Release()
+		}
+	}()
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := s.grow(all); err != nil {
+		return nil, err
+	}
+	t1 := time.Now()
+	for j, cr := range resp.Chunks {
+		if cr.Match == MatchMiss {
+			continue
+		}
+		i := cr.Segment
+		ent := entries[j]
+		lo, n := starts[i], len(req.Segments[i].Tokens)
+		job := cudakern.Job{Rope: e.rope, Src: ent.KV, SrcDType: ent.DType, Tokens: n, SrcHeads: ent.KVHeads,
+			Pos: req.StartPos + lo, Slots: s.slots[lo : lo+n], Layout: e.layout, Dst: e.cacheBytes}
+		if err := e.inj.Inject(ctx, &job); err != nil {
+			if ctx.Err() != nil {
+				return nil, err
+			}
+			e.log.Warn("engine: inject failed; prefilling the chunk", "segment", i, "err", err)
+			resp.Chunks[j].Match = MatchMiss
+			continue
+		}
+		for t := lo; t < lo+n; t++ {
+			state[t] = cr.Match
+		}
+		resp.Injected += n
+	}
+	resp.Inject = time.Since(t1)
+	t2 := time.Now()
+	// The last token's hidden state gives the logits, so it is always
+	// computed (vLLM's connector reports one token fewer for the same reason).
+	state[len(all)-1] = MatchMiss
+	plan := fwdPlan{logits: make([]float32, e.cfg.VocabSize)}
+	var nApprox int
+	for t, m := range state {
+		if m == MatchExact || (m == MatchApproximate && req.Recompute == 0) {
+			continue
+		}
+		plan.active = append(plan.active, t)
+		if m == MatchApproximate {
+			nApprox++
+		}
+	}
+	if nApprox > 0 {
+		plan.approx = make([]bool, len(plan.active))
+		for r, t := range plan.active {
+			plan.approx[r] = state[t] == MatchApproximate
+		}
+		plan.check = req.CheckLayer
+		if plan.check <= 0 {
+			plan.check = 1
+		}
+		plan.check = min(plan.check, e.cfg.NumLayers-1)
+		plan.keep = int(math.Ceil(req.Recompute * float64(nApprox)))
+	}
+	st, err := e.forward(ctx, s, plan)
+	if err != nil {
+		return nil, err
+	}
+	resp.Compute = time.Since(t2)
+	resp.Logits = plan.logits
+	resp.TokenLayers = st.tokenLayers
+	resp.Recomputed = st.selected
+	if req.Keep {
+		keep = true
+		resp.Seq = s
+	}
+	return resp, nil
+}
+
+// fits checks that an entry can be injected for a request.
+func (e *Engine) fits(ent *chunk.Entry, r LookupRequest) error {
+	c := &e.cfg
+	switch {
+	case ent.Key.Fingerprint != e.fp:
+		return fmt.Errorf("fingerprint %v, engine has %v", ent.Key.Fingerprint, e.fp)
+	case ent.Key.Content != r.Key.Content:
+		return fmt.Errorf("content %v, asked for %v", ent.Key.Content, r.Key.Content)
+	case ent.Layers != c.NumLayers || ent.KVHeads != c.NumKVHeads || ent.HeadDim != c.HeadDim:
+		return fmt.Errorf("shape %d layers × %d heads × %d dims, model has %d × %d × %d",
+			ent.Layers, ent.KVHeads, ent.HeadDim, c.NumLayers, c.NumKVHeads, c.HeadDim)
+	case len(ent.Tokens) != len(r.Tokens):
+		return fmt.Errorf("%d tokens, chunk has %d", len(ent.Tokens), len(r.Tokens))
+	case len(ent.KV) != ent.Shape().RawBytes():
+		return fmt.Errorf("%d KV bytes, shape needs %d", len(ent.KV), ent.Shape().RawBytes())
+	}
+	for i, t := range ent.Tokens {
+		if t != r.Tokens[i] {
+			return fmt.Errorf("token %d is %d, chunk has %d", i, t, r.Tokens[i])
+		}
+	}
+	return nil
+}
+
+// EntryF32 widens an entry's KV to float32 (canonical layout).
+func EntryF32(ent *chunk.Entry) ([]float32, error) {
+	n := ent.Shape().RawBytes() / max(1, ent.DType.Size())
+	if ent.DType != chunk.F32 && ent.DType != chunk.F16 && ent.DType != chunk.BF16 {
+		return nil, fmt.Errorf("%w: entry dtype %v", ErrUnsupported, ent.DType)
+	}
+	if len(ent.KV) != n*ent.DType.Size() {
+		return nil, errors.New("engine: entry KV size does not match its shape")
+	}
+	out := make([]float32, n)
+	widen(out, ent.KV, ent.DType)
+	return out, nil
+}

@@ -1,0 +1,334 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sort"
+
+	"github.com/kvmesh/kvmesh/cudakern"
+)
+
+// fwdPlan says which tokens of a sequence one forward pass computes.
+type fwdPlan struct {
+	// active are the token indices computed in layer 0, ascending. Tokens
+	// not listed must already have KV in the cache (injected or computed
+	// earlier). The sequence's last token must be active.
+	active []int
+	// approx[i], when approx is non-nil, marks active[i] as an APPROXIMATE
+	// token eligible for deviation-guided recomputation: it is computed for
+	// layers 0..check, and after that only if selected.
+	approx []bool
+	// check is the check layer; keep is the number of approximate tokens to
+	// keep recomputing after it (the top deviations).
+	check, keep int
+	// capture, if non-nil, receives the pre-RoPE K and V of tokens
+	// [capLo, capHi) in float32, canonical layout
+	// [layer][K|V][token][kv_head][head_dim]. Those tokens must be active.
+	capture      []float32
+	capLo, capHi int
+	// logits, if non-nil, receives the last token's logits.
+	logits []float32
+}
+
+// fwdStats counts the work of one forward pass.
+type fwdStats struct {
+	tokenLayers int // sum over layers of the tokens computed there
+	selected    int // approximate tokens kept after the check layer
+}
+
+// scratch holds the forward pass's buffers, grown as needed and reused, so
+// steady-state decoding does not allocate.
+type scratch struct {
+	idx            []int
+	slots          []int
+	h, x, o        []float32
+	q, k, v, att   []float32
+	g, u           []float32
+	dev            []float64
+	order          []int
+	scores         [][]float32
+	logit          []float32
+	mm             matmulTask
+	attn           attnTask
+	hiddenForLogit []float32
+}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n, n+n/4)
+	}
+	return s[:n]
+}
+
+// indices returns the reusable slice [lo, hi).
+func (sc *scratch) indices(lo, hi int) []int {
+	sc.idx = grow(sc.idx, hi-lo)
+	for i := range sc.idx {
+		sc.idx[i] = lo + i
+	}
+	return sc.idx
+}
+
+// attnTask computes causal attention for (active token, query head) items
+// against the cache of one layer.
+type attnTask struct {
+	q, out   []float32 // [n][heads][head_dim]
+	idx      []int     // token index of each active row
+	slots    []int     // slot of every token of the sequence
+	kv       []float32 // the cache layer
+	layout   cudakern.CacheLayout
+	heads    int
+	group    int // query heads per kv head
+	hd       int
+	scale    float32
+	scores   [][]float32 // per worker, at least seq length
+	vOffset  int         // element offset of V relative to K for one slot
+	kvStride int         // elements per slot (NHD)
+}
+
+func (t *attnTask) do(w, lo, hi int) {
+	hd := t.hd
+	sc := t.scores[w]
+	for it := lo; it < hi; it++ {
+		a, h := it/t.heads, it%t.heads
+		i := t.idx[a]
+		kvh := h / t.group
+		qv := t.q[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
+		s := sc[:i+1]
+		mx := float32(math.Inf(-1))
+		for j := range s {
+			off := t.layout.Offset(0, t.slots[j], kvh) / 4
+			v := dot(qv, t.kv[off:off+hd]) * t.scale
+			s[j] = v
+			if v > mx {
+				mx = v
+			}
+		}
+		var sum float32
+		for j, v := range s {
+			p := float32(math.Exp(float64(v - mx)))
+			s[j] = p
+			sum += p
+		}
+		out := t.out[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
+		clear(out)
+		for j, p := range s {
+			off := t.layout.Offset(1, t.slots[j], kvh) / 4
+			vv := t.kv[off : off+hd]
+			vv = vv[:len(out)]
+			for d := range out {
+				out[d] += p * vv[d]
+			}
+		}
+		inv := 1 / sum
+		for d := range out {
+			out[d] *= inv
+		}
+	}
+}
+
+// rmsNorm writes x = h * rsqrt(mean(h²) + eps) * w row by row, in float32
+// with the sum of squares accumulated in float64.
+func rmsNorm(x, h, w []float32, rows, dim int, eps float64) {
+	for r := 0; r < rows; r++ {
+		hr := h[r*dim : (r+1)*dim]
+		xr := x[r*dim : (r+1)*dim]
+		var ss float64
+		for _, v := range hr {
+			ss += float64(v) * float64(v)
+		}
+		inv := float32(1 / math.Sqrt(ss/float64(dim)+eps))
+		w := w[:len(hr)]
+		for i, v := range hr {
+			xr[i] = v * inv * w[i]
+		}
+	}
+}
+
+func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
+
+// forward runs plan over s. Called with e.mu held.
+func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats, error) {
+	var st fwdStats
+	if e.closed {
+		return st, ErrClosed
+	}
+	c := &e.cfg
+	n := len(p.active)
+	seqLen := len(s.tokens)
+	if n == 0 || p.active[n-1] != seqLen-1 {
+		return st, fmt.Errorf("engine: forward must compute the last token")
+	}
+	H, Q, KV, F := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.IntermediateSize
+	hd := c.HeadDim
+	sc := &e.sc
+	sc.h = grow(sc.h, n*H)
+	sc.x = grow(sc.x, n*H)
+	sc.o = grow(sc.o, n*H)
+	sc.q = grow(sc.q, n*Q)
+	sc.att = grow(sc.att, n*Q)
+	sc.k = grow(sc.k, n*KV)
+	sc.v = grow(sc.v, n*KV)
+	sc.g = grow(sc.g, n*F)
+	sc.u = grow(sc.u, n*F)
+	sc.slots = grow(sc.slots, n)
+	if len(sc.scores) != e.pool.workers {
+		sc.scores = make([][]float32, e.pool.workers)
+	}
+	for w := range sc.scores {
+		sc.scores[w] = grow(sc.scores[w], seqLen)
+	}
+	// active is copied because selection compacts it.
+	active := append(sc.order[:0], p.active...)
+	sc.order = active
+	approx := p.approx
+	for r, i := range active {
+		copy(sc.h[r*H:(r+1)*H], e.w.embed[int(s.tokens[i])*H:(int(s.tokens[i])+1)*H])
+	}
+	at := &sc.attn
+	*at = attnTask{slots: s.slots, layout: e.layout, heads: c.NumHeads, group: c.NumHeads / c.NumKVHeads,
+		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores}
+	for l := range e.w.layers {
+		if err := ctx.Err(); err != nil {
+			return st, err
+		}
+		lw := &e.w.layers[l]
+		if approx != nil && l == p.check+1 {
+			n = e.selectTokens(active, approx, p.keep, H)
+			active = active[:n]
+			st.selected = p.keep
+		}
+		st.tokenLayers += n
+		for r, i := range active {
+			sc.slots[r] = s.slots[i]
+		}
+		rmsNorm(sc.x, sc.h, lw.inputNorm, n, H, c.RMSNormEps)
+		e.pool.matmul(&sc.mm, sc.q, sc.x, lw.q, lw.qBias, n, H, Q)
+		e.pool.matmul(&sc.mm, sc.k, sc.x, lw.k, lw.kBias, n, H, KV)
+		e.pool.matmul(&sc.mm, sc.v, sc.x, lw.v, lw.vBias, n, H, KV)
+		if c.QKNorm {
+			rmsNorm(sc.q, sc.q, lw.qNorm, n*c.NumHeads, hd, c.RMSNormEps)
+			rmsNorm(sc.k, sc.k, lw.kNorm, n*c.NumKVHeads, hd, c.RMSNormEps)
+		}
+		if p.capture != nil {
+			e.capture(p, l, active, n)
+		}
+		for r, i := range active {
+			pos := s.start + i
+			for h := 0; h < c.NumHeads; h++ {
+				e.rope.RotateF32(sc.q[(r*c.NumHeads+h)*hd:(r*c.NumHeads+h+1)*hd], pos)
+			}
+			for h := 0; h < c.NumKVHeads; h++ {
+				e.rope.RotateF32(sc.k[(r*c.NumKVHeads+h)*hd:(r*c.NumKVHeads+h+1)*hd], pos)
+			}
+		}
+		cl := e.cache[l]
+		if approx != nil && l == p.check {
+			e.deviation(cl.f, n)
+		}
+		if err := cudakern.ScatterF32(cl.b, e.layout, 0, sc.slots[:n], sc.k[:n*KV]); err != nil {
+			return st, fmt.Errorf("engine: store keys: %w", err)
+		}
+		if err := cudakern.ScatterF32(cl.b, e.layout, 1, sc.slots[:n], sc.v[:n*KV]); err != nil {
+			return st, fmt.Errorf("engine: store values: %w", err)
+		}
+		at.q, at.out, at.idx, at.kv = sc.q[:n*Q], sc.att[:n*Q], active, cl.f
+		e.pool.run(at, n*c.NumHeads, 1)
+		e.pool.matmul(&sc.mm, sc.o, sc.att, lw.o, nil, n, Q, H)
+		for i, v := range sc.o[:n*H] {
+			sc.h[i] += v
+		}
+		rmsNorm(sc.x, sc.h, lw.postNorm, n, H, c.RMSNormEps)
+		e.pool.matmul(&sc.mm, sc.g, sc.x, lw.gate, nil, n, H, F)
+		e.pool.matmul(&sc.mm, sc.u, sc.x, lw.up, nil, n, H, F)
+		g, u := sc.g[:n*F], sc.u[:n*F]
+		for i, v := range g {
+			g[i] = silu(v) * u[i]
+		}
+		e.pool.matmul(&sc.mm, sc.o, sc.g, lw.down, nil, n, F, H)
+		for i, v := range sc.o[:n*H] {
+			sc.h[i] += v
+		}
+	}
+	*at = attnTask{}
+	if p.logits != nil {
+		sc.x = grow(sc.x, H)
+		rmsNorm(sc.x, sc.h[(n-1)*H:n*H], e.w.norm, 1, H, c.RMSNormEps)
+		e.pool.matmul(&sc.mm, p.logits, sc.x, e.w.lmHead, nil, 1, H, c.VocabSize)
+	}
+	return st, nil
+}
+
+// capture copies the pre-RoPE K and V rows of the captured range.
+func (e *Engine) capture(p fwdPlan, l int, active []int, n int) {
+	c := &e.cfg
+	KV := c.NumKVHeads * c.HeadDim
+	span := p.capHi - p.capLo
+	base := l * 2 * span * KV
+	for r, i := range active[:n] {
+		if i < p.capLo || i >= p.capHi {
+			continue
+		}
+		t := i - p.capLo
+		copy(p.capture[base+t*KV:base+(t+1)*KV], e.sc.k[r*KV:(r+1)*KV])
+		copy(p.capture[base+(span+t)*KV:base+(span+t+1)*KV], e.sc.v[r*KV:(r+1)*KV])
+	}
+}
+
+// deviation records, for every active row, the squared L2 distance between
+// its fresh (rotated) keys and the keys the cache holds for its slot, before
+// the fresh ones overwrite them. Rotation preserves distances, so this is
+// the deviation of the pre-RoPE keys as CacheBlend ranks it.
+func (e *Engine) deviation(layer []float32, n int) {
+	c := &e.cfg
+	hd := c.HeadDim
+	sc := &e.sc
+	sc.dev = grow(sc.dev, n)
+	for r := 0; r < n; r++ {
+		var d float64
+		for h := 0; h < c.NumKVHeads; h++ {
+			off := e.layout.Offset(0, sc.slots[r], h) / 4
+			old := layer[off : off+hd]
+			fresh := sc.k[(r*c.NumKVHeads+h)*hd : (r*c.NumKVHeads+h+1)*hd]
+			for j, v := range fresh {
+				x := float64(v - old[j])
+				d += x * x
+			}
+		}
+		sc.dev[r] = d
+	}
+}
+
+// selectTokens keeps every non-approximate active row and the keep
+// approximate rows of largest deviation, compacting the active indices and
+// hidden rows in order. It returns the new row count.
+func (e *Engine) selectTokens(active []int, approx []bool, keep, H int) int {
+	sc := &e.sc
+	var cand []int
+	for r := range active {
+		if approx[r] {
+			cand = append(cand, r)
+		}
+	}
+	sort.SliceStable(cand, func(a, b int) bool { return sc.dev[cand[a]] > sc.dev[cand[b]] })
+	chosen := make([]bool, len(active))
+	for r := range active {
+		chosen[r] = !approx[r]
+	}
+	for _, r := range cand[:min(keep, len(cand))] {
+		chosen[r] = true
+	}
+	n := 0
+	for r, i := range active {
+		if !chosen[r] {
+			continue
+		}
+		active[n] = i
+		if n != r {
+			copy(sc.h[n*H:(n+1)*H], sc.h[r*H:(r+1)*H])
+		}
+		n++
+	}
+	return n
+}

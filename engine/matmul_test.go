@@ -1,0 +1,94 @@
+package engine
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"testing"
+)
+
+func naiveMatmul(x, w, bias []float32, n, in, out int) []float32 {
+	y := make([]float32, n*out)
+	for i := 0; i < n; i++ {
+		for o := 0; o < out; o++ {
+			var s float64
+			for k := 0; k < in; k++ {
+				s += float64(x[i*in+k]) * float64(w[o*in+k])
+			}
+			if bias != nil {
+				s += float64(bias[o])
+			}
+			y[i*out+o] = float32(s)
+		}
+	}
+	return y
+}
+
+func randSlice(r *rand.Rand, n int) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = float32(r.NormFloat64())
+	}
+	return s
+}
+
+func TestMatmul(t *testing.T) {
+	p := newPool(3)
+	defer p.close()
+	r := rand.New(rand.NewPCG(1, 2))
+	var mt matmulTask
+	for _, tc := range []struct{ n, in, out int }{
+		{1, 1, 1}, {1, 7, 5}, {2, 64, 64}, {3, 65, 67}, {17, 128, 33}, {70, 96, 130}, {129, 64, 200},
+	} {
+		for _, withBias := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%dx%dx%d/bias=%v", tc.n, tc.in, tc.out, withBias), func(t *testing.T) {
+				x, w := randSlice(r, tc.n*tc.in), randSlice(r, tc.out*tc.in)
+				var bias []float32
+				if withBias {
+					bias = randSlice(r, tc.out)
+				}
+				y := make([]float32, tc.n*tc.out)
+				p.matmul(&mt, y, x, w, bias, tc.n, tc.in, tc.out)
+				want := naiveMatmul(x, w, bias, tc.n, tc.in, tc.out)
+				for i := range y {
+					if d := math.Abs(float64(y[i] - want[i])); d > 1e-4*math.Sqrt(float64(tc.in))+1e-5 {
+						t.Fatalf("y[%d] = %v, want %v", i, y[i], want[i])
+					}
+				}
+				// Row results do not depend on the batch they were computed in.
+				for i := 0; i < tc.n; i++ {
+					y1 := make([]float32, tc.out)
+					p.matmul(&mt, y1, x[i*tc.in:], w, bias, 1, tc.in, tc.out)
+					for o := range y1 {
+						if y1[o] != y[i*tc.out+o] {
+							t.Fatalf("row %d col %d: alone %v, in batch %v", i, o, y1[o], y[i*tc.out+o])
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+func BenchmarkMatmul(b *testing.B) {
+	p := newPool(runtime.GOMAXPROCS(0))
+	defer p.close()
+	for _, tc := range []struct{ n, in, out int }{
+		{1, 512, 1536}, {16, 512, 1536}, {256, 512, 1536}, {1024, 512, 512},
+	} {
+		b.Run(fmt.Sprintf("n=%d/%dx%d", tc.n, tc.in, tc.out), func(b *testing.B) {
+			r := rand.New(rand.NewPCG(1, 2))
+			x, w := randSlice(r, tc.n*tc.in), randSlice(r, tc.out*tc.in)
+			y := make([]float32, tc.n*tc.out)
+			var mt matmulTask
+			b.ReportAllocs()
+			b.ResetTimer()
+			for b.Loop() {
+				p.matmul(&mt, y, x, w, nil, tc.n, tc.in, tc.out)
+			}
+			flops := 2 * float64(tc.n*tc.in*tc.out) * float64(b.N)
+			b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+		})
+	}
+}

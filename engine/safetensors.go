@@ -1,0 +1,337 @@
+package engine
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// maxSafetensorsHeader bounds the JSON header a reader accepts, so a hostile
+// length field cannot make it allocate (HF's own limit is 100 MB).
+const maxSafetensorsHeader = 100 << 20
+
+// Tensor is a named tensor widened to float32 (or to be narrowed to DType
+// when written).
+type Tensor struct {
+	DType chunk.DType // dtype on disk
+	Shape []int
+	Data  []float32
+}
+
+// NumElements is the product of the shape.
+func (t *Tensor) NumElements() int {
+	n := 1
+	for _, d := range t.Shape {
+		n *= d
+	}
+	return n
+}
+
+type stEntry struct {
+	DType   string  `json:"dtype"`
+	Shape   []int   `json:"shape"`
+	Offsets [2]int64 `json:"data_offsets"`
+}
+
+func stDType(s string) (chunk.DType, error) {
+	switch s {
+	case "F32":
+		return chunk.F32, nil
+	case "F16":
+		return chunk.F16, nil
+	case "BF16":
+		return chunk.BF16, nil
+	}
+	return chunk.DTypeInvalid, fmt.Errorf("%w: safetensors dtype %q (want F32, F16 or BF16)", ErrUnsupported, s)
+}
+
+func stName(d chunk.DType) string {
+	switch d {
+	case chunk.F16:
+		return "F16"
+	case chunk.BF16:
+		return "BF16"
+	}
+	return "F32"
+}
+
+// ParseSafetensors decodes a whole safetensors file held in memory. Every
+// tensor is widened to float32; the metadata map is returned as well.
+func ParseSafetensors(b []byte) (map[string]*Tensor, map[string]string, error) {
+	if len(b) < 8 {
+		return nil, nil, fmt.Errorf("%w: safetensors: %d bytes is shorter than the header length", ErrInvalidModel, len(b))
+	}
+	n := binary.LittleEndian.Uint64(b)
+	if n > maxSafetensorsHeader || n > uint64(len(b)-8) {
+		return nil, nil, fmt.Errorf("%w: safetensors: header length %d exceeds file (%d bytes)", ErrInvalidModel, n, len(b))
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
+		return nil, nil, fmt.Errorf("%w: safetensors header: %v", ErrInvalidModel, err)
+	}
+	data := b[8+n:]
+	var meta map[string]string
+	type span struct {
+		lo, hi int64
+		name   string
+	}
+	var spans []span
+	out := make(map[string]*Tensor, len(raw))
+	for name, msg := range raw {
+		if name == "__metadata__" {
+			if err := json.Unmarshal(msg, &meta); err != nil {
+				return nil, nil, fmt.Errorf("%w: safetensors metadata: %v", ErrInvalidModel, err)
+			}
+			continue
+		}
+		var e stEntry
+		if err := json.Unmarshal(msg, &e); err != nil {
+			return nil, nil, fmt.Errorf("%w: safetensors tensor %q: %v", ErrInvalidModel, name, err)
+		}
+		dt, err := stDType(e.DType)
+		if err != nil {
+			return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
+		}
+		elems := int64(1)
+		for _, d := range e.Shape {
+			if d < 0 || (d > 0 && elems > math.MaxInt32/int64(d)) {
+				return nil, nil, fmt.Errorf("%w: tensor %q shape %v", ErrInvalidModel, name, e.Shape)
+			}
+			elems *= int64(d)
+		}
+		lo, hi := e.Offsets[0], e.Offsets[1]
+		if lo < 0 || hi < lo || hi > int64(len(data)) || hi-lo != elems*int64(dt.Size()) {
+			return nil, nil, fmt.Errorf("%w: tensor %q offsets [%d,%d) for %d %v elements in %d data bytes", ErrInvalidModel, name, lo, hi, elems, dt, len(data))
+		}
+		spans = append(spans, span{lo, hi, name})
+		t := &Tensor{DType: dt, Shape: append([]int(nil), e.Shape...), Data: make([]float32, elems)}
+		widen(t.Data, data[lo:hi], dt)
+		out[name] = t
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].lo < spans[i-1].hi {
+			return nil, nil, fmt.Errorf("%w: tensors %q and %q overlap", ErrInvalidModel, spans[i-1].name, spans[i].name)
+		}
+	}
+	return out, meta, nil
+}
+
+// widen converts little-endian elements of dt into dst.
+func widen(dst []float32, src []byte, dt chunk.DType) {
+	switch dt {
+	case chunk.F32:
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	case chunk.F16:
+		for i := range dst {
+			dst[i] = chunk.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	case chunk.BF16:
+		for i := range dst {
+			dst[i] = chunk.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	}
+}
+
+// narrow appends src rounded to dt, little-endian.
+func narrow(dst []byte, src []float32, dt chunk.DType) []byte {
+	switch dt {
+	case chunk.F16:
+		for _, v := range src {
+			dst = binary.LittleEndian.AppendUint16(dst, chunk.F32ToF16(v))
+		}
+	case chunk.BF16:
+		for _, v := range src {
+			dst = binary.LittleEndian.AppendUint16(dst, chunk.F32ToBF16(v))
+		}
+	default:
+		for _, v := range src {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+		}
+	}
+	return dst
+}
+
+// WriteSafetensors writes tensors (narrowed to each one's DType) in name
+// order, with the header padded to a multiple of 8 bytes as HF does.
+func WriteSafetensors(w io.Writer, tensors map[string]*Tensor, meta map[string]string) error {
+	names := make([]string, 0, len(tensors))
+	for n := range tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	hdr := make(map[string]any, len(names)+1)
+	if len(meta) > 0 {
+		hdr["__metadata__"] = meta
+	}
+	var off int64
+	for _, n := range names {
+		t := tensors[n]
+		if t.NumElements() != len(t.Data) {
+			return fmt.Errorf("%w: tensor %q shape %v holds %d values", ErrInvalidModel, n, t.Shape, len(t.Data))
+		}
+		dt := t.DType
+		if dt != chunk.F16 && dt != chunk.BF16 {
+			dt = chunk.F32
+		}
+		size := int64(len(t.Data) * dt.Size())
+		shape := t.Shape
+		if shape == nil {
+			shape = []int{}
+		}
+		hdr[n] = stEntry{DType: stName(dt), Shape: shape, Offsets: [2]int64{off, off + size}}
+		off += size
+	}
+	js, err := json.Marshal(hdr)
+	if err != nil {
+		return fmt.Errorf("engine: safetensors header: %w", err)
+	}
+	for len(js)%8 != 0 {
+		js = append(js, ' ')
+	}
+	bw := bufio.NewWriterSize(w, 1<<20)
+	var lenBuf [8]byte
+	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(js)))
+	bw.Write(lenBuf[:])
+	bw.Write(js)
+	var buf []byte
+	for _, n := range names {
+		t := tensors[n]
+		buf = narrow(buf[:0], t.Data, t.DType)
+		if _, err := bw.Write(buf); err != nil {
+			return fmt.Errorf("engine: write safetensors: %w", err)
+		}
+	}
+	if err := bw.Flush(); err != nil {
+		return fmt.Errorf("engine: write safetensors: %w", err)
+	}
+	return nil
+}
+
+// writeSafetensorsFile writes a file atomically enough for tests and demos.
+func writeSafetensorsFile(path string, tensors map[string]*Tensor, meta map[string]string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	if err := WriteSafetensors(f, tensors, meta); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	return nil
+}
+
+// safetensorsIndex is model.safetensors.index.json.
+type safetensorsIndex struct {
+	Metadata  map[string]any    `json:"metadata,omitempty"`
+	WeightMap map[string]string `json:"weight_map"`
+}
+
+// LoadTensors reads the checkpoint in dir: model.safetensors, or the shards
+// named by model.safetensors.index.json. Every tensor the index names must be
+// in the shard it names.
+func LoadTensors(dir string) (map[string]*Tensor, error) {
+	idxPath := filepath.Join(dir, "model.safetensors.index.json")
+	idxData, err := os.ReadFile(idxPath)
+	if os.IsNotExist(err) {
+		b, err := os.ReadFile(filepath.Join(dir, "model.safetensors"))
+		if err != nil {
+			return nil, fmt.Errorf("engine: read weights: %w", err)
+		}
+		ts, _, err := ParseSafetensors(b)
+		if err != nil {
+			return nil, fmt.Errorf("model.safetensors: %w", err)
+		}
+		return ts, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("engine: read index: %w", err)
+	}
+	var idx safetensorsIndex
+	if err := json.Unmarshal(idxData, &idx); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrInvalidModel, idxPath, err)
+	}
+	if len(idx.WeightMap) == 0 {
+		return nil, fmt.Errorf("%w: %s has an empty weight_map", ErrInvalidModel, idxPath)
+	}
+	shards := map[string]bool{}
+	for _, f := range idx.WeightMap {
+		if f != filepath.Base(f) || f == "" || f == "." || f == ".." {
+			return nil, fmt.Errorf("%w: shard name %q", ErrInvalidModel, f)
+		}
+		shards[f] = true
+	}
+	out := make(map[string]*Tensor, len(idx.WeightMap))
+	for f := range shards {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			return nil, fmt.Errorf("engine: read shard: %w", err)
+		}
+		ts, _, err := ParseSafetensors(b)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", f, err)
+		}
+		for n, t := range ts {
+			if idx.WeightMap[n] == f {
+				out[n] = t
+			}
+		}
+	}
+	for n, f := range idx.WeightMap {
+		if out[n] == nil {
+			return nil, fmt.Errorf("%w: tensor %q missing from shard %s", ErrInvalidModel, n, f)
+		}
+	}
+	return out, nil
+}
+
+// writeSharded splits tensors over n shard files plus the index.
+func writeSharded(dir string, tensors map[string]*Tensor, n int) error {
+	names := make([]string, 0, len(tensors))
+	for k := range tensors {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	idx := safetensorsIndex{WeightMap: map[string]string{}}
+	parts := make([]map[string]*Tensor, n)
+	var total int
+	for i, name := range names {
+		s := i * n / len(names)
+		if parts[s] == nil {
+			parts[s] = map[string]*Tensor{}
+		}
+		parts[s][name] = tensors[name]
+		idx.WeightMap[name] = fmt.Sprintf("model-%05d-of-%05d.safetensors", s+1, n)
+		total += len(tensors[name].Data) * tensors[name].DType.Size()
+	}
+	idx.Metadata = map[string]any{"total_size": total}
+	for s, p := range parts {
+		if p == nil {
+			p = map[string]*Tensor{}
+		}
+		if err := writeSafetensorsFile(filepath.Join(dir, fmt.Sprintf("model-%05d-of-%05d.safetensors", s+1, n)), p, map[string]string{"format": "pt"}); err != nil {
+			return err
+		}
+	}
+	js, err := json.MarshalIndent(idx, "", "  ")
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "model.safetensors.index.json"), js, 0o644); err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	return nil
+}
