@@ -66,8 +66,8 @@ type Engine struct {
 	cache  []cacheLayer
 	// cacheBytes lists the layers' bytes, the Dst of a cudakern.Job.
 	cacheBytes [][]byte
-	free   []int // free block IDs, used as a stack
-	sc     scratch
+	free       []int // free block IDs, used as a stack
+	sc         scratch
 }
 
 // New builds an engine for w. Close it to stop its workers.

@@ -36,8 +36,8 @@ func (t *Tensor) NumElements() int {
 }
 
 type stEntry struct {
-	DType   string  `json:"dtype"`
-	Shape   []int   `json:"shape"`
+	DType   string   `json:"dtype"`
+	Shape   []int    `json:"shape"`
 	Offsets [2]int64 `json:"data_offsets"`
 }
 
