@@ -1,0 +1,406 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// prefill runs segments with no source (prompt injection).
+func prefill(t testing.TB, e *Engine, start int, segs []Segment) *Response {
+	t.Helper()
+	resp, err := e.Run(context.Background(), nil, Request{StartPos: start, Segments: segs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+func TestExactInjection(t *testing.T) {
+	// Positions: encoded at s, injected at t; float32 angle rounding grows
+	// with position (REFERENCE.md), and these stay below 1100.
+	vs := variants()
+	ctx := context.Background()
+	for _, name := range sortedNames(vs) {
+		for _, pos := range []struct{ s, t int }{{0, 40}, {300, 5}, {17, 1000}} {
+			t.Run(fmt.Sprintf("%s/s=%d/t=%d", name, pos.s, pos.t), func(t *testing.T) {
+				e := newTestEngine(t, vs[name], 21)
+				r := rand.New(rand.NewPCG(uint64(pos.s), uint64(pos.t)))
+				prefix := randTokens(r, 13, e.cfg.VocabSize)
+				ch := randTokens(r, 19, e.cfg.VocabSize)
+				query := randTokens(r, 7, e.cfg.VocabSize)
+				// KV of [prefix, chunk] encoded together at offset s.
+				root := chunk.PrefixRoot(e.fp)
+				ep, err := e.Encode(ctx, nil, prefix, chunk.PrefixContext(root), EncodeOptions{StartPos: pos.s})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ec, err := e.Encode(ctx, prefix, ch, chunk.PrefixContext(chunk.NextPrefix(root, prefix)), EncodeOptions{StartPos: pos.s})
+				if err != nil {
+					t.Fatal(err)
+				}
+				store := NewMemStore(chunk.CodecRaw)
+				for _, en := range []*chunk.Entry{ep, ec} {
+					if err := store.Put(ctx, en); err != nil {
+						t.Fatal(err)
+					}
+				}
+				segs := []Segment{{Tokens: prefix, Chunk: true}, {Tokens: ch, Chunk: true}, {Tokens: query}}
+				got, err := e.Run(ctx, store, Request{StartPos: pos.t, Segments: segs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, cr := range got.Chunks {
+					if cr.Match != MatchExact {
+						t.Fatalf("segment %d: %v, want exact", cr.Segment, cr.Match)
+					}
+				}
+				want := prefill(t, e, pos.t, segs)
+				d := maxAbsDiff(got.Logits, want.Logits)
+				t.Logf("max |logit diff| %.3g", d)
+				if d > 1e-4 {
+					t.Fatalf("max |logit diff| %.3g > 1e-4", d)
+				}
+				if got.TokenLayers != len(query)*e.cfg.NumLayers || want.TokenLayers != got.Tokens*e.cfg.NumLayers {
+					t.Fatalf("token-layers: injected %d, prefill %d; want %d and %d", got.TokenLayers, want.TokenLayers,
+						len(query)*e.cfg.NumLayers, got.Tokens*e.cfg.NumLayers)
+				}
+				if got.Injected != len(prefix)+len(ch) {
+					t.Fatalf("injected %d tokens, want %d", got.Injected, len(prefix)+len(ch))
+				}
+			})
+		}
+	}
+}
+
+func TestExactChainComposes(t *testing.T) {
+	ctx := context.Background()
+	for _, name := range []string{"llama-neox", "qwen2-bias-tied", "qwen3-qknorm"} {
+		for _, kv := range []chunk.DType{chunk.F32, chunk.BF16} {
+			t.Run(fmt.Sprintf("%s/%v", name, kv), func(t *testing.T) {
+				c := variants()[name]
+				dir := t.TempDir()
+				if _, err := WriteRandomModel(dir, c, 9, 3); err != nil { // sharded
+					t.Fatal(err)
+				}
+				w, err := LoadWeights(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e, err := New(w, Config{Workers: 2, CacheTokens: 1024, KVDType: kv})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				r := rand.New(rand.NewPCG(7, 8))
+				var chunks [][]uint32
+				for i := 0; i < 4; i++ {
+					chunks = append(chunks, randTokens(r, 5+7*i, c.VocabSize))
+				}
+				store := NewMemStore(chunk.CodecRaw)
+				for i, ch := range chunks {
+					en, err := e.EncodeAfterPrefix(ctx, chunks[:i], ch)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if err := store.Put(ctx, en); err != nil {
+						t.Fatal(err)
+					}
+				}
+				var segs []Segment
+				for _, ch := range chunks {
+					segs = append(segs, Segment{Tokens: ch, Chunk: true})
+				}
+				segs = append(segs, Segment{Tokens: randTokens(r, 9, c.VocabSize)})
+				got, err := e.Run(ctx, store, Request{StartPos: 100, Segments: segs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, cr := range got.Chunks {
+					if cr.Match != MatchExact {
+						t.Fatalf("segment %d: %v, want exact", cr.Segment, cr.Match)
+					}
+				}
+				want := prefill(t, e, 100, segs)
+				tol := 1e-4
+				if kv == chunk.BF16 { // the stored KV itself is rounded
+					tol = 0.1
+				}
+				d := maxAbsDiff(got.Logits, want.Logits)
+				if d > tol {
+					t.Fatalf("max |logit diff| %.3g > %g", d, tol)
+				}
+				// Reordering the chunks breaks the prefix chain: no exact hits.
+				segs[0], segs[1] = segs[1], segs[0]
+				re, err := e.Run(ctx, store, Request{StartPos: 100, Segments: segs})
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, cr := range re.Chunks {
+					if cr.Match == MatchExact {
+						t.Fatalf("reordered segment %d matched exactly", cr.Segment)
+					}
+				}
+			})
+		}
+	}
+}
+
+// approxSetup encodes nChunks chunks standalone and windowed and returns
+// prompts built from them.
+type approxSetup struct {
+	e          *Engine
+	standalone *MemStore
+	window     *MemStore
+	prompts    [][]Segment
+}
+
+func newApproxSetup(t testing.TB, c ModelConfig, nPrompts, chunksPer, w int) *approxSetup {
+	ctx := context.Background()
+	e := newTestEngine(t, c, 31)
+	r := rand.New(rand.NewPCG(31, 32))
+	as := &approxSetup{e: e, standalone: NewMemStore(0), window: NewMemStore(0)}
+	for p := 0; p < nPrompts; p++ {
+		var segs []Segment
+		var before []uint32
+		for i := 0; i < chunksPer; i++ {
+			ch := randTokens(r, 12, c.VocabSize)
+			en, err := e.EncodeStandalone(ctx, ch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			as.standalone.Put(ctx, en)
+			// The window is the text that precedes the chunk in this prompt.
+			en, err = e.EncodeWindow(ctx, before, w, ch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			as.window.Put(ctx, en)
+			segs = append(segs, Segment{Tokens: ch, Chunk: true})
+			before = append(before, ch...)
+		}
+		segs = append(segs, Segment{Tokens: randTokens(r, 6, c.VocabSize)})
+		as.prompts = append(as.prompts, segs)
+	}
+	return as
+}
+
+func TestApproximateRecompute(t *testing.T) {
+	ctx := context.Background()
+	c := tinyConfig()
+	c.NumLayers = 6
+	as := newApproxSetup(t, c, 24, 4, 20)
+	e := as.e
+	refs := make([][]float32, len(as.prompts))
+	var full int
+	for i, segs := range as.prompts {
+		resp := prefill(t, e, 0, segs)
+		refs[i], full = resp.Logits, full+resp.TokenLayers
+	}
+	ratios := []float64{0, 0.15, 0.5, 1}
+	fid := make([]Fidelity, len(ratios))
+	work := make([]int, len(ratios))
+	var win, winR Fidelity
+	for i, segs := range as.prompts {
+		for k, r := range ratios {
+			resp, err := e.Run(ctx, as.standalone, Request{Segments: segs, Recompute: r})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cr := range resp.Chunks {
+				if cr.Match != MatchApproximate {
+					t.Fatalf("standalone entry matched %v", cr.Match)
+				}
+			}
+			fid[k].Add(refs[i], resp.Logits)
+			work[k] += resp.TokenLayers
+		}
+		resp, err := e.Run(ctx, as.window, Request{Segments: segs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		win.Add(refs[i], resp.Logits)
+		resp, err = e.Run(ctx, as.window, Request{Segments: segs, Recompute: 0.15})
+		if err != nil {
+			t.Fatal(err)
+		}
+		winR.Add(refs[i], resp.Logits)
+	}
+	for k, r := range ratios {
+		t.Logf("standalone r=%.2f: KL %.4g top1 %.2f max|dlogit| %.3g token-layers %d of %d", r, fid[k].MeanKL(), fid[k].Top1Rate(), fid[k].MaxLogit, work[k], full)
+	}
+	t.Logf("window w=20: KL %.4g top1 %.2f; with r=0.15: KL %.4g top1 %.2f", win.MeanKL(), win.Top1Rate(), winR.MeanKL(), winR.Top1Rate())
+	if fid[0].MaxLogit < 1e-3 || win.MaxLogit < 1e-3 {
+		t.Fatalf("standalone (%.3g) or windowed (%.3g) encodings do not differ from prefill", fid[0].MaxLogit, win.MaxLogit)
+	}
+	for k := 1; k < len(ratios); k++ {
+		if fid[k].MeanKL() > fid[k-1].MeanKL() {
+			t.Errorf("KL rises from r=%.2f (%.4g) to r=%.2f (%.4g)", ratios[k-1], fid[k-1].MeanKL(), ratios[k], fid[k].MeanKL())
+		}
+		if fid[k].Top1 < fid[k-1].Top1-1 {
+			t.Errorf("top-1 agreement falls from r=%.2f (%d) to r=%.2f (%d)", ratios[k-1], fid[k-1].Top1, ratios[k], fid[k].Top1)
+		}
+	}
+	if fid[3].MaxLogit > 1e-4 || fid[3].Top1 != fid[3].N {
+		t.Errorf("r=1 differs from prefill: max |dlogit| %.3g", fid[3].MaxLogit)
+	}
+	if work[3] != full {
+		t.Errorf("r=1 computed %d token-layers, prefill %d", work[3], full)
+	}
+	// r=15% recomputes layers 0..1 for chunk tokens and 15% of them after.
+	if float64(work[1]) > 0.6*float64(full) {
+		t.Errorf("r=0.15 computed %d of %d token-layers; it should save far more", work[1], full)
+	}
+	if winR.MeanKL() > win.MeanKL() {
+		t.Errorf("recompute made windowed encodings worse: KL %.4g -> %.4g", win.MeanKL(), winR.MeanKL())
+	}
+}
+
+// failingSource always errors, as a store that is down.
+type failingSource struct{}
+
+func (failingSource) Lookup(context.Context, []LookupRequest) ([]*chunk.Entry, error) {
+	return nil, errors.New("store down")
+}
+
+// foreignSource returns entries of another model.
+type foreignSource struct{ ent *chunk.Entry }
+
+func (f foreignSource) Lookup(_ context.Context, reqs []LookupRequest) ([]*chunk.Entry, error) {
+	out := make([]*chunk.Entry, len(reqs))
+	for i := range out {
+		out[i] = f.ent
+	}
+	return out, nil
+}
+
+func TestRunFallsBackToPrefill(t *testing.T) {
+	ctx := context.Background()
+	e := newTestEngine(t, tinyConfig(), 41)
+	r := rand.New(rand.NewPCG(41, 42))
+	ch := randTokens(r, 10, e.cfg.VocabSize)
+	segs := []Segment{{Tokens: ch, Chunk: true}, {Tokens: randTokens(r, 5, e.cfg.VocabSize)}}
+	want := prefill(t, e, 0, segs)
+	other := newTestEngine(t, tinyConfig(), 42) // different weights, different fingerprint
+	foreign, err := other.EncodeStandalone(ctx, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrongTokens, err := e.EncodeStandalone(ctx, randTokens(r, 10, e.cfg.VocabSize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, src := range map[string]ChunkSource{
+		"down":         failingSource{},
+		"empty":        NewMemStore(0),
+		"foreign":      foreignSource{foreign},
+		"wrong-tokens": foreignSource{wrongTokens},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, err := e.Run(ctx, src, Request{Segments: segs})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Injected != 0 || got.TokenLayers != want.TokenLayers {
+				t.Fatalf("injected %d, computed %d token-layers; want a full prefill", got.Injected, got.TokenLayers)
+			}
+			if d := maxAbsDiff(got.Logits, want.Logits); d != 0 {
+				t.Fatalf("fallback differs from prefill by %g", d)
+			}
+		})
+	}
+	if _, err := e.Run(ctx, nil, Request{Segments: segs, Recompute: 2}); err == nil {
+		t.Fatal("recompute ratio 2 accepted")
+	}
+	if _, err := e.Run(ctx, nil, Request{}); err == nil {
+		t.Fatal("empty prompt accepted")
+	}
+}
+
+func TestRunKeepsSequenceForDecode(t *testing.T) {
+	ctx := context.Background()
+	e := newTestEngine(t, tinyConfig(), 51)
+	r := rand.New(rand.NewPCG(51, 52))
+	ch := randTokens(r, 10, e.cfg.VocabSize)
+	store := NewMemStore(0)
+	en, err := e.EncodeAfterPrefix(ctx, nil, ch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store.Put(ctx, en)
+	q := randTokens(r, 4, e.cfg.VocabSize)
+	resp, err := e.Run(ctx, store, Request{StartPos: 9, Segments: []Segment{{Tokens: ch, Chunk: true}, {Tokens: q}}, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Seq.Release()
+	got, err := resp.Seq.Generate(ctx, nil, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := e.NewSequence(9)
+	defer ref.Release()
+	want, err := ref.Generate(ctx, append(append([]uint32(nil), ch...), q...), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("generation after injection %v, after prefill %v", got, want)
+		}
+	}
+}
+
+func TestMemStorePrefersExactThenWindow(t *testing.T) {
+	ctx := context.Background()
+	fp := chunk.Fingerprint{Lo: 1, Hi: 2}
+	toks := []uint32{1, 2, 3}
+	mk := func(cx chunk.Context) *chunk.Entry {
+		return &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: cx},
+			DType: chunk.F32, Layers: 1, KVHeads: 1, HeadDim: 2, Tokens: toks, KV: make([]byte, 2*3*2*4)}
+	}
+	exact := chunk.PrefixContext(chunk.ID{Lo: 7})
+	w8 := chunk.WindowContext(fp, 8, []uint32{9})
+	w20 := chunk.WindowContext(fp, 20, []uint32{9, 9})
+	tests := []struct {
+		name string
+		have []chunk.Context
+		want chunk.Context
+	}{
+		{"exact", []chunk.Context{chunk.StandaloneContext(), w20, exact}, exact},
+		{"larger window", []chunk.Context{chunk.StandaloneContext(), w8, w20}, w20},
+		{"window over standalone", []chunk.Context{chunk.StandaloneContext(), w8}, w8},
+		{"standalone over other prefix", []chunk.Context{chunk.PrefixContext(chunk.ID{Lo: 8}), chunk.StandaloneContext()}, chunk.StandaloneContext()},
+		{"miss", nil, chunk.Context{}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMemStore(0)
+			for _, cx := range tc.have {
+				if err := m.Put(ctx, mk(cx)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := m.Lookup(ctx, []LookupRequest{{Key: mk(exact).Key, Tokens: toks}, {Key: mk(exact).Key, Tokens: []uint32{1, 2, 4}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got[1] != nil {
+				t.Fatal("entry returned for other tokens")
+			}
+			if tc.have == nil {
+				if got[0] != nil {
+					t.Fatal("hit in an empty store")
+				}
+				return
+			}
+			if got[0] == nil || got[0].Key.Context != tc.want {
+				t.Fatalf("got %v, want %v", got[0], tc.want)
+			}
+		})
+	}
+}
