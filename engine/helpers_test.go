@@ -84,4 +84,3 @@ func maxAbsDiff(a, b []float32) float64 {
 	}
 	return m
 }
-
