@@ -1,0 +1,46 @@
+// Package kvtier is a node's chunk store: encoded chunk entries (the blobs
+// chunk.Encode writes) kept in up to three tiers under byte budgets, GPU
+// memory, host DRAM and local disk, and indexed by (fingerprint, content
+// ID, context) so that one lookup finds the best encoding of a chunk.
+//
+// Tiers are exclusive: an entry lives in one tier at a time. Puts land in
+// DRAM; DRAM victims are demoted to disk when the disk tier can make room
+// (else dropped), disk hits are promoted back to DRAM, GetDevice promotes
+// to the GPU tier and the GPU tier's victims are demoted to DRAM. Each tier
+// orders its entries with its own policy instance, S3-FIFO by default (a
+// probationary FIFO, a main FIFO with reinsertion and a ghost queue, all
+// weighted by bytes): frequency-aware admission and eviction that beats
+// LRU on skewed traces (see the benchmarks). Pinned entries are never
+// evicted or demoted; a budget is never exceeded because the bytes are
+// charged before they are written.
+//
+// DRAM layout. The DRAM tier is a memfd of fixed-size pages (64 KiB by
+// default) mapped once, off the Go heap, so the garbage collector neither
+// scans nor counts stored bytes: the heap holds only the index, a few
+// hundred bytes per entry. An entry is a list of pages, allocated
+// lowest-index first so that most entries are one contiguous run. Get
+// returns a contiguous zero-copy view in every case: a single run is a
+// slice of the arena mapping; an entry whose pages are scattered gets its
+// own mapping in which the runs are placed side by side (mmap MAP_FIXED of
+// the memfd's pages into a reserved range). This keeps the simple
+// contract, one []byte that chunk.ParseHeader, chunk.DecodeRange and a gRPC
+// send can use directly, without a buddy allocator's up-to-2x internal
+// waste or a free-extent allocator's external fragmentation: waste is under
+// one page per entry (under 3.2% for a 16-token chunk of a 32-layer,
+// 8-KV-head, 128-dim bf16 model, far less for larger chunks), and any free
+// pages can serve any entry. The cost is an mmap/munmap pair per scattered
+// entry, a few microseconds against a copy of megabytes.
+//
+// Disk layout. One file per entry, named by key, checksum and size, under
+// 256 subdirectories; written to a temp file, fsynced, renamed, and the
+// directory fsynced. Open rebuilds the index from the directory, verifies
+// every file's checksums and drops temp files and torn or corrupted files.
+// Raw entries are re-encoded with chunk.CodecLossless when the chunk
+// package supports it and it shrinks them; promotion restores the exact
+// bytes that were put.
+//
+// Handles. Get returns a Handle whose Bytes stay valid, and whose entry
+// stays put, until Release; a disk hit that cannot be promoted, and a GPU
+// hit, return a private copy instead. Delete of a pinned entry hides it at
+// once and frees its pages at the last Release.
+package kvtier

@@ -1,0 +1,195 @@
+package kvtier
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// DeviceHandle is a pinned entry in device memory: the GPU tier keeps it
+// there, at Ptr, until Release.
+type DeviceHandle struct {
+	s    *Store
+	c    *devCopy
+	Ptr  DevicePtr
+	Size int64
+	done bool
+}
+
+// Release unpins the device copy; calling it again does nothing.
+func (h *DeviceHandle) Release() {
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	if h.done {
+		return
+	}
+	h.done = true
+	h.c.pins--
+	if h.c.pins == 0 {
+		h.s.pinnedBytes[TierGPU] -= h.Size
+	}
+	h.s.maybeFreeDev(h.c)
+}
+
+// GetDevice returns the entry under key pinned in device memory, promoting
+// it there from DRAM or disk (the GPU tier's victims are demoted to DRAM).
+// It is for the local engine, which injects from device memory.
+func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cfg.GPU == nil {
+		return nil, fmt.Errorf("%w: no GPU tier", ErrNoSpace)
+	}
+	for {
+		if s.closed {
+			return nil, ErrClosed
+		}
+		e := s.lookup(key)
+		if e == nil {
+			s.countMisses(numTiers)
+			return nil, ErrNotFound
+		}
+		if e.dev != nil {
+			s.countMisses(TierGPU)
+			s.tiers[TierGPU].stats.Hits++
+			if e.pol != nil {
+				e.pol.touch(&e.pn)
+			}
+			if e.dev.pins == 0 {
+				s.pinnedBytes[TierGPU] += e.dev.size
+			}
+			e.dev.pins++
+			return &DeviceHandle{s: s, c: e.dev, Ptr: e.dev.ptr, Size: e.dev.size}, nil
+		}
+		if e.busy {
+			// Another goroutine is moving it; it finishes without
+			// needing this one. Take a host read and retry the promotion
+			// on the next call.
+			h, err := s.getLocked(ctx, e)
+			if err != nil {
+				return nil, err
+			}
+			s.mu.Unlock()
+			h.Release()
+			s.mu.Lock()
+			continue
+		}
+		// Pin a host copy (promoting from disk to DRAM on the way).
+		h, err := s.getLocked(ctx, e)
+		if err != nil {
+			return nil, err
+		}
+		dh, err := s.promoteGPU(ctx, e, h.b)
+		s.mu.Unlock()
+		h.Release()
+		s.mu.Lock()
+		return dh, err
+	}
+}
+
+// getLocked is Get for an entry already looked up.
+func (s *Store) getLocked(ctx context.Context, e *entry) (*Handle, error) {
+	switch e.tier() {
+	case TierGPU:
+		b := make([]byte, e.size)
+		if err := s.cfg.GPU.Read(e.dev.ptr, 0, b); err != nil {
+			return nil, err
+		}
+		return &Handle{s: s, b: b, tier: TierGPU}, nil
+	case TierDRAM:
+		s.countMisses(TierDRAM)
+		s.tiers[TierDRAM].stats.Hits++
+		return s.pinDRAM(e, TierDRAM), nil
+	}
+	s.countMisses(TierDisk)
+	s.tiers[TierDisk].stats.Hits++
+	return s.promote(ctx, e)
+}
+
+// promoteGPU copies host bytes b of e into device memory and moves e to
+// the GPU tier. mu held; may be released while victims are demoted.
+func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHandle, error) {
+	ts := &s.tiers[TierGPU]
+	need := int64(e.size)
+	if need > ts.budget {
+		return nil, fmt.Errorf("%w: %d bytes exceed the GPU tier", ErrNoSpace, need)
+	}
+	e.busy = true
+	defer func() { e.busy = false }()
+	var ptr DevicePtr
+	for {
+		if ts.used+need <= ts.budget {
+			p, err := s.cfg.GPU.Alloc(need)
+			if err == nil {
+				ptr = p
+				break
+			}
+			if !errors.Is(err, ErrDeviceFull) {
+				return nil, fmt.Errorf("kvtier: device alloc: %w", err)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		v := ts.pol.victim(func(p *pnode) bool {
+			o := p.owner
+			return o.busy || o.dev == nil || o.dev.pins > 0
+		})
+		if v == nil {
+			return nil, fmt.Errorf("%w: GPU tier holds only pinned entries", ErrNoSpace)
+		}
+		s.demoteGPU(ctx, v.owner)
+	}
+	if err := s.cfg.GPU.Write(ptr, 0, b); err != nil {
+		_ = s.cfg.GPU.Free(ptr)
+		return nil, fmt.Errorf("kvtier: device write: %w", err)
+	}
+	ts.used += need
+	c := &devCopy{ptr: ptr, size: need}
+	if e.dead {
+		c.detached = true
+		s.maybeFreeDev(c)
+		return nil, ErrNotFound
+	}
+	s.leavePolicy(e, false)
+	s.dropDRAM(e)
+	s.dropDisk(e)
+	e.dev = c
+	s.admit(TierGPU, e, need)
+	ts.stats.Promotions++
+	c.pins++
+	s.pinnedBytes[TierGPU] += need
+	return &DeviceHandle{s: s, c: c, Ptr: ptr, Size: need}, nil
+}
+
+// demoteGPU moves e from the GPU tier to DRAM (which may demote to disk),
+// or drops it when DRAM cannot make room. mu held; may be released.
+func (s *Store) demoteGPU(ctx context.Context, e *entry) {
+	ts := &s.tiers[TierGPU]
+	s.leavePolicy(e, true)
+	e.busy = true
+	c, err := s.allocDRAM(ctx, e.size)
+	e.busy = false
+	if err == nil && !e.dead {
+		err = s.cfg.GPU.Read(e.dev.ptr, 0, c.span.view)
+	}
+	if err != nil || e.dead {
+		if c != nil {
+			c.detached = true
+			s.maybeFreeDRAM(c)
+		}
+		if !e.dead {
+			ts.stats.Evictions++
+			s.remove(e)
+		} else {
+			s.dropDev(e)
+		}
+		return
+	}
+	s.dropDev(e)
+	e.dram = c
+	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+	ts.stats.Demotions++
+}

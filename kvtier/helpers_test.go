@@ -1,0 +1,75 @@
+package kvtier
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// testFP is the fingerprint of the small model the tests store.
+var testFP = chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
+	RopeStyle: chunk.RopeNeoX, RopeTheta: 10000}.Fingerprint()
+
+// makeBlob encodes a random entry of the given token count (1 KiB of KV
+// per 8 tokens with the test model) for content seed and context ctx.
+func makeBlob(t testing.TB, fp chunk.Fingerprint, seed uint64, tokens int, ctx chunk.Context, layers int) []byte {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, uint64(tokens)))
+	toks := make([]uint32, tokens)
+	for i := range toks {
+		toks[i] = rng.Uint32N(32000)
+	}
+	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: ctx},
+		DType: chunk.BF16, Layers: layers, KVHeads: 2, HeadDim: 16, Tokens: toks}
+	e.KV = make([]byte, e.Shape().RawBytes())
+	for i := 0; i < len(e.KV); i += 8 {
+		v := rng.Uint64()
+		for j := 0; j < 8 && i+j < len(e.KV); j++ {
+			e.KV[i+j] = byte(v >> (8 * j))
+		}
+	}
+	b, err := chunk.Encode(nil, e, chunk.CodecRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func keyOf(t testing.TB, blob []byte) chunk.Key {
+	t.Helper()
+	hd, err := chunk.ParseHeader(blob, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hd.Key
+}
+
+func openTest(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	if cfg.PageSize == 0 {
+		cfg.PageSize = 4096
+	}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
+// checkBudgets fails if any tier holds more than its budget.
+func checkBudgets(t testing.TB, s *Store) Stats {
+	t.Helper()
+	st := s.Stats()
+	for _, ts := range st.Tiers {
+		if ts.Bytes > ts.Budget || ts.Bytes < 0 {
+			t.Fatalf("tier %v: %d bytes charged, budget %d", ts.Tier, ts.Bytes, ts.Budget)
+		}
+	}
+	return st
+}

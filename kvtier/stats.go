@@ -1,0 +1,120 @@
+package kvtier
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// TierStats describes one tier. Counters only grow.
+type TierStats struct {
+	Tier    Tier
+	Enabled bool
+	// Budget is the tier's byte budget; Bytes what is charged against it
+	// (whole pages in DRAM, file bytes on disk); StoredBytes the entries'
+	// own sizes as put.
+	Budget      int64
+	Bytes       int64
+	StoredBytes int64
+	Entries     int
+	PinnedBytes int64
+	Hits        uint64
+	Misses      uint64
+	// Evictions drop entries for good; Demotions move them to the next
+	// tier down; Promotions count entries moved into this tier from below.
+	Evictions  uint64
+	Demotions  uint64
+	Promotions uint64
+}
+
+// Stats is a snapshot of the Store.
+type Stats struct {
+	Tiers   [numTiers]TierStats
+	Entries int
+}
+
+// Waste is the DRAM tier's page waste: allocated minus stored bytes, as a
+// fraction of allocated bytes.
+func (st Stats) Waste() float64 {
+	d := st.Tiers[TierDRAM]
+	if d.Bytes == 0 {
+		return 0
+	}
+	return float64(d.Bytes-d.StoredBytes) / float64(d.Bytes)
+}
+
+// Stats returns a snapshot. It walks the index: O(entries).
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var st Stats
+	for t := range s.tiers {
+		ts := s.tiers[t].stats
+		ts.Tier = Tier(t)
+		ts.Budget = s.tiers[t].budget
+		ts.Bytes = s.tiers[t].used
+		ts.Enabled = ts.Budget > 0
+		st.Tiers[t] = ts
+	}
+	for _, e := range s.index {
+		if e.loading {
+			continue
+		}
+		st.Entries++
+		t := &st.Tiers[e.tier()]
+		t.Entries++
+		t.StoredBytes += int64(e.size)
+	}
+	// Pinned bytes include detached copies still pinned by handles, which
+	// the index no longer reaches; the tiers' used bytes still count them.
+	st.Tiers[TierDRAM].PinnedBytes = s.pinnedBytes[TierDRAM]
+	st.Tiers[TierGPU].PinnedBytes = s.pinnedBytes[TierGPU]
+	return st
+}
+
+// Collector exposes the Store's Stats as Prometheus metrics, labelled by
+// tier, for the node to register.
+func (s *Store) Collector() prometheus.Collector { return &collector{s: s} }
+
+type collector struct{ s *Store }
+
+var (
+	descBudget     = prometheus.NewDesc("kvtier_budget_bytes", "Byte budget of the tier.", []string{"tier"}, nil)
+	descBytes      = prometheus.NewDesc("kvtier_bytes", "Bytes charged to the tier (whole pages in DRAM).", []string{"tier"}, nil)
+	descStored     = prometheus.NewDesc("kvtier_stored_bytes", "Bytes of the entries held by the tier, as put.", []string{"tier"}, nil)
+	descEntries    = prometheus.NewDesc("kvtier_entries", "Entries held by the tier.", []string{"tier"}, nil)
+	descPinned     = prometheus.NewDesc("kvtier_pinned_bytes", "Bytes pinned by open handles.", []string{"tier"}, nil)
+	descHits       = prometheus.NewDesc("kvtier_hits_total", "Reads served by the tier.", []string{"tier"}, nil)
+	descMisses     = prometheus.NewDesc("kvtier_misses_total", "Reads that did not find the entry in the tier.", []string{"tier"}, nil)
+	descEvictions  = prometheus.NewDesc("kvtier_evictions_total", "Entries dropped from the tier for room.", []string{"tier"}, nil)
+	descDemotions  = prometheus.NewDesc("kvtier_demotions_total", "Entries moved from the tier to the one below.", []string{"tier"}, nil)
+	descPromotions = prometheus.NewDesc("kvtier_promotions_total", "Entries moved into the tier from below.", []string{"tier"}, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	st := c.s.Stats()
+	for _, t := range st.Tiers {
+		if !t.Enabled {
+			continue
+		}
+		l := t.Tier.String()
+		g := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, l)
+		}
+		n := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), l)
+		}
+		g(descBudget, float64(t.Budget))
+		g(descBytes, float64(t.Bytes))
+		g(descStored, float64(t.StoredBytes))
+		g(descEntries, float64(t.Entries))
+		g(descPinned, float64(t.PinnedBytes))
+		n(descHits, t.Hits)
+		n(descMisses, t.Misses)
+		n(descEvictions, t.Evictions)
+		n(descDemotions, t.Demotions)
+		n(descPromotions, t.Promotions)
+	}
+}

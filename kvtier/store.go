@@ -1,0 +1,884 @@
+package kvtier
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// Errors callers branch on.
+var (
+	// ErrNotFound: no entry under the key (or it expired).
+	ErrNotFound = errors.New("kvtier: not found")
+	// ErrConflict: a put of a key already stored with other bytes.
+	ErrConflict = errors.New("kvtier: key stored with different bytes")
+	// ErrNoSpace: no tier can hold the entry (too large, or everything
+	// that could make room is pinned).
+	ErrNoSpace = errors.New("kvtier: no space")
+	// ErrClosed: the store is closed.
+	ErrClosed = errors.New("kvtier: store closed")
+)
+
+// Tier names a storage tier, fastest first.
+type Tier int
+
+const (
+	TierGPU Tier = iota
+	TierDRAM
+	TierDisk
+	numTiers
+)
+
+func (t Tier) String() string {
+	switch t {
+	case TierGPU:
+		return "gpu"
+	case TierDRAM:
+		return "dram"
+	case TierDisk:
+		return "disk"
+	}
+	return "tier(?)"
+}
+
+// Config configures a Store. Zero fields take the documented defaults.
+type Config struct {
+	// DRAMBytes is the DRAM tier's budget; required. It is rounded down
+	// to whole pages and reserved up front (as a memfd, off the Go heap).
+	DRAMBytes int64
+	// PageSize is the DRAM page size, a multiple of the OS page size.
+	// Default 64 KiB: an entry wastes less than a page, under 3.2% for a
+	// 16-token chunk of a 32-layer, 8-KV-head, 128-dim bf16 model (2 MiB).
+	PageSize int
+	// DiskDir enables the disk tier in that directory; "" means none.
+	DiskDir string
+	// DiskBytes is the disk tier's budget; required with DiskDir.
+	DiskBytes int64
+	// DiskCodec re-encodes raw entries on disk. Default chunk.CodecLossless;
+	// entries are stored as given while this build's chunk package lacks
+	// it, or when it does not shrink them.
+	DiskCodec chunk.Codec
+	// GPU enables the GPU tier; nil means none.
+	GPU DeviceMemory
+	// GPUBytes is the GPU tier's budget; 0 means GPU.Capacity().
+	GPUBytes int64
+	// Policy is the eviction policy of every tier. Default PolicyS3FIFO.
+	Policy Policy
+	// Limits bound the entries Put accepts. Zero means chunk.DefaultLimits.
+	Limits chunk.Limits
+	// SkipVerify skips checking every layer checksum on Put (the header is
+	// always checked). Only for callers that verified the blob already.
+	SkipVerify bool
+	// Now is the clock for TTLs. Default time.Now.
+	Now func() time.Time
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// PutOptions are per-entry options of Put.
+type PutOptions struct {
+	// TTL, when positive, expires the entry that long after the put.
+	TTL time.Duration
+}
+
+// Match says how a Best answer relates to the wanted context.
+type Match int
+
+const (
+	Miss        Match = iota // no encoding of the content
+	Exact                    // the wanted context itself
+	Approximate              // another encoding of the same content
+)
+
+func (m Match) String() string {
+	switch m {
+	case Exact:
+		return "exact"
+	case Approximate:
+		return "approximate"
+	}
+	return "miss"
+}
+
+// entry is one stored key. Its resources (dram, diskRel, dev) say where
+// it lives; normally exactly one is set. The Store's mutex guards it.
+type entry struct {
+	key      chunk.Key
+	checksum uint64
+	size     int
+	codec    chunk.Codec
+	expires  int64 // unix nanos; 0 = never
+
+	dram     *dramCopy
+	diskRel  string
+	diskSize int64
+	dev      *devCopy
+
+	pol     policy // the policy pn is in, or nil
+	pn      pnode
+	loading bool // being put: not visible yet
+	busy    bool // a move to another tier is in flight
+	dead    bool // deleted or dropped; whoever holds it cleans up
+}
+
+func (e *entry) tier() Tier {
+	switch {
+	case e.dev != nil:
+		return TierGPU
+	case e.dram != nil:
+		return TierDRAM
+	}
+	return TierDisk
+}
+
+// dramCopy is an entry's pages in the arena. pins are Handles; io counts
+// the Store's own unlocked reads and writes of the view. The pages go back
+// to the arena once the copy is detached from its entry and both are zero.
+type dramCopy struct {
+	span     pageSpan
+	pins     int
+	io       int
+	detached bool
+}
+
+// devCopy is an entry's allocation in device memory.
+type devCopy struct {
+	ptr      DevicePtr
+	size     int64
+	pins     int
+	detached bool
+}
+
+type groupKey struct {
+	fp      chunk.Fingerprint
+	content chunk.ID
+}
+
+type tierState struct {
+	pol    policy
+	budget int64
+	used   int64 // bytes charged: whole pages for DRAM, file bytes for disk
+	stats  TierStats
+}
+
+// Store is a node's tiered chunk store. It is safe for concurrent use.
+type Store struct {
+	cfg   Config
+	log   *slog.Logger
+	arena *arena
+	disk  *diskDir
+
+	mu     sync.Mutex
+	closed bool
+	index  map[chunk.Key]*entry
+	groups map[groupKey][]*entry
+	tiers  [numTiers]tierState
+	// pinnedBytes counts copies with at least one pin, detached or not.
+	pinnedBytes [numTiers]int64
+}
+
+// Open creates a store; with a disk tier it rebuilds the index from the
+// directory, dropping files that fail their checksums.
+func Open(cfg Config) (*Store, error) {
+	if cfg.PageSize == 0 {
+		cfg.PageSize = 64 << 10
+	}
+	if cfg.DiskCodec == chunk.CodecInvalid {
+		cfg.DiskCodec = chunk.CodecLossless
+	}
+	if cfg.Limits == (chunk.Limits{}) {
+		cfg.Limits = chunk.DefaultLimits
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.DRAMBytes <= 0 {
+		return nil, fmt.Errorf("kvtier: DRAMBytes must be positive")
+	}
+	if cfg.DiskDir != "" && cfg.DiskBytes <= 0 {
+		return nil, fmt.Errorf("kvtier: DiskBytes must be positive with DiskDir")
+	}
+	s := &Store{cfg: cfg, log: cfg.Logger, index: make(map[chunk.Key]*entry), groups: make(map[groupKey][]*entry)}
+	a, err := newArena(cfg.DRAMBytes, cfg.PageSize)
+	if err != nil {
+		return nil, err
+	}
+	s.arena = a
+	s.tiers[TierDRAM].budget = int64(a.npages) * int64(a.pageSize)
+	if cfg.GPU != nil {
+		b := cfg.GPU.Capacity()
+		if cfg.GPUBytes > 0 {
+			b = min(b, cfg.GPUBytes)
+		}
+		s.tiers[TierGPU].budget = b
+	}
+	if cfg.DiskDir != "" {
+		s.tiers[TierDisk].budget = cfg.DiskBytes
+		if s.disk, err = openDiskDir(cfg.DiskDir, cfg.DiskCodec, cfg.Limits); err != nil {
+			a.close()
+			return nil, err
+		}
+	}
+	for t := range s.tiers {
+		s.tiers[t].pol = newPolicy(cfg.Policy, s.tiers[t].budget)
+	}
+	if s.disk != nil {
+		if err := s.recoverDisk(); err != nil {
+			a.close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Store) recoverDisk() error {
+	files, err := s.disk.recover(s.log)
+	if err != nil {
+		return err
+	}
+	ts := &s.tiers[TierDisk]
+	for _, f := range files {
+		if ts.used+f.stored > ts.budget || s.index[f.key] != nil {
+			// Over a budget that shrank since, or a duplicate of a key
+			// (one put under another checksum): keep the first.
+			_ = s.disk.remove(f.rel)
+			continue
+		}
+		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec, diskRel: f.rel, diskSize: f.stored}
+		s.link(e)
+		s.admit(TierDisk, e, f.stored)
+	}
+	return nil
+}
+
+// Close releases the DRAM arena. Handles must be released first; with pins
+// outstanding Close leaves the memory mapped and returns an error.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	for _, e := range s.index {
+		if e.dev != nil {
+			_ = s.cfg.GPU.Free(e.dev.ptr)
+		}
+	}
+	if p := s.pinnedBytes[TierDRAM]; p > 0 {
+		return fmt.Errorf("kvtier: closing with %d pinned bytes; arena left mapped", p)
+	}
+	return s.arena.close()
+}
+
+func (s *Store) now() int64 { return s.cfg.Now().UnixNano() }
+
+func (s *Store) link(e *entry) {
+	s.index[e.key] = e
+	g := groupKey{e.key.Fingerprint, e.key.Content}
+	s.groups[g] = append(s.groups[g], e)
+}
+
+func (s *Store) unlink(e *entry) {
+	if s.index[e.key] == e {
+		delete(s.index, e.key)
+	}
+	g := groupKey{e.key.Fingerprint, e.key.Content}
+	vs := s.groups[g]
+	for i, v := range vs {
+		if v == e {
+			vs[i] = vs[len(vs)-1]
+			vs[len(vs)-1] = nil
+			vs = vs[:len(vs)-1]
+			break
+		}
+	}
+	if len(vs) == 0 {
+		delete(s.groups, g)
+	} else {
+		s.groups[g] = vs
+	}
+}
+
+// admit puts e in tier t's policy, charged cost bytes (already in used).
+func (s *Store) admit(t Tier, e *entry, cost int64) {
+	ts := &s.tiers[t]
+	e.pn = pnode{cost: cost, key: e.key, owner: e}
+	e.pol = ts.pol
+	ts.pol.add(&e.pn)
+}
+
+func (s *Store) leavePolicy(e *entry, evicted bool) {
+	if e.pol == nil {
+		return
+	}
+	if evicted {
+		e.pol.evict(&e.pn)
+	} else {
+		e.pol.remove(&e.pn)
+	}
+	e.pol = nil
+}
+
+// dropDRAM detaches e's pages, freeing them unless pinned or in use.
+func (s *Store) dropDRAM(e *entry) {
+	c := e.dram
+	if c == nil {
+		return
+	}
+	e.dram = nil
+	c.detached = true
+	s.maybeFreeDRAM(c)
+}
+
+func (s *Store) maybeFreeDRAM(c *dramCopy) {
+	if c.detached && c.pins == 0 && c.io == 0 && c.span.pages > 0 {
+		s.tiers[TierDRAM].used -= int64(c.span.pages) * int64(s.arena.pageSize)
+		if !s.closed {
+			s.arena.release(&c.span)
+		}
+	}
+}
+
+func (s *Store) dropDisk(e *entry) {
+	if e.diskRel == "" {
+		return
+	}
+	if err := s.disk.remove(e.diskRel); err != nil {
+		s.log.Warn("kvtier: removing disk entry", "err", err)
+	}
+	s.tiers[TierDisk].used -= e.diskSize
+	e.diskRel, e.diskSize = "", 0
+}
+
+func (s *Store) dropDev(e *entry) {
+	c := e.dev
+	if c == nil {
+		return
+	}
+	e.dev = nil
+	c.detached = true
+	s.maybeFreeDev(c)
+}
+
+func (s *Store) maybeFreeDev(c *devCopy) {
+	if c.detached && c.pins == 0 && c.size > 0 {
+		if err := s.cfg.GPU.Free(c.ptr); err != nil {
+			s.log.Warn("kvtier: freeing device memory", "err", err)
+		}
+		s.tiers[TierGPU].used -= c.size
+		c.size = 0
+	}
+}
+
+// remove takes e out of the index and frees what it holds that no one is
+// using; a goroutine moving e (busy or loading) frees the rest.
+func (s *Store) remove(e *entry) {
+	if e.dead {
+		return
+	}
+	e.dead = true
+	s.unlink(e)
+	s.leavePolicy(e, false)
+	if e.busy || e.loading {
+		return
+	}
+	s.dropDRAM(e)
+	s.dropDisk(e)
+	s.dropDev(e)
+}
+
+func (s *Store) lookup(k chunk.Key) *entry {
+	e := s.index[k]
+	if e == nil || e.loading {
+		return nil
+	}
+	if e.expires != 0 && e.expires <= s.now() {
+		if !e.busy {
+			s.remove(e)
+		}
+		return nil
+	}
+	return e
+}
+
+// Put stores blob, an encoded chunk entry, and returns its header. Putting
+// a key again with the same bytes is a no-op (it extends the TTL); with
+// other bytes it fails with ErrConflict. The blob is copied: the caller
+// keeps it.
+func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.Header, error) {
+	var hd chunk.Header
+	var err error
+	if s.cfg.SkipVerify {
+		hd, err = chunk.ParseHeader(blob, s.cfg.Limits)
+	} else {
+		hd, err = chunk.Verify(blob, s.cfg.Limits)
+	}
+	if err != nil {
+		return hd, fmt.Errorf("kvtier: put: %w", err)
+	}
+	var expires int64
+	if opts.TTL > 0 {
+		expires = s.now() + int64(opts.TTL)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return hd, ErrClosed
+	}
+	if e := s.index[hd.Key]; e != nil {
+		if e.expires != 0 && e.expires <= s.now() && !e.busy && !e.loading {
+			s.remove(e)
+		} else {
+			if e.checksum != hd.Checksum || e.size != len(blob) {
+				return hd, fmt.Errorf("%w: %v has checksum %016x, put %016x", ErrConflict, hd.Key, e.checksum, hd.Checksum)
+			}
+			if e.expires != 0 {
+				e.expires = max(e.expires, expires)
+				if expires == 0 {
+					e.expires = 0
+				}
+			}
+			return hd, nil
+		}
+	}
+	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true}
+	s.link(e)
+	err = s.place(ctx, e, blob)
+	e.loading = false
+	if err != nil {
+		if !e.dead {
+			s.remove(e)
+		}
+		return hd, err
+	}
+	if e.dead { // deleted while being written
+		e.dead = false
+		s.remove(e)
+	}
+	return hd, nil
+}
+
+// place stores a new (loading) entry in DRAM, or on disk when DRAM cannot
+// hold it. Called with mu held; releases it around copies and I/O.
+func (s *Store) place(ctx context.Context, e *entry, blob []byte) error {
+	c, err := s.allocDRAM(ctx, e.size)
+	if err == nil {
+		c.io++
+		s.mu.Unlock()
+		copy(c.span.view, blob)
+		s.mu.Lock()
+		c.io--
+		e.dram = c
+		if e.dead {
+			return nil
+		}
+		s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if s.disk == nil {
+		return err
+	}
+	rel, size, err := s.writeDisk(ctx, e, blob)
+	if err != nil {
+		return err
+	}
+	e.diskRel, e.diskSize = rel, size
+	if e.dead {
+		return nil
+	}
+	s.admit(TierDisk, e, size)
+	return nil
+}
+
+// allocDRAM makes room for and allocates size bytes of pages, demoting
+// DRAM victims to disk. Called with mu held; may release it.
+func (s *Store) allocDRAM(ctx context.Context, size int) (*dramCopy, error) {
+	n := s.arena.pagesFor(size)
+	if n > s.arena.npages {
+		return nil, fmt.Errorf("%w: %d bytes exceed the DRAM tier", ErrNoSpace, size)
+	}
+	ts := &s.tiers[TierDRAM]
+	for s.arena.freePages() < n {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if s.closed {
+			return nil, ErrClosed
+		}
+		v := ts.pol.victim(func(p *pnode) bool {
+			o := p.owner
+			return o.busy || o.dram == nil || o.dram.pins > 0 || o.dram.io > 0
+		})
+		if v == nil {
+			return nil, fmt.Errorf("%w: DRAM holds only pinned entries", ErrNoSpace)
+		}
+		s.demoteDRAM(ctx, v.owner)
+	}
+	span, err := s.arena.alloc(n, size)
+	if err != nil {
+		return nil, err
+	}
+	ts.used += int64(n) * int64(s.arena.pageSize)
+	return &dramCopy{span: span}, nil
+}
+
+// demoteDRAM moves e from DRAM to disk if the disk tier can take it, else
+// drops it. Called with mu held; may release it.
+func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
+	ts := &s.tiers[TierDRAM]
+	s.leavePolicy(e, true)
+	if s.disk == nil || !s.reserveDisk(int64(e.size)) {
+		ts.stats.Evictions++
+		s.remove(e)
+		return
+	}
+	e.busy = true
+	c := e.dram
+	c.io++
+	s.mu.Unlock()
+	rel, size, err := s.disk.write(e.key, e.checksum, e.codec, c.span.view)
+	s.mu.Lock()
+	c.io--
+	e.busy = false
+	s.tiers[TierDisk].used -= int64(e.size)
+	if err == nil {
+		s.tiers[TierDisk].used += size
+	}
+	switch {
+	case err != nil:
+		s.log.Warn("kvtier: demotion failed; dropping", "key", e.key, "err", err)
+		ts.stats.Evictions++
+		s.remove(e)
+		s.maybeFreeDRAM(c)
+	case e.dead:
+		_ = s.disk.remove(rel)
+		s.tiers[TierDisk].used -= size
+		e.dram = nil
+		c.detached = true
+		s.maybeFreeDRAM(c)
+	case c.pins > 0:
+		// Pinned while it was written: pins win, it stays in DRAM.
+		_ = s.disk.remove(rel)
+		s.tiers[TierDisk].used -= size
+		s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+	default:
+		s.dropDRAM(e)
+		e.diskRel, e.diskSize = rel, size
+		s.admit(TierDisk, e, size)
+		ts.stats.Demotions++
+	}
+}
+
+// reserveDisk charges n bytes to the disk tier, evicting disk entries
+// (dropped: there is no lower tier) until they fit.
+func (s *Store) reserveDisk(n int64) bool {
+	ts := &s.tiers[TierDisk]
+	if n > ts.budget {
+		return false
+	}
+	for ts.used+n > ts.budget {
+		v := ts.pol.victim(func(p *pnode) bool { return p.owner.busy })
+		if v == nil {
+			return false
+		}
+		s.leavePolicy(v.owner, true)
+		ts.stats.Evictions++
+		s.remove(v.owner)
+	}
+	ts.used += n
+	return true
+}
+
+// writeDisk writes a loading entry straight to disk. mu held; released
+// around the write.
+func (s *Store) writeDisk(ctx context.Context, e *entry, blob []byte) (string, int64, error) {
+	if !s.reserveDisk(int64(len(blob))) {
+		return "", 0, fmt.Errorf("%w: disk tier cannot make room for %d bytes", ErrNoSpace, len(blob))
+	}
+	s.mu.Unlock()
+	rel, size, err := s.disk.write(e.key, e.checksum, e.codec, blob)
+	s.mu.Lock()
+	s.tiers[TierDisk].used -= int64(len(blob))
+	if err != nil {
+		return "", 0, err
+	}
+	s.tiers[TierDisk].used += size
+	return rel, size, nil
+}
+
+// Handle is a pinned read of an entry. Bytes stays valid, and the entry
+// stays in its tier, until Release.
+type Handle struct {
+	s    *Store
+	c    *dramCopy // nil for a heap copy
+	b    []byte
+	tier Tier
+	done bool
+}
+
+// Bytes is the encoded entry: for DRAM hits a view of the arena (do not
+// write to it), otherwise a private copy.
+func (h *Handle) Bytes() []byte { return h.b }
+
+// Tier is where the entry was found.
+func (h *Handle) Tier() Tier { return h.tier }
+
+// Release unpins the entry. Bytes must not be used after; calling Release
+// again does nothing.
+func (h *Handle) Release() {
+	if h.c == nil {
+		h.b = nil
+		return
+	}
+	h.s.mu.Lock()
+	defer h.s.mu.Unlock()
+	if h.done {
+		return
+	}
+	h.done = true
+	h.b = nil
+	h.c.pins--
+	if h.c.pins == 0 {
+		h.s.pinnedBytes[TierDRAM] -= int64(len(h.c.span.view))
+	}
+	h.s.maybeFreeDRAM(h.c)
+}
+
+func (s *Store) pinDRAM(e *entry, t Tier) *Handle {
+	if e.dram.pins == 0 {
+		s.pinnedBytes[TierDRAM] += int64(e.size)
+	}
+	e.dram.pins++
+	return &Handle{s: s, c: e.dram, b: e.dram.span.view, tier: t}
+}
+
+func (s *Store) countMisses(upTo Tier) {
+	for t := TierGPU; t < upTo; t++ {
+		if t == TierGPU && s.cfg.GPU == nil || t == TierDisk && s.disk == nil {
+			continue
+		}
+		s.tiers[t].stats.Misses++
+	}
+}
+
+// Get returns a pinned read of the entry under key. A hit on disk promotes
+// the entry to DRAM when DRAM can make room (else it is read into a private
+// buffer); a hit on the GPU tier is copied out of device memory.
+func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for attempt := 0; ; attempt++ {
+		if s.closed {
+			return nil, ErrClosed
+		}
+		e := s.lookup(key)
+		if e == nil {
+			s.countMisses(numTiers)
+			return nil, ErrNotFound
+		}
+		t := e.tier()
+		switch t {
+		case TierGPU:
+			s.countMisses(TierGPU)
+			s.tiers[TierGPU].stats.Hits++
+			if e.pol != nil {
+				e.pol.touch(&e.pn)
+			}
+			b := make([]byte, e.size)
+			if err := s.cfg.GPU.Read(e.dev.ptr, 0, b); err != nil {
+				return nil, fmt.Errorf("kvtier: reading device copy: %w", err)
+			}
+			return &Handle{s: s, b: b, tier: TierGPU}, nil
+		case TierDRAM:
+			s.countMisses(TierDRAM)
+			s.tiers[TierDRAM].stats.Hits++
+			if e.pol != nil {
+				e.pol.touch(&e.pn)
+			}
+			return s.pinDRAM(e, TierDRAM), nil
+		}
+		s.countMisses(TierDisk)
+		s.tiers[TierDisk].stats.Hits++
+		h, err := s.promote(ctx, e)
+		if err == nil || attempt >= 3 || errors.Is(err, chunk.ErrCorrupt) {
+			return h, err
+		}
+		// The file went away under a concurrent move: look again.
+	}
+}
+
+// promote reads a disk entry into DRAM (or a private buffer when DRAM has
+// no room or another goroutine is already promoting it). mu held; released
+// around I/O.
+func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
+	if e.busy {
+		return s.readDiskHeap(e)
+	}
+	e.busy = true
+	c, err := s.allocDRAM(ctx, e.size)
+	if err != nil {
+		e.busy = false
+		if e.dead {
+			s.dropDisk(e)
+			return nil, ErrNotFound
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return s.readDiskHeap(e)
+	}
+	c.io++
+	rel := e.diskRel
+	s.mu.Unlock()
+	_, rerr := s.disk.read(rel, e.checksum, e.size, c.span.view)
+	s.mu.Lock()
+	c.io--
+	e.busy = false
+	if rerr != nil || e.dead {
+		c.detached = true
+		s.maybeFreeDRAM(c)
+		if e.dead {
+			s.dropDisk(e)
+			return nil, ErrNotFound
+		}
+		s.log.Warn("kvtier: dropping unreadable disk entry", "key", e.key, "err", rerr)
+		s.remove(e)
+		return nil, fmt.Errorf("kvtier: get %v: %w", e.key, rerr)
+	}
+	s.leavePolicy(e, false)
+	s.dropDisk(e)
+	e.dram = c
+	e.codec = chunk.Codec(0)
+	if hd, err := chunk.ParseHeader(c.span.view, s.cfg.Limits); err == nil {
+		e.codec = hd.Codec
+	}
+	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+	s.tiers[TierDRAM].stats.Promotions++
+	return s.pinDRAM(e, TierDisk), nil
+}
+
+func (s *Store) readDiskHeap(e *entry) (*Handle, error) {
+	rel, sum, size := e.diskRel, e.checksum, e.size
+	s.mu.Unlock()
+	b, err := s.disk.read(rel, sum, size, nil)
+	s.mu.Lock()
+	if err != nil {
+		return nil, err
+	}
+	return &Handle{s: s, b: b, tier: TierDisk}, nil
+}
+
+// Best returns the best stored encoding of content for a chunk wanted in
+// context want: want itself (Exact), else another encoding (Approximate):
+// a window encoding, widest window first, then another prefix, then
+// standalone; ties go to the lowest context ID so every replica answers
+// alike. Entries of other fingerprints never match.
+func (s *Store) Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, Match, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return chunk.Key{}, Miss, ErrClosed
+	}
+	now := s.now()
+	var best *entry
+	for _, e := range s.groups[groupKey{fp, content}] {
+		if e.loading || e.dead || (e.expires != 0 && e.expires <= now) {
+			continue
+		}
+		if e.key.Context == want {
+			return e.key, Exact, nil
+		}
+		if best == nil || betterApprox(e.key.Context, best.key.Context) {
+			best = e
+		}
+	}
+	if best == nil {
+		return chunk.Key{}, Miss, nil
+	}
+	return best.key, Approximate, nil
+}
+
+func approxRank(c chunk.Context) (int, uint32) {
+	switch c.Kind {
+	case chunk.ContextWindow:
+		return 3, c.Window
+	case chunk.ContextPrefix:
+		return 2, 0
+	}
+	return 1, 0
+}
+
+func betterApprox(a, b chunk.Context) bool {
+	ra, wa := approxRank(a)
+	rb, wb := approxRank(b)
+	if c := cmp.Compare(ra, rb); c != 0 {
+		return c > 0
+	}
+	if wa != wb {
+		return wa > wb
+	}
+	return a.ID.Less(b.ID)
+}
+
+// Contains reports whether key is stored (in any tier).
+func (s *Store) Contains(key chunk.Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.closed && s.lookup(key) != nil
+}
+
+// Delete removes key from every tier. Pinned bytes stay readable through
+// their Handles and are freed at the last Release.
+func (s *Store) Delete(key chunk.Key) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	e := s.index[key]
+	if e == nil || e.dead || e.loading {
+		return ErrNotFound
+	}
+	s.remove(e)
+	return nil
+}
+
+// Scan calls fn for every stored entry (in no particular order) until fn
+// returns false: its key (whose Content is what the ring places), the
+// checksum of its blob and the blob's size. It iterates a snapshot taken
+// under the lock and calls fn without it, so fn may call the Store.
+func (s *Store) Scan(fn func(key chunk.Key, checksum uint64, size int) bool) {
+	type item struct {
+		k    chunk.Key
+		sum  uint64
+		size int
+	}
+	s.mu.Lock()
+	now := s.now()
+	items := make([]item, 0, len(s.index))
+	for _, e := range s.index {
+		if e.loading || (e.expires != 0 && e.expires <= now) {
+			continue
+		}
+		items = append(items, item{e.key, e.checksum, e.size})
+	}
+	s.mu.Unlock()
+	for _, it := range items {
+		if !fn(it.k, it.sum, it.size) {
+			return
+		}
+	}
+}

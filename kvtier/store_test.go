@@ -1,0 +1,145 @@
+package kvtier
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+func TestPutGetDeleteDRAM(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, Config{DRAMBytes: 1 << 20})
+	blob := makeBlob(t, testFP, 1, 40, chunk.StandaloneContext(), 2) // ~5 KiB: two pages
+	hd, err := s.Put(ctx, blob, PutOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := s.Get(ctx, hd.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(h.Bytes(), blob) || h.Tier() != TierDRAM {
+		t.Fatal("get returned other bytes")
+	}
+	h.Release()
+	h.Release() // idempotent
+	if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+		t.Fatalf("idempotent put: %v", err)
+	}
+	other := bytes.Clone(blob)
+	other[len(other)-1] ^= 1 // same header, other payload: caught by Verify
+	if _, err := s.Put(ctx, other, PutOptions{}); err == nil {
+		t.Fatal("corrupt blob accepted")
+	}
+	if !s.Contains(hd.Key) {
+		t.Fatal("contains = false")
+	}
+	if err := s.Delete(hd.Key); err != nil {
+		t.Fatal(err)
+	}
+	if s.Contains(hd.Key) {
+		t.Fatal("contains after delete")
+	}
+	if _, err := s.Get(ctx, hd.Key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("get after delete: %v", err)
+	}
+	if err := s.Delete(hd.Key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("second delete: %v", err)
+	}
+	st := checkBudgets(t, s)
+	if st.Tiers[TierDRAM].Bytes != 0 || st.Entries != 0 {
+		t.Fatalf("stats after delete: %+v", st.Tiers[TierDRAM])
+	}
+}
+
+func TestConflict(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, Config{DRAMBytes: 1 << 20})
+	a := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
+	// Same tokens and context (so the same key), other KV bytes.
+	b := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
+	e, _ := chunk.Decode(b, chunk.Limits{})
+	e.KV[0] ^= 0xff
+	b, _ = chunk.Encode(nil, e, chunk.CodecRaw)
+	if keyOf(t, a) != keyOf(t, b) {
+		t.Fatal("test setup: keys differ")
+	}
+	if _, err := s.Put(ctx, a, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Put(ctx, b, PutOptions{}); !errors.Is(err, ErrConflict) {
+		t.Fatalf("put of other bytes: %v, want ErrConflict", err)
+	}
+	h, err := s.Get(ctx, keyOf(t, a))
+	if err != nil || !bytes.Equal(h.Bytes(), a) {
+		t.Fatal("conflicting put overwrote the entry")
+	}
+	h.Release()
+}
+
+func TestBest(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t, Config{DRAMBytes: 1 << 20})
+	fp2 := chunk.ModelSpec{Family: "qwen2", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 1e6}.Fingerprint()
+	prefix := chunk.PrefixContext(chunk.ID{Lo: 1, Hi: 2})
+	otherPrefix := chunk.PrefixContext(chunk.ID{Lo: 3, Hi: 4})
+	win8 := chunk.Context{Kind: chunk.ContextWindow, Window: 8, ID: chunk.ID{Lo: 5}}
+	win32 := chunk.Context{Kind: chunk.ContextWindow, Window: 32, ID: chunk.ID{Lo: 6}}
+	content := keyOf(t, makeBlob(t, testFP, 7, 16, chunk.StandaloneContext(), 2)).Content
+	put := func(fp chunk.Fingerprint, c chunk.Context) {
+		t.Helper()
+		if _, err := s.Put(ctx, makeBlob(t, fp, 7, 16, c, 2), PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	steps := []struct {
+		name  string
+		put   func()
+		want  chunk.Context
+		match Match
+		got   chunk.Context
+	}{
+		{"empty", func() {}, prefix, Miss, chunk.Context{}},
+		{"other fingerprint does not shadow", func() { put(fp2, prefix) }, prefix, Miss, chunk.Context{}},
+		{"standalone only", func() { put(testFP, chunk.StandaloneContext()) }, prefix, Approximate, chunk.StandaloneContext()},
+		{"other prefix beats standalone", func() { put(testFP, otherPrefix) }, prefix, Approximate, otherPrefix},
+		{"window beats prefix", func() { put(testFP, win8) }, prefix, Approximate, win8},
+		{"wider window", func() { put(testFP, win32) }, prefix, Approximate, win32},
+		{"exact", func() { put(testFP, prefix) }, prefix, Exact, prefix},
+		{"exact standalone", func() {}, chunk.StandaloneContext(), Exact, chunk.StandaloneContext()},
+	}
+	for _, st := range steps {
+		st.put()
+		k, m, err := s.Best(testFP, content, st.want)
+		if err != nil || m != st.match || (m != Miss && (k.Context != st.got || k.Fingerprint != testFP || k.Content != content)) {
+			t.Fatalf("%s: Best = %v %v %v, want %v %v", st.name, k, m, err, st.match, st.got)
+		}
+	}
+}
+
+func TestTTL(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	s := openTest(t, Config{DRAMBytes: 1 << 20, Now: func() time.Time { return now }})
+	blob := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
+	k := keyOf(t, blob)
+	if _, err := s.Put(ctx, blob, PutOptions{TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(59 * time.Second)
+	if !s.Contains(k) {
+		t.Fatal("expired early")
+	}
+	now = now.Add(2 * time.Second)
+	if s.Contains(k) {
+		t.Fatal("not expired")
+	}
+	if st := s.Stats(); st.Tiers[TierDRAM].Bytes != 0 {
+		t.Fatalf("expired entry still charged: %d", st.Tiers[TierDRAM].Bytes)
+	}
+}
