@@ -230,6 +230,9 @@ type Gossip struct {
 	members map[string]*MemberStatus
 	subs    map[*subscriber]struct{}
 	closed  bool
+	// leaving holds the leave notices (msgLeaving) received, by node ID,
+	// so that the death that follows counts as a leave.
+	leaving map[string]time.Time
 
 	stop     chan struct{}
 	wg       sync.WaitGroup
@@ -260,6 +263,10 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	if cfg.DeadRetention <= 0 {
 		cfg.DeadRetention = time.Hour
 	}
+	if net.ParseIP(cfg.BindAddr) == nil {
+		// memberlist would silently bind every interface.
+		return nil, fmt.Errorf("ring: BindAddr %q is not an IP address", cfg.BindAddr)
+	}
 	switch len(cfg.SecretKey) {
 	case 0, 16, 24, 32:
 	default:
@@ -277,6 +284,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		metaB:   metaB,
 		members: make(map[string]*MemberStatus),
 		subs:    make(map[*subscriber]struct{}),
+		leaving: make(map[string]time.Time),
 		stop:    make(chan struct{}),
 	}
 	g.queue.init()
@@ -361,12 +369,13 @@ func (g *Gossip) join(seeds []string) (int, error) {
 func (g *Gossip) otherSeeds(seeds []string) []string {
 	self := g.ml.LocalNode()
 	port := strconv.Itoa(int(self.Port))
+	anyAddr := net.ParseIP(g.cfg.BindAddr).IsUnspecified()
 	var out []string
 	for _, s := range seeds {
 		host, p, err := net.SplitHostPort(s)
 		if err == nil && p == port {
 			ip := net.ParseIP(host)
-			if ip != nil && (ip.Equal(self.Addr) || (ip.IsLoopback() && self.Addr.IsLoopback()) || ip.IsUnspecified()) {
+			if ip != nil && (ip.Equal(self.Addr) || (ip.IsLoopback() && anyAddr)) {
 				continue
 			}
 		}
@@ -487,15 +496,39 @@ func (g *Gossip) Leave(ctx context.Context) error {
 	if err := g.setMeta(m); err != nil {
 		return err
 	}
-	// The leaving flag rides on the last metadata the others hold when the
-	// dead message arrives; send it first.
+	// memberlist's leave is a dead message its receivers cannot tell from
+	// a failure. Tell them first, twice: the flag in our metadata, and a
+	// direct notice to each member over TCP, which arrives well before the
+	// dead message's next gossip round (the metadata broadcast may not).
 	if err := g.broadcastMeta(ctx); err != nil {
 		g.log.Warn("broadcasting leave intent", "err", err)
 	}
+	g.sendLeaveNotices()
 	if err := g.ml.Leave(timeoutOf(ctx, 10*time.Second)); err != nil {
 		return fmt.Errorf("ring: leave: %w", err)
 	}
 	return nil
+}
+
+const msgLeaving byte = 1
+
+// sendLeaveNotices sends msgLeaving to every other alive member and waits
+// for the sends (each bounded by Timing.TCPTimeout).
+func (g *Gossip) sendLeaveNotices() {
+	msg := append([]byte{msgLeaving}, g.cfg.NodeID...)
+	var wg sync.WaitGroup
+	for _, n := range g.ml.Members() {
+		if n.Name == g.cfg.NodeID {
+			continue
+		}
+		to := memberlist.Node{Name: n.Name, Addr: n.Addr, Port: n.Port}
+		wg.Go(func() {
+			if err := g.ml.SendReliable(&to, msg); err != nil {
+				g.log.Debug("leave notice not delivered", "member", to.Name, "err", err)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // Shutdown stops gossip without announcing anything (the others will
@@ -604,6 +637,7 @@ func (g *Gossip) apply(ev memberlist.NodeEvent) {
 	st := g.members[meta.ID]
 	switch ev.Event {
 	case memberlist.NodeJoin:
+		delete(g.leaving, meta.ID)
 		out.Kind = EventJoin
 		st = &MemberStatus{Meta: meta, State: StateAlive, Since: now}
 	case memberlist.NodeUpdate:
@@ -615,9 +649,11 @@ func (g *Gossip) apply(ev memberlist.NodeEvent) {
 	case memberlist.NodeLeave:
 		out.Kind, out.Node.Leaving = EventFail, false
 		state := StateFailed
-		if meta.Leaving {
+		if _, noticed := g.leaving[meta.ID]; noticed || meta.Leaving {
 			out.Kind, state = EventLeave, StateLeft
+			out.Node.Leaving = true
 		}
+		delete(g.leaving, meta.ID)
 		st = &MemberStatus{Meta: meta, State: state, Since: now}
 	default:
 		return
@@ -626,6 +662,11 @@ func (g *Gossip) apply(ev memberlist.NodeEvent) {
 	for id, m := range g.members {
 		if m.State != StateAlive && now.Sub(m.Since) > g.cfg.DeadRetention {
 			delete(g.members, id)
+		}
+	}
+	for id, at := range g.leaving {
+		if now.Sub(at) > time.Minute {
+			delete(g.leaving, id) // a notice whose death never came
 		}
 	}
 	g.log.Debug("membership", "event", out.Kind, "member", meta.ID, "addr", meta.GossipAddr)
@@ -747,8 +788,18 @@ func (d *metaDelegate) NodeMeta(limit int) []byte {
 	return slices.Clone(d.metaB)
 }
 
-// NotifyMsg implements memberlist.Delegate; kvmesh sends no user messages.
-func (d *metaDelegate) NotifyMsg([]byte) {}
+// NotifyMsg implements memberlist.Delegate: it receives leave notices.
+func (d *metaDelegate) NotifyMsg(b []byte) {
+	if len(b) < 2 || b[0] != msgLeaving {
+		return
+	}
+	g := (*Gossip)(d)
+	g.mu.Lock()
+	if len(g.leaving) < 4096 { // bounded whatever peers send
+		g.leaving[string(b[1:])] = time.Now()
+	}
+	g.mu.Unlock()
+}
 
 // GetBroadcasts implements memberlist.Delegate.
 func (d *metaDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }

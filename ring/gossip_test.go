@@ -1,0 +1,364 @@
+package ring
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// waitLimit bounds every wait for gossip to converge: LocalTiming notices a
+// failure in about a second; the margin is for -race on a loaded machine.
+const waitLimit = 20 * time.Second
+
+func testConfig(id string, seeds ...string) GossipConfig {
+	return GossipConfig{
+		NodeID:   id,
+		BindAddr: "127.0.0.1",
+		Meta: NodeMeta{
+			ID: id, GRPCAddr: "127.0.0.1:1" + id[len(id)-1:], RaftAddr: "127.0.0.1:2" + id[len(id)-1:],
+			Capacity: Capacity{DRAMBytes: 8 * GiB},
+		},
+		Seeds:  seeds,
+		Logger: slog.New(slog.DiscardHandler),
+		Timing: LocalTiming(),
+	}
+}
+
+func start(t *testing.T, cfg GossipConfig) *Gossip {
+	t.Helper()
+	g, err := StartGossip(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Shutdown() })
+	return g
+}
+
+// cluster starts n nodes n0..n{n-1}, all seeded with n0.
+func cluster(t *testing.T, n int, mod func(*GossipConfig)) []*Gossip {
+	t.Helper()
+	gs := make([]*Gossip, n)
+	for i := range gs {
+		var seeds []string
+		if i > 0 {
+			seeds = []string{gs[0].Addr()}
+		}
+		cfg := testConfig(fmt.Sprintf("n%d", i), seeds...)
+		if mod != nil {
+			mod(&cfg)
+		}
+		gs[i] = start(t, cfg)
+	}
+	return gs
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func memberIDs(g *Gossip) []string {
+	var out []string
+	for _, m := range g.Members() {
+		out = append(out, m.ID)
+	}
+	return out
+}
+
+// waitEvent reads ch until an event matches.
+func waitEvent(t *testing.T, ch <-chan Event, what string, match func(Event) bool) Event {
+	t.Helper()
+	timer := time.NewTimer(waitLimit)
+	defer timer.Stop()
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				t.Fatalf("channel closed waiting for %s", what)
+			}
+			if match(e) {
+				return e
+			}
+		case <-timer.C:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}
+
+func TestGossipClusters(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		t.Run(strconv.Itoa(n), func(t *testing.T) {
+			gs := cluster(t, n, nil)
+			var want []string
+			for i := range n {
+				want = append(want, fmt.Sprintf("n%d", i))
+			}
+			for _, g := range gs {
+				eventually(t, g.LocalID()+" to see everyone", func() bool { return slices.Equal(memberIDs(g), want) })
+			}
+			// Everyone holds everyone's metadata, with the gossip address
+			// each node really bound.
+			for _, g := range gs {
+				for i, m := range g.Members() {
+					src := gs[i]
+					wantMeta := src.LocalMeta()
+					wantMeta.GossipAddr = src.Addr()
+					if m != wantMeta {
+						t.Fatalf("%s sees %+v, want %+v", g.LocalID(), m, wantMeta)
+					}
+				}
+			}
+
+			sub, cancel := gs[0].Subscribe()
+			defer cancel()
+			// The subscription starts with the current members.
+			for i := range n {
+				e := <-sub
+				if e.Kind != EventJoin || e.Node.ID != want[i] {
+					t.Fatalf("replay %d: %v %s", i, e.Kind, e.Node.ID)
+				}
+			}
+
+			// A metadata update reaches everyone.
+			upd := gs[1].LocalMeta()
+			upd.Capacity.GPUBytes = 80 * GiB
+			ctx, done := context.WithTimeout(context.Background(), waitLimit)
+			defer done()
+			if err := gs[1].UpdateMeta(ctx, upd); err != nil {
+				t.Fatal(err)
+			}
+			waitEvent(t, sub, "update", func(e Event) bool {
+				return e.Kind == EventUpdate && e.Node.ID == "n1" && e.Node.Capacity.GPUBytes == 80*GiB
+			})
+			for _, g := range gs {
+				eventually(t, g.LocalID()+" to see the update", func() bool {
+					ms := g.Members()
+					return len(ms) == n && ms[1].Capacity.GPUBytes == 80*GiB
+				})
+			}
+
+			// A graceful leave is seen as a leave.
+			if err := gs[n-1].Leave(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := gs[n-1].Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			e := waitEvent(t, sub, "leave", func(e Event) bool { return e.Node.ID == want[n-1] && e.Kind != EventUpdate })
+			if e.Kind != EventLeave {
+				t.Fatalf("graceful leave reported as %v", e.Kind)
+			}
+			// A crash (shutdown without leave) is seen as a failure.
+			if err := gs[n-2].Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			e = waitEvent(t, sub, "failure", func(e Event) bool { return e.Node.ID == want[n-2] })
+			if e.Kind != EventFail {
+				t.Fatalf("crash reported as %v", e.Kind)
+			}
+			for _, g := range gs[:n-2] {
+				eventually(t, g.LocalID()+" to drop the gone", func() bool { return slices.Equal(memberIDs(g), want[:n-2]) })
+			}
+			st := gs[0].Status()
+			if len(st) != n || st[n-1].State != StateLeft || st[n-2].State != StateFailed || st[0].State != StateAlive {
+				t.Fatalf("status %+v", st)
+			}
+		})
+	}
+}
+
+// TestGossipRestartSameAddress: a node that crashed and comes back with the
+// same name and address (and new metadata) is alive again everywhere.
+func TestGossipRestartSameAddress(t *testing.T) {
+	gs := cluster(t, 3, nil)
+	for _, g := range gs {
+		eventually(t, "convergence", func() bool { return len(g.Members()) == 3 })
+	}
+	sub, cancel := gs[0].Subscribe()
+	defer cancel()
+	addr := gs[2].Addr()
+	_, portStr, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portStr)
+	if err := gs[2].Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	waitEvent(t, sub, "failure of n2", func(e Event) bool { return e.Kind == EventFail && e.Node.ID == "n2" })
+
+	cfg := testConfig("n2", gs[0].Addr())
+	cfg.BindPort = port
+	cfg.Meta.GRPCAddr = "127.0.0.1:9999"
+	g2 := start(t, cfg)
+	if g2.Addr() != addr {
+		t.Fatalf("restarted on %s, want %s", g2.Addr(), addr)
+	}
+	e := waitEvent(t, sub, "n2 back", func(e Event) bool { return e.Kind == EventJoin && e.Node.ID == "n2" })
+	if e.Node.GRPCAddr != "127.0.0.1:9999" {
+		t.Fatalf("rejoined with stale meta %+v", e.Node)
+	}
+	for _, g := range []*Gossip{gs[0], gs[1], g2} {
+		eventually(t, g.LocalID()+" to see n2 back", func() bool {
+			ms := g.Members()
+			return len(ms) == 3 && ms[2].GRPCAddr == "127.0.0.1:9999"
+		})
+	}
+}
+
+// TestGossipJoinRetry: a node whose seed is not up yet keeps trying and
+// joins once the seed appears.
+func TestGossipJoinRetry(t *testing.T) {
+	// Reserve a port for the seed by starting and stopping it.
+	probe := start(t, testConfig("n0"))
+	seedAddr := probe.Addr()
+	_, portStr, _ := net.SplitHostPort(seedAddr)
+	port, _ := strconv.Atoi(portStr)
+	if err := probe.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig("n1", seedAddr)
+	cfg.JoinRetryMax = 200 * time.Millisecond
+	late := start(t, cfg)
+	if len(late.Members()) > 1 {
+		t.Fatal("joined a seed that is down")
+	}
+	seedCfg := testConfig("n0")
+	seedCfg.BindPort = port
+	seed := start(t, seedCfg)
+	for _, g := range []*Gossip{seed, late} {
+		eventually(t, g.LocalID()+" to see both", func() bool { return len(g.Members()) == 2 })
+	}
+}
+
+func TestGossipOwnAddressNotASeed(t *testing.T) {
+	g := start(t, testConfig("n0"))
+	_, port, _ := net.SplitHostPort(g.Addr())
+	got := g.otherSeeds([]string{g.Addr(), "localhost:1", "127.0.0.2:" + port, "10.1.1.1:" + port})
+	if want := []string{"localhost:1", "127.0.0.2:" + port, "10.1.1.1:" + port}; !slices.Equal(got, want) {
+		t.Fatalf("otherSeeds = %v, want %v", got, want)
+	}
+}
+
+func TestGossipEncryption(t *testing.T) {
+	key := []byte("0123456789abcdef")
+	gs := cluster(t, 3, func(c *GossipConfig) { c.SecretKey = key })
+	for _, g := range gs {
+		eventually(t, "encrypted convergence", func() bool { return len(g.Members()) == 3 })
+	}
+	// A node with another key cannot get in.
+	other := testConfig("x9")
+	other.SecretKey = []byte("fedcba9876543210")
+	x := start(t, other)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if _, err := x.Join(ctx, []string{gs[0].Addr()}); err == nil {
+		t.Fatal("joined with the wrong key")
+	}
+}
+
+func TestGossipSubscriptionLifecycle(t *testing.T) {
+	g := start(t, testConfig("n0"))
+	ch1, cancel1 := g.Subscribe()
+	ch2, _ := g.Subscribe()
+	if e := <-ch1; e.Kind != EventJoin || e.Node.ID != "n0" {
+		t.Fatalf("first event %+v", e)
+	}
+	cancel1()
+	cancel1() // idempotent
+	for range ch1 {
+	}
+	// Shutdown closes the others, even one never read.
+	if err := g.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	for range ch2 {
+	}
+	ch3, cancel3 := g.Subscribe()
+	if _, ok := <-ch3; ok {
+		t.Fatal("subscription after shutdown delivered an event")
+	}
+	cancel3()
+	ctx := context.Background()
+	if err := g.UpdateMeta(ctx, NodeMeta{ID: "n0"}); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("UpdateMeta after shutdown: %v", err)
+	}
+	if err := g.Leave(ctx); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("Leave after shutdown: %v", err)
+	}
+	if _, err := g.Join(ctx, []string{"127.0.0.1:1"}); !errors.Is(err, ErrShutdown) {
+		t.Fatalf("Join after shutdown: %v", err)
+	}
+}
+
+func TestGossipConfigErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		mod  func(*GossipConfig)
+	}{
+		{"no node id", func(c *GossipConfig) { c.NodeID = "" }},
+		{"meta id differs", func(c *GossipConfig) { c.Meta.ID = "other" }},
+		{"bad key", func(c *GossipConfig) { c.SecretKey = []byte("short") }},
+		{"meta too large", func(c *GossipConfig) { c.Meta.GRPCAddr = string(make([]byte, 600)) }},
+		{"bad bind address", func(c *GossipConfig) { c.BindAddr = "256.0.0.1" }},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig("n0")
+			tc.mod(&cfg)
+			if g, err := StartGossip(cfg); err == nil {
+				_ = g.Shutdown()
+				t.Fatal("started")
+			}
+		})
+	}
+	g := start(t, testConfig("n0"))
+	if err := g.UpdateMeta(context.Background(), NodeMeta{ID: "n1"}); !errors.Is(err, ErrMetaInvalid) {
+		t.Fatalf("UpdateMeta changing the ID: %v", err)
+	}
+}
+
+func TestSlogWriterLevels(t *testing.T) {
+	var got []slog.Level
+	h := &levelRecorder{levels: &got}
+	w := &slogWriter{log: slog.New(h)}
+	for _, line := range []string{"[DEBUG] memberlist: a\n", "[WARN] memberlist: b\n", "[ERR] memberlist: c\n", "plain\n"} {
+		if _, err := w.Write([]byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []slog.Level{slog.LevelDebug, slog.LevelWarn, slog.LevelError, slog.LevelInfo}; !slices.Equal(got, want) {
+		t.Fatalf("levels %v, want %v", got, want)
+	}
+}
+
+type levelRecorder struct{ levels *[]slog.Level }
+
+func (h *levelRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (h *levelRecorder) Handle(_ context.Context, r slog.Record) error {
+	*h.levels = append(*h.levels, r.Level)
+	return nil
+}
+func (h *levelRecorder) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *levelRecorder) WithGroup(string) slog.Handler      { return h }
+
+func TestTimingDefaults(t *testing.T) {
+	got := Timing{ProbeInterval: time.Millisecond}.withDefaults()
+	want := LANTiming()
+	want.ProbeInterval = time.Millisecond
+	if got != want {
+		t.Fatalf("%+v, want %+v", got, want)
+	}
+}
