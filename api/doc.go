@@ -1,0 +1,10 @@
+// Package api holds kvmesh's wire API: the protobuf messages and gRPC
+// services generated from kvmesh.proto (regenerate with api/gen.sh), and the
+// CodecV2 that moves tensor frames without copying them (Codec, Frame).
+//
+// Streams that carry tensor bytes (Client.Put, Client.Get, Peer.Replicate,
+// Peer.Fetch) send one header frame and then data frames. On the wire each
+// frame is the protobuf PutFrame or GetFrame; in Go a data frame is a Frame
+// whose payload is a mem.BufferSlice, so a blob held by the store goes to the
+// transport, and a received frame comes out of it, without a marshal copy.
+package api

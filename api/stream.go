@@ -1,0 +1,124 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+)
+
+// DefaultFrameBytes is the data frame size senders use unless told
+// otherwise: large enough that per-frame costs vanish, small enough to stay
+// well under gRPC's default 4 MiB message limit.
+const DefaultFrameBytes = 1 << 20
+
+// MsgSender is the sending half of a gRPC stream.
+type MsgSender interface{ SendMsg(m any) error }
+
+// MsgReceiver is the receiving half of a gRPC stream.
+type MsgReceiver interface{ RecvMsg(m any) error }
+
+// ErrShortBody is returned when a stream ends before its body is complete,
+// and ErrLongBody when it carries more than its header announced.
+var (
+	ErrShortBody = errors.New("api: stream ended before the body was complete")
+	ErrLongBody  = errors.New("api: stream body longer than announced")
+)
+
+// SendHeader sends hdr as a header frame.
+func SendHeader(s MsgSender, hdr proto.Message) error {
+	return s.SendMsg(&Frame{Header: hdr})
+}
+
+// SendBody sends body as data frames of at most frameBytes (0 means
+// DefaultFrameBytes). Each frame references body; the caller keeps its own
+// reference and may Free it when SendBody returns.
+func SendBody(s MsgSender, body mem.Buffer, frameBytes int) error {
+	if frameBytes <= 0 {
+		frameBytes = DefaultFrameBytes
+	}
+	n := body.Len()
+	for off := 0; off < n; off += frameBytes {
+		part := body.Slice(off, min(off+frameBytes, n))
+		err := s.SendMsg(&Frame{Data: mem.BufferSlice{part}})
+		part.Free()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RecvHeader receives the header frame into hdr.
+func RecvHeader(r MsgReceiver, hdr proto.Message) error {
+	f := Frame{Header: hdr}
+	if err := r.RecvMsg(&f); err != nil {
+		return err
+	}
+	if !f.IsHeader {
+		f.Data.Free()
+		return fmt.Errorf("%w: data frame where a header was expected", ErrFrame)
+	}
+	return nil
+}
+
+// RecvBody receives data frames into dst until it is full. A header frame,
+// or more data than dst holds, is an error; so is the end of the stream
+// before dst is full (ErrShortBody).
+func RecvBody(r MsgReceiver, dst []byte) error {
+	off := 0
+	for off < len(dst) {
+		var f Frame
+		if err := r.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fmt.Errorf("%w: %d of %d bytes", ErrShortBody, off, len(dst))
+			}
+			return err
+		}
+		if f.IsHeader {
+			return fmt.Errorf("%w: header frame inside a body", ErrFrame)
+		}
+		n := f.Data.Len()
+		if n > len(dst)-off {
+			f.Data.Free()
+			return fmt.Errorf("%w: %d bytes past %d", ErrLongBody, n-(len(dst)-off), len(dst))
+		}
+		f.Data.CopyTo(dst[off:])
+		f.Data.Free()
+		off += n
+	}
+	return nil
+}
+
+// PinnedBuffer wraps data, which someone else owns until release is called,
+// as a mem.Buffer that calls release once gRPC and every holder of a slice
+// of it are done. That lets a store hand a pinned, zero-copy view of a blob
+// to the transport and unpin it exactly when the last frame was written.
+// Tiny data (at most 1 KiB, below gRPC's pooling threshold) is copied and
+// released at once.
+func PinnedBuffer(data []byte, release func()) mem.Buffer {
+	if mem.IsBelowBufferPoolingThreshold(cap(data)) || release == nil {
+		cp := append([]byte(nil), data...)
+		if release != nil {
+			release()
+		}
+		return mem.SliceBuffer(cp)
+	}
+	return mem.NewBuffer(&data, &releaser{release: release})
+}
+
+// releaser is a one-shot mem.BufferPool whose Put runs a release function.
+type releaser struct {
+	once    sync.Once
+	release func()
+}
+
+func (r *releaser) Get(length int) *[]byte {
+	b := make([]byte, length)
+	return &b
+}
+
+func (r *releaser) Put(*[]byte) { r.once.Do(r.release) }
