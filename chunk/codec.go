@@ -57,9 +57,20 @@ type layerCodec interface {
 }
 
 func (c Codec) impl(dt DType) (layerCodec, error) {
+	if dt != F32 && dt != F16 && dt != BF16 {
+		return nil, fmt.Errorf("%w: codec %v for %v", ErrUnsupported, c, dt)
+	}
 	switch c {
 	case CodecRaw:
 		return rawCodec{}, nil
+	case CodecLossless:
+		return planeCodec{dt: dt}, nil
+	case CodecInt8:
+		return quantCodec{dt: dt, kind: quantInt8}, nil
+	case CodecInt4:
+		return quantCodec{dt: dt, kind: quantInt4}, nil
+	case CodecFP8:
+		return quantCodec{dt: dt, kind: quantFP8}, nil
 	}
 	return nil, fmt.Errorf("%w: codec %v for %v", ErrUnsupported, c, dt)
 }

@@ -1,0 +1,534 @@
+package chunk
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+)
+
+// The quantizing codecs follow KIVI (Liu et al., 2024): keys have outlier
+// channels, so they are quantized per channel, in groups of quantGroupTokens
+// tokens for each (kv_head, head_dim) channel; values are quantized per
+// token, in groups of quantGroupDims consecutive dims within one kv head (a
+// group never spans two heads, so a head range reads only its own groups).
+// The last group along an axis may be shorter.
+//
+// Group parameters are stored in the entry dtype (bf16 for a bf16 entry):
+// the zero point is the group minimum, which is a value of that dtype and so
+// stored exactly; the scale is rounded up, so the group range is always
+// covered and nothing saturates.
+//
+// Error bounds, for an element x of a group, with s the stored scale. The
+// decoded value is computed in float64 and rounded into the entry dtype
+// (through float32, so the rounding adds at most one ulp of the result) and
+// clamped to the dtype's finite range, which only brings it closer to x:
+//
+//   - CodecInt8: q = round((x-min)/s) in 0..255, s >= (max-min)/255, and
+//     |x̂ - x| <= s/2 + ulp(x̂). s exceeds (max-min)/255 by at most one
+//     ulp of the dtype (2^-7 relative for bf16).
+//   - CodecInt4: the same with 15 levels: |x̂ - x| <= s/2 + ulp(x̂),
+//     s >= (max-min)/15. Two codes per byte, low nibble first.
+//   - CodecFP8: q = e4m3(x/s), s >= max|x|/448, x̂ = e4m3(q)*s; e4m3 keeps
+//     3 mantissa bits, so |x̂ - x| <= max(|x|*2^-4, s*2^-10) + ulp(x̂).
+//
+// Encoding rejects NaN and Inf (ErrInvalidEntry): a group with either has no
+// range to quantize. Decoding rejects non-finite or negative parameters and
+// fp8 NaN codes as ErrCorrupt.
+//
+// Layer layout, for the K half then the V half: the group parameters (int:
+// zero then scale per group; fp8: scale per group), then the codes in the
+// canonical element order. K groups are ordered [token group][head][dim], V
+// groups [token][head][dim group].
+const (
+	quantGroupTokens = 64
+	quantGroupDims   = 64
+)
+
+type quantKind uint8
+
+const (
+	quantInt8 quantKind = iota + 1
+	quantInt4
+	quantFP8
+)
+
+func (k quantKind) levels() float64 {
+	switch k {
+	case quantInt8:
+		return 255
+	case quantInt4:
+		return 15
+	}
+	return 0
+}
+
+// params is the number of parameters stored per group.
+func (k quantKind) params() int {
+	if k == quantFP8 {
+		return 1
+	}
+	return 2
+}
+
+// codeBytes is the size of n codes.
+func (k quantKind) codeBytes(n int) int {
+	if k == quantInt4 {
+		return (n + 1) / 2
+	}
+	return n
+}
+
+type quantCodec struct {
+	dt   DType
+	kind quantKind
+}
+
+// quantGeom is the group geometry of one half (K or V) of a layer.
+type quantGeom struct {
+	tokens, heads, dim int
+	chans              int // heads*dim: elements per token
+	kGroups            int // token groups of K
+	vGroups            int // dim groups per head of V
+}
+
+func geom(sh Shape) quantGeom {
+	g := quantGeom{tokens: sh.Tokens, heads: sh.KVHeads, dim: sh.HeadDim, chans: sh.KVHeads * sh.HeadDim}
+	g.kGroups = (sh.Tokens + quantGroupTokens - 1) / quantGroupTokens
+	g.vGroups = (sh.HeadDim + quantGroupDims - 1) / quantGroupDims
+	return g
+}
+
+func (g quantGeom) elems() int { return g.tokens * g.chans }
+
+// groups is the number of groups in the K half and in the V half.
+func (g quantGeom) groups() (k, v int) { return g.kGroups * g.chans, g.tokens * g.heads * g.vGroups }
+
+// encodedBytes is the exact size of an encoded layer of this geometry.
+func (c quantCodec) encodedBytes(g quantGeom) int {
+	kg, vg := g.groups()
+	ps := c.kind.params() * c.dt.Size()
+	return ps*(kg+vg) + 2*c.kind.codeBytes(g.elems())
+}
+
+// quantScratch is per-call working memory, pooled. Its slices grow to the
+// largest row seen; rows are bounded by the (limit-checked) Shape.
+type quantScratch struct {
+	row    []float32 // one token's elements
+	lo, hi []float32 // per-channel group min and max (K)
+	zero   []float64 // per-channel group parameters (K)
+	scale  []float64
+	codes  []byte
+}
+
+var quantScratchPool = sync.Pool{New: func() any { return &quantScratch{} }}
+
+func grow[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
+}
+
+func (s *quantScratch) size(chans int) {
+	s.row = grow(s.row, chans)
+	s.lo = grow(s.lo, chans)
+	s.hi = grow(s.hi, chans)
+	s.zero = grow(s.zero, chans)
+	s.scale = grow(s.scale, chans)
+	s.codes = grow(s.codes, chans)
+}
+
+func (c quantCodec) encode(dst, raw []byte, sh Shape) ([]byte, error) {
+	g := geom(sh)
+	es := c.dt.Size()
+	halfBytes := g.elems() * es
+	if len(raw) != 2*halfBytes {
+		return dst, fmt.Errorf("%w: layer of %d bytes, shape needs %d", ErrInvalidEntry, len(raw), 2*halfBytes)
+	}
+	s := quantScratchPool.Get().(*quantScratch)
+	defer quantScratchPool.Put(s)
+	s.size(g.chans)
+	start := len(dst)
+	dst = append(dst, make([]byte, c.encodedBytes(g))...)
+	out := dst[start:]
+	kg, vg := g.groups()
+	ps := c.kind.params() * es
+	kParams, out := out[:kg*ps], out[kg*ps:]
+	kCodes, out := out[:c.kind.codeBytes(g.elems())], out[c.kind.codeBytes(g.elems()):]
+	vParams, vCodes := out[:vg*ps], out[vg*ps:]
+	if err := c.encodeK(kParams, kCodes, raw[:halfBytes], g, s); err != nil {
+		return dst[:start], err
+	}
+	if err := c.encodeV(vParams, vCodes, raw[halfBytes:], g, s); err != nil {
+		return dst[:start], err
+	}
+	return dst, nil
+}
+
+// encodeK quantizes keys per channel over groups of tokens.
+func (c quantCodec) encodeK(params, codes, raw []byte, g quantGeom, s *quantScratch) error {
+	es := c.dt.Size()
+	rowBytes := g.chans * es
+	for tg := 0; tg < g.kGroups; tg++ {
+		t0, t1 := tg*quantGroupTokens, min((tg+1)*quantGroupTokens, g.tokens)
+		lo, hi := s.lo, s.hi
+		var nonFinite float32
+		for t := t0; t < t1; t++ {
+			row := s.row
+			toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
+			if t == t0 {
+				copy(lo, row)
+				copy(hi, row)
+			}
+			for i, v := range row {
+				nonFinite += v * 0
+				lo[i] = min(lo[i], v)
+				hi[i] = max(hi[i], v)
+			}
+		}
+		if nonFinite != 0 {
+			return fmt.Errorf("%w: %v codec: NaN or Inf in keys of tokens %d..%d", ErrInvalidEntry, c.kind, t0, t1)
+		}
+		p := params[tg*g.chans*c.kind.params()*es:]
+		for i := range lo {
+			s.zero[i], s.scale[i] = c.groupParams(p[i*c.kind.params()*es:], lo[i], hi[i])
+		}
+		for t := t0; t < t1; t++ {
+			row := s.row
+			toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
+			q := s.codes
+			for i, v := range row {
+				q[i] = c.quantize(v, s.zero[i], s.scale[i])
+			}
+			c.putCodes(codes, t*g.chans, q)
+		}
+	}
+	return nil
+}
+
+// encodeV quantizes values per token over groups of dims within a head.
+func (c quantCodec) encodeV(params, codes, raw []byte, g quantGeom, s *quantScratch) error {
+	es := c.dt.Size()
+	rowBytes := g.chans * es
+	ps := c.kind.params() * es
+	gi := 0
+	for t := 0; t < g.tokens; t++ {
+		row := s.row
+		toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
+		q := s.codes
+		for h := 0; h < g.heads; h++ {
+			for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
+				grp := row[h*g.dim+d0 : h*g.dim+min(d0+quantGroupDims, g.dim)]
+				lo, hi := grp[0], grp[0]
+				var nonFinite float32
+				for _, v := range grp {
+					nonFinite += v * 0
+					lo = min(lo, v)
+					hi = max(hi, v)
+				}
+				if nonFinite != 0 {
+					return fmt.Errorf("%w: %v codec: NaN or Inf in values of token %d", ErrInvalidEntry, c.kind, t)
+				}
+				zero, scale := c.groupParams(params[gi*ps:], lo, hi)
+				gi++
+				qg := q[h*g.dim+d0:]
+				for i, v := range grp {
+					qg[i] = c.quantize(v, zero, scale)
+				}
+			}
+		}
+		c.putCodes(codes, t*g.chans, q[:g.chans])
+	}
+	return nil
+}
+
+// groupParams chooses and stores (at p) a group's parameters and returns
+// them as stored.
+func (c quantCodec) groupParams(p []byte, lo, hi float32) (zero, scale float64) {
+	es := c.dt.Size()
+	if c.kind == quantFP8 {
+		amax := max(-float64(lo), float64(hi))
+		scale = c.storeUp(p, amax/FP8E4M3Max)
+		return 0, scale
+	}
+	zero = float64(lo) // a value of the dtype: stored exactly
+	c.store(p, lo)
+	scale = c.storeUp(p[es:], (float64(hi)-zero)/c.kind.levels())
+	return zero, scale
+}
+
+// store writes v, which is representable in the dtype, exactly.
+func (c quantCodec) store(p []byte, v float32) {
+	switch c.dt {
+	case F32:
+		binary.LittleEndian.PutUint32(p, math.Float32bits(v))
+	case F16:
+		binary.LittleEndian.PutUint16(p, F32ToF16(v))
+	case BF16:
+		binary.LittleEndian.PutUint16(p, F32ToBF16(v))
+	}
+}
+
+// storeUp writes the smallest dtype value >= v (v >= 0 and finite) and
+// returns it.
+func (c quantCodec) storeUp(p []byte, v float64) float64 {
+	if v <= 0 {
+		c.store(p, 0)
+		return 0
+	}
+	switch c.dt {
+	case F32:
+		f := float32(v)
+		if float64(f) < v {
+			f = math.Nextafter32(f, float32(math.Inf(1)))
+		}
+		binary.LittleEndian.PutUint32(p, math.Float32bits(f))
+		return float64(f)
+	case F16:
+		h := F32ToF16(float32(v))
+		for float64(F16ToF32(h)) < v {
+			h++ // positive: the next larger magnitude
+		}
+		binary.LittleEndian.PutUint16(p, h)
+		return float64(F16ToF32(h))
+	default:
+		h := F32ToBF16(float32(v))
+		for float64(BF16ToF32(h)) < v {
+			h++
+		}
+		binary.LittleEndian.PutUint16(p, h)
+		return float64(BF16ToF32(h))
+	}
+}
+
+func (c quantCodec) quantize(v float32, zero, scale float64) byte {
+	if scale == 0 {
+		return 0 // constant (int) or all-zero (fp8) group
+	}
+	if c.kind == quantFP8 {
+		return F32ToFP8E4M3(float32(float64(v) / scale))
+	}
+	q := math.Floor((float64(v)-zero)/scale + 0.5)
+	return byte(min(max(q, 0), c.kind.levels()))
+}
+
+// putCodes stores q as the codes of elements [at, at+len(q)).
+func (c quantCodec) putCodes(codes []byte, at int, q []byte) {
+	if c.kind != quantInt4 {
+		copy(codes[at:], q)
+		return
+	}
+	for i, v := range q {
+		j := at + i
+		if j&1 == 0 {
+			codes[j>>1] = v
+		} else {
+			codes[j>>1] |= v << 4
+		}
+	}
+}
+
+func (c quantCodec) decode(dst, enc []byte, sh Shape) error {
+	g := geom(sh)
+	es := c.dt.Size()
+	halfBytes := g.elems() * es
+	if len(dst) != 2*halfBytes {
+		return fmt.Errorf("%w: layer of %d bytes, shape needs %d", ErrInvalidEntry, len(dst), 2*halfBytes)
+	}
+	if len(enc) != c.encodedBytes(g) {
+		return fmt.Errorf("%w: %v layer of %d bytes, want %d", ErrCorrupt, c.kind, len(enc), c.encodedBytes(g))
+	}
+	if c.kind == quantInt4 && g.elems()&1 == 1 {
+		// The unused high nibbles must be zero, so that an entry has one
+		// encoding.
+		cb := c.kind.codeBytes(g.elems())
+		kg, _ := g.groups()
+		if enc[kg*c.kind.params()*es+cb-1]>>4 != 0 || enc[len(enc)-1]>>4 != 0 {
+			return fmt.Errorf("%w: int4 padding nibble set", ErrCorrupt)
+		}
+	}
+	s := quantScratchPool.Get().(*quantScratch)
+	defer quantScratchPool.Put(s)
+	s.size(g.chans)
+	var lut [256]float32
+	if c.kind == quantFP8 {
+		for i := range lut {
+			lut[i] = FP8E4M3ToF32(uint8(i))
+		}
+	}
+	kg, vg := g.groups()
+	ps := c.kind.params() * es
+	cb := c.kind.codeBytes(g.elems())
+	kParams, rest := enc[:kg*ps], enc[kg*ps:]
+	kCodes, rest := rest[:cb], rest[cb:]
+	vParams, vCodes := rest[:vg*ps], rest[vg*ps:]
+	if err := c.decodeK(dst[:halfBytes], kParams, kCodes, g, s, &lut); err != nil {
+		return err
+	}
+	return c.decodeV(dst[halfBytes:], vParams, vCodes, g, s, &lut)
+}
+
+// loadParams reads a group's parameters.
+func (c quantCodec) loadParams(p []byte) (zero, scale float64, err error) {
+	es := c.dt.Size()
+	if c.kind == quantFP8 {
+		scale = c.load(p)
+	} else {
+		zero, scale = c.load(p), c.load(p[es:])
+	}
+	if !(scale >= 0) || math.IsInf(scale, 0) || math.IsInf(zero, 0) || zero != zero {
+		return 0, 0, fmt.Errorf("%w: %v group parameters zero %v scale %v", ErrCorrupt, c.kind, zero, scale)
+	}
+	return zero, scale, nil
+}
+
+func (c quantCodec) load(p []byte) float64 {
+	switch c.dt {
+	case F32:
+		return float64(math.Float32frombits(binary.LittleEndian.Uint32(p)))
+	case F16:
+		return float64(F16ToF32(binary.LittleEndian.Uint16(p)))
+	}
+	return float64(BF16ToF32(binary.LittleEndian.Uint16(p)))
+}
+
+func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScratch, lut *[256]float32) error {
+	es := c.dt.Size()
+	ps := c.kind.params() * es
+	rowBytes := g.chans * es
+	for tg := 0; tg < g.kGroups; tg++ {
+		p := params[tg*g.chans*ps:]
+		for i := 0; i < g.chans; i++ {
+			var err error
+			if s.zero[i], s.scale[i], err = c.loadParams(p[i*ps:]); err != nil {
+				return err
+			}
+		}
+		for t := tg * quantGroupTokens; t < min((tg+1)*quantGroupTokens, g.tokens); t++ {
+			q := c.getCodes(s.codes, codes, t*g.chans)
+			if err := c.dequantize(s.row, q, s.zero, s.scale, lut); err != nil {
+				return err
+			}
+			fromF32(dst[t*rowBytes:(t+1)*rowBytes], s.row, c.dt)
+		}
+	}
+	return nil
+}
+
+func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScratch, lut *[256]float32) error {
+	es := c.dt.Size()
+	ps := c.kind.params() * es
+	rowBytes := g.chans * es
+	gi := 0
+	for t := 0; t < g.tokens; t++ {
+		// Expand the token's group parameters to per-element arrays so the
+		// inner loop is the same as for keys.
+		for h := 0; h < g.heads; h++ {
+			for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
+				zero, scale, err := c.loadParams(params[gi*ps:])
+				if err != nil {
+					return err
+				}
+				gi++
+				for i := h*g.dim + d0; i < h*g.dim+min(d0+quantGroupDims, g.dim); i++ {
+					s.zero[i], s.scale[i] = zero, scale
+				}
+			}
+		}
+		q := c.getCodes(s.codes, codes, t*g.chans)
+		if err := c.dequantize(s.row, q, s.zero, s.scale, lut); err != nil {
+			return err
+		}
+		fromF32(dst[t*rowBytes:(t+1)*rowBytes], s.row, c.dt)
+	}
+	return nil
+}
+
+// getCodes returns the codes of elements [at, at+len(buf)), unpacking int4
+// into buf.
+func (c quantCodec) getCodes(buf, codes []byte, at int) []byte {
+	if c.kind != quantInt4 {
+		return codes[at : at+len(buf)]
+	}
+	for i := range buf {
+		j := at + i
+		buf[i] = codes[j>>1] >> (4 * (j & 1)) & 15
+	}
+	return buf
+}
+
+func (c quantCodec) dequantize(row []float32, q []byte, zero, scale []float64, lut *[256]float32) error {
+	lim := maxFinite(c.dt)
+	q, zero, scale = q[:len(row)], zero[:len(row)], scale[:len(row)]
+	if c.kind == quantFP8 {
+		for i, b := range q {
+			if b&0x7f == 0x7f {
+				return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
+			}
+			row[i] = float32(min(max(float64(lut[b])*scale[i], -lim), lim))
+		}
+		return nil
+	}
+	for i, b := range q {
+		row[i] = float32(min(max(zero[i]+float64(b)*scale[i], -lim), lim))
+	}
+	return nil
+}
+
+// maxFinite is the largest finite value of dt, as float64.
+func maxFinite(dt DType) float64 {
+	switch dt {
+	case F16:
+		return 65504
+	case BF16:
+		return float64(BF16ToF32(0x7f7f))
+	}
+	return math.MaxFloat32
+}
+
+// toF32 widens a row of dt elements.
+func toF32(dst []float32, src []byte, dt DType) {
+	switch dt {
+	case F32:
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	case F16:
+		for i := range dst {
+			dst[i] = F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	case BF16:
+		for i := range dst {
+			dst[i] = BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+		}
+	}
+}
+
+// fromF32 narrows a row into dt elements, rounding to nearest even.
+func fromF32(dst []byte, src []float32, dt DType) {
+	switch dt {
+	case F32:
+		for i, v := range src {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case F16:
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
+		}
+	case BF16:
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToBF16(v))
+		}
+	}
+}
+
+func (k quantKind) String() string {
+	switch k {
+	case quantInt8:
+		return "int8"
+	case quantInt4:
+		return "int4"
+	}
+	return "fp8"
+}
