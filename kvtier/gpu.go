@@ -64,16 +64,11 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 			return &DeviceHandle{s: s, c: e.dev, Ptr: e.dev.ptr, Size: e.dev.size}, nil
 		}
 		if e.busy {
-			// Another goroutine is moving it; it finishes without
-			// needing this one. Take a host read and retry the promotion
-			// on the next call.
-			h, err := s.getLocked(ctx, e)
-			if err != nil {
+			// Another goroutine is moving it; look again when it is done.
+			s.moved.Wait()
+			if err := ctx.Err(); err != nil {
 				return nil, err
 			}
-			s.mu.Unlock()
-			h.Release()
-			s.mu.Lock()
 			continue
 		}
 		// Pin a host copy (promoting from disk to DRAM on the way).
@@ -82,9 +77,7 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 			return nil, err
 		}
 		dh, err := s.promoteGPU(ctx, e, h.b)
-		s.mu.Unlock()
-		h.Release()
-		s.mu.Lock()
+		s.unlocked(h.Release)
 		return dh, err
 	}
 }
@@ -117,7 +110,7 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 		return nil, fmt.Errorf("%w: %d bytes exceed the GPU tier", ErrNoSpace, need)
 	}
 	e.busy = true
-	defer func() { e.busy = false }()
+	defer s.idle(e)
 	var ptr DevicePtr
 	for {
 		if ts.used+need <= ts.budget {
@@ -171,7 +164,14 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 	s.leavePolicy(e, true)
 	e.busy = true
 	c, err := s.allocDRAM(ctx, e.size)
-	e.busy = false
+	s.idle(e)
+	if err == nil && !e.dead && e.dev.pins > 0 {
+		// Pinned while DRAM made room: pins win, it stays on the GPU.
+		c.detached = true
+		s.maybeFreeDRAM(c)
+		s.admit(TierGPU, e, e.dev.size)
+		return
+	}
 	if err == nil && !e.dead {
 		err = s.cfg.GPU.Read(e.dev.ptr, 0, c.span.view)
 	}

@@ -1,6 +1,7 @@
 package kvtier
 
 import (
+	"log/slog"
 	"math/rand/v2"
 	"testing"
 
@@ -8,6 +9,8 @@ import (
 )
 
 // testFP is the fingerprint of the small model the tests store.
+var testStandalone = chunk.StandaloneContext()
+
 var testFP = chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
 	RopeStyle: chunk.RopeNeoX, RopeTheta: 10000}.Fingerprint()
 
@@ -49,6 +52,9 @@ func openTest(t testing.TB, cfg Config) *Store {
 	t.Helper()
 	if cfg.PageSize == 0 {
 		cfg.PageSize = 4096
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s, err := Open(cfg)
 	if err != nil {

@@ -175,10 +175,14 @@ type Store struct {
 	disk  *diskDir
 
 	mu     sync.Mutex
+	moved  *sync.Cond // on mu: an entry stopped being busy, or I/O ended
 	closed bool
-	index  map[chunk.Key]*entry
-	groups map[groupKey][]*entry
-	tiers  [numTiers]tierState
+	// inflight counts goroutines doing I/O with mu released; Close waits
+	// for them before unmapping the arena.
+	inflight int
+	index    map[chunk.Key]*entry
+	groups   map[groupKey][]*entry
+	tiers    [numTiers]tierState
 	// pinnedBytes counts copies with at least one pin, detached or not.
 	pinnedBytes [numTiers]int64
 }
@@ -208,6 +212,7 @@ func Open(cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("kvtier: DiskBytes must be positive with DiskDir")
 	}
 	s := &Store{cfg: cfg, log: cfg.Logger, index: make(map[chunk.Key]*entry), groups: make(map[groupKey][]*entry)}
+	s.moved = sync.NewCond(&s.mu)
 	a, err := newArena(cfg.DRAMBytes, cfg.PageSize)
 	if err != nil {
 		return nil, err
@@ -255,6 +260,7 @@ func (s *Store) recoverDisk() error {
 		}
 		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec, diskRel: f.rel, diskSize: f.stored}
 		s.link(e)
+		ts.used += f.stored
 		s.admit(TierDisk, e, f.stored)
 	}
 	return nil
@@ -269,6 +275,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.closed = true
+	for s.inflight > 0 {
+		s.moved.Wait()
+	}
 	for _, e := range s.index {
 		if e.dev != nil {
 			_ = s.cfg.GPU.Free(e.dev.ptr)
@@ -281,6 +290,24 @@ func (s *Store) Close() error {
 }
 
 func (s *Store) now() int64 { return s.cfg.Now().UnixNano() }
+
+// unlocked runs fn (I/O or a copy) with mu released.
+func (s *Store) unlocked(fn func()) {
+	s.inflight++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.inflight--
+		s.moved.Broadcast()
+	}()
+	fn()
+}
+
+// idle ends a move of e and wakes whoever waits for it.
+func (s *Store) idle(e *entry) {
+	e.busy = false
+	s.moved.Broadcast()
+}
 
 func (s *Store) link(e *entry) {
 	s.index[e.key] = e
@@ -474,9 +501,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte) error {
 	c, err := s.allocDRAM(ctx, e.size)
 	if err == nil {
 		c.io++
-		s.mu.Unlock()
-		copy(c.span.view, blob)
-		s.mu.Lock()
+		s.unlocked(func() { copy(c.span.view, blob) })
 		c.io--
 		e.dram = c
 		if e.dead {
@@ -548,11 +573,12 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 	e.busy = true
 	c := e.dram
 	c.io++
-	s.mu.Unlock()
-	rel, size, err := s.disk.write(e.key, e.checksum, e.codec, c.span.view)
-	s.mu.Lock()
+	var rel string
+	var size int64
+	var err error
+	s.unlocked(func() { rel, size, err = s.disk.write(e.key, e.checksum, e.codec, c.span.view) })
 	c.io--
-	e.busy = false
+	s.idle(e)
 	s.tiers[TierDisk].used -= int64(e.size)
 	if err == nil {
 		s.tiers[TierDisk].used += size
@@ -608,9 +634,10 @@ func (s *Store) writeDisk(ctx context.Context, e *entry, blob []byte) (string, i
 	if !s.reserveDisk(int64(len(blob))) {
 		return "", 0, fmt.Errorf("%w: disk tier cannot make room for %d bytes", ErrNoSpace, len(blob))
 	}
-	s.mu.Unlock()
-	rel, size, err := s.disk.write(e.key, e.checksum, e.codec, blob)
-	s.mu.Lock()
+	var rel string
+	var size int64
+	var err error
+	s.unlocked(func() { rel, size, err = s.disk.write(e.key, e.checksum, e.codec, blob) })
 	s.tiers[TierDisk].used -= int64(len(blob))
 	if err != nil {
 		return "", 0, err
@@ -730,7 +757,7 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 	e.busy = true
 	c, err := s.allocDRAM(ctx, e.size)
 	if err != nil {
-		e.busy = false
+		s.idle(e)
 		if e.dead {
 			s.dropDisk(e)
 			return nil, ErrNotFound
@@ -742,11 +769,10 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 	}
 	c.io++
 	rel := e.diskRel
-	s.mu.Unlock()
-	_, rerr := s.disk.read(rel, e.checksum, e.size, c.span.view)
-	s.mu.Lock()
+	var rerr error
+	s.unlocked(func() { _, rerr = s.disk.read(rel, e.checksum, e.size, c.span.view) })
 	c.io--
-	e.busy = false
+	s.idle(e)
 	if rerr != nil || e.dead {
 		c.detached = true
 		s.maybeFreeDRAM(c)
@@ -772,9 +798,9 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 
 func (s *Store) readDiskHeap(e *entry) (*Handle, error) {
 	rel, sum, size := e.diskRel, e.checksum, e.size
-	s.mu.Unlock()
-	b, err := s.disk.read(rel, sum, size, nil)
-	s.mu.Lock()
+	var b []byte
+	var err error
+	s.unlocked(func() { b, err = s.disk.read(rel, sum, size, nil) })
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,82 @@
+package kvtier
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+)
+
+func TestGPUTier(t *testing.T) {
+	ctx := context.Background()
+	dev := NewHostDevice(10000)
+	s := openTest(t, Config{DRAMBytes: 8 * 4096, DiskDir: t.TempDir(), DiskBytes: 1 << 20, GPU: dev})
+	bs := blobs(t, 12, 12) // 3264 bytes each: three fit on the device
+	for _, b := range bs {
+		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(h *DeviceHandle) []byte {
+		b := make([]byte, h.Size)
+		if err := dev.Read(h.Ptr, 0, b); err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	// Promote everything through the device, one at a time: the device
+	// never holds more than its capacity, victims go back to DRAM.
+	for i, b := range bs {
+		h, err := s.GetDevice(ctx, keyOf(t, b))
+		if err != nil {
+			t.Fatalf("entry %d: %v", i, err)
+		}
+		if !bytes.Equal(read(h), b) {
+			t.Fatalf("entry %d: device holds other bytes", i)
+		}
+		h.Release()
+		if dev.Used() > dev.Capacity() {
+			t.Fatalf("device over capacity: %d", dev.Used())
+		}
+		checkBudgets(t, s)
+	}
+	st := checkBudgets(t, s)
+	if st.Tiers[TierGPU].Promotions != uint64(len(bs)) || st.Tiers[TierGPU].Demotions == 0 || st.Entries != len(bs) {
+		t.Fatalf("gpu stats: %+v entries %d", st.Tiers[TierGPU], st.Entries)
+	}
+	// A host read of a GPU entry is a copy; a second GetDevice is a hit.
+	last := bs[len(bs)-1]
+	if h := mustGet(t, s, last); h.Tier() != TierGPU {
+		t.Fatalf("tier %v", h.Tier())
+	}
+	h, err := s.GetDevice(ctx, keyOf(t, last))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Pinned on the device: it survives everything else passing through.
+	for _, b := range bs[:6] {
+		h2, err := s.GetDevice(ctx, keyOf(t, b))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h2.Release()
+	}
+	if !bytes.Equal(read(h), last) {
+		t.Fatal("pinned device entry changed")
+	}
+	h.Release()
+	// Every entry still reads back exactly, wherever it went.
+	for _, b := range bs {
+		mustGet(t, s, b).Release()
+	}
+	if _, err := s.GetDevice(ctx, keyOf(t, bs[0])); err != nil {
+		t.Fatal(err)
+	}
+	big := makeBlob(t, testFP, 77, 200, testStandalone, 2)
+	if _, err := s.Put(ctx, big, PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetDevice(ctx, keyOf(t, big)); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("oversized device promotion: %v", err)
+	}
+}
