@@ -258,6 +258,12 @@ func (s *Sequence) grow(tokens []uint32) error {
 // returns the logits of the last one (a fresh slice of VocabSize).
 // Prefill and decode are the same call.
 func (s *Sequence) Append(ctx context.Context, tokens []uint32) ([]float32, error) {
+	return s.AppendTo(ctx, nil, tokens)
+}
+
+// AppendTo is Append writing the logits into dst when it can hold them (a
+// decode loop that reuses dst allocates nothing per token).
+func (s *Sequence) AppendTo(ctx context.Context, dst []float32, tokens []uint32) ([]float32, error) {
 	if len(tokens) == 0 {
 		return nil, fmt.Errorf("engine: append of no tokens")
 	}
@@ -269,7 +275,11 @@ func (s *Sequence) Append(ctx context.Context, tokens []uint32) ([]float32, erro
 		return nil, err
 	}
 	active := e.sc.indices(first, len(s.tokens))
-	logits := make([]float32, e.cfg.VocabSize)
+	logits := dst
+	if cap(logits) < e.cfg.VocabSize {
+		logits = make([]float32, e.cfg.VocabSize)
+	}
+	logits = logits[:e.cfg.VocabSize]
 	if _, err := e.forward(ctx, s, fwdPlan{active: active, logits: logits}); err != nil {
 		s.truncate(first)
 		return nil, err
@@ -310,7 +320,7 @@ func (s *Sequence) Generate(ctx context.Context, prompt []uint32, n int) ([]uint
 		if len(out) == n {
 			break
 		}
-		if logits, err = s.Append(ctx, tok); err != nil {
+		if logits, err = s.AppendTo(ctx, logits, tok); err != nil {
 			return out, err
 		}
 	}

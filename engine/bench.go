@@ -1,0 +1,321 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// BenchModel is the benchmark's model shape (issue 4): 8 layers, hidden
+// 512, 8 heads, 2 KV heads, head dim 64.
+func BenchModel() ModelConfig {
+	return ModelConfig{
+		ModelType: "llama", HiddenSize: 512, IntermediateSize: 1536, NumLayers: 8,
+		NumHeads: 8, NumKVHeads: 2, HeadDim: 64, VocabSize: 4096, RMSNormEps: 1e-5,
+		RopeTheta: 500000, RopeStyle: chunk.RopeNeoX, MaxPositionEmbeddings: 8192,
+		RopeScaling: chunk.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192},
+		DType:       chunk.BF16,
+	}
+}
+
+// BenchConfig configures RunBench. Zero fields take the defaults shown.
+type BenchConfig struct {
+	Ks          []int // retrieved facts per prompt; {5, 10, 20, 50}
+	FactTokens  int   // tokens per fact; 24
+	QueryTokens int   // 16
+	Trials      int   // timed runs per point, the median is reported; 3
+	Window      int   // context window of the stored encodings; 20
+	Recompute   float64
+	// FidelityPrompts prompts of FidelityK facts each measure fidelity;
+	// 16 and 10.
+	FidelityPrompts int
+	FidelityK       int
+	Seed            uint64
+	// Progress, if set, is called with a line per finished step.
+	Progress func(string)
+}
+
+func (c *BenchConfig) defaults() {
+	if len(c.Ks) == 0 {
+		c.Ks = []int{5, 10, 20, 50}
+	}
+	if c.FactTokens <= 0 {
+		c.FactTokens = 24
+	}
+	if c.QueryTokens <= 0 {
+		c.QueryTokens = 16
+	}
+	if c.Trials <= 0 {
+		c.Trials = 3
+	}
+	if c.Window <= 0 {
+		c.Window = 20
+	}
+	if c.Recompute == 0 {
+		c.Recompute = 0.15
+	}
+	if c.FidelityPrompts <= 0 {
+		c.FidelityPrompts = 16
+	}
+	if c.FidelityK <= 0 {
+		c.FidelityK = 10
+	}
+	if c.Progress == nil {
+		c.Progress = func(string) {}
+	}
+}
+
+// TTFTRow is one k of the time-to-first-token comparison.
+type TTFTRow struct {
+	K            int
+	PromptTokens int
+	// Prefill is prompt injection: every token prefilled. Inject is KV
+	// injection of the stored facts plus a prefill of the query; Repair is
+	// injection with deviation-guided recomputation at the configured ratio.
+	Prefill, Inject, Repair time.Duration
+	// Lookup and Scatter split Inject's time outside the forward pass.
+	Lookup, Scatter time.Duration
+	// Token-layers each path computed.
+	PrefillTL, InjectTL, RepairTL int
+}
+
+// FidelityRow is one encoding's closeness to full prefill.
+type FidelityRow struct {
+	Name      string
+	Recompute float64
+	Fidelity
+	// WorkFraction is the computed token-layers over a full prefill's.
+	WorkFraction float64
+}
+
+// BenchResult is what RunBench measured.
+type BenchResult struct {
+	Model    ModelConfig
+	Config   BenchConfig
+	Workers  int
+	TTFT     []TTFTRow
+	Fidelity []FidelityRow
+}
+
+// InjectGrowth is Inject's TTFT growth from the smallest to the largest k
+// (0.04 means 4%); PrefillGrowth likewise; Speedup is Prefill / Inject at
+// the largest k.
+func (r *BenchResult) InjectGrowth() float64 {
+	a, b := r.TTFT[0], r.TTFT[len(r.TTFT)-1]
+	return b.Inject.Seconds()/a.Inject.Seconds() - 1
+}
+
+// PrefillGrowth: see InjectGrowth.
+func (r *BenchResult) PrefillGrowth() float64 {
+	a, b := r.TTFT[0], r.TTFT[len(r.TTFT)-1]
+	return b.Prefill.Seconds()/a.Prefill.Seconds() - 1
+}
+
+// Speedup: see InjectGrowth.
+func (r *BenchResult) Speedup() float64 {
+	b := r.TTFT[len(r.TTFT)-1]
+	return b.Prefill.Seconds() / b.Inject.Seconds()
+}
+
+// benchFacts is a memory stream: facts in order, with windowed encodings
+// stored (each after the Window tokens of the stream before it).
+func benchFacts(r *rand.Rand, n, tokens, vocab int) [][]uint32 {
+	out := make([][]uint32, n)
+	for i := range out {
+		out[i] = make([]uint32, tokens)
+		for j := range out[i] {
+			out[i][j] = uint32(r.IntN(vocab))
+		}
+	}
+	return out
+}
+
+// storeStream encodes every fact of a stream, windowed (w > 0) or standalone
+// (w == 0), and puts it in store.
+func storeStream(ctx context.Context, e *Engine, store ChunkSink, facts [][]uint32, w int) error {
+	var before []uint32
+	for _, f := range facts {
+		var ent *chunk.Entry
+		var err error
+		if w > 0 {
+			ent, err = e.EncodeWindow(ctx, before, w, f)
+		} else {
+			ent, err = e.EncodeStandalone(ctx, f)
+		}
+		if err != nil {
+			return err
+		}
+		if err := store.Put(ctx, ent); err != nil {
+			return fmt.Errorf("engine: bench put: %w", err)
+		}
+		before = append(before, f...)
+	}
+	return nil
+}
+
+func promptOf(facts [][]uint32, query []uint32) []Segment {
+	segs := make([]Segment, 0, len(facts)+1)
+	for _, f := range facts {
+		segs = append(segs, Segment{Tokens: f, Chunk: true})
+	}
+	return append(segs, Segment{Tokens: query})
+}
+
+// RunBench measures time to first token for prompt injection against KV
+// injection from store, and the fidelity of approximate encodings, on e.
+// The store is written with the facts' encodings; any ChunkStore works (an
+// in-memory one, or the cluster client).
+func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig) (*BenchResult, error) {
+	cfg.defaults()
+	res := &BenchResult{Model: e.cfg, Config: cfg, Workers: e.pool.workers}
+	r := rand.New(rand.NewPCG(cfg.Seed, 0x62656e6368))
+	vocab := e.cfg.VocabSize
+	maxK := slices.Max(cfg.Ks)
+	stream := benchFacts(r, maxK, cfg.FactTokens, vocab)
+	if err := storeStream(ctx, e, store, stream, cfg.Window); err != nil {
+		return nil, err
+	}
+	cfg.Progress(fmt.Sprintf("stored %d facts (w=%d)", maxK, cfg.Window))
+	query := benchFacts(r, 1, cfg.QueryTokens, vocab)[0]
+	median := func(d []time.Duration) time.Duration {
+		slices.Sort(d)
+		return d[len(d)/2]
+	}
+	timed := func(src ChunkSource, req Request) (time.Duration, *Response, error) {
+		t0 := time.Now()
+		resp, err := e.Run(ctx, src, req)
+		return time.Since(t0), resp, err
+	}
+	for _, k := range cfg.Ks {
+		segs := promptOf(stream[:k], query)
+		row := TTFTRow{K: k, PromptTokens: k*cfg.FactTokens + cfg.QueryTokens}
+		var pre, inj, rep, look, scat []time.Duration
+		// One untimed run of each path warms caches and the store.
+		for trial := -1; trial < cfg.Trials; trial++ {
+			d, resp, err := timed(nil, Request{Segments: segs})
+			if err != nil {
+				return nil, err
+			}
+			row.PrefillTL = resp.TokenLayers
+			if trial >= 0 {
+				pre = append(pre, d)
+			}
+			d, resp, err = timed(store, Request{Segments: segs})
+			if err != nil {
+				return nil, err
+			}
+			if resp.Injected != k*cfg.FactTokens {
+				return nil, fmt.Errorf("engine: bench k=%d: store injected %d of %d fact tokens", k, resp.Injected, k*cfg.FactTokens)
+			}
+			row.InjectTL = resp.TokenLayers
+			if trial >= 0 {
+				inj, look, scat = append(inj, d), append(look, resp.Lookup), append(scat, resp.Inject)
+			}
+			d, resp, err = timed(store, Request{Segments: segs, Recompute: cfg.Recompute})
+			if err != nil {
+				return nil, err
+			}
+			row.RepairTL = resp.TokenLayers
+			if trial >= 0 {
+				rep = append(rep, d)
+			}
+		}
+		row.Prefill, row.Inject, row.Repair = median(pre), median(inj), median(rep)
+		row.Lookup, row.Scatter = median(look), median(scat)
+		res.TTFT = append(res.TTFT, row)
+		cfg.Progress(fmt.Sprintf("k=%d: prefill %v, inject %v, repair %v", k, row.Prefill, row.Inject, row.Repair))
+	}
+	fid, err := benchFidelity(ctx, e, store, r, cfg)
+	if err != nil {
+		return nil, err
+	}
+	res.Fidelity = fid
+	return res, nil
+}
+
+// benchFidelity compares approximate encodings with full prefill. The
+// standalone and windowed rows use two streams of fresh facts, because a
+// store returns only its best encoding of a content and would always pick
+// the window.
+func benchFidelity(ctx context.Context, e *Engine, store ChunkStore, r *rand.Rand, cfg BenchConfig) ([]FidelityRow, error) {
+	streamLen := cfg.FidelityK + cfg.FidelityPrompts
+	type variant struct {
+		name string
+		w    int
+		rec  float64
+	}
+	groups := []struct {
+		w        int
+		variants []variant
+	}{
+		{0, []variant{{"standalone", 0, 0}, {"standalone", 0, cfg.Recompute}}},
+		{cfg.Window, []variant{{fmt.Sprintf("window w=%d", cfg.Window), cfg.Window, 0}, {fmt.Sprintf("window w=%d", cfg.Window), cfg.Window, cfg.Recompute}}},
+	}
+	var rows []FidelityRow
+	for _, g := range groups {
+		stream := benchFacts(r, streamLen, cfg.FactTokens, e.cfg.VocabSize)
+		if err := storeStream(ctx, e, store, stream, g.w); err != nil {
+			return nil, err
+		}
+		fs := make([]Fidelity, len(g.variants))
+		work := make([]int, len(g.variants))
+		full := 0
+		for p := 0; p < cfg.FidelityPrompts; p++ {
+			// A run of consecutive facts, as retrieved from a conversation.
+			start := r.IntN(streamLen - cfg.FidelityK + 1)
+			query := benchFacts(r, 1, cfg.QueryTokens, e.cfg.VocabSize)[0]
+			segs := promptOf(stream[start:start+cfg.FidelityK], query)
+			ref, err := e.Run(ctx, nil, Request{Segments: segs})
+			if err != nil {
+				return nil, err
+			}
+			full += ref.TokenLayers
+			for i, v := range g.variants {
+				resp, err := e.Run(ctx, store, Request{Segments: segs, Recompute: v.rec})
+				if err != nil {
+					return nil, err
+				}
+				fs[i].Add(ref.Logits, resp.Logits)
+				work[i] += resp.TokenLayers
+			}
+		}
+		for i, v := range g.variants {
+			rows = append(rows, FidelityRow{Name: v.name, Recompute: v.rec, Fidelity: fs[i], WorkFraction: float64(work[i]) / float64(full)})
+			cfg.Progress(fmt.Sprintf("fidelity %s r=%.2f: KL %.4g top1 %.3f", v.name, v.rec, fs[i].MeanKL(), fs[i].Top1Rate()))
+		}
+	}
+	return rows, nil
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
+
+// Markdown renders the result as the tables docs/BENCHMARKS.md shows.
+func (r *BenchResult) Markdown() string {
+	var b strings.Builder
+	m := r.Model
+	fmt.Fprintf(&b, "Model: %s, %d layers, hidden %d, %d heads, %d KV heads, head dim %d, intermediate %d, vocab %d (random weights, %v on disk, f32 compute); %d workers.\n",
+		m.ModelType, m.NumLayers, m.HiddenSize, m.NumHeads, m.NumKVHeads, m.HeadDim, m.IntermediateSize, m.VocabSize, m.DType, r.Workers)
+	fmt.Fprintf(&b, "Facts of %d tokens, %d-token query, stored with a %d-token context window; median of %d runs.\n\n",
+		r.Config.FactTokens, r.Config.QueryTokens, r.Config.Window, r.Config.Trials)
+	fmt.Fprintf(&b, "| k | prompt tokens | (a) prompt injection TTFT ms | (b) KV injection TTFT ms | lookup+decode ms | rotate+scatter ms | (a)/(b) | (b) + recompute r=%.0f%% ms | token-layers (a) / (b) / recompute |\n", 100*r.Config.Recompute)
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	for _, t := range r.TTFT {
+		fmt.Fprintf(&b, "| %d | %d | %s | %s | %s | %s | %.1fx | %s | %d / %d / %d |\n", t.K, t.PromptTokens, ms(t.Prefill), ms(t.Inject),
+			ms(t.Lookup), ms(t.Scatter), t.Prefill.Seconds()/t.Inject.Seconds(), ms(t.Repair), t.PrefillTL, t.InjectTL, t.RepairTL)
+	}
+	k0, k1 := r.TTFT[0].K, r.TTFT[len(r.TTFT)-1].K
+	fmt.Fprintf(&b, "\nFrom k=%d to k=%d: (a) grows %+.0f%%, (b) grows %+.0f%%; (b) is %.1fx faster at k=%d.\n\n",
+		k0, k1, 100*r.PrefillGrowth(), 100*r.InjectGrowth(), r.Speedup(), k1)
+	fmt.Fprintf(&b, "Fidelity to full prefill: %d prompts of %d consecutive facts + query, next-token distribution.\n\n", r.Config.FidelityPrompts, r.Config.FidelityK)
+	b.WriteString("| encoding | recompute r | top-1 agreement | mean KL (nats) | max KL | max abs logit diff | token-layers vs prefill |\n")
+	b.WriteString("|---|---:|---:|---:|---:|---:|---:|\n")
+	for _, f := range r.Fidelity {
+		fmt.Fprintf(&b, "| %s | %.0f%% | %.3f | %.4f | %.4f | %.3f | %.0f%% |\n", f.Name, 100*f.Recompute, f.Top1Rate(), f.MeanKL(), f.MaxKL, f.MaxLogit, 100*f.WorkFraction)
+	}
+	return b.String()
+}
