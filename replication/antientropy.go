@@ -1,0 +1,315 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// NumBuckets is the number of key ranges in a digest table: content IDs
+// are bucketed by their top 12 bits. A table is 32 KiB on the wire, and a
+// differing bucket lists about keys/4096 items.
+const NumBuckets = 1 << bucketBits
+
+const bucketBits = 12
+
+func bucketOf(k chunk.Key) uint32 { return uint32(k.Content.Hi >> (64 - bucketBits)) }
+
+// itemHash hashes what replicas must agree on about one key: its identity
+// and either its checksum or that it is deleted. A bucket's hash is the
+// XOR of its items', so it does not depend on scan order.
+func itemHash(it DigestItem) uint64 {
+	h := mix(0x6b766d6573682e61 ^ it.Key.Content.Lo)
+	h = mix(h ^ it.Key.Content.Hi)
+	h = mix(h ^ it.Key.Fingerprint.Lo)
+	h = mix(h ^ it.Key.Fingerprint.Hi)
+	h = mix(h ^ uint64(it.Key.Context.Kind) ^ uint64(it.Key.Context.Window)<<8)
+	h = mix(h ^ it.Key.Context.ID.Lo)
+	h = mix(h ^ it.Key.Context.ID.Hi)
+	if it.Deleted {
+		return mix(h ^ 0x64656c657465642e)
+	}
+	return mix(h ^ it.Checksum)
+}
+
+// mix is MurmurHash3's 64-bit finaliser.
+func mix(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	k ^= k >> 33
+	k *= 0xc4ceb9fe1a85ec53
+	k ^= k >> 33
+	return k
+}
+
+// pairSet selects, for this node and each of some peers, the keys both
+// replicate in a ring.
+type pairSet struct {
+	rg    *ring.Ring
+	self  string
+	peers []string
+	n     int
+}
+
+func newPairSet(rg *ring.Ring, self string, peers []string, n int) *pairSet {
+	return &pairSet{rg: rg, self: self, peers: peers, n: n}
+}
+
+// each calls fn with the indexes of the peers that share the key with self.
+func (ps *pairSet) each(iter func(func(DigestItem) bool), fn func(it DigestItem, peer int)) {
+	var buf [8]ring.Member
+	reps := buf[:0]
+	iter(func(it DigestItem) bool {
+		reps = ps.rg.AppendReplicas(reps[:0], it.Key.Content, ps.n)
+		if !isMember(reps, ps.self) {
+			return true
+		}
+		for j, p := range ps.peers {
+			if isMember(reps, p) {
+				fn(it, j)
+			}
+		}
+		return true
+	})
+}
+
+// tables returns each peer's bucket table.
+func (ps *pairSet) tables(iter func(func(DigestItem) bool)) [][]uint64 {
+	out := make([][]uint64, len(ps.peers))
+	for j := range out {
+		out[j] = make([]uint64, NumBuckets)
+	}
+	ps.each(iter, func(it DigestItem, j int) { out[j][bucketOf(it.Key)] ^= itemHash(it) })
+	return out
+}
+
+// items returns the items of peer's pair in the wanted buckets, sorted.
+func (ps *pairSet) items(iter func(func(DigestItem) bool), peer int, want map[uint32]bool) []DigestItem {
+	var out []DigestItem
+	sub := &pairSet{rg: ps.rg, self: ps.self, peers: ps.peers[peer : peer+1], n: ps.n}
+	sub.each(iter, func(it DigestItem, _ int) {
+		if want[bucketOf(it.Key)] {
+			out = append(out, it)
+		}
+	})
+	slices.SortFunc(out, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// AntiEntropyStats reports one anti-entropy round.
+type AntiEntropyStats struct {
+	Peers         int // peers compared
+	BucketsDiffer int // buckets whose hashes differed
+	ItemsListed   int // items the peers listed for those buckets
+	Pushed        int // keys copied to a peer
+	BytesPushed   int64
+	Fetched       int // keys copied here (a write newer than our delete)
+	Deletes       int // tombstones applied (here or on a peer)
+	Refused       int // pushes the peer refused (no room, tombstone)
+}
+
+// AntiEntropy runs one round: with every other member of the ring it
+// compares bucket tables of the keys both replicate, lists the differing
+// buckets, and fixes what differs. Each side fixes what it is the source
+// of (keys it holds and the peer lacks, checksum conflicts where it is
+// the better-ranked replica, deletes it knows of), so a round on every
+// node converges the replicas. A peer with another ring epoch is skipped.
+func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) {
+	var st AntiEntropyStats
+	rg := r.ring()
+	self := r.cfg.NodeID
+	if !rg.Contains(self) {
+		return st, nil
+	}
+	n, _ := r.quorum()
+	var peers []string
+	for _, m := range rg.Members() {
+		if m.ID != self {
+			peers = append(peers, m.ID)
+		}
+	}
+	ps := newPairSet(rg, self, peers, n)
+	tables := ps.tables(r.localItems)
+	var errs []error
+	for j, p := range peers {
+		if ctx.Err() != nil {
+			return st, ctx.Err()
+		}
+		if err := r.syncPeer(ctx, ps, j, tables[j], &st); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+			continue
+		}
+		st.Peers++
+	}
+	r.metrics.aeRounds.Add(1)
+	r.metrics.aeBucketsDiffer.Add(int64(st.BucketsDiffer))
+	r.metrics.aePushed.Add(int64(st.Pushed))
+	return st, errors.Join(errs...)
+}
+
+// aeBatch is the most buckets listed by one digest call.
+const aeBatch = 256
+
+func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []uint64, st *AntiEntropyStats) error {
+	p := ps.peers[j]
+	base := DigestRequest{From: r.cfg.NodeID, Epoch: ps.rg.Epoch(), Replicas: ps.n}
+	resp, err := r.cfg.Transport.Digest(ctx, p, base)
+	if err != nil {
+		return err
+	}
+	if len(resp.Table) != NumBuckets {
+		return fmt.Errorf("%w: digest table of %d buckets", ErrRejected, len(resp.Table))
+	}
+	var diff []uint32
+	for b := range uint32(NumBuckets) {
+		if local[b] != resp.Table[b] {
+			diff = append(diff, b)
+		}
+	}
+	st.BucketsDiffer += len(diff)
+	for len(diff) > 0 {
+		batch := diff[:min(len(diff), aeBatch)]
+		diff = diff[len(batch):]
+		req := base
+		req.Buckets = batch
+		remote, err := r.cfg.Transport.Digest(ctx, p, req)
+		if err != nil {
+			return err
+		}
+		st.ItemsListed += len(remote.Items)
+		want := make(map[uint32]bool, len(batch))
+		for _, b := range batch {
+			want[b] = true
+		}
+		mine := ps.items(r.localItems, j, want)
+		if err := r.reconcile(ctx, ps.rg, ps.n, p, mine, remote.Items, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// reconcile fixes the differences between two sorted item lists.
+func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, st *AntiEntropyStats) error {
+	slices.SortFunc(theirs, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
+	var errs []error
+	i, k := 0, 0
+	for i < len(mine) || k < len(theirs) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var a, b *DigestItem
+		switch {
+		case k >= len(theirs) || i < len(mine) && compareKeys(mine[i].Key, theirs[k].Key) < 0:
+			a = &mine[i]
+			i++
+		case i >= len(mine) || compareKeys(mine[i].Key, theirs[k].Key) > 0:
+			b = &theirs[k]
+			k++
+		default:
+			a, b = &mine[i], &theirs[k]
+			i++
+			k++
+		}
+		if err := r.fixItem(ctx, rg, n, p, a, b, st); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// fixItem fixes one key given what this node (a) and the peer (b) hold;
+// nil means absent. Only the side that is the source acts.
+func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string, a, b *DigestItem, st *AntiEntropyStats) error {
+	switch {
+	case a == nil:
+		return nil // the peer is the source; its round fixes it
+	case a.Deleted && (b == nil || !b.Deleted && b.At <= a.At):
+		// Our delete is newer than their copy (or they lack the tombstone).
+		st.Deletes++
+		return r.cfg.Transport.Delete(ctx, p, a.Key, a.At)
+	case a.Deleted:
+		if b.Deleted {
+			return nil
+		}
+		// They hold a write newer than our delete: take it.
+		blob, _, err := r.fetchFrom(ctx, p, a.Key)
+		if err != nil {
+			return err
+		}
+		st.Fetched++
+		return r.storeLocal(ctx, blob, a.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
+	case b != nil && b.Deleted:
+		if a.At > b.At {
+			return r.pushItem(ctx, p, a, st) // our write is newer than their delete
+		}
+		st.Deletes++
+		return r.applyDelete(a.Key, b.At)
+	case b == nil:
+		return r.pushItem(ctx, p, a, st)
+	case a.Checksum != b.Checksum:
+		// The better-ranked replica's copy is canonical.
+		if rg.ReplicaRank(a.Key.Content, r.cfg.NodeID, n) < rg.ReplicaRank(a.Key.Content, p, n) {
+			return r.pushItem(ctx, p, a, st)
+		}
+	}
+	return nil
+}
+
+func (r *Replicator) pushItem(ctx context.Context, p string, a *DigestItem, st *AntiEntropyStats) error {
+	blob, release, err := r.cfg.Store.Get(ctx, a.Key)
+	if errors.Is(err, ErrNotFound) {
+		return nil // evicted since the scan
+	}
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := r.waitBytes(ctx, len(blob)); err != nil {
+		return err
+	}
+	err = r.cfg.Transport.Replicate(ctx, p, blob, ReplicateOptions{Kind: KindRepair, At: a.At})
+	if isRejected(err) {
+		st.Refused++
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	st.Pushed++
+	st.BytesPushed += int64(len(blob))
+	return nil
+}
+
+// PeerTable returns this node's bucket table for the keys it shares with
+// peer in the current ring; replicas have converged when their tables for
+// each other are equal.
+func (r *Replicator) PeerTable(peer string) []uint64 {
+	n, _ := r.quorum()
+	return newPairSet(r.ring(), r.cfg.NodeID, []string{peer}, n).tables(r.localItems)[0]
+}
+
+func (r *Replicator) antiEntropyLoop() {
+	t := time.NewTicker(r.cfg.AntiEntropyInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		}
+		st, err := r.AntiEntropy(r.ctx)
+		if err != nil && r.ctx.Err() == nil {
+			r.log.Debug("anti-entropy", "err", err)
+		}
+		if st.BucketsDiffer > 0 {
+			r.log.Info("anti-entropy round", "peers", st.Peers, "buckets_differ", st.BucketsDiffer,
+				"pushed", st.Pushed, "deletes", st.Deletes, "refused", st.Refused)
+		}
+	}
+}

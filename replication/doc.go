@@ -1,0 +1,35 @@
+// Package replication keeps every acknowledged chunk of a kvmesh cluster
+// through node failures and ring changes.
+//
+// A Replicator runs on every node, next to the node's store. It is a library
+// over three small interfaces it declares: Store (the node's local tiers,
+// *kvtier.Store through NewKVTierStore), Transport (calls to other nodes,
+// which package node implements with the Peer gRPC service) and Placement
+// (the current ring, which *meta.Store provides).
+//
+//   - Writes (Write) go to the R replicas of the chunk's content ID in
+//     parallel and return once W of them stored it, naming them. A replica
+//     that cannot be reached gets a hint: the blob, kept on this node in a
+//     bounded directory that survives a restart, delivered with backoff when
+//     the replica answers again.
+//   - Reads (Read) try this node first, then the replicas in ring order, then
+//     the previous ring's replicas (a rebalance may still be moving the
+//     chunk). Replicas found lacking the entry, or holding other bytes, are
+//     repaired in the background through a bounded queue.
+//   - On every ring epoch change the Replicator streams the chunks it holds
+//     to new owners that lack them, rate-limited, and deletes a chunk it no
+//     longer owns only after every new owner holds it (Rebalance). Drain
+//     does the same for a ring without this node, before it leaves.
+//   - Anti-entropy compares, with each other replica, a table of bucket hashes
+//     over (key, checksum) of the keys both should hold, then lists only the
+//     differing buckets and copies only the differing keys: network cost is
+//     a fixed table plus what differs, not the data.
+//   - Deletes (Delete) leave tombstones for TombstoneTTL, so neither a late
+//     hint nor anti-entropy brings a deleted chunk back; writes carry their
+//     time, so a chunk written again after a delete is not removed by an
+//     older tombstone. Eviction is not a delete: an evicted replica is just
+//     missing, refetched on demand by Read and refilled by repair only when
+//     its store reports room (RoomChecker), so repair never evicts.
+//
+// The node wires the Serve* methods to the Peer RPCs it receives.
+package replication

@@ -1,0 +1,371 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// RebalanceStats reports a rebalance or drain pass.
+type RebalanceStats struct {
+	Epoch       uint64
+	Keys        int   // local keys examined
+	KeysMoved   int   // keys streamed to a new owner
+	BytesMoved  int64 // their bytes
+	KeysDropped int   // local keys deleted once their new owners held them
+	// Pending counts keys that still need a transfer or an
+	// acknowledgement (a new owner unreachable, the ring moved on); the
+	// pass is retried while it is non-zero.
+	Pending int
+}
+
+// rebalanceBatch is the number of keys whose placement one digest call
+// checks on a target.
+const rebalanceBatch = 256
+
+// Rebalance runs one pass for the current ring: every local key this node
+// no longer replicates goes to each new owner that lacks it and is deleted
+// here once all of them hold it; keys it still replicates go to owners
+// that are new since the last completed pass, when this node is the one
+// designated to send them (the old replica that leaves the set, else the
+// best-ranked old replica that stays), so each key crosses the network
+// once. Transfers are rate-limited (RebalanceBytesPerSec). The background
+// loop runs it on every epoch change; callers may run it directly.
+func (r *Replicator) Rebalance(ctx context.Context) (RebalanceStats, error) {
+	r.rebalanceMu.Lock()
+	defer r.rebalanceMu.Unlock()
+	rg := r.ring()
+	old := r.done
+	if old != nil && old.Epoch() != rg.Epoch() {
+		r.prev.Store(old)
+	}
+	st, err := r.pass(ctx, rg, old, false)
+	if err == nil && st.Pending == 0 {
+		r.done = rg
+	}
+	return st, err
+}
+
+// Drain streams every local chunk to its owners on the ring without this
+// node, so the node can leave without losing a replica. It deletes nothing
+// here (reads keep being served until the node is gone) and returns once
+// every chunk is held by all its new owners or ctx ends; progress is in the
+// metrics (kvmesh_replication_drain_*) while it runs.
+func (r *Replicator) Drain(ctx context.Context) (RebalanceStats, error) {
+	r.rebalanceMu.Lock()
+	defer r.rebalanceMu.Unlock()
+	cur := r.ring()
+	var ms []ring.Member
+	for _, m := range cur.Members() {
+		if m.ID != r.cfg.NodeID {
+			ms = append(ms, m)
+		}
+	}
+	without := ring.New(cur.Epoch(), ms)
+	if without.Len() == 0 {
+		return RebalanceStats{}, ErrNoReplicas
+	}
+	for {
+		st, err := r.pass(ctx, without, nil, true)
+		if err == nil && st.Pending == 0 {
+			return st, nil
+		}
+		if ctx.Err() != nil {
+			return st, ctx.Err()
+		}
+		r.log.Info("drain incomplete, retrying", "pending", st.Pending, "err", err)
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(r.cfg.RebalanceRetry):
+		}
+	}
+}
+
+type localKey struct {
+	key  chunk.Key
+	sum  uint64
+	size int
+}
+
+// job is one local key's transfers in a pass.
+type job struct {
+	localKey
+	targets []string
+	handoff bool // delete here once every target holds it
+	acked   int
+	mu      sync.Mutex
+}
+
+// pass moves local keys to their owners in rg. drain: rg excludes this
+// node and nothing is deleted.
+func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, old *ring.Ring, drain bool) (RebalanceStats, error) {
+	st := RebalanceStats{Epoch: rg.Epoch()}
+	if rg.Len() == 0 {
+		return st, nil
+	}
+	var keys []localKey
+	r.cfg.Store.Scan(func(k chunk.Key, sum uint64, size int) bool {
+		keys = append(keys, localKey{k, sum, size})
+		return true
+	})
+	slices.SortFunc(keys, func(a, b localKey) int { return compareKeys(a.key, b.key) })
+	st.Keys = len(keys)
+	n, _ := r.quorum()
+	self := r.cfg.NodeID
+
+	var jobs []*job
+	var buf, obuf [8]ring.Member
+	for _, lk := range keys {
+		reps := rg.AppendReplicas(buf[:0], lk.key.Content, n)
+		j := &job{localKey: lk}
+		if !drain && isMember(reps, self) {
+			if old == nil {
+				continue
+			}
+			oreps := old.AppendReplicas(obuf[:0], lk.key.Content, n)
+			if !r.designated(rg, reps, oreps) {
+				continue
+			}
+			for _, m := range reps {
+				if m.ID != self && !isMember(oreps, m.ID) {
+					j.targets = append(j.targets, m.ID)
+				}
+			}
+		} else {
+			j.handoff = !drain
+			for _, m := range reps {
+				if m.ID != self {
+					j.targets = append(j.targets, m.ID)
+				}
+			}
+		}
+		if len(j.targets) > 0 {
+			jobs = append(jobs, j)
+		}
+	}
+	gauge := &r.metrics.rebalancePending
+	if drain {
+		gauge = &r.metrics.drainPending
+	}
+	gauge.Store(int64(len(jobs)))
+	defer gauge.Store(0)
+
+	var errs []error
+	for len(jobs) > 0 {
+		batch := jobs[:min(len(jobs), rebalanceBatch)]
+		jobs = jobs[len(batch):]
+		if err := r.runBatch(ctx, batch, &st, drain); err != nil {
+			errs = append(errs, err)
+		}
+		for _, j := range batch {
+			if j.acked < len(j.targets) {
+				st.Pending++
+				continue
+			}
+			if j.handoff && r.stillForeign(rg, j.key, n) {
+				if err := r.cfg.Store.Delete(j.key); err == nil {
+					st.KeysDropped++
+					r.metrics.rebalanceDropped.Add(1)
+				}
+			}
+		}
+		gauge.Store(int64(len(jobs) + st.Pending))
+		if ctx.Err() != nil {
+			st.Pending += len(jobs)
+			return st, ctx.Err()
+		}
+	}
+	return st, errors.Join(errs...)
+}
+
+// designated reports whether this node sends a key it keeps to the new
+// owners: no old replica that left the set is still in the ring to do it,
+// and this node is the best-ranked old replica that stays.
+func (r *Replicator) designated(rg *ring.Ring, reps, oreps []ring.Member) bool {
+	for _, m := range oreps {
+		if !isMember(reps, m.ID) && rg.Contains(m.ID) {
+			return false // a leaving replica hands it off
+		}
+	}
+	for _, m := range oreps {
+		if isMember(reps, m.ID) {
+			return m.ID == r.cfg.NodeID
+		}
+	}
+	return false
+}
+
+// stillForeign reports, against the newest ring, that this node does not
+// replicate key, so deleting it is still right.
+func (r *Replicator) stillForeign(rg *ring.Ring, key chunk.Key, n int) bool {
+	cur := r.ring()
+	return cur.Epoch() == rg.Epoch() && !cur.IsReplica(key.Content, r.cfg.NodeID, n)
+}
+
+// runBatch asks each target which of its batch keys it lacks and streams
+// those, counting acknowledgements on the jobs.
+func (r *Replicator) runBatch(ctx context.Context, batch []*job, st *RebalanceStats, drain bool) error {
+	perTarget := map[string][]*job{}
+	for _, j := range batch {
+		for _, t := range j.targets {
+			perTarget[t] = append(perTarget[t], j)
+		}
+	}
+	targets := make([]string, 0, len(perTarget))
+	for t := range perTarget {
+		targets = append(targets, t)
+	}
+	slices.Sort(targets)
+
+	type push struct {
+		target string
+		j      *job
+	}
+	var pushes []push
+	var errs []error
+	for _, t := range targets {
+		js := perTarget[t]
+		ks := make([]chunk.Key, len(js))
+		for i, j := range js {
+			ks[i] = j.key
+		}
+		resp, err := r.cfg.Transport.Digest(ctx, t, DigestRequest{From: r.cfg.NodeID, Keys: ks})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", t, err))
+			continue // unreachable: these keys stay pending
+		}
+		held := make(map[chunk.Key]bool, len(resp.Items))
+		for _, it := range resp.Items {
+			held[it.Key] = true // any version, or a tombstone, counts
+		}
+		for _, j := range js {
+			if held[j.key] {
+				j.acked++
+			} else {
+				pushes = append(pushes, push{t, j})
+			}
+		}
+	}
+
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, r.cfg.RebalanceConcurrency)
+	for _, p := range pushes {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			n, err := r.transfer(ctx, p.target, p.j.key)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s %v: %w", p.target, p.j.key, err))
+				return
+			}
+			p.j.acked++
+			if n > 0 {
+				st.KeysMoved++
+				st.BytesMoved += int64(n)
+				if drain {
+					r.metrics.drainKeys.Add(1)
+					r.metrics.drainBytes.Add(int64(n))
+				} else {
+					r.metrics.rebalanceKeys.Add(1)
+					r.metrics.rebalanceBytes.Add(int64(n))
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// transfer streams the local copy of key to target, rate-limited, and
+// returns the bytes sent (0 when the key is gone here: nothing to move,
+// which counts as done).
+func (r *Replicator) transfer(ctx context.Context, target string, key chunk.Key) (int, error) {
+	blob, release, err := r.cfg.Store.Get(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	defer release()
+	if err := r.waitBytes(ctx, len(blob)); err != nil {
+		return 0, err
+	}
+	err = r.cfg.Transport.Replicate(ctx, target, blob, ReplicateOptions{Kind: KindRebalance, At: r.liveAt(key)})
+	if errors.Is(err, ErrTombstoned) {
+		return 0, nil // deleted there: nothing to hand over
+	}
+	if err != nil {
+		return 0, err
+	}
+	return len(blob), nil
+}
+
+// waitBytes takes n bytes from the transfer rate limit.
+func (r *Replicator) waitBytes(ctx context.Context, n int) error {
+	if r.limiter == nil {
+		return nil
+	}
+	for n > 0 {
+		take := min(n, r.limiter.Burst())
+		if err := r.limiter.WaitN(ctx, take); err != nil {
+			return err
+		}
+		n -= take
+	}
+	return nil
+}
+
+func (r *Replicator) ringLoop() {
+	t := time.NewTicker(r.cfg.RingCheckInterval)
+	defer t.Stop()
+	var retryAt time.Time
+	var lastEpoch uint64
+	tried := false
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+		case <-r.kick:
+		}
+		rg := r.ring()
+		r.rebalanceMu.Lock()
+		done := r.done
+		r.rebalanceMu.Unlock()
+		if done != nil && done.Epoch() == rg.Epoch() {
+			continue
+		}
+		if tried && lastEpoch == rg.Epoch() && time.Now().Before(retryAt) {
+			continue
+		}
+		tried, lastEpoch = true, rg.Epoch()
+		st, err := r.Rebalance(r.ctx)
+		if r.ctx.Err() != nil {
+			return
+		}
+		if err != nil || st.Pending > 0 {
+			retryAt = time.Now().Add(r.cfg.RebalanceRetry)
+			r.log.Info("rebalance incomplete", "epoch", st.Epoch, "pending", st.Pending, "err", err)
+		} else if st.KeysMoved > 0 || st.KeysDropped > 0 {
+			r.log.Info("rebalanced", "epoch", st.Epoch, "keys_moved", st.KeysMoved, "bytes_moved", st.BytesMoved, "dropped", st.KeysDropped)
+		}
+	}
+}

@@ -1,0 +1,451 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// Errors callers branch on.
+var (
+	// ErrNotFound: no replica (or store) holds the key.
+	ErrNotFound = errors.New("replication: not found")
+	// ErrConflict: the key is stored with other bytes. Store
+	// implementations wrap it.
+	ErrConflict = errors.New("replication: key stored with different bytes")
+	// ErrRejected: the replica refused the call for good (bad blob,
+	// conflict, tombstone, no room); retrying or hinting will not help.
+	// Transports wrap it for refusals, and leave it out for failures to
+	// reach the node, which become hints.
+	ErrRejected = errors.New("replication: rejected by replica")
+	// ErrTombstoned: the key was deleted after the write was made.
+	ErrTombstoned = errors.New("replication: key deleted")
+	// ErrNoRoom: the replica's store has no free room for a repair.
+	ErrNoRoom = errors.New("replication: no room for repair")
+	// ErrQuorum: fewer than W replicas stored the write.
+	ErrQuorum = errors.New("replication: write quorum not reached")
+	// ErrNoReplicas: the ring is empty.
+	ErrNoReplicas = errors.New("replication: ring has no members")
+	// ErrEpochMismatch: a digest was asked for with another ring epoch.
+	ErrEpochMismatch = errors.New("replication: ring epoch mismatch")
+	// ErrClosed: the Replicator is closed.
+	ErrClosed = errors.New("replication: closed")
+)
+
+// Store is the part of the node's store the Replicator needs.
+// *kvtier.Store satisfies it through NewKVTierStore.
+type Store interface {
+	// Put stores an encoded chunk entry (verifying it) and returns its
+	// header; the blob is copied. Putting the same bytes again is a
+	// no-op; other bytes under a stored key fail with an error wrapping
+	// ErrConflict.
+	Put(ctx context.Context, blob []byte) (chunk.Header, error)
+	// Get returns the stored blob and a func that releases it; errors wrap
+	// ErrNotFound when the key is absent.
+	Get(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error)
+	// Delete removes the key; an absent key wraps ErrNotFound.
+	Delete(key chunk.Key) error
+	// Scan calls fn for every stored entry until fn returns false. fn may
+	// call the Store.
+	Scan(fn func(key chunk.Key, checksum uint64, size int) bool)
+}
+
+// RoomChecker is implemented by a Store that can tell whether it has free
+// room for size more bytes without evicting anything. Repairs and
+// anti-entropy pushes are refused with ErrNoRoom where it says no, so that
+// refilling a replica never evicts (an evicted copy is not refilled into a
+// full store). Stores without it accept every repair.
+type RoomChecker interface {
+	HasRoom(size int) bool
+}
+
+// Placement gives the current ring. *meta.Store implements it. Ring may
+// return nil before the cluster has one.
+type Placement interface {
+	Ring() *ring.Ring
+}
+
+// PlacementFunc adapts a function to Placement.
+type PlacementFunc func() *ring.Ring
+
+// Ring calls f.
+func (f PlacementFunc) Ring() *ring.Ring { return f() }
+
+// Kind says why a blob is sent to a replica; the receiver treats each
+// differently (ServeReplicate).
+type Kind uint8
+
+const (
+	// KindWrite is a client write through a coordinator.
+	KindWrite Kind = 1
+	// KindHint is a delayed write delivered from a hint.
+	KindHint Kind = 2
+	// KindRepair comes from read repair or anti-entropy: the sender's copy
+	// is canonical and replaces different bytes on the receiver.
+	KindRepair Kind = 3
+	// KindRebalance moves a chunk to a new owner; a receiver that holds
+	// other bytes keeps them.
+	KindRebalance Kind = 4
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindWrite:
+		return "write"
+	case KindHint:
+		return "hint"
+	case KindRepair:
+		return "repair"
+	case KindRebalance:
+		return "rebalance"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// ReplicateOptions go with a blob to a replica.
+type ReplicateOptions struct {
+	Kind Kind
+	// At is the write's time (unix nanoseconds, coordinator clock), for
+	// ordering against deletes; 0 when unknown (repair, rebalance).
+	At int64
+}
+
+// DigestItem is one key a node holds, or a tombstone.
+type DigestItem struct {
+	Key      chunk.Key
+	Checksum uint64 // 0 for a tombstone
+	Size     int
+	// Deleted marks a tombstone; At is then the delete's time. For a live
+	// entry At is the time of the write that followed a delete, if any.
+	Deleted bool
+	At      int64
+}
+
+// DigestRequest asks a node about the keys that it and From both replicate
+// in ring Epoch with Replicas copies. With Keys set it answers for exactly
+// those keys (whatever their placement); otherwise with the bucket table
+// when Buckets is nil, or the items of the listed buckets.
+type DigestRequest struct {
+	From     string
+	Epoch    uint64
+	Replicas int
+	Buckets  []uint32
+	Keys     []chunk.Key
+}
+
+// DigestResponse answers a DigestRequest: Table (NumBuckets hashes) or
+// Items (sorted by key).
+type DigestResponse struct {
+	Epoch uint64
+	Table []uint64
+	Items []DigestItem
+}
+
+// Transport calls other nodes. node implements it with the Peer gRPC
+// service; errors that mean the node refused for good wrap ErrRejected,
+// any other error counts as "unreachable" (a write becomes a hint).
+type Transport interface {
+	// Replicate stores blob on node (Peer.Replicate with direct=true; the
+	// receiver calls ServeReplicate).
+	Replicate(ctx context.Context, node string, blob []byte, opts ReplicateOptions) error
+	// Fetch returns node's blob for key (Peer.Fetch, FORMAT_ENTRY,
+	// direct=true; the receiver calls ServeFetch). Absent: wraps
+	// ErrNotFound.
+	Fetch(ctx context.Context, node string, key chunk.Key) ([]byte, error)
+	// Digest asks node for key hashes (Peer.Digest; ServeDigest).
+	Digest(ctx context.Context, node string, req DigestRequest) (DigestResponse, error)
+	// Delete deletes key on node and leaves a tombstone of time at
+	// (Client.Delete with direct=true; ServeDelete).
+	Delete(ctx context.Context, node string, key chunk.Key, at int64) error
+}
+
+// Config configures New. Zero fields take the documented defaults.
+type Config struct {
+	// NodeID is this node's ring member ID (required).
+	NodeID    string
+	Store     Store     // required
+	Transport Transport // required
+	Placement Placement // required
+	// Quorum returns the replication factor R and write quorum W, from the
+	// cluster settings. Default 3 and 2.
+	Quorum func() (replicas, writeQuorum int)
+	// DataDir holds hints (DataDir/hints) and tombstones
+	// (DataDir/tombstones.log). "" keeps both in memory only: they do not
+	// survive a restart.
+	DataDir string
+	// MaxHintBytes and MaxHints bound the hints held for other nodes;
+	// writes past them get no hint (anti-entropy repairs them later).
+	// Defaults 1 GiB and 100000.
+	MaxHintBytes int64
+	MaxHints     int
+	// HintTTL drops hints older than this. Default 3h.
+	HintTTL time.Duration
+	// HintInterval is how often hints are retried; a node that fails a
+	// delivery is retried with exponential backoff up to MaxHintBackoff.
+	// Defaults 1s and 1m. A negative HintInterval stops the background
+	// delivery (DeliverHints still works).
+	HintInterval   time.Duration
+	MaxHintBackoff time.Duration
+	// TombstoneTTL is how long a delete is remembered. A replica that is
+	// away longer than this may bring a deleted chunk back. Default 24h.
+	TombstoneTTL time.Duration
+	// CallTimeout bounds each call to another node made in the
+	// background (write stragglers, repairs, hints). Default 10s.
+	CallTimeout time.Duration
+	// RepairQueue bounds the pending read repairs (more are dropped and
+	// counted); RepairWorkers run them. Defaults 1024 and 2.
+	RepairQueue   int
+	RepairWorkers int
+	// ReadRepairChance is the chance that a read also checks the replicas
+	// it did not need (by checksum) and repairs them. Default 0.1; negative
+	// means never.
+	ReadRepairChance float64
+	// RebalanceBytesPerSec limits rebalance and drain transfers. Default
+	// 64 MiB/s; negative means unlimited.
+	RebalanceBytesPerSec int64
+	// RebalanceConcurrency is the number of parallel transfers. Default 4.
+	RebalanceConcurrency int
+	// RingCheckInterval is how often the ring is checked for a new epoch
+	// (Kick checks at once); RebalanceRetry is the wait before an
+	// incomplete pass runs again. Defaults 1s and 10s. A negative
+	// RingCheckInterval stops background rebalancing (Rebalance still
+	// works).
+	RingCheckInterval time.Duration
+	RebalanceRetry    time.Duration
+	// AntiEntropyInterval is the period of anti-entropy rounds. Default
+	// 5m; negative disables them (AntiEntropy still works).
+	AntiEntropyInterval time.Duration
+	// Limits bound the blobs accepted. Zero means chunk.DefaultLimits.
+	Limits chunk.Limits
+	// Now is the clock of writes, deletes and hints. Default time.Now.
+	Now    func() time.Time
+	Logger *slog.Logger // default slog.Default()
+}
+
+func (c *Config) setDefaults() error {
+	if c.NodeID == "" || c.Store == nil || c.Transport == nil || c.Placement == nil {
+		return errors.New("replication: NodeID, Store, Transport and Placement are required")
+	}
+	if c.Quorum == nil {
+		c.Quorum = func() (int, int) { return 3, 2 }
+	}
+	if c.MaxHintBytes == 0 {
+		c.MaxHintBytes = 1 << 30
+	}
+	if c.MaxHints == 0 {
+		c.MaxHints = 100000
+	}
+	if c.HintTTL == 0 {
+		c.HintTTL = 3 * time.Hour
+	}
+	if c.HintInterval == 0 {
+		c.HintInterval = time.Second
+	}
+	if c.MaxHintBackoff == 0 {
+		c.MaxHintBackoff = time.Minute
+	}
+	if c.TombstoneTTL == 0 {
+		c.TombstoneTTL = 24 * time.Hour
+	}
+	if c.CallTimeout == 0 {
+		c.CallTimeout = 10 * time.Second
+	}
+	if c.RepairQueue == 0 {
+		c.RepairQueue = 1024
+	}
+	if c.RepairWorkers == 0 {
+		c.RepairWorkers = 2
+	}
+	if c.ReadRepairChance == 0 {
+		c.ReadRepairChance = 0.1
+	}
+	if c.RebalanceBytesPerSec == 0 {
+		c.RebalanceBytesPerSec = 64 << 20
+	}
+	if c.RebalanceConcurrency <= 0 {
+		c.RebalanceConcurrency = 4
+	}
+	if c.RingCheckInterval == 0 {
+		c.RingCheckInterval = time.Second
+	}
+	if c.RebalanceRetry == 0 {
+		c.RebalanceRetry = 10 * time.Second
+	}
+	if c.AntiEntropyInterval == 0 {
+		c.AntiEntropyInterval = 5 * time.Minute
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return nil
+}
+
+// Replicator replicates one node's chunks. Its methods are safe for
+// concurrent use.
+type Replicator struct {
+	cfg     Config
+	log     *slog.Logger
+	hints   *hintStore
+	tombs   *tombstones
+	repairs chan repairTask
+	limiter *rate.Limiter
+	metrics metrics
+
+	// rebalance state, owned by rebalanceMu's holder.
+	rebalanceMu sync.Mutex
+	done        *ring.Ring // the last ring whose pass completed
+	prev        atomic.Pointer[ring.Ring]
+	kick        chan struct{}
+	hintKick    chan struct{}
+
+	// keyLocks order a local store against a local delete of the same
+	// key, so a write older than a delete cannot slip in after it.
+	keyLocks [64]sync.Mutex
+
+	ctx     context.Context
+	cancel  context.CancelFunc
+	closeMu sync.RWMutex // guards closed against wg.Add
+	closed  bool
+	wg      sync.WaitGroup // background loops and write stragglers
+}
+
+// New opens the hint and tombstone state in cfg.DataDir and starts the
+// background loops (hint delivery, repairs, rebalancing, anti-entropy).
+// Close stops them.
+func New(cfg Config) (*Replicator, error) {
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	r := &Replicator{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "replication", "node", cfg.NodeID),
+		repairs:  make(chan repairTask, cfg.RepairQueue),
+		kick:     make(chan struct{}, 1),
+		hintKick: make(chan struct{}, 1),
+	}
+	if cfg.RebalanceBytesPerSec > 0 {
+		burst := int(min(cfg.RebalanceBytesPerSec, 1<<30))
+		r.limiter = rate.NewLimiter(rate.Limit(cfg.RebalanceBytesPerSec), burst)
+	}
+	hintDir, tombFile := "", ""
+	if cfg.DataDir != "" {
+		hintDir = filepath.Join(cfg.DataDir, "hints")
+		tombFile = filepath.Join(cfg.DataDir, "tombstones.log")
+	}
+	var err error
+	r.hints, err = openHints(hintDir, cfg.MaxHintBytes, cfg.MaxHints, cfg.Limits)
+	if err != nil {
+		return nil, err
+	}
+	r.metrics.hintsPending.Store(int64(r.hints.count()))
+	r.tombs, err = openTombstones(tombFile, cfg.TombstoneTTL, cfg.Now)
+	if err != nil {
+		return nil, err
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	for range cfg.RepairWorkers {
+		r.goLoop(r.repairLoop)
+	}
+	if cfg.HintInterval > 0 {
+		r.goLoop(r.hintLoop)
+	}
+	if cfg.RingCheckInterval > 0 {
+		r.goLoop(r.ringLoop)
+	}
+	if cfg.AntiEntropyInterval > 0 {
+		r.goLoop(r.antiEntropyLoop)
+	}
+	return r, nil
+}
+
+func (r *Replicator) goLoop(f func()) {
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
+}
+
+// track reserves n background goroutines; false once closed.
+func (r *Replicator) track(n int) bool {
+	r.closeMu.RLock()
+	defer r.closeMu.RUnlock()
+	if r.closed {
+		return false
+	}
+	r.wg.Add(n)
+	return true
+}
+
+func (r *Replicator) lockKey(k chunk.Key) *sync.Mutex {
+	mu := &r.keyLocks[(k.Content.Lo^k.Context.ID.Lo)%uint64(len(r.keyLocks))]
+	mu.Lock()
+	return mu
+}
+
+// Close stops the background work, waits for it (including writes still
+// reaching replicas after their quorum) and closes the tombstone log.
+// Pending hints stay in DataDir for the next New.
+func (r *Replicator) Close() error {
+	r.closeMu.Lock()
+	if r.closed {
+		r.closeMu.Unlock()
+		return nil
+	}
+	r.closed = true
+	r.closeMu.Unlock()
+	r.cancel()
+	r.wg.Wait()
+	return errors.Join(r.tombs.close(), r.hints.close())
+}
+
+// NodeID is this node's ID.
+func (r *Replicator) NodeID() string { return r.cfg.NodeID }
+
+func (r *Replicator) quorum() (n, w int) {
+	n, w = r.cfg.Quorum()
+	n = max(n, 1)
+	w = min(max(w, 1), n)
+	return n, w
+}
+
+func (r *Replicator) ring() *ring.Ring {
+	if rg := r.cfg.Placement.Ring(); rg != nil {
+		return rg
+	}
+	return ring.New(0, nil)
+}
+
+func (r *Replicator) now() int64 { return r.cfg.Now().UnixNano() }
+
+// background returns a context for work that outlives the caller's call:
+// cancelled by Close and bounded by CallTimeout.
+func (r *Replicator) background() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(r.ctx, r.cfg.CallTimeout)
+}
+
+// Kick makes the background loop check the ring now (node calls it when
+// meta's Watch fires) and retries hint deliveries at once.
+func (r *Replicator) Kick() {
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+	select {
+	case r.hintKick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,578 @@
+package replication
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+func TestWriteQuorum(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		r, w       int
+		down       []string
+		wantErr    error
+		wantStored int // at least
+		wantHinted int // after stragglers finish
+	}{
+		{name: "all up", r: 3, w: 2, wantStored: 2},
+		{name: "one down", r: 3, w: 2, down: []string{"c"}, wantStored: 2, wantHinted: 1},
+		{name: "two down", r: 3, w: 2, down: []string{"b", "c"}, wantErr: ErrQuorum, wantStored: 1, wantHinted: 2},
+		{name: "R=1", r: 1, w: 1, wantStored: 1},
+		{name: "W capped at R", r: 2, w: 5, wantStored: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, []string{"a", "b", "c"}, nil)
+			c.r, c.w = tc.r, tc.w
+			for _, id := range tc.down {
+				c.net.setDown(id, true)
+			}
+			blob, key := makeBlob(t, 1, 0)
+			res, err := c.reps["a"].Write(context.Background(), blob)
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
+				t.Fatalf("Write error %v, want %v", err, tc.wantErr)
+			}
+			if res.Key != key || len(res.StoredOn) < tc.wantStored {
+				t.Fatalf("result %+v, want key %v and >= %d stored", res, key, tc.wantStored)
+			}
+			for _, id := range res.StoredOn {
+				if !c.stores[id].has(key) {
+					t.Errorf("%s acknowledged but does not hold the chunk", id)
+				}
+			}
+			c.reps["a"].Close() // waits for stragglers
+			if n, _ := c.reps["a"].HintsPending(); n != tc.wantHinted {
+				t.Errorf("%d hints, want %d", n, tc.wantHinted)
+			}
+		})
+	}
+}
+
+func TestWriteRejectsBadBlob(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	blob, _ := makeBlob(t, 1, 0)
+	bad := slices.Clone(blob)
+	bad[10] ^= 1 // header checksum breaks
+	if _, err := c.reps["a"].Write(context.Background(), bad); !errors.Is(err, chunk.ErrCorrupt) {
+		t.Fatalf("corrupt blob: %v", err)
+	}
+	if err := c.reps["b"].ServeReplicate(context.Background(), bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
+		t.Fatalf("ServeReplicate of a corrupt blob: %v, want ErrRejected", err)
+	}
+	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+		t.Fatal(err)
+	}
+	other, _ := makeBlob(t, 1, 1) // same key, other bytes
+	if _, err := c.reps["a"].Write(context.Background(), other); !errors.Is(err, ErrQuorum) || !errors.Is(err, ErrConflict) {
+		t.Fatalf("conflicting write: %v, want ErrQuorum wrapping ErrConflict", err)
+	}
+	c.reps["a"].Close()
+	if n, _ := c.reps["a"].HintsPending(); n != 0 {
+		t.Fatalf("a refused write left %d hints", n)
+	}
+}
+
+// Kill one of 3 replicas (down, its memory wiped) in the middle of a write
+// stream: every acknowledged chunk stays readable, with its bytes, and the
+// cluster returns to 3 copies once the node is back.
+func TestKillReplicaDuringWriteStream(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	const total = 300
+	type acked struct {
+		key  chunk.Key
+		blob []byte
+	}
+	var mu sync.Mutex
+	var acks []acked
+	var wg sync.WaitGroup
+	for w, coord := range []string{"a", "b"} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < total; i += 2 {
+				if i == total/2 {
+					c.net.setDown("c", true)
+					c.stores["c"].wipe()
+				}
+				blob, key := makeBlob(t, i, 0)
+				if _, err := c.reps[coord].Write(context.Background(), blob); err != nil {
+					continue
+				}
+				mu.Lock()
+				acks = append(acks, acked{key, blob})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if len(acks) != total {
+		t.Fatalf("%d of %d writes acknowledged with 2 of 3 replicas up", len(acks), total)
+	}
+	for _, a := range acks {
+		for _, via := range []string{"a", "b"} {
+			rr, err := c.reps[via].Read(context.Background(), a.key)
+			if err != nil {
+				t.Fatalf("acknowledged %v lost: %v", a.key, err)
+			}
+			if !bytes.Equal(rr.Blob, a.blob) {
+				t.Fatalf("read of %v via %s returned other bytes", a.key, via)
+			}
+			rr.Release()
+		}
+	}
+	// c returns empty; hints and anti-entropy bring it back to 3 copies.
+	c.net.setDown("c", false)
+	for _, id := range []string{"a", "b"} {
+		if _, err := c.reps[id].DeliverHints(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := c.reps[id].AntiEntropy(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, a := range acks {
+		if h := c.holders(a.key); len(h) != 3 {
+			t.Fatalf("%v on %v after recovery, want all 3", a.key, h)
+		}
+	}
+}
+
+// A node down during writes gets its hints when it returns, also when the
+// hint holder restarted in between; delivered hints are deleted.
+func TestHintedHandoff(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		restart    bool
+		background bool
+	}{
+		{name: "direct"},
+		{name: "holder restarted", restart: true},
+		{name: "background loop", background: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+				if tc.background {
+					cfg.HintInterval = 5 * time.Millisecond
+					cfg.MaxHintBackoff = 20 * time.Millisecond
+				}
+			})
+			c.net.setDown("c", true)
+			const n = 40
+			var keys []chunk.Key
+			for i := range n {
+				blob, key := makeBlob(t, i, 0)
+				res, err := c.reps["a"].Write(context.Background(), blob)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(res.StoredOn) < 2 {
+					t.Fatalf("stored on %v", res.StoredOn)
+				}
+				keys = append(keys, key)
+			}
+			// Let stragglers (the hint writes) finish.
+			waitFor(t, func() bool { n2, _ := c.reps["a"].HintsPending(); return n2 == n })
+			if tc.restart {
+				c.stop("a")
+				c.net.setDown("a", false)
+				c.start("a")
+				if got, _ := c.reps["a"].HintsPending(); got != n {
+					t.Fatalf("%d hints after restart, want %d", got, n)
+				}
+			}
+			c.net.setDown("c", false)
+			if tc.background {
+				c.reps["a"].Kick()
+				waitFor(t, func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
+			} else {
+				got, err := c.reps["a"].DeliverHints(context.Background())
+				if err != nil || got != n {
+					t.Fatalf("delivered %d (%v), want %d", got, err, n)
+				}
+			}
+			for _, k := range keys {
+				if !c.stores["c"].has(k) {
+					t.Fatalf("%v not delivered to c", k)
+				}
+			}
+			files, _ := os.ReadDir(filepath.Join(c.dirs["a"], "hints"))
+			if len(files) != 0 {
+				t.Fatalf("%d hint files left after delivery", len(files))
+			}
+		})
+	}
+}
+
+func TestHintBounds(t *testing.T) {
+	blob, _ := makeBlob(t, 0, 0)
+	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+		cfg.MaxHintBytes = int64(3*len(blob) + 1)
+	})
+	c.net.setDown("c", true)
+	for i := range 10 {
+		b, _ := makeBlob(t, i, 0)
+		if _, err := c.reps["a"].Write(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.reps["a"].Close()
+	n, size := c.reps["a"].HintsPending()
+	if n != 3 || size > int64(3*len(blob)+1) {
+		t.Fatalf("%d hints of %d bytes, want 3 within the bound", n, size)
+	}
+	if m := c.reps["a"].Metrics(); m.HintsRefused != 7 {
+		t.Fatalf("%d hints refused, want 7", m.HintsRefused)
+	}
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 20s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// writeAll writes chunks [from, to) through coordinator and returns their
+// keys and sizes.
+func writeAll(t *testing.T, c *cluster, coord string, from, to int) ([]chunk.Key, map[chunk.Key]int) {
+	t.Helper()
+	var keys []chunk.Key
+	sizes := map[chunk.Key]int{}
+	for i := from; i < to; i++ {
+		blob, key := makeBlob(t, i, 0)
+		if _, err := c.reps[coord].Write(context.Background(), blob); err != nil {
+			t.Fatal(err)
+		}
+		keys = append(keys, key)
+		sizes[key] = len(blob)
+	}
+	for _, r := range c.reps {
+		r.Close() // stragglers done; reopen below
+	}
+	for id := range c.reps {
+		c.start(id)
+	}
+	return keys, sizes
+}
+
+// A joining node ends with its share, each chunk crosses the network once,
+// and the old owners drop theirs only after the new owners hold them.
+func TestJoinRebalance(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	keys, sizes := writeAll(t, c, "a", 0, 200)
+	for _, id := range []string{"a", "b", "c"} {
+		if _, err := c.reps[id].Rebalance(context.Background()); err != nil {
+			t.Fatal(err) // the first pass records the ring
+		}
+	}
+	c.start("d")
+	c.setRing("a", "b", "c", "d")
+
+	// d is unreachable: nothing moves, nothing is dropped.
+	c.net.setDown("d", true)
+	for _, id := range []string{"a", "b", "c"} {
+		st, _ := c.reps[id].Rebalance(context.Background())
+		if st.KeysDropped != 0 {
+			t.Fatalf("%s dropped %d keys while their new owner was down", id, st.KeysDropped)
+		}
+	}
+	for _, k := range keys {
+		if h := c.holders(k); len(h) != 3 {
+			t.Fatalf("%v on %v with d down, want its 3 old holders", k, h)
+		}
+	}
+
+	c.net.setDown("d", false)
+	var moved int64
+	for _, id := range []string{"a", "b", "c", "d"} {
+		st, err := c.reps[id].Rebalance(context.Background())
+		if err != nil || st.Pending != 0 {
+			t.Fatalf("%s: %+v, %v", id, st, err)
+		}
+		moved += st.BytesMoved
+	}
+	var want, total int64
+	dKeys := 0
+	for _, k := range keys {
+		if h, r := c.holders(k), c.replicaIDs(k); !slices.Equal(h, r) {
+			t.Fatalf("%v held by %v, replicas are %v", k, h, r)
+		}
+		total += 3 * int64(sizes[k])
+		if c.ring().IsReplica(k.Content, "d", 3) {
+			want += int64(sizes[k])
+			dKeys++
+		}
+	}
+	if moved != want {
+		t.Fatalf("moved %d bytes, d's share is %d: some chunks crossed twice or not at all", moved, want)
+	}
+	if dKeys == 0 || dKeys == len(keys) {
+		t.Fatalf("d owns %d of %d keys", dKeys, len(keys))
+	}
+	t.Logf("moved %d bytes; ideal quarter %d (ratio %.3f)", moved, total/4, float64(moved)/float64(total/4))
+	if m := c.reps["a"].Metrics(); m.RebalanceKeys == 0 || m.RebalanceDropped == 0 {
+		t.Fatalf("metrics %+v show no progress", m)
+	}
+}
+
+// The background loop rebalances on an epoch change by itself.
+func TestRebalanceLoop(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+		cfg.RingCheckInterval = 5 * time.Millisecond
+		cfg.RebalanceRetry = 10 * time.Millisecond
+		cfg.RebalanceBytesPerSec = 4 << 20
+	})
+	keys, _ := writeAll(t, c, "b", 0, 60)
+	c.start("d")
+	c.setRing("a", "b", "c", "d")
+	for _, r := range c.reps {
+		r.Kick()
+	}
+	waitFor(t, func() bool {
+		for _, k := range keys {
+			if !slices.Equal(c.holders(k), c.replicaIDs(k)) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// Replicas that missed writes during a partition converge by anti-entropy:
+// equal tables afterwards, and a second round finds nothing to do.
+func TestAntiEntropyPartitionHeals(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c", "d"}, func(id string, cfg *Config) {
+		cfg.MaxHintBytes = 1 // no hints: anti-entropy must do it
+	})
+	old, _ := writeAll(t, c, "a", 0, 50)
+	c.net.partition([]string{"c"}, []string{"a", "b", "d"}, true)
+	fresh, _ := writeAll(t, c, "a", 50, 150)
+	var deleted []chunk.Key
+	for _, k := range old[:10] {
+		if _, err := c.reps["a"].Delete(context.Background(), k); err != nil && !c.ring().IsReplica(k.Content, "c", 3) {
+			t.Fatal(err)
+		}
+		deleted = append(deleted, k)
+	}
+	c.net.partition([]string{"c"}, []string{"a", "b", "d"}, false)
+
+	differ := 0
+	for _, id := range []string{"a", "b", "c", "d"} {
+		st, err := c.reps[id].AntiEntropy(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		differ += st.BucketsDiffer
+	}
+	if differ == 0 {
+		t.Fatal("no bucket differed after the partition")
+	}
+	for _, a := range []string{"a", "b", "c", "d"} {
+		for _, b := range []string{"a", "b", "c", "d"} {
+			if a != b && !slices.Equal(c.reps[a].PeerTable(b), c.reps[b].PeerTable(a)) {
+				t.Fatalf("tables of %s and %s differ after a round", a, b)
+			}
+		}
+	}
+	for _, k := range append(old[10:], fresh...) {
+		if h, r := c.holders(k), c.replicaIDs(k); !slices.Equal(h, r) {
+			t.Fatalf("%v held by %v, replicas %v", k, h, r)
+		}
+	}
+	for _, k := range deleted {
+		if h := c.holders(k); len(h) != 0 {
+			t.Fatalf("deleted %v resurrected on %v", k, h)
+		}
+	}
+	before := c.net.replicates.Load()
+	for _, id := range []string{"a", "b", "c", "d"} {
+		st, err := c.reps[id].AntiEntropy(context.Background())
+		if err != nil || st.BucketsDiffer != 0 || st.ItemsListed != 0 {
+			t.Fatalf("second round on %s: %+v, %v", id, st, err)
+		}
+	}
+	if n := c.net.replicates.Load() - before; n != 0 {
+		t.Fatalf("converged round sent %d blobs", n)
+	}
+}
+
+// An evicted replica is refetched on demand and repaired; a full store is
+// not refilled (repair never evicts); a deleted chunk does not come back
+// through anti-entropy or a late hint; a write after a delete survives
+// the older tombstone.
+func TestEvictionAndDeletes(t *testing.T) {
+	ctx := context.Background()
+	t.Run("evicted replica refetched and repaired", func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		keys, _ := writeAll(t, c, "a", 0, 5)
+		k := keys[0]
+		c.stores["b"].Delete(k) // eviction
+		rr, err := c.reps["b"].Read(ctx, k)
+		if err != nil || rr.From == "b" {
+			t.Fatalf("read after eviction: from %q, %v", rr.From, err)
+		}
+		rr.Release()
+		c.waitRepairs()
+		if !c.stores["b"].has(k) {
+			t.Fatal("evicted replica not repaired after a read")
+		}
+	})
+	t.Run("full store not refilled", func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		keys, _ := writeAll(t, c, "a", 0, 5)
+		c.stores["b"].Delete(keys[0])
+		c.stores["b"].capacity = c.stores["b"].bytes()
+		st, err := c.reps["a"].AntiEntropy(ctx)
+		if err != nil || st.Refused == 0 || c.stores["b"].has(keys[0]) {
+			t.Fatalf("anti-entropy into a full store: %+v, %v, refilled=%v", st, err, c.stores["b"].has(keys[0]))
+		}
+		if c.stores["b"].len() != 4 {
+			t.Fatalf("full store holds %d entries, want its 4", c.stores["b"].len())
+		}
+	})
+	t.Run("delete while a replica is down", func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		keys, _ := writeAll(t, c, "a", 0, 5)
+		k := keys[0]
+		c.net.setDown("c", true)
+		if _, err := c.reps["a"].Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		c.net.setDown("c", false)
+		for _, id := range []string{"c", "a", "b"} {
+			if _, err := c.reps[id].AntiEntropy(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if h := c.holders(k); len(h) != 0 {
+			t.Fatalf("deleted chunk resurrected on %v", h)
+		}
+		if _, err := c.reps["c"].Read(ctx, k); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("read of a deleted chunk: %v", err)
+		}
+	})
+	t.Run("late hint after delete", func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		c.net.setDown("c", true)
+		blob, k := makeBlob(t, 7, 0)
+		if _, err := c.reps["a"].Write(ctx, blob); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, func() bool { n, _ := c.reps["a"].HintsPending(); return n == 1 })
+		// The delete is coordinated by b, so a's hint survives until
+		// delivery, where a's own tombstone or c's must stop it.
+		if _, err := c.reps["b"].Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		c.net.setDown("c", false)
+		c.reps["a"].DeliverHints(ctx)
+		if c.stores["c"].has(k) {
+			t.Fatal("a hint older than the delete resurrected the chunk")
+		}
+	})
+	t.Run("write after delete", func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		keys, _ := writeAll(t, c, "a", 0, 3)
+		k := keys[0]
+		if _, err := c.reps["a"].Delete(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+		c.net.setDown("c", true) // c keeps the old tombstone
+		blob, _ := makeBlob(t, 0, 0)
+		if _, err := c.reps["a"].Write(ctx, blob); err != nil {
+			t.Fatal(err)
+		}
+		c.net.setDown("c", false)
+		for _, id := range []string{"c", "a", "b"} {
+			if _, err := c.reps[id].AntiEntropy(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if h := c.holders(k); len(h) != 3 {
+			t.Fatalf("rewritten chunk on %v, want all 3", h)
+		}
+	})
+}
+
+// A replica holding other bytes under a key is repaired to the copy of the
+// best-ranked replica.
+func TestReadRepairChecksumMismatch(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) { cfg.ReadRepairChance = 1 })
+	blob, k := makeBlob(t, 3, 0)
+	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(c.holders(k)) == 3 })
+	reps := c.ring().Replicas(k.Content, 3)
+	odd := reps[2].ID // the worst-ranked replica holds other bytes
+	other, _ := makeBlob(t, 3, 1)
+	c.stores[odd].Delete(k)
+	if _, err := c.stores[odd].Put(context.Background(), other); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := c.reps[odd].Read(context.Background(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr.Release()
+	c.waitRepairs()
+	want, _ := c.stores[reps[0].ID].checksum(k)
+	for _, id := range []string{"a", "b", "c"} {
+		if got, _ := c.stores[id].checksum(k); got != want {
+			t.Fatalf("%s holds checksum %x, owner %x", id, got, want)
+		}
+	}
+}
+
+func TestDrain(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c", "d"}, nil)
+	keys, _ := writeAll(t, c, "a", 0, 80)
+	st, err := c.reps["d"].Drain(context.Background())
+	if err != nil || st.Pending != 0 || st.KeysMoved == 0 {
+		t.Fatalf("drain: %+v, %v", st, err)
+	}
+	c.setRing("a", "b", "c")
+	for _, k := range keys {
+		for _, id := range c.replicaIDs(k) {
+			if !c.stores[id].has(k) {
+				t.Fatalf("%v missing on %s after d drained", k, id)
+			}
+		}
+	}
+	if m := c.reps["d"].Metrics(); m.DrainKeys != int64(st.KeysMoved) || m.DrainPending != 0 {
+		t.Fatalf("drain metrics %+v", m)
+	}
+}
+
+func TestTombstonesSurviveRestart(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	keys, _ := writeAll(t, c, "a", 0, 3)
+	if _, err := c.reps["a"].Delete(context.Background(), keys[1]); err != nil {
+		t.Fatal(err)
+	}
+	c.stop("b")
+	c.net.setDown("b", false)
+	r := c.start("b")
+	if err := r.ServeReplicate(context.Background(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+		t.Fatalf("repair of a deleted key after restart: %v, want ErrTombstoned", err)
+	}
+}
+
+func mustBlob(t *testing.T, i int) []byte {
+	b, _ := makeBlob(t, i, 0)
+	return b
+}

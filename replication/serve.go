@@ -1,0 +1,168 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// ServeReplicate handles a blob sent by another node (Peer.Replicate):
+//
+//   - KindWrite and KindHint store it unless a tombstone at least as new as
+//     opts.At exists (ErrTombstoned); a write with other bytes than the
+//     stored ones is refused (ErrConflict), a hint is then dropped quietly.
+//   - KindRepair refuses a tombstoned key, and a store without room
+//     (RoomChecker), and otherwise replaces other bytes with the blob.
+//   - KindRebalance stores it, keeping other bytes if there are any.
+//
+// Refusals wrap ErrRejected (node maps them to a gRPC status the sending
+// Transport turns back into ErrRejected); other errors mean "try again".
+func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts ReplicateOptions) error {
+	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	if opts.Kind < KindWrite || opts.Kind > KindRebalance {
+		return fmt.Errorf("%w: unknown kind %v", ErrRejected, opts.Kind)
+	}
+	err = r.storeLocal(ctx, blob, hd.Key, opts)
+	if err == nil {
+		r.metrics.served.Add(1)
+	}
+	return err
+}
+
+// ServeFetch returns this node's blob for key (Peer.Fetch with direct
+// set); release frees it once sent. Absent keys wrap ErrNotFound.
+func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error) {
+	return r.cfg.Store.Get(ctx, key)
+}
+
+// ServeDelete records a delete of key at time at and removes the local
+// copy (Client.Delete with direct set).
+func (r *Replicator) ServeDelete(ctx context.Context, key chunk.Key, at int64) error {
+	if at <= 0 {
+		at = r.now()
+	}
+	return r.applyDelete(key, at)
+}
+
+// Statter is implemented by a Store that can tell a key's checksum and size
+// without reading it. Digests of explicit keys use it; without it they
+// scan the store.
+type Statter interface {
+	Stat(key chunk.Key) (checksum uint64, size int, err error)
+}
+
+// ServeDigest answers a DigestRequest (Peer.Digest).
+func (r *Replicator) ServeDigest(ctx context.Context, req DigestRequest) (DigestResponse, error) {
+	if len(req.Keys) > 0 {
+		return DigestResponse{Epoch: r.ring().Epoch(), Items: r.keyItems(req.Keys)}, nil
+	}
+	rg := r.ring()
+	if rg.Epoch() != req.Epoch {
+		return DigestResponse{Epoch: rg.Epoch()}, fmt.Errorf("%w: asked for %d, at %d", ErrEpochMismatch, req.Epoch, rg.Epoch())
+	}
+	if req.Replicas <= 0 || req.From == "" || !rg.Contains(req.From) {
+		return DigestResponse{}, fmt.Errorf("%w: bad digest request from %q", ErrRejected, req.From)
+	}
+	pairs := newPairSet(rg, r.cfg.NodeID, []string{req.From}, req.Replicas)
+	if req.Buckets == nil {
+		tables := pairs.tables(r.localItems)
+		return DigestResponse{Epoch: rg.Epoch(), Table: tables[0]}, nil
+	}
+	want := make(map[uint32]bool, len(req.Buckets))
+	for _, b := range req.Buckets {
+		if b < NumBuckets {
+			want[b] = true
+		}
+	}
+	return DigestResponse{Epoch: rg.Epoch(), Items: pairs.items(r.localItems, 0, want)}, nil
+}
+
+// keyItems returns the items of keys held here (live or tombstones),
+// sorted by key.
+func (r *Replicator) keyItems(keys []chunk.Key) []DigestItem {
+	var out []DigestItem
+	st, hasStat := r.cfg.Store.(Statter)
+	if hasStat || len(keys) <= 4 {
+		for _, k := range keys {
+			if t, ok := r.tombs.get(k); ok && t.deleted {
+				out = append(out, DigestItem{Key: k, Deleted: true, At: t.at})
+				continue
+			}
+			it := DigestItem{Key: k, At: r.liveAt(k)}
+			if hasStat {
+				sum, size, err := st.Stat(k)
+				if err != nil {
+					continue
+				}
+				it.Checksum, it.Size = sum, size
+			} else {
+				b, release, err := r.cfg.Store.Get(context.Background(), k)
+				if err != nil {
+					continue
+				}
+				hd, err := chunk.ParseHeader(b, r.cfg.Limits)
+				it.Checksum, it.Size = hd.Checksum, len(b)
+				release()
+				if err != nil {
+					continue
+				}
+			}
+			out = append(out, it)
+		}
+	} else {
+		want := make(map[chunk.Key]bool, len(keys))
+		for _, k := range keys {
+			want[k] = true
+		}
+		r.localItems(func(it DigestItem) bool {
+			if want[it.Key] {
+				out = append(out, it)
+			}
+			return true
+		})
+	}
+	slices.SortFunc(out, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
+	return out
+}
+
+// localItems calls fn for every key held here: live entries of the store
+// (with the time of a recorded write-after-delete) and tombstones.
+func (r *Replicator) localItems(fn func(DigestItem) bool) {
+	recs := r.tombs.list()
+	byKey := make(map[chunk.Key]tomb, len(recs))
+	for _, t := range recs {
+		byKey[t.key] = t.tomb
+	}
+	stopped := false
+	r.cfg.Store.Scan(func(k chunk.Key, sum uint64, size int) bool {
+		it := DigestItem{Key: k, Checksum: sum, Size: size}
+		if t, ok := byKey[k]; ok {
+			if t.deleted {
+				return true // a delete in flight; the tombstone stands for it
+			}
+			it.At = t.at
+		}
+		if !fn(it) {
+			stopped = true
+			return false
+		}
+		return true
+	})
+	if stopped {
+		return
+	}
+	for _, t := range recs {
+		if t.deleted && !fn(DigestItem{Key: t.key, Deleted: true, At: t.at}) {
+			return
+		}
+	}
+}
+
+// isRejected reports whether err is a definite refusal.
+func isRejected(err error) bool { return errors.Is(err, ErrRejected) }

@@ -1,0 +1,218 @@
+package replication
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// WriteResult says where a write went.
+type WriteResult struct {
+	Key      chunk.Key
+	Checksum uint64
+	// StoredOn are the replicas that acknowledged before Write returned
+	// (at least W on success), in the order they did.
+	StoredOn []string
+	// Hinted are replicas that could not be reached by then and got a
+	// hint; replicas still in flight may still add to them.
+	Hinted []string
+}
+
+// Write stores blob, an encoded chunk entry, on the R replicas of its
+// content ID and returns once W of them stored it. Replica writes still in
+// flight then go on in the background (bounded by CallTimeout), so blob
+// must not be modified after the call. A replica that cannot be reached
+// gets a hint on this node. With fewer than W acknowledgements the error
+// wraps ErrQuorum (the replicas that did store the chunk keep it).
+func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error) {
+	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
+	if err != nil {
+		return WriteResult{}, fmt.Errorf("replication: write: %w", err)
+	}
+	res := WriteResult{Key: hd.Key, Checksum: hd.Checksum}
+	n, w := r.quorum()
+	reps := r.ring().Replicas(hd.Key.Content, n)
+	if len(reps) == 0 {
+		return res, ErrNoReplicas
+	}
+	w = min(w, len(reps))
+	opts := ReplicateOptions{Kind: KindWrite, At: r.now()}
+
+	type ack struct {
+		node   string
+		err    error
+		hinted bool
+	}
+	acks := make(chan ack, len(reps))
+	if !r.track(len(reps)) {
+		return res, ErrClosed
+	}
+	for _, m := range reps {
+		go func() {
+			defer r.wg.Done()
+			ctx, cancel := r.background()
+			defer cancel()
+			a := ack{node: m.ID}
+			if m.ID == r.cfg.NodeID {
+				a.err = r.storeLocal(ctx, blob, hd.Key, opts)
+			} else {
+				a.err = r.cfg.Transport.Replicate(ctx, m.ID, blob, opts)
+				if a.err != nil && !errors.Is(a.err, ErrRejected) {
+					a.hinted = r.addHint(m.ID, hd.Key, blob, opts.At)
+				}
+			}
+			if a.err == nil {
+				r.metrics.replicaWrites.Add(1)
+			} else {
+				r.metrics.replicaWriteErrors.Add(1)
+			}
+			acks <- a
+		}()
+	}
+	var errs []error
+	for range reps {
+		select {
+		case a := <-acks:
+			switch {
+			case a.err == nil:
+				res.StoredOn = append(res.StoredOn, a.node)
+				if len(res.StoredOn) >= w {
+					r.metrics.writes.Add(1)
+					return res, nil
+				}
+			case a.hinted:
+				res.Hinted = append(res.Hinted, a.node)
+				errs = append(errs, fmt.Errorf("%s: %w", a.node, a.err))
+			default:
+				errs = append(errs, fmt.Errorf("%s: %w", a.node, a.err))
+			}
+		case <-ctx.Done():
+			r.metrics.writeFailures.Add(1)
+			return res, fmt.Errorf("replication: write %v: %w", hd.Key, ctx.Err())
+		}
+	}
+	r.metrics.writeFailures.Add(1)
+	return res, fmt.Errorf("%w: %d of %d stored %v (need %d): %w", ErrQuorum, len(res.StoredOn), len(reps), hd.Key, w, errors.Join(errs...))
+}
+
+// storeLocal puts blob in the local store as a replica write of kind
+// opts.Kind (see ServeReplicate). Refusals wrap ErrRejected.
+func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) error {
+	mu := r.lockKey(key)
+	defer mu.Unlock()
+	t, hasTomb := r.tombs.get(key)
+	if hasTomb && t.deleted && (opts.At == 0 || opts.At <= t.at) {
+		return fmt.Errorf("%w: %w: %v", ErrRejected, ErrTombstoned, key)
+	}
+	if opts.Kind == KindRepair {
+		if rc, ok := r.cfg.Store.(RoomChecker); ok && !rc.HasRoom(len(blob)) {
+			return fmt.Errorf("%w: %w: %v (%d bytes)", ErrRejected, ErrNoRoom, key, len(blob))
+		}
+	}
+	_, err := r.cfg.Store.Put(ctx, blob)
+	if errors.Is(err, ErrConflict) {
+		switch opts.Kind {
+		case KindRepair:
+			// The sender's copy is canonical: replace ours.
+			if err = r.cfg.Store.Delete(key); err == nil || errors.Is(err, ErrNotFound) {
+				_, err = r.cfg.Store.Put(ctx, blob)
+			}
+		case KindHint, KindRebalance:
+			err = nil // we hold a version already; keep it
+		}
+	}
+	if err != nil {
+		if errors.Is(err, ErrConflict) || errors.Is(err, chunk.ErrCorrupt) || errors.Is(err, chunk.ErrTooLarge) ||
+			errors.Is(err, chunk.ErrUnsupported) || errors.Is(err, chunk.ErrInvalidEntry) {
+			return fmt.Errorf("%w: %w", ErrRejected, err)
+		}
+		return err
+	}
+	if hasTomb && opts.At > t.at {
+		// A write newer than the delete: remember it, so that the older
+		// tombstone on another replica does not win in anti-entropy.
+		if err := r.tombs.set(key, opts.At, false); err != nil {
+			r.log.Warn("recording write after delete", "key", key, "err", err)
+		}
+	}
+	return nil
+}
+
+// DeleteResult says where a delete went.
+type DeleteResult struct {
+	// DeletedOn are the replicas that recorded the delete.
+	DeletedOn []string
+}
+
+// Delete deletes key on its replicas (and here), leaving tombstones so
+// that neither hints nor anti-entropy bring it back. It waits for every
+// replica (or ctx); a replica that is down learns the delete from the
+// others' anti-entropy. The error wraps ErrQuorum when fewer than W
+// replicas recorded it.
+func (r *Replicator) Delete(ctx context.Context, key chunk.Key) (DeleteResult, error) {
+	var res DeleteResult
+	n, w := r.quorum()
+	reps := r.ring().Replicas(key.Content, n)
+	if len(reps) == 0 {
+		return res, ErrNoReplicas
+	}
+	w = min(w, len(reps))
+	at := r.now()
+	r.hints.dropKey(key, at)
+	self := false
+	type ack struct {
+		node string
+		err  error
+	}
+	acks := make(chan ack, len(reps))
+	for _, m := range reps {
+		if m.ID == r.cfg.NodeID {
+			self = true
+			acks <- ack{m.ID, r.applyDelete(key, at)}
+			continue
+		}
+		go func() { acks <- ack{m.ID, r.cfg.Transport.Delete(ctx, m.ID, key, at)} }()
+	}
+	if !self {
+		// A non-replica may still hold a copy (a rebalance in progress).
+		if err := r.cfg.Store.Delete(key); err != nil && !errors.Is(err, ErrNotFound) {
+			r.log.Warn("deleting local copy", "key", key, "err", err)
+		}
+	}
+	var errs []error
+	for range reps {
+		a := <-acks // every call returns once ctx ends
+		if a.err == nil {
+			res.DeletedOn = append(res.DeletedOn, a.node)
+		} else {
+			errs = append(errs, fmt.Errorf("%s: %w", a.node, a.err))
+		}
+	}
+	r.metrics.deletes.Add(1)
+	if len(res.DeletedOn) < w {
+		return res, fmt.Errorf("%w: delete %v recorded on %d of %d (need %d): %w", ErrQuorum, key, len(res.DeletedOn), len(reps), w, errors.Join(errs...))
+	}
+	return res, nil
+}
+
+// applyDelete records a tombstone at time at and deletes the local copy.
+func (r *Replicator) applyDelete(key chunk.Key, at int64) error {
+	mu := r.lockKey(key)
+	defer mu.Unlock()
+	if t, ok := r.tombs.get(key); ok && t.at >= at {
+		if t.deleted {
+			return nil
+		}
+		// A write newer than this delete is recorded: it wins.
+		return nil
+	}
+	if err := r.tombs.set(key, at, true); err != nil {
+		return fmt.Errorf("replication: recording tombstone: %w", err)
+	}
+	if err := r.cfg.Store.Delete(key); err != nil && !errors.Is(err, ErrNotFound) {
+		return fmt.Errorf("replication: delete %v: %w", key, err)
+	}
+	return nil
+}
