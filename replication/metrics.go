@@ -20,7 +20,7 @@ type metrics struct {
 	hintsPending                                            atomic.Int64
 
 	rebalanceKeys, rebalanceBytes, rebalanceDropped, rebalancePending atomic.Int64
-	drainKeys, drainBytes, drainPending                              atomic.Int64
+	drainKeys, drainBytes, drainPending                               atomic.Int64
 
 	aeRounds, aeBucketsDiffer, aePushed atomic.Int64
 }
