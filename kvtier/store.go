@@ -874,8 +874,8 @@ func (s *Store) Delete(key chunk.Key) error {
 	if s.closed {
 		return ErrClosed
 	}
-	e := s.index[key]
-	if e == nil || e.dead || e.loading {
+	e := s.lookup(key)
+	if e == nil {
 		return ErrNotFound
 	}
 	s.remove(e)
@@ -884,7 +884,8 @@ func (s *Store) Delete(key chunk.Key) error {
 
 // Scan calls fn for every stored entry (in no particular order) until fn
 // returns false: its key (whose Content is what the ring places), the
-// checksum of its blob and the blob's size. It iterates a snapshot taken
+// checksum of its blob and the blob's size. It drops expired entries as it
+// goes, so a periodic Scan is also the TTL sweep. It iterates a snapshot taken
 // under the lock and calls fn without it, so fn may call the Store.
 func (s *Store) Scan(fn func(key chunk.Key, checksum uint64, size int) bool) {
 	type item struct {
@@ -896,7 +897,13 @@ func (s *Store) Scan(fn func(key chunk.Key, checksum uint64, size int) bool) {
 	now := s.now()
 	items := make([]item, 0, len(s.index))
 	for _, e := range s.index {
-		if e.loading || (e.expires != 0 && e.expires <= now) {
+		if e.loading {
+			continue
+		}
+		if e.expires != 0 && e.expires <= now {
+			if !e.busy {
+				s.remove(e) // the scan doubles as the TTL sweep
+			}
 			continue
 		}
 		items = append(items, item{e.key, e.checksum, e.size})
