@@ -179,38 +179,65 @@ func TestGossipClusters(t *testing.T) {
 	}
 }
 
-// TestGossipRestartSameAddress: a node that crashed and comes back with the
-// same name and address (and new metadata) is alive again everywhere.
-func TestGossipRestartSameAddress(t *testing.T) {
-	gs := cluster(t, 3, nil)
-	for _, g := range gs {
-		eventually(t, "convergence", func() bool { return len(g.Members()) == 3 })
+// TestGossipRestart: a node that crashed or left and comes back under the
+// same name, on the same address or (after DeadNodeReclaimTime) another
+// one, with new metadata, is alive again everywhere.
+func TestGossipRestart(t *testing.T) {
+	tests := []struct {
+		name     string
+		leave    bool // leave gracefully rather than crash
+		samePort bool
+	}{
+		{"crash same address", false, true},
+		{"crash new port", false, false},
+		{"leave same address", true, true},
 	}
-	sub, cancel := gs[0].Subscribe()
-	defer cancel()
-	addr := gs[2].Addr()
-	_, portStr, _ := net.SplitHostPort(addr)
-	port, _ := strconv.Atoi(portStr)
-	if err := gs[2].Shutdown(); err != nil {
-		t.Fatal(err)
-	}
-	waitEvent(t, sub, "failure of n2", func(e Event) bool { return e.Kind == EventFail && e.Node.ID == "n2" })
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gs := cluster(t, 3, nil)
+			for _, g := range gs {
+				eventually(t, "convergence", func() bool { return len(g.Members()) == 3 })
+			}
+			sub, cancel := gs[0].Subscribe()
+			defer cancel()
+			addr := gs[2].Addr()
+			t0 := time.Now()
+			if tc.leave {
+				ctx, done := context.WithTimeout(context.Background(), waitLimit)
+				defer done()
+				if err := gs[2].Leave(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := gs[2].Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			waitEvent(t, sub, "n2 gone", func(e Event) bool {
+				return (e.Kind == EventFail || e.Kind == EventLeave) && e.Node.ID == "n2"
+			})
 
-	cfg := testConfig("n2", gs[0].Addr())
-	cfg.BindPort = port
-	cfg.Meta.GRPCAddr = "127.0.0.1:9999"
-	g2 := start(t, cfg)
-	if g2.Addr() != addr {
-		t.Fatalf("restarted on %s, want %s", g2.Addr(), addr)
-	}
-	e := waitEvent(t, sub, "n2 back", func(e Event) bool { return e.Kind == EventJoin && e.Node.ID == "n2" })
-	if e.Node.GRPCAddr != "127.0.0.1:9999" {
-		t.Fatalf("rejoined with stale meta %+v", e.Node)
-	}
-	for _, g := range []*Gossip{gs[0], gs[1], g2} {
-		eventually(t, g.LocalID()+" to see n2 back", func() bool {
-			ms := g.Members()
-			return len(ms) == 3 && ms[2].GRPCAddr == "127.0.0.1:9999"
+			t.Logf("gone after %v", time.Since(t0))
+			cfg := testConfig("n2", gs[0].Addr())
+			if tc.samePort {
+				_, portStr, _ := net.SplitHostPort(addr)
+				cfg.BindPort, _ = strconv.Atoi(portStr)
+			}
+			cfg.Meta.GRPCAddr = "127.0.0.1:9999"
+			g2 := start(t, cfg)
+			if tc.samePort && g2.Addr() != addr {
+				t.Fatalf("restarted on %s, want %s", g2.Addr(), addr)
+			}
+			e := waitEvent(t, sub, "n2 back", func(e Event) bool { return e.Kind == EventJoin && e.Node.ID == "n2" })
+			if e.Node.GRPCAddr != "127.0.0.1:9999" || e.Node.GossipAddr != g2.Addr() {
+				t.Fatalf("rejoined with stale meta %+v", e.Node)
+			}
+			t.Logf("back after %v", time.Since(t0))
+			for _, g := range []*Gossip{gs[0], gs[1], g2} {
+				eventually(t, g.LocalID()+" to see n2 back", func() bool {
+					ms := g.Members()
+					return len(ms) == 3 && ms[2].GRPCAddr == "127.0.0.1:9999" && ms[2].GossipAddr == g2.Addr()
+				})
+			}
 		})
 	}
 }
