@@ -141,8 +141,9 @@ func buildJob(t testing.TB, rng *rand.Rand, c jobCase, tab *RopeTable) (*Job, []
 
 // checkJob verifies every written element against the float64 reference
 // and every other byte against its guard copy. It returns how many K
-// elements missed the plain 1-ulp bound (only possible under cancellation).
-func checkJob(t *testing.T, j *Job, guard [][]byte) int {
+// elements missed the plain 1-ulp bound (only possible under cancellation)
+// of how many rotated K elements it checked.
+func checkJob(t *testing.T, j *Job, guard [][]byte) (over1, total int) {
 	t.Helper()
 	l := j.Layout
 	hd := l.HeadDim
@@ -163,7 +164,6 @@ func checkJob(t *testing.T, j *Job, guard [][]byte) int {
 	mask := written(j)
 	srcRow := hd * j.SrcDType.Size()
 	layerBytes := 2 * j.Tokens * j.SrcHeads * srcRow
-	over1 := 0
 	for layer, d := range j.Dst {
 		for i := range d {
 			if !mask[i] && d[i] != guard[layer][i] {
@@ -205,6 +205,7 @@ func checkJob(t *testing.T, j *Job, guard [][]byte) int {
 					if e > tol {
 						t.Fatalf("layer %d tok %d head %d dim %d: got %v, reference %v (err %g > tol %g)", layer, tok, h, i, got/float64(ks), r, e, tol)
 					}
+					total++
 					if e > ulp(l.DType, math.Abs(r)) {
 						over1++
 					}
@@ -219,7 +220,7 @@ func checkJob(t *testing.T, j *Job, guard [][]byte) int {
 			}
 		}
 	}
-	return over1
+	return over1, total
 }
 
 var allDTypes = []chunk.DType{chunk.F32, chunk.F16, chunk.BF16, chunk.FP8E4M3}
@@ -255,8 +256,13 @@ func TestInjectMatchesReference(t *testing.T) {
 					if err := in.Inject(context.Background(), j); err != nil {
 						t.Fatal(err)
 					}
-					over := checkJob(t, j, guard)
-					t.Logf("%d K elements beyond 1 ulp (cancellation)", over)
+					over, total := checkJob(t, j, guard)
+					t.Logf("%d of %d K elements beyond 1 ulp (cancellation)", over, total)
+					// 16-bit and fp8 destinations: one ulp, except where x*cos
+					// and y*sin cancel to far below the pair's norm.
+					if dstDT != chunk.F32 && over*10000 > total {
+						t.Errorf("%d of %d K elements beyond 1 ulp", over, total)
+					}
 				})
 			}
 		}
@@ -318,8 +324,8 @@ func TestInjectWorkersAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lay := CacheLayout{Order: HND, NumBlocks: 16, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: chunk.BF16}
-	c := jobCase{srcDT: chunk.BF16, layout: lay, tokens: 200, srcHeads: 8, lo: 4, hi: 8, pos: 500, layers: 5, skipEvery: 7}
+	lay := CacheLayout{Order: HND, NumBlocks: 8, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: chunk.BF16}
+	c := jobCase{srcDT: chunk.BF16, layout: lay, tokens: 100, srcHeads: 8, lo: 4, hi: 8, pos: 500, layers: 3, skipEvery: 7}
 	var first [][]byte
 	for _, w := range []int{1, 2, 3, 8} {
 		in := NewInjector(Config{Workers: w})
@@ -447,9 +453,9 @@ func TestInjectNoAlloc(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for _, dt := range allDTypes {
-		lay := CacheLayout{Order: NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: dt}
-		j, _ := buildJob(t, rand.New(rand.NewPCG(2, 2)), jobCase{srcDT: chunk.BF16, layout: lay, tokens: 64, srcHeads: 4, layers: 4}, tab)
-		if a := testing.AllocsPerRun(20, func() {
+		lay := CacheLayout{Order: NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: dt}
+		j, _ := buildJob(t, rand.New(rand.NewPCG(2, 2)), jobCase{srcDT: chunk.BF16, layout: lay, tokens: 32, srcHeads: 4, layers: 4}, tab)
+		if a := testing.AllocsPerRun(5, func() {
 			if err := in.Inject(ctx, j); err != nil {
 				t.Fatal(err)
 			}

@@ -1,0 +1,141 @@
+package cudakern
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// benchJob is a 512-token chunk of a Llama-3.1-8B-shaped model (32 layers,
+// 8 KV heads, head dim 128, llama3 RoPE): 64 MiB of KV in bf16, scattered
+// into a cache of 1024 slots per layer in blocks of 16 taken in random order,
+// as vLLM's block table hands them out.
+func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order Order) *Job {
+	b.Helper()
+	const layers, heads, hd, tokens, blocks, bs = 32, 8, 128, 512, 64, 16
+	spec := chunk.ModelSpec{Family: "llama", Layers: layers, KVHeads: heads, HeadDim: hd, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000, Scaling: chunk.RopeScaling{
+			Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}}
+	tab, err := NewRopeTable(spec, 8192)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	lay := CacheLayout{Order: order, NumBlocks: blocks, BlockSize: bs, KVHeads: heads, HeadDim: hd, DType: dstDT}
+	blockTable := rng.Perm(blocks)
+	slots := make([]int, tokens)
+	for t := range slots {
+		slots[t] = blockTable[t/bs]*bs + t%bs
+	}
+	src := make([]byte, layers*2*tokens*heads*hd*srcDT.Size())
+	for i := range src {
+		src[i] = byte(rng.Uint32() & 0x3f) // finite values in every dtype
+	}
+	dst := make([][]byte, layers)
+	for i := range dst {
+		dst[i] = make([]byte, lay.LayerBytes())
+	}
+	return &Job{Rope: tab, Src: src, SrcDType: srcDT, Tokens: tokens, SrcHeads: heads, Pos: 4000,
+		Slots: slots, Layout: lay, Dst: dst}
+}
+
+// writtenBytes is what a job writes: K and V of every named slot.
+func writtenBytes(j *Job) int {
+	n := 0
+	for _, s := range j.Slots {
+		if s >= 0 {
+			n++
+		}
+	}
+	return len(j.Dst) * 2 * n * j.Layout.KVHeads * j.Layout.HeadDim * j.Layout.DType.Size()
+}
+
+// parallelCopy copies src into dst split over w goroutines: the physical
+// limit the fused pass is measured against.
+func parallelCopy(dst, src []byte, w int) {
+	var wg sync.WaitGroup
+	n := len(src)
+	for i := 0; i < w; i++ {
+		lo, hi := i*n/w, (i+1)*n/w
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			copy(dst[lo:hi], src[lo:hi])
+		}()
+	}
+	wg.Wait()
+}
+
+var benchCases = []struct {
+	name         string
+	srcDT, dstDT chunk.DType
+	order        Order
+}{
+	{"bf16-bf16-NHD", chunk.BF16, chunk.BF16, NHD},
+	{"bf16-bf16-HND", chunk.BF16, chunk.BF16, HND},
+	{"f16-f16-NHD", chunk.F16, chunk.F16, NHD},
+	{"f32-f32-NHD", chunk.F32, chunk.F32, NHD},
+	{"bf16-fp8-NHD", chunk.BF16, chunk.FP8E4M3, NHD},
+	{"fp8-bf16-NHD", chunk.FP8E4M3, chunk.BF16, NHD},
+}
+
+func BenchmarkInject(b *testing.B) {
+	for _, c := range benchCases {
+		b.Run(c.name, func(b *testing.B) {
+			j := benchJob(b, c.srcDT, c.dstDT, c.order)
+			in := NewInjector(Config{})
+			defer in.Close()
+			ctx := context.Background()
+			b.SetBytes(int64(writtenBytes(j)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := in.Inject(ctx, j); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkInjectVsMemcpy alternates the fused pass and a parallel memcpy
+// of the same number of bytes, all cores each, and reports both rates and
+// their ratio (the target: ratio >= 0.7).
+func BenchmarkInjectVsMemcpy(b *testing.B) {
+	for _, c := range benchCases {
+		b.Run(c.name, func(b *testing.B) {
+			j := benchJob(b, c.srcDT, c.dstDT, c.order)
+			in := NewInjector(Config{})
+			defer in.Close()
+			n := writtenBytes(j)
+			from, to := make([]byte, n), make([]byte, n)
+			for i := range from {
+				from[i] = byte(i)
+			}
+			w := runtime.GOMAXPROCS(0)
+			ctx := context.Background()
+			var tInject, tCopy time.Duration
+			b.SetBytes(int64(n))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				parallelCopy(to, from, w)
+				t1 := time.Now()
+				if err := in.Inject(ctx, j); err != nil {
+					b.Fatal(err)
+				}
+				tCopy += t1.Sub(t0)
+				tInject += time.Since(t1)
+			}
+			gb := float64(n) * float64(b.N) / 1e9
+			b.ReportMetric(gb/tInject.Seconds(), "inject-GB/s")
+			b.ReportMetric(gb/tCopy.Seconds(), "memcpy-GB/s")
+			b.ReportMetric(tCopy.Seconds()/tInject.Seconds(), "ratio")
+		})
+	}
+}

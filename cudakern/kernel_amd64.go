@@ -1,0 +1,21 @@
+//go:build !purego
+
+package cudakern
+
+import "golang.org/x/sys/cpu"
+
+// hasSIMD reports whether the AVX2 kernels can run here.
+func hasSIMD() bool { return cpu.X86.HasAVX2 && cpu.X86.HasF16C }
+
+// The AVX2 kernels (kernel_amd64.s) rotate NeoX pairs i < n of a head
+// vector whose halves start at element 0 and element half; n is a positive
+// multiple of 8 and at most half; cos and sin hold at least n.
+
+//go:noescape
+func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)
