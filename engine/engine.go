@@ -36,6 +36,9 @@ type Config struct {
 	KVDType chunk.DType
 	// TokenizerID goes into the model spec (and so into every chunk key).
 	TokenizerID string
+	// PureGo disables the assembly matmul kernels (for comparison; results
+	// differ from the kernels' only by float32 summation order).
+	PureGo bool
 	// Logger receives warnings (entries that do not fit the model); nil
 	// means slog.Default().
 	Logger *slog.Logger
@@ -118,7 +121,7 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	e := &Engine{
 		w: w, cfg: mc, spec: spec, fp: spec.Fingerprint(), rope: rope, layout: layout, log: cfg.Logger,
 		inj:  cudakern.NewInjector(cudakern.Config{Workers: cfg.Workers}),
-		pool: newPool(cfg.Workers),
+		pool: newPool(cfg.Workers, !cfg.PureGo),
 	}
 	e.cache = make([]cacheLayer, mc.NumLayers)
 	for l := range e.cache {

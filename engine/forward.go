@@ -83,8 +83,7 @@ type attnTask struct {
 	hd       int
 	scale    float32
 	scores   [][]float32 // per worker, at least seq length
-	vOffset  int         // element offset of V relative to K for one slot
-	kvStride int         // elements per slot (NHD)
+	avx      bool        // use the assembly dot and axpy (hd % 8 == 0)
 }
 
 func (t *attnTask) do(w, lo, hi int) {
@@ -99,7 +98,12 @@ func (t *attnTask) do(w, lo, hi int) {
 		mx := float32(math.Inf(-1))
 		for j := range s {
 			off := t.layout.Offset(0, t.slots[j], kvh) / 4
-			v := dot(qv, t.kv[off:off+hd]) * t.scale
+			var v float32
+			if t.avx {
+				v = dotAVX(&qv[0], &t.kv[off:off+hd][0], hd) * t.scale
+			} else {
+				v = dot(qv, t.kv[off:off+hd]) * t.scale
+			}
 			s[j] = v
 			if v > mx {
 				mx = v
@@ -116,6 +120,10 @@ func (t *attnTask) do(w, lo, hi int) {
 		for j, p := range s {
 			off := t.layout.Offset(1, t.slots[j], kvh) / 4
 			vv := t.kv[off : off+hd]
+			if t.avx {
+				axpyAVX(p, &vv[0], &out[0], hd)
+				continue
+			}
 			vv = vv[:len(out)]
 			for d := range out {
 				out[d] += p * vv[d]
@@ -188,7 +196,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 	}
 	at := &sc.attn
 	*at = attnTask{slots: s.slots, layout: e.layout, heads: c.NumHeads, group: c.NumHeads / c.NumKVHeads,
-		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores}
+		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores, avx: e.pool.avx && hd%8 == 0}
 	for l := range e.w.layers {
 		if err := ctx.Err(); err != nil {
 			return st, err

@@ -34,12 +34,22 @@ func randSlice(r *rand.Rand, n int) []float32 {
 }
 
 func TestMatmul(t *testing.T) {
-	p := newPool(3)
+	for _, avx := range []bool{false, true} {
+		if avx && !hasAVXKernels() {
+			t.Log("no AVX2+FMA here: assembly kernels not tested")
+			continue
+		}
+		t.Run(fmt.Sprintf("avx=%v", avx), func(t *testing.T) { testMatmul(t, avx) })
+	}
+}
+
+func testMatmul(t *testing.T, avx bool) {
+	p := newPool(3, avx)
 	defer p.close()
 	r := rand.New(rand.NewPCG(1, 2))
 	var mt matmulTask
 	for _, tc := range []struct{ n, in, out int }{
-		{1, 1, 1}, {1, 7, 5}, {2, 64, 64}, {3, 65, 67}, {17, 128, 33}, {70, 96, 130}, {129, 64, 200},
+		{1, 1, 1}, {1, 7, 5}, {1, 8, 5}, {2, 64, 64}, {3, 65, 67}, {3, 64, 67}, {17, 128, 33}, {70, 96, 130}, {129, 64, 202},
 	} {
 		for _, withBias := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%dx%dx%d/bias=%v", tc.n, tc.in, tc.out, withBias), func(t *testing.T) {
@@ -72,7 +82,13 @@ func TestMatmul(t *testing.T) {
 }
 
 func BenchmarkMatmul(b *testing.B) {
-	p := newPool(runtime.GOMAXPROCS(0))
+	for _, avx := range []bool{false, true} {
+		b.Run(fmt.Sprintf("avx=%v", avx && hasAVXKernels()), func(b *testing.B) { benchMatmul(b, avx) })
+	}
+}
+
+func benchMatmul(b *testing.B, avx bool) {
+	p := newPool(runtime.GOMAXPROCS(0), avx)
 	defer p.close()
 	for _, tc := range []struct{ n, in, out int }{
 		{1, 512, 1536}, {16, 512, 1536}, {256, 512, 1536}, {1024, 512, 512},
@@ -90,5 +106,39 @@ func BenchmarkMatmul(b *testing.B) {
 			flops := 2 * float64(tc.n*tc.in*tc.out) * float64(b.N)
 			b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 		})
+	}
+}
+
+func TestVectorKernels(t *testing.T) {
+	if !hasAVXKernels() {
+		t.Skip("no AVX2+FMA here")
+	}
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, n := range []int{0, 8, 16, 24, 64, 136} {
+		a, b := randSlice(r, n+1), randSlice(r, n+1)
+		var want float64
+		for i := 0; i < n; i++ {
+			want += float64(a[i]) * float64(b[i])
+		}
+		var got float32
+		if n > 0 {
+			got = dotAVX(&a[0], &b[0], n)
+		}
+		if math.Abs(float64(got)-want) > 1e-5*float64(n+1) {
+			t.Fatalf("dot n=%d: %v, want %v", n, got, want)
+		}
+		if n == 0 {
+			continue
+		}
+		y := append([]float32(nil), b...)
+		axpyAVX(0.5, &a[0], &y[0], n)
+		for i := 0; i < n; i++ {
+			if w := b[i] + 0.5*a[i]; math.Abs(float64(y[i]-w)) > 1e-6 {
+				t.Fatalf("axpy n=%d [%d]: %v, want %v", n, i, y[i], w)
+			}
+		}
+		if y[n] != b[n] {
+			t.Fatalf("axpy n=%d wrote past n", n)
+		}
 	}
 }

@@ -16,7 +16,8 @@ type task interface {
 // pool runs tasks on a fixed set of goroutines plus the caller. One run at a
 // time: the engine serialises forward passes, and run is not reentrant.
 type pool struct {
-	workers int // including the caller
+	workers int  // including the caller
+	avx     bool // matmul may use the assembly kernels
 	start   []chan struct{}
 	wg      sync.WaitGroup
 	stop    chan struct{}
@@ -29,12 +30,13 @@ type pool struct {
 	next  atomic.Int64
 }
 
-// newPool starts workers-1 goroutines; workers < 1 means 1.
-func newPool(workers int) *pool {
+// newPool starts workers-1 goroutines; workers < 1 means 1. avx enables the
+// assembly matmul kernels where the CPU has them.
+func newPool(workers int, avx bool) *pool {
 	if workers < 1 {
 		workers = 1
 	}
-	p := &pool{workers: workers, stop: make(chan struct{})}
+	p := &pool{workers: workers, avx: avx && hasAVXKernels(), stop: make(chan struct{})}
 	p.start = make([]chan struct{}, workers-1)
 	for i := range p.start {
 		p.start[i] = make(chan struct{}, 1)

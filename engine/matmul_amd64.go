@@ -1,0 +1,21 @@
+//go:build amd64 && !purego
+
+package engine
+
+import "golang.org/x/sys/cpu"
+
+// hasAVXKernels reports whether the AVX2+FMA kernels of matmul_amd64.s can
+// run here.
+func hasAVXKernels() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }
+
+//go:noescape
+func dot2x4AVX(xa, xb, w0, w1, w2, w3 *float32, n int, out *[8]float32)
+
+//go:noescape
+func dot1x4AVX(xa, w0, w1, w2, w3 *float32, n int, out *[4]float32)
+
+//go:noescape
+func dotAVX(a, b *float32, n int) float32
+
+//go:noescape
+func axpyAVX(alpha float32, x, y *float32, n int)

@@ -1,0 +1,17 @@
+//go:build !amd64 || purego
+
+package engine
+
+func hasAVXKernels() bool { return false }
+
+func dot2x4AVX(xa, xb, w0, w1, w2, w3 *float32, n int, out *[8]float32) {
+	panic("engine: no AVX kernels in this build")
+}
+
+func dot1x4AVX(xa, w0, w1, w2, w3 *float32, n int, out *[4]float32) {
+	panic("engine: no AVX kernels in this build")
+}
+
+func dotAVX(a, b *float32, n int) float32 { panic("engine: no AVX kernels in this build") }
+
+func axpyAVX(alpha float32, x, y *float32, n int) { panic("engine: no AVX kernels in this build") }
