@@ -73,17 +73,17 @@ func (sc *scratch) indices(lo, hi int) []int {
 // attnTask computes causal attention for (active token, query head) items
 // against the cache of one layer.
 type attnTask struct {
-	q, out   []float32 // [n][heads][head_dim]
-	idx      []int     // token index of each active row
-	slots    []int     // slot of every token of the sequence
-	kv       []float32 // the cache layer
-	layout   cudakern.CacheLayout
-	heads    int
-	group    int // query heads per kv head
-	hd       int
-	scale    float32
-	scores   [][]float32 // per worker, at least seq length
-	avx      bool        // use the assembly dot and axpy (hd % 8 == 0)
+	q, out []float32 // [n][heads][head_dim]
+	idx    []int     // token index of each active row
+	slots  []int     // slot of every token of the sequence
+	kv     []float32 // the cache layer
+	layout cudakern.CacheLayout
+	heads  int
+	group  int // query heads per kv head
+	hd     int
+	scale  float32
+	scores [][]float32 // per worker, at least seq length
+	avx    bool        // use the assembly dot and axpy (hd % 8 == 0)
 }
 
 func (t *attnTask) do(w, lo, hi int) {
@@ -100,7 +100,7 @@ func (t *attnTask) do(w, lo, hi int) {
 			off := t.layout.Offset(0, t.slots[j], kvh) / 4
 			var v float32
 			if t.avx {
-				v = dotAVX(&qv[0], &t.kv[off:off+hd][0], hd) * t.scale
+				v = dotAVX(&qv[0], &t.kv[off : off+hd][0], hd) * t.scale
 			} else {
 				v = dot(qv, t.kv[off:off+hd]) * t.scale
 			}
