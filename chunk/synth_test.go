@@ -105,12 +105,12 @@ func lossyBounds(c Codec, raw []byte, sh Shape) []float64 {
 		dg := (sh.HeadDim + quantGroupDims - 1) / quantGroupDims
 		groupOf[half+j] = ng + (t*sh.KVHeads+h)*dg + d/quantGroupDims
 	}
-	lo, hi, amax := make(map[int]float64), make(map[int]float64), make(map[int]float64)
+	lo, hi, amax := make([]float64, n), make([]float64, n), make([]float64, n)
+	for g := range lo {
+		lo[g], hi[g] = math.Inf(1), math.Inf(-1)
+	}
 	for i := 0; i < n; i++ {
 		g, v := groupOf[i], elemF64(raw, i, dt)
-		if _, ok := lo[g]; !ok {
-			lo[g], hi[g] = v, v
-		}
 		lo[g], hi[g], amax[g] = min(lo[g], v), max(hi[g], v), max(amax[g], math.Abs(v))
 	}
 	up := 1 + math.Ldexp(1, -mantBits(dt)) // scale rounded up in dt
