@@ -17,6 +17,7 @@ package ring
 
 import (
 	"cmp"
+	"encoding/binary"
 	"math"
 	"slices"
 
@@ -83,8 +84,10 @@ func New(epoch uint64, members []Member) *Ring {
 		}
 	}
 	slices.SortFunc(ms, func(a, b Member) int {
+		if c := cmp.Compare(a.ID, b.ID); c != 0 {
+			return c
+		}
 		return cmp.Or(
-			cmp.Compare(a.ID, b.ID),
 			cmp.Compare(a.GRPCAddr, b.GRPCAddr),
 			cmp.Compare(a.RaftAddr, b.RaftAddr),
 			cmp.Compare(a.GossipAddr, b.GossipAddr),
@@ -103,6 +106,32 @@ func New(epoch uint64, members []Member) *Ring {
 		}
 	}
 	return r
+}
+
+// Digest is a 64-bit hash of the epoch and the members (every field), for
+// nodes and clients to check cheaply that they hold the same ring.
+func (r *Ring) Digest() uint64 {
+	var d xxhash.Digest
+	d.Reset()
+	var buf [8]byte
+	put := func(v uint64) {
+		binary.LittleEndian.PutUint64(buf[:], v)
+		_, _ = d.Write(buf[:])
+	}
+	str := func(s string) {
+		put(uint64(len(s)))
+		_, _ = d.WriteString(s)
+	}
+	put(r.epoch)
+	put(uint64(len(r.members)))
+	for _, m := range r.members {
+		str(m.ID)
+		str(m.GRPCAddr)
+		str(m.RaftAddr)
+		str(m.GossipAddr)
+		put(math.Float64bits(m.Weight))
+	}
+	return d.Sum64()
 }
 
 // Epoch is the ring's epoch, as the metadata layer numbered it.

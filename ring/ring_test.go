@@ -428,6 +428,26 @@ func BenchmarkReplicas(b *testing.B) {
 	}
 }
 
+func BenchmarkReplicasWeighted(b *testing.B) {
+	ks := keys(1024)
+	for _, n := range []int{3, 16, 128} {
+		ms := members(n)
+		for i := range ms {
+			ms[i].Weight = float64(1 + i%4)
+		}
+		r := New(1, ms)
+		b.Run(fmt.Sprintf("members=%d/r=3/append", n), func(b *testing.B) {
+			b.ReportAllocs()
+			dst := make([]Member, 0, 3)
+			i := 0
+			for b.Loop() {
+				dst = r.AppendReplicas(dst[:0], ks[i&1023], 3)
+				i++
+			}
+		})
+	}
+}
+
 func BenchmarkNew(b *testing.B) {
 	ms := members(128)
 	b.ReportAllocs()
@@ -451,6 +471,62 @@ func TestUniformShortcutMatchesScore(t *testing.T) {
 			if a, b := ids(fast.Replicas(k, n)), ids(slow.Replicas(k, n)); !slices.Equal(a, b) {
 				t.Fatalf("n=%d key %v: hash order %v, score order %v", n, k, a, b)
 			}
+		}
+	}
+}
+
+func TestDigest(t *testing.T) {
+	base := members(4)
+	d := New(3, base).Digest()
+	rev := slices.Clone(base)
+	slices.Reverse(rev)
+	if New(3, rev).Digest() != d {
+		t.Fatal("digest depends on input order")
+	}
+	changed := func(f func([]Member)) []Member {
+		ms := slices.Clone(base)
+		f(ms)
+		return ms
+	}
+	for name, r := range map[string]*Ring{
+		"epoch":  New(4, base),
+		"member": New(3, base[:3]),
+		"addr":   New(3, changed(func(ms []Member) { ms[1].GRPCAddr = "x:1" })),
+		"weight": New(3, changed(func(ms []Member) { ms[2].Weight = 2 })),
+		"empty":  New(3, nil),
+	} {
+		if r.Digest() == d {
+			t.Errorf("digest ignores a change of %s", name)
+		}
+	}
+}
+
+// TestConcurrentUse: a Ring is read from many goroutines at once (run
+// with -race).
+func TestConcurrentUse(t *testing.T) {
+	r := New(1, members(9))
+	ks := keys(500)
+	want := make([][]string, len(ks))
+	for i, k := range ks {
+		want[i] = ids(r.Replicas(k, 3))
+	}
+	errs := make(chan error, 4)
+	for g := range 4 {
+		go func() {
+			for i, k := range ks {
+				if got := ids(r.Replicas(k, 3)); !slices.Equal(got, want[i]) {
+					errs <- fmt.Errorf("goroutine %d key %d: %v, want %v", g, i, got, want[i])
+					return
+				}
+				_ = r.IsReplica(k, "node-03", 3)
+				_ = r.Members()
+			}
+			errs <- nil
+		}()
+	}
+	for range 4 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
 		}
 	}
 }
