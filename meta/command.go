@@ -1,0 +1,217 @@
+package meta
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// Sentinel errors callers branch on. Errors from a forwarded write are
+// whatever the Forwarder returns; node maps gRPC status codes back to these.
+var (
+	// ErrInvalidCommand is returned for a command the FSM refuses: a
+	// malformed encoding, an invalid model spec, invalid settings or members.
+	ErrInvalidCommand = errors.New("meta: invalid command")
+	// ErrStaleEpoch is returned for a ring change computed against an
+	// epoch that is no longer current.
+	ErrStaleEpoch = errors.New("meta: stale ring epoch")
+	// ErrNotLeader is returned by ApplyForwarded on a node that is not
+	// the leader, and by writes on a follower that has no Forwarder.
+	ErrNotLeader = errors.New("meta: not the raft leader")
+	// ErrNoLeader is returned when no leader became known before the
+	// context ended.
+	ErrNoLeader = errors.New("meta: no raft leader")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("meta: store closed")
+)
+
+// Settings are the cluster-wide knobs every node reads from the metadata.
+type Settings struct {
+	// ReplicationFactor is R, the number of replicas of each chunk.
+	ReplicationFactor int `json:"replication_factor"`
+	// WriteQuorum is W, the replicas that must hold a chunk before a put is
+	// acknowledged; 1 <= W <= R.
+	WriteQuorum int `json:"write_quorum"`
+	// Codec is the codec new entries are encoded with.
+	Codec chunk.Codec `json:"codec"`
+}
+
+// Default settings until the first SetSettings (DESIGN.md section 6).
+const (
+	DefaultReplicationFactor = 3
+	DefaultWriteQuorum       = 2
+	// MaxReplicationFactor bounds R; more replicas than this is a typo.
+	MaxReplicationFactor = 16
+)
+
+// DefaultSettings returns R=3, W=2, raw codec.
+func DefaultSettings() Settings {
+	return Settings{ReplicationFactor: DefaultReplicationFactor, WriteQuorum: DefaultWriteQuorum, Codec: chunk.CodecRaw}
+}
+
+// Validate reports why s cannot be the cluster's settings.
+func (s Settings) Validate() error {
+	switch {
+	case s.ReplicationFactor < 1 || s.ReplicationFactor > MaxReplicationFactor:
+		return fmt.Errorf("%w: replication factor %d out of range 1..%d", ErrInvalidCommand, s.ReplicationFactor, MaxReplicationFactor)
+	case s.WriteQuorum < 1 || s.WriteQuorum > s.ReplicationFactor:
+		return fmt.Errorf("%w: write quorum %d out of range 1..%d", ErrInvalidCommand, s.WriteQuorum, s.ReplicationFactor)
+	case s.Codec < chunk.CodecRaw || s.Codec > chunk.CodecFP8:
+		return fmt.Errorf("%w: unknown codec %v", ErrInvalidCommand, s.Codec)
+	}
+	return nil
+}
+
+// Command encoding: one version byte, one kind byte, then the kind's payload
+// as JSON. JSON keeps the log readable with raft-wal's tools and lets fields
+// be added without a new version; the log only ever carries small records.
+const cmdVersion byte = 1
+
+type cmdKind byte
+
+const (
+	kindRegisterModel cmdKind = 1
+	kindSetSettings   cmdKind = 2
+	kindRingChange    cmdKind = 3
+)
+
+func (k cmdKind) String() string {
+	switch k {
+	case kindRegisterModel:
+		return "register-model"
+	case kindSetSettings:
+		return "set-settings"
+	case kindRingChange:
+		return "ring-change"
+	}
+	return fmt.Sprintf("kind(%d)", byte(k))
+}
+
+// maxCommandBytes bounds a command: a ring change of a few thousand members
+// is far below it, and nothing bigger belongs in the log.
+const maxCommandBytes = 4 << 20
+
+// ringChange moves the ring from Epoch to Epoch+1: members in Upsert are
+// added or replaced (same ID), IDs in Remove leave. The epoch makes the
+// change conditional, so a change computed by a deposed leader against an
+// older ring fails with ErrStaleEpoch instead of undoing a newer one.
+type ringChange struct {
+	Epoch  uint64        `json:"epoch"`
+	Upsert []ring.Member `json:"upsert,omitempty"`
+	Remove []string      `json:"remove,omitempty"`
+}
+
+type registerModel struct {
+	Spec chunk.ModelSpec `json:"spec"`
+}
+
+// command is a decoded log entry; exactly one payload field is set.
+type command struct {
+	kind     cmdKind
+	model    *registerModel
+	settings *Settings
+	ring     *ringChange
+}
+
+func encodeCommand(kind cmdKind, payload any) ([]byte, error) {
+	b := []byte{cmdVersion, byte(kind)}
+	body, err := json.Marshal(payload)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode %v: %w", ErrInvalidCommand, kind, err)
+	}
+	b = append(b, body...)
+	if len(b) > maxCommandBytes {
+		return nil, fmt.Errorf("%w: %v command of %d bytes exceeds %d", ErrInvalidCommand, kind, len(b), maxCommandBytes)
+	}
+	return b, nil
+}
+
+// decodeCommand parses and validates a command. Everything that arrives
+// here may come from another node's gRPC request, so it checks all of it.
+func decodeCommand(b []byte) (command, error) {
+	if len(b) < 2 {
+		return command{}, fmt.Errorf("%w: %d bytes", ErrInvalidCommand, len(b))
+	}
+	if len(b) > maxCommandBytes {
+		return command{}, fmt.Errorf("%w: %d bytes exceeds %d", ErrInvalidCommand, len(b), maxCommandBytes)
+	}
+	if b[0] != cmdVersion {
+		return command{}, fmt.Errorf("%w: version %d, want %d", ErrInvalidCommand, b[0], cmdVersion)
+	}
+	c := command{kind: cmdKind(b[1])}
+	var target any
+	switch c.kind {
+	case kindRegisterModel:
+		c.model = new(registerModel)
+		target = c.model
+	case kindSetSettings:
+		c.settings = new(Settings)
+		target = c.settings
+	case kindRingChange:
+		c.ring = new(ringChange)
+		target = c.ring
+	default:
+		return command{}, fmt.Errorf("%w: unknown kind %d", ErrInvalidCommand, b[1])
+	}
+	if err := json.Unmarshal(b[2:], target); err != nil {
+		return command{}, fmt.Errorf("%w: %v payload: %w", ErrInvalidCommand, c.kind, err)
+	}
+	var err error
+	switch c.kind {
+	case kindRegisterModel:
+		if verr := c.model.Spec.Validate(); verr != nil {
+			err = fmt.Errorf("%w: %w", ErrInvalidCommand, verr)
+		}
+	case kindSetSettings:
+		err = c.settings.Validate()
+	case kindRingChange:
+		err = c.ring.validate()
+	}
+	if err != nil {
+		return command{}, err
+	}
+	return c, nil
+}
+
+// maxMembers bounds one ring; more is a bug, not a cluster.
+const maxMembers = 4096
+
+func validateMember(m ring.Member) error {
+	switch {
+	case m.ID == "" || len(m.ID) > 256:
+		return fmt.Errorf("%w: member id %q", ErrInvalidCommand, m.ID)
+	case math.IsNaN(m.Weight) || math.IsInf(m.Weight, 0) || m.Weight < 0:
+		return fmt.Errorf("%w: member %q weight %v", ErrInvalidCommand, m.ID, m.Weight)
+	}
+	return nil
+}
+
+func (rc *ringChange) validate() error {
+	if len(rc.Upsert)+len(rc.Remove) == 0 {
+		return fmt.Errorf("%w: empty ring change", ErrInvalidCommand)
+	}
+	if len(rc.Upsert) > maxMembers || len(rc.Remove) > maxMembers {
+		return fmt.Errorf("%w: ring change of %d+%d members", ErrInvalidCommand, len(rc.Upsert), len(rc.Remove))
+	}
+	seen := make(map[string]bool, len(rc.Upsert)+len(rc.Remove))
+	for _, m := range rc.Upsert {
+		if err := validateMember(m); err != nil {
+			return err
+		}
+		if seen[m.ID] {
+			return fmt.Errorf("%w: member %q twice in one change", ErrInvalidCommand, m.ID)
+		}
+		seen[m.ID] = true
+	}
+	for _, id := range rc.Remove {
+		if id == "" || seen[id] {
+			return fmt.Errorf("%w: removed member %q empty or repeated", ErrInvalidCommand, id)
+		}
+		seen[id] = true
+	}
+	return nil
+}

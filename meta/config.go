@@ -1,0 +1,160 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// Peers is the membership source the leader reconciles raft and the ring
+// with. *ring.Gossip implements it.
+type Peers interface {
+	// Members returns the nodes gossip considers alive, this one included.
+	Members() []ring.NodeMeta
+}
+
+// Forwarder carries a write from a follower to the leader. node implements
+// it over gRPC: the leader's handler calls ApplyForwarded with cmd. Errors
+// that mean "that node is not (or no longer) the leader" should wrap
+// ErrNotLeader, and refusals of the command ErrInvalidCommand or
+// ErrStaleEpoch, so that the follower retries the first and not the others.
+type Forwarder interface {
+	Apply(ctx context.Context, leaderGRPCAddr string, cmd []byte) error
+}
+
+// Config configures Open. Zero durations and counts take the documented
+// defaults; the raft timings default to hashicorp/raft's (tuned for a LAN)
+// and tests shrink them.
+type Config struct {
+	// NodeID is this node's raft server ID and ring member ID (required);
+	// it must equal its gossip NodeMeta.ID and stay the same across
+	// restarts.
+	NodeID string
+	// RaftBind is the host:port raft listens on; port 0 picks a free one
+	// (see RaftAddr). Default "127.0.0.1:0".
+	RaftBind string
+	// RaftAdvertise is the address other nodes dial; default the bound
+	// address, which must then not be unspecified (0.0.0.0).
+	RaftAdvertise string
+	// DataDir holds the raft log (DataDir/raft/wal) and snapshots
+	// (DataDir/raft/snapshots) (required).
+	DataDir string
+	// BootstrapExpect is the number of servers that bootstrap a new
+	// cluster: once Peers reports that many nodes, the ones with the
+	// smallest IDs bootstrap together. 1 bootstraps alone at once; 0 never
+	// bootstraps (the node waits for a leader to add it).
+	BootstrapExpect int
+	// Peers is the gossip membership; nil means this node alone (useful
+	// with BootstrapExpect 1). SetPeers sets it after Open when gossip is
+	// started later, since gossip needs RaftAddr first.
+	Peers Peers
+	// Forward sends writes made on a follower to the leader; nil makes such
+	// writes fail with ErrNotLeader.
+	Forward Forwarder
+	// GRPCAddr and Weight describe this node when Peers does not list it
+	// (no gossip yet, or none at all); gossip's metadata wins otherwise.
+	GRPCAddr string
+	Weight   float64
+	// DeadGrace is how long the leader waits after a node stops being
+	// alive in gossip before it removes the node from raft and the ring.
+	// A node that leaves gracefully (NodeMeta.Leaving) is removed at once.
+	// Default 30s.
+	DeadGrace time.Duration
+	// MaxVoters bounds raft voters; further nodes join as non-voters and
+	// are promoted when a voter goes. Default 5.
+	MaxVoters int
+	// ReconcileInterval is how often the leader reconciles gossip with
+	// raft and the ring (besides Reconcile calls). Default 1s.
+	ReconcileInterval time.Duration
+	// ApplyTimeout bounds a write whose context has no deadline. Default 10s.
+	ApplyTimeout time.Duration
+
+	// Raft timings: defaults 1s, 1s, 500ms, 50ms (hashicorp/raft's).
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	CommitTimeout      time.Duration
+	// SnapshotInterval and SnapshotThreshold: raft snapshots when at least
+	// SnapshotThreshold entries accumulated, checked every
+	// SnapshotInterval. Defaults 30s and 1024; TrailingLogs (default 1024)
+	// entries stay behind a snapshot for slow followers.
+	SnapshotInterval  time.Duration
+	SnapshotThreshold uint64
+	TrailingLogs      uint64
+	// SnapshotRetain is how many snapshots stay on disk. Default 2.
+	SnapshotRetain int
+	// WALSegmentSize is the size of raft-wal segment files. Default 4 MiB:
+	// metadata entries are small, and the default 64 MiB would be mostly
+	// empty.
+	WALSegmentSize int
+
+	// Logger receives raft's and this package's logs; default slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultRaftBind          = "127.0.0.1:0"
+	DefaultDeadGrace         = 30 * time.Second
+	DefaultMaxVoters         = 5
+	DefaultReconcileInterval = time.Second
+	DefaultApplyTimeout      = 10 * time.Second
+	DefaultSnapshotInterval  = 30 * time.Second
+	DefaultSnapshotThreshold = 1024
+	DefaultTrailingLogs      = 1024
+	DefaultSnapshotRetain    = 2
+	DefaultWALSegmentSize    = 4 << 20
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.NodeID == "" {
+		return c, errors.New("meta: Config.NodeID is required")
+	}
+	if c.DataDir == "" {
+		return c, errors.New("meta: Config.DataDir is required")
+	}
+	if c.BootstrapExpect < 0 {
+		return c, errors.New("meta: Config.BootstrapExpect must be >= 0")
+	}
+	if c.RaftBind == "" {
+		c.RaftBind = DefaultRaftBind
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.DeadGrace, DefaultDeadGrace)
+	def(&c.ReconcileInterval, DefaultReconcileInterval)
+	def(&c.ApplyTimeout, DefaultApplyTimeout)
+	def(&c.HeartbeatTimeout, time.Second)
+	def(&c.ElectionTimeout, time.Second)
+	def(&c.LeaderLeaseTimeout, 500*time.Millisecond)
+	def(&c.CommitTimeout, 50*time.Millisecond)
+	def(&c.SnapshotInterval, DefaultSnapshotInterval)
+	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
+		c.LeaderLeaseTimeout = c.HeartbeatTimeout
+	}
+	if c.MaxVoters <= 0 {
+		c.MaxVoters = DefaultMaxVoters
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = DefaultSnapshotThreshold
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = DefaultTrailingLogs
+	}
+	if c.SnapshotRetain <= 0 {
+		c.SnapshotRetain = DefaultSnapshotRetain
+	}
+	if c.WALSegmentSize <= 0 {
+		c.WALSegmentSize = DefaultWALSegmentSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}

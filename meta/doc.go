@@ -1,0 +1,31 @@
+// Package meta is kvmesh's cluster metadata: a hashicorp/raft state machine
+// replicated over the servers of a cluster, holding the model registry,
+// the cluster settings (replication factor, write quorum, codec) and the
+// ring membership with its epoch. It holds no tensor bytes; a snapshot is
+// a few kilobytes of JSON.
+//
+// Each node opens a Store (Open) on its data directory. Reads are local.
+// Writes (RegisterModel, SetSettings) are applied on the leader: on a
+// follower they go through the Forwarder, which node implements over gRPC
+// by calling ApplyForwarded on the leader. Commands are one version byte,
+// one kind byte and a JSON payload; the FSM validates every one of them and
+// refuses an invalid one with an error, never a panic.
+//
+// A new cluster bootstraps once gossip (Peers) shows BootstrapExpect nodes.
+// From then on the leader reconciles gossip with raft and the ring, as
+// Consul and Nomad reconcile serf with raft: alive nodes are added as
+// voters up to MaxVoters (5) and as non-voters beyond, and put in the ring
+// (a new epoch); nodes that left gracefully, or are dead for longer than
+// DeadGrace, are removed from both.
+//
+// # Log store
+//
+// The raft log and stable store are hashicorp/raft-wal (DataDir/raft/wal),
+// snapshots raft's FileSnapshotStore (DataDir/raft/snapshots). raft-wal is
+// already required at v0.4.0 and works with raft v1.8.0; raft-boltdb/v2
+// would pull raft back to v1.7.3. raft-wal also fsyncs once per append
+// instead of BoltDB's two and truncates the head of the log cheaply after
+// a snapshot, which is what a metadata log does all day. Its "experimental"
+// label matters less here: the metadata is small and every node holds a
+// full copy, so a lost node is rebuilt from the others' snapshots.
+package meta

@@ -1,0 +1,306 @@
+package meta
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// fakePeers is a gossip view shared by every node of a test cluster: a node
+// is alive while it is in the map.
+type fakePeers struct {
+	mu    sync.Mutex
+	nodes map[string]ring.NodeMeta
+}
+
+func newFakePeers() *fakePeers { return &fakePeers{nodes: make(map[string]ring.NodeMeta)} }
+
+func (p *fakePeers) Members() []ring.NodeMeta {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Collect(maps.Values(p.nodes))
+}
+
+func (p *fakePeers) set(m ring.NodeMeta) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.nodes[m.ID] = m
+}
+
+func (p *fakePeers) remove(id string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.nodes, id)
+}
+
+// fakeForwarder plays node's gRPC forwarding: it calls ApplyForwarded on
+// the store listening on the gRPC address, or fails like an unreachable
+// node.
+type fakeForwarder struct {
+	mu     sync.Mutex
+	stores map[string]*Store // by gRPC address
+	calls  int
+}
+
+func newFakeForwarder() *fakeForwarder { return &fakeForwarder{stores: make(map[string]*Store)} }
+
+func (f *fakeForwarder) Apply(ctx context.Context, addr string, cmd []byte) error {
+	f.mu.Lock()
+	s := f.stores[addr]
+	f.calls++
+	f.mu.Unlock()
+	if s == nil {
+		return fmt.Errorf("forward to %s: unavailable", addr)
+	}
+	return s.ApplyForwarded(ctx, cmd)
+}
+
+func (f *fakeForwarder) set(addr string, s *Store) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if s == nil {
+		delete(f.stores, addr)
+	} else {
+		f.stores[addr] = s
+	}
+}
+
+func (f *fakeForwarder) callCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+func testLogger() *slog.Logger {
+	if os.Getenv("KVMESH_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, &slog.HandlerOptions{Level: slog.LevelError}))
+}
+
+// fastConfig has raft timings short enough for tests and loose enough not
+// to flap on 2 busy cores under -race.
+func fastConfig(id, dir string) Config {
+	return Config{
+		NodeID:             id,
+		RaftBind:           "127.0.0.1:0",
+		DataDir:            dir,
+		GRPCAddr:           "grpc-" + id,
+		DeadGrace:          500 * time.Millisecond,
+		ReconcileInterval:  50 * time.Millisecond,
+		ApplyTimeout:       5 * time.Second,
+		HeartbeatTimeout:   300 * time.Millisecond,
+		ElectionTimeout:    300 * time.Millisecond,
+		LeaderLeaseTimeout: 150 * time.Millisecond,
+		CommitTimeout:      5 * time.Millisecond,
+		Logger:             testLogger(),
+	}
+}
+
+// waitTimeout bounds every wait of these tests; it is a failure bound, not
+// a timing assertion.
+const waitTimeout = 30 * time.Second
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitTimeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// cluster runs Stores in-process over real TCP on 127.0.0.1.
+type cluster struct {
+	t      *testing.T
+	expect int
+	peers  *fakePeers
+	fwd    *fakeForwarder
+	mu     sync.Mutex
+	nodes  map[string]*Store
+	dirs   map[string]string
+	addrs  map[string]string // raft address, reused on restart
+	tweak  func(*Config)
+}
+
+func newCluster(t *testing.T, expect int) *cluster {
+	c := &cluster{
+		t: t, expect: expect, peers: newFakePeers(), fwd: newFakeForwarder(),
+		nodes: make(map[string]*Store), dirs: make(map[string]string), addrs: make(map[string]string),
+	}
+	t.Cleanup(func() {
+		for _, id := range c.running() {
+			c.stop(id)
+		}
+	})
+	return c
+}
+
+func nodeID(i int) string { return fmt.Sprintf("n%02d", i) }
+
+// start opens node id (from its old DataDir and address on a restart) and
+// makes it alive in gossip.
+func (c *cluster) start(id string) *Store {
+	c.t.Helper()
+	if c.dirs[id] == "" {
+		c.dirs[id] = c.t.TempDir()
+	}
+	cfg := fastConfig(id, c.dirs[id])
+	cfg.BootstrapExpect = c.expect
+	cfg.Peers = c.peers
+	cfg.Forward = c.fwd
+	if a := c.addrs[id]; a != "" {
+		cfg.RaftBind = a
+	}
+	if c.tweak != nil {
+		c.tweak(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	defer cancel()
+	var s *Store
+	var err error
+	// A restarted node rebinds its old port; retry briefly in case the
+	// kernel has not released it yet.
+	for range 50 {
+		if s, err = Open(ctx, cfg); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		c.t.Fatalf("open %s: %v", id, err)
+	}
+	c.mu.Lock()
+	c.nodes[id] = s
+	c.addrs[id] = s.RaftAddr()
+	c.mu.Unlock()
+	c.fwd.set(cfg.GRPCAddr, s)
+	c.peers.set(ring.NodeMeta{ID: id, GRPCAddr: cfg.GRPCAddr, RaftAddr: s.RaftAddr()})
+	return s
+}
+
+// stop closes node id and takes it out of gossip, as a crash would.
+func (c *cluster) stop(id string) {
+	c.t.Helper()
+	c.mu.Lock()
+	s := c.nodes[id]
+	delete(c.nodes, id)
+	c.mu.Unlock()
+	if s == nil {
+		return
+	}
+	c.peers.remove(id)
+	c.fwd.set("grpc-"+id, nil)
+	if err := s.Close(); err != nil {
+		c.t.Errorf("close %s: %v", id, err)
+	}
+}
+
+func (c *cluster) running() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Sorted(maps.Keys(c.nodes))
+}
+
+func (c *cluster) node(id string) *Store {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[id]
+}
+
+// leader waits until exactly one running node leads and every running node
+// knows it, and returns it.
+func (c *cluster) leader() *Store {
+	c.t.Helper()
+	var l *Store
+	eventually(c.t, "one leader known to all", func() bool {
+		l = nil
+		for _, id := range c.running() {
+			s := c.node(id)
+			if s.IsLeader() {
+				if l != nil {
+					return false
+				}
+				l = s
+			}
+		}
+		if l == nil {
+			return false
+		}
+		for _, id := range c.running() {
+			if lid, _ := c.node(id).Leader(); lid != l.NodeID() {
+				return false
+			}
+		}
+		return true
+	})
+	return l
+}
+
+func (c *cluster) follower() *Store {
+	c.t.Helper()
+	l := c.leader()
+	for _, id := range c.running() {
+		if id != l.NodeID() {
+			return c.node(id)
+		}
+	}
+	c.t.Fatal("no follower")
+	return nil
+}
+
+// ringIDs is the sorted member IDs of s's ring.
+func ringIDs(s *Store) []string {
+	var ids []string
+	for _, m := range s.Ring().Members() {
+		ids = append(ids, m.ID)
+	}
+	return ids
+}
+
+// waitAgree waits until every running node has the ring with exactly ids at
+// the same epoch and returns that epoch.
+func (c *cluster) waitAgree(ids []string) uint64 {
+	c.t.Helper()
+	var epoch uint64
+	eventually(c.t, fmt.Sprintf("every node's ring = %v", ids), func() bool {
+		run := c.running()
+		first := c.node(run[0]).Ring()
+		epoch = first.Epoch()
+		for _, id := range run {
+			s := c.node(id)
+			if s.Ring().Epoch() != epoch || !slices.Equal(ringIDs(s), ids) {
+				return false
+			}
+		}
+		return true
+	})
+	return epoch
+}
+
+func testSpec(i int) chunk.ModelSpec {
+	return chunk.ModelSpec{
+		Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000,
+		Scaling:         chunk.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192},
+		WeightsRevision: fmt.Sprintf("rev-%d", i),
+	}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}

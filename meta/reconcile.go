@@ -1,0 +1,200 @@
+package meta
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// tryBootstrap bootstraps a new cluster once gossip shows BootstrapExpect
+// nodes. Every node that sees the same alive set picks the same servers
+// (the BootstrapExpect smallest IDs), so they all bootstrap one identical
+// configuration; nodes outside it wait to be added by the leader. A node
+// that has already joined a cluster (it has log entries or knows a leader)
+// never bootstraps.
+func (s *Store) tryBootstrap() {
+	if s.raft.LastIndex() > 0 {
+		s.needBootstrap = false
+		return
+	}
+	if id, _ := s.raft.LeaderWithID(); id != "" {
+		s.needBootstrap = false
+		return
+	}
+	expect := s.cfg.BootstrapExpect
+	if expect == 0 {
+		return
+	}
+	alive, _ := s.alive()
+	if len(alive) < expect {
+		s.log.Debug("meta: waiting for peers to bootstrap", "alive", len(alive), "expect", expect)
+		return
+	}
+	ids := slices.Sorted(maps.Keys(alive))[:expect]
+	if !slices.Contains(ids, s.cfg.NodeID) {
+		return
+	}
+	var conf raft.Configuration
+	for i, id := range ids {
+		addr := alive[id].RaftAddr
+		if id == s.cfg.NodeID {
+			addr = s.raftAddr
+		}
+		if addr == "" {
+			s.log.Debug("meta: waiting for peer raft address to bootstrap", "peer", id)
+			return
+		}
+		suffrage := raft.Voter
+		if i >= s.cfg.MaxVoters {
+			suffrage = raft.Nonvoter
+		}
+		conf.Servers = append(conf.Servers, raft.Server{Suffrage: suffrage, ID: raft.ServerID(id), Address: raft.ServerAddress(addr)})
+	}
+	err := s.raft.BootstrapCluster(conf).Error()
+	switch {
+	case err == nil:
+		s.log.Info("meta: bootstrapped cluster", "servers", ids)
+	case errors.Is(err, raft.ErrCantBootstrap):
+	default:
+		s.log.Warn("meta: bootstrap", "err", err)
+		return
+	}
+	s.needBootstrap = false
+}
+
+// reconcile runs on the leader: it makes raft's configuration and the ring
+// follow gossip. Alive nodes missing from raft are added (voters while
+// there are fewer than MaxVoters, non-voters beyond, non-voters promoted
+// when a voter goes); nodes whose address changed are updated; nodes gone
+// from gossip for DeadGrace, or that announced a graceful leave, are
+// removed from both. The ring changes in one command per round, so a round
+// bumps the epoch at most once.
+func (s *Store) reconcile() error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ApplyTimeout)
+	defer cancel()
+	now := time.Now()
+	alive, leaving := s.alive()
+	for id := range alive {
+		delete(s.missingSince, id)
+	}
+	// dead reports whether id should be removed: it left gracefully, or it
+	// has been missing from gossip for DeadGrace.
+	dead := func(id string) bool {
+		if id == s.cfg.NodeID {
+			return false
+		}
+		if leaving[id] {
+			return true
+		}
+		if _, ok := alive[id]; ok {
+			return false
+		}
+		since, ok := s.missingSince[id]
+		if !ok {
+			s.missingSince[id] = now
+			return false
+		}
+		return now.Sub(since) >= s.cfg.DeadGrace
+	}
+
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return fmt.Errorf("raft configuration: %w", err)
+	}
+	servers := f.Configuration().Servers
+	inRaft := make(map[string]raft.Server, len(servers))
+	voters := 0
+	for _, sv := range servers {
+		inRaft[string(sv.ID)] = sv
+		if sv.Suffrage == raft.Voter {
+			voters++
+		}
+	}
+	var errs []error
+	membership := func(what, id string, fut raft.IndexFuture) {
+		if err := fut.Error(); err != nil {
+			errs = append(errs, fmt.Errorf("%s %s: %w", what, id, err))
+			return
+		}
+		s.log.Info("meta: raft membership", "change", what, "server", id)
+	}
+	// Removals first, so that a dead voter's slot can go to a live node.
+	for _, sv := range servers {
+		id := string(sv.ID)
+		if !dead(id) {
+			continue
+		}
+		membership("remove", id, s.raft.RemoveServer(sv.ID, 0, s.cfg.ApplyTimeout))
+		if sv.Suffrage == raft.Voter {
+			voters--
+		}
+		delete(inRaft, id)
+	}
+	for _, id := range slices.Sorted(maps.Keys(alive)) {
+		m := alive[id]
+		if m.RaftAddr == "" || id == s.cfg.NodeID {
+			continue
+		}
+		sid, addr := raft.ServerID(id), raft.ServerAddress(m.RaftAddr)
+		sv, ok := inRaft[id]
+		switch {
+		case !ok && voters < s.cfg.MaxVoters:
+			membership("add voter", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout))
+			voters++
+		case !ok:
+			membership("add nonvoter", id, s.raft.AddNonvoter(sid, addr, 0, s.cfg.ApplyTimeout))
+		case sv.Suffrage == raft.Voter && sv.Address != addr:
+			membership("readdress voter", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout))
+		case sv.Suffrage != raft.Voter && voters < s.cfg.MaxVoters:
+			membership("promote", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout))
+			voters++
+		case sv.Suffrage != raft.Voter && sv.Address != addr:
+			membership("readdress nonvoter", id, s.raft.AddNonvoter(sid, addr, 0, s.cfg.ApplyTimeout))
+		}
+	}
+
+	cur := s.fsm.currentRing()
+	change := ringChange{Epoch: cur.Epoch()}
+	for _, id := range slices.Sorted(maps.Keys(alive)) {
+		if old, ok := cur.Member(id); !ok || old != alive[id] {
+			change.Upsert = append(change.Upsert, alive[id])
+		}
+	}
+	for _, m := range cur.Members() {
+		if dead(m.ID) {
+			change.Remove = append(change.Remove, m.ID)
+		}
+	}
+	if len(change.Upsert)+len(change.Remove) > 0 {
+		slices.SortFunc(change.Upsert, func(a, b ring.Member) int { return cmp.Compare(a.ID, b.ID) })
+		cmd, err := encodeCommand(kindRingChange, &change)
+		if err == nil {
+			err = s.applyLocal(ctx, cmd)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ring change at epoch %d: %w", change.Epoch, err))
+		} else {
+			s.log.Info("meta: ring change", "epoch", change.Epoch+1, "upsert", len(change.Upsert), "remove", change.Remove)
+		}
+	}
+
+	// Forget nodes that are in neither raft nor the ring any more.
+	for id := range s.missingSince {
+		if _, ok := inRaft[id]; ok {
+			continue
+		}
+		if s.fsm.currentRing().Contains(id) {
+			continue
+		}
+		delete(s.missingSince, id)
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,596 @@
+package meta
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/raft"
+	raftwal "github.com/hashicorp/raft-wal"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// Store is one node's view of the cluster metadata and its raft server.
+// Reads (Model, Settings, Ring, Leader) are local and lock-light; writes go
+// through the leader. All methods are safe for concurrent use.
+type Store struct {
+	cfg      Config
+	log      *slog.Logger
+	fsm      *fsm
+	raft     *raft.Raft
+	wal      *raftwal.WAL
+	raftAddr string
+	peers    atomic.Pointer[peersBox]
+
+	watchMu     sync.Mutex
+	watchers    map[uint64]chan struct{}
+	nextWatch   uint64
+	watchClosed bool
+
+	observer *raft.Observer
+	obsCh    chan raft.Observation
+
+	wake   chan struct{} // capacity 1: kicks the reconcile loop
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+
+	// Owned by the loop goroutine.
+	needBootstrap bool
+	missingSince  map[string]time.Time
+}
+
+// peersBox lets an interface value live in an atomic.Pointer.
+type peersBox struct{ p Peers }
+
+// Open opens (or creates) the node's raft state in cfg.DataDir, binds the
+// raft transport and starts the raft server and the reconcile loop. It does
+// not wait for a leader; see WaitLeader. ctx bounds only the opening.
+func Open(ctx context.Context, cfg Config) (*Store, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger.With("node", cfg.NodeID)
+	walDir := filepath.Join(cfg.DataDir, "raft", "wal")
+	snapDir := filepath.Join(cfg.DataDir, "raft")
+	if err := os.MkdirAll(walDir, 0o755); err != nil {
+		return nil, fmt.Errorf("meta: create data dir: %w", err)
+	}
+	wal, err := raftwal.Open(walDir, raftwal.WithLogger(newHCLog(log, "raft-wal")), raftwal.WithSegmentSize(cfg.WALSegmentSize))
+	if err != nil {
+		return nil, fmt.Errorf("meta: open raft log: %w", err)
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			_ = wal.Close()
+		}
+	}()
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(snapDir, cfg.SnapshotRetain, newHCLog(log, "raft-snap"))
+	if err != nil {
+		return nil, fmt.Errorf("meta: open snapshots: %w", err)
+	}
+	var advertise net.Addr
+	if cfg.RaftAdvertise != "" {
+		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {
+			return nil, fmt.Errorf("meta: raft advertise address: %w", err)
+		}
+	}
+	trans, err := raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, &raft.NetworkTransportConfig{
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+		Logger:  newHCLog(log, "raft-net"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("meta: raft transport on %s: %w", cfg.RaftBind, err)
+	}
+	hasState, err := raft.HasExistingState(wal, wal, snaps)
+	if err != nil {
+		_ = trans.Close()
+		return nil, fmt.Errorf("meta: inspect raft state: %w", err)
+	}
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = newHCLog(log, "raft")
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.CommitTimeout = cfg.CommitTimeout
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.NoLegacyTelemetry = true
+	if err := raft.ValidateConfig(rc); err != nil {
+		_ = trans.Close()
+		return nil, fmt.Errorf("meta: raft config: %w", err)
+	}
+
+	s := &Store{
+		cfg:           cfg,
+		log:           log,
+		wal:           wal,
+		raftAddr:      string(trans.LocalAddr()),
+		watchers:      make(map[uint64]chan struct{}),
+		obsCh:         make(chan raft.Observation, 16),
+		wake:          make(chan struct{}, 1),
+		needBootstrap: !hasState,
+		missingSince:  make(map[string]time.Time),
+	}
+	s.peers.Store(&peersBox{cfg.Peers})
+	s.fsm = newFSM(s.notify)
+	r, err := raft.NewRaft(rc, s.fsm, wal, wal, snaps, trans)
+	if err != nil {
+		_ = trans.Close()
+		return nil, fmt.Errorf("meta: start raft: %w", err)
+	}
+	s.raft = r
+	ok = true
+
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.observer = raft.NewObserver(s.obsCh, false, func(o *raft.Observation) bool {
+		switch o.Data.(type) {
+		case raft.LeaderObservation, raft.RaftState:
+			return true
+		}
+		return false
+	})
+	r.RegisterObserver(s.observer)
+	s.wg.Add(2)
+	go s.observe()
+	go s.loop()
+	log.Info("meta: raft started", "raft_addr", s.raftAddr, "existing_state", hasState, "bootstrap_expect", cfg.BootstrapExpect)
+	return s, nil
+}
+
+// Close stops the reconcile loop and the raft server and closes the log.
+// It does not leave the cluster: a node that comes back with the same
+// DataDir and NodeID rejoins with its state.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.cancel()
+		s.raft.DeregisterObserver(s.observer)
+		err := s.raft.Shutdown().Error()
+		s.wg.Wait()
+		if werr := s.wal.Close(); err == nil {
+			err = werr
+		}
+		s.watchMu.Lock()
+		for id, ch := range s.watchers {
+			close(ch)
+			delete(s.watchers, id)
+		}
+		s.watchClosed = true
+		s.watchMu.Unlock()
+		s.closeErr = err
+	})
+	return s.closeErr
+}
+
+// NodeID is this node's ID.
+func (s *Store) NodeID() string { return s.cfg.NodeID }
+
+// RaftAddr is the address raft listens on (as advertised to the others);
+// gossip carries it in NodeMeta.RaftAddr.
+func (s *Store) RaftAddr() string { return s.raftAddr }
+
+// SetPeers sets the membership source after Open: gossip needs RaftAddr in
+// its metadata before it starts, so it usually comes second.
+func (s *Store) SetPeers(p Peers) {
+	s.peers.Store(&peersBox{p})
+	s.Reconcile()
+}
+
+// Reconcile asks the loop to bootstrap or reconcile now instead of at the
+// next tick; node calls it on gossip events. It does not block.
+func (s *Store) Reconcile() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Model returns the registered spec of fp.
+func (s *Store) Model(fp chunk.Fingerprint) (chunk.ModelSpec, bool) { return s.fsm.model(fp) }
+
+// Models returns every registered spec, sorted by fingerprint.
+func (s *Store) Models() []chunk.ModelSpec { return s.fsm.modelList() }
+
+// Settings returns the cluster settings (DefaultSettings until set).
+func (s *Store) Settings() Settings { return s.fsm.currentSettings() }
+
+// Ring returns the current epoch's ring as this node has applied it.
+func (s *Store) Ring() *ring.Ring { return s.fsm.currentRing() }
+
+// IsLeader reports whether this node is the raft leader now.
+func (s *Store) IsLeader() bool { return s.raft.State() == raft.Leader }
+
+// Leader returns the leader's ID and gRPC address as this node knows them,
+// or empty strings when it knows no leader. The gRPC address comes from the
+// ring, or from gossip while the leader is not in the ring yet.
+func (s *Store) Leader() (id, grpcAddr string) {
+	_, lid := s.raft.LeaderWithID()
+	if lid == "" {
+		return "", ""
+	}
+	id = string(lid)
+	if m, ok := s.fsm.member(id); ok && m.GRPCAddr != "" {
+		return id, m.GRPCAddr
+	}
+	if id == s.cfg.NodeID && s.cfg.GRPCAddr != "" {
+		return id, s.cfg.GRPCAddr
+	}
+	if p := s.peers.Load().p; p != nil {
+		for _, nm := range p.Members() {
+			if nm.ID == id {
+				return id, nm.GRPCAddr
+			}
+		}
+	}
+	return id, ""
+}
+
+// Watch returns a channel that receives a value after any change of the
+// replicated state or of the leader; changes in a burst coalesce into one.
+// The channel is closed by cancel or by Close.
+func (s *Store) Watch() (<-chan struct{}, func()) {
+	ch := make(chan struct{}, 1)
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	if s.watchClosed {
+		close(ch)
+		return ch, func() {}
+	}
+	id := s.nextWatch
+	s.nextWatch++
+	s.watchers[id] = ch
+	return ch, func() {
+		s.watchMu.Lock()
+		defer s.watchMu.Unlock()
+		if c, ok := s.watchers[id]; ok {
+			delete(s.watchers, id)
+			close(c)
+		}
+	}
+}
+
+func (s *Store) notify() {
+	s.watchMu.Lock()
+	defer s.watchMu.Unlock()
+	for _, ch := range s.watchers {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// waitFor blocks until cond holds or ctx ends; it reports whether cond held.
+func (s *Store) waitFor(ctx context.Context, cond func() bool) bool {
+	ch, cancel := s.Watch()
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			return cond()
+		case _, ok := <-ch:
+			if !ok {
+				return cond()
+			}
+		}
+	}
+	return true
+}
+
+// WaitLeader blocks until this node knows a leader (with its gRPC address
+// when the leader is another node) or ctx ends.
+func (s *Store) WaitLeader(ctx context.Context) error {
+	if s.waitFor(ctx, func() bool {
+		id, addr := s.Leader()
+		return id != "" && (addr != "" || id == s.cfg.NodeID)
+	}) {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrNoLeader, context.Cause(ctx))
+}
+
+// WaitModel blocks until fp is registered in this node's state or ctx ends.
+// A node that is told about a model registered through another node a
+// moment ago uses it before answering "unknown model".
+func (s *Store) WaitModel(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec, bool) {
+	var spec chunk.ModelSpec
+	ok := s.waitFor(ctx, func() bool {
+		var found bool
+		spec, found = s.fsm.model(fp)
+		return found
+	})
+	return spec, ok
+}
+
+// RegisterModel registers spec cluster-wide and returns its fingerprint. An
+// invalid spec fails with an error wrapping ErrInvalidCommand and
+// chunk.ErrInvalidSpec. Registering a spec again is a no-op. When it
+// returns nil the model is known on this node too.
+func (s *Store) RegisterModel(ctx context.Context, spec chunk.ModelSpec) (chunk.Fingerprint, error) {
+	if err := spec.Validate(); err != nil {
+		return chunk.Fingerprint{}, fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+	}
+	fp := spec.Fingerprint()
+	if _, ok := s.fsm.model(fp); ok {
+		return fp, nil
+	}
+	cmd, err := encodeCommand(kindRegisterModel, registerModel{Spec: spec})
+	if err != nil {
+		return chunk.Fingerprint{}, err
+	}
+	if err := s.write(ctx, cmd); err != nil {
+		return chunk.Fingerprint{}, err
+	}
+	// On a follower the leader has committed it; wait for it to be applied
+	// here so that a caller can read its write.
+	if _, ok := s.WaitModel(ctx, fp); !ok {
+		return fp, fmt.Errorf("meta: model %v committed but not yet applied on %s: %w", fp, s.cfg.NodeID, context.Cause(ctx))
+	}
+	return fp, nil
+}
+
+// SetSettings replaces the cluster settings. Invalid settings fail with an
+// error wrapping ErrInvalidCommand.
+func (s *Store) SetSettings(ctx context.Context, set Settings) error {
+	if err := set.Validate(); err != nil {
+		return err
+	}
+	if s.fsm.currentSettings() == set {
+		return nil
+	}
+	cmd, err := encodeCommand(kindSetSettings, set)
+	if err != nil {
+		return err
+	}
+	if err := s.write(ctx, cmd); err != nil {
+		return err
+	}
+	// Best effort read-your-write: a concurrent SetSettings may win, in
+	// which case these settings never show up here and the wait ends
+	// with ctx, which is not an error of this write.
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.HeartbeatTimeout)
+	defer cancel()
+	s.waitFor(wctx, func() bool { return s.fsm.currentSettings() == set })
+	return nil
+}
+
+// ApplyForwarded applies a command a follower forwarded. It is what the
+// node's gRPC handler calls on the leader; on any other node it fails with
+// ErrNotLeader. A malformed or invalid command fails with ErrInvalidCommand
+// before it reaches the log.
+func (s *Store) ApplyForwarded(ctx context.Context, cmd []byte) error {
+	if _, err := decodeCommand(cmd); err != nil {
+		return err
+	}
+	if !s.IsLeader() {
+		return fmt.Errorf("%w: %s", ErrNotLeader, s.cfg.NodeID)
+	}
+	return s.applyLocal(ctx, cmd)
+}
+
+// write applies cmd on the leader, here or through Forward, retrying while
+// leadership moves. Every command is idempotent (registering a spec twice,
+// setting the same settings, a ring change conditional on its epoch), so a
+// retry after an ambiguous failure is safe.
+func (s *Store) write(ctx context.Context, cmd []byte) error {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+		defer cancel()
+	}
+	backoff := 5 * time.Millisecond
+	var last error
+	for {
+		if s.ctx.Err() != nil {
+			return ErrClosed
+		}
+		var err error
+		if s.IsLeader() {
+			err = s.applyLocal(ctx, cmd)
+		} else if id, addr := s.Leader(); id == "" || addr == "" {
+			err = fmt.Errorf("%w known to %s", ErrNoLeader, s.cfg.NodeID)
+		} else if s.cfg.Forward == nil {
+			return fmt.Errorf("%w: %s has no forwarder (leader %s)", ErrNotLeader, s.cfg.NodeID, id)
+		} else {
+			err = s.cfg.Forward.Apply(ctx, addr, cmd)
+		}
+		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrClosed) {
+			return err
+		}
+		last = err
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("meta: write not applied before %w: %w", context.Cause(ctx), last)
+		case <-s.ctx.Done():
+			t.Stop()
+			return ErrClosed
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// applyLocal appends cmd to the log on this node, which must be the leader,
+// and waits until it is applied.
+func (s *Store) applyLocal(ctx context.Context, cmd []byte) error {
+	timeout := s.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		timeout = time.Until(dl)
+		if timeout <= 0 {
+			return context.Cause(ctx)
+		}
+	}
+	f := s.raft.Apply(cmd, timeout)
+	// The future resolves when the entry is applied, leadership is lost or
+	// raft shuts down, so this goroutine always ends.
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrClosed
+	default:
+		return fmt.Errorf("meta: raft apply: %w", err)
+	}
+	if rerr, ok := f.Response().(error); ok && rerr != nil {
+		return rerr
+	}
+	return nil
+}
+
+// Server is a raft server as the current configuration lists it.
+type Server struct {
+	ID       string
+	RaftAddr string
+	Voter    bool
+}
+
+// Servers returns the raft configuration this node has (the leader's is
+// authoritative).
+func (s *Store) Servers() ([]Server, error) {
+	f := s.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return nil, fmt.Errorf("meta: raft configuration: %w", err)
+	}
+	cf := f.Configuration()
+	out := make([]Server, 0, len(cf.Servers))
+	for _, sv := range cf.Servers {
+		out = append(out, Server{ID: string(sv.ID), RaftAddr: string(sv.Address), Voter: sv.Suffrage == raft.Voter})
+	}
+	return out, nil
+}
+
+// Stats is a snapshot of this node's raft and metadata counters.
+type Stats struct {
+	State        string // "Leader", "Follower", "Candidate", "Shutdown"
+	Term         uint64
+	LastIndex    uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
+	Epoch        uint64
+	Members      int
+	Models       int
+	LastContact  time.Time // zero on the leader
+}
+
+// Stats returns this node's counters (for status commands and metrics).
+func (s *Store) Stats() Stats {
+	models, members := s.fsm.counts()
+	st := Stats{
+		State:        s.raft.State().String(),
+		Term:         s.raft.CurrentTerm(),
+		LastIndex:    s.raft.LastIndex(),
+		CommitIndex:  s.raft.CommitIndex(),
+		AppliedIndex: s.raft.AppliedIndex(),
+		Epoch:        s.fsm.currentRing().Epoch(),
+		Members:      members,
+		Models:       models,
+	}
+	if st.State != raft.Leader.String() {
+		st.LastContact = s.raft.LastContact()
+	}
+	return st
+}
+
+// observe drains raft's observations: a leader change is a state change for
+// watchers and a reason to reconcile.
+func (s *Store) observe() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.obsCh:
+			s.notify()
+			s.Reconcile()
+		}
+	}
+}
+
+// loop bootstraps when it should and, on the leader, reconciles gossip with
+// raft and the ring, every ReconcileInterval and on Reconcile.
+func (s *Store) loop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		if s.needBootstrap {
+			s.tryBootstrap()
+		}
+		if s.IsLeader() {
+			if err := s.reconcile(); err != nil && s.ctx.Err() == nil {
+				s.log.Warn("meta: reconcile", "err", err)
+			}
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-t.C:
+		case <-s.wake:
+		}
+	}
+}
+
+// alive returns the ring members gossip reports alive and not leaving,
+// this node included (from Config when gossip does not list it yet), and
+// the IDs that announced a graceful leave.
+func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) {
+	alive = make(map[string]ring.Member)
+	leaving = make(map[string]bool)
+	if p := s.peers.Load().p; p != nil {
+		for _, nm := range p.Members() {
+			if nm.ID == "" {
+				continue
+			}
+			if nm.Leaving {
+				leaving[nm.ID] = true
+				continue
+			}
+			m := nm.Member()
+			if !(m.Weight >= 0) || math.IsInf(m.Weight, 0) {
+				m.Weight = 0 // JSON cannot carry it; ring reads 0 as 1
+			}
+			alive[nm.ID] = m
+		}
+	}
+	if self, ok := alive[s.cfg.NodeID]; !ok && !leaving[s.cfg.NodeID] {
+		self = ring.Member{ID: s.cfg.NodeID, GRPCAddr: s.cfg.GRPCAddr, RaftAddr: s.raftAddr, Weight: s.cfg.Weight}
+		if !(self.Weight >= 0) || math.IsInf(self.Weight, 0) {
+			self.Weight = 0
+		}
+		alive[s.cfg.NodeID] = self
+	}
+	return alive, leaving
+}
