@@ -38,6 +38,7 @@ func (s *memStore) Put(_ context.Context, blob []byte) (chunk.Header, error) {
 	if err != nil {
 		return hd, err
 	}
+	cp := slices.Clone(blob) // outside the lock, as kvtier copies
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if e, ok := s.m[hd.Key]; ok {
@@ -46,7 +47,7 @@ func (s *memStore) Put(_ context.Context, blob []byte) (chunk.Header, error) {
 		}
 		return hd, nil
 	}
-	s.m[hd.Key] = memEntry{slices.Clone(blob), hd.Checksum}
+	s.m[hd.Key] = memEntry{cp, hd.Checksum}
 	s.used += len(blob)
 	return hd, nil
 }
@@ -267,7 +268,7 @@ func (t *transport) Delete(ctx context.Context, node string, key chunk.Key, at i
 
 // cluster is N Replicators over one network and one shared ring.
 type cluster struct {
-	t      *testing.T
+	t      testing.TB
 	net    *network
 	rg     atomic.Pointer[ring.Ring]
 	stores map[string]*memStore
@@ -277,7 +278,7 @@ type cluster struct {
 	r, w   int
 }
 
-func newCluster(t *testing.T, ids []string, cfg func(id string, c *Config)) *cluster {
+func newCluster(t testing.TB, ids []string, cfg func(id string, c *Config)) *cluster {
 	t.Helper()
 	c := &cluster{t: t, net: newNetwork(1), stores: map[string]*memStore{}, reps: map[string]*Replicator{},
 		dirs: map[string]string{}, cfg: cfg, r: 3, w: 2}
