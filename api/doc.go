@@ -8,3 +8,7 @@
 // whose payload is a mem.BufferSlice, so a blob held by the store goes to the
 // transport, and a received frame comes out of it, without a marshal copy.
 package api
+
+// EpochHeader is the gRPC response header in which a node tells the ring
+// epoch it routes with; clients refresh their ring when it grows.
+const EpochHeader = "kvmesh-epoch"

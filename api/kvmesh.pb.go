@@ -911,7 +911,13 @@ type PutHeader struct {
 	BlobBytes uint64 `protobuf:"varint,2,opt,name=blob_bytes,json=blobBytes,proto3" json:"blob_bytes,omitempty"`
 	// direct: store on the receiving node only; do not forward or replicate.
 	// Peers set it; clients leave it false.
-	Direct        bool `protobuf:"varint,3,opt,name=direct,proto3" json:"direct,omitempty"`
+	Direct bool `protobuf:"varint,3,opt,name=direct,proto3" json:"direct,omitempty"`
+	// kind says why a peer sends the entry (replication.Kind: 1 write,
+	// 2 hint, 3 repair, 4 rebalance; 0 for a client put); at is the write's
+	// time in unix nanoseconds on the coordinator's clock (0: unknown), for
+	// ordering against deletes.
+	Kind          uint32 `protobuf:"varint,4,opt,name=kind,proto3" json:"kind,omitempty"`
+	At            int64  `protobuf:"varint,5,opt,name=at,proto3" json:"at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -965,6 +971,20 @@ func (x *PutHeader) GetDirect() bool {
 		return x.Direct
 	}
 	return false
+}
+
+func (x *PutHeader) GetKind() uint32 {
+	if x != nil {
+		return x.Kind
+	}
+	return 0
+}
+
+func (x *PutHeader) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
 }
 
 type PutFrame struct {
@@ -1714,9 +1734,11 @@ func (x *LookupResponse) GetResults() []*LookupResult {
 }
 
 type DeleteRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Direct        bool                   `protobuf:"varint,2,opt,name=direct,proto3" json:"direct,omitempty"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Key    *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Direct bool                   `protobuf:"varint,2,opt,name=direct,proto3" json:"direct,omitempty"`
+	// at is the delete's time in unix nanoseconds (tombstones); 0: now.
+	At            int64 `protobuf:"varint,3,opt,name=at,proto3" json:"at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1763,6 +1785,13 @@ func (x *DeleteRequest) GetDirect() bool {
 		return x.Direct
 	}
 	return false
+}
+
+func (x *DeleteRequest) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
 }
 
 type DeleteResponse struct {
@@ -2165,11 +2194,21 @@ func (x *ClusterInfoResponse) GetCodec() string {
 	return ""
 }
 
+// DigestRequest either pages through every key the node holds (after,
+// limit), or, when from is set, asks what replication's anti-entropy asks:
+// about the keys that the receiver and `from` both replicate in ring
+// `epoch` with `replicas` copies: exactly `keys` when given, else the bucket
+// table (no buckets) or the items of the listed buckets.
 type DigestRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Resume after this key (absent: from the start).
-	After         *Key   `protobuf:"bytes,1,opt,name=after,proto3" json:"after,omitempty"`
-	Limit         uint32 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	After         *Key     `protobuf:"bytes,1,opt,name=after,proto3" json:"after,omitempty"`
+	Limit         uint32   `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	From          string   `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Epoch         uint64   `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Replicas      uint32   `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Buckets       []uint32 `protobuf:"varint,6,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	Keys          []*Key   `protobuf:"bytes,7,rep,name=keys,proto3" json:"keys,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2218,11 +2257,49 @@ func (x *DigestRequest) GetLimit() uint32 {
 	return 0
 }
 
+func (x *DigestRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *DigestRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DigestRequest) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+func (x *DigestRequest) GetBuckets() []uint32 {
+	if x != nil {
+		return x.Buckets
+	}
+	return nil
+}
+
+func (x *DigestRequest) GetKeys() []*Key {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
 type DigestItem struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Key           *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	Checksum      uint64                 `protobuf:"fixed64,2,opt,name=checksum,proto3" json:"checksum,omitempty"`
-	BlobBytes     uint64                 `protobuf:"varint,3,opt,name=blob_bytes,json=blobBytes,proto3" json:"blob_bytes,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Key   *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// checksum is 0 for a tombstone (deleted set, at its time).
+	Checksum      uint64 `protobuf:"fixed64,2,opt,name=checksum,proto3" json:"checksum,omitempty"`
+	BlobBytes     uint64 `protobuf:"varint,3,opt,name=blob_bytes,json=blobBytes,proto3" json:"blob_bytes,omitempty"`
+	Deleted       bool   `protobuf:"varint,4,opt,name=deleted,proto3" json:"deleted,omitempty"`
+	At            int64  `protobuf:"varint,5,opt,name=at,proto3" json:"at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2278,10 +2355,26 @@ func (x *DigestItem) GetBlobBytes() uint64 {
 	return 0
 }
 
+func (x *DigestItem) GetDeleted() bool {
+	if x != nil {
+		return x.Deleted
+	}
+	return false
+}
+
+func (x *DigestItem) GetAt() int64 {
+	if x != nil {
+		return x.At
+	}
+	return 0
+}
+
 type DigestResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Items         []*DigestItem          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
 	More          bool                   `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Table         []uint64               `protobuf:"fixed64,4,rep,packed,name=table,proto3" json:"table,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2328,6 +2421,20 @@ func (x *DigestResponse) GetMore() bool {
 		return x.More
 	}
 	return false
+}
+
+func (x *DigestResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *DigestResponse) GetTable() []uint64 {
+	if x != nil {
+		return x.Table
+	}
+	return nil
 }
 
 type MetaApplyRequest struct {
@@ -2470,12 +2577,14 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\vfingerprint\x18\x01 \x01(\v2\r.kvmesh.v1.IDR\vfingerprint\x12(\n" +
 	"\x04spec\x18\x02 \x01(\v2\x14.kvmesh.v1.ModelSpecR\x04spec\">\n" +
 	"\x0eModelsResponse\x12,\n" +
-	"\x06models\x18\x01 \x03(\v2\x14.kvmesh.v1.ModelInfoR\x06models\"d\n" +
+	"\x06models\x18\x01 \x03(\v2\x14.kvmesh.v1.ModelInfoR\x06models\"\x88\x01\n" +
 	"\tPutHeader\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x03key\x12\x1d\n" +
 	"\n" +
 	"blob_bytes\x18\x02 \x01(\x04R\tblobBytes\x12\x16\n" +
-	"\x06direct\x18\x03 \x01(\bR\x06direct\"X\n" +
+	"\x06direct\x18\x03 \x01(\bR\x06direct\x12\x12\n" +
+	"\x04kind\x18\x04 \x01(\rR\x04kind\x12\x0e\n" +
+	"\x02at\x18\x05 \x01(\x03R\x02at\"X\n" +
 	"\bPutFrame\x12.\n" +
 	"\x06header\x18\x01 \x01(\v2\x14.kvmesh.v1.PutHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
@@ -2531,10 +2640,11 @@ const file_kvmesh_proto_rawDesc = "" +
 	"blob_bytes\x18\x03 \x01(\x04R\tblobBytes\x12+\n" +
 	"\aholders\x18\x04 \x03(\v2\x11.kvmesh.v1.MemberR\aholders\"C\n" +
 	"\x0eLookupResponse\x121\n" +
-	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\"I\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\"Y\n" +
 	"\rDeleteRequest\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x03key\x12\x16\n" +
-	"\x06direct\x18\x02 \x01(\bR\x06direct\"*\n" +
+	"\x06direct\x18\x02 \x01(\bR\x06direct\x12\x0e\n" +
+	"\x02at\x18\x03 \x01(\x03R\x02at\"*\n" +
 	"\x0eDeleteResponse\x12\x18\n" +
 	"\adeleted\x18\x01 \x01(\rR\adeleted\"\x0e\n" +
 	"\fStatsRequest\"\x94\x01\n" +
@@ -2563,19 +2673,28 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x10leader_grpc_addr\x18\x05 \x01(\tR\x0eleaderGrpcAddr\x12-\n" +
 	"\x12replication_factor\x18\x06 \x01(\rR\x11replicationFactor\x12!\n" +
 	"\fwrite_quorum\x18\a \x01(\rR\vwriteQuorum\x12\x14\n" +
-	"\x05codec\x18\b \x01(\tR\x05codec\"K\n" +
+	"\x05codec\x18\b \x01(\tR\x05codec\"\xcf\x01\n" +
 	"\rDigestRequest\x12$\n" +
 	"\x05after\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x05after\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\"i\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\tR\x04from\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
+	"\breplicas\x18\x05 \x01(\rR\breplicas\x12\x18\n" +
+	"\abuckets\x18\x06 \x03(\rR\abuckets\x12\"\n" +
+	"\x04keys\x18\a \x03(\v2\x0e.kvmesh.v1.KeyR\x04keys\"\x93\x01\n" +
 	"\n" +
 	"DigestItem\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x03key\x12\x1a\n" +
 	"\bchecksum\x18\x02 \x01(\x06R\bchecksum\x12\x1d\n" +
 	"\n" +
-	"blob_bytes\x18\x03 \x01(\x04R\tblobBytes\"Q\n" +
+	"blob_bytes\x18\x03 \x01(\x04R\tblobBytes\x12\x18\n" +
+	"\adeleted\x18\x04 \x01(\bR\adeleted\x12\x0e\n" +
+	"\x02at\x18\x05 \x01(\x03R\x02at\"}\n" +
 	"\x0eDigestResponse\x12+\n" +
 	"\x05items\x18\x01 \x03(\v2\x15.kvmesh.v1.DigestItemR\x05items\x12\x12\n" +
-	"\x04more\x18\x02 \x01(\bR\x04more\",\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
+	"\x05table\x18\x04 \x03(\x06R\x05table\",\n" +
 	"\x10MetaApplyRequest\x12\x18\n" +
 	"\acommand\x18\x01 \x01(\fR\acommand\"\x13\n" +
 	"\x11MetaApplyResponse*z\n" +
@@ -2692,37 +2811,38 @@ var file_kvmesh_proto_depIdxs = []int32{
 	28, // 28: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
 	8,  // 29: kvmesh.v1.ClusterInfoResponse.members:type_name -> kvmesh.v1.Member
 	5,  // 30: kvmesh.v1.DigestRequest.after:type_name -> kvmesh.v1.Key
-	5,  // 31: kvmesh.v1.DigestItem.key:type_name -> kvmesh.v1.Key
-	33, // 32: kvmesh.v1.DigestResponse.items:type_name -> kvmesh.v1.DigestItem
-	9,  // 33: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
-	11, // 34: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
-	15, // 35: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
-	17, // 36: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
-	22, // 37: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
-	25, // 38: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
-	27, // 39: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
-	30, // 40: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
-	15, // 41: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
-	17, // 42: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
-	32, // 43: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
-	35, // 44: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
-	10, // 45: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
-	13, // 46: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
-	16, // 47: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
-	20, // 48: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
-	24, // 49: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
-	26, // 50: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
-	29, // 51: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
-	31, // 52: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
-	16, // 53: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
-	20, // 54: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
-	34, // 55: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
-	36, // 56: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
-	45, // [45:57] is the sub-list for method output_type
-	33, // [33:45] is the sub-list for method input_type
-	33, // [33:33] is the sub-list for extension type_name
-	33, // [33:33] is the sub-list for extension extendee
-	0,  // [0:33] is the sub-list for field type_name
+	5,  // 31: kvmesh.v1.DigestRequest.keys:type_name -> kvmesh.v1.Key
+	5,  // 32: kvmesh.v1.DigestItem.key:type_name -> kvmesh.v1.Key
+	33, // 33: kvmesh.v1.DigestResponse.items:type_name -> kvmesh.v1.DigestItem
+	9,  // 34: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
+	11, // 35: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
+	15, // 36: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
+	17, // 37: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
+	22, // 38: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
+	25, // 39: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
+	27, // 40: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
+	30, // 41: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
+	15, // 42: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
+	17, // 43: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
+	32, // 44: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
+	35, // 45: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
+	10, // 46: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
+	13, // 47: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
+	16, // 48: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
+	20, // 49: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
+	24, // 50: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
+	26, // 51: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
+	29, // 52: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
+	31, // 53: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
+	16, // 54: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
+	20, // 55: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
+	34, // 56: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
+	36, // 57: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
+	46, // [46:58] is the sub-list for method output_type
+	34, // [34:46] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_proto_init() }

@@ -1,0 +1,408 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+)
+
+func testLogger(t testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// startCluster starts n nodes on loopback that bootstrap together and
+// waits until every node sees all n in its ring.
+func startCluster(t *testing.T, n int) []*Node {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nodes := make([]*Node, n)
+	var seeds []string
+	for i := range nodes {
+		nd, err := New(Config{
+			NodeID:          fmt.Sprintf("n%d", i+1),
+			DataDir:         t.TempDir(),
+			Seeds:           seeds,
+			BootstrapExpect: n,
+			DRAMBytes:       64 << 20,
+			LocalTiming:     true,
+			DeadGrace:       time.Hour, // keep dead nodes in the ring: reads must fail over
+			RPCTimeout:      5 * time.Second,
+			Logger:          testLogger(t),
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nd.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nd.Close() })
+		nodes[i] = nd
+		if i == 0 {
+			seeds = []string{nd.GossipAddr()}
+		}
+	}
+	for {
+		ready := 0
+		for _, nd := range nodes {
+			if nd.Ready() == nil && nd.meta.Ring().Len() == n {
+				ready++
+			}
+		}
+		if ready == n {
+			return nodes
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("cluster of %d not ready: %d ready", n, ready)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func testSpec() chunk.ModelSpec {
+	return chunk.ModelSpec{Family: "llama", Layers: 4, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "test"}
+}
+
+// testEntry encodes a random entry of spec with the given tokens and context.
+func testEntry(t testing.TB, rng *rand.Rand, spec chunk.ModelSpec, tokens []uint32, ctx chunk.Context) (chunk.Key, []byte) {
+	fp := spec.Fingerprint()
+	e := &chunk.Entry{
+		Key:   chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: ctx},
+		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens,
+	}
+	e.KV = make([]byte, e.Layers*e.LayerBytes())
+	for i := range e.KV {
+		e.KV[i] = byte(rng.Uint32())
+	}
+	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Key, blob
+}
+
+func randTokens(rng *rand.Rand, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = rng.Uint32N(32000)
+	}
+	return out
+}
+
+func newClient(t *testing.T, nodes ...*Node) *client.Client {
+	t.Helper()
+	var seeds []string
+	for _, nd := range nodes {
+		seeds = append(seeds, nd.GRPCAddr())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func TestCluster3(t *testing.T) {
+	nodes := startCluster(t, 3)
+	c := newClient(t, nodes[1])
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(1, 1))
+	spec := testSpec()
+
+	// An entry of a model nobody registered is refused.
+	key0, blob0 := testEntry(t, rng, spec, randTokens(rng, 8), chunk.StandaloneContext())
+	if _, err := c.Put(ctx, blob0); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("put before register: %v, want FailedPrecondition", err)
+	}
+	if _, err := c.Get(ctx, key0); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("get before register: %v, want FailedPrecondition", err)
+	}
+
+	fp, err := c.RegisterModel(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fp != spec.Fingerprint() {
+		t.Fatalf("fingerprint %v, want %v", fp, spec.Fingerprint())
+	}
+	bad := spec
+	bad.Layers = 0
+	if _, err := c.RegisterModel(ctx, bad); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("register invalid spec: %v, want InvalidArgument", err)
+	}
+
+	type stored struct {
+		key  chunk.Key
+		blob []byte
+		tok  []uint32
+	}
+	var all []stored
+	for i := range 24 {
+		tok := randTokens(rng, 4+i)
+		k, b := testEntry(t, rng, spec, tok, chunk.StandaloneContext())
+		res, err := c.Put(ctx, b)
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		if len(res.StoredOn) < 2 {
+			t.Fatalf("put %d stored on %v, want a write quorum of 2", i, res.StoredOn)
+		}
+		all = append(all, stored{k, b, tok})
+	}
+	// A window encoding of the first chunk, for EXACT vs APPROXIMATE.
+	win := chunk.WindowContext(fp, 4, []uint32{1, 2, 3, 4})
+	kw, bw := testEntry(t, rng, spec, all[0].tok, win)
+	if _, err := c.Put(ctx, bw); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("get", func(t *testing.T) {
+		for i, s := range all {
+			got, err := c.Get(ctx, s.key)
+			if err != nil {
+				t.Fatalf("get %d: %v", i, err)
+			}
+			if !bytes.Equal(got, s.blob) {
+				t.Fatalf("get %d: bytes differ", i)
+			}
+		}
+	})
+
+	t.Run("range", func(t *testing.T) {
+		s := all[3]
+		hd, err := chunk.ParseHeader(s.blob, chunk.Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range []chunk.Range{{}, {LayerLo: 1, LayerHi: 3}, {HeadLo: 1, HeadHi: 2}, {LayerLo: 3, LayerHi: 4, HeadLo: 0, HeadHi: 1}} {
+			rr, err := r.Resolve(hd.Shape)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := make([]byte, rr.RangeBytes(hd.Shape))
+			if err := chunk.DecodeRange(want, s.blob, &hd, rr, nil); err != nil {
+				t.Fatal(err)
+			}
+			got, err := c.GetRange(ctx, s.key, r)
+			if err != nil {
+				t.Fatalf("range %+v: %v", r, err)
+			}
+			if !bytes.Equal(got.Data, want) || got.Range != rr || got.Shape != hd.Shape {
+				t.Fatalf("range %+v: got %d bytes range %+v, want %d bytes %+v", r, len(got.Data), got.Range, len(want), rr)
+			}
+		}
+		if _, err := c.GetRange(ctx, s.key, chunk.Range{LayerLo: 2, LayerHi: 9}); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("range out of bounds: %v, want InvalidArgument", err)
+		}
+	})
+
+	t.Run("lookup", func(t *testing.T) {
+		items := []client.LookupItem{
+			{Content: all[0].key.Content, Want: win},                                  // exact (window)
+			{Content: all[0].key.Content, Want: chunk.PrefixContext(chunk.ID{Lo: 9})}, // approximate: best is the window
+			{Content: all[1].key.Content, Want: chunk.StandaloneContext()},            // exact
+			{Content: chunk.ID{Lo: 42, Hi: 42}, Want: chunk.StandaloneContext()},      // miss
+		}
+		for _, s := range all[2:] {
+			items = append(items, client.LookupItem{Content: s.key.Content, Want: chunk.StandaloneContext()})
+		}
+		res, err := c.Lookup(ctx, fp, items)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []struct {
+			m client.Match
+			k chunk.Key
+		}{{client.Exact, kw}, {client.Approximate, kw}, {client.Exact, all[1].key}, {client.Miss, chunk.Key{}}}
+		for i, w := range want {
+			if res[i].Match != w.m || res[i].Key != w.k {
+				t.Fatalf("item %d: %v %v, want %v %v", i, res[i].Match, res[i].Key, w.m, w.k)
+			}
+		}
+		for i, s := range all[2:] {
+			r := res[4+i]
+			if r.Match != client.Exact || r.Key != s.key || len(r.Holders) != 3 {
+				t.Fatalf("item %d: %v %v holders %d", 4+i, r.Match, r.Key, len(r.Holders))
+			}
+		}
+		if _, err := c.Lookup(ctx, chunk.Fingerprint{Lo: 1}, items[:1]); status.Code(err) != codes.FailedPrecondition {
+			t.Fatalf("lookup of unknown model: %v, want FailedPrecondition", err)
+		}
+	})
+
+	t.Run("malformed", func(t *testing.T) {
+		// A flipped payload byte fails its layer checksum.
+		k, b := testEntry(t, rng, spec, randTokens(rng, 5), chunk.StandaloneContext())
+		b[len(b)-1] ^= 1
+		if _, err := c.Put(ctx, b); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("corrupt put: %v, want InvalidArgument", err)
+		}
+		if _, err := c.Get(ctx, k); !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("get of a refused put: %v, want not found", err)
+		}
+		// A shape that does not match the registered model.
+		other := spec
+		other.Layers = 2
+		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 5}, Context: chunk.StandaloneContext()},
+			DType: spec.DType, Layers: 2, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: []uint32{1}}
+		e.KV = make([]byte, e.Layers*e.LayerBytes())
+		mb, err := chunk.Encode(nil, e, chunk.CodecRaw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Put(ctx, mb); status.Code(err) != codes.InvalidArgument {
+			t.Fatalf("mismatched shape: %v, want InvalidArgument", err)
+		}
+		// Raw streams: a header whose key differs from the entry's, a
+		// stream without header, a body longer than announced, and an
+		// announced size over the limit.
+		rawPut := func(frames ...*api.Frame) error {
+			cc, err := grpc.NewClient(nodes[0].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			st, err := api.NewClientClient(cc).Put(ctx, grpc.ForceCodecV2(api.Codec()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range frames {
+				if err := st.SendMsg(f); err != nil {
+					break
+				}
+			}
+			_, err = st.CloseAndRecv()
+			return err
+		}
+		hdr := func(k chunk.Key, n int) *api.Frame {
+			return &api.Frame{Header: &api.PutHeader{Key: client.ProtoKey(k), BlobBytes: uint64(n)}}
+		}
+		data := func(b []byte) *api.Frame { return &api.Frame{Data: mem.BufferSlice{mem.SliceBuffer(b)}} }
+		good := all[5]
+		unregistered := spec
+		unregistered.Salt = "never registered"
+		ku, bu := testEntry(t, rng, unregistered, randTokens(rng, 3), chunk.StandaloneContext())
+		cases := []struct {
+			name   string
+			frames []*api.Frame
+			code   codes.Code
+		}{
+			{"key mismatch", []*api.Frame{hdr(all[6].key, len(good.blob)), data(good.blob)}, codes.InvalidArgument},
+			{"no header", []*api.Frame{data(good.blob)}, codes.InvalidArgument},
+			{"empty header key", []*api.Frame{{Header: &api.PutHeader{BlobBytes: 10}}}, codes.InvalidArgument},
+			{"long body", []*api.Frame{hdr(good.key, len(good.blob)), data(good.blob), data([]byte{1})}, codes.InvalidArgument},
+			{"short body", []*api.Frame{hdr(good.key, len(good.blob)), data(good.blob[:10])}, codes.InvalidArgument},
+			{"too large", []*api.Frame{hdr(good.key, 1<<40)}, codes.ResourceExhausted},
+			{"unknown model", []*api.Frame{hdr(ku, len(bu)), data(bu)}, codes.FailedPrecondition},
+		}
+		for _, tc := range cases {
+			if err := rawPut(tc.frames...); status.Code(err) != tc.code {
+				t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
+			}
+		}
+	})
+
+	t.Run("metadata agrees", func(t *testing.T) {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			agree := true
+			for _, nd := range nodes[1:] {
+				if nd.meta.Ring().Epoch() != nodes[0].meta.Ring().Epoch() || len(nd.meta.Models()) != 1 {
+					agree = false
+				}
+			}
+			if agree {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("nodes disagree on metadata")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		info, err := c.ClusterInfo(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(info.Members) != 3 || info.LeaderId == "" || info.ReplicationFactor != 3 {
+			t.Fatalf("cluster info %v", info)
+		}
+	})
+
+	t.Run("http", func(t *testing.T) {
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			resp, err := http.Get("http://" + nodes[2].HTTPAddr() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("%s: %d %s", path, resp.StatusCode, body)
+			}
+			if path == "/metrics" && !strings.Contains(string(body), "kvmesh_rpc_requests_total") {
+				t.Fatalf("/metrics lacks kvmesh_rpc_requests_total")
+			}
+		}
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		s := all[len(all)-1]
+		n, err := c.Delete(ctx, s.key)
+		if err != nil || n != 3 {
+			t.Fatalf("delete: %d, %v; want 3 replicas", n, err)
+		}
+		if _, err := c.Get(ctx, s.key); !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("get after delete: %v", err)
+		}
+		if _, err := c.Delete(ctx, s.key); !errors.Is(err, client.ErrNotFound) {
+			t.Fatalf("second delete: %v", err)
+		}
+		all = all[:len(all)-1]
+	})
+
+	t.Run("node dies", func(t *testing.T) {
+		// The client's seed stays; another node goes away without leaving.
+		if err := nodes[2].Close(); err != nil {
+			t.Fatal(err)
+		}
+		for i, s := range all {
+			got, err := c.Get(ctx, s.key)
+			if err != nil {
+				t.Fatalf("get %d after a node died: %v", i, err)
+			}
+			if !bytes.Equal(got, s.blob) {
+				t.Fatalf("get %d after a node died: bytes differ", i)
+			}
+		}
+		// Writes still reach W=2 of the 3 replicas.
+		_, b := testEntry(t, rng, spec, randTokens(rng, 7), chunk.StandaloneContext())
+		res, err := c.Put(ctx, b)
+		if err != nil || len(res.StoredOn) != 2 {
+			t.Fatalf("put with a node down: %v %v", res, err)
+		}
+	})
+}

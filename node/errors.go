@@ -1,0 +1,108 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/meta"
+)
+
+// toStatus maps an error to the gRPC status a caller can branch on. Errors
+// that already are statuses pass through.
+func toStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	var code codes.Code
+	switch {
+	case errors.Is(err, context.DeadlineExceeded):
+		code = codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
+	case errors.Is(err, chunk.ErrTooLarge), errors.Is(err, kvtier.ErrNoSpace):
+		code = codes.ResourceExhausted
+	case errors.Is(err, chunk.ErrCorrupt), errors.Is(err, chunk.ErrInvalidEntry), errors.Is(err, chunk.ErrInvalidSpec),
+		errors.Is(err, chunk.ErrUnsupported), errors.Is(err, client.ErrBadMessage), errors.Is(err, api.ErrFrame),
+		errors.Is(err, api.ErrLongBody), errors.Is(err, api.ErrShortBody), errors.Is(err, meta.ErrInvalidCommand):
+		code = codes.InvalidArgument
+	case errors.Is(err, kvtier.ErrNotFound):
+		code = codes.NotFound
+	case errors.Is(err, kvtier.ErrConflict):
+		code = codes.AlreadyExists
+	case errors.Is(err, meta.ErrStaleEpoch):
+		code = codes.Aborted
+	case errors.Is(err, meta.ErrNotLeader):
+		code = codes.FailedPrecondition
+	case errors.Is(err, meta.ErrNoLeader), errors.Is(err, kvtier.ErrClosed), errors.Is(err, meta.ErrClosed), errors.Is(err, errPoolClosed):
+		code = codes.Unavailable
+	default:
+		code = codes.Internal
+	}
+	return status.Error(code, err.Error())
+}
+
+// errUnknownModel is the FailedPrecondition answer for a fingerprint the
+// cluster has not registered.
+func errUnknownModel(fp chunk.Fingerprint) error {
+	return status.Errorf(codes.FailedPrecondition, "unknown model fingerprint %s: register the model first", fp)
+}
+
+// EpochHeader is the response header that carries the ring epoch the
+// answering node uses; clients refresh their ring when it changes.
+const EpochHeader = api.EpochHeader
+
+func (n *Node) epochMD() metadata.MD {
+	return metadata.Pairs(EpochHeader, strconv.FormatUint(n.meta.Ring().Epoch(), 10))
+}
+
+func (n *Node) unaryInterceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			err = n.recovered(info.FullMethod, r)
+		}
+		n.observe(info.FullMethod, start, err)
+	}()
+	_ = grpc.SetHeader(ctx, n.epochMD())
+	resp, err = handler(ctx, req)
+	return resp, toStatus(err)
+}
+
+func (n *Node) streamInterceptor(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	start := time.Now()
+	defer func() {
+		if r := recover(); r != nil {
+			err = n.recovered(info.FullMethod, r)
+		}
+		n.observe(info.FullMethod, start, err)
+	}()
+	_ = ss.SetHeader(n.epochMD())
+	return toStatus(handler(srv, ss))
+}
+
+func (n *Node) recovered(method string, r any) error {
+	n.metrics.panics.Inc()
+	n.log.Error("node: panic in handler", "method", method, "panic", r, "stack", string(debug.Stack()))
+	return status.Error(codes.Internal, fmt.Sprintf("internal error in %s", method))
+}
+
+func (n *Node) observe(method string, start time.Time, err error) {
+	n.metrics.requests.WithLabelValues(method, status.Code(err).String()).Inc()
+	n.metrics.latency.WithLabelValues(method).Observe(time.Since(start).Seconds())
+}

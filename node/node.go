@@ -1,0 +1,405 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// Config configures a Node. Zero fields take the documented defaults.
+type Config struct {
+	// NodeID names the node in gossip, raft and the ring (required); it
+	// must stay the same across restarts.
+	NodeID string
+	// DataDir holds the raft log and snapshots (DataDir/raft) and the disk
+	// tier (DataDir/tier) (required).
+	DataDir string
+	// GRPCAddr is where the Client and Peer services listen. Default
+	// "127.0.0.1:0" (any free port; see Node.GRPCAddr).
+	GRPCAddr string
+	// HTTPAddr serves /metrics, /healthz, /readyz and /debug/pprof.
+	// Default: the gRPC host with port 0. "off" disables HTTP.
+	HTTPAddr string
+	// GossipAddr and RaftAddr are the gossip (UDP and TCP) and raft bind
+	// addresses. Default: the gRPC host with port 0.
+	GossipAddr string
+	RaftAddr   string
+	// Seeds are gossip host:port addresses of existing members.
+	Seeds []string
+	// BootstrapExpect is how many servers bootstrap a new cluster together
+	// (meta.Config.BootstrapExpect). Default 1 when there are no seeds,
+	// else 0 (join an existing cluster).
+	BootstrapExpect int
+	// DRAMBytes is the DRAM tier budget. Default 1 GiB.
+	DRAMBytes int64
+	// DiskBytes enables the disk tier under DataDir/tier with that budget;
+	// 0 means no disk tier.
+	DiskBytes int64
+	// Limits bound the entries the node accepts. Zero means
+	// chunk.DefaultLimits.
+	Limits chunk.Limits
+	// FrameBytes is the data frame size of tensor streams. Default
+	// api.DefaultFrameBytes (1 MiB).
+	FrameBytes int
+	// RPCTimeout bounds every outgoing call that has no earlier deadline.
+	// Default 10 s.
+	RPCTimeout time.Duration
+	// DeadGrace is how long a node may be dead before the leader removes it
+	// from the ring (meta.Config.DeadGrace). Default 30 s.
+	DeadGrace time.Duration
+	// LocalTiming tunes gossip and raft for nodes on one machine (tests,
+	// `kvmesh local-cluster`): failures are noticed in about a second.
+	LocalTiming bool
+	// Replicator writes an entry to the other replicas of its content ID.
+	// Default: a direct, parallel, best-effort write to each (no hints, no
+	// repair); the replication package replaces it.
+	Replicator Replicator
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultGRPCAddr   = "127.0.0.1:0"
+	DefaultDRAMBytes  = 1 << 30
+	DefaultRPCTimeout = 10 * time.Second
+)
+
+func (c Config) withDefaults() (Config, error) {
+	if c.NodeID == "" {
+		return c, errors.New("node: Config.NodeID is required")
+	}
+	if c.DataDir == "" {
+		return c, errors.New("node: Config.DataDir is required")
+	}
+	if c.GRPCAddr == "" {
+		c.GRPCAddr = DefaultGRPCAddr
+	}
+	host, _, err := net.SplitHostPort(c.GRPCAddr)
+	if err != nil {
+		return c, fmt.Errorf("node: gRPC address %q: %w", c.GRPCAddr, err)
+	}
+	anyPort := net.JoinHostPort(host, "0")
+	if c.HTTPAddr == "" {
+		c.HTTPAddr = anyPort
+	}
+	if c.GossipAddr == "" {
+		c.GossipAddr = anyPort
+	}
+	if c.RaftAddr == "" {
+		c.RaftAddr = anyPort
+	}
+	if c.BootstrapExpect == 0 && len(c.Seeds) == 0 {
+		c.BootstrapExpect = 1
+	}
+	if c.DRAMBytes <= 0 {
+		c.DRAMBytes = DefaultDRAMBytes
+	}
+	if c.FrameBytes <= 0 {
+		c.FrameBytes = api.DefaultFrameBytes
+	}
+	if c.RPCTimeout <= 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.Limits == (chunk.Limits{}) {
+		c.Limits = chunk.DefaultLimits
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
+// Node is one kvmesh server. New configures it, Start brings it up, Close
+// takes it down.
+type Node struct {
+	cfg Config
+	log *slog.Logger
+
+	store  *kvtier.Store
+	meta   *meta.Store
+	gossip *ring.Gossip
+	peers  *peerPool
+	repl   Replicator
+
+	grpcLis  net.Listener
+	grpcSrv  *grpc.Server
+	httpLis  net.Listener
+	httpSrv  *http.Server
+	registry *prometheus.Registry
+	metrics  *metrics
+
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	started   bool
+}
+
+// New checks cfg and returns a Node that Start brings up.
+func New(cfg Config) (*Node, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
+	n.registry = prometheus.NewRegistry()
+	n.metrics = newMetrics(n.registry)
+	return n, nil
+}
+
+// Start binds the listeners, opens the store and the metadata, joins gossip
+// and starts serving. It returns once everything listens; the cluster may
+// still be electing a leader (see Ready). ctx bounds only the start.
+func (n *Node) Start(ctx context.Context) (err error) {
+	if n.started {
+		return errors.New("node: already started")
+	}
+	n.started = true
+	defer func() {
+		if err != nil {
+			n.shutdown()
+		}
+	}()
+	cfg := n.cfg
+	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
+		return fmt.Errorf("node: data dir: %w", err)
+	}
+	var lc net.ListenConfig
+	if n.grpcLis, err = lc.Listen(ctx, "tcp", cfg.GRPCAddr); err != nil {
+		return fmt.Errorf("node: listen gRPC: %w", err)
+	}
+	if cfg.HTTPAddr != "off" {
+		if n.httpLis, err = lc.Listen(ctx, "tcp", cfg.HTTPAddr); err != nil {
+			return fmt.Errorf("node: listen HTTP: %w", err)
+		}
+	}
+
+	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
+	if cfg.DiskBytes > 0 {
+		tcfg.DiskDir, tcfg.DiskBytes = filepath.Join(cfg.DataDir, "tier"), cfg.DiskBytes
+	}
+	if n.store, err = kvtier.Open(tcfg); err != nil {
+		return fmt.Errorf("node: open store: %w", err)
+	}
+	if err := n.registry.Register(n.store.Collector()); err != nil {
+		return fmt.Errorf("node: register store metrics: %w", err)
+	}
+
+	n.peers = newPeerPool(n.log)
+	mcfg := meta.Config{
+		NodeID:          cfg.NodeID,
+		RaftBind:        cfg.RaftAddr,
+		DataDir:         cfg.DataDir,
+		BootstrapExpect: cfg.BootstrapExpect,
+		Forward:         forwarder{n},
+		GRPCAddr:        n.GRPCAddr(),
+		DeadGrace:       cfg.DeadGrace,
+		Logger:          n.log,
+	}
+	if cfg.LocalTiming {
+		mcfg.HeartbeatTimeout = 300 * time.Millisecond
+		mcfg.ElectionTimeout = 300 * time.Millisecond
+		mcfg.LeaderLeaseTimeout = 150 * time.Millisecond
+		mcfg.CommitTimeout = 10 * time.Millisecond
+		mcfg.ReconcileInterval = 200 * time.Millisecond
+	}
+	if n.meta, err = meta.Open(ctx, mcfg); err != nil {
+		return fmt.Errorf("node: open metadata: %w", err)
+	}
+	n.registerMetaMetrics()
+
+	ghost, gport, err := splitHostPort(cfg.GossipAddr)
+	if err != nil {
+		return fmt.Errorf("node: gossip address: %w", err)
+	}
+	gcfg := ring.GossipConfig{
+		NodeID:   cfg.NodeID,
+		BindAddr: ghost,
+		BindPort: gport,
+		Meta: ring.NodeMeta{
+			ID: cfg.NodeID, GRPCAddr: n.GRPCAddr(), RaftAddr: n.meta.RaftAddr(), HTTPAddr: n.HTTPAddr(),
+			Capacity: ring.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
+		},
+		Seeds:  cfg.Seeds,
+		Logger: n.log,
+	}
+	if cfg.LocalTiming {
+		gcfg.Timing = ring.LocalTiming()
+		gcfg.JoinRetryMax = time.Second
+	}
+	if n.gossip, err = ring.StartGossip(gcfg); err != nil {
+		return fmt.Errorf("node: start gossip: %w", err)
+	}
+	n.meta.SetPeers(n.gossip)
+	n.meta.Reconcile()
+
+	n.repl = cfg.Replicator
+	if n.repl == nil {
+		n.repl = &directReplicator{n: n}
+	}
+
+	n.grpcSrv = grpc.NewServer(
+		grpc.ForceServerCodecV2(api.Codec()),
+		grpc.ChainUnaryInterceptor(n.unaryInterceptor),
+		grpc.ChainStreamInterceptor(n.streamInterceptor),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(8<<20),
+	)
+	api.RegisterClientServer(n.grpcSrv, &clientService{n: n})
+	api.RegisterPeerServer(n.grpcSrv, &peerService{n: n})
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.grpcSrv.Serve(n.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			n.log.Error("node: gRPC server stopped", "err", err)
+		}
+	}()
+	if n.httpLis != nil {
+		n.httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.httpSrv.Serve(n.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.log.Error("node: HTTP server stopped", "err", err)
+			}
+		}()
+	}
+	n.log.Info("node: started", "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "gossip", n.GossipAddr(), "raft", n.RaftAddr())
+	return nil
+}
+
+func splitHostPort(hp string) (string, int, error) {
+	h, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return h, port, nil
+}
+
+// ID is the node's ID.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// GRPCAddr is the bound gRPC address (host:port).
+func (n *Node) GRPCAddr() string {
+	if n.grpcLis == nil {
+		return ""
+	}
+	return n.grpcLis.Addr().String()
+}
+
+// HTTPAddr is the bound HTTP address, or "" when HTTP is off.
+func (n *Node) HTTPAddr() string {
+	if n.httpLis == nil {
+		return ""
+	}
+	return n.httpLis.Addr().String()
+}
+
+// GossipAddr is the bound gossip address.
+func (n *Node) GossipAddr() string {
+	if n.gossip == nil {
+		return ""
+	}
+	return n.gossip.Addr()
+}
+
+// RaftAddr is the bound raft address.
+func (n *Node) RaftAddr() string {
+	if n.meta == nil {
+		return ""
+	}
+	return n.meta.RaftAddr()
+}
+
+// Ready reports why the node cannot serve data yet, or nil: it needs a
+// known leader and a ring that contains it.
+func (n *Node) Ready() error {
+	if id, _ := n.meta.Leader(); id == "" {
+		return errors.New("no raft leader")
+	}
+	if !n.meta.Ring().Contains(n.cfg.NodeID) {
+		return errors.New("not in the ring yet")
+	}
+	return nil
+}
+
+// Meta is the node's metadata store (for tests and tools in process).
+func (n *Node) Meta() *meta.Store { return n.meta }
+
+// Leave announces a graceful departure to the cluster, so the leader
+// removes this node from the ring at once rather than after DeadGrace.
+func (n *Node) Leave(ctx context.Context) error {
+	if n.gossip == nil {
+		return nil
+	}
+	return n.gossip.Leave(ctx)
+}
+
+// Close stops serving and releases everything. It does not leave the
+// cluster: a node restarted with the same ID and data directory rejoins.
+func (n *Node) Close() error {
+	n.closeOnce.Do(n.shutdown)
+	return nil
+}
+
+func (n *Node) shutdown() {
+	if n.grpcSrv != nil {
+		done := make(chan struct{})
+		go func() { n.grpcSrv.GracefulStop(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			n.grpcSrv.Stop()
+			<-done
+		}
+	} else if n.grpcLis != nil {
+		_ = n.grpcLis.Close()
+	}
+	if n.httpSrv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = n.httpSrv.Shutdown(ctx)
+		cancel()
+	} else if n.httpLis != nil {
+		_ = n.httpLis.Close()
+	}
+	n.wg.Wait()
+	if n.gossip != nil {
+		if err := n.gossip.Shutdown(); err != nil {
+			n.log.Warn("node: gossip shutdown", "err", err)
+		}
+	}
+	if n.meta != nil {
+		if err := n.meta.Close(); err != nil {
+			n.log.Warn("node: metadata close", "err", err)
+		}
+	}
+	if n.peers != nil {
+		n.peers.close()
+	}
+	if n.store != nil {
+		if err := n.store.Close(); err != nil {
+			n.log.Warn("node: store close", "err", err)
+		}
+	}
+}

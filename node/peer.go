@@ -1,0 +1,222 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// peerPool keeps one gRPC connection per peer address. Connections are
+// lazy (grpc.NewClient does not dial) and reconnect by themselves.
+type peerPool struct {
+	log    *slog.Logger
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	closed bool
+}
+
+func newPeerPool(log *slog.Logger) *peerPool {
+	return &peerPool{log: log, conns: make(map[string]*grpc.ClientConn)}
+}
+
+var errPoolClosed = errors.New("node: peer pool closed")
+
+func (p *peerPool) conn(addr string) (*grpc.ClientConn, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errPoolClosed
+	}
+	if c := p.conns[addr]; c != nil {
+		return c, nil
+	}
+	c, err := grpc.NewClient(addr,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(8<<20)),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("node: peer %s: %w", addr, err)
+	}
+	p.conns[addr] = c
+	return c, nil
+}
+
+func (p *peerPool) peer(addr string) (api.PeerClient, error) {
+	c, err := p.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewPeerClient(c), nil
+}
+
+func (p *peerPool) client(addr string) (api.ClientClient, error) {
+	c, err := p.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	return api.NewClientClient(c), nil
+}
+
+func (p *peerPool) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for addr, c := range p.conns {
+		if err := c.Close(); err != nil {
+			p.log.Debug("node: close peer connection", "addr", addr, "err", err)
+		}
+	}
+	p.conns = nil
+}
+
+// withTimeout bounds an outgoing call by the node's RPC timeout unless ctx
+// ends sooner.
+func (n *Node) withTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, n.cfg.RPCTimeout)
+}
+
+// forwarder implements meta.Forwarder over Peer.MetaApply.
+type forwarder struct{ n *Node }
+
+func (f forwarder) Apply(ctx context.Context, leaderGRPCAddr string, cmd []byte) error {
+	pc, err := f.n.peers.peer(leaderGRPCAddr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := f.n.withTimeout(ctx)
+	defer cancel()
+	_, err = pc.MetaApply(ctx, &api.MetaApplyRequest{Command: cmd})
+	if err == nil {
+		return nil
+	}
+	// Map the leader's answer back to meta's sentinels, so meta retries
+	// what it should and stops on what it should not.
+	st := status.Convert(err)
+	switch st.Code() {
+	case codes.InvalidArgument:
+		return fmt.Errorf("%w: %s", meta.ErrInvalidCommand, st.Message())
+	case codes.Aborted:
+		return fmt.Errorf("%w: %s", meta.ErrStaleEpoch, st.Message())
+	case codes.FailedPrecondition:
+		return fmt.Errorf("%w: %s", meta.ErrNotLeader, st.Message())
+	}
+	return fmt.Errorf("node: forward to leader %s: %w", leaderGRPCAddr, err)
+}
+
+// Replicator writes an entry to replicas other than this node. It is the
+// seam between serving and replication: the replication package provides
+// one with write quorums, hinted handoff and repair.
+type Replicator interface {
+	// Replicate stores blob (an encoded, verified entry of key) on each of
+	// replicas, none of which is this node, and returns the IDs of those
+	// that acknowledged. It returns when every replica has answered or
+	// failed, or ctx ends.
+	Replicate(ctx context.Context, key chunk.Key, blob []byte, replicas []ring.Member) []string
+}
+
+// directReplicator writes to every replica in parallel, once, best-effort.
+type directReplicator struct{ n *Node }
+
+func (d *directReplicator) Replicate(ctx context.Context, key chunk.Key, blob []byte, replicas []ring.Member) []string {
+	acks := make([]bool, len(replicas))
+	var wg sync.WaitGroup
+	for i, m := range replicas {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.n.sendEntry(ctx, m.GRPCAddr, key, blob); err != nil {
+				d.n.log.Warn("node: replicate", "key", key, "to", m.ID, "err", err)
+				return
+			}
+			acks[i] = true
+		}()
+	}
+	wg.Wait()
+	var ids []string
+	for i, ok := range acks {
+		if ok {
+			ids = append(ids, replicas[i].ID)
+		}
+	}
+	return ids
+}
+
+// sendEntry streams blob to addr with Peer.Replicate. The blob's bytes go
+// to the transport without a copy.
+func (n *Node) sendEntry(ctx context.Context, addr string, key chunk.Key, blob []byte) error {
+	pc, err := n.peers.peer(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	st, err := pc.Replicate(ctx)
+	if err != nil {
+		return err
+	}
+	if err := api.SendHeader(st, &api.PutHeader{Key: client.ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
+		return streamErr(st, err)
+	}
+	// blob is heap memory the caller does not modify: the transport may
+	// hold slices of it after SendMsg returns.
+	if err := api.SendBody(st, mem.SliceBuffer(blob), n.cfg.FrameBytes); err != nil {
+		return streamErr(st, err)
+	}
+	_, err = st.CloseAndRecv()
+	if err == nil {
+		n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(len(blob)))
+	}
+	return err
+}
+
+// streamErr turns the io.EOF a client-stream Send returns when the server
+// already answered into the server's status.
+func streamErr(st interface {
+	CloseAndRecv() (*api.PutResponse, error)
+}, err error) error {
+	if _, rerr := st.CloseAndRecv(); rerr != nil {
+		return rerr
+	}
+	return err
+}
+
+// fetchEntry reads the whole entry of key from addr with Peer.Fetch.
+func (n *Node) fetchEntry(ctx context.Context, addr string, key chunk.Key) ([]byte, error) {
+	pc, err := n.peers.peer(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	st, err := pc.Fetch(ctx, &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
+	if err != nil {
+		return nil, err
+	}
+	var hdr api.GetHeader
+	if err := api.RecvHeader(st, &hdr); err != nil {
+		return nil, err
+	}
+	if hdr.TotalBytes > uint64(n.cfg.Limits.MaxBlobBytes) {
+		return nil, fmt.Errorf("node: fetched entry of %d bytes exceeds limits", hdr.TotalBytes)
+	}
+	blob := make([]byte, hdr.TotalBytes)
+	if err := api.RecvBody(st, blob); err != nil {
+		return nil, err
+	}
+	n.metrics.bytesIn.WithLabelValues("fetch").Add(float64(len(blob)))
+	return blob, nil
+}

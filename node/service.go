@@ -1,0 +1,645 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// Limits of requests that are not entries.
+const (
+	// MaxLookupBatch is the most items one Lookup may carry.
+	MaxLookupBatch = 4096
+	// MaxDigestItems is the most items one Digest answer carries.
+	MaxDigestItems = 10000
+	// modelWait is how long a node waits for a model registered through
+	// another node a moment ago to reach its own metadata.
+	modelWait = 2 * time.Second
+)
+
+type clientService struct {
+	api.UnimplementedClientServer
+	n *Node
+}
+
+type peerService struct {
+	api.UnimplementedPeerServer
+	n *Node
+}
+
+func invalid(err error) error { return status.Error(codes.InvalidArgument, err.Error()) }
+
+// model returns the spec of fp, waiting briefly for raft to catch up.
+func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec, error) {
+	if spec, ok := n.meta.Model(fp); ok {
+		return spec, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, modelWait)
+	defer cancel()
+	if spec, ok := n.meta.WaitModel(wctx, fp); ok {
+		return spec, nil
+	}
+	return chunk.ModelSpec{}, errUnknownModel(fp)
+}
+
+// replicas returns the replica set of content in the current ring.
+func (n *Node) replicas(content chunk.ID) ([]ring.Member, error) {
+	r := n.meta.Ring()
+	if r.Len() == 0 {
+		return nil, status.Error(codes.Unavailable, "the cluster has no ring yet")
+	}
+	return r.Replicas(content, n.meta.Settings().ReplicationFactor), nil
+}
+
+func (s *clientService) RegisterModel(ctx context.Context, req *api.RegisterModelRequest) (*api.RegisterModelResponse, error) {
+	spec, err := client.SpecFromProto(req.GetSpec())
+	if err != nil {
+		return nil, invalid(err)
+	}
+	fp, err := s.n.meta.RegisterModel(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &api.RegisterModelResponse{Fingerprint: client.ProtoFingerprint(fp)}, nil
+}
+
+func (s *clientService) Models(ctx context.Context, _ *api.ModelsRequest) (*api.ModelsResponse, error) {
+	resp := &api.ModelsResponse{}
+	for _, spec := range s.n.meta.Models() {
+		resp.Models = append(resp.Models, &api.ModelInfo{Fingerprint: client.ProtoFingerprint(spec.Fingerprint()), Spec: client.ProtoSpec(spec)})
+	}
+	return resp, nil
+}
+
+func (s *clientService) Put(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
+	return s.n.receivePut(st, false)
+}
+
+func (s *peerService) Replicate(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
+	return s.n.receivePut(st, true)
+}
+
+// receivePut reads a Put or Replicate stream, checks the entry and stores
+// it: here only (direct), or on its replica set.
+func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse], direct bool) error {
+	ctx := st.Context()
+	var hdr api.PutHeader
+	if err := api.RecvHeader(st, &hdr); err != nil {
+		return err
+	}
+	key, err := client.KeyFromProto(hdr.Key)
+	if err != nil {
+		return invalid(err)
+	}
+	switch {
+	case hdr.BlobBytes == 0:
+		return status.Error(codes.InvalidArgument, "put of an empty entry")
+	case hdr.BlobBytes > uint64(n.cfg.Limits.MaxBlobBytes):
+		return status.Errorf(codes.ResourceExhausted, "entry of %d bytes exceeds the limit of %d", hdr.BlobBytes, n.cfg.Limits.MaxBlobBytes)
+	}
+	spec, err := n.model(ctx, key.Fingerprint)
+	if err != nil {
+		return err
+	}
+	blob := make([]byte, hdr.BlobBytes)
+	if err := api.RecvBody(st, blob); err != nil {
+		return err
+	}
+	var extra api.Frame
+	if err := st.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+		extra.Data.Free()
+		if err == nil {
+			err = fmt.Errorf("%w: frames after the announced %d bytes", api.ErrLongBody, hdr.BlobBytes)
+		}
+		return err
+	}
+	n.metrics.bytesIn.WithLabelValues("put").Add(float64(len(blob)))
+	hd, err := chunk.Verify(blob, n.cfg.Limits)
+	if err != nil {
+		return err
+	}
+	if hd.Key != key {
+		return status.Errorf(codes.InvalidArgument, "entry holds key %v, header says %v", hd.Key, key)
+	}
+	if sh := hd.Shape; sh.Layers != spec.Layers || sh.KVHeads != spec.KVHeads || sh.HeadDim != spec.HeadDim || sh.DType != spec.DType {
+		return status.Errorf(codes.InvalidArgument, "entry shape %d layers x %d heads x %d dims %v does not match model %s (%d x %d x %d %v)",
+			sh.Layers, sh.KVHeads, sh.HeadDim, sh.DType, key.Fingerprint, spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType)
+	}
+	if direct || hdr.Direct {
+		if _, err := n.store.Put(ctx, blob, kvtier.PutOptions{}); err != nil {
+			return err
+		}
+		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
+	}
+	acked, err := n.coordinatePut(ctx, key, blob)
+	if err != nil {
+		return err
+	}
+	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: acked})
+}
+
+// coordinatePut writes blob to the replica set of its content ID and
+// returns the IDs that stored it. It fails unless at least min(W, R)
+// replicas did.
+func (n *Node) coordinatePut(ctx context.Context, key chunk.Key, blob []byte) ([]string, error) {
+	reps, err := n.replicas(key.Content)
+	if err != nil {
+		return nil, err
+	}
+	others := make([]ring.Member, 0, len(reps))
+	local := false
+	for _, m := range reps {
+		if m.ID == n.cfg.NodeID {
+			local = true
+		} else {
+			others = append(others, m)
+		}
+	}
+	if !local {
+		n.metrics.forwards.Inc()
+	}
+	var localErr error
+	var wg sync.WaitGroup
+	if local {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, localErr = n.store.Put(ctx, blob, kvtier.PutOptions{})
+		}()
+	}
+	var acked []string
+	if len(others) > 0 {
+		acked = n.repl.Replicate(ctx, key, blob, others)
+	}
+	wg.Wait()
+	if local {
+		if localErr != nil {
+			if errors.Is(localErr, kvtier.ErrConflict) || len(others) == 0 {
+				return nil, localErr
+			}
+			n.log.Warn("node: local put", "key", key, "err", localErr)
+		} else {
+			acked = append([]string{n.cfg.NodeID}, acked...)
+		}
+	}
+	need := min(n.meta.Settings().WriteQuorum, len(reps))
+	if len(acked) < need {
+		return acked, status.Errorf(codes.Unavailable, "entry stored on %d of %d replicas (%v), write quorum is %d", len(acked), len(reps), acked, need)
+	}
+	return acked, nil
+}
+
+func (s *clientService) Get(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame]) error {
+	return s.n.serveGet(req, st, req.GetDirect())
+}
+
+func (s *peerService) Fetch(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame]) error {
+	return s.n.serveGet(req, st, true)
+}
+
+// serveGet answers a Get or Fetch: from the local store, else (unless
+// direct) from another replica.
+func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame], direct bool) error {
+	ctx := st.Context()
+	key, err := client.KeyFromProto(req.GetKey())
+	if err != nil {
+		return invalid(err)
+	}
+	if req.Format != api.Format_FORMAT_ENTRY && req.Format != api.Format_FORMAT_RAW {
+		return status.Errorf(codes.InvalidArgument, "unknown format %v", req.Format)
+	}
+	if _, err := n.model(ctx, key.Fingerprint); err != nil {
+		return err
+	}
+	var data []byte
+	release := func() {}
+	h, err := n.store.Get(ctx, key)
+	switch {
+	case err == nil:
+		data, release = h.Bytes(), h.Release
+	case errors.Is(err, kvtier.ErrNotFound) && !direct:
+		if data, err = n.fetchFromReplicas(ctx, key); err != nil {
+			return err
+		}
+	default:
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			release()
+		}
+	}()
+	hd, err := chunk.ParseHeader(data, n.cfg.Limits)
+	if err != nil {
+		return status.Errorf(codes.DataLoss, "stored entry %v: %v", key, err)
+	}
+	gh := &api.GetHeader{Key: client.ProtoKey(hd.Key), Format: req.Format, Codec: uint32(hd.Codec),
+		Shape: client.ProtoShape(hd.Shape), Tokens: hd.Tokens, Checksum: hd.Checksum}
+	var body mem.Buffer
+	if req.Format == api.Format_FORMAT_ENTRY {
+		gh.TotalBytes = uint64(len(data))
+		ok = true // the buffer owns release now
+		body = api.PinnedBuffer(data, release)
+	} else {
+		r, err := chunk.Range{LayerLo: int(req.LayerLo), LayerHi: int(req.LayerHi), HeadLo: int(req.HeadLo), HeadHi: int(req.HeadHi)}.Resolve(hd.Shape)
+		if err != nil {
+			return invalid(err)
+		}
+		out := make([]byte, r.RangeBytes(hd.Shape))
+		if err := chunk.DecodeRange(out, data, &hd, r, nil); err != nil {
+			return status.Errorf(codes.DataLoss, "stored entry %v: %v", key, err)
+		}
+		gh.TotalBytes = uint64(len(out))
+		gh.LayerLo, gh.LayerHi, gh.HeadLo, gh.HeadHi = uint32(r.LayerLo), uint32(r.LayerHi), uint32(r.HeadLo), uint32(r.HeadHi)
+		body = mem.SliceBuffer(out)
+	}
+	defer body.Free()
+	if err := api.SendHeader(st, gh); err != nil {
+		return err
+	}
+	if err := api.SendBody(st, body, n.cfg.FrameBytes); err != nil {
+		return err
+	}
+	n.metrics.bytesOut.WithLabelValues("get").Add(float64(gh.TotalBytes))
+	return nil
+}
+
+// fetchFromReplicas reads key from the first other replica that has it.
+func (n *Node) fetchFromReplicas(ctx context.Context, key chunk.Key) ([]byte, error) {
+	reps, err := n.replicas(key.Content)
+	if err != nil {
+		return nil, err
+	}
+	var last error = status.Errorf(codes.NotFound, "%v not found", key)
+	for _, m := range reps {
+		if m.ID == n.cfg.NodeID {
+			continue
+		}
+		blob, err := n.fetchEntry(ctx, m.GRPCAddr, key)
+		if err == nil {
+			if _, verr := chunk.Verify(blob, n.cfg.Limits); verr != nil {
+				n.log.Warn("node: replica sent a corrupt entry", "key", key, "from", m.ID, "err", verr)
+				continue
+			}
+			return blob, nil
+		}
+		if status.Code(err) != codes.NotFound {
+			last = err
+		}
+	}
+	if status.Code(last) != codes.NotFound {
+		return nil, status.Errorf(codes.Unavailable, "%v: no replica answered: %v", key, last)
+	}
+	return nil, last
+}
+
+func (s *clientService) Lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupResponse, error) {
+	return s.n.lookup(ctx, req)
+}
+
+type lookupItem struct {
+	content chunk.ID
+	want    chunk.Context
+}
+
+func (n *Node) lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupResponse, error) {
+	if req.Fingerprint == nil {
+		return nil, status.Error(codes.InvalidArgument, "lookup without a model fingerprint")
+	}
+	if len(req.Items) > MaxLookupBatch {
+		return nil, status.Errorf(codes.ResourceExhausted, "lookup of %d items exceeds %d", len(req.Items), MaxLookupBatch)
+	}
+	fp := client.FingerprintFromProto(req.Fingerprint)
+	if _, err := n.model(ctx, fp); err != nil {
+		return nil, err
+	}
+	items := make([]lookupItem, len(req.Items))
+	for i, it := range req.Items {
+		if it.GetContent() == nil {
+			return nil, status.Errorf(codes.InvalidArgument, "lookup item %d has no content ID", i)
+		}
+		want, err := client.ContextFromProto(it.GetWant())
+		if err != nil {
+			return nil, invalid(fmt.Errorf("lookup item %d: %w", i, err))
+		}
+		items[i] = lookupItem{content: client.IDFromProto(it.Content), want: want}
+	}
+	if req.Direct {
+		return &api.LookupResponse{Results: n.lookupLocal(fp, items)}, nil
+	}
+	return n.lookupCluster(ctx, req.Fingerprint, fp, items)
+}
+
+func (n *Node) lookupLocal(fp chunk.Fingerprint, items []lookupItem) []*api.LookupResult {
+	out := make([]*api.LookupResult, len(items))
+	for i, it := range items {
+		key, match, err := n.store.Best(fp, it.content, it.want)
+		res := &api.LookupResult{}
+		if err == nil && match != kvtier.Miss {
+			res.Key = client.ProtoKey(key)
+			if match == kvtier.Exact {
+				res.Status = api.LookupStatus_LOOKUP_STATUS_EXACT
+			} else {
+				res.Status = api.LookupStatus_LOOKUP_STATUS_APPROXIMATE
+			}
+		}
+		out[i] = res
+	}
+	return out
+}
+
+// lookupCluster asks every replica of each item, one batch per node, and
+// keeps the best answer (EXACT over APPROXIMATE over MISS; ties go to the
+// replica first in ring order, so every coordinator answers alike).
+func (n *Node) lookupCluster(ctx context.Context, pfp *api.ID, fp chunk.Fingerprint, items []lookupItem) (*api.LookupResponse, error) {
+	r := n.meta.Ring()
+	if r.Len() == 0 {
+		return nil, status.Error(codes.Unavailable, "the cluster has no ring yet")
+	}
+	rf := n.meta.Settings().ReplicationFactor
+	reps := make([][]ring.Member, len(items))
+	byNode := make(map[string][]int) // node ID -> item indexes
+	addr := make(map[string]string)
+	for i, it := range items {
+		reps[i] = r.Replicas(it.content, rf)
+		for _, m := range reps[i] {
+			byNode[m.ID] = append(byNode[m.ID], i)
+			addr[m.ID] = m.GRPCAddr
+		}
+	}
+	answers := make(map[string][]*api.LookupResult, len(byNode)) // aligned with byNode[id]
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for id, idx := range byNode {
+		sub := make([]lookupItem, len(idx))
+		for j, i := range idx {
+			sub[j] = items[i]
+		}
+		if id == n.cfg.NodeID {
+			res := n.lookupLocal(fp, sub)
+			mu.Lock()
+			answers[id] = res
+			mu.Unlock()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := n.remoteLookup(ctx, addr[id], pfp, sub)
+			if err != nil {
+				n.log.Debug("node: lookup on replica", "replica", id, "err", err)
+				return
+			}
+			mu.Lock()
+			answers[id] = res
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	// per item: node ID -> answer
+	per := make([]map[string]*api.LookupResult, len(items))
+	for id, idx := range byNode {
+		res := answers[id]
+		if res == nil {
+			continue
+		}
+		for j, i := range idx {
+			if per[i] == nil {
+				per[i] = make(map[string]*api.LookupResult, rf)
+			}
+			per[i][id] = res[j]
+		}
+	}
+	out := make([]*api.LookupResult, len(items))
+	for i := range items {
+		best := &api.LookupResult{}
+		for _, m := range reps[i] {
+			a := per[i][m.ID]
+			if a != nil && rank(a.Status) > rank(best.Status) {
+				best = a
+			}
+		}
+		res := &api.LookupResult{Status: best.Status, Key: best.Key}
+		var rest []*api.Member
+		for _, m := range reps[i] {
+			a := per[i][m.ID]
+			pm := client.ProtoMember(m)
+			if a != nil && best.Key != nil && a.Status != api.LookupStatus_LOOKUP_STATUS_MISS && keyEqual(a.Key, best.Key) {
+				res.Holders = append(res.Holders, pm)
+			} else {
+				rest = append(rest, pm)
+			}
+		}
+		res.Holders = append(res.Holders, rest...)
+		n.metrics.lookups.WithLabelValues(resultName(res.Status)).Inc()
+		out[i] = res
+	}
+	return &api.LookupResponse{Results: out}, nil
+}
+
+func rank(s api.LookupStatus) int {
+	switch s {
+	case api.LookupStatus_LOOKUP_STATUS_EXACT:
+		return 2
+	case api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
+		return 1
+	}
+	return 0
+}
+
+func resultName(s api.LookupStatus) string {
+	switch s {
+	case api.LookupStatus_LOOKUP_STATUS_EXACT:
+		return "exact"
+	case api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
+		return "approximate"
+	}
+	return "miss"
+}
+
+func keyEqual(a, b *api.Key) bool {
+	ka, err1 := client.KeyFromProto(a)
+	kb, err2 := client.KeyFromProto(b)
+	return err1 == nil && err2 == nil && ka == kb
+}
+
+func (n *Node) remoteLookup(ctx context.Context, addr string, fp *api.ID, items []lookupItem) ([]*api.LookupResult, error) {
+	c, err := n.peers.client(addr)
+	if err != nil {
+		return nil, err
+	}
+	req := &api.LookupRequest{Fingerprint: fp, Direct: true, Items: make([]*api.LookupItem, len(items))}
+	for i, it := range items {
+		req.Items[i] = &api.LookupItem{Content: client.ProtoID(it.content), Want: client.ProtoContext(it.want)}
+	}
+	ctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	resp, err := c.Lookup(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if len(resp.Results) != len(items) {
+		return nil, fmt.Errorf("node: replica %s answered %d of %d lookups", addr, len(resp.Results), len(items))
+	}
+	return resp.Results, nil
+}
+
+func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*api.DeleteResponse, error) {
+	n := s.n
+	key, err := client.KeyFromProto(req.GetKey())
+	if err != nil {
+		return nil, invalid(err)
+	}
+	if req.Direct {
+		if err := n.store.Delete(key); err != nil {
+			return nil, err
+		}
+		return &api.DeleteResponse{Deleted: 1}, nil
+	}
+	reps, err := n.replicas(key.Content)
+	if err != nil {
+		return nil, err
+	}
+	var deleted uint32
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, m := range reps {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if m.ID == n.cfg.NodeID {
+				err = n.store.Delete(key)
+			} else {
+				err = n.remoteDelete(ctx, m.GRPCAddr, key)
+			}
+			if err == nil {
+				mu.Lock()
+				deleted++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	if deleted == 0 {
+		return nil, status.Errorf(codes.NotFound, "%v not found", key)
+	}
+	return &api.DeleteResponse{Deleted: deleted}, nil
+}
+
+func (n *Node) remoteDelete(ctx context.Context, addr string, key chunk.Key) error {
+	c, err := n.peers.client(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	_, err = c.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true})
+	return err
+}
+
+func (s *clientService) Stats(ctx context.Context, _ *api.StatsRequest) (*api.StatsResponse, error) {
+	st := s.n.store.Stats()
+	resp := &api.StatsResponse{NodeId: s.n.cfg.NodeID, Entries: uint64(st.Entries), Panics: uint64(readCounter(s.n.metrics.panics))}
+	for _, t := range st.Tiers {
+		if !t.Enabled {
+			continue
+		}
+		resp.Bytes += uint64(t.StoredBytes)
+		resp.Tiers = append(resp.Tiers, &api.TierStats{Name: t.Tier.String(), Entries: uint64(t.Entries), Bytes: uint64(t.StoredBytes),
+			CapacityBytes: uint64(t.Budget), Evictions: t.Evictions})
+	}
+	resp.Forwarded = uint64(readCounter(s.n.metrics.forwards))
+	return resp, nil
+}
+
+func (s *clientService) ClusterInfo(ctx context.Context, _ *api.ClusterInfoRequest) (*api.ClusterInfoResponse, error) {
+	n := s.n
+	r := n.meta.Ring()
+	set := n.meta.Settings()
+	lid, laddr := n.meta.Leader()
+	resp := &api.ClusterInfoResponse{NodeId: n.cfg.NodeID, Epoch: r.Epoch(), LeaderId: lid, LeaderGrpcAddr: laddr,
+		ReplicationFactor: uint32(set.ReplicationFactor), WriteQuorum: uint32(set.WriteQuorum), Codec: set.Codec.String()}
+	http := make(map[string]string)
+	if n.gossip != nil {
+		for _, m := range n.gossip.Members() {
+			http[m.ID] = m.HTTPAddr
+		}
+	}
+	for _, m := range r.Members() {
+		pm := client.ProtoMember(m)
+		pm.HttpAddr = http[m.ID]
+		resp.Members = append(resp.Members, pm)
+	}
+	return resp, nil
+}
+
+func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
+	var after *chunk.Key
+	if req.After != nil {
+		k, err := client.KeyFromProto(req.After)
+		if err != nil {
+			return nil, invalid(err)
+		}
+		after = &k
+	}
+	limit := int(req.Limit)
+	if limit <= 0 || limit > MaxDigestItems {
+		limit = MaxDigestItems
+	}
+	var items []*api.DigestItem
+	var keys []chunk.Key
+	sums := make(map[chunk.Key][2]uint64)
+	s.n.store.Scan(func(k chunk.Key, sum uint64, size int) bool {
+		if after == nil || compareKeys(k, *after) > 0 {
+			keys = append(keys, k)
+			sums[k] = [2]uint64{sum, uint64(size)}
+		}
+		return true
+	})
+	slices.SortFunc(keys, compareKeys)
+	more := len(keys) > limit
+	if more {
+		keys = keys[:limit]
+	}
+	for _, k := range keys {
+		v := sums[k]
+		items = append(items, &api.DigestItem{Key: client.ProtoKey(k), Checksum: v[0], BlobBytes: v[1]})
+	}
+	return &api.DigestResponse{Items: items, More: more}, nil
+}
+
+// compareKeys orders keys by fingerprint, content, context kind, window and
+// context ID: the order Digest pages in.
+func compareKeys(a, b chunk.Key) int {
+	return cmp.Or(
+		cmp.Compare(a.Fingerprint.Hi, b.Fingerprint.Hi), cmp.Compare(a.Fingerprint.Lo, b.Fingerprint.Lo),
+		cmp.Compare(a.Content.Hi, b.Content.Hi), cmp.Compare(a.Content.Lo, b.Content.Lo),
+		cmp.Compare(a.Context.Kind, b.Context.Kind), cmp.Compare(a.Context.Window, b.Context.Window),
+		cmp.Compare(a.Context.ID.Hi, b.Context.ID.Hi), cmp.Compare(a.Context.ID.Lo, b.Context.ID.Lo),
+	)
+}
+
+func (s *peerService) MetaApply(ctx context.Context, req *api.MetaApplyRequest) (*api.MetaApplyResponse, error) {
+	if err := s.n.meta.ApplyForwarded(ctx, req.Command); err != nil {
+		return nil, err
+	}
+	return &api.MetaApplyResponse{}, nil
+}
