@@ -101,9 +101,13 @@ type hintStore struct {
 	mu      sync.Mutex
 	seq     uint64
 	queues  map[string][]*hintMeta
-	bytes   int64
+	bytes   int64 // of the hints in queues
 	n       int
-	backoff map[string]hintBackoff
+	// resBytes and resN are reserved by adds still writing their file;
+	// the bounds count them, count and size do not.
+	resBytes int64
+	resN     int
+	backoff  map[string]hintBackoff
 }
 
 type hintBackoff struct {
@@ -174,7 +178,7 @@ func (hs *hintStore) add(target string, key chunk.Key, blob []byte, at, created 
 		return false, nil
 	}
 	hs.mu.Lock()
-	if hs.n+1 > hs.maxCount || hs.bytes+int64(len(blob)) > hs.maxBytes {
+	if hs.n+hs.resN+1 > hs.maxCount || hs.bytes+hs.resBytes+int64(len(blob)) > hs.maxBytes {
 		hs.mu.Unlock()
 		return false, nil
 	}
@@ -182,8 +186,8 @@ func (hs *hintStore) add(target string, key chunk.Key, blob []byte, at, created 
 	h := &hintMeta{seq: hs.seq, target: target, key: key, at: at, created: created, size: int64(len(blob))}
 	// Reserve the room before the I/O so that concurrent adds stay in
 	// bounds.
-	hs.bytes += h.size
-	hs.n++
+	hs.resBytes += h.size
+	hs.resN++
 	hs.mu.Unlock()
 
 	var err error
@@ -200,11 +204,13 @@ func (hs *hintStore) add(target string, key chunk.Key, blob []byte, at, created 
 	}
 	hs.mu.Lock()
 	defer hs.mu.Unlock()
+	hs.resBytes -= h.size
+	hs.resN--
 	if err != nil {
-		hs.bytes -= h.size
-		hs.n--
 		return false, fmt.Errorf("replication: writing hint: %w", err)
 	}
+	hs.bytes += h.size
+	hs.n++
 	q := hs.queues[target]
 	// Keep seq order even when adds finish out of order.
 	i, _ := slices.BinarySearchFunc(q, h.seq, func(x *hintMeta, s uint64) int { return int64Cmp(int64(x.seq), int64(s)) })
