@@ -117,6 +117,8 @@ type GossipConfig struct {
 	BindPort int
 	// AdvertiseAddr and AdvertisePort are what others should dial, when
 	// that is not the bound address (default: the bound address).
+	// AdvertisePort defaults to the bound port; memberlist ignores it when
+	// BindPort is 0, so StartGossip refuses that combination.
 	AdvertiseAddr string
 	AdvertisePort int
 	// Meta is what the node announces; its ID defaults to NodeID and must
@@ -267,12 +269,18 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		// memberlist would silently bind every interface.
 		return nil, fmt.Errorf("ring: BindAddr %q is not an IP address", cfg.BindAddr)
 	}
+	if cfg.AdvertisePort != 0 && cfg.BindPort == 0 {
+		return nil, errors.New("ring: AdvertisePort needs a fixed BindPort")
+	}
+	if cfg.AdvertiseAddr != "" && cfg.AdvertisePort == 0 {
+		cfg.AdvertisePort = cfg.BindPort
+	}
 	switch len(cfg.SecretKey) {
 	case 0, 16, 24, 32:
 	default:
 		return nil, fmt.Errorf("ring: SecretKey must be 16, 24 or 32 bytes, not %d", len(cfg.SecretKey))
 	}
-	cfg.Meta.Leaving = false
+	cfg.Meta.Leaving, cfg.Meta.GossipAddr = false, ""
 	metaB, err := cfg.Meta.MarshalBinary()
 	if err != nil {
 		return nil, err
@@ -437,11 +445,14 @@ func (g *Gossip) Status() []MemberStatus {
 	return out
 }
 
-// LocalMeta returns what this node currently announces.
+// LocalMeta returns what this node currently announces, with its
+// GossipAddr.
 func (g *Gossip) LocalMeta() NodeMeta {
 	g.metaMu.Lock()
-	defer g.metaMu.Unlock()
-	return g.meta
+	m := g.meta
+	g.metaMu.Unlock()
+	m.GossipAddr = g.Addr()
+	return m
 }
 
 // UpdateMeta changes what this node announces and waits, until ctx is done

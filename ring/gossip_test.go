@@ -8,6 +8,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -113,9 +114,7 @@ func TestGossipClusters(t *testing.T) {
 			for _, g := range gs {
 				for i, m := range g.Members() {
 					src := gs[i]
-					wantMeta := src.LocalMeta()
-					wantMeta.GossipAddr = src.Addr()
-					if m != wantMeta {
+					if wantMeta := src.LocalMeta(); m != wantMeta || m.GossipAddr != src.Addr() {
 						t.Fatalf("%s sees %+v, want %+v", g.LocalID(), m, wantMeta)
 					}
 				}
@@ -340,6 +339,8 @@ func TestGossipConfigErrors(t *testing.T) {
 		{"bad key", func(c *GossipConfig) { c.SecretKey = []byte("short") }},
 		{"meta too large", func(c *GossipConfig) { c.Meta.GRPCAddr = string(make([]byte, 600)) }},
 		{"bad bind address", func(c *GossipConfig) { c.BindAddr = "256.0.0.1" }},
+		{"hostname bind address", func(c *GossipConfig) { c.BindAddr = "localhost" }},
+		{"advertise port with port 0", func(c *GossipConfig) { c.AdvertisePort = 7946 }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -350,6 +351,14 @@ func TestGossipConfigErrors(t *testing.T) {
 				t.Fatal("started")
 			}
 		})
+	}
+	// An advertised address with a dynamic port advertises the bound port.
+	adv := testConfig("n0")
+	adv.BindAddr, adv.AdvertiseAddr = "0.0.0.0", "127.0.0.1"
+	if g := start(t, adv); !strings.HasPrefix(g.Addr(), "127.0.0.1:") || strings.HasSuffix(g.Addr(), ":0") {
+		t.Fatalf("advertised %s", g.Addr())
+	} else if err := g.Shutdown(); err != nil {
+		t.Fatal(err)
 	}
 	g := start(t, testConfig("n0"))
 	if err := g.UpdateMeta(context.Background(), NodeMeta{ID: "n1"}); !errors.Is(err, ErrMetaInvalid) {
