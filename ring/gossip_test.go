@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -397,4 +398,33 @@ func TestTimingDefaults(t *testing.T) {
 	if got != want {
 		t.Fatalf("%+v, want %+v", got, want)
 	}
+}
+
+// TestGossipShutdownStopsEverything: after Shutdown no goroutine of the
+// node (ours or memberlist's) is left running.
+func TestGossipShutdownStopsEverything(t *testing.T) {
+	before := runtime.NumGoroutine()
+	gs := make([]*Gossip, 3)
+	for i := range gs {
+		cfg := testConfig(fmt.Sprintf("n%d", i))
+		cfg.BindAddr = fmt.Sprintf("127.0.0.%d", i+1) // distinct loopback addresses
+		if i > 0 {
+			cfg.Seeds = []string{gs[0].Addr()}
+		}
+		g, err := StartGossip(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs[i] = g
+	}
+	for _, g := range gs {
+		eventually(t, "convergence", func() bool { return len(g.Members()) == 3 })
+		_, _ = g.Subscribe() // never read, never cancelled
+	}
+	for _, g := range gs {
+		if err := g.Shutdown(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 }
