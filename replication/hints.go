@@ -98,11 +98,11 @@ type hintStore struct {
 	maxCount int
 	lim      chunk.Limits
 
-	mu      sync.Mutex
-	seq     uint64
-	queues  map[string][]*hintMeta
-	bytes   int64 // of the hints in queues
-	n       int
+	mu     sync.Mutex
+	seq    uint64
+	queues map[string][]*hintMeta
+	bytes  int64 // of the hints in queues
+	n      int
 	// resBytes and resN are reserved by adds still writing their file;
 	// the bounds count them, count and size do not.
 	resBytes int64
