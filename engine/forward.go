@@ -70,70 +70,132 @@ func (sc *scratch) indices(lo, hi int) []int {
 	return sc.idx
 }
 
-// attnTask computes causal attention for (active token, query head) items
-// against the cache of one layer.
+// attnTask computes causal attention for (active token, kv head) items
+// against the cache of one layer. The query heads sharing a kv head are
+// done together, up to four at a time, so each key and value row is read
+// once for all of them.
 type attnTask struct {
-	q, out []float32 // [n][heads][head_dim]
-	idx    []int     // token index of each active row
-	slots  []int     // slot of every token of the sequence
-	kv     []float32 // the cache layer
-	layout cudakern.CacheLayout
-	heads  int
-	group  int // query heads per kv head
-	hd     int
-	scale  float32
-	scores [][]float32 // per worker, at least seq length
-	avx    bool        // use the assembly dot and axpy (hd % 8 == 0)
+	q, out  []float32 // [n][heads][head_dim]
+	idx     []int     // token index of each active row
+	slots   []int     // slot of every token of the sequence
+	kv      []float32 // the cache layer
+	layout  cudakern.CacheLayout
+	heads   int
+	kvHeads int
+	group   int // query heads per kv head
+	hd      int
+	scale   float32
+	scores  [][]float32 // per worker, at least 4 × seq length
+	avx     bool        // use the assembly kernels (hd % 8 == 0)
 }
 
 func (t *attnTask) do(w, lo, hi int) {
-	hd := t.hd
-	sc := t.scores[w]
 	for it := lo; it < hi; it++ {
-		a, h := it/t.heads, it%t.heads
-		i := t.idx[a]
-		kvh := h / t.group
-		qv := t.q[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
-		s := sc[:i+1]
-		mx := float32(math.Inf(-1))
-		for j := range s {
-			off := t.layout.Offset(0, t.slots[j], kvh) / 4
-			var v float32
-			if t.avx {
-				v = dotAVX(&qv[0], &t.kv[off : off+hd][0], hd) * t.scale
-			} else {
-				v = dot(qv, t.kv[off:off+hd]) * t.scale
-			}
-			s[j] = v
-			if v > mx {
-				mx = v
+		a, g := it/t.kvHeads, it%t.kvHeads
+		for hb := 0; hb < t.group; hb += 4 {
+			t.heads4(w, a, g, g*t.group+hb, min(4, t.group-hb))
+		}
+	}
+}
+
+// heads4 computes query heads [h0, h0+m) (m <= 4, all on kv head g) of
+// active row a. Every score of a head goes through the same kernel lane
+// whatever m is, so a head's result does not depend on its neighbours.
+func (t *attnTask) heads4(w, a, g, h0, m int) {
+	hd := t.hd
+	i := t.idx[a]
+	n := i + 1
+	var qs [4][]float32
+	for k := 0; k < 4; k++ {
+		h := h0 + min(k, m-1)
+		qs[k] = t.q[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
+	}
+	buf := t.scores[w]
+	var sc [4][]float32
+	for k := range sc {
+		sc[k] = buf[k*n : (k+1)*n]
+	}
+	var mx [4]float32
+	for k := range mx {
+		mx[k] = float32(math.Inf(-1))
+	}
+	var r4 [4]float32
+	for j := 0; j < n; j++ {
+		off := t.layout.Offset(0, t.slots[j], g) / 4
+		kr := t.kv[off : off+hd]
+		if t.avx {
+			dot1x4AVX(&kr[0], &qs[0][0], &qs[1][0], &qs[2][0], &qs[3][0], hd, &r4)
+		} else {
+			for k := 0; k < m; k++ {
+				r4[k] = dot(kr, qs[k])
 			}
 		}
+		for k := 0; k < m; k++ {
+			v := r4[k] * t.scale
+			sc[k][j] = v
+			mx[k] = max(mx[k], v)
+		}
+	}
+	var inv [4]float32
+	for k := 0; k < m; k++ {
 		var sum float32
+		s := sc[k]
 		for j, v := range s {
-			p := float32(math.Exp(float64(v - mx)))
+			p := expNeg(v - mx[k])
 			s[j] = p
 			sum += p
 		}
-		out := t.out[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
-		clear(out)
-		for j, p := range s {
-			off := t.layout.Offset(1, t.slots[j], kvh) / 4
-			vv := t.kv[off : off+hd]
+		inv[k] = 1 / sum
+		clear(t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd])
+	}
+	for j := 0; j < n; j++ {
+		off := t.layout.Offset(1, t.slots[j], g) / 4
+		vr := t.kv[off : off+hd]
+		for k := 0; k < m; k++ {
+			out := t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd]
+			p := sc[k][j]
 			if t.avx {
-				axpyAVX(p, &vv[0], &out[0], hd)
+				axpyAVX(p, &vr[0], &out[0], hd)
 				continue
 			}
-			vv = vv[:len(out)]
+			vr := vr[:len(out)]
 			for d := range out {
-				out[d] += p * vv[d]
+				out[d] += p * vr[d]
 			}
 		}
-		inv := 1 / sum
+	}
+	for k := 0; k < m; k++ {
+		out := t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd]
 		for d := range out {
-			out[d] *= inv
+			out[d] *= inv[k]
 		}
 	}
+}
+
+// expNeg is e^x for x <= 0 in float32 (softmax after subtracting the max):
+// 2^n times a degree-6 polynomial on [-ln2/2, ln2/2], within 2 ulp of
+// math.Exp, several times faster.
+func expNeg(x float32) float32 {
+	if x < -87 {
+		return 0
+	}
+	const (
+		log2e = 1.44269504088896341
+		ln2hi = 0.693359375
+		ln2lo = -2.12194440e-4
+	)
+	n := float32(math.Floor(float64(x*log2e + 0.5)))
+	r := x - n*ln2hi
+	r -= n * ln2lo
+	// Taylor coefficients of e^r up to r^6.
+	p := float32(1.0 / 720)
+	p = p*r + 1.0/120
+	p = p*r + 1.0/24
+	p = p*r + 1.0/6
+	p = p*r + 0.5
+	p = p*r + 1
+	p = p*r + 1
+	return p * math.Float32frombits(uint32(int32(n)+127)<<23)
 }
 
 // rmsNorm writes x = h * rsqrt(mean(h²) + eps) * w row by row, in float32
@@ -185,7 +247,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		sc.scores = make([][]float32, e.pool.workers)
 	}
 	for w := range sc.scores {
-		sc.scores[w] = grow(sc.scores[w], seqLen)
+		sc.scores[w] = grow(sc.scores[w], 4*seqLen)
 	}
 	// active is copied because selection compacts it.
 	active := append(sc.order[:0], p.active...)
@@ -195,7 +257,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		copy(sc.h[r*H:(r+1)*H], e.w.embed[int(s.tokens[i])*H:(int(s.tokens[i])+1)*H])
 	}
 	at := &sc.attn
-	*at = attnTask{slots: s.slots, layout: e.layout, heads: c.NumHeads, group: c.NumHeads / c.NumKVHeads,
+	*at = attnTask{slots: s.slots, layout: e.layout, heads: c.NumHeads, kvHeads: c.NumKVHeads, group: c.NumHeads / c.NumKVHeads,
 		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores, avx: e.pool.avx && hd%8 == 0}
 	for l := range e.w.layers {
 		if err := ctx.Err(); err != nil {
@@ -242,7 +304,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 			return st, fmt.Errorf("engine: store values: %w", err)
 		}
 		at.q, at.out, at.idx, at.kv = sc.q[:n*Q], sc.att[:n*Q], active, cl.f
-		e.pool.run(at, n*c.NumHeads, 1)
+		e.pool.run(at, n*c.NumKVHeads, 1)
 		e.pool.matmul(&sc.mm, sc.o, sc.att, lw.o, nil, n, Q, H)
 		for i, v := range sc.o[:n*H] {
 			sc.h[i] += v

@@ -142,3 +142,21 @@ func TestVectorKernels(t *testing.T) {
 		}
 	}
 }
+
+func TestExpNeg(t *testing.T) {
+	for x := float32(0); x > -100; x -= 0.0137 {
+		got, want := float64(expNeg(x)), math.Exp(float64(x))
+		if want < 1e-37 {
+			if got > 1e-37 {
+				t.Fatalf("expNeg(%v) = %v, want ~0", x, got)
+			}
+			continue
+		}
+		if rel := math.Abs(got-want) / want; rel > 4e-7 {
+			t.Fatalf("expNeg(%v) = %v, want %v (rel %.2g)", x, got, want, rel)
+		}
+	}
+	if expNeg(0) != 1 {
+		t.Fatalf("expNeg(0) = %v", expNeg(0))
+	}
+}

@@ -34,6 +34,7 @@ func run() error {
 	workers := flag.Int("workers", 0, "worker goroutines (0: GOMAXPROCS)")
 	seed := flag.Uint64("seed", 1, "random seed (weights and prompts)")
 	codec := flag.String("codec", "raw", "codec of the in-memory store")
+	kvType := flag.String("kv-dtype", "bf16", "dtype of the stored chunk KV (f32, bf16, f16)")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	flag.Parse()
 
@@ -55,6 +56,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
+	kvd, err := chunk.ParseDType(*kvType)
+	if err != nil {
+		return err
+	}
 	dir := *model
 	if dir == "" {
 		tmp, err := os.MkdirTemp("", "kvmesh-engine-bench-")
@@ -71,7 +76,7 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	e, err := engine.New(w, engine.Config{Workers: *workers, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+	e, err := engine.New(w, engine.Config{Workers: *workers, KVDType: kvd, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
 	if err != nil {
 		return err
 	}
