@@ -1,0 +1,269 @@
+// Package cluster holds real-process tests: it builds kvmeshd, starts
+// nodes on their own loopback addresses (127.0.0.11, .12, ...), and drives
+// them with the Go client.
+package cluster
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+)
+
+// proc is one kvmeshd process.
+type proc struct {
+	id    string
+	cmd   *exec.Cmd
+	addrs map[string]string // grpc, gossip, raft, http
+	log   string
+	done  chan error
+}
+
+func buildKvmeshd(t *testing.T) string {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command to build kvmeshd")
+	}
+	bin := filepath.Join(t.TempDir(), "kvmeshd")
+	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/kvmesh/kvmesh/cmd/kvmeshd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build kvmeshd: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func checkBindable(t *testing.T, hosts ...string) {
+	t.Helper()
+	for _, h := range hosts {
+		l, err := net.Listen("tcp", net.JoinHostPort(h, "0"))
+		if err != nil {
+			t.Skipf("cannot bind %s (loopback aliases needed): %v", h, err)
+		}
+		l.Close()
+	}
+}
+
+// start runs kvmeshd with args and waits for its ready line.
+func start(t *testing.T, bin, id string, args ...string) *proc {
+	t.Helper()
+	logPath := filepath.Join(t.TempDir(), id+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, append([]string{"-id", id}, args...)...)
+	cmd.Stderr = logf
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{id: id, cmd: cmd, log: logPath, done: make(chan error, 1)}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			t.Logf("log of %s (tail):\n%s", id, b)
+		}
+	})
+	ready := make(chan map[string]string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			line := sc.Text()
+			if strings.HasPrefix(line, "kvmeshd ready ") {
+				m := make(map[string]string)
+				for _, f := range strings.Fields(line)[2:] {
+					k, v, _ := strings.Cut(f, "=")
+					m[k] = v
+				}
+				ready <- m
+			}
+		}
+		p.done <- cmd.Wait()
+	}()
+	select {
+	case p.addrs = <-ready:
+	case err := <-p.done:
+		p.done <- err
+		t.Fatalf("%s exited before ready: %v", id, err)
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: no ready line in 30s", id)
+	}
+	return p
+}
+
+func testSpec() chunk.ModelSpec {
+	return chunk.ModelSpec{Family: "qwen2", Layers: 4, KVHeads: 2, HeadDim: 32, DType: chunk.F16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 1e6, TokenizerID: "cluster-test"}
+}
+
+func entry(t *testing.T, rng *rand.Rand, spec chunk.ModelSpec, ntok int) (chunk.Key, []byte) {
+	fp := spec.Fingerprint()
+	tokens := make([]uint32, ntok)
+	for i := range tokens {
+		tokens[i] = rng.Uint32N(150000)
+	}
+	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
+		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
+	e.KV = make([]byte, e.Layers*e.LayerBytes())
+	for i := range e.KV {
+		e.KV[i] = byte(rng.Uint32())
+	}
+	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Key, blob
+}
+
+func TestThreeProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts processes")
+	}
+	hosts := []string{"127.0.0.11", "127.0.0.12", "127.0.0.13"}
+	checkBindable(t, hosts...)
+	bin := buildKvmeshd(t)
+
+	var procs []*proc
+	for i, h := range hosts {
+		args := []string{"-data-dir", t.TempDir(), "-grpc", h + ":0", "-bootstrap-expect", "3", "-local-timing",
+			"-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s", "-log-level", "debug"}
+		if i > 0 {
+			args = append(args, "-join", procs[0].addrs["gossip"])
+		}
+		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
+	}
+	for i, p := range procs {
+		for _, k := range []string{"grpc", "gossip", "raft", "http"} {
+			if h, _, err := net.SplitHostPort(p.addrs[k]); err != nil || h != hosts[i] {
+				t.Fatalf("%s bound %s=%q, want host %s", p.id, k, p.addrs[k], hosts[i])
+			}
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var seeds []string
+	for _, p := range procs {
+		seeds = append(seeds, p.addrs["grpc"])
+	}
+	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	t.Logf("%v: started", time.Now())
+	// Wait until the ring holds all three.
+	for {
+		info, err := c.ClusterInfo(ctx)
+		if err == nil && len(info.Members) == 3 && info.LeaderId != "" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("cluster never formed: %v %v", info, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	t.Logf("%v: formed", time.Now())
+	rng := rand.New(rand.NewPCG(7, 7))
+	spec := testSpec()
+	k0, b0 := entry(t, rng, spec, 16)
+	if _, err := c.Put(ctx, b0); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("put of an unregistered model: %v, want FailedPrecondition", err)
+	}
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	keys := []chunk.Key{k0}
+	blobs := [][]byte{b0}
+	if _, err := c.Put(ctx, b0); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 15 {
+		k, b := entry(t, rng, spec, 8+i*8)
+		if _, err := c.Put(ctx, b); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		keys, blobs = append(keys, k), append(blobs, b)
+	}
+	bad := bytes.Clone(blobs[1])
+	bad[len(bad)/2] ^= 0x40
+	if _, err := c.Put(ctx, bad); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("corrupt put: %v, want InvalidArgument", err)
+	}
+	readAll := func(when string) {
+		t.Helper()
+		for i, k := range keys {
+			got, err := c.Get(ctx, k)
+			if err != nil {
+				t.Fatalf("%s: get %d: %v", when, i, err)
+			}
+			if !bytes.Equal(got, blobs[i]) {
+				t.Fatalf("%s: get %d: bytes differ", when, i)
+			}
+		}
+	}
+	readAll("all up")
+	t.Logf("%v: all up read", time.Now())
+
+	// SIGKILL one node: with R=3 every entry has two live replicas.
+	victim := procs[2]
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	victim.done <- nil
+	t.Logf("%v: killed", time.Now())
+	readAll("one node killed")
+	t.Logf("%v: read after kill", time.Now())
+	res, err := c.Lookup(ctx, spec.Fingerprint(), []client.LookupItem{{Content: keys[3].Content, Want: chunk.StandaloneContext()}})
+	if err != nil || res[0].Match != client.Exact {
+		t.Fatalf("lookup with a node down: %v %v", res, err)
+	}
+
+	// SIGTERM shuts a node down cleanly.
+	term := procs[1]
+	if err := term.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-term.done:
+		term.done <- err
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatal(err)
+		}
+		if err != nil {
+			t.Fatalf("kvmeshd exit after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("kvmeshd did not exit within 20s of SIGTERM")
+	}
+}
