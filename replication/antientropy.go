@@ -12,13 +12,28 @@ import (
 )
 
 // NumBuckets is the number of key ranges in a digest table: content IDs
-// are bucketed by their top 12 bits. A table is 32 KiB on the wire, and a
-// differing bucket lists about keys/4096 items.
-const NumBuckets = 1 << bucketBits
+// are bucketed by their top 12 bits, so a table is 32 KiB on the wire.
+// A bucket that differs is split into SubBuckets ranges (the next 8 bits),
+// and only the ranges that differ list their items: about
+// keys/2^20 items per difference, so the cost of a round follows the
+// differences, not the data.
+const (
+	NumBuckets = 1 << bucketBits
+	SubBuckets = 1 << subBits
+)
 
-const bucketBits = 12
+const (
+	bucketBits = 12
+	subBits    = 8
+	// maxSplit bounds the buckets one digest call splits (128 KiB).
+	maxSplit = 64
+	// maxRanges bounds the ranges one digest call lists.
+	maxRanges = 1024
+)
 
 func bucketOf(k chunk.Key) uint32 { return uint32(k.Content.Hi >> (64 - bucketBits)) }
+
+func rangeOf(k chunk.Key) uint32 { return uint32(k.Content.Hi >> (64 - bucketBits - subBits)) }
 
 // itemHash hashes what replicas must agree on about one key: its identity
 // and either its checksum or that it is deleted. A bucket's hash is the
@@ -88,12 +103,29 @@ func (ps *pairSet) tables(iter func(func(DigestItem) bool)) [][]uint64 {
 	return out
 }
 
-// items returns the items of peer's pair in the wanted buckets, sorted.
+// subTables returns, for peer's pair, the sub-bucket hashes of each
+// listed bucket, concatenated.
+func (ps *pairSet) subTables(iter func(func(DigestItem) bool), peer int, buckets []uint32) []uint64 {
+	at := make(map[uint32]int, len(buckets))
+	for i, b := range buckets {
+		at[b] = i
+	}
+	out := make([]uint64, len(buckets)*SubBuckets)
+	sub := &pairSet{rg: ps.rg, self: ps.self, peers: ps.peers[peer : peer+1], n: ps.n}
+	sub.each(iter, func(it DigestItem, _ int) {
+		if i, ok := at[bucketOf(it.Key)]; ok {
+			out[i*SubBuckets+int(rangeOf(it.Key)%SubBuckets)] ^= itemHash(it)
+		}
+	})
+	return out
+}
+
+// items returns the items of peer's pair in the wanted ranges, sorted.
 func (ps *pairSet) items(iter func(func(DigestItem) bool), peer int, want map[uint32]bool) []DigestItem {
 	var out []DigestItem
 	sub := &pairSet{rg: ps.rg, self: ps.self, peers: ps.peers[peer : peer+1], n: ps.n}
 	sub.each(iter, func(it DigestItem, _ int) {
-		if want[bucketOf(it.Key)] {
+		if want[rangeOf(it.Key)] {
 			out = append(out, it)
 		}
 	})
@@ -105,7 +137,8 @@ func (ps *pairSet) items(iter func(func(DigestItem) bool), peer int, want map[ui
 type AntiEntropyStats struct {
 	Peers         int // peers compared
 	BucketsDiffer int // buckets whose hashes differed
-	ItemsListed   int // items the peers listed for those buckets
+	RangesDiffer  int // sub-bucket ranges whose hashes differed
+	ItemsListed   int // items the peers listed for those ranges
 	Pushed        int // keys copied to a peer
 	BytesPushed   int64
 	Fetched       int // keys copied here (a write newer than our delete)
@@ -152,9 +185,6 @@ func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) 
 	return st, errors.Join(errs...)
 }
 
-// aeBatch is the most buckets listed by one digest call.
-const aeBatch = 256
-
 func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []uint64, st *AntiEntropyStats) error {
 	p := ps.peers[j]
 	base := DigestRequest{From: r.cfg.NodeID, Epoch: ps.rg.Epoch(), Replicas: ps.n}
@@ -172,11 +202,35 @@ func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []u
 		}
 	}
 	st.BucketsDiffer += len(diff)
+	// Split the differing buckets, then list the differing ranges.
+	var ranges []uint32
 	for len(diff) > 0 {
-		batch := diff[:min(len(diff), aeBatch)]
+		batch := diff[:min(len(diff), maxSplit)]
 		diff = diff[len(batch):]
 		req := base
-		req.Buckets = batch
+		req.Split = batch
+		remote, err := r.cfg.Transport.Digest(ctx, p, req)
+		if err != nil {
+			return err
+		}
+		if len(remote.Table) != len(batch)*SubBuckets {
+			return fmt.Errorf("%w: %d sub-bucket hashes for %d buckets", ErrRejected, len(remote.Table), len(batch))
+		}
+		mine := ps.subTables(r.localItems, j, batch)
+		for i, b := range batch {
+			for s := range SubBuckets {
+				if mine[i*SubBuckets+s] != remote.Table[i*SubBuckets+s] {
+					ranges = append(ranges, b<<subBits|uint32(s))
+				}
+			}
+		}
+	}
+	st.RangesDiffer += len(ranges)
+	for len(ranges) > 0 {
+		batch := ranges[:min(len(ranges), maxRanges)]
+		ranges = ranges[len(batch):]
+		req := base
+		req.Ranges = batch
 		remote, err := r.cfg.Transport.Digest(ctx, p, req)
 		if err != nil {
 			return err

@@ -20,10 +20,11 @@
 //     to new owners that lack them, rate-limited, and deletes a chunk it no
 //     longer owns only after every new owner holds it (Rebalance). Drain
 //     does the same for a ring without this node, before it leaves.
-//   - Anti-entropy compares, with each other replica, a table of bucket hashes
-//     over (key, checksum) of the keys both should hold, then lists only the
-//     differing buckets and copies only the differing keys: network cost is
-//     a fixed table plus what differs, not the data.
+//   - Anti-entropy compares, with each other replica, a table of bucket
+//     hashes over (key, checksum) of the keys both should hold, splits the
+//     differing buckets into sub-ranges, lists only the differing ranges and
+//     copies only the differing keys: the cost of a round is a fixed table
+//     plus what differs, not the data.
 //   - Deletes (Delete) leave tombstones for TombstoneTTL, so neither a late
 //     hint nor anti-entropy brings a deleted chunk back; writes carry their
 //     time, so a chunk written again after a delete is not removed by an

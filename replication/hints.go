@@ -331,6 +331,9 @@ func (r *Replicator) deliverHints(ctx context.Context, force bool) (int, error) 
 	delivered := 0
 	var errs []error
 	rg := r.ring()
+	if rg.Len() == 0 {
+		return 0, nil // no ring yet: nothing to tell who is still a member
+	}
 	for _, target := range r.hints.targets() {
 		if !force {
 			r.hints.mu.Lock()

@@ -9,7 +9,7 @@ import (
 	"github.com/kvmesh/kvmesh/kvtier"
 )
 
-// KVTierStore adapts a *kvtier.Store to Store and RoomChecker: it maps
+// KVTierStore adapts a *kvtier.Store to Store, RoomChecker and Container: it maps
 // kvtier's sentinel errors to this package's (keeping both in the chain)
 // and hands out kvtier's pinned views without copying.
 type KVTierStore struct {
@@ -50,6 +50,9 @@ func (k *KVTierStore) Get(ctx context.Context, key chunk.Key) ([]byte, func(), e
 
 // Delete implements Store.
 func (k *KVTierStore) Delete(key chunk.Key) error { return mapKVTierErr(k.S.Delete(key)) }
+
+// Contains implements Container.
+func (k *KVTierStore) Contains(key chunk.Key) bool { return k.S.Contains(key) }
 
 // Scan implements Store.
 func (k *KVTierStore) Scan(fn func(key chunk.Key, checksum uint64, size int) bool) { k.S.Scan(fn) }

@@ -35,7 +35,8 @@ const rebalanceBatch = 256
 // that are new since the last completed pass, when this node is the one
 // designated to send them (the old replica that leaves the set, else the
 // best-ranked old replica that stays), so each key crosses the network
-// once. Transfers are rate-limited (RebalanceBytesPerSec). The background
+// once. A node that is not in the ring at all pushes but deletes nothing.
+// Transfers are rate-limited (RebalanceBytesPerSec). The background
 // loop runs it on every epoch change; callers may run it directly.
 func (r *Replicator) Rebalance(ctx context.Context) (RebalanceStats, error) {
 	r.rebalanceMu.Lock()
@@ -119,6 +120,7 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, old *ring.Ring, dr
 	st.Keys = len(keys)
 	n, _ := r.quorum()
 	self := r.cfg.NodeID
+	member := rg.Contains(self)
 
 	var jobs []*job
 	var buf, obuf [8]ring.Member
@@ -139,7 +141,10 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, old *ring.Ring, dr
 				}
 			}
 		} else {
-			j.handoff = !drain
+			// A node that is not in the ring at all (not yet re-added
+			// after an absence) pushes but keeps its copies: it is
+			// likely to own them again soon.
+			j.handoff = !drain && member
 			for _, m := range reps {
 				if m.ID != self {
 					j.targets = append(j.targets, m.ID)

@@ -132,19 +132,26 @@ type DigestItem struct {
 }
 
 // DigestRequest asks a node about the keys that it and From both replicate
-// in ring Epoch with Replicas copies. With Keys set it answers for exactly
-// those keys (whatever their placement); otherwise with the bucket table
-// when Buckets is nil, or the items of the listed buckets.
+// in ring Epoch with Replicas copies (anti-entropy), or about given keys.
+// Exactly one of these shapes:
+//
+//   - Keys set: the items of exactly those keys, whatever their placement.
+//   - Split set: for each listed bucket (a 12-bit prefix of the content
+//     ID), its SubBuckets sub-bucket hashes (the next 8 bits), in order.
+//   - Ranges set: the items in the listed ranges (20-bit prefixes:
+//     bucket<<8 | sub-bucket).
+//   - none: the table of NumBuckets bucket hashes.
 type DigestRequest struct {
 	From     string
 	Epoch    uint64
 	Replicas int
-	Buckets  []uint32
+	Split    []uint32
+	Ranges   []uint32
 	Keys     []chunk.Key
 }
 
-// DigestResponse answers a DigestRequest: Table (NumBuckets hashes) or
-// Items (sorted by key).
+// DigestResponse answers a DigestRequest: Table (bucket or sub-bucket
+// hashes) or Items (sorted by key).
 type DigestResponse struct {
 	Epoch uint64
 	Table []uint64

@@ -665,3 +665,65 @@ func TestCollector(t *testing.T) {
 		t.Fatalf("%d families (want %d), writes_total=3 found: %v", len(mfs), len(descs()), found)
 	}
 }
+
+// Anti-entropy's cost follows the differences: with thousands of keys in
+// sync and three missing on one replica, a round lists a handful of items
+// and copies exactly the three.
+func TestAntiEntropyCostFollowsDifferences(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	const n = 5000
+	var keys []chunk.Key
+	for i := range n {
+		blob, key := makeSizedBlob(t, i, 0, 1, 1)
+		for _, s := range c.stores {
+			if _, err := s.Put(context.Background(), blob); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys = append(keys, key)
+	}
+	for _, k := range keys[:3] {
+		c.stores["c"].Delete(k)
+	}
+	before := c.net.replicates.Load()
+	var listed, pushed int
+	for _, id := range []string{"a", "b", "c"} {
+		st, err := c.reps[id].AntiEntropy(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed += st.ItemsListed
+		pushed += st.Pushed
+	}
+	if pushed != 3 || c.net.replicates.Load()-before != 3 {
+		t.Fatalf("pushed %d keys (%d calls), want 3", pushed, c.net.replicates.Load()-before)
+	}
+	if listed > 12 {
+		t.Fatalf("listed %d items to find 3 differences among %d keys", listed, n)
+	}
+	for _, k := range keys[:3] {
+		if !c.stores["c"].has(k) {
+			t.Fatalf("%v not repaired", k)
+		}
+	}
+}
+
+// A node missing from the ring (removed while away) hands its chunks to
+// their owners but keeps them: it will likely be added back.
+func TestNonMemberKeepsCopies(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c", "d"}, nil)
+	keys, _ := writeAll(t, c, "a", 0, 40)
+	held := c.stores["d"].len()
+	c.setRing("a", "b", "c")
+	st, err := c.reps["d"].Rebalance(context.Background())
+	if err != nil || st.Pending != 0 || st.KeysDropped != 0 || c.stores["d"].len() != held {
+		t.Fatalf("non-member pass: %+v, %v; holds %d of %d", st, err, c.stores["d"].len(), held)
+	}
+	for _, k := range keys {
+		for _, id := range c.replicaIDs(k) {
+			if !c.stores[id].has(k) {
+				t.Fatalf("%v missing on owner %s", k, id)
+			}
+		}
+	}
+}

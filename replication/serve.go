@@ -70,52 +70,42 @@ func (r *Replicator) ServeDigest(ctx context.Context, req DigestRequest) (Digest
 		return DigestResponse{}, fmt.Errorf("%w: bad digest request from %q", ErrRejected, req.From)
 	}
 	pairs := newPairSet(rg, r.cfg.NodeID, []string{req.From}, req.Replicas)
-	if req.Buckets == nil {
-		tables := pairs.tables(r.localItems)
-		return DigestResponse{Epoch: rg.Epoch(), Table: tables[0]}, nil
-	}
-	want := make(map[uint32]bool, len(req.Buckets))
-	for _, b := range req.Buckets {
-		if b < NumBuckets {
+	switch {
+	case len(req.Split) > 0:
+		if len(req.Split) > maxSplit {
+			return DigestResponse{}, fmt.Errorf("%w: %d buckets to split, at most %d", ErrRejected, len(req.Split), maxSplit)
+		}
+		return DigestResponse{Epoch: rg.Epoch(), Table: pairs.subTables(r.localItems, 0, req.Split)}, nil
+	case len(req.Ranges) > 0:
+		if len(req.Ranges) > maxRanges {
+			return DigestResponse{}, fmt.Errorf("%w: %d ranges, at most %d", ErrRejected, len(req.Ranges), maxRanges)
+		}
+		want := make(map[uint32]bool, len(req.Ranges))
+		for _, b := range req.Ranges {
 			want[b] = true
 		}
+		return DigestResponse{Epoch: rg.Epoch(), Items: pairs.items(r.localItems, 0, want)}, nil
 	}
-	return DigestResponse{Epoch: rg.Epoch(), Items: pairs.items(r.localItems, 0, want)}, nil
+	return DigestResponse{Epoch: rg.Epoch(), Table: pairs.tables(r.localItems)[0]}, nil
+}
+
+// Container is implemented by a Store that can tell cheaply whether it
+// holds a key. Digests of many explicit keys (a rebalance asking a new
+// owner what it lacks) use it when the Store is no Statter, answering with
+// Checksum 0 (unknown).
+type Container interface {
+	Contains(key chunk.Key) bool
 }
 
 // keyItems returns the items of keys held here (live or tombstones),
-// sorted by key.
+// sorted by key. Checksum is 0 where the Store could only say it holds
+// the key.
 func (r *Replicator) keyItems(keys []chunk.Key) []DigestItem {
 	var out []DigestItem
 	st, hasStat := r.cfg.Store.(Statter)
-	if hasStat || len(keys) <= 4 {
-		for _, k := range keys {
-			if t, ok := r.tombs.get(k); ok && t.deleted {
-				out = append(out, DigestItem{Key: k, Deleted: true, At: t.at})
-				continue
-			}
-			it := DigestItem{Key: k, At: r.liveAt(k)}
-			if hasStat {
-				sum, size, err := st.Stat(k)
-				if err != nil {
-					continue
-				}
-				it.Checksum, it.Size = sum, size
-			} else {
-				b, release, err := r.cfg.Store.Get(context.Background(), k)
-				if err != nil {
-					continue
-				}
-				hd, err := chunk.ParseHeader(b, r.cfg.Limits)
-				it.Checksum, it.Size = hd.Checksum, len(b)
-				release()
-				if err != nil {
-					continue
-				}
-			}
-			out = append(out, it)
-		}
-	} else {
+	ct, hasContains := r.cfg.Store.(Container)
+	if !hasStat && !hasContains && len(keys) > 4 {
+		// One scan instead of a read per key.
 		want := make(map[chunk.Key]bool, len(keys))
 		for _, k := range keys {
 			want[k] = true
@@ -126,6 +116,39 @@ func (r *Replicator) keyItems(keys []chunk.Key) []DigestItem {
 			}
 			return true
 		})
+	} else {
+		for _, k := range keys {
+			if t, ok := r.tombs.get(k); ok && t.deleted {
+				out = append(out, DigestItem{Key: k, Deleted: true, At: t.at})
+				continue
+			}
+			it := DigestItem{Key: k, At: r.liveAt(k)}
+			switch {
+			case hasStat:
+				sum, size, err := st.Stat(k)
+				if err != nil {
+					continue
+				}
+				it.Checksum, it.Size = sum, size
+			case len(keys) <= 4:
+				// Few keys (a read-repair check): read the header.
+				b, release, err := r.cfg.Store.Get(context.Background(), k)
+				if err != nil {
+					continue
+				}
+				hd, err := chunk.ParseHeader(b, r.cfg.Limits)
+				it.Checksum, it.Size = hd.Checksum, len(b)
+				release()
+				if err != nil {
+					continue
+				}
+			default:
+				if !ct.Contains(k) {
+					continue
+				}
+			}
+			out = append(out, it)
+		}
 	}
 	slices.SortFunc(out, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
 	return out
