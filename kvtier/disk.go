@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
+	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -24,6 +26,7 @@ type diskDir struct {
 	dir    string
 	codec  chunk.Codec
 	limits chunk.Limits
+	gen    atomic.Uint64 // starts at the clock, so names never repeat across runs
 }
 
 const fileExt = ".kvc"
@@ -37,26 +40,31 @@ func openDiskDir(dir string, codec chunk.Codec, lim chunk.Limits) (*diskDir, err
 	if err := syncDir(dir); err != nil {
 		return nil, err
 	}
-	return &diskDir{dir: dir, codec: codec, limits: lim}, nil
+	d := &diskDir{dir: dir, codec: codec, limits: lim}
+	d.gen.Store(uint64(time.Now().UnixNano()))
+	return d, nil
 }
 
-func fileName(k chunk.Key, checksum uint64, size int) string {
-	return fmt.Sprintf("%02x/%016x%016x-%016x%016x-%d-%d-%016x%016x-%016x-%x%s",
+// fileName names the file of one write of an entry. gen makes every write
+// a new name, so that a late cleanup of one write (of an entry deleted and
+// put again meanwhile) never removes another's file.
+func fileName(k chunk.Key, checksum uint64, size int, gen uint64) string {
+	return fmt.Sprintf("%02x/%016x%016x-%016x%016x-%d-%d-%016x%016x-%016x-%x-%x%s",
 		byte(k.Content.Lo), k.Fingerprint.Hi, k.Fingerprint.Lo, k.Content.Hi, k.Content.Lo,
-		k.Context.Kind, k.Context.Window, k.Context.ID.Hi, k.Context.ID.Lo, checksum, size, fileExt)
+		k.Context.Kind, k.Context.Window, k.Context.ID.Hi, k.Context.ID.Lo, checksum, size, gen, fileExt)
 }
 
-func parseFileName(rel string) (k chunk.Key, checksum uint64, size int, ok bool) {
+func parseFileName(rel string) (k chunk.Key, checksum uint64, size int, gen uint64, ok bool) {
 	var sub byte
 	var kind uint8
-	n, err := fmt.Sscanf(rel, "%02x/%016x%016x-%016x%016x-%d-%d-%016x%016x-%016x-%x"+fileExt,
+	n, err := fmt.Sscanf(rel, "%02x/%016x%016x-%016x%016x-%d-%d-%016x%016x-%016x-%x-%x"+fileExt,
 		&sub, &k.Fingerprint.Hi, &k.Fingerprint.Lo, &k.Content.Hi, &k.Content.Lo,
-		&kind, &k.Context.Window, &k.Context.ID.Hi, &k.Context.ID.Lo, &checksum, &size)
+		&kind, &k.Context.Window, &k.Context.ID.Hi, &k.Context.ID.Lo, &checksum, &size, &gen)
 	k.Context.Kind = chunk.ContextKind(kind)
-	if err != nil || n != 11 || sub != byte(k.Content.Lo) || size <= 0 || fileName(k, checksum, size) != rel {
-		return chunk.Key{}, 0, 0, false
+	if err != nil || n != 12 || sub != byte(k.Content.Lo) || size <= 0 || fileName(k, checksum, size, gen) != rel {
+		return chunk.Key{}, 0, 0, 0, false
 	}
-	return k, checksum, size, true
+	return k, checksum, size, gen, true
 }
 
 func syncDir(dir string) error {
@@ -92,7 +100,7 @@ func (d *diskDir) encodeForDisk(blob []byte, codec chunk.Codec) []byte {
 // fsync, rename, fsync of the directory. A crash leaves either no file, a
 // temp file (removed at startup) or the complete file.
 func (d *diskDir) write(k chunk.Key, checksum uint64, codec chunk.Codec, blob []byte) (rel string, size int64, err error) {
-	rel = fileName(k, checksum, len(blob))
+	rel = fileName(k, checksum, len(blob), d.gen.Add(1))
 	data := d.encodeForDisk(blob, codec)
 	sub := filepath.Join(d.dir, rel[:2])
 	f, err := os.CreateTemp(sub, ".tmp-*")
@@ -154,32 +162,46 @@ func (d *diskDir) read(rel string, checksum uint64, size int, dst []byte) ([]byt
 	if _, err := io.ReadFull(f, stored); err != nil {
 		return nil, fmt.Errorf("%w: reading %s: %v", chunk.ErrCorrupt, rel, err)
 	}
+	if err := d.restore(rel, stored, checksum, dst); err != nil {
+		return nil, err
+	}
+	return dst, nil
+}
+
+// restore checks stored, the bytes of file rel, and leaves in dst the blob
+// that was put, whose checksum is checksum and size len(dst). stored may
+// be dst itself.
+func (d *diskDir) restore(rel string, stored []byte, checksum uint64, dst []byte) error {
+	size := len(dst)
 	hd, err := chunk.Verify(stored, d.limits)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", rel, err)
+		return fmt.Errorf("%s: %w", rel, err)
 	}
 	if hd.Checksum == checksum && len(stored) == size {
-		return dst, nil
+		if &stored[0] != &dst[0] {
+			copy(dst, stored)
+		}
+		return nil
 	}
 	if hd.Codec == chunk.CodecRaw {
-		return nil, fmt.Errorf("%w: %s holds checksum %016x, want %016x", chunk.ErrCorrupt, rel, hd.Checksum, checksum)
+		return fmt.Errorf("%w: %s holds checksum %016x, want %016x", chunk.ErrCorrupt, rel, hd.Checksum, checksum)
 	}
 	if len(stored) == len(dst) { // decoding must not read what it overwrites
 		stored = bytes.Clone(stored)
 	}
 	e, err := chunk.Decode(stored, d.limits)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", rel, err)
+		return fmt.Errorf("%s: %w", rel, err)
 	}
 	out, err := chunk.Encode(dst[:0], e, chunk.CodecRaw)
 	if err != nil || len(out) != size || &out[0] != &dst[0] {
-		return nil, fmt.Errorf("%w: %s re-encodes to %d bytes, want %d", chunk.ErrCorrupt, rel, len(out), size)
+		return fmt.Errorf("%w: %s re-encodes to %d bytes, want %d", chunk.ErrCorrupt, rel, len(out), size)
 	}
 	hd, err = chunk.ParseHeader(out, d.limits)
 	if err != nil || hd.Checksum != checksum {
-		return nil, fmt.Errorf("%w: %s decodes to another entry", chunk.ErrCorrupt, rel)
+		return fmt.Errorf("%w: %s decodes to another entry", chunk.ErrCorrupt, rel)
 	}
-	return dst, nil
+	return nil
 }
 
 func (d *diskDir) remove(rel string) error {
@@ -233,13 +255,21 @@ func (d *diskDir) recover(log *slog.Logger) ([]diskFile, error) {
 }
 
 func (d *diskDir) check(rel string) (diskFile, error) {
-	k, sum, size, ok := parseFileName(rel)
-	if !ok {
+	if _, _, _, _, ok := parseFileName(rel); !ok {
 		return diskFile{}, errors.New("not an entry file name")
 	}
 	b, err := os.ReadFile(filepath.Join(d.dir, rel))
 	if err != nil {
 		return diskFile{}, err
+	}
+	return d.checkBytes(rel, b)
+}
+
+// checkBytes is check of a file's contents b.
+func (d *diskDir) checkBytes(rel string, b []byte) (diskFile, error) {
+	k, sum, size, _, ok := parseFileName(rel)
+	if !ok {
+		return diskFile{}, errors.New("not an entry file name")
 	}
 	hd, err := chunk.Verify(b, d.limits)
 	if err != nil {

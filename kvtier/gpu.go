@@ -73,6 +73,9 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 		}
 		// Pin a host copy (promoting from disk to DRAM on the way).
 		h, err := s.getLocked(ctx, e)
+		if errors.Is(err, errMoved) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -141,9 +144,11 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 	}
 	ts.used += need
 	c := &devCopy{ptr: ptr, size: need}
-	if e.dead {
+	if e.dead { // deleted meanwhile: its other copies are ours to drop
 		c.detached = true
 		s.maybeFreeDev(c)
+		s.dropDRAM(e)
+		s.dropDisk(e)
 		return nil, ErrNotFound
 	}
 	s.leavePolicy(e, false)

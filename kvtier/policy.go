@@ -162,8 +162,11 @@ func (s *s3fifo) victim(skip func(*pnode) bool) *pnode {
 	// Every step either returns or moves one entry (or lowers its
 	// frequency, at most maxFreq times), so this bound is never reached
 	// unless everything is skipped.
-	for steps := (maxFreq + 2) * (s.small.n + s.main.n); steps >= 0; steps-- {
-		if s.small.n > 0 && (s.small.bytes*10 >= s.capacity || s.main.n == 0) {
+	mainSkips := 0
+	for steps := (maxFreq + 3) * (s.small.n + s.main.n); steps >= 0; steps-- {
+		// Take from small when it is over its share, when main is empty,
+		// or when a whole round of main was pinned.
+		if s.small.n > 0 && (s.small.bytes*10 >= s.capacity || s.main.n == 0 || mainSkips >= s.main.n) {
 			n := s.small.head
 			if n.freq > 0 || (skip != nil && skip(n)) {
 				s.small.unlink(n)
@@ -180,8 +183,10 @@ func (s *s3fifo) victim(skip func(*pnode) bool) *pnode {
 		if skip != nil && skip(n) {
 			s.main.unlink(n)
 			s.main.push(n)
+			mainSkips++
 			continue
 		}
+		mainSkips = 0
 		if n.freq > 0 {
 			n.freq--
 			s.main.unlink(n)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -23,6 +24,9 @@ var (
 	ErrNoSpace = errors.New("kvtier: no space")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("kvtier: store closed")
+
+	// errMoved: a disk file vanished under a concurrent move; look again.
+	errMoved = errors.New("kvtier: entry moved")
 )
 
 // Tier names a storage tier, fastest first.
@@ -707,7 +711,7 @@ func (s *Store) countMisses(upTo Tier) {
 func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for attempt := 0; ; attempt++ {
+	for {
 		if s.closed {
 			return nil, ErrClosed
 		}
@@ -740,7 +744,7 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 		s.countMisses(TierDisk)
 		s.tiers[TierDisk].stats.Hits++
 		h, err := s.promote(ctx, e)
-		if err == nil || attempt >= 3 || errors.Is(err, chunk.ErrCorrupt) {
+		if !errors.Is(err, errMoved) {
 			return h, err
 		}
 		// The file went away under a concurrent move: look again.
@@ -801,6 +805,9 @@ func (s *Store) readDiskHeap(e *entry) (*Handle, error) {
 	var b []byte
 	var err error
 	s.unlocked(func() { b, err = s.disk.read(rel, sum, size, nil) })
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errMoved
+	}
 	if err != nil {
 		return nil, err
 	}

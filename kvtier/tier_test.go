@@ -299,16 +299,16 @@ func TestDiskCorruptionAtRead(t *testing.T) {
 func TestFileNames(t *testing.T) {
 	k := chunk.Key{Fingerprint: testFP, Content: chunk.ID{Lo: 0xab, Hi: 2},
 		Context: chunk.Context{Kind: chunk.ContextWindow, Window: 64, ID: chunk.ID{Lo: 9, Hi: 1 << 63}}}
-	rel := fileName(k, 0xdeadbeef, 12345)
+	rel := fileName(k, 0xdeadbeef, 12345, 7)
 	if !strings.HasPrefix(rel, "ab/") {
 		t.Fatalf("subdirectory of %s", rel)
 	}
-	k2, sum, size, ok := parseFileName(rel)
-	if !ok || k2 != k || sum != 0xdeadbeef || size != 12345 {
+	k2, sum, size, gen, ok := parseFileName(rel)
+	if !ok || k2 != k || sum != 0xdeadbeef || size != 12345 || gen != 7 {
 		t.Fatalf("parse %s: %v %v %x %d", rel, ok, k2, sum, size)
 	}
 	for _, bad := range []string{"", "ab/", rel[:len(rel)-1], "cd" + rel[2:], strings.ToUpper(rel), rel + "x"} {
-		if _, _, _, ok := parseFileName(bad); ok {
+		if _, _, _, _, ok := parseFileName(bad); ok {
 			t.Fatalf("parsed %q", bad)
 		}
 	}
