@@ -169,38 +169,43 @@ func (c quantCodec) encode(dst, raw []byte, sh Shape) ([]byte, error) {
 // encodeK quantizes keys per channel over groups of tokens.
 func (c quantCodec) encodeK(params, codes, raw []byte, g quantGeom, s *quantScratch) error {
 	es := c.dt.Size()
+	ps := c.kind.params() * es
 	rowBytes := g.chans * es
 	for tg := 0; tg < g.kGroups; tg++ {
 		t0, t1 := tg*quantGroupTokens, min((tg+1)*quantGroupTokens, g.tokens)
-		lo, hi := s.lo, s.hi
-		var nonFinite float32
-		for t := t0; t < t1; t++ {
-			row := s.row
+		lo, hi := s.lo[:g.chans], s.hi[:g.chans]
+		toF32(lo, raw[t0*rowBytes:(t0+1)*rowBytes], c.dt)
+		copy(hi, lo)
+		for t := t0 + 1; t < t1; t++ {
+			row := s.row[:g.chans]
 			toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
-			if t == t0 {
-				copy(lo, row)
-				copy(hi, row)
-			}
 			for i, v := range row {
-				nonFinite += v * 0
-				lo[i] = min(lo[i], v)
-				hi[i] = max(hi[i], v)
+				// Plain compares, not min/max: NaN is caught below
+				// through Inf-free ranges instead.
+				if v < lo[i] {
+					lo[i] = v
+				}
+				if v > hi[i] {
+					hi[i] = v
+				}
 			}
 		}
-		if nonFinite != 0 {
-			return fmt.Errorf("%w: %v codec: NaN or Inf in keys of tokens %d..%d", ErrInvalidEntry, c.kind, t0, t1)
-		}
-		p := params[tg*g.chans*c.kind.params()*es:]
+		p := params[tg*g.chans*ps:]
 		for i := range lo {
-			s.zero[i], s.scale[i] = c.groupParams(p[i*c.kind.params()*es:], lo[i], hi[i])
+			if !finiteRange(lo[i], hi[i]) {
+				return fmt.Errorf("%w: %v codec: NaN or Inf in keys of tokens %d..%d", ErrInvalidEntry, c.kind, t0, t1)
+			}
+			s.zero[i], s.scale[i] = c.groupParams(p[i*ps:], lo[i], hi[i])
+			s.scale[i] = inverse(s.scale[i])
 		}
 		for t := t0; t < t1; t++ {
-			row := s.row
+			row := s.row[:g.chans]
 			toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
-			q := s.codes
-			for i, v := range row {
-				q[i] = c.quantize(v, s.zero[i], s.scale[i])
+			if hasNaN(row) {
+				return fmt.Errorf("%w: %v codec: NaN in keys of token %d", ErrInvalidEntry, c.kind, t)
 			}
+			q := s.codes[:g.chans]
+			c.quantizeRow(q, row, s.zero, s.scale)
 			c.putCodes(codes, t*g.chans, q)
 		}
 	}
@@ -214,33 +219,106 @@ func (c quantCodec) encodeV(params, codes, raw []byte, g quantGeom, s *quantScra
 	ps := c.kind.params() * es
 	gi := 0
 	for t := 0; t < g.tokens; t++ {
-		row := s.row
+		row := s.row[:g.chans]
 		toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
-		q := s.codes
+		if hasNaN(row) {
+			return fmt.Errorf("%w: %v codec: NaN in values of token %d", ErrInvalidEntry, c.kind, t)
+		}
+		q := s.codes[:g.chans]
 		for h := 0; h < g.heads; h++ {
 			for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
-				grp := row[h*g.dim+d0 : h*g.dim+min(d0+quantGroupDims, g.dim)]
+				a, b := h*g.dim+d0, h*g.dim+min(d0+quantGroupDims, g.dim)
+				grp := row[a:b]
 				lo, hi := grp[0], grp[0]
-				var nonFinite float32
 				for _, v := range grp {
-					nonFinite += v * 0
-					lo = min(lo, v)
-					hi = max(hi, v)
+					if v < lo {
+						lo = v
+					}
+					if v > hi {
+						hi = v
+					}
 				}
-				if nonFinite != 0 {
-					return fmt.Errorf("%w: %v codec: NaN or Inf in values of token %d", ErrInvalidEntry, c.kind, t)
+				if !finiteRange(lo, hi) {
+					return fmt.Errorf("%w: %v codec: Inf in values of token %d", ErrInvalidEntry, c.kind, t)
 				}
 				zero, scale := c.groupParams(params[gi*ps:], lo, hi)
 				gi++
-				qg := q[h*g.dim+d0:]
-				for i, v := range grp {
-					qg[i] = c.quantize(v, zero, scale)
-				}
+				c.quantizeGroup(q[a:b], grp, zero, inverse(scale))
 			}
 		}
-		c.putCodes(codes, t*g.chans, q[:g.chans])
+		c.putCodes(codes, t*g.chans, q)
 	}
 	return nil
+}
+
+// finiteRange reports whether a group's range is finite. NaN does not take
+// part in the compares that build the range, so rows are checked for it
+// separately (hasNaN).
+func finiteRange(lo, hi float32) bool {
+	return lo >= -math.MaxFloat32 && hi <= math.MaxFloat32
+}
+
+func hasNaN(row []float32) bool {
+	for _, v := range row {
+		if v != v {
+			return true
+		}
+	}
+	return false
+}
+
+// inverse is 1/scale, or 0 for a constant (or all-zero) group, whose codes
+// are then all 0.
+func inverse(scale float64) float64 {
+	if scale == 0 {
+		return 0
+	}
+	return 1 / scale
+}
+
+// quantizeRow quantizes a row with per-element zeros and inverse scales
+// (keys).
+func (c quantCodec) quantizeRow(q []byte, row []float32, zero, inv []float64) {
+	q, zero, inv = q[:len(row)], zero[:len(row)], inv[:len(row)]
+	if c.kind == quantFP8 {
+		for i, v := range row {
+			q[i] = F32ToFP8E4M3(float32(float64(v) * inv[i]))
+		}
+		return
+	}
+	levels := c.kind.levels()
+	for i, v := range row {
+		q[i] = intCode(v, zero[i], inv[i], levels)
+	}
+}
+
+// quantizeGroup quantizes a group sharing one zero and inverse scale
+// (values).
+func (c quantCodec) quantizeGroup(q []byte, grp []float32, zero, inv float64) {
+	q = q[:len(grp)]
+	if c.kind == quantFP8 {
+		for i, v := range grp {
+			q[i] = F32ToFP8E4M3(float32(float64(v) * inv))
+		}
+		return
+	}
+	levels := c.kind.levels()
+	for i, v := range grp {
+		q[i] = intCode(v, zero, inv, levels)
+	}
+}
+
+// intCode is round((v-zero)/scale) clamped to [0, levels]. Multiplying by
+// the inverse instead of dividing moves a code across a rounding boundary
+// only within 2^-52 relative of it, far inside the documented bound.
+func intCode(v float32, zero, inv, levels float64) byte {
+	q := math.Floor((float64(v)-zero)*inv + 0.5)
+	if q < 0 {
+		q = 0
+	} else if q > levels {
+		q = levels
+	}
+	return byte(q)
 }
 
 // groupParams chooses and stores (at p) a group's parameters and returns
@@ -300,17 +378,6 @@ func (c quantCodec) storeUp(p []byte, v float64) float64 {
 		binary.LittleEndian.PutUint16(p, h)
 		return float64(BF16ToF32(h))
 	}
-}
-
-func (c quantCodec) quantize(v float32, zero, scale float64) byte {
-	if scale == 0 {
-		return 0 // constant (int) or all-zero (fp8) group
-	}
-	if c.kind == quantFP8 {
-		return F32ToFP8E4M3(float32(float64(v) / scale))
-	}
-	q := math.Floor((float64(v)-zero)/scale + 0.5)
-	return byte(min(max(q, 0), c.kind.levels()))
 }
 
 // putCodes stores q as the codes of elements [at, at+len(q)).
@@ -397,6 +464,7 @@ func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScra
 	es := c.dt.Size()
 	ps := c.kind.params() * es
 	rowBytes := g.chans * es
+	lim := maxFinite(c.dt)
 	for tg := 0; tg < g.kGroups; tg++ {
 		p := params[tg*g.chans*ps:]
 		for i := 0; i < g.chans; i++ {
@@ -406,11 +474,22 @@ func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScra
 			}
 		}
 		for t := tg * quantGroupTokens; t < min((tg+1)*quantGroupTokens, g.tokens); t++ {
-			q := c.getCodes(s.codes, codes, t*g.chans)
-			if err := c.dequantize(s.row, q, s.zero, s.scale, lut); err != nil {
-				return err
+			q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
+			row := s.row[:g.chans]
+			zero, scale := s.zero[:len(row)], s.scale[:len(row)]
+			if c.kind == quantFP8 {
+				if err := fp8Check(q); err != nil {
+					return err
+				}
+				for i, b := range q {
+					row[i] = clampF32(float64(lut[b])*scale[i], lim)
+				}
+			} else {
+				for i, b := range q {
+					row[i] = clampF32(zero[i]+float64(b)*scale[i], lim)
+				}
 			}
-			fromF32(dst[t*rowBytes:(t+1)*rowBytes], s.row, c.dt)
+			fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
 		}
 	}
 	return nil
@@ -420,10 +499,16 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 	es := c.dt.Size()
 	ps := c.kind.params() * es
 	rowBytes := g.chans * es
+	lim := maxFinite(c.dt)
 	gi := 0
 	for t := 0; t < g.tokens; t++ {
-		// Expand the token's group parameters to per-element arrays so the
-		// inner loop is the same as for keys.
+		q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
+		if c.kind == quantFP8 {
+			if err := fp8Check(q); err != nil {
+				return err
+			}
+		}
+		row := s.row[:g.chans]
 		for h := 0; h < g.heads; h++ {
 			for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
 				zero, scale, err := c.loadParams(params[gi*ps:])
@@ -431,16 +516,41 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 					return err
 				}
 				gi++
-				for i := h*g.dim + d0; i < h*g.dim+min(d0+quantGroupDims, g.dim); i++ {
-					s.zero[i], s.scale[i] = zero, scale
+				a, b := h*g.dim+d0, h*g.dim+min(d0+quantGroupDims, g.dim)
+				out, qg := row[a:b], q[a:b]
+				if c.kind == quantFP8 {
+					for i, b := range qg {
+						out[i] = clampF32(float64(lut[b])*scale, lim)
+					}
+				} else {
+					for i, b := range qg {
+						out[i] = clampF32(zero+float64(b)*scale, lim)
+					}
 				}
 			}
 		}
-		q := c.getCodes(s.codes, codes, t*g.chans)
-		if err := c.dequantize(s.row, q, s.zero, s.scale, lut); err != nil {
-			return err
+		fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
+	}
+	return nil
+}
+
+// clampF32 narrows v to float32 within the dtype's finite range (lim), so
+// that a value just above the largest finite one does not round to Inf.
+func clampF32(v, lim float64) float32 {
+	if v > lim {
+		v = lim
+	} else if v < -lim {
+		v = -lim
+	}
+	return float32(v)
+}
+
+// fp8Check rejects the e4m3 NaN codes, which the encoder never writes.
+func fp8Check(q []byte) error {
+	for _, b := range q {
+		if b&0x7f == 0x7f {
+			return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
 		}
-		fromF32(dst[t*rowBytes:(t+1)*rowBytes], s.row, c.dt)
 	}
 	return nil
 }
@@ -456,24 +566,6 @@ func (c quantCodec) getCodes(buf, codes []byte, at int) []byte {
 		buf[i] = codes[j>>1] >> (4 * (j & 1)) & 15
 	}
 	return buf
-}
-
-func (c quantCodec) dequantize(row []float32, q []byte, zero, scale []float64, lut *[256]float32) error {
-	lim := maxFinite(c.dt)
-	q, zero, scale = q[:len(row)], zero[:len(row)], scale[:len(row)]
-	if c.kind == quantFP8 {
-		for i, b := range q {
-			if b&0x7f == 0x7f {
-				return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
-			}
-			row[i] = float32(min(max(float64(lut[b])*scale[i], -lim), lim))
-		}
-		return nil
-	}
-	for i, b := range q {
-		row[i] = float32(min(max(zero[i]+float64(b)*scale[i], -lim), lim))
-	}
-	return nil
 }
 
 // maxFinite is the largest finite value of dt, as float64.

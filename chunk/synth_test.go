@@ -84,27 +84,34 @@ func ulpOf(dt DType, v float64) float64 {
 	return math.Ldexp(1, e-mantBits(dt))
 }
 
-// lossyBounds returns the error bound the codec documents for every element
-// of a raw layer, recomputing the groups independently of the codec: keys
-// group over quantGroupTokens tokens per channel, values over
-// quantGroupDims dims per token within a head.
-func lossyBounds(c Codec, raw []byte, sh Shape) []float64 {
-	dt := sh.DType
+// quantGroupsOf maps every element of a layer to its quantization group,
+// recomputed independently of the codec: keys group over quantGroupTokens
+// tokens per channel, values over quantGroupDims dims per token within a
+// head.
+func quantGroupsOf(sh Shape) []int {
 	chans := sh.KVHeads * sh.HeadDim
 	half := sh.Tokens * chans
-	n := 2 * half
-	bounds := make([]float64, n)
-	groupOf := make([]int, n)
+	groupOf := make([]int, 2*half)
 	ng := 0
 	for i := 0; i < half; i++ { // keys: (token group, channel)
 		groupOf[i] = i/chans/quantGroupTokens*chans + i%chans
 		ng = max(ng, groupOf[i]+1)
 	}
+	dg := (sh.HeadDim + quantGroupDims - 1) / quantGroupDims
 	for j := 0; j < half; j++ { // values: (token, head, dim group)
 		t, h, d := j/chans, j%chans/sh.HeadDim, j%sh.HeadDim
-		dg := (sh.HeadDim + quantGroupDims - 1) / quantGroupDims
 		groupOf[half+j] = ng + (t*sh.KVHeads+h)*dg + d/quantGroupDims
 	}
+	return groupOf
+}
+
+// lossyBounds returns the error bound the codec documents for every element
+// of a raw layer.
+func lossyBounds(c Codec, raw []byte, sh Shape) []float64 {
+	dt := sh.DType
+	groupOf := quantGroupsOf(sh)
+	n := len(groupOf)
+	bounds := make([]float64, n)
 	lo, hi, amax := make([]float64, n), make([]float64, n), make([]float64, n)
 	for g := range lo {
 		lo[g], hi[g] = math.Inf(1), math.Inf(-1)
