@@ -2,8 +2,10 @@ package cudakern
 
 import (
 	"context"
+	"math"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -32,9 +34,13 @@ func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order Order) *Job {
 	for t := range slots {
 		slots[t] = blockTable[t/bs]*bs + t%bs
 	}
+	// Real KV: normal values with log-normal channel scales (never
+	// subnormal, which would measure the CPU's slow path, not ours). 1 MiB
+	// of them tiles the source.
 	src := make([]byte, layers*2*tokens*heads*hd*srcDT.Size())
-	for i := range src {
-		src[i] = byte(rng.Uint32() & 0x3f) // finite values in every dtype
+	copy(src, randKV(rng, srcDT, (1<<20)/srcDT.Size()))
+	for o := 1 << 20; o < len(src); o += 1 << 20 {
+		copy(src[o:], src[:1<<20])
 	}
 	dst := make([][]byte, layers)
 	for i := range dst {
@@ -54,6 +60,9 @@ func writtenBytes(j *Job) int {
 	}
 	return len(j.Dst) * 2 * n * j.Layout.KVHeads * j.Layout.HeadDim * j.Layout.DType.Size()
 }
+
+// benchWorkers is -cpu's GOMAXPROCS: all cores by default.
+func benchWorkers(*testing.B) int { return runtime.GOMAXPROCS(0) }
 
 // parallelCopy copies src into dst split over w goroutines: the physical
 // limit the fused pass is measured against.
@@ -91,6 +100,11 @@ func BenchmarkInject(b *testing.B) {
 			in := NewInjector(Config{})
 			defer in.Close()
 			ctx := context.Background()
+			// The first call faults the cache pages in; an engine's cache is
+			// resident.
+			if err := in.Inject(ctx, j); err != nil {
+				b.Fatal(err)
+			}
 			b.SetBytes(int64(writtenBytes(j)))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -110,16 +124,24 @@ func BenchmarkInjectVsMemcpy(b *testing.B) {
 	for _, c := range benchCases {
 		b.Run(c.name, func(b *testing.B) {
 			j := benchJob(b, c.srcDT, c.dstDT, c.order)
-			in := NewInjector(Config{})
+			in := NewInjector(Config{Workers: benchWorkers(b)})
 			defer in.Close()
 			n := writtenBytes(j)
 			from, to := make([]byte, n), make([]byte, n)
 			for i := range from {
 				from[i] = byte(i)
 			}
-			w := runtime.GOMAXPROCS(0)
+			w := in.Workers()
 			ctx := context.Background()
+			// Fault every page in before timing (an engine's cache is
+			// resident).
+			parallelCopy(to, from, w)
+			if err := in.Inject(ctx, j); err != nil {
+				b.Fatal(err)
+			}
 			var tInject, tCopy time.Duration
+			minInject, minCopy := time.Duration(math.MaxInt64), time.Duration(math.MaxInt64)
+			ratios := make([]float64, 0, b.N)
 			b.SetBytes(int64(n))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
@@ -129,13 +151,21 @@ func BenchmarkInjectVsMemcpy(b *testing.B) {
 				if err := in.Inject(ctx, j); err != nil {
 					b.Fatal(err)
 				}
+				t2 := time.Now()
 				tCopy += t1.Sub(t0)
-				tInject += time.Since(t1)
+				tInject += t2.Sub(t1)
+				minCopy = min(minCopy, t1.Sub(t0))
+				minInject = min(minInject, t2.Sub(t1))
+				ratios = append(ratios, t1.Sub(t0).Seconds()/t2.Sub(t1).Seconds())
 			}
 			gb := float64(n) * float64(b.N) / 1e9
+			slices.Sort(ratios)
 			b.ReportMetric(gb/tInject.Seconds(), "inject-GB/s")
 			b.ReportMetric(gb/tCopy.Seconds(), "memcpy-GB/s")
-			b.ReportMetric(tCopy.Seconds()/tInject.Seconds(), "ratio")
+			// On a shared machine the median of per-iteration ratios is
+			// steadier than the ratio of totals.
+			b.ReportMetric(ratios[len(ratios)/2], "ratio")
+			b.ReportMetric(minCopy.Seconds()/minInject.Seconds(), "best-ratio")
 		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -74,6 +75,7 @@ type plan struct {
 	copyV     bool // V bytes pass through unchanged
 	kernel    kernelKind
 	simd      bool // the AVX2 kernels may run
+	nt        bool // and store with non-temporal hints (see useNT)
 	tiles     int  // token tiles per layer
 	items     int  // layers * tiles
 	cancel    <-chan struct{}
@@ -286,6 +288,7 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 	}
 	p.cancel = ctx.Done()
 	p.simd = in.simd
+	p.nt = p.useNT()
 	in.p = p
 	in.next.Store(0)
 	in.stopped.Store(false)
@@ -302,6 +305,31 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 		return ctx.Err()
 	}
 	return nil
+}
+
+// ntMinBytes is the smallest call that stores with non-temporal hints. A
+// large inject streams through memory far beyond the caches, and ordinary
+// stores would first read every destination line (a third more traffic); a
+// small one is better left in cache for the attention that reads it next.
+const ntMinBytes = 4 << 20
+
+// useNT reports whether the SIMD kernels should store non-temporally: the
+// job is large, a same-dtype NeoX kernel runs, and every destination row
+// and half row is aligned for the vector stores.
+func (p *plan) useNT() bool {
+	if !p.simd || p.kernel == kernelGeneric || p.Rope.half%8 != 0 {
+		return false
+	}
+	row := p.Layout.HeadDim * p.dstES
+	if row%64 != 0 || len(p.Dst)*2*p.Tokens*p.heads*row < ntMinBytes {
+		return false
+	}
+	for _, d := range p.Dst {
+		if uintptr(unsafe.Pointer(unsafe.SliceData(d)))%32 != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // work takes items until none is left or the call is cancelled.
@@ -322,6 +350,9 @@ func (in *Injector) work(id int) {
 			return
 		}
 		p.item(k/p.tiles, k%p.tiles, x)
+		if p.nt {
+			sfence()
+		}
 	}
 }
 
@@ -360,14 +391,14 @@ func (p *plan) item(layer, tile int, x []float32) {
 		vs := p.srcV + so
 		if vRun {
 			vd := l.Offset(1, slot, 0)
-			copy(dst[vd:vd+headBytes], src[vs:vs+headBytes])
+			p.copyRun(dst[vd:vd+headBytes], src[vs:vs+headBytes])
 			continue
 		}
 		for h := 0; h < p.heads; h++ {
 			vd := l.Offset(1, slot, h)
 			v := src[vs+h*p.srcRow : vs+(h+1)*p.srcRow]
 			if p.copyV {
-				copy(dst[vd:vd+dstRow], v)
+				p.copyRun(dst[vd:vd+dstRow], v)
 				continue
 			}
 			loadF32(x, v, p.SrcDType, p.srcVScale)

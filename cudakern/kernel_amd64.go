@@ -9,7 +9,8 @@ func hasSIMD() bool { return cpu.X86.HasAVX2 && cpu.X86.HasF16C }
 
 // The AVX2 kernels (kernel_amd64.s) rotate NeoX pairs i < n of a head
 // vector whose halves start at element 0 and element half; n is a positive
-// multiple of 8 and at most half; cos and sin hold at least n.
+// multiple of 8 and at most half; cos and sin hold at least n. The NT
+// variants need both halves of dst 16-byte aligned (32 for f32).
 
 //go:noescape
 func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
@@ -19,3 +20,21 @@ func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
 
 //go:noescape
 func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+
+// copyNT copies n bytes, a positive multiple of 64, to a 32-byte aligned
+// dst with non-temporal stores.
+//
+//go:noescape
+func copyNT(dst, src *byte, n int)
+
+// sfence orders the non-temporal stores before every later store.
+func sfence()

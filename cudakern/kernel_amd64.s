@@ -2,12 +2,17 @@
 
 #include "textflag.h"
 
-// AVX2 rotation kernels for NeoX pairing: pairs i < n of x0 = src[0:half]
+// AVX2 kernels of the fused injection (see kernels.go).
+//
+// The rotation kernels handle NeoX pairing: pairs i < n of x0 = src[0:half]
 // and x1 = src[half:2*half], n a positive multiple of 8, n <= half. Each
 // computes in float32, each product rounded and no fused multiply-add (the
 // same bits as the Go kernels):
 //   dst[i]      = x0*cos[i] - x1*sin[i]
 //   dst[half+i] = x1*cos[i] + x0*sin[i]
+// The NT variants store with non-temporal hints, so destination lines are
+// not read before being overwritten; they need dst and dst+half elements
+// 16-byte aligned (32 for f32).
 
 // func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
 TEXT ·rotNeoXBF16AVX2(SB), NOSPLIT, $0-48
@@ -43,7 +48,7 @@ bf16loop:
 	VMULPS    Y3, Y0, Y7
 	VADDPS    Y7, Y6, Y6
 
-	// Round Y4 to bfloat16 (nearest even; NaN keeps its sign, quiet).
+	// Round to bfloat16: nearest even; NaN keeps its sign and turns quiet.
 	VPSRLD    $16, Y4, Y8
 	VPAND     Y14, Y8, Y9
 	VPADDD    Y15, Y4, Y10
@@ -55,8 +60,6 @@ bf16loop:
 	VEXTRACTI128 $1, Y10, X9
 	VPACKUSDW X9, X10, X10
 	VMOVDQU   X10, (DI)
-
-	// Same for Y6.
 	VPSRLD    $16, Y6, Y8
 	VPAND     Y14, Y8, Y9
 	VPADDD    Y15, Y6, Y10
@@ -128,18 +131,18 @@ TEXT ·rotNeoXF32AVX2(SB), NOSPLIT, $0-48
 	LEAQ (DI)(DX*4), R11
 
 f32loop:
-	VMOVUPS (SI), Y0
-	VMOVUPS (R10), Y1
-	VMOVUPS (R8), Y2
-	VMOVUPS (R9), Y3
-	VMULPS  Y2, Y0, Y4
-	VMULPS  Y3, Y1, Y5
-	VSUBPS  Y5, Y4, Y4
-	VMULPS  Y2, Y1, Y6
-	VMULPS  Y3, Y0, Y7
-	VADDPS  Y7, Y6, Y6
-	VMOVUPS Y4, (DI)
-	VMOVUPS Y6, (R11)
+	VMOVUPS   (SI), Y0
+	VMOVUPS   (R10), Y1
+	VMOVUPS   (R8), Y2
+	VMOVUPS   (R9), Y3
+	VMULPS    Y2, Y0, Y4
+	VMULPS    Y3, Y1, Y5
+	VSUBPS    Y5, Y4, Y4
+	VMULPS    Y2, Y1, Y6
+	VMULPS    Y3, Y0, Y7
+	VADDPS    Y7, Y6, Y6
+	VMOVUPS   Y4, (DI)
+	VMOVUPS   Y6, (R11)
 
 	ADDQ $32, SI
 	ADDQ $32, R10
@@ -150,4 +153,172 @@ f32loop:
 	SUBQ $8, CX
 	JNZ  f32loop
 	VZEROUPPER
+	RET
+
+// func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXBF16AVX2NT(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
+	MOVL $0x7fff, AX
+	MOVQ AX, X15
+	VPBROADCASTD X15, Y15
+	MOVL $1, AX
+	MOVQ AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL $0x40, AX
+	MOVQ AX, X13
+	VPBROADCASTD X13, Y13
+
+bf16loopnt:
+	VPMOVZXWD (SI), Y0
+	VPSLLD    $16, Y0, Y0
+	VPMOVZXWD (R10), Y1
+	VPSLLD    $16, Y1, Y1
+	VMOVUPS   (R8), Y2
+	VMOVUPS   (R9), Y3
+	VMULPS    Y2, Y0, Y4
+	VMULPS    Y3, Y1, Y5
+	VSUBPS    Y5, Y4, Y4
+	VMULPS    Y2, Y1, Y6
+	VMULPS    Y3, Y0, Y7
+	VADDPS    Y7, Y6, Y6
+
+	// Round to bfloat16: nearest even; NaN keeps its sign and turns quiet.
+	VPSRLD    $16, Y4, Y8
+	VPAND     Y14, Y8, Y9
+	VPADDD    Y15, Y4, Y10
+	VPADDD    Y9, Y10, Y10
+	VPSRLD    $16, Y10, Y10
+	VPOR      Y13, Y8, Y8
+	VCMPPS    $3, Y4, Y4, Y11
+	VPBLENDVB Y11, Y8, Y10, Y10
+	VEXTRACTI128 $1, Y10, X9
+	VPACKUSDW X9, X10, X10
+	VMOVNTDQ  X10, (DI)
+	VPSRLD    $16, Y6, Y8
+	VPAND     Y14, Y8, Y9
+	VPADDD    Y15, Y6, Y10
+	VPADDD    Y9, Y10, Y10
+	VPSRLD    $16, Y10, Y10
+	VPOR      Y13, Y8, Y8
+	VCMPPS    $3, Y6, Y6, Y11
+	VPBLENDVB Y11, Y8, Y10, Y10
+	VEXTRACTI128 $1, Y10, X9
+	VPACKUSDW X9, X10, X10
+	VMOVNTDQ  X10, (R11)
+
+	ADDQ $16, SI
+	ADDQ $16, R10
+	ADDQ $16, DI
+	ADDQ $16, R11
+	ADDQ $32, R8
+	ADDQ $32, R9
+	SUBQ $8, CX
+	JNZ  bf16loopnt
+	VZEROUPPER
+	RET
+
+// func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXF16AVX2NT(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
+
+f16loopnt:
+	VCVTPH2PS (SI), Y0
+	VCVTPH2PS (R10), Y1
+	VMOVUPS   (R8), Y2
+	VMOVUPS   (R9), Y3
+	VMULPS    Y2, Y0, Y4
+	VMULPS    Y3, Y1, Y5
+	VSUBPS    Y5, Y4, Y4
+	VMULPS    Y2, Y1, Y6
+	VMULPS    Y3, Y0, Y7
+	VADDPS    Y7, Y6, Y6
+	VCVTPS2PH $0, Y4, X4
+	VMOVNTDQ  X4, (DI)
+	VCVTPS2PH $0, Y6, X6
+	VMOVNTDQ  X6, (R11)
+
+	ADDQ $16, SI
+	ADDQ $16, R10
+	ADDQ $16, DI
+	ADDQ $16, R11
+	ADDQ $32, R8
+	ADDQ $32, R9
+	SUBQ $8, CX
+	JNZ  f16loopnt
+	VZEROUPPER
+	RET
+
+// func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXF32AVX2NT(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*4), R10
+	LEAQ (DI)(DX*4), R11
+
+f32loopnt:
+	VMOVUPS   (SI), Y0
+	VMOVUPS   (R10), Y1
+	VMOVUPS   (R8), Y2
+	VMOVUPS   (R9), Y3
+	VMULPS    Y2, Y0, Y4
+	VMULPS    Y3, Y1, Y5
+	VSUBPS    Y5, Y4, Y4
+	VMULPS    Y2, Y1, Y6
+	VMULPS    Y3, Y0, Y7
+	VADDPS    Y7, Y6, Y6
+	VMOVNTPS  Y4, (DI)
+	VMOVNTPS  Y6, (R11)
+
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, DI
+	ADDQ $32, R11
+	ADDQ $32, R8
+	ADDQ $32, R9
+	SUBQ $8, CX
+	JNZ  f32loopnt
+	VZEROUPPER
+	RET
+
+// func copyNT(dst, src *byte, n int)
+// Copies n bytes, a positive multiple of 64, to a 32-byte aligned dst with
+// non-temporal stores.
+TEXT ·copyNT(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+ntloop:
+	VMOVDQU  (SI), Y0
+	VMOVDQU  32(SI), Y1
+	VMOVNTDQ Y0, (DI)
+	VMOVNTDQ Y1, 32(DI)
+	ADDQ     $64, SI
+	ADDQ     $64, DI
+	SUBQ     $64, CX
+	JNZ      ntloop
+	VZEROUPPER
+	RET
+
+// func sfence()
+TEXT ·sfence(SB), NOSPLIT, $0-0
+	SFENCE
 	RET

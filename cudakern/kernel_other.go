@@ -3,15 +3,14 @@
 package cudakern
 
 // hasSIMD is false where no assembly kernel exists; the portable Go kernels
-// run instead.
+// run instead and the stubs below are never called.
 func hasSIMD() bool { return false }
 
-func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int) {
-	panic("cudakern: no SIMD kernel")
-}
-func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int) {
-	panic("cudakern: no SIMD kernel")
-}
-func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int) {
-	panic("cudakern: no SIMD kernel")
-}
+func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)   { panic("cudakern: no SIMD") }
+func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
+func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
+func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int) { panic("cudakern: no SIMD") }
+func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
+func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
+func copyNT(dst, src *byte, n int)                                     { panic("cudakern: no SIMD") }
+func sfence()                                                          {}

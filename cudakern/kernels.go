@@ -30,19 +30,31 @@ func (p *plan) rotKey(dst, src []byte, c, s, x []float32) {
 	case kernelBF16NeoX:
 		if p.simd && half >= 8 {
 			from = half &^ 7
-			rotNeoXBF16AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
+			if p.nt {
+				rotNeoXBF16AVX2NT(&dst[0], &src[0], &c[0], &s[0], from, half)
+			} else {
+				rotNeoXBF16AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
+			}
 		}
 		rotBF16NeoX(dst, src, c, s, half, from)
 	case kernelF16NeoX:
 		if p.simd && half >= 8 {
 			from = half &^ 7
-			rotNeoXF16AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
+			if p.nt {
+				rotNeoXF16AVX2NT(&dst[0], &src[0], &c[0], &s[0], from, half)
+			} else {
+				rotNeoXF16AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
+			}
 		}
 		rotF16NeoX(dst, src, c, s, half, from)
 	case kernelF32NeoX:
 		if p.simd && half >= 8 {
 			from = half &^ 7
-			rotNeoXF32AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
+			if p.nt {
+				rotNeoXF32AVX2NT(&dst[0], &src[0], &c[0], &s[0], from, half)
+			} else {
+				rotNeoXF32AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
+			}
 		}
 		rotF32NeoX(dst, src, c, s, half, from)
 	default:
@@ -53,6 +65,16 @@ func (p *plan) rotKey(dst, src []byte, c, s, x []float32) {
 	}
 	// Same dtype: the dims beyond the rotary ones pass through as bytes.
 	copy(dst[rot*es:], src[rot*es:])
+}
+
+// copyRun copies one run of V bytes, with non-temporal stores when the plan
+// uses them and the run allows.
+func (p *plan) copyRun(dst, src []byte) {
+	if p.nt && len(src)%64 == 0 {
+		copyNT(&dst[0], &src[0], len(src))
+		return
+	}
+	copy(dst, src)
 }
 
 // rotBF16NeoX rotates bf16 pairs [from, half) into bf16: widen, rotate in
