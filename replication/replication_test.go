@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -725,5 +726,47 @@ func TestNonMemberKeepsCopies(t *testing.T) {
 				t.Fatalf("%v missing on owner %s", k, id)
 			}
 		}
+	}
+}
+
+func TestStatusMapping(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []error
+	}{
+		{"tombstoned", fmt.Errorf("%w: %w: k", ErrRejected, ErrTombstoned), []error{ErrRejected, ErrTombstoned}},
+		{"no room", fmt.Errorf("%w: %w: k", ErrRejected, ErrNoRoom), []error{ErrRejected, ErrNoRoom}},
+		{"conflict", fmt.Errorf("%w: %w", ErrRejected, ErrConflict), []error{ErrRejected}},
+		{"not found", fmt.Errorf("%w: k", ErrNotFound), []error{ErrNotFound}},
+		{"epoch", fmt.Errorf("%w: 3 vs 4", ErrEpochMismatch), []error{ErrEpochMismatch}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := FromStatus(ToStatus(tc.err))
+			for _, w := range tc.want {
+				if !errors.Is(got, w) {
+					t.Fatalf("%v does not wrap %v", got, w)
+				}
+			}
+		})
+	}
+	plain := errors.New("connection refused")
+	if got := FromStatus(ToStatus(plain)); errors.Is(got, ErrRejected) {
+		t.Fatalf("a transport failure became a refusal: %v", got)
+	}
+}
+
+// The node seam: Replicate writes to the given replicas, hints the
+// unreachable one.
+func TestReplicateSeam(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	c.net.setDown("c", true)
+	blob, key := makeBlob(t, 9, 0)
+	acked := c.reps["a"].Replicate(context.Background(), key, blob, c.ring().Members())
+	if !slices.Equal(acked, []string{"b"}) {
+		t.Fatalf("acked %v, want [b]", acked)
+	}
+	if n, _ := c.reps["a"].HintsPending(); n != 1 || c.stores["a"].has(key) {
+		t.Fatalf("%d hints, local copy %v: want 1 hint and no local write", n, c.stores["a"].has(key))
 	}
 }

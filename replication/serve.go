@@ -28,6 +28,12 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 	if opts.Kind < KindWrite || opts.Kind > KindRebalance {
 		return fmt.Errorf("%w: unknown kind %v", ErrRejected, opts.Kind)
 	}
+	if opts.Kind == KindWrite && opts.At == 0 {
+		// A sender that cannot carry the write's time: the receipt time
+		// is close to it, and a write must not be refused by an older
+		// tombstone.
+		opts.At = r.now()
+	}
 	err = r.storeLocal(ctx, blob, hd.Key, opts)
 	if err == nil {
 		r.metrics.served.Add(1)
