@@ -270,17 +270,22 @@ func ringIDs(s *Store) []string {
 	return ids
 }
 
-// waitAgree waits until every running node has the ring with exactly ids at
+// waitAgree waits until every node in ids has the ring with exactly ids at
 // the same epoch and returns that epoch.
 func (c *cluster) waitAgree(ids []string) uint64 {
 	c.t.Helper()
 	var epoch uint64
 	eventually(c.t, fmt.Sprintf("every node's ring = %v", ids), func() bool {
-		run := c.running()
-		first := c.node(run[0]).Ring()
-		epoch = first.Epoch()
-		for _, id := range run {
+		first := c.node(ids[0])
+		if first == nil {
+			return false
+		}
+		epoch = first.Ring().Epoch()
+		for _, id := range ids {
 			s := c.node(id)
+			if s == nil {
+				return false
+			}
 			if s.Ring().Epoch() != epoch || !slices.Equal(ringIDs(s), ids) {
 				return false
 			}

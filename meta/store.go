@@ -15,6 +15,7 @@ import (
 
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
+	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
@@ -29,6 +30,8 @@ type Store struct {
 	fsm      *fsm
 	raft     *raft.Raft
 	wal      *raftwal.WAL
+	walMeta  *metadb.BoltMetaDB // raft-wal's Close leaves it open
+	lock     *os.File           // flock on DataDir/raft/LOCK
 	raftAddr string
 	peers    atomic.Pointer[peersBox]
 
@@ -73,14 +76,27 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := os.MkdirAll(walDir, 0o755); err != nil {
 		return nil, fmt.Errorf("meta: create data dir: %w", err)
 	}
-	wal, err := raftwal.Open(walDir, raftwal.WithLogger(newHCLog(log, "raft-wal")), raftwal.WithSegmentSize(cfg.WALSegmentSize))
+	lock, err := lockDir(snapDir)
 	if err != nil {
+		return nil, err
+	}
+	// raft-wal v0.4.0's WAL.Close does not close its bolt meta store, whose
+	// file lock would then block the next Open of this directory forever;
+	// owning the meta store lets Close release it.
+	walMeta := &metadb.BoltMetaDB{}
+	wal, err := raftwal.Open(walDir, raftwal.WithLogger(newHCLog(log, "raft-wal")),
+		raftwal.WithSegmentSize(cfg.WALSegmentSize), raftwal.WithMetaStore(walMeta))
+	if err != nil {
+		_ = walMeta.Close()
+		_ = lock.Close()
 		return nil, fmt.Errorf("meta: open raft log: %w", err)
 	}
 	ok := false
 	defer func() {
 		if !ok {
 			_ = wal.Close()
+			_ = walMeta.Close()
+			_ = lock.Close()
 		}
 	}()
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(snapDir, cfg.SnapshotRetain, newHCLog(log, "raft-snap"))
@@ -127,6 +143,8 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg:           cfg,
 		log:           log,
 		wal:           wal,
+		walMeta:       walMeta,
+		lock:          lock,
 		raftAddr:      string(trans.LocalAddr()),
 		watchers:      make(map[uint64]chan struct{}),
 		obsCh:         make(chan raft.Observation, 16),
@@ -172,6 +190,10 @@ func (s *Store) Close() error {
 		if werr := s.wal.Close(); err == nil {
 			err = werr
 		}
+		if merr := s.walMeta.Close(); err == nil {
+			err = merr
+		}
+		_ = s.lock.Close() // releases the flock
 		s.watchMu.Lock()
 		for id, ch := range s.watchers {
 			close(ch)

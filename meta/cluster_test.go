@@ -1,0 +1,344 @@
+package meta
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+func ids(n int) []string {
+	var out []string
+	for i := range n {
+		out = append(out, nodeID(i))
+	}
+	return out
+}
+
+func voters(t *testing.T, s *Store) (v, nv []string) {
+	t.Helper()
+	servers, err := s.Servers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sv := range servers {
+		if sv.Voter {
+			v = append(v, sv.ID)
+		} else {
+			nv = append(nv, sv.ID)
+		}
+	}
+	slices.Sort(v)
+	slices.Sort(nv)
+	return v, nv
+}
+
+// TestClusterWrites bootstraps 3 and 5 nodes on an expected count and
+// checks that writes made anywhere reach every node, followers through
+// the forwarder, and that bad writes are refused everywhere.
+func TestClusterWrites(t *testing.T) {
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			c := newCluster(t, n)
+			for _, id := range ids(n) {
+				c.start(id)
+			}
+			c.leader()
+			epoch := c.waitAgree(ids(n))
+			if epoch == 0 {
+				t.Fatal("ring epoch 0 after members were added")
+			}
+			l := c.leader()
+			v, nv := voters(t, l)
+			if !slices.Equal(v, ids(n)) || len(nv) != 0 {
+				t.Fatalf("voters %v nonvoters %v", v, nv)
+			}
+			f := c.follower()
+			before := c.fwd.callCount()
+			fp, err := f.RegisterModel(ctxT(t), testSpec(1))
+			if err != nil {
+				t.Fatalf("register on follower: %v", err)
+			}
+			if c.fwd.callCount() == before {
+				t.Fatal("follower write did not go through the forwarder")
+			}
+			if _, ok := f.Model(fp); !ok {
+				t.Fatal("follower cannot read its own registration")
+			}
+			if _, err := l.RegisterModel(ctxT(t), testSpec(2)); err != nil {
+				t.Fatalf("register on leader: %v", err)
+			}
+			set := Settings{ReplicationFactor: 3, WriteQuorum: 3, Codec: chunk.CodecLossless}
+			if err := f.SetSettings(ctxT(t), set); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "every node has both models and the settings", func() bool {
+				for _, id := range c.running() {
+					s := c.node(id)
+					if len(s.Models()) != 2 || s.Settings() != set {
+						return false
+					}
+				}
+				return true
+			})
+			for _, id := range c.running() {
+				if got := c.node(id).Models(); !slices.Equal(got, l.Models()) {
+					t.Fatalf("%s models %v differ from the leader's", id, got)
+				}
+			}
+
+			bad := testSpec(3)
+			bad.RopeStyle = 9
+			if _, err := f.RegisterModel(ctxT(t), bad); !errors.Is(err, ErrInvalidCommand) {
+				t.Fatalf("invalid spec on follower: %v", err)
+			}
+			if err := f.SetSettings(ctxT(t), Settings{ReplicationFactor: 2, WriteQuorum: 3, Codec: chunk.CodecRaw}); !errors.Is(err, ErrInvalidCommand) {
+				t.Fatalf("W > R: %v", err)
+			}
+			cmd, err := encodeCommand(kindRegisterModel, registerModel{Spec: testSpec(4)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := f.ApplyForwarded(ctxT(t), cmd); !errors.Is(err, ErrNotLeader) {
+				t.Fatalf("ApplyForwarded on follower: %v", err)
+			}
+			for _, garbage := range [][]byte{nil, {1}, {2, 1, '{', '}'}, {1, 99, '{', '}'}, {1, 1, 'x'}} {
+				if err := l.ApplyForwarded(ctxT(t), garbage); !errors.Is(err, ErrInvalidCommand) {
+					t.Fatalf("ApplyForwarded(%q): %v", garbage, err)
+				}
+			}
+			// The FSM itself refuses what slips past ApplyForwarded: put an
+			// invalid spec in the log directly.
+			raw, err := encodeCommand(kindRegisterModel, registerModel{Spec: bad})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := l.applyLocal(ctxT(t), raw); !errors.Is(err, ErrInvalidCommand) || !errors.Is(err, chunk.ErrInvalidSpec) {
+				t.Fatalf("invalid spec through the log: %v", err)
+			}
+			if got := len(l.Models()); got != 2 {
+				t.Fatalf("%d models after refused commands, want 2", got)
+			}
+		})
+	}
+}
+
+// TestLeaderLossAndRestart kills the leader: the others elect a new one
+// with the state intact, remove the dead node after DeadGrace (a new
+// epoch), and the dead node comes back from its data dir with its state
+// and rejoins ring and raft.
+func TestLeaderLossAndRestart(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.waitAgree(ids(3))
+	l := c.leader()
+	fp, err := l.RegisterModel(ctxT(t), testSpec(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := Settings{ReplicationFactor: 2, WriteQuorum: 2, Codec: chunk.CodecRaw}
+	if err := l.SetSettings(ctxT(t), set); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "replicated", func() bool {
+		for _, id := range c.running() {
+			if _, ok := c.node(id).Model(fp); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	epoch := l.Ring().Epoch()
+	old := l.NodeID()
+	c.stop(old)
+
+	nl := c.leader()
+	if nl.NodeID() == old {
+		t.Fatal("stopped node still leads")
+	}
+	var rest []string
+	for _, id := range ids(3) {
+		if id != old {
+			rest = append(rest, id)
+		}
+	}
+	e2 := c.waitAgree(rest)
+	if e2 <= epoch {
+		t.Fatalf("epoch %d after a removal, was %d", e2, epoch)
+	}
+	eventually(t, "dead node out of raft", func() bool {
+		v, _ := voters(t, nl)
+		return slices.Equal(v, rest)
+	})
+	for _, id := range rest {
+		s := c.node(id)
+		if _, ok := s.Model(fp); !ok || s.Settings() != set {
+			t.Fatalf("%s lost state after leader loss", id)
+		}
+	}
+	fp2, err := c.follower().RegisterModel(ctxT(t), testSpec(2))
+	if err != nil {
+		t.Fatalf("write after re-election: %v", err)
+	}
+
+	back := c.start(old)
+	e3 := c.waitAgree(ids(3))
+	if e3 <= e2 {
+		t.Fatalf("epoch %d after a rejoin, was %d", e3, e2)
+	}
+	eventually(t, "restarted node caught up", func() bool {
+		_, ok1 := back.Model(fp)
+		_, ok2 := back.Model(fp2)
+		return ok1 && ok2 && back.Settings() == set
+	})
+	eventually(t, "restarted node back in raft", func() bool {
+		v, _ := voters(t, c.leader())
+		return slices.Equal(v, ids(3))
+	})
+}
+
+// TestWholeClusterRestart stops every node, so nothing survives in memory,
+// and restarts all from their data dirs, once after a snapshot.
+func TestWholeClusterRestart(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	epoch := c.waitAgree(ids(3))
+	l := c.leader()
+	var fps []chunk.Fingerprint
+	for i := range 3 {
+		fp, err := c.follower().RegisterModel(ctxT(t), testSpec(i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		fps = append(fps, fp)
+	}
+	set := Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecFP8}
+	if err := l.SetSettings(ctxT(t), set); err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		if round == 1 {
+			// Snapshot every node so the restart restores a snapshot and
+			// then replays the entries after it.
+			for _, id := range c.running() {
+				if err := c.node(id).raft.Snapshot().Error(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := c.leader().RegisterModel(ctxT(t), testSpec(10)); err != nil {
+				t.Fatal(err)
+			}
+			fps = append(fps, testSpec(10).Fingerprint())
+		}
+		eventually(t, "all applied", func() bool {
+			for _, id := range c.running() {
+				if len(c.node(id).Models()) != len(fps) {
+					return false
+				}
+			}
+			return true
+		})
+		for _, id := range ids(3) {
+			c.stop(id)
+		}
+		for _, id := range ids(3) {
+			c.start(id)
+		}
+		c.leader()
+		if e := c.waitAgree(ids(3)); e < epoch {
+			t.Fatalf("round %d: epoch %d went back from %d", round, e, epoch)
+		}
+		eventually(t, "state back after restart", func() bool {
+			for _, id := range c.running() {
+				s := c.node(id)
+				for _, fp := range fps {
+					if _, ok := s.Model(fp); !ok {
+						return false
+					}
+				}
+				if s.Settings() != set {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+// TestReconcileVotersAndRing grows a cluster past MaxVoters and shrinks it:
+// nodes beyond 5 voters join as non-voters, a non-voter is promoted when a
+// voter dies, a graceful leave is removed at once, and each ring change
+// bumps the epoch identically on every node.
+func TestReconcileVotersAndRing(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.leader()
+	last := c.waitAgree(ids(3))
+	// Nodes 3..6 join one by one; 0..2 bootstrapped, so 3 and 4 become
+	// voters and 5 and 6 non-voters.
+	for i := 3; i < 7; i++ {
+		c.start(nodeID(i))
+		e := c.waitAgree(ids(i + 1))
+		if e <= last {
+			t.Fatalf("join of %s: epoch %d, was %d", nodeID(i), e, last)
+		}
+		last = e
+	}
+	eventually(t, "5 voters and 2 non-voters", func() bool {
+		v, nv := voters(t, c.leader())
+		return slices.Equal(v, ids(5)) && slices.Equal(nv, []string{nodeID(5), nodeID(6)})
+	})
+	// Every node places content identically.
+	for k := range 100 {
+		id := chunk.ID{Lo: uint64(k) * 0x9e3779b97f4a7c15, Hi: uint64(k)}
+		want := c.leader().Ring().Replicas(id, 3)
+		for _, n := range c.running() {
+			if got := c.node(n).Ring().Replicas(id, 3); !slices.Equal(got, want) {
+				t.Fatalf("%s places %v on %v, leader on %v", n, id, got, want)
+			}
+		}
+	}
+
+	// A voter that is not the leader dies: after DeadGrace it leaves raft
+	// and the ring, and a non-voter takes its vote.
+	var victim string
+	for _, id := range ids(5) {
+		if id != c.leader().NodeID() {
+			victim = id
+			break
+		}
+	}
+	c.stop(victim)
+	want := slices.DeleteFunc(ids(7), func(id string) bool { return id == victim })
+	e := c.waitAgree(want)
+	if e <= last {
+		t.Fatalf("death of %s: epoch %d, was %d", victim, e, last)
+	}
+	last = e
+	eventually(t, "non-voter promoted", func() bool {
+		v, nv := voters(t, c.leader())
+		return len(v) == 5 && len(nv) == 1 && !slices.Contains(v, victim) && !slices.Contains(nv, victim)
+	})
+
+	// A graceful leave: gossip still lists the node, flagged Leaving.
+	leaver := nodeID(6)
+	c.peers.set(ring.NodeMeta{ID: leaver, GRPCAddr: "grpc-" + leaver, RaftAddr: c.node(leaver).RaftAddr(), Leaving: true})
+	want = slices.DeleteFunc(want, func(id string) bool { return id == leaver })
+	e = c.waitAgree(want)
+	if e <= last {
+		t.Fatalf("leave of %s: epoch %d, was %d", leaver, e, last)
+	}
+	eventually(t, "leaver out of raft", func() bool {
+		v, nv := voters(t, c.leader())
+		return len(v)+len(nv) == 5 && !slices.Contains(v, leaver) && !slices.Contains(nv, leaver)
+	})
+}
