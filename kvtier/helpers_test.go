@@ -1,6 +1,9 @@
 package kvtier
 
 import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
 	"log/slog"
 	"math/rand/v2"
 	"testing"
@@ -79,3 +82,43 @@ func checkBudgets(t testing.TB, s *Store) Stats {
 	}
 	return st
 }
+
+// bigBlob encodes one entry of a realistic model (32 layers, 8 KV heads,
+// head dim 128, bf16: 128 KiB per token) with the given token count.
+func bigBlob(t testing.TB, tokens int) []byte {
+	t.Helper()
+	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16, RopeStyle: chunk.RopeNeoX, RopeTheta: 500000}
+	fp := spec.Fingerprint()
+	toks := make([]uint32, tokens)
+	for i := range toks {
+		toks[i] = uint32(i * 7)
+	}
+	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: testStandalone},
+		DType: chunk.BF16, Layers: 32, KVHeads: 8, HeadDim: 128, Tokens: toks}
+	e.KV = make([]byte, e.Shape().RawBytes())
+	for i := range e.KV {
+		e.KV[i] = byte(i*31 + i>>9)
+	}
+	b, err := chunk.Encode(nil, e, chunk.CodecRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// rekey gives blob, in place, content ID {i, i} and a header checksum to
+// match, so one buffer serves as many distinct entries.
+func rekey(t testing.TB, blob []byte, i uint64) chunk.Key {
+	hd, err := chunk.ParseHeader(blob, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.LittleEndian.PutUint64(blob[24:], i)
+	binary.LittleEndian.PutUint64(blob[32:], i)
+	sumAt := hd.PayloadStart - 8
+	binary.LittleEndian.PutUint64(blob[sumAt:], xxhash.Sum64(blob[:sumAt]))
+	hd.Key.Content = chunk.ID{Lo: i, Hi: i}
+	return hd.Key
+}
+
+func keysAt(keys []any, i int) chunk.Key { return keys[i%len(keys)].(chunk.Key) }
