@@ -29,8 +29,8 @@ func main() {
 func run() error {
 	model := flag.String("model", "", "model directory (config.json + safetensors); empty writes a random one of the benchmark shape to a temp dir")
 	ks := flag.String("k", "5,10,20,50", "facts per prompt, comma separated")
-	trials := flag.Int("trials", 3, "timed runs per point (median reported)")
-	prompts := flag.Int("prompts", 16, "prompts for the fidelity table")
+	trials := flag.Int("trials", 3, "timed runs per point (the fastest is reported)")
+	prompts := flag.Int("prompts", 32, "prompts for the fidelity table")
 	workers := flag.Int("workers", 0, "worker goroutines (0: GOMAXPROCS)")
 	seed := flag.Uint64("seed", 1, "random seed (weights and prompts)")
 	codec := flag.String("codec", "raw", "codec of the in-memory store")
