@@ -30,9 +30,9 @@ type BenchConfig struct {
 	QueryTokens int   // 16
 	// Trials is the number of timed runs per point; the fastest is reported,
 	// since on a shared machine the slower ones measure other processes; 3.
-	Trials int
-	Window      int   // context window of the stored encodings; 20
-	Recompute   float64
+	Trials    int
+	Window    int // context window of the stored encodings; 20
+	Recompute float64
 	// FidelityPrompts prompts of FidelityK facts each measure fidelity;
 	// 32 and 10.
 	FidelityPrompts int
