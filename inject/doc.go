@@ -1,0 +1,30 @@
+// Package inject is the node side of KV injection: an inference engine
+// registers its paged KV cache with its local node once, then asks the node
+// to inject stored chunks at positions of a new prompt.
+//
+// A Service holds the registrations (Register for a shared-memory file the
+// node maps MAP_SHARED, RegisterInProcess for layer slices handed over
+// directly) and serves Inject requests. For every chunk of a request it asks
+// a Fetcher (declared here, implemented by the node: local tier first, then
+// a replica) for the encoded entry, in parallel with a bound, and verifies
+// it completely before any byte of it is written: fingerprint, content ID,
+// tokens, shape against the cache layout, and the checksum of every layer.
+// A chunk that fails is a MISS and nothing of it is written.
+//
+// The hits then go through a two-stage pipeline by layer: workers decode
+// layer l+1 of every hit (chunk.DecodeRange for the cache's head range, any
+// codec) into a bounded ring of scratch buffers while layer l is rotated to
+// its target positions and scattered into the registered memory by
+// cudakern's fused kernel. After layer l of every hit is written, the
+// request's OnLayer callback runs, so the engine may start computing layer l
+// before later layers land. Each chunk is answered EXACT (its stored context
+// is the wanted one), APPROXIMATE (another encoding of the same tokens) or
+// MISS, with the context found.
+//
+// Memory kinds: MemoryShm (a file under /dev/shm, or a memfd named by
+// /proc/<pid>/fd/<n>) and the in-process kind are implemented; MemoryCUDAIPC
+// is part of the descriptor so a GPU engine can register later, and is
+// refused with ErrUnsupported until the cuda build provides it. CreateShm is
+// the engine-side helper that creates and maps such a file so the engine can
+// place its cache in it.
+package inject

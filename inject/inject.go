@@ -1,0 +1,494 @@
+package inject
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+)
+
+// Chunk is one chunk of an Inject request.
+type Chunk struct {
+	// Fingerprint is the model; zero means the cache's. Any other value
+	// than the cache's makes the request invalid.
+	Fingerprint chunk.Fingerprint
+	// Content is the content ID; zero means chunk.ContentID of Tokens.
+	Content chunk.ID
+	// Tokens, when given, are checked against the content ID and the
+	// entry's tokens.
+	Tokens []uint32
+	// Context is the wanted context (the prompt's prefix chain ID before
+	// the chunk, or a window); an entry with exactly it is EXACT.
+	Context chunk.Context
+	// Pos is the absolute position of the chunk's first token.
+	Pos int
+	// Slots maps token t to a cache slot, -1 to skip it; its length is the
+	// chunk's token count.
+	Slots []int
+}
+
+// Request asks to inject chunks into a registered cache.
+type Request struct {
+	Cache  CacheID
+	Chunks []Chunk
+	// OnLayer, if set, is called on the Inject caller's goroutine, in
+	// layer order, once layer l of every hit is written: the engine may
+	// start computing layer l. While it runs, later layers keep decoding
+	// but are not written.
+	OnLayer func(layer int)
+}
+
+// Result answers one chunk.
+type Result struct {
+	Match Match
+	// Context is the context of the entry injected (zero on a miss).
+	Context chunk.Context
+	// Reason says why a chunk is a MISS when something was found but not
+	// used (verification failed, the fetch failed); nil otherwise.
+	Reason error
+}
+
+// Response answers a request.
+type Response struct {
+	Results []Result // one per chunk, in order
+	// DecodedBytes and WrittenBytes count canonical bytes decoded and bytes
+	// written into the cache.
+	DecodedBytes int64
+	WrittenBytes int64
+}
+
+// hit is a chunk whose entry passed verification.
+type hit struct {
+	idx     int
+	f       Fetched
+	hd      chunk.Header
+	pos     int
+	slots   []int
+	dec     int // decoded bytes of one layer (the cache's head range)
+	off     int // offset of its decoded layer in a layer buffer
+	written []int64
+	failed  atomic.Bool
+	once    sync.Once
+	err     error // why it failed after verification; set once, read after the pipeline
+}
+
+// fail marks the hit unusable from now on (a MISS).
+func (h *hit) fail(err error) {
+	h.once.Do(func() {
+		h.err = err
+		h.failed.Store(true)
+	})
+}
+
+// request is one Inject call in flight.
+type request struct {
+	s       *Service
+	ctx     context.Context
+	cancel  context.CancelFunc
+	c       *cache
+	hits    []*hit
+	bufs    []*[]byte // ring of DecodeAhead+1 decoded layers
+	heads   int
+	faulted atomic.Bool
+	decoded atomic.Int64
+}
+
+// Inject fetches, verifies, decodes, rotates and writes the chunks of req
+// into the registered cache, layer by layer, and answers every chunk.
+//
+// A malformed request returns ErrInvalidRequest before anything is
+// fetched or written. A chunk whose entry is missing, unreachable or fails
+// verification is a MISS, and none of its bytes is written. If ctx is
+// cancelled, Inject stops the pipeline, waits for its workers and returns
+// the context's error: layers already reported through OnLayer are
+// written, others may be partly written, and only in the requested slots.
+func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
+	start := time.Now()
+	c, err := s.acquire(req.Cache)
+	if err != nil {
+		return nil, err
+	}
+	defer s.releaseCache(c)
+	s.m.requests.Inc()
+	if err := s.checkRequest(c, req); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.base, cancel)
+	defer stop()
+	r := &request{s: s, ctx: ctx, cancel: cancel, c: c, heads: c.headHi - c.headLo}
+	resp := &Response{Results: make([]Result, len(req.Chunks))}
+	defer func() {
+		for _, h := range r.hits {
+			if h.f.Release != nil {
+				h.f.Release()
+			}
+		}
+	}()
+	if err := r.fetch(req, resp.Results); err != nil {
+		return nil, err
+	}
+	if len(r.hits) > 0 {
+		if err := r.pipeline(req.OnLayer); err != nil {
+			if r.faulted.Load() {
+				s.m.faults.Inc()
+				s.log.Error("inject: fault writing a registered cache", "cache", c.id)
+				return nil, fmt.Errorf("%w: cache %d", ErrFault, c.id)
+			}
+			return nil, err
+		}
+	}
+	for _, h := range r.hits {
+		if h.failed.Load() {
+			resp.Results[h.idx] = Result{Reason: h.err}
+			continue
+		}
+		for _, n := range h.written {
+			resp.WrittenBytes += n
+		}
+	}
+	resp.DecodedBytes = r.decoded.Load()
+	for _, res := range resp.Results {
+		s.m.chunks.WithLabelValues(res.Match.String()).Inc()
+	}
+	s.m.decoded.Add(float64(resp.DecodedBytes))
+	s.m.written.Add(float64(resp.WrittenBytes))
+	s.m.request.Observe(time.Since(start).Seconds())
+	return resp, nil
+}
+
+// checkRequest validates what the engine asked, before any fetch.
+func (s *Service) checkRequest(c *cache, req *Request) error {
+	bad := func(i int, format string, a ...any) error {
+		return fmt.Errorf("%w: chunk %d: %s", ErrInvalidRequest, i, fmt.Sprintf(format, a...))
+	}
+	if len(req.Chunks) > s.cfg.MaxChunks {
+		return fmt.Errorf("%w: %d chunks exceed %d", ErrInvalidRequest, len(req.Chunks), s.cfg.MaxChunks)
+	}
+	nslots := c.layouts[0].Slots()
+	for _, l := range c.layouts[1:] {
+		nslots = min(nslots, l.Slots())
+	}
+	fp := c.desc.Fingerprint
+	for i := range req.Chunks {
+		ch := &req.Chunks[i]
+		switch {
+		case !ch.Fingerprint.IsZero() && ch.Fingerprint != fp:
+			return bad(i, "fingerprint %v, cache holds %v", ch.Fingerprint, fp)
+		case len(ch.Slots) == 0:
+			return bad(i, "no slots")
+		case ch.Content.IsZero() && len(ch.Tokens) == 0:
+			return bad(i, "neither a content ID nor tokens")
+		case len(ch.Tokens) != 0 && len(ch.Tokens) != len(ch.Slots):
+			return bad(i, "%d tokens, %d slots", len(ch.Tokens), len(ch.Slots))
+		case !ch.Context.Kind.Valid():
+			return bad(i, "context kind %v", ch.Context.Kind)
+		case ch.Pos < 0 || ch.Pos > c.rope.MaxPositions()-len(ch.Slots):
+			return bad(i, "positions [%d,%d) beyond the cache's %d", ch.Pos, ch.Pos+len(ch.Slots), c.rope.MaxPositions())
+		}
+		for t, sl := range ch.Slots {
+			if sl < -1 || sl >= nslots {
+				return bad(i, "slot[%d] = %d out of range -1..%d", t, sl, nslots-1)
+			}
+		}
+		if len(ch.Tokens) != 0 && !ch.Content.IsZero() && chunk.ContentID(fp, ch.Tokens) != ch.Content {
+			return bad(i, "tokens do not hash to content %v", ch.Content)
+		}
+	}
+	return nil
+}
+
+// fetch runs the Fetcher for every chunk, at most FetchParallel at once,
+// and keeps the entries that pass verification as hits.
+func (r *request) fetch(req *Request, results []Result) error {
+	s := r.s
+	var (
+		mu   sync.Mutex
+		wg   sync.WaitGroup
+		hits = make([]*hit, len(req.Chunks))
+		sem  = make(chan struct{}, s.cfg.FetchParallel)
+	)
+	var err error
+loop:
+	for i := range req.Chunks {
+		select {
+		case sem <- struct{}{}:
+		case <-r.ctx.Done():
+			err = r.ctx.Err()
+			break loop
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			h, res := r.fetchOne(i, &req.Chunks[i])
+			mu.Lock()
+			hits[i], results[i] = h, res
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for _, h := range hits {
+		if h != nil {
+			r.hits = append(r.hits, h)
+		}
+	}
+	if err == nil {
+		err = r.ctx.Err()
+	}
+	if err != nil {
+		return err
+	}
+	off := 0
+	for _, h := range r.hits {
+		h.off = off
+		off += h.dec
+	}
+	return nil
+}
+
+// fetchOne fetches and verifies chunk i; a nil hit is a MISS.
+func (r *request) fetchOne(i int, ch *Chunk) (*hit, Result) {
+	c := r.c
+	fp := c.desc.Fingerprint
+	content := ch.Content
+	if content.IsZero() {
+		content = chunk.ContentID(fp, ch.Tokens)
+	}
+	f, err := r.s.cfg.Fetcher.Fetch(r.ctx, chunk.Key{Fingerprint: fp, Content: content, Context: ch.Context})
+	if err != nil || f.Match == Miss || len(f.Blob) == 0 {
+		if f.Release != nil {
+			f.Release()
+		}
+		if err != nil && r.ctx.Err() == nil {
+			r.s.log.Debug("inject: fetch failed; chunk is a miss", "content", content, "err", err)
+		}
+		return nil, Result{Reason: err}
+	}
+	h := &hit{idx: i, f: f, pos: ch.Pos, slots: ch.Slots}
+	if err := r.verify(h, content, ch); err != nil {
+		if f.Release != nil {
+			f.Release()
+		}
+		r.s.log.Warn("inject: entry failed verification; chunk is a miss", "content", content, "err", err)
+		return nil, Result{Reason: err}
+	}
+	res := Result{Match: Approximate, Context: h.hd.Key.Context}
+	if h.hd.Key.Context == ch.Context {
+		res.Match = Exact
+	}
+	return h, res
+}
+
+// errVerify marks verification failures in Result.Reason.
+var errVerify = errors.New("inject: entry does not fit")
+
+// verify checks everything about h's entry that can be checked before
+// decoding: header, key, tokens, shape, every layer checksum, and that
+// cudakern accepts the job for every layer. After it, only a codec payload
+// that was sealed malformed by its writer can fail.
+func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
+	c := r.c
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", errVerify, fmt.Sprintf(format, a...))
+	}
+	hd, err := chunk.ParseHeader(h.f.Blob, r.s.cfg.Limits)
+	if err != nil {
+		return err
+	}
+	sh, spec := hd.Shape, c.spec
+	switch {
+	case hd.Key.Fingerprint != c.desc.Fingerprint:
+		return bad("fingerprint %v, cache holds %v", hd.Key.Fingerprint, c.desc.Fingerprint)
+	case hd.Key.Content != content:
+		return bad("content %v, asked for %v", hd.Key.Content, content)
+	case sh.Tokens != len(ch.Slots):
+		return bad("%d tokens for %d slots", sh.Tokens, len(ch.Slots))
+	case sh.Layers != spec.Layers || sh.KVHeads != spec.KVHeads || sh.HeadDim != spec.HeadDim || sh.DType != spec.DType:
+		return bad("shape %d layers × %d heads × %d dims %v, model has %d × %d × %d %v",
+			sh.Layers, sh.KVHeads, sh.HeadDim, sh.DType, spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType)
+	}
+	if len(ch.Tokens) != 0 && !slices.Equal(hd.Tokens, ch.Tokens) {
+		return bad("tokens differ from the chunk's")
+	}
+	for l := range hd.Layers {
+		if _, err := hd.LayerPayload(h.f.Blob, l); err != nil {
+			return err
+		}
+		if hd.Codec == chunk.CodecRaw && hd.Layers[l].Length != uint64(sh.LayerBytes()) {
+			return bad("raw layer %d of %d bytes, shape needs %d", l, hd.Layers[l].Length, sh.LayerBytes())
+		}
+	}
+	h.hd = hd
+	h.dec = 2 * sh.Tokens * r.heads * sh.HeadDim * sh.DType.Size()
+	// Validate the rotate job of every distinct layout now (no source or
+	// destination bytes: those sizes are right by construction), so that
+	// no layer can be refused after earlier ones were written.
+	for l, lay := range c.layouts {
+		if l > 0 && lay == c.layouts[l-1] {
+			continue
+		}
+		j := cudakern.Job{Rope: c.rope, SrcDType: sh.DType, Tokens: sh.Tokens, SrcHeads: r.heads,
+			Pos: h.pos, Slots: h.slots, Layout: lay}
+		if err := j.Validate(); err != nil {
+			return bad("layer %d: %v", l, err)
+		}
+	}
+	h.written = make([]int64, len(c.layouts))
+	for l, lay := range c.layouts {
+		n := 0
+		for _, sl := range h.slots {
+			if sl >= 0 {
+				n++
+			}
+		}
+		h.written[l] = int64(2 * n * lay.KVHeads * lay.HeadDim * lay.DType.Size())
+	}
+	return nil
+}
+
+// pipeline decodes layer l+1.. (up to DecodeAhead layers ahead) while
+// layer l is rotated and written, and calls onLayer after each layer.
+func (r *request) pipeline(onLayer func(int)) error {
+	s := r.s
+	layers := r.c.desc.Layers
+	nb := min(s.cfg.DecodeAhead+1, layers)
+	size := 0
+	for _, h := range r.hits {
+		size += h.dec
+	}
+	r.bufs = make([]*[]byte, nb)
+	for i := range r.bufs {
+		r.bufs[i] = s.getBuf(size)
+	}
+	defer func() {
+		for _, b := range r.bufs {
+			s.bufs.Put(b)
+		}
+	}()
+	free := make(chan struct{}, nb)
+	for range nb {
+		free <- struct{}{}
+	}
+	ready := make(chan int, nb)
+	starts := make([]time.Time, layers)
+	decErr := make(chan error, 1)
+	go func() {
+		defer close(ready)
+		var dwg sync.WaitGroup
+		for l := 0; l < layers; l++ {
+			select {
+			case <-free:
+			case <-r.ctx.Done():
+				decErr <- r.ctx.Err()
+				return
+			}
+			starts[l] = time.Now()
+			if err := r.stage(stageDecode, l, &dwg); err != nil {
+				decErr <- err
+				return
+			}
+			ready <- l
+		}
+		decErr <- nil
+	}()
+	var err error
+	var rwg sync.WaitGroup
+	for l := range ready {
+		if err != nil {
+			continue // drain until the decoder sees the cancel
+		}
+		if err = r.stage(stageRotate, l, &rwg); err != nil {
+			r.cancel()
+			continue
+		}
+		s.m.layer.Observe(time.Since(starts[l]).Seconds())
+		if onLayer != nil {
+			onLayer(l)
+		}
+		free <- struct{}{}
+	}
+	if derr := <-decErr; err == nil {
+		err = derr
+	}
+	if err == nil {
+		err = r.ctx.Err()
+	}
+	return err
+}
+
+// stage runs one stage of one layer over all hits on the workers and
+// waits for it.
+func (r *request) stage(kind stageKind, layer int, wg *sync.WaitGroup) error {
+	n := len(r.hits)
+	batch := max(1, (n+2*r.s.cfg.Workers-1)/(2*r.s.cfg.Workers))
+	var err error
+	for lo := 0; lo < n; lo += batch {
+		wg.Add(1)
+		select {
+		case r.s.tasks <- task{r: r, kind: kind, layer: layer, lo: lo, hi: min(lo+batch, n), wg: wg}:
+			continue
+		case <-r.ctx.Done():
+			wg.Done()
+			err = r.ctx.Err()
+		}
+		break
+	}
+	wg.Wait()
+	if err == nil {
+		err = r.ctx.Err()
+	}
+	return err
+}
+
+func (r *request) buf(layer int) []byte { return *r.bufs[layer%len(r.bufs)] }
+
+// decode writes layer l of hit i, restricted to the cache's heads, into
+// the layer's buffer.
+func (r *request) decode(w *worker, layer, i int) {
+	h := r.hits[i]
+	if h.failed.Load() {
+		return
+	}
+	c := r.c
+	if c.headHi-c.headLo != h.hd.Shape.KVHeads {
+		if lb := h.hd.Shape.LayerBytes(); len(w.scratch) < lb {
+			w.scratch = make([]byte, lb)
+		}
+	}
+	dst := r.buf(layer)[h.off : h.off+h.dec]
+	rg := chunk.Range{LayerLo: layer, LayerHi: layer + 1, HeadLo: c.headLo, HeadHi: c.headHi}
+	if err := chunk.DecodeRange(dst, h.f.Blob, &h.hd, rg, w.scratch); err != nil {
+		h.fail(fmt.Errorf("%w: layer %d: %w", errVerify, layer, err))
+		r.s.log.Warn("inject: entry failed to decode; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
+		return
+	}
+	r.decoded.Add(int64(h.dec))
+}
+
+// rotate rotates and scatters layer l of hit i into the cache.
+func (r *request) rotate(w *worker, layer, i int) {
+	h := r.hits[i]
+	if h.failed.Load() {
+		return
+	}
+	c := r.c
+	w.dst[0] = c.layers[layer]
+	w.job = cudakern.Job{Rope: c.rope, Src: r.buf(layer)[h.off : h.off+h.dec], SrcDType: h.hd.Shape.DType,
+		Tokens: len(h.slots), SrcHeads: r.heads, Pos: h.pos, Slots: h.slots, Layout: c.layouts[layer], Dst: w.dst[:]}
+	err := w.inj.Inject(r.ctx, &w.job)
+	w.job = cudakern.Job{}
+	w.dst[0] = nil
+	if err != nil && r.ctx.Err() == nil {
+		// verify validated this job; only a bug gets here.
+		r.s.log.Error("inject: rotate refused a verified job", "key", h.hd.Key, "layer", layer, "err", err)
+		h.fail(fmt.Errorf("inject: layer %d: %w", layer, err))
+	}
+}

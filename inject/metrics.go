@@ -1,0 +1,66 @@
+package inject
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the Service's Prometheus metrics; the Service is their
+// Collector.
+type metrics struct {
+	requests prometheus.Counter
+	chunks   *prometheus.CounterVec // result: exact, approximate, miss
+	decoded  prometheus.Counter
+	written  prometheus.Counter
+	layer    prometheus.Histogram
+	request  prometheus.Histogram
+	caches   prometheus.Gauge
+	faults   prometheus.Counter
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		requests: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_inject_requests_total", Help: "Inject requests served.",
+		}),
+		chunks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_inject_chunks_total", Help: "Chunks of inject requests, by result (exact, approximate, miss).",
+		}, []string{"result"}),
+		decoded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_inject_decoded_bytes_total", Help: "Canonical KV bytes decoded from entries for injection.",
+		}),
+		written: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_inject_written_bytes_total", Help: "KV bytes written into registered caches.",
+		}),
+		layer: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvmesh_inject_layer_seconds",
+			Help:    "Pipeline latency of one layer: from the start of its decode to the last of its chunks written.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
+		}),
+		request: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "kvmesh_inject_request_seconds", Help: "Inject request latency, fetch included.",
+			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 18),
+		}),
+		caches: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvmesh_inject_registered_caches", Help: "KV caches registered for injection.",
+		}),
+		faults: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_inject_faults_total", Help: "Inject requests stopped by a fault in registered memory.",
+		}),
+	}
+}
+
+func (m *metrics) all() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults}
+}
+
+// Describe implements prometheus.Collector.
+func (s *Service) Describe(ch chan<- *prometheus.Desc) {
+	for _, c := range s.m.all() {
+		c.Describe(ch)
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (s *Service) Collect(ch chan<- prometheus.Metric) {
+	for _, c := range s.m.all() {
+		c.Collect(ch)
+	}
+}

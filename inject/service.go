@@ -1,0 +1,460 @@
+package inject
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"sync"
+	"unsafe"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+)
+
+// Match is how a stored entry fits a wanted chunk.
+type Match uint8
+
+const (
+	// Miss: no usable entry; the engine prefills the chunk.
+	Miss Match = iota
+	// Approximate: another encoding of the same tokens (standalone, a
+	// window, another prefix).
+	Approximate
+	// Exact: encoded after the wanted context; identical to prefill.
+	Exact
+)
+
+func (m Match) String() string {
+	switch m {
+	case Exact:
+		return "exact"
+	case Approximate:
+		return "approximate"
+	}
+	return "miss"
+}
+
+// Fetched is a Fetcher's answer for one chunk.
+type Fetched struct {
+	// Blob is the encoded entry (chunk.Encode's format). The Service only
+	// reads it, until it calls Release.
+	Blob []byte
+	// Release, if not nil, is called exactly once when the Service is done
+	// with Blob (a kvtier Handle's Release, a pooled buffer's return).
+	Release func()
+	// Match is Exact when Blob's context is the wanted one, Approximate
+	// for another encoding of the content, Miss when nothing was found
+	// (Blob empty). The Service re-derives it from Blob's header, which is
+	// authoritative.
+	Match Match
+}
+
+// Fetcher finds the best stored entry for key (the wanted context in
+// key.Context). The node implements it: the local kvtier Store's Best and
+// Get first, else a replica over gRPC. It is called concurrently. An error
+// makes the chunk a MISS (the engine prefills it), never fails the request.
+type Fetcher interface {
+	Fetch(ctx context.Context, key chunk.Key) (Fetched, error)
+}
+
+// ModelSource resolves a model fingerprint to its spec (the node's model
+// registry).
+type ModelSource interface {
+	Model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec, error)
+}
+
+// Config configures a Service. Zero fields take the defaults below.
+type Config struct {
+	// Fetcher finds entries (required).
+	Fetcher Fetcher
+	// Models resolves the fingerprint of a Descriptor without a Spec; nil
+	// means every Descriptor must carry its Spec.
+	Models ModelSource
+	// Workers is the number of goroutines that decode and rotate, shared by
+	// all requests. Default runtime.GOMAXPROCS(0).
+	Workers int
+	// FetchParallel bounds the concurrent Fetch calls of one request.
+	// Default 16.
+	FetchParallel int
+	// DecodeAhead is how many layers decoding may run ahead of rotation;
+	// each costs one buffer of a decoded layer of all hits. Default 2.
+	DecodeAhead int
+	// MaxCaches bounds the registrations. Default 16.
+	MaxCaches int
+	// MaxChunks bounds the chunks of one request. Default 4096.
+	MaxChunks int
+	// ShmDirs are the directories whose files Register may map (besides
+	// /proc/<pid>/fd/<n> memfds). Default ["/dev/shm"].
+	ShmDirs []string
+	// Limits bound the entries accepted. Zero means chunk.DefaultLimits.
+	Limits chunk.Limits
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultFetchParallel = 16
+	DefaultDecodeAhead   = 2
+	DefaultMaxCaches     = 16
+	DefaultMaxChunks     = 4096
+)
+
+// Service registers KV caches and injects chunks into them. It is safe
+// for concurrent use; Close stops it.
+type Service struct {
+	cfg   Config
+	log   *slog.Logger
+	m     *metrics
+	tasks chan task
+	quit  chan struct{}
+	wg    sync.WaitGroup // workers
+	base  context.Context
+	stop  context.CancelFunc
+	bufs  sync.Pool // *[]byte: decoded-layer buffers
+
+	mu       sync.Mutex // guards the fields below and every cache's refs/gone
+	closed   bool
+	caches   map[CacheID]*cache
+	next     CacheID
+	inflight sync.WaitGroup // Add under mu while !closed
+}
+
+// New starts a Service and its workers.
+func New(cfg Config) (*Service, error) {
+	if cfg.Fetcher == nil {
+		return nil, errors.New("inject: Config.Fetcher is required")
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = runtime.GOMAXPROCS(0)
+	}
+	if cfg.FetchParallel <= 0 {
+		cfg.FetchParallel = DefaultFetchParallel
+	}
+	if cfg.DecodeAhead <= 0 {
+		cfg.DecodeAhead = DefaultDecodeAhead
+	}
+	if cfg.MaxCaches <= 0 {
+		cfg.MaxCaches = DefaultMaxCaches
+	}
+	if cfg.MaxChunks <= 0 {
+		cfg.MaxChunks = DefaultMaxChunks
+	}
+	if len(cfg.ShmDirs) == 0 {
+		cfg.ShmDirs = []string{"/dev/shm"}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Service{
+		cfg:    cfg,
+		log:    cfg.Logger,
+		m:      newMetrics(),
+		tasks:  make(chan task, 4*cfg.Workers),
+		quit:   make(chan struct{}),
+		caches: map[CacheID]*cache{},
+	}
+	s.base, s.stop = context.WithCancel(context.Background())
+	for i := 0; i < cfg.Workers; i++ {
+		w := &worker{inj: cudakern.NewInjector(cudakern.Config{Workers: 1})}
+		s.wg.Add(1)
+		go s.work(w)
+	}
+	return s, nil
+}
+
+// Close cancels the requests in flight, waits for them, stops the workers
+// and unmaps every registration.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	s.mu.Unlock()
+	s.stop()
+	s.inflight.Wait()
+	close(s.quit)
+	s.wg.Wait()
+	s.mu.Lock()
+	caches := s.caches
+	s.caches = map[CacheID]*cache{}
+	s.mu.Unlock()
+	for _, c := range caches {
+		if c.unmap != nil {
+			c.unmap()
+		}
+	}
+	s.m.caches.Set(0)
+	return nil
+}
+
+// Register maps the shared memory d names and registers it. CUDA IPC
+// memory returns ErrUnsupported; in-process memory goes through
+// RegisterInProcess.
+func (s *Service) Register(ctx context.Context, d Descriptor) (CacheID, error) {
+	switch d.Memory.Kind {
+	case MemoryShm:
+	case MemoryCUDAIPC:
+		return 0, fmt.Errorf("%w: %v (CUDA IPC needs the cuda build)", ErrUnsupported, d.Memory.Kind)
+	case MemoryInProcess:
+		return 0, fmt.Errorf("%w: in-process memory goes through RegisterInProcess", ErrInvalidCache)
+	default:
+		return 0, fmt.Errorf("%w: memory kind %v", ErrInvalidCache, d.Memory.Kind)
+	}
+	c, err := s.prepare(ctx, &d)
+	if err != nil {
+		return 0, err
+	}
+	follow, err := checkShmPath(d.Memory.Path, s.cfg.ShmDirs)
+	if err != nil {
+		return 0, err
+	}
+	offs, end, err := shmOffsets(&d.Memory, c.layouts)
+	if err != nil {
+		return 0, err
+	}
+	c.desc.Memory.Offsets = offs
+	if c.layers, c.unmap, err = mapShm(d.Memory.Path, follow, offs, c.layouts, end); err != nil {
+		return 0, err
+	}
+	c.shared = true
+	return s.add(c)
+}
+
+// RegisterInProcess registers layers, one slice per layer of d, each its
+// layout's LayerBytes long and not overlapping another. The Service
+// writes into them until Unregister returns (or an inject that started
+// before it ends). d.Memory.Kind must be MemoryInProcess or zero.
+func (s *Service) RegisterInProcess(ctx context.Context, d Descriptor, layers [][]byte) (CacheID, error) {
+	if d.Memory.Kind != MemoryInProcess && d.Memory.Kind != MemoryInvalid {
+		return 0, fmt.Errorf("%w: memory kind %v given to RegisterInProcess", ErrInvalidCache, d.Memory.Kind)
+	}
+	d.Memory = Memory{Kind: MemoryInProcess}
+	c, err := s.prepare(ctx, &d)
+	if err != nil {
+		return 0, err
+	}
+	if len(layers) != d.Layers {
+		return 0, fmt.Errorf("%w: %d layer slices for %d layers", ErrInvalidCache, len(layers), d.Layers)
+	}
+	type span struct{ lo, hi uintptr }
+	spans := make([]span, len(layers))
+	for l, b := range layers {
+		if len(b) != c.layouts[l].LayerBytes() {
+			return 0, fmt.Errorf("%w: layer %d of %d bytes, layout needs %d", ErrInvalidCache, l, len(b), c.layouts[l].LayerBytes())
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		spans[l] = span{p, p + uintptr(len(b))}
+	}
+	slices.SortFunc(spans, func(a, b span) int {
+		if a.lo < b.lo {
+			return -1
+		}
+		if a.lo > b.lo {
+			return 1
+		}
+		return 0
+	})
+	for i := 1; i < len(spans); i++ {
+		if spans[i].lo < spans[i-1].hi {
+			return 0, fmt.Errorf("%w: layer slices overlap", ErrInvalidCache)
+		}
+	}
+	c.layers = slices.Clone(layers)
+	return s.add(c)
+}
+
+// prepare resolves the spec and validates the geometry of d.
+func (s *Service) prepare(ctx context.Context, d *Descriptor) (*cache, error) {
+	spec := d.Spec
+	if spec.Family != "" {
+		if err := spec.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrInvalidCache, err)
+		}
+		if fp := spec.Fingerprint(); fp != d.Fingerprint {
+			return nil, fmt.Errorf("%w: spec fingerprint %v, descriptor says %v", ErrInvalidCache, fp, d.Fingerprint)
+		}
+	} else {
+		if s.cfg.Models == nil {
+			return nil, fmt.Errorf("%w: no spec and no model source to resolve %v", ErrInvalidCache, d.Fingerprint)
+		}
+		var err error
+		if spec, err = s.cfg.Models.Model(ctx, d.Fingerprint); err != nil {
+			return nil, fmt.Errorf("inject: model %v: %w", d.Fingerprint, err)
+		}
+		if spec.Fingerprint() != d.Fingerprint {
+			return nil, fmt.Errorf("%w: model source returned a spec of another fingerprint", ErrInvalidCache)
+		}
+	}
+	layouts, lo, hi, err := checkGeometry(d, spec)
+	if err != nil {
+		return nil, err
+	}
+	maxPos := d.MaxPositions
+	if maxPos == 0 {
+		maxPos = DefaultMaxPositions
+	}
+	rope, err := cudakern.NewRopeTable(spec, maxPos)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidCache, err)
+	}
+	return &cache{desc: *d, spec: spec, rope: rope, layouts: layouts, headLo: lo, headHi: hi}, nil
+}
+
+func (s *Service) add(c *cache) (CacheID, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fail := func(err error) (CacheID, error) {
+		if c.unmap != nil {
+			c.unmap()
+		}
+		return 0, err
+	}
+	if s.closed {
+		return fail(ErrClosed)
+	}
+	if len(s.caches) >= s.cfg.MaxCaches {
+		return fail(fmt.Errorf("%w: %d held", ErrTooManyCaches, len(s.caches)))
+	}
+	s.next++
+	c.id = s.next
+	s.caches[c.id] = c
+	s.m.caches.Set(float64(len(s.caches)))
+	s.log.Info("inject: cache registered", "id", c.id, "model", c.desc.Fingerprint, "memory", c.desc.Memory.Kind,
+		"layers", c.desc.Layers, "heads", fmt.Sprintf("[%d,%d)", c.headLo, c.headHi), "layer_bytes", c.layouts[0].LayerBytes())
+	return c.id, nil
+}
+
+// Unregister removes a registration. An inject already using it finishes
+// first; the memory is unmapped when the last one ends.
+func (s *Service) Unregister(id CacheID) error {
+	s.mu.Lock()
+	c, ok := s.caches[id]
+	if !ok {
+		s.mu.Unlock()
+		return fmt.Errorf("%w: %d", ErrUnknownCache, id)
+	}
+	delete(s.caches, id)
+	s.m.caches.Set(float64(len(s.caches)))
+	c.gone = true
+	unmap := c.refs == 0
+	s.mu.Unlock()
+	if unmap && c.unmap != nil {
+		c.unmap()
+	}
+	return nil
+}
+
+// Caches is the number of registrations.
+func (s *Service) Caches() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.caches)
+}
+
+func (s *Service) acquire(id CacheID) (*cache, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	c, ok := s.caches[id]
+	if !ok {
+		return nil, fmt.Errorf("%w: %d", ErrUnknownCache, id)
+	}
+	c.refs++
+	s.inflight.Add(1)
+	return c, nil
+}
+
+func (s *Service) releaseCache(c *cache) {
+	s.mu.Lock()
+	c.refs--
+	unmap := c.gone && c.refs == 0
+	s.mu.Unlock()
+	if unmap && c.unmap != nil {
+		c.unmap()
+	}
+	s.inflight.Done()
+}
+
+// worker is one pipeline goroutine's state: its own single-threaded
+// injector (so workers rotate different chunks at once) and reusable
+// scratch.
+type worker struct {
+	inj     *cudakern.Injector
+	job     cudakern.Job
+	dst     [1][]byte
+	scratch []byte
+}
+
+type stageKind uint8
+
+const (
+	stageDecode stageKind = iota
+	stageRotate
+)
+
+// task is hits [lo, hi) of one layer of one request, for one stage. It is
+// sent by value, so submitting allocates nothing.
+type task struct {
+	r      *request
+	kind   stageKind
+	layer  int
+	lo, hi int
+	wg     *sync.WaitGroup
+}
+
+func (s *Service) work(w *worker) {
+	defer s.wg.Done()
+	defer w.inj.Close()
+	// A registered shared-memory file that its owner shrinks makes our
+	// mapping fault; turn that into an error instead of a crash.
+	debug.SetPanicOnFault(true)
+	for {
+		select {
+		case <-s.quit:
+			return
+		case t := <-s.tasks:
+			s.run(w, t)
+		}
+	}
+}
+
+func (s *Service) run(w *worker, t task) {
+	defer t.wg.Done()
+	defer func() {
+		if p := recover(); p != nil {
+			if _, ok := p.(interface{ Addr() uintptr }); !ok {
+				panic(p)
+			}
+			t.r.faulted.Store(true)
+			t.r.cancel()
+		}
+	}()
+	for i := t.lo; i < t.hi; i++ {
+		if t.r.ctx.Err() != nil {
+			return
+		}
+		if t.kind == stageDecode {
+			t.r.decode(w, t.layer, i)
+		} else {
+			t.r.rotate(w, t.layer, i)
+		}
+	}
+}
+
+func (s *Service) getBuf(n int) *[]byte {
+	if b, ok := s.bufs.Get().(*[]byte); ok && cap(*b) >= n {
+		*b = (*b)[:n]
+		return b
+	}
+	b := make([]byte, n)
+	return &b
+}
