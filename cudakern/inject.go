@@ -193,6 +193,7 @@ func (j *Job) plan() (plan, error) {
 type Injector struct {
 	workers int
 	simd    bool
+	ntMin   int // ntMinBytes; tests lower it to cover the NT kernels
 
 	mu     sync.Mutex // held for a whole call; guards closed and p
 	closed bool
@@ -219,6 +220,7 @@ func NewInjector(cfg Config) *Injector {
 	in := &Injector{
 		workers: w,
 		simd:    !cfg.NoSIMD && hasSIMD(),
+		ntMin:   ntMinBytes,
 		start:   make(chan struct{}, w),
 		done:    make(chan struct{}, w),
 		quit:    make(chan struct{}),
@@ -288,7 +290,7 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 	}
 	p.cancel = ctx.Done()
 	p.simd = in.simd
-	p.nt = p.useNT()
+	p.nt = p.useNT(in.ntMin)
 	in.p = p
 	in.next.Store(0)
 	in.stopped.Store(false)
@@ -316,12 +318,12 @@ const ntMinBytes = 4 << 20
 // useNT reports whether the SIMD kernels should store non-temporally: the
 // job is large, a same-dtype NeoX kernel runs, and every destination row
 // and half row is aligned for the vector stores.
-func (p *plan) useNT() bool {
+func (p *plan) useNT(minBytes int) bool {
 	if !p.simd || p.kernel == kernelGeneric || p.Rope.half%8 != 0 {
 		return false
 	}
 	row := p.Layout.HeadDim * p.dstES
-	if row%64 != 0 || len(p.Dst)*2*p.Tokens*p.heads*row < ntMinBytes {
+	if row%64 != 0 || len(p.Dst)*2*p.Tokens*p.heads*row < minBytes {
 		return false
 	}
 	for _, d := range p.Dst {

@@ -118,7 +118,7 @@ func buildJob(t testing.TB, rng *rand.Rand, c jobCase, tab *RopeTable) (*Job, []
 	perm := rng.Perm(c.layout.Slots())
 	slots := make([]int, c.tokens)
 	for i := range slots {
-		slots[i] = perm[i]
+		slots[i] = perm[i%len(perm)]
 		if c.skipEvery > 0 && i%c.skipEvery == c.skipEvery-1 {
 			slots[i] = -1
 		}
@@ -126,7 +126,7 @@ func buildJob(t testing.TB, rng *rand.Rand, c jobCase, tab *RopeTable) (*Job, []
 	dst := make([][]byte, c.layers)
 	guard := make([][]byte, c.layers)
 	for i := range dst {
-		dst[i] = make([]byte, c.layout.LayerBytes())
+		dst[i] = aligned(c.layout.LayerBytes()) // lets the NT kernels run
 		for k := range dst[i] {
 			dst[i][k] = byte(rng.Uint32())
 		}
@@ -171,8 +171,12 @@ func checkJob(t *testing.T, j *Job, guard [][]byte) (over1, total int) {
 			}
 		}
 		src := j.Src[layer*layerBytes:]
+		last := map[int]int{} // slot -> the token that wins it
 		for tok, slot := range j.Slots {
-			if slot < 0 {
+			last[slot] = tok
+		}
+		for tok, slot := range j.Slots {
+			if slot < 0 || last[slot] != tok {
 				continue
 			}
 			for h := 0; h < l.KVHeads; h++ {
@@ -226,8 +230,21 @@ func checkJob(t *testing.T, j *Job, guard [][]byte) (over1, total int) {
 var allDTypes = []chunk.DType{chunk.F32, chunk.F16, chunk.BF16, chunk.FP8E4M3}
 
 func TestInjectMatchesReference(t *testing.T) {
+	for _, nt := range []bool{false, true} {
+		name := "cached-stores"
+		if nt {
+			name = "nt-stores"
+		}
+		t.Run(name, func(t *testing.T) { testInjectMatchesReference(t, nt) })
+	}
+}
+
+func testInjectMatchesReference(t *testing.T, nt bool) {
 	in := NewInjector(Config{Workers: 3})
 	defer in.Close()
+	if nt {
+		in.ntMin = 0 // every aligned job takes the non-temporal kernels
+	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	vs := variants()
 	n := 0
@@ -253,6 +270,16 @@ func TestInjectMatchesReference(t *testing.T) {
 					c := jobCase{spec: v.spec, srcDT: srcDT, srcScale: srcScale, layout: lay, tokens: 19, srcHeads: 4,
 						lo: 1, hi: 3, pos: 2900, layers: 3, skipEvery: 5}
 					j, guard := buildJob(t, rng, c, tab)
+					if nt && hasSIMD() && srcDT == dstDT && dstDT != chunk.FP8E4M3 && v.spec.RopeStyle == chunk.RopeNeoX {
+						p, err := j.plan()
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.simd = true
+						if !p.useNT(0) {
+							t.Fatal("this job should take the NT kernels")
+						}
+					}
 					if err := in.Inject(context.Background(), j); err != nil {
 						t.Fatal(err)
 					}

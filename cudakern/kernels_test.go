@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -28,10 +29,11 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 				return &plan{Job: Job{Rope: tab, SrcDType: dt, Layout: CacheLayout{HeadDim: shape.hd, DType: dt}},
 					srcES: dt.Size(), kernel: kind, simd: simd}
 			}
-			fast, slow := mk(true), mk(false)
+			fast, slow, nt := mk(true), mk(false), mk(true)
+			nt.nt = shape.rot%16 == 0 // the NT kernels need aligned halves
 			es := dt.Size()
 			src := make([]byte, shape.hd*es)
-			a, b := make([]byte, len(src)), make([]byte, len(src))
+			a, b, a2 := aligned(len(src)), make([]byte, len(src)), aligned(len(src))
 			x := make([]float32, shape.hd)
 			for n := 0; n < 600; n++ {
 				for i := range src {
@@ -45,6 +47,11 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 				c, s := tab.Row(rng.IntN(tab.MaxPositions()))
 				fast.rotKey(a, src, c, s, x)
 				slow.rotKey(b, src, c, s, x)
+				nt.rotKey(a2, src, c, s, x)
+				sfence()
+				if string(a) != string(a2) {
+					t.Fatalf("%v hd %d rot %d: NT kernel %x, cached %x", dt, shape.hd, shape.rot, a2, a)
+				}
 				for i := 0; i < shape.hd; i++ {
 					va, vb := decode(a, dt, i), decode(b, dt, i)
 					if math.IsNaN(va) && math.IsNaN(vb) {
@@ -55,6 +62,39 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 							a[i*es:(i+1)*es], b[i*es:(i+1)*es], src)
 					}
 				}
+			}
+		}
+	}
+}
+
+// aligned returns n zero bytes starting on a 64-byte boundary.
+func aligned(n int) []byte {
+	b := make([]byte, n+64)
+	off := int(-uintptr(unsafe.Pointer(&b[0])) & 63)
+	return b[off : off+n : off+n]
+}
+
+func TestCopyNT(t *testing.T) {
+	if !hasSIMD() {
+		t.Skip("no SIMD kernels on this machine")
+	}
+	src := make([]byte, 4096)
+	for i := range src {
+		src[i] = byte(i * 7)
+	}
+	for _, n := range []int{64, 128, 256, 4096} {
+		dst := aligned(n + 64)
+		for i := range dst {
+			dst[i] = 0xee
+		}
+		copyNT(&dst[0], &src[0], n)
+		sfence()
+		if string(dst[:n]) != string(src[:n]) {
+			t.Fatalf("copyNT %d bytes: wrong copy", n)
+		}
+		for _, g := range dst[n:] {
+			if g != 0xee {
+				t.Fatalf("copyNT %d bytes wrote past the end", n)
 			}
 		}
 	}

@@ -1,0 +1,89 @@
+package cudakern
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// FuzzInject drives Inject with arbitrary geometry, head ranges, slots and
+// buffer sizes. Whatever the input: a rejected job writes nothing, and an
+// accepted one writes exactly the named slots, each within the reference
+// tolerance.
+func FuzzInject(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 0, 1, 3, 1, 2, 0, 2, 5, 0, 0, 0, 0, 1, 2, 3, 4, 5})
+	f.Add([]byte{1, 0x31, 2, 7, 0, 3, 2, 4, 1, 3, 9, 1, 2, 0xfe, 3, 0xff, 7, 1, 0, 2})
+	f.Add([]byte{3, 0x22, 1, 0, 5, 1, 0, 1, 9, 9, 4, 0, 0, 0x80, 0x7f, 3})
+	f.Add([]byte{2, 0x13, 3, 3, 3, 2, 1, 3, 0, 3, 12, 2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+	in := NewInjector(Config{Workers: 2})
+	f.Cleanup(in.Close)
+	dts := []chunk.DType{chunk.F32, chunk.F16, chunk.BF16, chunk.FP8E4M3, 0}
+	hds := []int{2, 8, 16, 18}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		at := func(i int) int {
+			if i < len(data) {
+				return int(data[i])
+			}
+			return 0
+		}
+		style := chunk.RopeNeoX
+		if at(0)&1 == 1 {
+			style = chunk.RopeGPTJ
+		}
+		order := NHD
+		if at(0)&2 != 0 {
+			order = HND
+		}
+		hd := hds[at(2)%len(hds)]
+		rot := 0
+		if at(0)&4 != 0 {
+			rot = 2
+		}
+		spec := testSpec(style, hd, rot, chunk.RopeScaling{})
+		tab, err := NewRopeTable(spec, 40)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lay := CacheLayout{Order: order, NumBlocks: 1 + at(3)%4, BlockSize: 1 + at(4)%8, KVHeads: 1 + at(5)%3,
+			HeadDim: hd, DType: dts[(at(1)>>4)%len(dts)], KScale: float32(at(6)%3) / 2}
+		srcDT := dts[(at(1)&15)%len(dts)]
+		srcHeads := 1 + at(7)%4
+		tokens := at(10) % 13
+		layers := at(11) % 3
+		c := jobCase{srcDT: chunk.F16, layout: lay, tokens: tokens, srcHeads: srcHeads, layers: layers}
+		if lay.Validate() != nil || !srcDT.Valid() {
+			// buildJob needs a valid layout and dtype; the job gets the
+			// broken ones after.
+			c.layout.DType, c.layout.Order = chunk.F16, NHD
+		} else {
+			c.srcDT = srcDT
+		}
+		j, guard := buildJob(t, rand.New(rand.NewPCG(uint64(len(data)), 1)), c, tab)
+		j.Layout, j.SrcDType = lay, srcDT
+		j.HeadLo, j.HeadHi = at(8)%6-1, at(9)%6-1
+		j.Pos = at(12) % 40
+		for i := range j.Slots {
+			j.Slots[i] = int(int8(at(13+i))) % (lay.NumBlocks*lay.BlockSize + 2)
+		}
+		if d := at(1) >> 7; d != 0 && len(j.Src) > 0 {
+			j.Src = j.Src[:len(j.Src)-1]
+		}
+		err = in.Inject(context.Background(), j)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidJob) && !errors.Is(err, ErrInvalidLayout) {
+				t.Fatalf("unexpected error class: %v", err)
+			}
+			for l := range j.Dst {
+				if !bytes.Equal(j.Dst[l], guard[l]) {
+					t.Fatalf("rejected job (%v) wrote layer %d", err, l)
+				}
+			}
+			return
+		}
+		checkJob(t, j, guard)
+	})
+}
