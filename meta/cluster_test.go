@@ -342,3 +342,62 @@ func TestReconcileVotersAndRing(t *testing.T) {
 		return len(v)+len(nv) == 5 && !slices.Contains(v, leaver) && !slices.Contains(nv, leaver)
 	})
 }
+
+// TestLateJoinerDoesNotBootstrap starts a node whose ID sorts first, with
+// BootstrapExpect set, next to a running cluster: the leader adds it and
+// it never bootstraps a cluster of its own.
+func TestLateJoinerDoesNotBootstrap(t *testing.T) {
+	c := newCluster(t, 3)
+	for i := 1; i <= 3; i++ {
+		c.start(nodeID(i))
+	}
+	c.leader()
+	c.waitAgree([]string{nodeID(1), nodeID(2), nodeID(3)})
+	if _, err := c.leader().RegisterModel(ctxT(t), testSpec(1)); err != nil {
+		t.Fatal(err)
+	}
+	// A generous wait: the leader adds the node well before it.
+	c.tweak = func(cfg *Config) { cfg.BootstrapWait = waitTimeout }
+	late := c.start(nodeID(0))
+	c.waitAgree(ids(4))
+	eventually(t, "late node is a voter with the state", func() bool {
+		v, _ := voters(t, c.leader())
+		_, ok := late.Model(testSpec(1).Fingerprint())
+		return slices.Equal(v, ids(4)) && ok
+	})
+	if late.bootstrapped.Load() {
+		t.Fatal("late joiner bootstrapped its own cluster")
+	}
+}
+
+// TestRestartOnNewPort restarts a follower on another raft port: the
+// leader updates its address in raft and the ring, and it catches up.
+func TestRestartOnNewPort(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.waitAgree(ids(3))
+	f := c.follower()
+	id, oldAddr := f.NodeID(), f.RaftAddr()
+	c.stop(id)
+	delete(c.addrs, id)
+	if _, err := c.leader().RegisterModel(ctxT(t), testSpec(7)); err != nil {
+		t.Fatal(err)
+	}
+	s := c.start(id)
+	if s.RaftAddr() == oldAddr {
+		t.Skip("kernel handed out the same port again")
+	}
+	c.waitAgree(ids(3))
+	eventually(t, "new address in raft and ring, state caught up", func() bool {
+		l := c.leader()
+		servers, err := l.Servers()
+		if err != nil {
+			return false
+		}
+		m, _ := l.Ring().Member(id)
+		_, ok := s.Model(testSpec(7).Fingerprint())
+		return slices.Contains(servers, Server{ID: id, RaftAddr: s.RaftAddr(), Voter: true}) && m.RaftAddr == s.RaftAddr() && ok
+	})
+}

@@ -47,6 +47,12 @@ type Config struct {
 	// smallest IDs bootstrap together. 1 bootstraps alone at once; 0 never
 	// bootstraps (the node waits for a leader to add it).
 	BootstrapExpect int
+	// BootstrapWait is how long the chosen bootstrap set must stay the same
+	// before this node bootstraps. It gives the leader of an existing
+	// cluster time to add a node started with BootstrapExpect whose ID
+	// sorts first, before it would bootstrap a second, divergent cluster.
+	// Default 2*ReconcileInterval + 2*HeartbeatTimeout.
+	BootstrapWait time.Duration
 	// Peers is the gossip membership; nil means this node alone (useful
 	// with BootstrapExpect 1). SetPeers sets it after Open when gossip is
 	// started later, since gossip needs RaftAddr first.
@@ -135,6 +141,7 @@ func (c Config) withDefaults() (Config, error) {
 	def(&c.LeaderLeaseTimeout, 500*time.Millisecond)
 	def(&c.CommitTimeout, 50*time.Millisecond)
 	def(&c.SnapshotInterval, DefaultSnapshotInterval)
+	def(&c.BootstrapWait, 2*c.ReconcileInterval+2*c.HeartbeatTimeout)
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		c.LeaderLeaseTimeout = c.HeartbeatTimeout
 	}

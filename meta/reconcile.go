@@ -19,7 +19,8 @@ import (
 // (the BootstrapExpect smallest IDs), so they all bootstrap one identical
 // configuration; nodes outside it wait to be added by the leader. A node
 // that has already joined a cluster (it has log entries or knows a leader)
-// never bootstraps.
+// never bootstraps, and one that waits BootstrapWait first gives an
+// existing leader the time to add it instead.
 func (s *Store) tryBootstrap() {
 	if s.raft.LastIndex() > 0 {
 		s.needBootstrap = false
@@ -42,6 +43,11 @@ func (s *Store) tryBootstrap() {
 	if !slices.Contains(ids, s.cfg.NodeID) {
 		return
 	}
+	// Alone in gossip (or without gossip) nobody could add this node, so
+	// waiting would gain nothing.
+	if len(alive) > 1 && !s.bootSettled(ids) {
+		return
+	}
 	var conf raft.Configuration
 	for i, id := range ids {
 		addr := alive[id].RaftAddr
@@ -61,6 +67,7 @@ func (s *Store) tryBootstrap() {
 	err := s.raft.BootstrapCluster(conf).Error()
 	switch {
 	case err == nil:
+		s.bootstrapped.Store(true)
 		s.log.Info("meta: bootstrapped cluster", "servers", ids)
 	case errors.Is(err, raft.ErrCantBootstrap):
 	default:
@@ -68,6 +75,17 @@ func (s *Store) tryBootstrap() {
 		return
 	}
 	s.needBootstrap = false
+}
+
+// bootSettled reports whether the bootstrap set ids has been chosen,
+// unchanged, for BootstrapWait.
+func (s *Store) bootSettled(ids []string) bool {
+	now := time.Now()
+	if !slices.Equal(ids, s.bootSet) {
+		s.bootSet, s.bootSince = ids, now
+		return false
+	}
+	return now.Sub(s.bootSince) >= s.cfg.BootstrapWait
 }
 
 // reconcile runs on the leader: it makes raft's configuration and the ring

@@ -33,6 +33,7 @@ type Store struct {
 	walMeta  *metadb.BoltMetaDB // raft-wal's Close leaves it open
 	lock     *os.File           // flock on DataDir/raft/LOCK
 	raftAddr string
+	trans    *guardedTransport
 	peers    atomic.Pointer[peersBox]
 
 	watchMu     sync.Mutex
@@ -53,6 +54,9 @@ type Store struct {
 
 	// Owned by the loop goroutine.
 	needBootstrap bool
+	bootSet       []string  // the bootstrap set last chosen
+	bootSince     time.Time // since when it is unchanged
+	bootstrapped  atomic.Bool
 	missingSince  map[string]time.Time
 }
 
@@ -123,6 +127,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		return nil, fmt.Errorf("meta: inspect raft state: %w", err)
 	}
 
+	gt := &guardedTransport{NetworkTransport: trans}
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(cfg.NodeID)
 	rc.Logger = newHCLog(log, "raft")
@@ -146,6 +151,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		walMeta:       walMeta,
 		lock:          lock,
 		raftAddr:      string(trans.LocalAddr()),
+		trans:         gt,
 		watchers:      make(map[uint64]chan struct{}),
 		obsCh:         make(chan raft.Observation, 16),
 		wake:          make(chan struct{}, 1),
@@ -154,7 +160,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.peers.Store(&peersBox{cfg.Peers})
 	s.fsm = newFSM(s.notify)
-	r, err := raft.NewRaft(rc, s.fsm, wal, wal, snaps, trans)
+	r, err := raft.NewRaft(rc, s.fsm, wal, wal, snaps, gt)
 	if err != nil {
 		_ = trans.Close()
 		return nil, fmt.Errorf("meta: start raft: %w", err)
@@ -186,6 +192,7 @@ func (s *Store) Close() error {
 		s.cancel()
 		s.raft.DeregisterObserver(s.observer)
 		err := s.raft.Shutdown().Error()
+		s.trans.fence()
 		s.wg.Wait()
 		if werr := s.wal.Close(); err == nil {
 			err = werr

@@ -1,0 +1,254 @@
+package meta
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math"
+	"reflect"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+func mustEncode(t testing.TB, kind cmdKind, payload any) []byte {
+	t.Helper()
+	b, err := encodeCommand(kind, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func member(id string) ring.Member {
+	return ring.Member{ID: id, GRPCAddr: "grpc-" + id, RaftAddr: "raft-" + id, Weight: 2}
+}
+
+// TestFSMApply drives the FSM through a sequence of commands, valid and
+// not, checking the result and the state after each.
+func TestFSMApply(t *testing.T) {
+	badSpec := testSpec(1)
+	badSpec.HeadDim = 3
+	f := newFSM(nil)
+	type want struct {
+		err     error
+		models  int
+		epoch   uint64
+		members []string
+		set     Settings
+	}
+	def := DefaultSettings()
+	custom := Settings{ReplicationFactor: 5, WriteQuorum: 3, Codec: chunk.CodecInt8}
+	steps := []struct {
+		name string
+		cmd  []byte
+		want want
+	}{
+		{"register", mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
+		{"register again", mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
+		{"register other", mustEncode(t, kindRegisterModel, registerModel{testSpec(2)}), want{nil, 2, 0, nil, def}},
+		{"invalid spec", mustEncode(t, kindRegisterModel, registerModel{badSpec}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
+		{"settings", mustEncode(t, kindSetSettings, custom), want{nil, 2, 0, nil, custom}},
+		{"settings W>R", mustEncode(t, kindSetSettings, Settings{2, 3, chunk.CodecRaw}), want{ErrInvalidCommand, 2, 0, nil, custom}},
+		{"settings R=0", mustEncode(t, kindSetSettings, Settings{0, 0, chunk.CodecRaw}), want{ErrInvalidCommand, 2, 0, nil, custom}},
+		{"settings codec", mustEncode(t, kindSetSettings, Settings{1, 1, chunk.Codec(77)}), want{ErrInvalidCommand, 2, 0, nil, custom}},
+		{"ring add", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("b"), member("a")}}), want{nil, 2, 1, []string{"a", "b"}, custom}},
+		{"ring stale", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("c")}}), want{ErrStaleEpoch, 2, 1, []string{"a", "b"}, custom}},
+		{"ring no-op", mustEncode(t, kindRingChange, ringChange{Epoch: 1, Upsert: []ring.Member{member("a")}, Remove: []string{"zz"}}), want{nil, 2, 1, []string{"a", "b"}, custom}},
+		{"ring add+remove", mustEncode(t, kindRingChange, ringChange{Epoch: 1, Upsert: []ring.Member{member("c")}, Remove: []string{"a"}}), want{nil, 2, 2, []string{"b", "c"}, custom}},
+		{"ring readdress", mustEncode(t, kindRingChange, ringChange{Epoch: 2, Upsert: []ring.Member{{ID: "b", GRPCAddr: "new"}}}), want{nil, 2, 3, []string{"b", "c"}, custom}},
+		{"ring empty", mustEncode(t, kindRingChange, ringChange{Epoch: 3}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"ring dup", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("d")}, Remove: []string{"d"}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"ring empty id", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{{}}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"ring neg weight", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{{ID: "e", Weight: -1}}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"empty", nil, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"version", []byte{9, 1, '{', '}'}, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"kind", []byte{1, 0, '{', '}'}, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"json", []byte{1, 2, '{'}, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"json type", []byte{1, 2, '[', ']'}, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+	}
+	for i, st := range steps {
+		res := f.Apply(&raft.Log{Index: uint64(i + 1), Type: raft.LogCommand, Data: st.cmd})
+		err, _ := res.(error)
+		if st.want.err == nil && err != nil || st.want.err != nil && !errors.Is(err, st.want.err) {
+			t.Fatalf("%s: Apply = %v, want %v", st.name, res, st.want.err)
+		}
+		s := f.state()
+		var got []string
+		for _, m := range s.Members {
+			got = append(got, m.ID)
+		}
+		if len(s.Models) != st.want.models || s.Epoch != st.want.epoch || !reflect.DeepEqual(got, st.want.members) || s.Settings != st.want.set {
+			t.Fatalf("%s: state %+v", st.name, s)
+		}
+		if r := f.currentRing(); r.Epoch() != s.Epoch || r.Len() != len(s.Members) {
+			t.Fatalf("%s: ring epoch %d len %d, state %d %d", st.name, r.Epoch(), r.Len(), s.Epoch, len(s.Members))
+		}
+	}
+	if m, _ := f.member("b"); m.GRPCAddr != "new" {
+		t.Fatalf("b = %+v after readdress", m)
+	}
+	// Non-command entries are not the FSM's business.
+	if res := f.Apply(&raft.Log{Type: raft.LogNoop}); res != nil {
+		t.Fatalf("noop: %v", res)
+	}
+}
+
+type sink struct {
+	bytes.Buffer
+	canceled bool
+}
+
+func (s *sink) ID() string    { return "test" }
+func (s *sink) Cancel() error { s.canceled = true; return nil }
+func (s *sink) Close() error  { return nil }
+
+func TestSnapshotRoundTrip(t *testing.T) {
+	changes := 0
+	f := newFSM(func() { changes++ })
+	for _, cmd := range [][]byte{
+		mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}),
+		mustEncode(t, kindRegisterModel, registerModel{testSpec(2)}),
+		mustEncode(t, kindSetSettings, Settings{2, 1, chunk.CodecLossless}),
+		mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("x"), member("y")}}),
+	} {
+		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: cmd}); res != nil {
+			t.Fatal(res)
+		}
+	}
+	if changes != 4 {
+		t.Fatalf("%d change notifications, want 4", changes)
+	}
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sk sink
+	if err := snap.Persist(&sk); err != nil {
+		t.Fatal(err)
+	}
+	snap.Release()
+	if sk.Len() > 4096 {
+		t.Fatalf("snapshot of 2 models and 2 members is %d bytes", sk.Len())
+	}
+	g := newFSM(func() { changes++ })
+	if err := g.Restore(io.NopCloser(bytes.NewReader(sk.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(f.state(), g.state()) {
+		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
+	}
+	if changes != 5 {
+		t.Fatal("restore did not notify")
+	}
+	for _, bad := range []string{"", "{", `{"version":2}`, `{"version":1,"settings":{}}`,
+		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"members":[{"id":"a"},{"id":"a"}]}`,
+		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"models":[{}]}`} {
+		if err := g.Restore(io.NopCloser(bytes.NewReader([]byte(bad)))); err == nil {
+			t.Fatalf("Restore(%q) accepted", bad)
+		}
+	}
+	if !reflect.DeepEqual(f.state(), g.state()) {
+		t.Fatal("a refused restore changed the state")
+	}
+}
+
+func TestCommandRoundTrip(t *testing.T) {
+	spec := testSpec(3)
+	spec.Scaling = chunk.RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, BetaFast: 32, BetaSlow: 1, AttentionFactor: math.Pi / 3}
+	spec.RotaryDim = 64
+	spec.Salt = "tenant\x00é"
+	cases := []struct {
+		kind    cmdKind
+		payload any
+		check   func(command) bool
+	}{
+		{kindRegisterModel, registerModel{spec}, func(c command) bool {
+			return reflect.DeepEqual(c.model.Spec, spec) && c.model.Spec.Fingerprint() == spec.Fingerprint()
+		}},
+		{kindSetSettings, Settings{4, 2, chunk.CodecInt4}, func(c command) bool { return *c.settings == Settings{4, 2, chunk.CodecInt4} }},
+		{kindRingChange, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}, func(c command) bool {
+			return reflect.DeepEqual(*c.ring, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}})
+		}},
+	}
+	for _, tc := range cases {
+		b := mustEncode(t, tc.kind, tc.payload)
+		c, err := decodeCommand(b)
+		if err != nil || c.kind != tc.kind || !tc.check(c) {
+			t.Fatalf("%v: decoded %+v, %v", tc.kind, c, err)
+		}
+	}
+	if _, err := encodeCommand(kindRingChange, ringChange{Upsert: []ring.Member{{ID: "n", Weight: math.NaN()}}}); !errors.Is(err, ErrInvalidCommand) {
+		t.Fatalf("NaN weight encoded: %v", err)
+	}
+}
+
+// FuzzDecodeCommand: no input panics the decoder, and what it accepts
+// re-encodes to a command that decodes the same and applies without panic.
+func FuzzDecodeCommand(f *testing.F) {
+	f.Add(mustEncode(f, kindRegisterModel, registerModel{testSpec(1)}))
+	f.Add(mustEncode(f, kindSetSettings, DefaultSettings()))
+	f.Add(mustEncode(f, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}))
+	f.Add([]byte{})
+	f.Add([]byte{1, 3, 'n', 'u', 'l', 'l'})
+	f.Add([]byte{1, 1, '{', '"', 's', 'p', 'e', 'c', '"', ':', '1', '}'})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c, err := decodeCommand(b)
+		if err != nil {
+			if !errors.Is(err, ErrInvalidCommand) {
+				t.Fatalf("error %v does not wrap ErrInvalidCommand", err)
+			}
+			return
+		}
+		var payload any
+		switch c.kind {
+		case kindRegisterModel:
+			payload = c.model
+		case kindSetSettings:
+			payload = c.settings
+		case kindRingChange:
+			payload = c.ring
+		}
+		b2, err := encodeCommand(c.kind, payload)
+		if err != nil {
+			t.Fatalf("re-encode: %v", err)
+		}
+		c2, err := decodeCommand(b2)
+		if err != nil || !reflect.DeepEqual(c, c2) {
+			t.Fatalf("re-decode %+v, %v; want %+v", c2, err, c)
+		}
+		fsm := newFSM(nil)
+		_ = fsm.Apply(&raft.Log{Type: raft.LogCommand, Data: b})
+	})
+}
+
+// FuzzRestore: no snapshot bytes panic Restore, and a refused one leaves
+// the state as it was.
+func FuzzRestore(f *testing.F) {
+	g := newFSM(nil)
+	g.reset(snapshotState{Version: snapshotVersion, Models: []chunk.ModelSpec{testSpec(1)}, Settings: DefaultSettings(), Epoch: 3, Members: []ring.Member{member("a")}})
+	snap, _ := g.Snapshot()
+	var sk sink
+	if err := snap.Persist(&sk); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(sk.Bytes())
+	f.Add([]byte(`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1}}`))
+	f.Add([]byte("{}"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		fsm := newFSM(nil)
+		before := fsm.state()
+		if err := fsm.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+			if !reflect.DeepEqual(before, fsm.state()) {
+				t.Fatal("refused restore changed the state")
+			}
+			return
+		}
+		if s := fsm.state(); s.Settings.Validate() != nil || fsm.currentRing().Epoch() != s.Epoch {
+			t.Fatalf("accepted bad state %+v", s)
+		}
+	})
+}
