@@ -135,9 +135,14 @@ func validateShape(s Shape, lim Limits) error {
 	case s.Tokens > lim.MaxTokens || s.Layers > lim.MaxLayers || s.KVHeads > lim.MaxKVHeads || s.HeadDim > lim.MaxHeadDim:
 		return fmt.Errorf("%w: shape %+v", ErrTooLarge, s)
 	}
-	// Check the product without overflow: each factor is bounded above.
-	if int64(s.Layers)*int64(s.LayerBytes()) > int64(lim.MaxRawBytes) {
-		return fmt.Errorf("%w: %d raw bytes > %d", ErrTooLarge, int64(s.Layers)*int64(s.LayerBytes()), lim.MaxRawBytes)
+	// Multiply step by step, stopping as soon as the product passes the
+	// limit, so that no Limits (however large) can make it overflow.
+	raw, maxRaw := uint64(2*s.DType.Size()), uint64(max(lim.MaxRawBytes, 0))
+	for _, f := range [...]int{s.Tokens, s.KVHeads, s.HeadDim, s.Layers} {
+		if raw > maxRaw/uint64(f) {
+			return fmt.Errorf("%w: shape %+v exceeds %d raw bytes", ErrTooLarge, s, lim.MaxRawBytes)
+		}
+		raw *= uint64(f)
 	}
 	return nil
 }
