@@ -186,12 +186,59 @@ type Response struct {
 	Seq *Sequence
 }
 
+// InjectChunk asks a CacheInjector to place one chunk: its key (with the
+// context that would make it EXACT), its tokens, the absolute position of
+// its first token and the cache slot of every token.
+type InjectChunk struct {
+	Key    chunk.Key
+	Tokens []uint32
+	Pos    int
+	Slots  []int
+}
+
+// InjectResult is a CacheInjector's answer for one chunk.
+type InjectResult struct {
+	Match   Match
+	Context chunk.Context // of the entry written (zero on a miss)
+}
+
+// CacheInjector fills the engine's paged KV cache itself: the node-side
+// injection of DESIGN.md section 4, where the node that holds the chunks
+// fetches, decodes, rotates and scatters them into cache memory the engine
+// registered with it (see CacheMemory). For each chunk it writes post-RoPE K
+// and V into exactly the given slots and answers EXACT, APPROXIMATE or MISS;
+// it returns one result per chunk. It may write nothing else, and only
+// during the call. A chunk it reports as MISS, or a call that fails, is
+// prefilled, which overwrites whatever was written to its slots.
+type CacheInjector interface {
+	InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error)
+}
+
+// CacheMemory exposes the cache for registration with a CacheInjector: the
+// layout of every layer and the layers' bytes (little-endian float32 in
+// that layout). The memory lives as long as the engine.
+func (e *Engine) CacheMemory() (cudakern.CacheLayout, [][]byte) { return e.layout, e.cacheBytes }
+
 // Run looks up every chunk segment of req in src (nil: prefill everything,
 // which is prompt injection), injects the hits through cudakern's fused
 // rotate-and-scatter at their positions in the prompt, and prefills the rest
 // (misses and text), repairing APPROXIMATE chunks by deviation-guided
 // recomputation when req.Recompute > 0.
 func (e *Engine) Run(ctx context.Context, src ChunkSource, req Request) (*Response, error) {
+	return e.run(ctx, src, nil, req)
+}
+
+// RunInjected is Run with the chunks placed by inj (which writes the cache
+// itself) instead of looked up and injected by the engine. The time inj
+// takes is reported as Inject.
+func (e *Engine) RunInjected(ctx context.Context, inj CacheInjector, req Request) (*Response, error) {
+	if inj == nil {
+		return nil, fmt.Errorf("engine: nil injector")
+	}
+	return e.run(ctx, nil, inj, req)
+}
+
+func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, req Request) (*Response, error) {
 	if req.Recompute < 0 || req.Recompute > 1 || math.IsNaN(req.Recompute) {
 		return nil, fmt.Errorf("engine: recompute ratio %v outside [0, 1]", req.Recompute)
 	}
@@ -272,27 +319,10 @@ func (e *Engine) Run(ctx context.Context, src ChunkSource, req Request) (*Respon
 		return nil, err
 	}
 	t1 := time.Now()
-	for j, cr := range resp.Chunks {
-		if cr.Match == MatchMiss {
-			continue
-		}
-		i := cr.Segment
-		ent := entries[j]
-		lo, n := starts[i], len(req.Segments[i].Tokens)
-		job := cudakern.Job{Rope: e.rope, Src: ent.KV, SrcDType: ent.DType, Tokens: n, SrcHeads: ent.KVHeads,
-			Pos: req.StartPos + lo, Slots: s.slots[lo : lo+n], Layout: e.layout, Dst: e.cacheBytes}
-		if err := e.inj.Inject(ctx, &job); err != nil {
-			if ctx.Err() != nil {
-				return nil, err
-			}
-			e.log.Warn("engine: inject failed; prefilling the chunk", "segment", i, "err", err)
-			resp.Chunks[j].Match = MatchMiss
-			continue
-		}
-		for t := lo; t < lo+n; t++ {
-			state[t] = cr.Match
-		}
-		resp.Injected += n
+	if inj != nil {
+		e.injectRemote(ctx, inj, req, starts, s, state, resp)
+	} else if err := e.injectLocal(ctx, req, starts, s, state, entries, resp); err != nil {
+		return nil, err
 	}
 	resp.Inject = time.Since(t1)
 	t2 := time.Now()
@@ -335,6 +365,80 @@ func (e *Engine) Run(ctx context.Context, src ChunkSource, req Request) (*Respon
 		resp.Seq = s
 	}
 	return resp, nil
+}
+
+// injectLocal writes the looked-up entries through cudakern and records
+// what it placed. Called with e.mu held and the sequence grown.
+func (e *Engine) injectLocal(ctx context.Context, req Request, starts []int, s *Sequence, state []Match, entries []*chunk.Entry, resp *Response) error {
+	for j, cr := range resp.Chunks {
+		if cr.Match == MatchMiss {
+			continue
+		}
+		i := cr.Segment
+		ent := entries[j]
+		lo, n := starts[i], len(req.Segments[i].Tokens)
+		job := cudakern.Job{Rope: e.rope, Src: ent.KV, SrcDType: ent.DType, Tokens: n, SrcHeads: ent.KVHeads,
+			Pos: req.StartPos + lo, Slots: s.slots[lo : lo+n], Layout: e.layout, Dst: e.cacheBytes}
+		if err := e.inj.Inject(ctx, &job); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			e.log.Warn("engine: inject failed; prefilling the chunk", "segment", i, "err", err)
+			resp.Chunks[j].Match = MatchMiss
+			continue
+		}
+		for t := lo; t < lo+n; t++ {
+			state[t] = cr.Match
+		}
+		resp.Injected += n
+	}
+	return nil
+}
+
+// injectRemote asks inj to place every chunk segment and records what it
+// placed. Called with e.mu held and the sequence grown.
+func (e *Engine) injectRemote(ctx context.Context, inj CacheInjector, req Request, starts []int, s *Sequence, state []Match, resp *Response) {
+	toks := make([][]uint32, len(req.Segments))
+	for i, sg := range req.Segments {
+		toks[i] = sg.Tokens
+	}
+	contexts, _ := chunk.PrefixChain(e.fp, toks)
+	var chunks []InjectChunk
+	var segOf []int
+	for i, sg := range req.Segments {
+		if !sg.Chunk || len(sg.Tokens) == 0 {
+			continue
+		}
+		lo, n := starts[i], len(sg.Tokens)
+		chunks = append(chunks, InjectChunk{
+			Key:    chunk.Key{Fingerprint: e.fp, Content: chunk.ContentID(e.fp, sg.Tokens), Context: contexts[i]},
+			Tokens: sg.Tokens, Pos: req.StartPos + lo, Slots: s.slots[lo : lo+n],
+		})
+		segOf = append(segOf, i)
+	}
+	if len(chunks) == 0 {
+		return
+	}
+	res, err := inj.InjectChunks(ctx, chunks)
+	if err == nil && len(res) != len(chunks) {
+		err = fmt.Errorf("%d results for %d chunks", len(res), len(chunks))
+	}
+	if err != nil {
+		e.log.Warn("engine: injector failed; prefilling", "err", err)
+		res = nil
+	}
+	for j, i := range segOf {
+		r := ChunkResult{Segment: i}
+		if res != nil && (res[j].Match == MatchExact || res[j].Match == MatchApproximate) {
+			r.Match, r.Context = res[j].Match, res[j].Context
+			lo, n := starts[i], len(req.Segments[i].Tokens)
+			for t := lo; t < lo+n; t++ {
+				state[t] = r.Match
+			}
+			resp.Injected += n
+		}
+		resp.Chunks = append(resp.Chunks, r)
+	}
 }
 
 // fits checks that an entry can be injected for a request.

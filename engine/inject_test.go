@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
 )
 
 // prefill runs segments with no source (prompt injection).
@@ -402,5 +403,115 @@ func TestMemStorePrefersExactThenWindow(t *testing.T) {
 				t.Fatalf("got %v, want %v", got[0], tc.want)
 			}
 		})
+	}
+}
+
+// storeInjector plays the node of DESIGN.md section 4: it holds a store and
+// writes the engine's registered cache memory itself through cudakern.
+type storeInjector struct {
+	t      *testing.T
+	store  *MemStore
+	rope   *cudakern.RopeTable
+	layout cudakern.CacheLayout
+	layers [][]byte
+	// garbage makes it scribble over every slot and then report a miss.
+	garbage bool
+}
+
+func (s *storeInjector) InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error) {
+	var reqs []LookupRequest
+	for _, c := range chunks {
+		reqs = append(reqs, LookupRequest{Key: c.Key, Tokens: c.Tokens})
+	}
+	ents, err := s.store.Lookup(ctx, reqs)
+	if err != nil {
+		return nil, err
+	}
+	kin := cudakern.NewInjector(cudakern.Config{Workers: 1})
+	defer kin.Close()
+	out := make([]InjectResult, len(chunks))
+	for i, c := range chunks {
+		if s.garbage {
+			junk := make([]float32, len(c.Slots)*s.layout.KVHeads*s.layout.HeadDim)
+			for j := range junk {
+				junk[j] = 1e3
+			}
+			for _, l := range s.layers {
+				cudakern.ScatterF32(l, s.layout, 0, c.Slots, junk)
+				cudakern.ScatterF32(l, s.layout, 1, c.Slots, junk)
+			}
+			continue
+		}
+		ent := ents[i]
+		if ent == nil {
+			continue
+		}
+		job := cudakern.Job{Rope: s.rope, Src: ent.KV, SrcDType: ent.DType, Tokens: len(c.Tokens), SrcHeads: ent.KVHeads,
+			Pos: c.Pos, Slots: c.Slots, Layout: s.layout, Dst: s.layers}
+		if err := kin.Inject(ctx, &job); err != nil {
+			s.t.Errorf("inject: %v", err)
+			continue
+		}
+		out[i] = InjectResult{Match: MatchApproximate, Context: ent.Key.Context}
+		if ent.Key.Context == c.Key.Context {
+			out[i].Match = MatchExact
+		}
+	}
+	return out, nil
+}
+
+func TestRunInjected(t *testing.T) {
+	ctx := context.Background()
+	e := newTestEngine(t, variants()["qwen3-qknorm"], 71)
+	r := rand.New(rand.NewPCG(71, 72))
+	var chunks [][]uint32
+	store := NewMemStore(0)
+	for i := 0; i < 3; i++ {
+		ch := randTokens(r, 11, e.cfg.VocabSize)
+		en, err := e.EncodeAfterPrefix(ctx, chunks, ch)
+		if i == 2 { // the last one only standalone: approximate
+			en, err = e.EncodeStandalone(ctx, ch)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		store.Put(ctx, en)
+		chunks = append(chunks, ch)
+	}
+	var segs []Segment
+	for _, ch := range chunks {
+		segs = append(segs, Segment{Tokens: ch, Chunk: true})
+	}
+	segs = append(segs, Segment{Tokens: randTokens(r, 5, e.cfg.VocabSize)})
+	layout, layers := e.CacheMemory()
+	node := &storeInjector{t: t, store: store, rope: e.rope, layout: layout, layers: layers}
+	for _, rec := range []float64{0, 0.5} {
+		want, err := e.Run(ctx, store, Request{StartPos: 20, Segments: segs, Recompute: rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := e.RunInjected(ctx, node, Request{StartPos: 20, Segments: segs, Recompute: rec})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := maxAbsDiff(got.Logits, want.Logits); d != 0 || got.TokenLayers != want.TokenLayers {
+			t.Fatalf("r=%v: injector path differs from the engine's: %g, %d vs %d token-layers", rec, d, got.TokenLayers, want.TokenLayers)
+		}
+		wantMatch := []Match{MatchExact, MatchExact, MatchApproximate}
+		for j, cr := range got.Chunks {
+			if cr.Match != wantMatch[j] {
+				t.Fatalf("chunk %d: %v, want %v", j, cr.Match, wantMatch[j])
+			}
+		}
+	}
+	// Whatever a failing injector scribbled is overwritten by the prefill.
+	node.garbage = true
+	got, err := e.RunInjected(ctx, node, Request{StartPos: 20, Segments: segs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := prefill(t, e, 20, segs)
+	if d := maxAbsDiff(got.Logits, want.Logits); d != 0 || got.Injected != 0 {
+		t.Fatalf("after a scribbling miss: diff %g, injected %d", d, got.Injected)
 	}
 }
