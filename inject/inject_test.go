@@ -316,7 +316,11 @@ func TestInvalidRequest(t *testing.T) {
 		{"too-many", func(r *Request) { r.Chunks = append(r.Chunks, good, good, good) }, ErrInvalidRequest},
 		{"slot-high", func(r *Request) { r.Chunks[0].Slots = []int{0, 1, 32} }, ErrInvalidRequest},
 		{"slot-low", func(r *Request) { r.Chunks[0].Slots = []int{0, -2, 3} }, ErrInvalidRequest},
-		{"no-slots", func(r *Request) { r.Chunks[0].Slots = nil; r.Chunks[0].Tokens = nil; r.Chunks[0].Content = chunk.ID{Lo: 1} }, ErrInvalidRequest},
+		{"no-slots", func(r *Request) {
+			r.Chunks[0].Slots = nil
+			r.Chunks[0].Tokens = nil
+			r.Chunks[0].Content = chunk.ID{Lo: 1}
+		}, ErrInvalidRequest},
 		{"tokens-vs-slots", func(r *Request) { r.Chunks[0].Slots = []int{0, 1} }, ErrInvalidRequest},
 		{"position", func(r *Request) { r.Chunks[0].Pos = 98 }, ErrInvalidRequest},
 		{"negative-position", func(r *Request) { r.Chunks[0].Pos = -1 }, ErrInvalidRequest},
