@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 
+	"google.golang.org/grpc"
+
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 )
@@ -122,3 +124,25 @@ func (r *releaser) Get(length int) *[]byte {
 }
 
 func (r *releaser) Put(*[]byte) { r.once.Do(r.release) }
+
+// Transport tuning for tensor streams, for both ends of a connection: large
+// fixed HTTP/2 windows (which turn off gRPC's BDP estimation, so a
+// megabyte frame is not held behind window updates while the estimate
+// grows) and larger socket buffers.
+const (
+	WindowBytes      = 16 << 20
+	ReadBufferBytes  = 256 << 10
+	WriteBufferBytes = 256 << 10
+)
+
+// ServerOptions returns the server options of that tuning.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{grpc.InitialWindowSize(WindowBytes), grpc.InitialConnWindowSize(WindowBytes),
+		grpc.ReadBufferSize(ReadBufferBytes), grpc.WriteBufferSize(WriteBufferBytes)}
+}
+
+// DialOptions returns the dial options of that tuning.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithInitialWindowSize(WindowBytes), grpc.WithInitialConnWindowSize(WindowBytes),
+		grpc.WithReadBufferSize(ReadBufferBytes), grpc.WithWriteBufferSize(WriteBufferBytes)}
+}

@@ -30,7 +30,7 @@ func testLogger(t testing.TB) *slog.Logger {
 
 // startCluster starts n nodes on loopback that bootstrap together and
 // waits until every node sees all n in its ring.
-func startCluster(t *testing.T, n int) []*Node {
+func startCluster(t testing.TB, n int) []*Node {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -109,7 +109,7 @@ func randTokens(rng *rand.Rand, n int) []uint32 {
 	return out
 }
 
-func newClient(t *testing.T, nodes ...*Node) *client.Client {
+func newClient(t testing.TB, nodes ...*Node) *client.Client {
 	t.Helper()
 	var seeds []string
 	for _, nd := range nodes {

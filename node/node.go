@@ -214,9 +214,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		Logger:          n.log,
 	}
 	if cfg.LocalTiming {
-		mcfg.HeartbeatTimeout = 300 * time.Millisecond
-		mcfg.ElectionTimeout = 300 * time.Millisecond
-		mcfg.LeaderLeaseTimeout = 150 * time.Millisecond
+		// Fast, but not so fast that a loaded 2-core CI machine keeps
+		// electing leaders.
+		mcfg.HeartbeatTimeout = 500 * time.Millisecond
+		mcfg.ElectionTimeout = 500 * time.Millisecond
+		mcfg.LeaderLeaseTimeout = 250 * time.Millisecond
 		mcfg.CommitTimeout = 10 * time.Millisecond
 		mcfg.ReconcileInterval = 200 * time.Millisecond
 	}

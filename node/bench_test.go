@@ -1,0 +1,111 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+)
+
+// benchEntries makes n distinct entries of about size bytes each.
+func benchEntries(b *testing.B, spec chunk.ModelSpec, n, size int) ([]chunk.Key, [][]byte) {
+	rng := rand.New(rand.NewPCG(3, uint64(size)))
+	tokens := max(1, size/spec.KVBytesPerToken())
+	keys := make([]chunk.Key, n)
+	blobs := make([][]byte, n)
+	for i := range n {
+		keys[i], blobs[i] = testEntry(b, rng, spec, randTokens(rng, tokens), chunk.StandaloneContext())
+	}
+	return keys, blobs
+}
+
+// BenchmarkClusterPutGet measures a client's Put and Get throughput and
+// latency against a 3-node loopback cluster (R=3, W=2) with 8 concurrent
+// requests.
+func BenchmarkClusterPutGet(b *testing.B) {
+	nodes := startCluster(b, 3)
+	c := newClient(b, nodes[0])
+	ctx := context.Background()
+	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000, TokenizerID: "bench"}
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		b.Fatal(err)
+	}
+	const conc = 8
+	for _, size := range []int{1 << 20, 16 << 20} {
+		count := 16
+		if size > 4<<20 {
+			count = 4
+		}
+		keys, blobs := benchEntries(b, spec, count, size)
+		run := func(b *testing.B, op func(i int) error) {
+			b.SetBytes(int64(len(blobs[0])))
+			var next atomic.Int64
+			var mu sync.Mutex
+			var lat []time.Duration
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for range conc {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					var mine []time.Duration
+					for {
+						i := int(next.Add(1)) - 1
+						if i >= b.N {
+							break
+						}
+						t0 := time.Now()
+						if err := op(i % count); err != nil {
+							b.Error(err)
+							return
+						}
+						mine = append(mine, time.Since(t0))
+					}
+					mu.Lock()
+					lat = append(lat, mine...)
+					mu.Unlock()
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			slices.Sort(lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "p50-ms")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1e3, "p99-ms")
+			}
+		}
+		b.Run(fmt.Sprintf("put/%dMiB", size>>20), func(b *testing.B) {
+			run(b, func(i int) error { _, err := c.Put(ctx, blobs[i]); return err })
+		})
+		b.Run(fmt.Sprintf("get/%dMiB", size>>20), func(b *testing.B) {
+			for _, blob := range blobs {
+				if _, err := c.Put(ctx, blob); err != nil {
+					b.Fatal(err)
+				}
+			}
+			run(b, func(i int) error { _, err := c.Get(ctx, keys[i]); return err })
+		})
+	}
+	b.Run("lookup64", func(b *testing.B) {
+		fp := spec.Fingerprint()
+		items := make([]client.LookupItem, 64)
+		for i := range items {
+			items[i] = client.LookupItem{Content: chunk.ID{Lo: uint64(i), Hi: 7}, Want: chunk.StandaloneContext()}
+		}
+		b.ResetTimer()
+		for range b.N {
+			if _, err := c.Lookup(ctx, fp, items); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
+	})
+}
