@@ -40,7 +40,8 @@ type ModelConfig struct {
 	RopeStyle             chunk.RopeStyle
 	MaxPositionEmbeddings int
 	TieWordEmbeddings     bool
-	// AttentionBias adds biases to q, k and v (Qwen2 always has them).
+	// AttentionBias adds biases to q, k and v (Qwen2 always has them) and,
+	// except for Qwen2, to o_proj as transformers does.
 	AttentionBias bool
 	// QKNorm applies RMSNorm over head_dim to q and k before RoPE (Qwen3).
 	QKNorm bool
@@ -50,6 +51,10 @@ type ModelConfig struct {
 	// DType is torch_dtype, the dtype the writer stores weights in.
 	DType chunk.DType
 }
+
+// OutputBias reports whether o_proj has a bias: attention_bias in every
+// family but Qwen2, whose o_proj never has one.
+func (c ModelConfig) OutputBias() bool { return c.AttentionBias && c.ModelType != "qwen2" }
 
 // RotaryDim is the number of head dims RoPE rotates.
 func (c ModelConfig) RotaryDim() int {
@@ -141,6 +146,8 @@ type hfConfig struct {
 	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
 	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
 	AttentionBias         *bool           `json:"attention_bias,omitempty"`
+	MLPBias               bool            `json:"mlp_bias,omitempty"`
+	HiddenAct             string          `json:"hidden_act,omitempty"`
 	SlidingWindow         *int            `json:"sliding_window,omitempty"`
 	UseSlidingWindow      *bool           `json:"use_sliding_window,omitempty"`
 	TorchDType            string          `json:"torch_dtype,omitempty"`
@@ -207,6 +214,12 @@ func ParseConfig(data []byte) (ModelConfig, error) {
 	}
 	if h.AttentionBias != nil {
 		c.AttentionBias = *h.AttentionBias
+	}
+	if h.MLPBias {
+		return c, fmt.Errorf("%w: mlp_bias", ErrUnsupported)
+	}
+	if h.HiddenAct != "" && h.HiddenAct != "silu" {
+		return c, fmt.Errorf("%w: hidden_act %q (want silu)", ErrUnsupported, h.HiddenAct)
 	}
 	if h.SlidingWindow != nil && *h.SlidingWindow > 0 && (h.UseSlidingWindow == nil || *h.UseSlidingWindow) {
 		c.SlidingWindow = *h.SlidingWindow

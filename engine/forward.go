@@ -305,7 +305,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		}
 		at.q, at.out, at.idx, at.kv = sc.q[:n*Q], sc.att[:n*Q], active, cl.f
 		e.pool.run(at, n*c.NumKVHeads, 1)
-		e.pool.matmul(&sc.mm, sc.o, sc.att, lw.o, nil, n, Q, H)
+		e.pool.matmul(&sc.mm, sc.o, sc.att, lw.o, lw.oBias, n, Q, H)
 		for i, v := range sc.o[:n*H] {
 			sc.h[i] += v
 		}

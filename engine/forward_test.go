@@ -118,7 +118,7 @@ func refForward(w *Weights, rope *cudakern.RopeTable, tokens []uint32, start int
 					}
 				}
 			}
-			o := linear(att, lw.o, nil, nh*hd, H)
+			o := linear(att, lw.o, lw.oBias, nh*hd, H)
 			for j := range o {
 				h[i][j] += o[j]
 			}

@@ -40,6 +40,9 @@ func variants() map[string]ModelConfig {
 	q2 := base
 	q2.ModelType, q2.AttentionBias, q2.TieWordEmbeddings = "qwen2", true, true
 	m["qwen2-bias-tied"] = q2
+	lb := base
+	lb.AttentionBias = true // llama: q, k, v and o biases
+	m["llama-bias"] = lb
 	q3 := base
 	q3.ModelType, q3.QKNorm = "qwen3", true
 	m["qwen3-qknorm"] = q3

@@ -66,6 +66,8 @@ func TestParseConfig(t *testing.T) {
 					t.Fatalf("%+v", c)
 				}
 			}, nil},
+		{"mlp bias", `{"model_type": "llama", ` + base + `, "mlp_bias": true}`, nil, ErrUnsupported},
+		{"gelu", `{"model_type": "llama", ` + base + `, "hidden_act": "gelu"}`, nil, ErrUnsupported},
 		{"not json", `{"model_type": `, nil, ErrInvalidModel},
 		{"gpt2", `{"model_type": "gpt2", ` + base + `}`, nil, ErrUnsupported},
 		{"dynamic", `{"model_type": "llama", ` + base + `, "rope_scaling": {"rope_type": "dynamic", "factor": 2}}`, nil, ErrUnsupported},

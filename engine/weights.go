@@ -18,6 +18,7 @@ type layerWeights struct {
 	inputNorm, postNorm []float32
 	q, k, v, o          []float32
 	qBias, kBias, vBias []float32 // nil without attention bias
+	oBias               []float32 // nil unless OutputBias
 	qNorm, kNorm        []float32 // nil without QK norm
 	gate, up, down      []float32
 }
@@ -56,6 +57,9 @@ func tensorShapes(c ModelConfig) map[string][]int {
 			m[p+"self_attn.q_proj.bias"] = []int{q}
 			m[p+"self_attn.k_proj.bias"] = []int{kv}
 			m[p+"self_attn.v_proj.bias"] = []int{kv}
+		}
+		if c.OutputBias() {
+			m[p+"self_attn.o_proj.bias"] = []int{h}
 		}
 		if c.QKNorm {
 			m[p+"self_attn.q_norm.weight"] = []int{c.HeadDim}
@@ -118,6 +122,9 @@ func NewWeights(c ModelConfig, tensors map[string]*Tensor) (*Weights, error) {
 			must(&lw.qBias, p+"self_attn.q_proj.bias")
 			must(&lw.kBias, p+"self_attn.k_proj.bias")
 			must(&lw.vBias, p+"self_attn.v_proj.bias")
+		}
+		if c.OutputBias() {
+			must(&lw.oBias, p+"self_attn.o_proj.bias")
 		}
 		if c.QKNorm {
 			must(&lw.qNorm, p+"self_attn.q_norm.weight")
