@@ -3,6 +3,7 @@ package replication
 import (
 	"context"
 	"testing"
+	"time"
 )
 
 // BenchmarkWrite measures coordinated write throughput over the in-process
@@ -18,7 +19,7 @@ func BenchmarkWrite(b *testing.B) {
 			const pool = 256
 			blobs := make([][]byte, pool)
 			for i := range blobs {
-				blobs[i], _ = makeSizedBlob(b, i, 0, 64, 8) // 256 KiB: 64 tokens, 8 layers, f16
+				blobs[i], _ = makeSizedBlob(b, i, 0, 512, 8) // 256 KiB: 512 tokens, 8 layers, 2 heads x 8 dims, f16
 			}
 			c := newCluster(b, []string{"a", "b", "c"}, nil)
 			c.r, c.w = bc.r, bc.w
@@ -45,48 +46,53 @@ func BenchmarkWrite(b *testing.B) {
 	}
 }
 
-// BenchmarkRebalanceJoin: a 4th node joins 3 that hold the data (R=3); it
-// reports the bytes moved against the ideal (a quarter of the stored
-// bytes: the newcomer's share) and the rebalance throughput.
+// BenchmarkRebalanceJoin: a 4th node joins 3 that hold the data (R=3,
+// 256 KiB chunks, no rate limit); it reports the bytes moved against the
+// ideal (a quarter of the stored bytes: the newcomer's share), the
+// rebalance throughput and the time of the whole rebalance (all four
+// nodes' passes, run one after the other).
 func BenchmarkRebalanceJoin(b *testing.B) {
-	const chunks = 2000
-	blobs := make([][]byte, chunks)
-	for i := range blobs {
-		blobs[i], _ = makeSizedBlob(b, i, 0, 16, 8) // 64 KiB
-	}
-	var moved, stored int64
-	b.ResetTimer()
-	for range b.N {
-		b.StopTimer()
-		c := newCluster(b, []string{"a", "b", "c"}, nil)
-		for _, blob := range blobs {
-			for _, id := range []string{"a", "b", "c"} {
-				if _, err := c.stores[id].Put(context.Background(), blob); err != nil {
-					b.Fatal(err)
+	for _, bc := range []struct {
+		name   string
+		chunks int
+	}{{"data=64MiB", 256}, {"data=256MiB", 1024}} {
+		b.Run(bc.name, func(b *testing.B) {
+			var moved, stored int64
+			var elapsed time.Duration
+			for range b.N {
+				c := newCluster(b, []string{"a", "b", "c"}, nil)
+				for i := range bc.chunks {
+					blob, _ := makeSizedBlob(b, i, 0, 512, 8) // 256 KiB
+					for _, id := range []string{"a", "b", "c"} {
+						if _, err := c.stores[id].Put(context.Background(), blob); err != nil {
+							b.Fatal(err)
+						}
+					}
+				}
+				for _, id := range []string{"a", "b", "c"} {
+					c.reps[id].Rebalance(context.Background())
+					stored += int64(c.stores[id].bytes())
+				}
+				c.start("d")
+				c.setRing("a", "b", "c", "d")
+				start := time.Now()
+				for _, id := range []string{"a", "b", "c", "d"} {
+					st, err := c.reps[id].Rebalance(context.Background())
+					if err != nil || st.Pending != 0 {
+						b.Fatalf("%s: %+v %v", id, st, err)
+					}
+					moved += st.BytesMoved
+				}
+				elapsed += time.Since(start)
+				for id, r := range c.reps {
+					r.Close()
+					c.stores[id].wipe() // the cleanup keeps c until the end
 				}
 			}
-		}
-		for _, id := range []string{"a", "b", "c"} {
-			c.reps[id].Rebalance(context.Background())
-			stored += int64(c.stores[id].bytes())
-		}
-		c.start("d")
-		c.setRing("a", "b", "c", "d")
-		b.StartTimer()
-		for _, id := range []string{"a", "b", "c", "d"} {
-			st, err := c.reps[id].Rebalance(context.Background())
-			if err != nil || st.Pending != 0 {
-				b.Fatalf("%s: %+v %v", id, st, err)
-			}
-			moved += st.BytesMoved
-		}
-		b.StopTimer()
-		for _, r := range c.reps {
-			r.Close()
-		}
-		b.StartTimer()
+			b.ReportMetric(float64(moved)/float64(stored/4), "moved/ideal")
+			b.ReportMetric(float64(moved)/float64(b.N)/(1<<20), "MiB_moved/op")
+			b.ReportMetric(float64(moved)/(1<<20)/elapsed.Seconds(), "MiB/s")
+			b.ReportMetric(elapsed.Seconds()/float64(b.N), "s_rebalance/op")
+		})
 	}
-	b.ReportMetric(float64(moved)/float64(stored/4), "moved/ideal")
-	b.ReportMetric(float64(moved)/float64(b.N)/(1<<20), "MiB_moved/op")
-	b.ReportMetric(float64(moved)/(1<<20)/b.Elapsed().Seconds(), "MiB/s")
 }
