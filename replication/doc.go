@@ -32,5 +32,24 @@
 //     missing, refetched on demand by Read and refilled by repair only when
 //     its store reports room (RoomChecker), so repair never evicts.
 //
-// The node wires the Serve* methods to the Peer RPCs it receives.
+// # Wiring in a node
+//
+// The node builds one Replicator with Store: NewKVTierStore(store),
+// Placement: the meta store, Quorum: from meta's Settings, and a Transport
+// over its peer connections, and calls Kick when meta's Watch fires. The
+// Transport methods and the Serve* methods meet on the Peer service:
+//
+//	Transport.Replicate -> Peer.Replicate (PutHeader.direct, kind, at) -> ServeReplicate
+//	Transport.Fetch     -> Peer.Fetch (FORMAT_ENTRY, direct)            -> ServeFetch
+//	Transport.Digest    -> Peer.Digest (from, epoch, replicas, split,
+//	                       ranges, keys)                                -> ServeDigest
+//	Transport.Delete    -> Client.Delete (direct, at)                   -> ServeDelete
+//
+// Handlers return ToStatus(err); the Transport returns FromStatus(err), so
+// that refusals (ErrRejected, ErrTombstoned, ErrNoRoom) and ErrNotFound
+// survive the wire and every other failure counts as "unreachable".
+// Client puts go through Write (or the node stores the local copy and
+// calls Replicate for the others), client reads through Read, client
+// deletes through Delete; Drain serves `kvmesh drain`; Collector goes to
+// the node's Prometheus registry.
 package replication
