@@ -1,6 +1,7 @@
 package inject
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -224,6 +225,9 @@ func equalLayers(t *testing.T, what string, got, want [][]byte) {
 	for l := range want {
 		if len(got[l]) != len(want[l]) {
 			t.Fatalf("%s: layer %d of %d bytes, want %d", what, l, len(got[l]), len(want[l]))
+		}
+		if bytes.Equal(got[l], want[l]) {
+			continue
 		}
 		for i := range want[l] {
 			if got[l][i] != want[l][i] {
