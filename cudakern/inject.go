@@ -378,6 +378,8 @@ func (p *plan) item(layer, tile int, x []float32) {
 	vRun := p.copyV && l.Order == NHD
 	lo := tile * tileTokens
 	hi := min(lo+tileTokens, p.Tokens)
+	// K of the whole tile, then V: two streams at a time (source and
+	// destination) instead of four.
 	for tok := lo; tok < hi; tok++ {
 		slot := p.Slots[tok]
 		if slot < 0 {
@@ -390,7 +392,13 @@ func (p *plan) item(layer, tile int, x []float32) {
 			ks := so + h*p.srcRow
 			p.rotKey(dst[kd:kd+dstRow], src[ks:ks+p.srcRow], c, s, x)
 		}
-		vs := p.srcV + so
+	}
+	for tok := lo; tok < hi; tok++ {
+		slot := p.Slots[tok]
+		if slot < 0 {
+			continue
+		}
+		vs := p.srcV + tok*p.srcTok + p.HeadLo*p.srcRow
 		if vRun {
 			vd := l.Offset(1, slot, 0)
 			p.copyRun(dst[vd:vd+headBytes], src[vs:vs+headBytes])

@@ -14,3 +14,4 @@ func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("
 func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
 func copyNT(dst, src *byte, n int)                                     { panic("cudakern: no SIMD") }
 func sfence()                                                          {}
+func prefetch(p *byte, n int)                                          {}
