@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -147,7 +148,7 @@ func (m fixedModels) Model(_ context.Context, fp chunk.Fingerprint) (chunk.Model
 
 func newService(t testing.TB, f Fetcher, spec chunk.ModelSpec, mod func(*Config)) *Service {
 	t.Helper()
-	cfg := Config{Fetcher: f, Models: fixedModels{spec}, Workers: 2}
+	cfg := Config{Fetcher: f, Models: fixedModels{spec}, Workers: 2, Logger: slog.New(slog.DiscardHandler)}
 	if mod != nil {
 		mod(&cfg)
 	}

@@ -1,0 +1,177 @@
+package inject
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
+)
+
+// fetcherSource serves the engine from the same blobs the Service fetches,
+// decoded whole, so both paths inject identical entries.
+type fetcherSource struct{ f Fetcher }
+
+func (s fetcherSource) Lookup(ctx context.Context, reqs []engine.LookupRequest) ([]*chunk.Entry, error) {
+	out := make([]*chunk.Entry, len(reqs))
+	for i, r := range reqs {
+		got, err := s.f.Fetch(ctx, r.Key)
+		if err != nil || got.Match == Miss {
+			continue
+		}
+		out[i], err = chunk.Decode(got.Blob, chunk.Limits{})
+		if got.Release != nil {
+			got.Release()
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+func tinyEngine(t *testing.T) *engine.Engine {
+	t.Helper()
+	mc := engine.ModelConfig{
+		ModelType: "llama", HiddenSize: 64, IntermediateSize: 128, NumLayers: 4,
+		NumHeads: 4, NumKVHeads: 2, HeadDim: 16, VocabSize: 256, RMSNormEps: 1e-5,
+		RopeTheta: 10000, RopeStyle: chunk.RopeNeoX, MaxPositionEmbeddings: 4096, DType: chunk.F32,
+	}
+	ts, err := engine.RandomTensors(mc, 5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := engine.NewWeights(mc, ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(w, engine.Config{Workers: 2, CacheTokens: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// TestEngineEndToEnd is the exactness property at the cache level. A real
+// engine encodes chunks after their prefixes (EXACT) and one standalone
+// (APPROXIMATE); engine.Run injecting those entries itself gives prefill's
+// logits; the Service, injecting the same blobs into a registered cache of
+// the engine's layout at the slots engine.Run used, reports the same
+// matches and writes exactly the bytes engine.Run's injection writes
+// (cudakern with the engine's layout and RoPE table). The engine cannot
+// yet run its forward pass over memory the node filled (see the package
+// report): this equality is what that wiring will rely on.
+func TestEngineEndToEnd(t *testing.T) {
+	ctx := context.Background()
+	e := tinyEngine(t)
+	spec, fp, lay := e.Spec(), e.Fingerprint(), e.Layout()
+	rng := rand.New(rand.NewPCG(8, 9))
+	vocab := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(rng.IntN(256))
+		}
+		return out
+	}
+	segs := []engine.Segment{{Tokens: vocab(6)}, {Tokens: vocab(19), Chunk: true}, {Tokens: vocab(11), Chunk: true},
+		{Tokens: vocab(23), Chunk: true}, {Tokens: vocab(5)}}
+	const start = 37
+	var toks [][]uint32
+	for _, sg := range segs {
+		toks = append(toks, sg.Tokens)
+	}
+	contexts, _ := chunk.PrefixChain(fp, toks)
+
+	f := newMemFetcher()
+	for i := 1; i <= 3; i++ {
+		var ent *chunk.Entry
+		var err error
+		if i == 2 { // standalone: APPROXIMATE
+			ent, err = e.EncodeStandalone(ctx, toks[i])
+		} else {
+			ent, err = e.EncodeAfterPrefix(ctx, toks[:i], toks[i])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.put(t, ent, chunk.CodecLossless)
+	}
+
+	// Exact chunks only: engine.Run over the blobs equals prefill.
+	exactSegs := append([]engine.Segment(nil), segs...)
+	exactSegs[2].Chunk = false
+	pre, err := e.Run(ctx, nil, engine.Request{StartPos: start, Segments: exactSegs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inj, err := e.Run(ctx, fetcherSource{f}, engine.Request{StartPos: start, Segments: exactSegs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var d float64
+	for i := range pre.Logits {
+		d = math.Max(d, math.Abs(float64(pre.Logits[i]-inj.Logits[i])))
+	}
+	if d > 1e-4 || inj.Injected != len(toks[1])+len(toks[3]) {
+		t.Fatalf("engine injection: max |logit diff| %.3g, %d tokens injected", d, inj.Injected)
+	}
+
+	// The slots engine.Run gives the prompt.
+	run, err := e.Run(ctx, fetcherSource{f}, engine.Request{StartPos: start, Segments: segs, Keep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := append([]int(nil), run.Seq.Slots()...)
+	run.Seq.Release()
+
+	s := newService(t, f, spec, nil)
+	mem := layersOf(spec.Layers, lay)
+	id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers,
+		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 8192}, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := layersOf(spec.Layers, lay)
+	rope, err := cudakern.NewRopeTable(spec, 8192)
+	if err != nil {
+		t.Fatal(err)
+	}
+	direct := cudakern.NewInjector(cudakern.Config{Workers: 1})
+	defer direct.Close()
+	req := &Request{Cache: id}
+	at := 0
+	var segOf []int
+	for i, sg := range segs {
+		n := len(sg.Tokens)
+		if sg.Chunk {
+			ch := Chunk{Tokens: sg.Tokens, Context: contexts[i], Pos: start + at, Slots: slots[at : at+n]}
+			req.Chunks = append(req.Chunks, ch)
+			segOf = append(segOf, i)
+			got, err := f.Fetch(ctx, chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, sg.Tokens), Context: contexts[i]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			directInject(t, direct, rope, got.Blob, lay, 0, spec.KVHeads, ch.Pos, ch.Slots, want)
+			got.Release()
+		}
+		at += n
+	}
+	resp, err := s.Inject(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for j, r := range resp.Results {
+		em := run.Chunks[j]
+		if em.Segment != segOf[j] || r.Match.String() != em.Match.String() || r.Context != em.Context {
+			t.Errorf("chunk %d: service %v %v, engine %v %v", j, r.Match, r.Context, em.Match, em.Context)
+		}
+	}
+	if resp.Results[1].Match != Approximate || resp.Results[0].Match != Exact || resp.Results[2].Match != Exact {
+		t.Errorf("matches %v %v %v, want exact approximate exact", resp.Results[0].Match, resp.Results[1].Match, resp.Results[2].Match)
+	}
+	equalLayers(t, "cache", mem, want)
+}
