@@ -16,6 +16,13 @@ type Peers interface {
 	Members() []ring.NodeMeta
 }
 
+// PeerStatus may also be implemented by Peers (*ring.Gossip does it): a
+// member it reports in ring.StateLeft left gracefully and is removed at
+// once instead of after DeadGrace.
+type PeerStatus interface {
+	Status() []ring.MemberStatus
+}
+
 // Forwarder carries a write from a follower to the leader. node implements
 // it over gRPC: the leader's handler calls ApplyForwarded with cmd. Errors
 // that mean "that node is not (or no longer) the leader" should wrap

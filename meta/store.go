@@ -594,7 +594,7 @@ func (s *Store) loop() {
 
 // alive returns the ring members gossip reports alive and not leaving,
 // this node included (from Config when gossip does not list it yet), and
-// the IDs that announced a graceful leave.
+// the IDs that announced a graceful leave or have left.
 func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) {
 	alive = make(map[string]ring.Member)
 	leaving = make(map[string]bool)
@@ -612,6 +612,13 @@ func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) 
 				m.Weight = 0 // JSON cannot carry it; ring reads 0 as 1
 			}
 			alive[nm.ID] = m
+		}
+		if ps, ok := p.(PeerStatus); ok {
+			for _, st := range ps.Status() {
+				if _, up := alive[st.Meta.ID]; !up && st.State == ring.StateLeft {
+					leaving[st.Meta.ID] = true
+				}
+			}
 		}
 	}
 	if self, ok := alive[s.cfg.NodeID]; !ok && !leaving[s.cfg.NodeID] {
