@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -219,6 +220,22 @@ func TestApproximateRecompute(t *testing.T) {
 			}
 			fid[k].Add(refs[i], resp.Logits)
 			work[k] += resp.TokenLayers
+			// Count: the query in every layer; when recomputing, every
+			// approximate token in layers 0..1 (check layer 1) and the
+			// ceil(r·n) selected ones in the rest.
+			L, nq := e.cfg.NumLayers, len(segs[len(segs)-1].Tokens)
+			napprox := resp.Tokens - nq
+			want := nq * L
+			if r > 0 {
+				keep := int(math.Ceil(r * float64(napprox)))
+				want += 2*napprox + keep*(L-2)
+				if resp.Recomputed != keep {
+					t.Fatalf("r=%v: %d tokens recomputed, want %d", r, resp.Recomputed, keep)
+				}
+			}
+			if resp.TokenLayers != want {
+				t.Fatalf("r=%v: %d token-layers, want %d", r, resp.TokenLayers, want)
+			}
 		}
 		resp, err := e.Run(ctx, as.window, Request{Segments: segs})
 		if err != nil {
@@ -513,5 +530,37 @@ func TestRunInjected(t *testing.T) {
 	want := prefill(t, e, 20, segs)
 	if d := maxAbsDiff(got.Logits, want.Logits); d != 0 || got.Injected != 0 {
 		t.Fatalf("after a scribbling miss: diff %g, injected %d", d, got.Injected)
+	}
+}
+
+func TestRecomputeCheckLayer(t *testing.T) {
+	ctx := context.Background()
+	c := tinyConfig()
+	as := newApproxSetup(t, c, 2, 3, 8)
+	e, L := as.e, c.NumLayers
+	segs := as.prompts[0]
+	ref := prefill(t, e, 0, segs)
+	nq := len(segs[len(segs)-1].Tokens)
+	napprox := ref.Tokens - nq
+	for _, tc := range []struct {
+		check, effective int
+		r                float64
+	}{{1, 1, 0.3}, {2, 2, 0.3}, {9, L - 1, 0.3}, {0, 1, 0.01}, {3, 3, 1}} {
+		t.Run(fmt.Sprintf("check=%d/r=%v", tc.check, tc.r), func(t *testing.T) {
+			resp, err := e.Run(ctx, as.standalone, Request{Segments: segs, Recompute: tc.r, CheckLayer: tc.check})
+			if err != nil {
+				t.Fatal(err)
+			}
+			keep := int(math.Ceil(tc.r * float64(napprox)))
+			want := nq*L + napprox*(tc.effective+1) + keep*(L-tc.effective-1)
+			if resp.TokenLayers != want {
+				t.Fatalf("%d token-layers, want %d", resp.TokenLayers, want)
+			}
+			if tc.r == 1 {
+				if d := maxAbsDiff(resp.Logits, ref.Logits); d != 0 {
+					t.Fatalf("r=1 differs from prefill by %g", d)
+				}
+			}
+		})
 	}
 }
