@@ -208,7 +208,8 @@ type InjectResult struct {
 // registered with it (see CacheMemory). For each chunk it writes post-RoPE K
 // and V into exactly the given slots and answers EXACT, APPROXIMATE or MISS;
 // it returns one result per chunk. It may write nothing else, and only
-// during the call. A chunk it reports as MISS, or a call that fails, is
+// during the call, which runs with the engine locked (it must not call the
+// engine). A chunk it reports as MISS, or a call that fails, is
 // prefilled, which overwrites whatever was written to its slots.
 type CacheInjector interface {
 	InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error)
