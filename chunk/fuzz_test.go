@@ -20,7 +20,7 @@ func fuzzSeeds() [][]byte {
 	var seeds [][]byte
 	for _, c := range allCodecs {
 		for _, dt := range kvDTypes {
-			for _, s := range []struct{ tokens, layers, heads, dim int }{{3, 2, 1, 5}, {66, 1, 1, 65}} {
+			for _, s := range []struct{ tokens, layers, heads, dim int }{{3, 2, 1, 5}, {65, 1, 1, 3}, {2, 1, 1, 66}} {
 				e := synthEntry(rng, dt, s.tokens, s.layers, s.heads, s.dim)
 				blob, err := Encode(nil, e, c)
 				if err != nil {
