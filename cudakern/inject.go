@@ -319,7 +319,7 @@ const ntMinBytes = 4 << 20
 // job is large, a same-dtype NeoX kernel runs, and every destination row
 // and half row is aligned for the vector stores.
 func (p *plan) useNT(minBytes int) bool {
-	if !p.simd || p.kernel == kernelGeneric || p.Rope.half%8 != 0 {
+	if !p.simd || p.kernel == kernelGeneric || p.Rope.half%16 != 0 {
 		return false
 	}
 	row := p.Layout.HeadDim * p.dstES

@@ -12,7 +12,7 @@
 //   dst[half+i] = x1*cos[i] + x0*sin[i]
 // The NT variants store with non-temporal hints, so destination lines are
 // not read before being overwritten; they need dst and dst+half elements
-// 16-byte aligned (32 for f32).
+// 32-byte aligned.
 
 // func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
 TEXT ·rotNeoXBF16AVX2(SB), NOSPLIT, $0-48
@@ -34,7 +34,85 @@ TEXT ·rotNeoXBF16AVX2(SB), NOSPLIT, $0-48
 	MOVQ AX, X13
 	VPBROADCASTD X13, Y13
 
+	VPXOR     Y12, Y12, Y12
+
+bf16loop16:
+	CMPQ CX, $16
+	JLT  bf16loop
+	// 16 pairs: widen with the qwords in order [0 2 1 3] so the unpacks
+	// give elements 0-7 and 8-15.
+	VPERMQ     $0xD8, (SI), Y0
+	VPUNPCKLWD Y0, Y12, Y1
+	VPUNPCKHWD Y0, Y12, Y2
+	VPERMQ     $0xD8, (R10), Y0
+	VPUNPCKLWD Y0, Y12, Y3
+	VPUNPCKHWD Y0, Y12, Y4
+	VMOVUPS    (R8), Y5
+	VMOVUPS    (R9), Y6
+	VMULPS     Y5, Y1, Y7
+	VMULPS     Y6, Y3, Y8
+	VSUBPS     Y8, Y7, Y7
+	VMULPS     Y5, Y3, Y8
+	VMULPS     Y6, Y1, Y9
+	VADDPS     Y9, Y8, Y8
+	VMOVUPS    32(R8), Y5
+	VMOVUPS    32(R9), Y6
+	VMULPS     Y5, Y2, Y9
+	VMULPS     Y6, Y4, Y10
+	VSUBPS     Y10, Y9, Y9
+	VMULPS     Y5, Y4, Y10
+	VMULPS     Y6, Y2, Y11
+	VADDPS     Y11, Y10, Y10
+	VPSRLD    $16, Y7, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y7, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y7, Y7, Y1
+	VPBLENDVB Y1, Y0, Y2, Y7
+	VPSRLD    $16, Y9, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y9, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y9, Y9, Y1
+	VPBLENDVB Y1, Y0, Y2, Y9
+	VPSRLD    $16, Y8, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y8, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y8, Y8, Y1
+	VPBLENDVB Y1, Y0, Y2, Y8
+	VPSRLD    $16, Y10, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y10, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y10, Y10, Y1
+	VPBLENDVB Y1, Y0, Y2, Y10
+	VPACKUSDW  Y9, Y7, Y7
+	VPERMQ     $0xD8, Y7, Y7
+	VMOVDQU    Y7, (DI)
+	VPACKUSDW  Y10, Y8, Y8
+	VPERMQ     $0xD8, Y8, Y8
+	VMOVDQU    Y8, (R11)
+	ADDQ       $32, SI
+	ADDQ       $32, R10
+	ADDQ       $32, DI
+	ADDQ       $32, R11
+	ADDQ       $64, R8
+	ADDQ       $64, R9
+	SUBQ       $16, CX
+	JMP        bf16loop16
+
 bf16loop:
+	TESTQ CX, CX
+	JZ    bf16loopdone
 	VPMOVZXWD (SI), Y0
 	VPSLLD    $16, Y0, Y0
 	VPMOVZXWD (R10), Y1
@@ -80,6 +158,8 @@ bf16loop:
 	ADDQ $32, R9
 	SUBQ $8, CX
 	JNZ  bf16loop
+
+bf16loopdone:
 	VZEROUPPER
 	RET
 
@@ -175,7 +255,85 @@ TEXT ·rotNeoXBF16AVX2NT(SB), NOSPLIT, $0-48
 	MOVQ AX, X13
 	VPBROADCASTD X13, Y13
 
+	VPXOR     Y12, Y12, Y12
+
+bf16loopnt16:
+	CMPQ CX, $16
+	JLT  bf16loopnt
+	// 16 pairs: widen with the qwords in order [0 2 1 3] so the unpacks
+	// give elements 0-7 and 8-15.
+	VPERMQ     $0xD8, (SI), Y0
+	VPUNPCKLWD Y0, Y12, Y1
+	VPUNPCKHWD Y0, Y12, Y2
+	VPERMQ     $0xD8, (R10), Y0
+	VPUNPCKLWD Y0, Y12, Y3
+	VPUNPCKHWD Y0, Y12, Y4
+	VMOVUPS    (R8), Y5
+	VMOVUPS    (R9), Y6
+	VMULPS     Y5, Y1, Y7
+	VMULPS     Y6, Y3, Y8
+	VSUBPS     Y8, Y7, Y7
+	VMULPS     Y5, Y3, Y8
+	VMULPS     Y6, Y1, Y9
+	VADDPS     Y9, Y8, Y8
+	VMOVUPS    32(R8), Y5
+	VMOVUPS    32(R9), Y6
+	VMULPS     Y5, Y2, Y9
+	VMULPS     Y6, Y4, Y10
+	VSUBPS     Y10, Y9, Y9
+	VMULPS     Y5, Y4, Y10
+	VMULPS     Y6, Y2, Y11
+	VADDPS     Y11, Y10, Y10
+	VPSRLD    $16, Y7, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y7, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y7, Y7, Y1
+	VPBLENDVB Y1, Y0, Y2, Y7
+	VPSRLD    $16, Y9, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y9, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y9, Y9, Y1
+	VPBLENDVB Y1, Y0, Y2, Y9
+	VPSRLD    $16, Y8, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y8, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y8, Y8, Y1
+	VPBLENDVB Y1, Y0, Y2, Y8
+	VPSRLD    $16, Y10, Y0
+	VPAND     Y14, Y0, Y1
+	VPADDD    Y15, Y10, Y2
+	VPADDD    Y1, Y2, Y2
+	VPSRLD    $16, Y2, Y2
+	VPOR      Y13, Y0, Y0
+	VCMPPS    $3, Y10, Y10, Y1
+	VPBLENDVB Y1, Y0, Y2, Y10
+	VPACKUSDW  Y9, Y7, Y7
+	VPERMQ     $0xD8, Y7, Y7
+	VMOVNTDQ   Y7, (DI)
+	VPACKUSDW  Y10, Y8, Y8
+	VPERMQ     $0xD8, Y8, Y8
+	VMOVNTDQ   Y8, (R11)
+	ADDQ       $32, SI
+	ADDQ       $32, R10
+	ADDQ       $32, DI
+	ADDQ       $32, R11
+	ADDQ       $64, R8
+	ADDQ       $64, R9
+	SUBQ       $16, CX
+	JMP        bf16loopnt16
+
 bf16loopnt:
+	TESTQ CX, CX
+	JZ    bf16loopntdone
 	VPMOVZXWD (SI), Y0
 	VPSLLD    $16, Y0, Y0
 	VPMOVZXWD (R10), Y1
@@ -221,6 +379,8 @@ bf16loopnt:
 	ADDQ $32, R9
 	SUBQ $8, CX
 	JNZ  bf16loopnt
+
+bf16loopntdone:
 	VZEROUPPER
 	RET
 
