@@ -38,6 +38,9 @@ type BenchConfig struct {
 	FidelityPrompts int
 	FidelityK       int
 	Seed            uint64
+	// Codecs are measured on EXACT entries: what each does to the logits
+	// and the bytes it stores. Default raw, lossless, int8, int4, fp8.
+	Codecs []chunk.Codec
 	// Progress, if set, is called with a line per finished step.
 	Progress func(string)
 }
@@ -67,6 +70,9 @@ func (c *BenchConfig) defaults() {
 	if c.FidelityK <= 0 {
 		c.FidelityK = 10
 	}
+	if len(c.Codecs) == 0 {
+		c.Codecs = []chunk.Codec{chunk.CodecRaw, chunk.CodecLossless, chunk.CodecInt8, chunk.CodecInt4, chunk.CodecFP8}
+	}
 	if c.Progress == nil {
 		c.Progress = func(string) {}
 	}
@@ -95,13 +101,23 @@ type FidelityRow struct {
 	WorkFraction float64
 }
 
+// CodecRow is what a codec does to EXACT entries.
+type CodecRow struct {
+	Codec chunk.Codec
+	Fidelity
+	// Ratio is raw KV bytes over stored bytes (entry headers included).
+	Ratio float64
+}
+
 // BenchResult is what RunBench measured.
 type BenchResult struct {
 	Model    ModelConfig
+	KVDType  chunk.DType // of the stored entries
 	Config   BenchConfig
 	Workers  int
 	TTFT     []TTFTRow
 	Fidelity []FidelityRow
+	Codecs   []CodecRow
 }
 
 // InjectGrowth is Inject's TTFT growth from the smallest to the largest k
@@ -174,7 +190,7 @@ func promptOf(facts [][]uint32, query []uint32) []Segment {
 // in-memory one, or the cluster client).
 func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig) (*BenchResult, error) {
 	cfg.defaults()
-	res := &BenchResult{Model: e.cfg, Config: cfg, Workers: e.pool.workers}
+	res := &BenchResult{Model: e.cfg, KVDType: e.spec.DType, Config: cfg, Workers: e.pool.workers}
 	r := rand.New(rand.NewPCG(cfg.Seed, 0x62656e6368))
 	vocab := e.cfg.VocabSize
 	maxK := slices.Max(cfg.Ks)
@@ -236,6 +252,9 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 		return nil, err
 	}
 	res.Fidelity = fid
+	if res.Codecs, err = benchCodecs(ctx, e, r, cfg); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 
@@ -293,6 +312,58 @@ func benchFidelity(ctx context.Context, e *Engine, store ChunkStore, r *rand.Ran
 	return rows, nil
 }
 
+// benchCodecs stores the EXACT entries of fresh prompts through every
+// codec and compares injection with prefill. Each codec has its own
+// in-memory store: the bench's store keeps whatever codec it was built with.
+func benchCodecs(ctx context.Context, e *Engine, r *rand.Rand, cfg BenchConfig) ([]CodecRow, error) {
+	rows := make([]CodecRow, len(cfg.Codecs))
+	stores := make([]*MemStore, len(cfg.Codecs))
+	for i, c := range cfg.Codecs {
+		rows[i].Codec, stores[i] = c, NewMemStore(c)
+	}
+	raw := 0
+	prompts := max(1, cfg.FidelityPrompts/4)
+	for p := 0; p < prompts; p++ {
+		facts := benchFacts(r, cfg.FidelityK, cfg.FactTokens, e.cfg.VocabSize)
+		segs := promptOf(facts, benchFacts(r, 1, cfg.QueryTokens, e.cfg.VocabSize)[0])
+		ents, err := e.EncodePrompt(ctx, segs)
+		if err != nil {
+			return nil, err
+		}
+		ref, err := e.Run(ctx, nil, Request{Segments: segs})
+		if err != nil {
+			return nil, err
+		}
+		for _, ent := range ents {
+			if ent != nil {
+				raw += len(ent.KV)
+			}
+		}
+		for i, st := range stores {
+			for _, ent := range ents {
+				if ent != nil {
+					if err := st.Put(ctx, ent); err != nil {
+						return nil, err
+					}
+				}
+			}
+			resp, err := e.Run(ctx, st, Request{Segments: segs})
+			if err != nil {
+				return nil, err
+			}
+			if resp.Injected != cfg.FidelityK*cfg.FactTokens {
+				return nil, fmt.Errorf("engine: bench codec %v: injected %d tokens", rows[i].Codec, resp.Injected)
+			}
+			rows[i].Add(ref.Logits, resp.Logits)
+		}
+	}
+	for i, st := range stores {
+		rows[i].Ratio = float64(raw) / float64(st.Bytes())
+		cfg.Progress(fmt.Sprintf("codec %v: ratio %.2f, KL %.3g, max |dlogit| %.3g", rows[i].Codec, rows[i].Ratio, rows[i].MeanKL(), rows[i].MaxLogit))
+	}
+	return rows, nil
+}
+
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
 // Markdown renders the result as the tables docs/BENCHMARKS.md shows.
@@ -301,8 +372,8 @@ func (r *BenchResult) Markdown() string {
 	m := r.Model
 	fmt.Fprintf(&b, "Model: %s, %d layers, hidden %d, %d heads, %d KV heads, head dim %d, intermediate %d, vocab %d (random weights, %v on disk, f32 compute); %d workers.\n",
 		m.ModelType, m.NumLayers, m.HiddenSize, m.NumHeads, m.NumKVHeads, m.HeadDim, m.IntermediateSize, m.VocabSize, m.DType, r.Workers)
-	fmt.Fprintf(&b, "Facts of %d tokens, %d-token query, stored with a %d-token context window; best of %d runs.\n\n",
-		r.Config.FactTokens, r.Config.QueryTokens, r.Config.Window, r.Config.Trials)
+	fmt.Fprintf(&b, "Facts of %d tokens, %d-token query, stored as %v KV with a %d-token context window; best of %d runs.\n\n",
+		r.Config.FactTokens, r.Config.QueryTokens, r.KVDType, r.Config.Window, r.Config.Trials)
 	fmt.Fprintf(&b, "| k | prompt tokens | (a) prompt injection TTFT ms | (b) KV injection TTFT ms | lookup+decode ms | rotate+scatter ms | (a)/(b) | (b) + recompute r=%.0f%% ms | token-layers (a) / (b) / recompute |\n", 100*r.Config.Recompute)
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, t := range r.TTFT {
@@ -317,6 +388,15 @@ func (r *BenchResult) Markdown() string {
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|\n")
 	for _, f := range r.Fidelity {
 		fmt.Fprintf(&b, "| %s | %.0f%% | %.3f | %.4f | %.4f | %.3f | %.0f%% |\n", f.Name, 100*f.Recompute, f.Top1Rate(), f.MeanKL(), f.MaxKL, f.MaxLogit, 100*f.WorkFraction)
+	}
+	if len(r.Codecs) > 0 {
+		fmt.Fprintf(&b, "\nCodecs on EXACT %v entries (%d prompts of %d facts encoded after their true prefix), injection against prefill.\n\n",
+			r.KVDType, r.Codecs[0].N, r.Config.FidelityK)
+		b.WriteString("| codec | raw/stored bytes | top-1 agreement | mean KL (nats) | max abs logit diff |\n")
+		b.WriteString("|---|---:|---:|---:|---:|\n")
+		for _, c := range r.Codecs {
+			fmt.Fprintf(&b, "| %v | %.2f | %.3f | %.2e | %.2e |\n", c.Codec, c.Ratio, c.Top1Rate(), c.MeanKL(), c.MaxLogit)
+		}
 	}
 	return b.String()
 }

@@ -33,7 +33,16 @@ func TestRunBenchSmall(t *testing.T) {
 		}
 	}
 	md := res.Markdown()
-	for _, want := range []string{"| k |", "| 6 | 52 |", "standalone", "window w=6"} {
+	if len(res.Codecs) != 5 {
+		t.Fatalf("%d codec rows", len(res.Codecs))
+	}
+	for _, c := range res.Codecs {
+		lossy := c.Codec.Lossy()
+		if c.N == 0 || (!lossy && c.MaxLogit > 1e-4) || (lossy && c.MaxLogit == 0) || c.Ratio <= 0 {
+			t.Fatalf("codec row %v: %+v", c.Codec, c)
+		}
+	}
+	for _, want := range []string{"| k |", "| 6 | 52 |", "standalone", "window w=6", "| int4 |"} {
 		if !strings.Contains(md, want) {
 			t.Fatalf("markdown lacks %q:\n%s", want, md)
 		}

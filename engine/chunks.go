@@ -138,6 +138,69 @@ func (e *Engine) EncodeAfterPrefix(ctx context.Context, prefix [][]uint32, token
 	return e.Encode(ctx, before, tokens, chunk.PrefixContext(end), EncodeOptions{})
 }
 
+// EncodePrompt prefills segments once and returns, for every chunk
+// segment, its entry keyed by its true prefix (EXACT for this prompt), and
+// nil for text segments. It is how a serving engine writes back what it
+// computed, and costs one prefill however many chunks the prompt holds.
+func (e *Engine) EncodePrompt(ctx context.Context, segs []Segment) ([]*chunk.Entry, error) {
+	toks := make([][]uint32, len(segs))
+	var all []uint32
+	for i, sg := range segs {
+		toks[i] = sg.Tokens
+		all = append(all, sg.Tokens...)
+	}
+	if len(all) == 0 {
+		return nil, fmt.Errorf("engine: encode of an empty prompt")
+	}
+	contexts, _ := chunk.PrefixChain(e.fp, toks)
+	c := &e.cfg
+	kvPerTok := c.NumKVHeads * c.HeadDim
+	n := len(all)
+	capture := make([]float32, c.NumLayers*2*n*kvPerTok)
+	s, err := e.NewSequence(0)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Release()
+	e.mu.Lock()
+	if err := s.grow(all); err != nil {
+		e.mu.Unlock()
+		return nil, err
+	}
+	_, err = e.forward(ctx, s, fwdPlan{active: e.sc.indices(0, n), capture: capture, capLo: 0, capHi: n})
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*chunk.Entry, len(segs))
+	lo := 0
+	for i, sg := range segs {
+		m := len(sg.Tokens)
+		if sg.Chunk && m > 0 {
+			// Slice the segment's rows out of every layer's K and V.
+			kv := make([]float32, 0, c.NumLayers*2*m*kvPerTok)
+			for l := 0; l < c.NumLayers; l++ {
+				for half := 0; half < 2; half++ {
+					base := (l*2+half)*n*kvPerTok + lo*kvPerTok
+					kv = append(kv, capture[base:base+m*kvPerTok]...)
+				}
+			}
+			ent := &chunk.Entry{
+				Key:     chunk.Key{Fingerprint: e.fp, Content: chunk.ContentID(e.fp, sg.Tokens), Context: contexts[i]},
+				DType:   e.spec.DType,
+				Layers:  c.NumLayers,
+				KVHeads: c.NumKVHeads,
+				HeadDim: c.HeadDim,
+				Tokens:  append([]uint32(nil), sg.Tokens...),
+			}
+			ent.KV = narrow(make([]byte, 0, len(kv)*e.spec.DType.Size()), kv, e.spec.DType)
+			out[i] = ent
+		}
+		lo += m
+	}
+	return out, nil
+}
+
 // Segment is a piece of a prompt: a chunk that may be found in the store,
 // or plain text (a query, an instruction) that is always prefilled.
 type Segment struct {

@@ -564,3 +564,46 @@ func TestRecomputeCheckLayer(t *testing.T) {
 		})
 	}
 }
+
+func TestEncodePromptMatchesPerChunkEncoding(t *testing.T) {
+	ctx := context.Background()
+	e := newTestEngine(t, variants()["llama-bias"], 81)
+	r := rand.New(rand.NewPCG(81, 82))
+	segs := []Segment{
+		{Tokens: randTokens(r, 7, e.cfg.VocabSize), Chunk: true},
+		{Tokens: randTokens(r, 3, e.cfg.VocabSize)}, // text between chunks
+		{Tokens: randTokens(r, 9, e.cfg.VocabSize), Chunk: true},
+	}
+	ents, err := e.EncodePrompt(ctx, segs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ents[1] != nil {
+		t.Fatal("text segment encoded")
+	}
+	for _, i := range []int{0, 2} {
+		var prefix [][]uint32
+		for _, sg := range segs[:i] {
+			prefix = append(prefix, sg.Tokens)
+		}
+		want, err := e.EncodeAfterPrefix(ctx, prefix, segs[i].Tokens)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := ents[i]
+		if got.Key != want.Key {
+			t.Fatalf("segment %d: key %v, want %v", i, got.Key, want.Key)
+		}
+		a, err := EntryF32(got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := EntryF32(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := maxAbsDiff(a, b); d != 0 {
+			t.Fatalf("segment %d: KV differs by %g", i, d)
+		}
+	}
+}
