@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
-	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/raft"
 
@@ -15,17 +16,23 @@ import (
 )
 
 // fsm is the replicated state. raft calls Apply, Snapshot and Restore from
-// its own goroutines; readers take copies under mu. It owns the state; the
-// Store only reads it.
+// its own goroutines, never two at once; each change builds a new immutable
+// fsmState and publishes it with one atomic store, so readers (every Put
+// and Get looks up its model) take no lock. The maps are copied on write:
+// models and members are few and change rarely.
 type fsm struct {
-	onChange func() // called after every change, outside mu
+	onChange func() // called after every change
+	cur      atomic.Pointer[fsmState]
+}
 
-	mu       sync.RWMutex
+// fsmState is one version of the state; it is never modified once
+// published.
+type fsmState struct {
 	models   map[chunk.Fingerprint]chunk.ModelSpec
 	settings Settings
 	epoch    uint64
 	members  map[string]ring.Member
-	ring     *ring.Ring // rebuilt on each ring change; immutable
+	ring     *ring.Ring
 }
 
 func newFSM(onChange func()) *fsm {
@@ -56,18 +63,20 @@ func sortedMembers(m map[string]ring.Member) []ring.Member {
 }
 
 func (f *fsm) reset(s snapshotState) {
-	models := make(map[chunk.Fingerprint]chunk.ModelSpec, len(s.Models))
+	st := &fsmState{
+		models:   make(map[chunk.Fingerprint]chunk.ModelSpec, len(s.Models)),
+		settings: s.Settings,
+		epoch:    s.Epoch,
+		members:  make(map[string]ring.Member, len(s.Members)),
+	}
 	for _, spec := range s.Models {
-		models[spec.Fingerprint()] = spec
+		st.models[spec.Fingerprint()] = spec
 	}
-	members := make(map[string]ring.Member, len(s.Members))
 	for _, m := range s.Members {
-		members[m.ID] = m
+		st.members[m.ID] = m
 	}
-	r := ring.New(s.Epoch, sortedMembers(members))
-	f.mu.Lock()
-	f.models, f.settings, f.epoch, f.members, f.ring = models, s.Settings, s.Epoch, members, r
-	f.mu.Unlock()
+	st.ring = ring.New(s.Epoch, sortedMembers(st.members))
+	f.cur.Store(st)
 }
 
 // Apply implements raft.FSM. It returns nil or an error; an invalid
@@ -92,45 +101,41 @@ func (f *fsm) Apply(l *raft.Log) any {
 }
 
 func (f *fsm) apply(c command) (changed bool, err error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+	cur := f.cur.Load()
+	next := *cur
 	switch c.kind {
 	case kindRegisterModel:
 		fp := c.model.Spec.Fingerprint()
-		if _, ok := f.models[fp]; ok {
+		if _, ok := cur.models[fp]; ok {
 			return false, nil
 		}
-		f.models[fp] = c.model.Spec
-		return true, nil
+		next.models = maps.Clone(cur.models)
+		next.models[fp] = c.model.Spec
 	case kindSetSettings:
-		if f.settings == *c.settings {
+		if cur.settings == *c.settings {
 			return false, nil
 		}
-		f.settings = *c.settings
-		return true, nil
+		next.settings = *c.settings
 	case kindRingChange:
 		rc := c.ring
-		if rc.Epoch != f.epoch {
-			return false, fmt.Errorf("%w: change for epoch %d, ring is at %d", ErrStaleEpoch, rc.Epoch, f.epoch)
+		if rc.Epoch != cur.epoch {
+			return false, fmt.Errorf("%w: change for epoch %d, ring is at %d", ErrStaleEpoch, rc.Epoch, cur.epoch)
 		}
-		if len(f.members)+len(rc.Upsert) > maxMembers {
+		if len(cur.members)+len(rc.Upsert) > maxMembers {
 			return false, fmt.Errorf("%w: ring would exceed %d members", ErrInvalidCommand, maxMembers)
 		}
-		next := make(map[string]ring.Member, len(f.members)+len(rc.Upsert))
-		for id, m := range f.members {
-			next[id] = m
-		}
+		next.members = maps.Clone(cur.members)
 		diff := false
 		for _, m := range rc.Upsert {
-			if old, ok := next[m.ID]; !ok || old != m {
+			if old, ok := next.members[m.ID]; !ok || old != m {
 				diff = true
 			}
-			next[m.ID] = m
+			next.members[m.ID] = m
 		}
 		for _, id := range rc.Remove {
-			if _, ok := next[id]; ok {
+			if _, ok := next.members[id]; ok {
 				diff = true
-				delete(next, id)
+				delete(next.members, id)
 			}
 		}
 		if !diff {
@@ -138,82 +143,62 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 			// means a different ring.
 			return false, nil
 		}
-		f.epoch++
-		f.members = next
-		f.ring = ring.New(f.epoch, sortedMembers(next))
-		return true, nil
+		next.epoch++
+		next.ring = ring.New(next.epoch, sortedMembers(next.members))
+	default:
+		return false, fmt.Errorf("%w: kind %v", ErrInvalidCommand, c.kind)
 	}
-	return false, fmt.Errorf("%w: kind %v", ErrInvalidCommand, c.kind)
+	f.cur.Store(&next)
+	return true, nil
 }
 
 func (f *fsm) model(fp chunk.Fingerprint) (chunk.ModelSpec, bool) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	s, ok := f.models[fp]
+	s, ok := f.cur.Load().models[fp]
 	return s, ok
 }
 
 func (f *fsm) modelList() []chunk.ModelSpec {
-	f.mu.RLock()
-	type fpSpec struct {
-		fp   chunk.Fingerprint
-		spec chunk.ModelSpec
-	}
-	l := make([]fpSpec, 0, len(f.models))
-	for fp, s := range f.models {
-		l = append(l, fpSpec{fp, s})
-	}
-	f.mu.RUnlock()
-	slices.SortFunc(l, func(a, b fpSpec) int {
-		return cmp.Or(cmp.Compare(a.fp.Hi, b.fp.Hi), cmp.Compare(a.fp.Lo, b.fp.Lo))
+	return sortedModels(f.cur.Load().models)
+}
+
+func sortedModels(m map[chunk.Fingerprint]chunk.ModelSpec) []chunk.ModelSpec {
+	fps := slices.SortedFunc(maps.Keys(m), func(a, b chunk.Fingerprint) int {
+		return cmp.Or(cmp.Compare(a.Hi, b.Hi), cmp.Compare(a.Lo, b.Lo))
 	})
-	out := make([]chunk.ModelSpec, len(l))
-	for i := range l {
-		out[i] = l[i].spec
+	out := make([]chunk.ModelSpec, len(fps))
+	for i, fp := range fps {
+		out[i] = m[fp]
 	}
 	return out
 }
 
-func (f *fsm) currentSettings() Settings {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.settings
-}
+func (f *fsm) currentSettings() Settings { return f.cur.Load().settings }
 
-func (f *fsm) currentRing() *ring.Ring {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return f.ring
-}
+func (f *fsm) currentRing() *ring.Ring { return f.cur.Load().ring }
 
 func (f *fsm) member(id string) (ring.Member, bool) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	m, ok := f.members[id]
+	m, ok := f.cur.Load().members[id]
 	return m, ok
 }
 
 func (f *fsm) counts() (models, members int) {
-	f.mu.RLock()
-	defer f.mu.RUnlock()
-	return len(f.models), len(f.members)
+	st := f.cur.Load()
+	return len(st.models), len(st.members)
 }
 
 func (f *fsm) state() snapshotState {
-	models := f.modelList()
-	f.mu.RLock()
-	defer f.mu.RUnlock()
+	st := f.cur.Load()
 	return snapshotState{
 		Version:  snapshotVersion,
-		Models:   models,
-		Settings: f.settings,
-		Epoch:    f.epoch,
-		Members:  sortedMembers(f.members),
+		Models:   sortedModels(st.models),
+		Settings: st.settings,
+		Epoch:    st.epoch,
+		Members:  sortedMembers(st.members),
 	}
 }
 
-// Snapshot implements raft.FSM; the copy is taken here, the write happens
-// later in Persist without holding mu.
+// Snapshot implements raft.FSM; it captures the current version, and
+// Persist writes it later while Apply goes on.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	return &fsmSnapshot{s: f.state()}, nil
 }

@@ -111,7 +111,7 @@ func fastConfig(id, dir string) Config {
 // a timing assertion.
 const waitTimeout = 30 * time.Second
 
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(waitTimeout)
 	for !cond() {
@@ -124,7 +124,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // cluster runs Stores in-process over real TCP on 127.0.0.1.
 type cluster struct {
-	t      *testing.T
+	t      testing.TB
 	expect int
 	peers  *fakePeers
 	fwd    *fakeForwarder
@@ -135,7 +135,7 @@ type cluster struct {
 	tweak  func(*Config)
 }
 
-func newCluster(t *testing.T, expect int) *cluster {
+func newCluster(t testing.TB, expect int) *cluster {
 	c := &cluster{
 		t: t, expect: expect, peers: newFakePeers(), fwd: newFakeForwarder(),
 		nodes: make(map[string]*Store), dirs: make(map[string]string), addrs: make(map[string]string),
@@ -304,7 +304,7 @@ func testSpec(i int) chunk.ModelSpec {
 	}
 }
 
-func ctxT(t *testing.T) context.Context {
+func ctxT(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
 	t.Cleanup(cancel)
 	return ctx

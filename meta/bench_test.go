@@ -1,0 +1,76 @@
+package meta
+
+import (
+	"fmt"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// BenchmarkRegisterModel measures a committed write: on a single-node
+// leader (one fsync per batch) and forwarded from a follower of a 3-node
+// cluster over real TCP; -cpu sets the writers' parallelism.
+func BenchmarkRegisterModel(b *testing.B) {
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprintf("nodes=%d", n), func(b *testing.B) {
+			c := newCluster(b, n)
+			for _, id := range ids(n) {
+				c.start(id)
+			}
+			c.waitAgree(ids(n))
+			s := c.leader()
+			if n > 1 {
+				s = c.follower()
+			}
+			var seq atomic.Int64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					spec := testSpec(0)
+					spec.Salt = fmt.Sprint(seq.Add(1))
+					if _, err := s.RegisterModel(ctxT(b), spec); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
+}
+
+// BenchmarkModelLookup is the read every Put and Get does.
+func BenchmarkModelLookup(b *testing.B) {
+	cfg := fastConfig("r", b.TempDir())
+	cfg.BootstrapExpect = 1
+	s, err := Open(ctxT(b), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.WaitLeader(ctxT(b)); err != nil {
+		b.Fatal(err)
+	}
+	var fps []chunk.Fingerprint
+	for i := range 16 {
+		fp, err := s.RegisterModel(ctxT(b), testSpec(i))
+		if err != nil {
+			b.Fatal(err)
+		}
+		fps = append(fps, fp)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, ok := s.Model(fps[i%len(fps)]); !ok {
+				b.Error("model missing")
+				return
+			}
+			_ = s.Ring()
+			i++
+		}
+	})
+}
