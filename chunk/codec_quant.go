@@ -310,15 +310,17 @@ func (c quantCodec) quantizeGroup(q []byte, grp []float32, zero, inv float64) {
 
 // intCode is round((v-zero)/scale) clamped to [0, levels]. Multiplying by
 // the inverse instead of dividing moves a code across a rounding boundary
-// only within 2^-52 relative of it, far inside the documented bound.
+// only within 2^-52 relative of it, far inside the documented bound; the
+// truncating conversion is a floor because the operand is clamped to be
+// non-negative first.
 func intCode(v float32, zero, inv, levels float64) byte {
-	q := math.Floor((float64(v)-zero)*inv + 0.5)
-	if q < 0 {
-		q = 0
-	} else if q > levels {
-		q = levels
+	x := (float64(v)-zero)*inv + 0.5
+	if x < 0 {
+		x = 0
+	} else if x > levels {
+		x = levels
 	}
-	return byte(q)
+	return byte(int32(x))
 }
 
 // groupParams chooses and stores (at p) a group's parameters and returns
@@ -386,12 +388,20 @@ func (c quantCodec) putCodes(codes []byte, at int, q []byte) {
 		copy(codes[at:], q)
 		return
 	}
-	for i, v := range q {
+	i := 0
+	if at&1 == 0 { // the common case: whole bytes, two codes each
+		dst := codes[at>>1 : at>>1+len(q)>>1]
+		for k := range dst {
+			dst[k] = q[2*k] | q[2*k+1]<<4
+		}
+		i = 2 * len(dst)
+	}
+	for ; i < len(q); i++ {
 		j := at + i
 		if j&1 == 0 {
-			codes[j>>1] = v
+			codes[j>>1] = q[i]
 		} else {
-			codes[j>>1] |= v << 4
+			codes[j>>1] |= q[i] << 4
 		}
 	}
 }
@@ -561,7 +571,16 @@ func (c quantCodec) getCodes(buf, codes []byte, at int) []byte {
 	if c.kind != quantInt4 {
 		return codes[at : at+len(buf)]
 	}
-	for i := range buf {
+	i := 0
+	if at&1 == 0 { // the common case: whole bytes, two codes each
+		src := codes[at>>1 : at>>1+len(buf)>>1]
+		for k, b := range src {
+			buf[2*k] = b & 15
+			buf[2*k+1] = b >> 4
+		}
+		i = 2 * len(src)
+	}
+	for ; i < len(buf); i++ {
 		j := at + i
 		buf[i] = codes[j>>1] >> (4 * (j & 1)) & 15
 	}
@@ -587,12 +606,14 @@ func toF32(dst []float32, src []byte, dt DType) {
 			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
 		}
 	case F16:
+		src = src[:2*len(dst)]
 		for i := range dst {
-			dst[i] = F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+			dst[i] = F16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
 		}
 	case BF16:
+		src = src[:2*len(dst)]
 		for i := range dst {
-			dst[i] = BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
+			dst[i] = BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
 		}
 	}
 }
@@ -605,12 +626,16 @@ func fromF32(dst []byte, src []float32, dt DType) {
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
 		}
 	case F16:
+		dst = dst[:2*len(src)]
 		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
+			h := F32ToF16(v)
+			dst[2*i], dst[2*i+1] = byte(h), byte(h>>8)
 		}
 	case BF16:
+		dst = dst[:2*len(src)]
 		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], F32ToBF16(v))
+			h := F32ToBF16(v)
+			dst[2*i], dst[2*i+1] = byte(h), byte(h>>8)
 		}
 	}
 }
