@@ -1,0 +1,123 @@
+package inject
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"log/slog"
+	"math/rand/v2"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+)
+
+// blobFetcher answers every key with one blob.
+type blobFetcher struct{ blob []byte }
+
+func (f *blobFetcher) Fetch(context.Context, chunk.Key) (Fetched, error) {
+	return Fetched{Blob: f.blob, Match: Exact}, nil
+}
+
+// reseal rewrites the layer and header checksums of blob where its header
+// lets it, so that mutations reach the codecs' decoders.
+func reseal(b []byte) {
+	if len(b) < 88 {
+		return
+	}
+	toks, layers := int(binary.LittleEndian.Uint32(b[64:])), int(binary.LittleEndian.Uint32(b[68:]))
+	if toks > 1<<12 || layers > 64 {
+		return
+	}
+	sumAt := 88 + 24*layers + 4*toks
+	if len(b) < sumAt+8 {
+		return
+	}
+	payload := b[sumAt+8:]
+	for l := 0; l < layers; l++ {
+		ref := b[88+24*l:]
+		off, n := binary.LittleEndian.Uint64(ref), binary.LittleEndian.Uint64(ref[8:])
+		if off <= uint64(len(payload)) && n <= uint64(len(payload))-off {
+			binary.LittleEndian.PutUint64(ref[16:], xxhash.Sum64(payload[off:off+n]))
+		}
+	}
+	binary.LittleEndian.PutUint64(b[sumAt:], xxhash.Sum64(b[:sumAt]))
+}
+
+// FuzzInjectBlob feeds arbitrary entries to the Service. It must never
+// panic; a hit writes exactly what cudakern writes for the decoded entry;
+// a miss leaves the cache untouched when the blob fails its checksums,
+// and otherwise touches nothing outside the chunk's own slots.
+func FuzzInjectBlob(f *testing.F) {
+	spec := chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 8, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000}
+	fp := spec.Fingerprint()
+	toks := []uint32{11, 22, 33, 44}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, c := range []chunk.Codec{chunk.CodecRaw, chunk.CodecLossless, chunk.CodecInt8, chunk.CodecInt4, chunk.CodecFP8} {
+		b := encode(f, synthEntry(rng, spec, toks, chunk.StandaloneContext()), c)
+		f.Add(b, false)
+		f.Add(b, true)
+	}
+	f.Add([]byte("KVMC"), false)
+
+	bf := &blobFetcher{}
+	s, err := New(Config{Fetcher: bf, Models: fixedModels{spec}, Workers: 2, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer s.Close()
+	lay := cudakern.CacheLayout{Order: cudakern.HND, NumBlocks: 2, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: chunk.F32}
+	mem := layersOf(2, lay)
+	id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: 2, HeadLo: 1, HeadHi: 2,
+		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 64}, mem)
+	if err != nil {
+		f.Fatal(err)
+	}
+	fillPattern(mem, 0x77)
+	guard := cloneLayers(mem)
+	rope, _ := cudakern.NewRopeTable(spec, 64)
+	inj := cudakern.NewInjector(cudakern.Config{Workers: 1})
+	defer inj.Close()
+	slots := []int{5, -1, 0, 6}
+
+	f.Fuzz(func(t *testing.T, blob []byte, resealed bool) {
+		blob = bytes.Clone(blob)
+		if resealed {
+			reseal(blob)
+		}
+		for l := range mem {
+			copy(mem[l], guard[l])
+		}
+		bf.blob = blob
+		resp, err := s.Inject(context.Background(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
+			Context: chunk.StandaloneContext(), Pos: 9, Slots: slots}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := cloneLayers(guard)
+		if resp.Results[0].Match != Miss {
+			directInject(t, inj, rope, blob, lay, 1, 2, 9, slots, want)
+			equalLayers(t, "hit", mem, want)
+			return
+		}
+		if _, err := chunk.Verify(blob, chunk.Limits{}); err != nil {
+			equalLayers(t, "miss with a bad checksum", mem, guard)
+			return
+		}
+		// Only the chunk's slots may differ.
+		for l := range mem {
+			for kv := 0; kv < 2; kv++ {
+				for _, sl := range slots {
+					if sl >= 0 {
+						o := lay.Offset(kv, sl, 0)
+						copy(mem[l][o:o+lay.HeadDim*4], guard[l][o:])
+					}
+				}
+			}
+		}
+		equalLayers(t, "miss outside the chunk's slots", mem, guard)
+	})
+}
