@@ -100,7 +100,7 @@ type job struct {
 	localKey
 	targets []string
 	handoff bool // delete here once every target holds it
-	acked   int // guarded by runBatch's mutex while pushes run
+	acked   int  // guarded by runBatch's mutex while pushes run
 }
 
 // pass moves local keys to their owners in rg. drain: rg excludes this
