@@ -26,7 +26,7 @@ func (s *Store) tryBootstrap() {
 		s.needBootstrap = false
 		return
 	}
-	if id, _ := s.raft.LeaderWithID(); id != "" {
+	if _, leader := s.raft.LeaderWithID(); leader != "" {
 		s.needBootstrap = false
 		return
 	}

@@ -445,7 +445,7 @@ func (s *Store) write(ctx context.Context, cmd []byte) error {
 		} else {
 			err = s.cfg.Forward.Apply(ctx, addr, cmd)
 		}
-		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrClosed) {
+		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) {
 			return err
 		}
 		last = err
@@ -582,6 +582,10 @@ func (s *Store) loop() {
 			if err := s.reconcile(); err != nil && s.ctx.Err() == nil {
 				s.log.Warn("meta: reconcile", "err", err)
 			}
+		} else if len(s.missingSince) > 0 {
+			// Absences seen in an earlier term say nothing about the
+			// next one: a node may have come back meanwhile.
+			clear(s.missingSince)
 		}
 		select {
 		case <-s.ctx.Done():
