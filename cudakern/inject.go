@@ -20,6 +20,8 @@ type Config struct {
 	// NoSIMD forces the portable Go kernels even where the AVX2 ones can
 	// run (they give the same bits; this exists for tests and benchmarks).
 	NoSIMD bool
+	// NoAVX512 keeps to the AVX2 kernels (same bits).
+	NoAVX512 bool
 }
 
 // Job is one fused rotate-and-scatter request: layers of one chunk, from its
@@ -75,6 +77,7 @@ type plan struct {
 	copyV     bool // V bytes pass through unchanged
 	kernel    kernelKind
 	simd      bool // the AVX2 kernels may run
+	avx512    bool // and the AVX-512 ones
 	nt        bool // and store with non-temporal hints (see useNT)
 	tiles     int  // token tiles per layer
 	items     int  // layers * tiles
@@ -193,6 +196,7 @@ func (j *Job) plan() (plan, error) {
 type Injector struct {
 	workers int
 	simd    bool
+	avx512  bool
 	ntMin   int // ntMinBytes; tests lower it to cover the NT kernels
 
 	mu     sync.Mutex // held for a whole call; guards closed and p
@@ -220,6 +224,7 @@ func NewInjector(cfg Config) *Injector {
 	in := &Injector{
 		workers: w,
 		simd:    !cfg.NoSIMD && hasSIMD(),
+		avx512:  !cfg.NoSIMD && !cfg.NoAVX512 && hasAVX512(),
 		ntMin:   ntMinBytes,
 		start:   make(chan struct{}, w),
 		done:    make(chan struct{}, w),
@@ -290,6 +295,7 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 	}
 	p.cancel = ctx.Done()
 	p.simd = in.simd
+	p.avx512 = in.avx512
 	p.nt = p.useNT(in.ntMin)
 	in.p = p
 	in.next.Store(0)

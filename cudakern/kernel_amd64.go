@@ -7,6 +7,9 @@ import "golang.org/x/sys/cpu"
 // hasSIMD reports whether the AVX2 kernels can run here.
 func hasSIMD() bool { return cpu.X86.HasAVX2 && cpu.X86.HasF16C }
 
+// hasAVX512 reports whether the AVX-512 kernels can run here too.
+func hasAVX512() bool { return hasSIMD() && cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW }
+
 // The AVX2 kernels (kernel_amd64.s) rotate NeoX pairs i < n of a head
 // vector whose halves start at element 0 and element half; n is a positive
 // multiple of 8 and at most half; cos and sin hold at least n. The NT
@@ -38,3 +41,15 @@ func copyNT(dst, src *byte, n int)
 
 // sfence orders the non-temporal stores before every later store.
 func sfence()
+
+//go:noescape
+func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
+
+//go:noescape
+func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)

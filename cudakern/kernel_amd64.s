@@ -482,3 +482,201 @@ ntloop:
 TEXT ·sfence(SB), NOSPLIT, $0-0
 	SFENCE
 	RET
+
+// AVX-512 variants: 16 pairs per iteration; n is a positive multiple of 16.
+
+// func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXBF16AVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z15
+	MOVL $1, AX
+	VPBROADCASTD AX, Z14
+	MOVL $0x40, AX
+	VPBROADCASTD AX, Z13
+
+bf16z:
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	VPMOVZXWD (R10), Z1
+	VPSLLD    $16, Z1, Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R9), Z3
+	VMULPS  Z2, Z0, Z4
+	VMULPS  Z3, Z1, Z5
+	VSUBPS  Z5, Z4, Z4
+	VMULPS  Z2, Z1, Z6
+	VMULPS  Z3, Z0, Z7
+	VADDPS  Z7, Z6, Z6
+	// Round to bfloat16 as the AVX2 kernel does; NaN lanes (K1) take
+	// (u>>16)|0x40 instead.
+	VCMPPS    $3, Z4, Z4, K1
+	VPSRLD    $16, Z4, Z8
+	VPANDD    Z14, Z8, Z9
+	VPADDD    Z15, Z4, Z4
+	VPADDD    Z9, Z4, Z4
+	VPSRLD    $16, Z4, Z4
+	VPORD     Z13, Z8, K1, Z4
+	VPMOVDW   Z4, (DI)
+	VCMPPS    $3, Z6, Z6, K1
+	VPSRLD    $16, Z6, Z8
+	VPANDD    Z14, Z8, Z9
+	VPADDD    Z15, Z6, Z6
+	VPADDD    Z9, Z6, Z6
+	VPSRLD    $16, Z6, Z6
+	VPORD     Z13, Z8, K1, Z6
+	VPMOVDW   Z6, (R11)
+
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, DI
+	ADDQ $32, R11
+	ADDQ $64, R8
+	ADDQ $64, R9
+	SUBQ $16, CX
+	JNZ  bf16z
+	VZEROUPPER
+	RET
+
+// func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXF16AVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
+
+f16z:
+	VCVTPH2PS (SI), Z0
+	VCVTPH2PS (R10), Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R9), Z3
+	VMULPS  Z2, Z0, Z4
+	VMULPS  Z3, Z1, Z5
+	VSUBPS  Z5, Z4, Z4
+	VMULPS  Z2, Z1, Z6
+	VMULPS  Z3, Z0, Z7
+	VADDPS  Z7, Z6, Z6
+	VCVTPS2PH $0, Z4, (DI)
+	VCVTPS2PH $0, Z6, (R11)
+
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, DI
+	ADDQ $32, R11
+	ADDQ $64, R8
+	ADDQ $64, R9
+	SUBQ $16, CX
+	JNZ  f16z
+	VZEROUPPER
+	RET
+
+// func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXBF16AVX512NT(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z15
+	MOVL $1, AX
+	VPBROADCASTD AX, Z14
+	MOVL $0x40, AX
+	VPBROADCASTD AX, Z13
+
+bf16znt:
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	VPMOVZXWD (R10), Z1
+	VPSLLD    $16, Z1, Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R9), Z3
+	VMULPS  Z2, Z0, Z4
+	VMULPS  Z3, Z1, Z5
+	VSUBPS  Z5, Z4, Z4
+	VMULPS  Z2, Z1, Z6
+	VMULPS  Z3, Z0, Z7
+	VADDPS  Z7, Z6, Z6
+	// Round to bfloat16 as the AVX2 kernel does; NaN lanes (K1) take
+	// (u>>16)|0x40 instead.
+	VCMPPS    $3, Z4, Z4, K1
+	VPSRLD    $16, Z4, Z8
+	VPANDD    Z14, Z8, Z9
+	VPADDD    Z15, Z4, Z4
+	VPADDD    Z9, Z4, Z4
+	VPSRLD    $16, Z4, Z4
+	VPORD     Z13, Z8, K1, Z4
+	VPMOVDW   Z4, Y10
+	VMOVNTDQ  Y10, (DI)
+	VCMPPS    $3, Z6, Z6, K1
+	VPSRLD    $16, Z6, Z8
+	VPANDD    Z14, Z8, Z9
+	VPADDD    Z15, Z6, Z6
+	VPADDD    Z9, Z6, Z6
+	VPSRLD    $16, Z6, Z6
+	VPORD     Z13, Z8, K1, Z6
+	VPMOVDW   Z6, Y10
+	VMOVNTDQ  Y10, (R11)
+
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, DI
+	ADDQ $32, R11
+	ADDQ $64, R8
+	ADDQ $64, R9
+	SUBQ $16, CX
+	JNZ  bf16znt
+	VZEROUPPER
+	RET
+
+// func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
+TEXT ·rotNeoXF16AVX512NT(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	MOVQ half+40(FP), DX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
+
+f16znt:
+	VCVTPH2PS (SI), Z0
+	VCVTPH2PS (R10), Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R9), Z3
+	VMULPS  Z2, Z0, Z4
+	VMULPS  Z3, Z1, Z5
+	VSUBPS  Z5, Z4, Z4
+	VMULPS  Z2, Z1, Z6
+	VMULPS  Z3, Z0, Z7
+	VADDPS  Z7, Z6, Z6
+	VCVTPS2PH $0, Z4, Y4
+	VMOVNTDQ  Y4, (DI)
+	VCVTPS2PH $0, Z6, Y6
+	VMOVNTDQ  Y6, (R11)
+
+	ADDQ $32, SI
+	ADDQ $32, R10
+	ADDQ $32, DI
+	ADDQ $32, R11
+	ADDQ $64, R8
+	ADDQ $64, R9
+	SUBQ $16, CX
+	JNZ  f16znt
+	VZEROUPPER
+	RET

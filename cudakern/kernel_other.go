@@ -6,12 +6,18 @@ package cudakern
 // run instead and the stubs below are never called.
 func hasSIMD() bool { return false }
 
-func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)   { panic("cudakern: no SIMD") }
-func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
-func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
-func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int) { panic("cudakern: no SIMD") }
-func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
-func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
-func copyNT(dst, src *byte, n int)                                     { panic("cudakern: no SIMD") }
-func sfence()                                                          {}
-func prefetch(p *byte, n int)                                          {}
+func hasAVX512() bool { return false }
+
+func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)     { panic("cudakern: no SIMD") }
+func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)      { panic("cudakern: no SIMD") }
+func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)      { panic("cudakern: no SIMD") }
+func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)   { panic("cudakern: no SIMD") }
+func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
+func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
+func copyNT(dst, src *byte, n int)                                       { panic("cudakern: no SIMD") }
+func sfence()                                                            {}
+func prefetch(p *byte, n int)                                            {}
+func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half int)   { panic("cudakern: no SIMD") }
+func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
+func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int) { panic("cudakern: no SIMD") }
+func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }

@@ -19,50 +19,59 @@ const (
 	kernelF32NeoX
 )
 
+// simdKernel is one assembly rotation kernel (see kernel_amd64.go).
+type simdKernel func(dst, src *byte, cos, sin *float32, n, half int)
+
+// simdKernels are the assembly kernels of one dtype; nil where none exists.
+type simdKernels struct {
+	avx2, avx2NT, avx512, avx512NT simdKernel
+}
+
 // rotKey rotates one source head vector src into dst, both HeadDim long,
 // with one row of the table. x is a scratch vector of HeadDim float32.
 func (p *plan) rotKey(dst, src []byte, c, s, x []float32) {
 	t := p.Rope
 	half, rot := t.half, t.rotary
 	es := p.srcES
-	from := 0
+	var ks simdKernels
+	var scalar func(dst, src []byte, c, s []float32, half, from int)
 	switch p.kernel {
 	case kernelBF16NeoX:
-		if p.simd && half >= 8 {
-			from = half &^ 7
-			if p.nt {
-				rotNeoXBF16AVX2NT(&dst[0], &src[0], &c[0], &s[0], from, half)
-			} else {
-				rotNeoXBF16AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
-			}
-		}
-		rotBF16NeoX(dst, src, c, s, half, from)
+		ks = simdKernels{rotNeoXBF16AVX2, rotNeoXBF16AVX2NT, rotNeoXBF16AVX512, rotNeoXBF16AVX512NT}
+		scalar = rotBF16NeoX
 	case kernelF16NeoX:
-		if p.simd && half >= 8 {
-			from = half &^ 7
-			if p.nt {
-				rotNeoXF16AVX2NT(&dst[0], &src[0], &c[0], &s[0], from, half)
-			} else {
-				rotNeoXF16AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
-			}
-		}
-		rotF16NeoX(dst, src, c, s, half, from)
+		ks = simdKernels{rotNeoXF16AVX2, rotNeoXF16AVX2NT, rotNeoXF16AVX512, rotNeoXF16AVX512NT}
+		scalar = rotF16NeoX
 	case kernelF32NeoX:
-		if p.simd && half >= 8 {
-			from = half &^ 7
-			if p.nt {
-				rotNeoXF32AVX2NT(&dst[0], &src[0], &c[0], &s[0], from, half)
-			} else {
-				rotNeoXF32AVX2(&dst[0], &src[0], &c[0], &s[0], from, half)
-			}
-		}
-		rotF32NeoX(dst, src, c, s, half, from)
+		ks = simdKernels{avx2: rotNeoXF32AVX2, avx2NT: rotNeoXF32AVX2NT}
+		scalar = rotF32NeoX
 	default:
 		loadF32(x, src, p.SrcDType, p.srcKScale)
 		t.rotate(x, c, s)
 		storeF32(dst, x, p.Layout.DType, p.dstKScale)
 		return
 	}
+	from := 0
+	if p.simd {
+		// The widest kernel takes what it can, the AVX2 one the next 8
+		// pairs, Go the rest; every one gives the same bits.
+		if k := ks.avx512; p.avx512 && k != nil && half >= 16 {
+			if p.nt {
+				k = ks.avx512NT
+			}
+			from = half &^ 15
+			k(&dst[0], &src[0], &c[0], &s[0], from, half)
+		}
+		if n := (half - from) &^ 7; n > 0 {
+			k := ks.avx2
+			if p.nt {
+				k = ks.avx2NT
+			}
+			k(&dst[from*es], &src[from*es], &c[from], &s[from], n, half)
+			from += n
+		}
+	}
+	scalar(dst, src, c, s, half, from)
 	// Same dtype: the dims beyond the rotary ones pass through as bytes.
 	copy(dst[rot*es:], src[rot*es:])
 }

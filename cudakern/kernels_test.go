@@ -25,15 +25,20 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			mk := func(simd bool) *plan {
+			mk := func(simd, avx512, nt bool) *plan {
 				return &plan{Job: Job{Rope: tab, SrcDType: dt, Layout: CacheLayout{HeadDim: shape.hd, DType: dt}},
-					srcES: dt.Size(), kernel: kind, simd: simd}
+					srcES: dt.Size(), kernel: kind, simd: simd, avx512: avx512, nt: nt}
 			}
-			fast, slow, nt := mk(true), mk(false), mk(true)
-			nt.nt = shape.rot%32 == 0 // the NT kernels need 32-byte aligned halves
+			slow := mk(false, false, false)
+			// The NT kernels need 32-byte aligned halves.
+			ntOK := shape.rot%32 == 0
+			others := []*plan{mk(true, false, false), mk(true, false, ntOK)}
+			if hasAVX512() {
+				others = append(others, mk(true, true, false), mk(true, true, ntOK))
+			}
 			es := dt.Size()
 			src := make([]byte, shape.hd*es)
-			a, b, a2 := aligned(len(src)), make([]byte, len(src)), aligned(len(src))
+			a, b := aligned(len(src)), make([]byte, len(src))
 			x := make([]float32, shape.hd)
 			for n := 0; n < 600; n++ {
 				for i := range src {
@@ -45,24 +50,28 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 					}
 				}
 				c, s := tab.Row(rng.IntN(tab.MaxPositions()))
-				fast.rotKey(a, src, c, s, x)
 				slow.rotKey(b, src, c, s, x)
-				nt.rotKey(a2, src, c, s, x)
-				sfence()
-				if string(a) != string(a2) {
-					t.Fatalf("%v hd %d rot %d: NT kernel %x, cached %x", dt, shape.hd, shape.rot, a2, a)
-				}
-				for i := 0; i < shape.hd; i++ {
-					va, vb := decode(a, dt, i), decode(b, dt, i)
-					if math.IsNaN(va) && math.IsNaN(vb) {
-						continue // NaN payloads may follow operand order
-					}
-					if string(a[i*es:(i+1)*es]) != string(b[i*es:(i+1)*es]) {
-						t.Fatalf("%v hd %d rot %d dim %d: simd %x, go %x (src %x)", dt, shape.hd, shape.rot, i,
-							a[i*es:(i+1)*es], b[i*es:(i+1)*es], src)
-					}
+				for _, fast := range others {
+					fast.rotKey(a, src, c, s, x)
+					sfence()
+					checkSame(t, fast, dt, shape.hd, a, b, src)
 				}
 			}
+		}
+	}
+}
+
+func checkSame(t *testing.T, p *plan, dt chunk.DType, hd int, a, b, src []byte) {
+	t.Helper()
+	es := dt.Size()
+	for i := 0; i < hd; i++ {
+		va, vb := decode(a, dt, i), decode(b, dt, i)
+		if math.IsNaN(va) && math.IsNaN(vb) {
+			continue // NaN payloads may follow operand order
+		}
+		if string(a[i*es:(i+1)*es]) != string(b[i*es:(i+1)*es]) {
+			t.Fatalf("%v hd %d rotary %d (avx512 %v nt %v) dim %d: simd %x, go %x (src %x)", dt, hd, p.Rope.rotary,
+				p.avx512, p.nt, i, a[i*es:(i+1)*es], b[i*es:(i+1)*es], src)
 		}
 	}
 }
