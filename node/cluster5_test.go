@@ -1,0 +1,178 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// waitFor polls cond every 20 ms until it holds or d passes.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func startNode(t *testing.T, id string, seeds []string, expect int) *Node {
+	t.Helper()
+	nd, err := New(Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
+		LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := nd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nd.Close() })
+	return nd
+}
+
+// TestCluster5 covers a 5-node cluster: leader loss and re-election,
+// forwarded metadata writes, agreement on every live node, reads after the
+// loss, a join and a graceful leave.
+func TestCluster5(t *testing.T) {
+	if testing.Short() {
+		t.Skip("5 nodes")
+	}
+	nodes := startCluster(t, 5)
+	c := newClient(t, nodes...)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(5, 5))
+	spec := testSpec()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	keys := make([]chunk.Key, 20)
+	blobs := make([][]byte, 20)
+	for i := range keys {
+		keys[i], blobs[i] = testEntry(t, rng, spec, randTokens(rng, 3+i), chunk.StandaloneContext())
+		if _, err := c.Put(ctx, blobs[i]); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+
+	// Kill the leader.
+	var leader *Node
+	for _, nd := range nodes {
+		if nd.meta.IsLeader() {
+			leader = nd
+		}
+	}
+	if leader == nil {
+		t.Fatal("no leader")
+	}
+	old := leader.ID()
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var live []*Node
+	for _, nd := range nodes {
+		if nd != leader {
+			live = append(live, nd)
+		}
+	}
+	waitFor(t, 30*time.Second, "a new leader", func() bool {
+		id, _ := live[0].meta.Leader()
+		return id != "" && id != old
+	})
+
+	// A metadata write through a follower reaches the new leader, and every
+	// live node agrees on the result.
+	spec2 := spec
+	spec2.Salt = "after re-election"
+	var follower *Node
+	for _, nd := range live {
+		if !nd.meta.IsLeader() {
+			follower = nd
+			break
+		}
+	}
+	if _, err := follower.meta.RegisterModel(ctx, spec2); err != nil {
+		t.Fatalf("register through follower %s: %v", follower.ID(), err)
+	}
+	waitFor(t, 15*time.Second, "metadata agreement", func() bool {
+		for _, nd := range live {
+			if _, ok := nd.meta.Model(spec2.Fingerprint()); !ok || nd.meta.Ring().Epoch() != live[0].meta.Ring().Epoch() {
+				return false
+			}
+		}
+		return true
+	})
+
+	for i, k := range keys {
+		got, err := c.Get(ctx, k)
+		if err != nil || !bytes.Equal(got, blobs[i]) {
+			t.Fatalf("get %d after losing the leader: %v", i, err)
+		}
+	}
+
+	// A sixth node joins: it lands in the ring and can serve.
+	n6 := startNode(t, "n6", []string{live[0].GossipAddr()}, 0)
+	waitFor(t, 30*time.Second, "n6 in the ring", func() bool { return n6.Ready() == nil && live[0].meta.Ring().Contains("n6") })
+	waitFor(t, 15*time.Second, "n6 knows the models", func() bool { _, ok := n6.meta.Model(spec2.Fingerprint()); return ok })
+
+	// A graceful leave takes a node out of the ring without DeadGrace.
+	leaving := live[len(live)-1]
+	if leaving.meta.IsLeader() {
+		leaving = live[len(live)-2]
+	}
+	epoch := live[0].meta.Ring().Epoch()
+	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	if err := leaving.Leave(lctx); err != nil {
+		t.Fatalf("leave: %v", err)
+	}
+	lcancel()
+	defer func() {
+		if !t.Failed() {
+			return
+		}
+		for _, nd := range append(live, n6) {
+			if nd == leaving {
+				continue
+			}
+			id, _ := nd.meta.Leader()
+			var ms []string
+			for _, m := range nd.meta.Ring().Members() {
+				ms = append(ms, m.ID)
+			}
+			t.Logf("%s: leader %q epoch %d members %v gossip %d", nd.ID(), id, nd.meta.Ring().Epoch(), ms, len(nd.gossip.Members()))
+		}
+	}()
+	waitFor(t, 30*time.Second, fmt.Sprintf("%s out of the ring", leaving.ID()), func() bool {
+		r := n6.meta.Ring()
+		return !r.Contains(leaving.ID()) && r.Epoch() > epoch
+	})
+	_ = leaving.Close()
+	// Reads keep working for entries whose replicas moved: the client
+	// refreshes its ring, and nodes fetch from the remaining replicas.
+	for i, k := range keys {
+		if _, err := c.Get(ctx, k); err != nil {
+			// With R=3 over 6 nodes, an entry may have lost two of its
+			// three holders (the dead leader and the leaver) and moved to
+			// nodes that never got it: without rebalancing (the
+			// replication package), only a survivor can serve it.
+			var holders int
+			for _, nd := range append(live, n6) {
+				if nd != leaving && nd.store.Contains(k) {
+					holders++
+				}
+			}
+			if holders > 0 {
+				t.Fatalf("get %d after a leave: %v (held by %d live nodes)", i, err, holders)
+			}
+		}
+	}
+}
