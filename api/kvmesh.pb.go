@@ -2195,10 +2195,11 @@ func (x *ClusterInfoResponse) GetCodec() string {
 }
 
 // DigestRequest either pages through every key the node holds (after,
-// limit), or, when from is set, asks what replication's anti-entropy asks:
-// about the keys that the receiver and `from` both replicate in ring
-// `epoch` with `replicas` copies: exactly `keys` when given, else the bucket
-// table (no buckets) or the items of the listed buckets.
+// limit), or, when from is set, asks what replication's anti-entropy asks
+// (replication.DigestRequest): about the keys that the receiver and `from`
+// both replicate in ring `epoch` with `replicas` copies: exactly `keys`
+// when given; else the sub-tables of the buckets in `split`, the items of
+// the buckets in `ranges`, or (neither) the bucket table.
 type DigestRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Resume after this key (absent: from the start).
@@ -2207,8 +2208,9 @@ type DigestRequest struct {
 	From          string   `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
 	Epoch         uint64   `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Replicas      uint32   `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	Buckets       []uint32 `protobuf:"varint,6,rep,packed,name=buckets,proto3" json:"buckets,omitempty"`
+	Split         []uint32 `protobuf:"varint,6,rep,packed,name=split,proto3" json:"split,omitempty"`
 	Keys          []*Key   `protobuf:"bytes,7,rep,name=keys,proto3" json:"keys,omitempty"`
+	Ranges        []uint32 `protobuf:"varint,8,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2278,9 +2280,9 @@ func (x *DigestRequest) GetReplicas() uint32 {
 	return 0
 }
 
-func (x *DigestRequest) GetBuckets() []uint32 {
+func (x *DigestRequest) GetSplit() []uint32 {
 	if x != nil {
-		return x.Buckets
+		return x.Split
 	}
 	return nil
 }
@@ -2288,6 +2290,13 @@ func (x *DigestRequest) GetBuckets() []uint32 {
 func (x *DigestRequest) GetKeys() []*Key {
 	if x != nil {
 		return x.Keys
+	}
+	return nil
+}
+
+func (x *DigestRequest) GetRanges() []uint32 {
+	if x != nil {
+		return x.Ranges
 	}
 	return nil
 }
@@ -2673,15 +2682,16 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x10leader_grpc_addr\x18\x05 \x01(\tR\x0eleaderGrpcAddr\x12-\n" +
 	"\x12replication_factor\x18\x06 \x01(\rR\x11replicationFactor\x12!\n" +
 	"\fwrite_quorum\x18\a \x01(\rR\vwriteQuorum\x12\x14\n" +
-	"\x05codec\x18\b \x01(\tR\x05codec\"\xcf\x01\n" +
+	"\x05codec\x18\b \x01(\tR\x05codec\"\xe3\x01\n" +
 	"\rDigestRequest\x12$\n" +
 	"\x05after\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x05after\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x12\n" +
 	"\x04from\x18\x03 \x01(\tR\x04from\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
-	"\breplicas\x18\x05 \x01(\rR\breplicas\x12\x18\n" +
-	"\abuckets\x18\x06 \x03(\rR\abuckets\x12\"\n" +
-	"\x04keys\x18\a \x03(\v2\x0e.kvmesh.v1.KeyR\x04keys\"\x93\x01\n" +
+	"\breplicas\x18\x05 \x01(\rR\breplicas\x12\x14\n" +
+	"\x05split\x18\x06 \x03(\rR\x05split\x12\"\n" +
+	"\x04keys\x18\a \x03(\v2\x0e.kvmesh.v1.KeyR\x04keys\x12\x16\n" +
+	"\x06ranges\x18\b \x03(\rR\x06ranges\"\x93\x01\n" +
 	"\n" +
 	"DigestItem\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x03key\x12\x1a\n" +
