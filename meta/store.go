@@ -186,10 +186,15 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 
 // Close stops the reconcile loop and the raft server and closes the log.
 // It does not leave the cluster: a node that comes back with the same
-// DataDir and NodeID rejoins with its state.
+// DataDir and NodeID rejoins with its state. It first snapshots what this
+// node has applied, so that a restart serves that state at once instead of
+// after it has caught up with the leader.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.cancel()
+		if err := s.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+			s.log.Debug("meta: snapshot on close", "err", err)
+		}
 		s.raft.DeregisterObserver(s.observer)
 		err := s.raft.Shutdown().Error()
 		s.trans.fence()
@@ -211,6 +216,28 @@ func (s *Store) Close() error {
 		s.closeErr = err
 	})
 	return s.closeErr
+}
+
+// Leave prepares a graceful shutdown: if this node leads, it hands
+// leadership to another voter, so that the cluster does not wait for an
+// election timeout to notice. Gossip's Leave tells the new leader to
+// remove the node. Call Close afterwards.
+func (s *Store) Leave(ctx context.Context) error {
+	if !s.IsLeader() {
+		return nil
+	}
+	f := s.raft.LeadershipTransfer()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			return fmt.Errorf("meta: leadership transfer: %w", err)
+		}
+		return nil
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // NodeID is this node's ID.

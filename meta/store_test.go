@@ -45,6 +45,10 @@ func TestSingleNodeRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	// The snapshot taken by Close is restored by Open, before any election.
+	if _, ok := s.Model(fp); !ok || s.Settings() != want {
+		t.Fatalf("state not restored by Open: models %v, settings %+v", s.Models(), s.Settings())
+	}
 	if err := s.WaitLeader(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
@@ -189,5 +193,34 @@ func TestFollowerWithoutForwarder(t *testing.T) {
 	}
 	if _, err := f.RegisterModel(ctxT(t), testSpec(1)); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("write without forwarder: %v", err)
+	}
+}
+
+// TestLeaderLeave: a leader that leaves hands leadership to another node.
+func TestLeaderLeave(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.waitAgree(ids(3))
+	l := c.leader()
+	// A transfer can time out on a loaded machine; Leave is retried then.
+	var err error
+	eventually(t, "leadership handed over", func() bool {
+		if l.IsLeader() {
+			err = l.Leave(ctxT(t))
+		}
+		return !l.IsLeader()
+	})
+	if err != nil {
+		t.Logf("a transfer failed before one succeeded: %v", err)
+	}
+	if err := c.follower().Leave(ctxT(t)); err != nil {
+		t.Fatalf("Leave on a follower: %v", err)
+	}
+	old := l.NodeID()
+	c.stop(old)
+	if nl := c.leader(); nl.NodeID() == old {
+		t.Fatal("stopped node leads")
 	}
 }
