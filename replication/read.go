@@ -61,6 +61,9 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 			order = append(order, m.ID)
 		}
 	}
+	// The nearest healthy replica first: nodes that failed a read lately
+	// go last (stable, so ring order holds among the rest).
+	slices.SortStableFunc(order, func(a, b string) int { return boolCmp(r.suspected(a), r.suspected(b)) })
 	nReps := len(order)
 	if prev := r.prev.Load(); prev != nil && prev.Epoch() != rg.Epoch() {
 		for _, m := range prev.Replicas(key.Content, n) {
@@ -82,6 +85,7 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 			}
 		}
 		if err == nil {
+			r.setSuspect(node, false)
 			r.metrics.readsRemote.Add(1)
 			for _, t := range lacking {
 				r.enqueue(repairTask{key: key, target: t, source: node})
@@ -97,11 +101,45 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 			}
 		} else if ctx.Err() != nil {
 			return ReadResult{}, fmt.Errorf("replication: read %v: %w", key, ctx.Err())
+		} else if !errors.Is(err, chunk.ErrCorrupt) {
+			r.setSuspect(node, true)
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", node, err))
 	}
 	r.metrics.readsMissed.Add(1)
 	return ReadResult{}, fmt.Errorf("%w: %v on %d nodes: %w", ErrNotFound, key, len(order)+1, errors.Join(errs...))
+}
+
+func boolCmp(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return 1
+	}
+	return -1
+}
+
+// suspected reports whether node failed a read within SuspectFor.
+func (r *Replicator) suspected(node string) bool {
+	r.suspectMu.Lock()
+	defer r.suspectMu.Unlock()
+	until, ok := r.suspects[node]
+	if ok && !r.cfg.Now().Before(until) {
+		delete(r.suspects, node)
+		return false
+	}
+	return ok
+}
+
+func (r *Replicator) setSuspect(node string, bad bool) {
+	r.suspectMu.Lock()
+	defer r.suspectMu.Unlock()
+	if bad {
+		r.suspects[node] = r.cfg.Now().Add(r.cfg.SuspectFor)
+	} else {
+		delete(r.suspects, node)
+	}
 }
 
 func isMember(ms []ring.Member, id string) bool {

@@ -232,6 +232,9 @@ type Config struct {
 	// AntiEntropyInterval is the period of anti-entropy rounds. Default
 	// 5m; negative disables them (AntiEntropy still works).
 	AntiEntropyInterval time.Duration
+	// SuspectFor is how long a node that failed a read is tried after the
+	// healthy replicas. Default 5s.
+	SuspectFor time.Duration
 	// Limits bound the blobs accepted. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
 	// Now is the clock of writes, deletes and hints. Default time.Now.
@@ -291,6 +294,9 @@ func (c *Config) setDefaults() error {
 	if c.AntiEntropyInterval == 0 {
 		c.AntiEntropyInterval = 5 * time.Minute
 	}
+	if c.SuspectFor == 0 {
+		c.SuspectFor = 5 * time.Second
+	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -318,6 +324,9 @@ type Replicator struct {
 	kick        chan struct{}
 	hintKick    chan struct{}
 
+	suspectMu sync.Mutex
+	suspects  map[string]time.Time // node -> until when reads try it last
+
 	// keyLocks order a local store against a local delete of the same
 	// key, so a write older than a delete cannot slip in after it.
 	keyLocks [64]sync.Mutex
@@ -342,6 +351,7 @@ func New(cfg Config) (*Replicator, error) {
 		repairs:  make(chan repairTask, cfg.RepairQueue),
 		kick:     make(chan struct{}, 1),
 		hintKick: make(chan struct{}, 1),
+		suspects: make(map[string]time.Time),
 	}
 	if cfg.RebalanceBytesPerSec > 0 {
 		burst := int(min(cfg.RebalanceBytesPerSec, 1<<30))

@@ -869,3 +869,34 @@ func TestAntiEntropyLoop(t *testing.T) {
 	}
 	waitFor(t, func() bool { return len(c.holders(key)) == 3 })
 }
+
+// Reads go to the nearest healthy replica: one that just failed is tried
+// last.
+func TestReadSkipsSuspectedReplica(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c", "d"}, nil)
+	var key chunk.Key
+	var blob []byte
+	for i := 0; ; i++ {
+		blob, key = makeBlob(t, i, 0)
+		if !c.ring().IsReplica(key.Content, "d", 3) {
+			break
+		}
+	}
+	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return len(c.holders(key)) == 3 }) // the straggler too
+	first := c.ring().Replicas(key.Content, 3)[0].ID
+	c.net.setDown(first, true)
+	for _, wantFetches := range []int64{2, 1} {
+		before := c.net.fetches.Load()
+		rr, err := c.reps["d"].Read(context.Background(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rr.Release()
+		if got := c.net.fetches.Load() - before; got != wantFetches {
+			t.Fatalf("%d fetches, want %d", got, wantFetches)
+		}
+	}
+}
