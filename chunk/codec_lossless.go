@@ -26,11 +26,14 @@ import (
 // Why huff0 and not zstd: the planes have no repeated strings for LZ77 to
 // find, only a skewed byte histogram, which is what huff0 codes. Measured by
 // BenchmarkExponentPlane on the synthetic Llama-shaped chunk (one layer's
-// exponent plane, 2-core shared VM): bf16 huff0 2.86x at ~0.4 GB/s encode vs
-// zstd fastest 2.44x, default 2.34x, better 2.37x at 8-30 MB/s; f16 (high
-// byte plane) huff0 1.38x vs zstd fastest/default storing it raw (1.00x)
-// and zstd better 1.38x at a third of huff0's speed. huff0 wins on both
-// ratio and speed, so the codec uses huff0 alone.
+// exponent plane; 2-core VM; GB/s per CPU-second, encode/decode):
+//
+//	bf16 exponent plane   huff0 2.86x 0.6/1.4   zstd fastest 2.44x 0.15/0.75
+//	                      zstd default 2.34x 0.07/0.5   better 2.37x 0.07/0.7
+//	f16 high-byte plane   huff0 1.38x 0.7-0.9/1.3   zstd better 1.38x 0.3-0.45/1.1
+//	                      (zstd fastest and default leave it raw: 1.00x)
+//
+// huff0 wins on ratio and speed everywhere, so the codec uses huff0 alone.
 //
 // Layer layout: the K half then the V half, each cut into blocks of
 // losslessBlock elements (the last one shorter); per block, per plane:
