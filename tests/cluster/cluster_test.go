@@ -35,19 +35,39 @@ type proc struct {
 	done  chan error
 }
 
+// kvmeshdBin is the kvmeshd that TestMain built, or why it could not.
+var kvmeshdBin, kvmeshdErr = "", error(nil)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kvmeshd-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if goBin, err := exec.LookPath("go"); err != nil {
+		kvmeshdErr = fmt.Errorf("no go command to build kvmeshd: %w", err)
+	} else {
+		kvmeshdBin = filepath.Join(dir, "kvmeshd")
+		cmd := exec.Command(goBin, "build", "-o", kvmeshdBin, "github.com/kvmesh/kvmesh/cmd/kvmeshd")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			kvmeshdErr = fmt.Errorf("build kvmeshd: %w\n%s", err, out)
+		}
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
 func buildKvmeshd(t *testing.T) string {
 	t.Helper()
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		t.Skip("no go command to build kvmeshd")
+	if kvmeshdErr != nil {
+		if kvmeshdBin == "" {
+			t.Skip(kvmeshdErr)
+		}
+		t.Fatal(kvmeshdErr)
 	}
-	bin := filepath.Join(t.TempDir(), "kvmeshd")
-	cmd := exec.Command(goBin, "build", "-o", bin, "github.com/kvmesh/kvmesh/cmd/kvmeshd")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build kvmeshd: %v\n%s", err, out)
-	}
-	return bin
+	return kvmeshdBin
 }
 
 func checkBindable(t *testing.T, hosts ...string) {
@@ -178,7 +198,6 @@ func TestThreeProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	t.Logf("%v: started", time.Now())
 	// Wait until the ring holds all three.
 	for {
 		info, err := c.ClusterInfo(ctx)
@@ -191,7 +210,6 @@ func TestThreeProcesses(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	t.Logf("%v: formed", time.Now())
 	rng := rand.New(rand.NewPCG(7, 7))
 	spec := testSpec()
 	k0, b0 := entry(t, rng, spec, 16)
@@ -231,7 +249,6 @@ func TestThreeProcesses(t *testing.T) {
 		}
 	}
 	readAll("all up")
-	t.Logf("%v: all up read", time.Now())
 
 	// SIGKILL one node: with R=3 every entry has two live replicas.
 	victim := procs[2]
@@ -240,9 +257,7 @@ func TestThreeProcesses(t *testing.T) {
 	}
 	<-victim.done
 	victim.done <- nil
-	t.Logf("%v: killed", time.Now())
 	readAll("one node killed")
-	t.Logf("%v: read after kill", time.Now())
 	res, err := c.Lookup(ctx, spec.Fingerprint(), []client.LookupItem{{Content: keys[3].Content, Want: chunk.StandaloneContext()}})
 	if err != nil || res[0].Match != client.Exact {
 		t.Fatalf("lookup with a node down: %v %v", res, err)

@@ -1,0 +1,141 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/client"
+)
+
+// nodeModels asks one node (not the cluster) for its models and its view
+// of the leader.
+func nodeView(ctx context.Context, addr string) (models []string, leader string, epoch uint64, err error) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, "", 0, err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c := api.NewClientClient(cc)
+	mr, err := c.Models(ctx, &api.ModelsRequest{})
+	if err != nil {
+		return nil, "", 0, err
+	}
+	info, err := c.ClusterInfo(ctx, &api.ClusterInfoRequest{})
+	if err != nil {
+		return nil, "", 0, err
+	}
+	for _, m := range mr.Models {
+		models = append(models, client.FingerprintFromProto(m.Fingerprint).String())
+	}
+	slices.Sort(models)
+	return models, info.LeaderId, info.Epoch, nil
+}
+
+// TestFiveProcessesLeaderLoss kills the raft leader of a 5-process cluster
+// and checks that a new one is elected, that writes of metadata work again
+// and that every live node agrees on it.
+func TestFiveProcessesLeaderLoss(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	hosts := []string{"127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24", "127.0.0.25"}
+	checkBindable(t, hosts...)
+	bin := buildKvmeshd(t)
+	var procs []*proc
+	for i, h := range hosts {
+		args := []string{"-data-dir", t.TempDir(), "-grpc", h + ":0", "-bootstrap-expect", "5", "-local-timing",
+			"-dead-grace", "1h", "-dram", "32M", "-rpc-timeout", "3s"}
+		if i > 0 {
+			args = append(args, "-join", procs[0].addrs["gossip"])
+		}
+		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	byID := make(map[string]*proc)
+	var seeds []string
+	for _, p := range procs {
+		byID[p.id] = p
+		seeds = append(seeds, p.addrs["grpc"])
+	}
+	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var leader string
+	for {
+		info, err := c.ClusterInfo(ctx)
+		if err == nil && len(info.Members) == 5 && info.LeaderId != "" {
+			leader = info.LeaderId
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("cluster never formed: %v %v", info, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	spec := testSpec()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+
+	lp := byID[leader]
+	if err := lp.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	lp.done <- <-lp.done
+	var live []*proc
+	for _, p := range procs {
+		if p != lp {
+			live = append(live, p)
+		}
+	}
+	// A new leader, and a metadata write through whichever node the
+	// client reaches.
+	for {
+		_, l, _, err := nodeView(ctx, live[0].addrs["grpc"])
+		if err == nil && l != "" && l != leader {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("no new leader after killing %s: %v", leader, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	spec2 := spec
+	spec2.Salt = "after leader loss"
+	if _, err := c.RegisterModel(ctx, spec2); err != nil {
+		t.Fatalf("register after leader loss: %v", err)
+	}
+	want := []string{spec.Fingerprint().String(), spec2.Fingerprint().String()}
+	slices.Sort(want)
+	for {
+		agree := true
+		var views []string
+		for _, p := range live {
+			models, l, epoch, err := nodeView(ctx, p.addrs["grpc"])
+			views = append(views, fmt.Sprintf("%s: %v leader %s epoch %d err %v", p.id, models, l, epoch, err))
+			if err != nil || !slices.Equal(models, want) || l == "" || l == leader {
+				agree = false
+			}
+		}
+		if agree {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("live nodes disagree: %v", views)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
