@@ -191,8 +191,14 @@ func (c *cluster) start(id string) *Store {
 	return s
 }
 
-// stop closes node id and takes it out of gossip, as a crash would.
-func (c *cluster) stop(id string) {
+// stop stops node id like a crash (no snapshot on the way out) and takes it
+// out of gossip.
+func (c *cluster) stop(id string) { c.stopWith(id, false) }
+
+// stopGraceful is stop with Close's snapshot.
+func (c *cluster) stopGraceful(id string) { c.stopWith(id, true) }
+
+func (c *cluster) stopWith(id string, graceful bool) {
 	c.t.Helper()
 	c.mu.Lock()
 	s := c.nodes[id]
@@ -203,7 +209,7 @@ func (c *cluster) stop(id string) {
 	}
 	c.peers.remove(id)
 	c.fwd.set("grpc-"+id, nil)
-	if err := s.Close(); err != nil {
+	if err := s.close(graceful); err != nil {
 		c.t.Errorf("close %s: %v", id, err)
 	}
 }

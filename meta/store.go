@@ -189,11 +189,17 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 // DataDir and NodeID rejoins with its state. It first snapshots what this
 // node has applied, so that a restart serves that state at once instead of
 // after it has caught up with the leader.
-func (s *Store) Close() error {
+func (s *Store) Close() error { return s.close(true) }
+
+// close is Close; tests pass snapshot=false to stop like a crash, which
+// leaves the log entries after the last snapshot to be replayed.
+func (s *Store) close(snapshot bool) error {
 	s.closeOnce.Do(func() {
 		s.cancel()
-		if err := s.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
-			s.log.Debug("meta: snapshot on close", "err", err)
+		if snapshot {
+			if err := s.raft.Snapshot().Error(); err != nil && !errors.Is(err, raft.ErrNothingNewToSnapshot) {
+				s.log.Debug("meta: snapshot on close", "err", err)
+			}
 		}
 		s.raft.DeregisterObserver(s.observer)
 		err := s.raft.Shutdown().Error()
