@@ -40,7 +40,7 @@ type pageSpan struct {
 	ownN  uintptr
 }
 
-func newArena(bytes int64, pageSize int) (*arena, error) {
+func newArena(bytes int64, pageSize int, prefault bool) (*arena, error) {
 	if pageSize <= 0 || pageSize%unix.Getpagesize() != 0 {
 		return nil, fmt.Errorf("kvtier: page size %d is not a multiple of the OS page size %d", pageSize, unix.Getpagesize())
 	}
@@ -57,7 +57,11 @@ func newArena(bytes int64, pageSize int) (*arena, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kvtier: sizing arena: %w", err)
 	}
-	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	flags := unix.MAP_SHARED
+	if prefault {
+		flags |= unix.MAP_POPULATE
+	}
+	mem, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, flags)
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kvtier: mapping arena: %w", err)

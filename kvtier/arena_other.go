@@ -4,23 +4,27 @@ package kvtier
 
 import "errors"
 
+// The DRAM arena needs memfd; elsewhere Open fails. These stubs keep the
+// package compiling.
+
 type arena struct {
-	pageSize, npages int
+	pageSize, npages, nused int
 }
 
+type run struct{ first, n uint32 }
+
 type pageSpan struct {
+	runs  []run
 	pages int
 	view  []byte
 }
 
-func newArena(int64, int) (*arena, error) {
+func newArena(int64, int, bool) (*arena, error) {
 	return nil, errors.New("kvtier: the DRAM arena needs Linux (memfd)")
 }
 
-func (a *arena) close() error          { return nil }
-func (a *arena) freePages() int        { return 0 }
-func (a *arena) pagesFor(size int) int { return 0 }
-func (a *arena) alloc(n, size int) (pageSpan, error) {
-	return pageSpan{}, errors.New("kvtier: no arena")
-}
-func (a *arena) release(sp *pageSpan) {}
+func (a *arena) close() error                        { return nil }
+func (a *arena) freePages() int                      { return 0 }
+func (a *arena) pagesFor(size int) int               { return 0 }
+func (a *arena) alloc(n, size int) (pageSpan, error) { return pageSpan{}, errors.New("kvtier: no arena") }
+func (a *arena) release(sp *pageSpan)                {}

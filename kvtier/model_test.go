@@ -85,8 +85,8 @@ func TestModel(t *testing.T) {
 				return r, ok
 			}
 			ops := 600
-			if tc.cfg.GPU != nil {
-				ops = 300
+			if tc.cfg.DiskBytes > 0 {
+				ops = 350 // every demotion fsyncs
 			}
 			for op := 0; op < ops; op++ {
 				i := rng.IntN(len(bs))
