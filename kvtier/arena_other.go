@@ -23,8 +23,10 @@ func newArena(int64, int, bool) (*arena, error) {
 	return nil, errors.New("kvtier: the DRAM arena needs Linux (memfd)")
 }
 
-func (a *arena) close() error                        { return nil }
-func (a *arena) freePages() int                      { return 0 }
-func (a *arena) pagesFor(size int) int               { return 0 }
-func (a *arena) alloc(n, size int) (pageSpan, error) { return pageSpan{}, errors.New("kvtier: no arena") }
-func (a *arena) release(sp *pageSpan)                {}
+func (a *arena) close() error          { return nil }
+func (a *arena) freePages() int        { return 0 }
+func (a *arena) pagesFor(size int) int { return 0 }
+func (a *arena) alloc(n, size int) (pageSpan, error) {
+	return pageSpan{}, errors.New("kvtier: no arena")
+}
+func (a *arena) release(sp *pageSpan) {}
