@@ -86,6 +86,9 @@ type TTFTRow struct {
 	// injection of the stored facts plus a prefill of the query; Repair is
 	// injection with deviation-guided recomputation at the configured ratio.
 	Prefill, Inject, Repair time.Duration
+	// PrefillCPU and InjectCPU are the process CPU time of the same paths
+	// (fastest run), all threads: the work, whatever else the machine runs.
+	PrefillCPU, InjectCPU time.Duration
 	// Lookup and Scatter split Inject's time outside the forward pass.
 	Lookup, Scatter time.Duration
 	// Token-layers each path computed.
@@ -138,6 +141,12 @@ func (r *BenchResult) PrefillGrowth() float64 {
 func (r *BenchResult) Speedup() float64 {
 	b := r.TTFT[len(r.TTFT)-1]
 	return b.Prefill.Seconds() / b.Inject.Seconds()
+}
+
+// CPUGrowth is InjectGrowth and PrefillGrowth in CPU time.
+func (r *BenchResult) CPUGrowth() (inject, prefill float64) {
+	a, b := r.TTFT[0], r.TTFT[len(r.TTFT)-1]
+	return b.InjectCPU.Seconds()/a.InjectCPU.Seconds() - 1, b.PrefillCPU.Seconds()/a.PrefillCPU.Seconds() - 1
 }
 
 // benchFacts is a memory stream: facts in order, with windowed encodings
@@ -201,15 +210,18 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 	cfg.Progress(fmt.Sprintf("stored %d facts (w=%d)", maxK, cfg.Window))
 	query := benchFacts(r, 1, cfg.QueryTokens, vocab)[0]
 	best := slices.Min[[]time.Duration]
+	var lastCPU time.Duration
 	timed := func(src ChunkSource, req Request) (time.Duration, *Response, error) {
-		t0 := time.Now()
+		c0, t0 := processCPU(), time.Now()
 		resp, err := e.Run(ctx, src, req)
-		return time.Since(t0), resp, err
+		d := time.Since(t0)
+		lastCPU = processCPU() - c0
+		return d, resp, err
 	}
 	for _, k := range cfg.Ks {
 		segs := promptOf(stream[:k], query)
 		row := TTFTRow{K: k, PromptTokens: k*cfg.FactTokens + cfg.QueryTokens}
-		var pre, inj, rep, look, scat []time.Duration
+		var pre, inj, rep, look, scat, preCPU, injCPU []time.Duration
 		// One untimed run of each path warms caches and the store.
 		for trial := -1; trial < cfg.Trials; trial++ {
 			d, resp, err := timed(nil, Request{Segments: segs})
@@ -218,7 +230,7 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 			}
 			row.PrefillTL = resp.TokenLayers
 			if trial >= 0 {
-				pre = append(pre, d)
+				pre, preCPU = append(pre, d), append(preCPU, lastCPU)
 			}
 			d, resp, err = timed(store, Request{Segments: segs})
 			if err != nil {
@@ -230,6 +242,7 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 			row.InjectTL = resp.TokenLayers
 			if trial >= 0 {
 				inj, look, scat = append(inj, d), append(look, resp.Lookup), append(scat, resp.Inject)
+				injCPU = append(injCPU, lastCPU)
 			}
 			d, resp, err = timed(store, Request{Segments: segs, Recompute: cfg.Recompute})
 			if err != nil {
@@ -244,6 +257,7 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 		// The split of the fastest injection run, not the fastest of each part.
 		fastest := slices.Index(inj, row.Inject)
 		row.Lookup, row.Scatter = look[fastest], scat[fastest]
+		row.PrefillCPU, row.InjectCPU = best(preCPU), best(injCPU)
 		res.TTFT = append(res.TTFT, row)
 		cfg.Progress(fmt.Sprintf("k=%d: prefill %v, inject %v, repair %v", k, row.Prefill, row.Inject, row.Repair))
 	}
@@ -374,15 +388,16 @@ func (r *BenchResult) Markdown() string {
 		m.ModelType, m.NumLayers, m.HiddenSize, m.NumHeads, m.NumKVHeads, m.HeadDim, m.IntermediateSize, m.VocabSize, m.DType, r.Workers)
 	fmt.Fprintf(&b, "Facts of %d tokens, %d-token query, stored as %v KV with a %d-token context window; best of %d runs.\n\n",
 		r.Config.FactTokens, r.Config.QueryTokens, r.KVDType, r.Config.Window, r.Config.Trials)
-	fmt.Fprintf(&b, "| k | prompt tokens | (a) prompt injection TTFT ms | (b) KV injection TTFT ms | lookup+decode ms | rotate+scatter ms | (a)/(b) | (b) + recompute r=%.0f%% ms | token-layers (a) / (b) / recompute |\n", 100*r.Config.Recompute)
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(&b, "| k | prompt tokens | (a) prompt injection TTFT ms | (b) KV injection TTFT ms | (a)/(b) | (a) CPU ms | (b) CPU ms | lookup+decode ms | rotate+scatter ms | (b) + recompute r=%.0f%% ms | token-layers (a) / (b) / recompute |\n", 100*r.Config.Recompute)
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, t := range r.TTFT {
-		fmt.Fprintf(&b, "| %d | %d | %s | %s | %s | %s | %.1fx | %s | %d / %d / %d |\n", t.K, t.PromptTokens, ms(t.Prefill), ms(t.Inject),
-			ms(t.Lookup), ms(t.Scatter), t.Prefill.Seconds()/t.Inject.Seconds(), ms(t.Repair), t.PrefillTL, t.InjectTL, t.RepairTL)
+		fmt.Fprintf(&b, "| %d | %d | %s | %s | %.1fx | %s | %s | %s | %s | %s | %d / %d / %d |\n", t.K, t.PromptTokens, ms(t.Prefill), ms(t.Inject),
+			t.Prefill.Seconds()/t.Inject.Seconds(), ms(t.PrefillCPU), ms(t.InjectCPU), ms(t.Lookup), ms(t.Scatter), ms(t.Repair), t.PrefillTL, t.InjectTL, t.RepairTL)
 	}
 	k0, k1 := r.TTFT[0].K, r.TTFT[len(r.TTFT)-1].K
-	fmt.Fprintf(&b, "\nFrom k=%d to k=%d: (a) grows %+.0f%%, (b) grows %+.0f%%; (b) is %.1fx faster at k=%d.\n\n",
-		k0, k1, 100*r.PrefillGrowth(), 100*r.InjectGrowth(), r.Speedup(), k1)
+	ci, cp := r.CPUGrowth()
+	fmt.Fprintf(&b, "\nFrom k=%d to k=%d: (a) grows %+.0f%% (CPU %+.0f%%), (b) grows %+.0f%% (CPU %+.0f%%); (b) is %.1fx faster at k=%d.\n\n",
+		k0, k1, 100*r.PrefillGrowth(), 100*cp, 100*r.InjectGrowth(), 100*ci, r.Speedup(), k1)
 	fmt.Fprintf(&b, "Fidelity to full prefill: %d prompts of %d consecutive facts + query, next-token distribution.\n\n", r.Config.FidelityPrompts, r.Config.FidelityK)
 	b.WriteString("| encoding | recompute r | top-1 agreement | mean KL (nats) | max KL | max abs logit diff | token-layers vs prefill |\n")
 	b.WriteString("|---|---:|---:|---:|---:|---:|---:|\n")
