@@ -28,6 +28,12 @@ func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32) {
 		}
 	case chunk.FP8E4M3:
 		src = src[:len(dst)]
+		if scale == 1 {
+			for i := range dst {
+				dst[i] = chunk.FP8E4M3ToF32(src[i])
+			}
+			return
+		}
 		for i := range dst {
 			dst[i] = chunk.FP8E4M3ToF32(src[i]) * scale
 		}
@@ -58,9 +64,37 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32) {
 	case chunk.FP8E4M3:
 		dst = dst[:len(src)]
 		for i, v := range src {
-			dst[i] = chunk.F32ToFP8E4M3(v / scale)
+			if scale != 1 { // x / 1 is x: skip the division
+				v /= scale
+			}
+			// f32ToFP8, inlined by hand: the compiler will not inline a
+			// function that also calls the slow path.
+			u := math.Float32bits(v)
+			a := u & 0x7fffffff
+			if a-0x3c800000 >= 0x43e00000-0x3c800000 {
+				dst[i] = chunk.F32ToFP8E4M3(v)
+				continue
+			}
+			a -= 120 << 23
+			a += 0x7ffff + (a>>20)&1
+			dst[i] = uint8(u>>24)&0x80 | uint8(min(a>>20, 0x7e))
 		}
 	default:
 		panic("cudakern: storeF32 of " + dt.String())
 	}
+}
+
+// f32ToFP8 is chunk.F32ToFP8E4M3 with the common case (a normal e4m3
+// result) inlined: rebias the exponent, round the 20 dropped bits to even,
+// saturate at 448. Everything else (subnormal, zero, saturation, NaN) takes
+// the full function.
+func f32ToFP8(f float32) uint8 {
+	u := math.Float32bits(f)
+	a := u & 0x7fffffff
+	if a-0x3c800000 >= 0x43e00000-0x3c800000 { // outside [2^-6, 448)
+		return chunk.F32ToFP8E4M3(f)
+	}
+	a -= 120 << 23
+	a += 0x7ffff + (a>>20)&1
+	return uint8(u>>24)&0x80 | uint8(min(a>>20, 0x7e))
 }
