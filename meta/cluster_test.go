@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
@@ -394,4 +395,35 @@ func TestRestartOnNewPort(t *testing.T) {
 		_, ok := s.Model(testSpec(7).Fingerprint())
 		return slices.Contains(servers, Server{ID: id, RaftAddr: s.RaftAddr(), Voter: true}) && m.RaftAddr == s.RaftAddr() && ok
 	})
+}
+
+// TestBootstrapWaitsForExpect: two of three expected nodes do not
+// bootstrap; the third lets all three do it together.
+func TestBootstrapWaitsForExpect(t *testing.T) {
+	c := newCluster(t, 3)
+	c.start(nodeID(0))
+	c.start(nodeID(1))
+	// Several bootstrap waits (700 ms with fastConfig) pass first.
+	time.Sleep(2 * time.Second)
+	for _, id := range c.running() {
+		s := c.node(id)
+		if s.raft.LastIndex() != 0 || s.bootstrapped.Load() {
+			t.Fatalf("%s bootstrapped with 2 of 3 expected nodes", id)
+		}
+		if lid, _ := s.Leader(); lid != "" {
+			t.Fatalf("%s knows leader %s", id, lid)
+		}
+	}
+	c.start(nodeID(2))
+	c.leader()
+	c.waitAgree(ids(3))
+	n := 0
+	for _, id := range c.running() {
+		if c.node(id).bootstrapped.Load() {
+			n++
+		}
+	}
+	if n == 0 {
+		t.Fatal("cluster formed but no node bootstrapped it")
+	}
 }
