@@ -6,14 +6,25 @@ import "fmt"
 type Codec uint8
 
 // Codecs. Lossy codecs decode to the entry's dtype with the error bound their
-// doc states.
+// doc states (codec_quant.go has the derivation). Groups are 64 tokens of one
+// channel for keys and 64 dims of one token and head for values; s is the
+// group's stored scale and ulp the spacing of the dtype at the result.
 const (
-	CodecInvalid  Codec = iota
-	CodecRaw            // the canonical bytes
-	CodecLossless       // byte planes split, exponent plane entropy-coded
-	CodecInt8           // KIVI-style grouped int8: keys per channel, values per token
-	CodecInt4           // KIVI-style grouped int4
-	CodecFP8            // fp8 e4m3 with a per-group scale
+	CodecInvalid Codec = iota
+	// CodecRaw stores the canonical bytes.
+	CodecRaw
+	// CodecLossless splits byte planes and huff0-codes them; bit-exact
+	// (about 1.48x on bf16 KV, 1.16x on f16).
+	CodecLossless
+	// CodecInt8 is KIVI-style grouped int8 (keys per channel, values per
+	// token): |x̂-x| <= s/2 + ulp, s ~= (max-min)/255. About 1.88x vs 16-bit.
+	CodecInt8
+	// CodecInt4 is the same with 15 levels: |x̂-x| <= s/2 + ulp,
+	// s ~= (max-min)/15. About 3.56x vs 16-bit.
+	CodecInt4
+	// CodecFP8 is e4m3 with a scale s >= max|x|/448 per group:
+	// |x̂-x| <= max(|x|/16, s/1024) + ulp. About 1.94x vs 16-bit.
+	CodecFP8
 )
 
 func (c Codec) String() string {
