@@ -30,7 +30,7 @@ func benchEntries(b *testing.B, spec chunk.ModelSpec, n, size int) ([]chunk.Key,
 // latency against a 3-node loopback cluster (R=3, W=2) with 8 concurrent
 // requests.
 func BenchmarkClusterPutGet(b *testing.B) {
-	nodes := startCluster(b, 3)
+	nodes := startClusterDRAM(b, 3, 512<<20)
 	c := newClient(b, nodes[0])
 	ctx := context.Background()
 	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16,

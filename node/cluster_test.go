@@ -32,6 +32,12 @@ func testLogger(t testing.TB) *slog.Logger {
 // waits until every node sees all n in its ring.
 func startCluster(t testing.TB, n int) []*Node {
 	t.Helper()
+	return startClusterDRAM(t, n, 64<<20)
+}
+
+// startClusterDRAM is startCluster with a DRAM budget per node.
+func startClusterDRAM(t testing.TB, n int, dram int64) []*Node {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	nodes := make([]*Node, n)
@@ -42,7 +48,7 @@ func startCluster(t testing.TB, n int) []*Node {
 			DataDir:         t.TempDir(),
 			Seeds:           seeds,
 			BootstrapExpect: n,
-			DRAMBytes:       64 << 20,
+			DRAMBytes:       dram,
 			LocalTiming:     true,
 			DeadGrace:       time.Hour, // keep dead nodes in the ring: reads must fail over
 			RPCTimeout:      5 * time.Second,
