@@ -267,8 +267,8 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 					if srcDT == chunk.FP8E4M3 {
 						srcScale = 0.25
 					}
-					c := jobCase{spec: v.spec, srcDT: srcDT, srcScale: srcScale, layout: lay, tokens: 19, srcHeads: 4,
-						lo: 1, hi: 3, pos: 2900, layers: 3, skipEvery: 5}
+					c := jobCase{spec: v.spec, srcDT: srcDT, srcScale: srcScale, layout: lay, tokens: 13, srcHeads: 4,
+						lo: 1, hi: 3, pos: 2900, layers: 2, skipEvery: 5}
 					j, guard := buildJob(t, rng, c, tab)
 					if nt && hasSIMD() && srcDT == dstDT && dstDT != chunk.FP8E4M3 && v.spec.RopeStyle == chunk.RopeNeoX {
 						p, err := j.plan()

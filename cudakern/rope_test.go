@@ -182,7 +182,7 @@ func TestRotateF32MatchesFloat64(t *testing.T) {
 			x := make([]float32, hd)
 			x64 := make([]float64, hd)
 			worst := 0.0
-			for n := 0; n < 400; n++ {
+			for n := 0; n < 200; n++ {
 				pos := rng.IntN(5000) // some beyond the table
 				for i := range x {
 					x[i] = float32(rng.NormFloat64() * math.Exp(rng.NormFloat64()))
@@ -299,7 +299,7 @@ func TestRelativeProperty(t *testing.T) {
 			hd := v.spec.HeadDim
 			q0, k0 := make([]float32, hd), make([]float32, hd)
 			q, k := make([]float32, hd), make([]float32, hd)
-			for n := 0; n < 100; n++ {
+			for n := 0; n < 50; n++ {
 				var nq, nk float64
 				for i := range q0 {
 					q0[i], k0[i] = float32(rng.NormFloat64()), float32(rng.NormFloat64())
