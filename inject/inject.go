@@ -57,8 +57,9 @@ type Result struct {
 // Response answers a request.
 type Response struct {
 	Results []Result // one per chunk, in order
-	// DecodedBytes and WrittenBytes count canonical bytes decoded and bytes
-	// written into the cache.
+	// DecodedBytes counts canonical bytes a codec decoded (raw entries
+	// are read in place and count none); WrittenBytes, bytes written into
+	// the cache.
 	DecodedBytes int64
 	WrittenBytes int64
 }
@@ -70,8 +71,8 @@ type hit struct {
 	hd      chunk.Header
 	pos     int
 	slots   []int
-	dec     int // decoded bytes of one layer (the cache's head range)
-	off     int // offset of its decoded layer in a layer buffer
+	raw     bool // raw codec: the blob's layers are the source, no decode
+	dec     int  // decoded bytes of one layer (the cache's head range)
 	written []int64
 	failed  atomic.Bool
 	once    sync.Once
@@ -93,10 +94,13 @@ type request struct {
 	cancel  context.CancelFunc
 	c       *cache
 	hits    []*hit
-	bufs    []*[]byte // ring of DecodeAhead+1 decoded layers
 	heads   int
 	faulted atomic.Bool
 	decoded atomic.Int64
+
+	wg        sync.WaitGroup // tasks submitted and not finished
+	remaining []atomic.Int32 // per layer: tasks not finished
+	done      chan int       // layers whose tasks all finished, any order
 }
 
 // Inject fetches, verifies, decodes, rotates and writes the chunks of req
@@ -246,11 +250,6 @@ loop:
 	if err != nil {
 		return err
 	}
-	off := 0
-	for _, h := range r.hits {
-		h.off = off
-		off += h.dec
-	}
 	return nil
 }
 
@@ -327,6 +326,7 @@ func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 		}
 	}
 	h.hd = hd
+	h.raw = hd.Codec == chunk.CodecRaw
 	h.dec = 2 * sh.Tokens * r.heads * sh.HeadDim * sh.DType.Size()
 	// Validate the rotate job of every distinct layout now (no source or
 	// destination bytes: those sizes are right by construction), so that
@@ -335,8 +335,8 @@ func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 		if l > 0 && lay == c.layouts[l-1] {
 			continue
 		}
-		j := cudakern.Job{Rope: c.rope, SrcDType: sh.DType, Tokens: sh.Tokens, SrcHeads: r.heads,
-			Pos: h.pos, Slots: h.slots, Layout: lay}
+		var j cudakern.Job
+		r.job(&j, h, l, nil, nil)
 		if err := j.Validate(); err != nil {
 			return bad("layer %d: %v", l, err)
 		}
@@ -354,141 +354,148 @@ func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 	return nil
 }
 
-// pipeline decodes layer l+1.. (up to DecodeAhead layers ahead) while
-// layer l is rotated and written, and calls onLayer after each layer.
+// pipeline writes every layer of every hit and calls onLayer in layer
+// order. A submitter hands the workers (layer, batch of hits) tasks in
+// layer order, at most LayersAhead layers past the oldest unreported one;
+// each worker decodes a chunk's layer into its own scratch and writes it
+// at once, while it is still in cache, so layer l+1 decodes on some
+// workers while the last chunks of layer l are written on others.
 func (r *request) pipeline(onLayer func(int)) error {
 	s := r.s
 	layers := r.c.desc.Layers
-	nb := min(s.cfg.DecodeAhead+1, layers)
-	size := 0
-	for _, h := range r.hits {
-		size += h.dec
+	n := len(r.hits)
+	batch := max(1, (n+2*s.cfg.Workers-1)/(2*s.cfg.Workers))
+	perLayer := (n + batch - 1) / batch
+	r.remaining = make([]atomic.Int32, layers)
+	for l := range r.remaining {
+		r.remaining[l].Store(int32(perLayer))
 	}
-	r.bufs = make([]*[]byte, nb)
-	for i := range r.bufs {
-		r.bufs[i] = s.getBuf(size)
+	r.done = make(chan int, layers)
+	window := make(chan struct{}, min(s.cfg.LayersAhead+1, layers))
+	for range cap(window) {
+		window <- struct{}{}
 	}
-	defer func() {
-		for _, b := range r.bufs {
-			s.bufs.Put(b)
-		}
-	}()
-	free := make(chan struct{}, nb)
-	for range nb {
-		free <- struct{}{}
-	}
-	ready := make(chan int, nb)
 	starts := make([]time.Time, layers)
-	decErr := make(chan error, 1)
+	subErr := make(chan error, 1)
 	go func() {
-		defer close(ready)
-		var dwg sync.WaitGroup
 		for l := 0; l < layers; l++ {
 			select {
-			case <-free:
+			case <-window:
 			case <-r.ctx.Done():
-				decErr <- r.ctx.Err()
+				subErr <- r.ctx.Err()
 				return
 			}
 			starts[l] = time.Now()
-			if err := r.stage(stageDecode, l, &dwg); err != nil {
-				decErr <- err
-				return
+			for lo := 0; lo < n; lo += batch {
+				r.wg.Add(1)
+				select {
+				case s.tasks <- task{r: r, layer: l, lo: lo, hi: min(lo+batch, n)}:
+				case <-r.ctx.Done():
+					r.wg.Done()
+					subErr <- r.ctx.Err()
+					return
+				}
 			}
-			ready <- l
 		}
-		decErr <- nil
+		subErr <- nil
 	}()
+	finished := make([]bool, layers)
+	next := 0
 	var err error
-	var rwg sync.WaitGroup
-	for l := range ready {
-		if err != nil {
-			continue // drain until the decoder sees the cancel
-		}
-		if err = r.stage(stageRotate, l, &rwg); err != nil {
-			r.cancel()
-			continue
-		}
-		s.m.layer.Observe(time.Since(starts[l]).Seconds())
-		if onLayer != nil {
-			onLayer(l)
-		}
-		free <- struct{}{}
-	}
-	if derr := <-decErr; err == nil {
-		err = derr
-	}
-	if err == nil {
-		err = r.ctx.Err()
-	}
-	return err
-}
-
-// stage runs one stage of one layer over all hits on the workers and
-// waits for it.
-func (r *request) stage(kind stageKind, layer int, wg *sync.WaitGroup) error {
-	n := len(r.hits)
-	batch := max(1, (n+2*r.s.cfg.Workers-1)/(2*r.s.cfg.Workers))
-	var err error
-	for lo := 0; lo < n; lo += batch {
-		wg.Add(1)
+	for next < layers && err == nil {
 		select {
-		case r.s.tasks <- task{r: r, kind: kind, layer: layer, lo: lo, hi: min(lo+batch, n), wg: wg}:
-			continue
+		case l := <-r.done:
+			finished[l] = true
+			for next < layers && finished[next] {
+				if r.ctx.Err() != nil {
+					break
+				}
+				s.m.layer.Observe(time.Since(starts[next]).Seconds())
+				if onLayer != nil {
+					onLayer(next)
+				}
+				next++
+				if next+cap(window)-1 < layers {
+					window <- struct{}{}
+				}
+			}
 		case <-r.ctx.Done():
-			wg.Done()
 			err = r.ctx.Err()
 		}
-		break
 	}
-	wg.Wait()
+	if err != nil {
+		r.cancel()
+	}
+	if serr := <-subErr; err == nil {
+		err = serr
+	}
+	r.wg.Wait()
 	if err == nil {
 		err = r.ctx.Err()
 	}
 	return err
 }
 
-func (r *request) buf(layer int) []byte { return *r.bufs[layer%len(r.bufs)] }
-
-// decode writes layer l of hit i, restricted to the cache's heads, into
-// the layer's buffer.
-func (r *request) decode(w *worker, layer, i int) {
-	h := r.hits[i]
-	if h.failed.Load() {
-		return
+// finish counts a task of layer t.layer done and announces the layer when
+// it was the last.
+func (r *request) finish(t task) {
+	if r.remaining[t.layer].Add(-1) == 0 {
+		r.done <- t.layer // buffered for every layer: never blocks
 	}
-	c := r.c
-	if c.headHi-c.headLo != h.hd.Shape.KVHeads {
-		if lb := h.hd.Shape.LayerBytes(); len(w.scratch) < lb {
-			w.scratch = make([]byte, lb)
-		}
-	}
-	dst := r.buf(layer)[h.off : h.off+h.dec]
-	rg := chunk.Range{LayerLo: layer, LayerHi: layer + 1, HeadLo: c.headLo, HeadHi: c.headHi}
-	if err := chunk.DecodeRange(dst, h.f.Blob, &h.hd, rg, w.scratch); err != nil {
-		h.fail(fmt.Errorf("%w: layer %d: %w", errVerify, layer, err))
-		r.s.log.Warn("inject: entry failed to decode; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
-		return
-	}
-	r.decoded.Add(int64(h.dec))
 }
 
-// rotate rotates and scatters layer l of hit i into the cache.
-func (r *request) rotate(w *worker, layer, i int) {
+// job fills w.job for layer l of h from src: a raw entry's layer payload
+// (all heads; cudakern selects the cache's) or a decoded layer of the
+// cache's heads.
+func (r *request) job(j *cudakern.Job, h *hit, layer int, src []byte, dst [][]byte) {
+	c := r.c
+	*j = cudakern.Job{Rope: c.rope, Src: src, SrcDType: h.hd.Shape.DType, Tokens: len(h.slots), SrcHeads: r.heads,
+		Pos: h.pos, Slots: h.slots, Layout: c.layouts[layer], Dst: dst}
+	if h.raw {
+		j.SrcHeads, j.HeadLo, j.HeadHi = h.hd.Shape.KVHeads, c.headLo, c.headHi
+	}
+}
+
+// process decodes layer l of hit i (unless it is raw: then the blob's
+// verified layer is the source, with no copy) and writes it into the
+// cache.
+func (r *request) process(w *worker, layer, i int) {
 	h := r.hits[i]
 	if h.failed.Load() {
 		return
 	}
 	c := r.c
+	var src []byte
+	if h.raw {
+		ref := h.hd.Layers[layer]
+		at := h.hd.PayloadStart + int(ref.Offset)
+		src = h.f.Blob[at : at+int(ref.Length)]
+	} else {
+		if cap(w.buf) < h.dec {
+			w.buf = make([]byte, h.dec)
+		}
+		src = w.buf[:h.dec]
+		if c.headHi-c.headLo != h.hd.Shape.KVHeads {
+			if lb := h.hd.Shape.LayerBytes(); len(w.scratch) < lb {
+				w.scratch = make([]byte, lb)
+			}
+		}
+		rg := chunk.Range{LayerLo: layer, LayerHi: layer + 1, HeadLo: c.headLo, HeadHi: c.headHi}
+		if err := chunk.DecodeRange(src, h.f.Blob, &h.hd, rg, w.scratch); err != nil {
+			h.fail(fmt.Errorf("%w: layer %d: %w", errVerify, layer, err))
+			r.s.log.Warn("inject: entry failed to decode; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
+			return
+		}
+		r.decoded.Add(int64(h.dec))
+	}
 	w.dst[0] = c.layers[layer]
-	w.job = cudakern.Job{Rope: c.rope, Src: r.buf(layer)[h.off : h.off+h.dec], SrcDType: h.hd.Shape.DType,
-		Tokens: len(h.slots), SrcHeads: r.heads, Pos: h.pos, Slots: h.slots, Layout: c.layouts[layer], Dst: w.dst[:]}
+	r.job(&w.job, h, layer, src, w.dst[:])
 	err := w.inj.Inject(r.ctx, &w.job)
 	w.job = cudakern.Job{}
 	w.dst[0] = nil
 	if err != nil && r.ctx.Err() == nil {
 		// verify validated this job; only a bug gets here.
-		r.s.log.Error("inject: rotate refused a verified job", "key", h.hd.Key, "layer", layer, "err", err)
+		r.s.log.Error("inject: cudakern refused a verified job", "key", h.hd.Key, "layer", layer, "err", err)
 		h.fail(fmt.Errorf("inject: layer %d: %w", layer, err))
 	}
 }

@@ -78,7 +78,7 @@ func TestProgressInLayerOrder(t *testing.T) {
 			if ahead == 2 {
 				codec = chunk.CodecLossless
 			}
-			px := newPipeFixture(t, 7, 12, codec, func(c *Config) { c.DecodeAhead = ahead; c.Workers = 3 })
+			px := newPipeFixture(t, 7, 12, codec, func(c *Config) { c.LayersAhead = ahead; c.Workers = 3 })
 			next := 0
 			px.req.OnLayer = func(l int) {
 				if l != next {
@@ -333,7 +333,7 @@ func counterValue(t *testing.T, mfs []*dto.MetricFamily, name, label string) flo
 
 // TestMetrics: the collector registers and counts what responses say.
 func TestMetrics(t *testing.T) {
-	px := newPipeFixture(t, 5, 4, chunk.CodecRaw, nil)
+	px := newPipeFixture(t, 5, 4, chunk.CodecLossless, nil)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(px.s)
 	miss := Chunk{Tokens: []uint32{1, 2, 3}, Context: chunk.StandaloneContext(), Pos: 0, Slots: []int{-1, -1, -1}}

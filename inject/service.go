@@ -80,9 +80,11 @@ type Config struct {
 	// FetchParallel bounds the concurrent Fetch calls of one request.
 	// Default 16.
 	FetchParallel int
-	// DecodeAhead is how many layers decoding may run ahead of rotation;
-	// each costs one buffer of a decoded layer of all hits. Default 2.
-	DecodeAhead int
+	// LayersAhead is how many layers past the oldest unfinished one a
+	// request may have in flight: workers decode and write layer l+1 while
+	// the last chunks of layer l finish. It bounds how long a request's
+	// later layers can hold the workers ahead of other requests. Default 2.
+	LayersAhead int
 	// MaxCaches bounds the registrations. Default 16.
 	MaxCaches int
 	// MaxChunks bounds the chunks of one request. Default 4096.
@@ -99,7 +101,7 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultFetchParallel = 16
-	DefaultDecodeAhead   = 2
+	DefaultLayersAhead   = 2
 	DefaultMaxCaches     = 16
 	DefaultMaxChunks     = 4096
 )
@@ -115,7 +117,6 @@ type Service struct {
 	wg    sync.WaitGroup // workers
 	base  context.Context
 	stop  context.CancelFunc
-	bufs  sync.Pool // *[]byte: decoded-layer buffers
 
 	mu       sync.Mutex // guards the fields below and every cache's refs/gone
 	closed   bool
@@ -135,8 +136,8 @@ func New(cfg Config) (*Service, error) {
 	if cfg.FetchParallel <= 0 {
 		cfg.FetchParallel = DefaultFetchParallel
 	}
-	if cfg.DecodeAhead <= 0 {
-		cfg.DecodeAhead = DefaultDecodeAhead
+	if cfg.LayersAhead <= 0 {
+		cfg.LayersAhead = DefaultLayersAhead
 	}
 	if cfg.MaxCaches <= 0 {
 		cfg.MaxCaches = DefaultMaxCaches
@@ -385,30 +386,22 @@ func (s *Service) releaseCache(c *cache) {
 }
 
 // worker is one pipeline goroutine's state: its own single-threaded
-// injector (so workers rotate different chunks at once) and reusable
-// scratch.
+// injector (so workers write different chunks at once) and scratch that
+// lives as long as the worker, so a request allocates none.
 type worker struct {
 	inj     *cudakern.Injector
 	job     cudakern.Job
 	dst     [1][]byte
-	scratch []byte
+	buf     []byte // one decoded chunk layer
+	scratch []byte // DecodeRange's whole-layer scratch for a head subset
 }
 
-type stageKind uint8
-
-const (
-	stageDecode stageKind = iota
-	stageRotate
-)
-
-// task is hits [lo, hi) of one layer of one request, for one stage. It is
-// sent by value, so submitting allocates nothing.
+// task is hits [lo, hi) of one layer of one request. It is sent by value,
+// so submitting allocates nothing.
 type task struct {
 	r      *request
-	kind   stageKind
 	layer  int
 	lo, hi int
-	wg     *sync.WaitGroup
 }
 
 func (s *Service) work(w *worker) {
@@ -428,33 +421,22 @@ func (s *Service) work(w *worker) {
 }
 
 func (s *Service) run(w *worker, t task) {
-	defer t.wg.Done()
+	r := t.r
+	defer r.wg.Done()
+	defer r.finish(t)
 	defer func() {
 		if p := recover(); p != nil {
 			if _, ok := p.(interface{ Addr() uintptr }); !ok {
 				panic(p)
 			}
-			t.r.faulted.Store(true)
-			t.r.cancel()
+			r.faulted.Store(true)
+			r.cancel()
 		}
 	}()
 	for i := t.lo; i < t.hi; i++ {
-		if t.r.ctx.Err() != nil {
+		if r.ctx.Err() != nil {
 			return
 		}
-		if t.kind == stageDecode {
-			t.r.decode(w, t.layer, i)
-		} else {
-			t.r.rotate(w, t.layer, i)
-		}
+		r.process(w, t.layer, i)
 	}
-}
-
-func (s *Service) getBuf(n int) *[]byte {
-	if b, ok := s.bufs.Get().(*[]byte); ok && cap(*b) >= n {
-		*b = (*b)[:n]
-		return b
-	}
-	b := make([]byte, n)
-	return &b
 }
