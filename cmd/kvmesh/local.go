@@ -94,6 +94,8 @@ func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error
 		if *dir, err = os.MkdirTemp("", "kvmesh-local-"); err != nil {
 			return err
 		}
+	} else if err := os.MkdirAll(*dir, 0o755); err != nil {
+		return err
 	}
 	argv, err := daemonCommand(*bin)
 	if err != nil {
