@@ -200,17 +200,22 @@ func readPlane(enc, buf []byte, hs *huff0.Scratch) (plane, rest []byte, err erro
 func split(planes *[4][losslessBlock]byte, raw []byte, dt DType) {
 	switch dt {
 	case BF16:
-		p0, p1 := planes[0][:len(raw)/2], planes[1][:len(raw)/2]
+		n := len(raw) / 2
+		raw = raw[:2*n]
+		p0, p1 := planes[0][:n], planes[1][:n]
 		for i := range p0 {
-			u := uint16(raw[2*i]) | uint16(raw[2*i+1])<<8
+			u := binary.LittleEndian.Uint16(raw[2*i:])
 			p0[i] = byte(u >> 7)
 			p1[i] = byte(u>>8)&0x80 | byte(u)&0x7f
 		}
 	case F16:
-		p0, p1 := planes[0][:len(raw)/2], planes[1][:len(raw)/2]
+		n := len(raw) / 2
+		raw = raw[:2*n]
+		p0, p1 := planes[0][:n], planes[1][:n]
 		for i := range p0 {
-			p0[i] = raw[2*i+1]
-			p1[i] = raw[2*i]
+			u := binary.LittleEndian.Uint16(raw[2*i:])
+			p0[i] = byte(u >> 8)
+			p1[i] = byte(u)
 		}
 	case F32:
 		n := len(raw) / 4
@@ -230,19 +235,18 @@ func merge(raw []byte, planes *[4][]byte, dt DType) {
 	switch dt {
 	case BF16:
 		n := len(raw) / 2
+		raw = raw[:2*n]
 		p0, p1 := planes[0][:n], planes[1][:n]
 		for i := range p0 {
 			e, sm := uint16(p0[i]), uint16(p1[i])
-			u := sm&0x80<<8 | e<<7 | sm&0x7f
-			raw[2*i] = byte(u)
-			raw[2*i+1] = byte(u >> 8)
+			binary.LittleEndian.PutUint16(raw[2*i:], sm&0x80<<8|e<<7|sm&0x7f)
 		}
 	case F16:
 		n := len(raw) / 2
+		raw = raw[:2*n]
 		p0, p1 := planes[0][:n], planes[1][:n]
 		for i := range p0 {
-			raw[2*i+1] = p0[i]
-			raw[2*i] = p1[i]
+			binary.LittleEndian.PutUint16(raw[2*i:], uint16(p0[i])<<8|uint16(p1[i]))
 		}
 	case F32:
 		n := len(raw) / 4

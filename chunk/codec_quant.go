@@ -618,7 +618,8 @@ func toF32(dst []float32, src []byte, dt DType) {
 	}
 }
 
-// fromF32 narrows a row into dt elements, rounding to nearest even.
+// fromF32 narrows a row of finite values (the decoders clamp them) into dt
+// elements, rounding to nearest even.
 func fromF32(dst []byte, src []float32, dt DType) {
 	switch dt {
 	case F32:
@@ -628,14 +629,15 @@ func fromF32(dst []byte, src []float32, dt DType) {
 	case F16:
 		dst = dst[:2*len(src)]
 		for i, v := range src {
-			h := F32ToF16(v)
-			dst[2*i], dst[2*i+1] = byte(h), byte(h>>8)
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
 		}
 	case BF16:
 		dst = dst[:2*len(src)]
 		for i, v := range src {
-			h := F32ToBF16(v)
-			dst[2*i], dst[2*i+1] = byte(h), byte(h>>8)
+			// F32ToBF16 without its NaN case: v is finite.
+			u := math.Float32bits(v)
+			u += 0x7fff + (u>>16)&1
+			binary.LittleEndian.PutUint16(dst[2*i:], uint16(u>>16))
 		}
 	}
 }
