@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cespare/xxhash/v2"
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
@@ -451,13 +452,9 @@ func (s *Store) lookup(k chunk.Key) *entry {
 // other bytes it fails with ErrConflict. The blob is copied: the caller
 // keeps it.
 func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.Header, error) {
-	var hd chunk.Header
-	var err error
-	if s.cfg.SkipVerify {
-		hd, err = chunk.ParseHeader(blob, s.cfg.Limits)
-	} else {
-		hd, err = chunk.Verify(blob, s.cfg.Limits)
-	}
+	// The payload's checksums are checked while it is copied (place), in
+	// one pass over memory rather than two.
+	hd, err := chunk.ParseHeader(blob, s.cfg.Limits)
 	if err != nil {
 		return hd, fmt.Errorf("kvtier: put: %w", err)
 	}
@@ -488,7 +485,7 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 	}
 	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true}
 	s.link(e)
-	err = s.place(ctx, e, blob)
+	err = s.place(ctx, e, blob, &hd)
 	e.loading = false
 	if err != nil {
 		if !e.dead {
@@ -505,12 +502,18 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 
 // place stores a new (loading) entry in DRAM, or on disk when DRAM cannot
 // hold it. Called with mu held; releases it around copies and I/O.
-func (s *Store) place(ctx context.Context, e *entry, blob []byte) error {
+func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Header) error {
 	c, err := s.allocDRAM(ctx, e.size)
 	if err == nil {
 		c.io++
-		s.unlocked(func() { copy(c.span.view, blob) })
+		var verr error
+		s.unlocked(func() { verr = s.copyVerify(c.span.view, blob, hd) })
 		c.io--
+		if verr != nil {
+			c.detached = true
+			s.maybeFreeDRAM(c)
+			return verr
+		}
 		e.dram = c
 		if e.dead {
 			return nil
@@ -524,6 +527,13 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte) error {
 	if s.disk == nil {
 		return err
 	}
+	if !s.cfg.SkipVerify {
+		var verr error
+		s.unlocked(func() { _, verr = chunk.Verify(blob, s.cfg.Limits) })
+		if verr != nil {
+			return fmt.Errorf("kvtier: put: %w", verr)
+		}
+	}
 	rel, size, err := s.writeDisk(ctx, e, blob)
 	if err != nil {
 		return err
@@ -533,6 +543,35 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte) error {
 		return nil
 	}
 	s.admit(TierDisk, e, size)
+	return nil
+}
+
+// verifyBlock is how much of a layer copyVerify hashes and then copies
+// while it is still in cache.
+const verifyBlock = 64 << 10
+
+// copyVerify copies blob to dst, checking each layer against its checksum
+// in the header on the way (unless SkipVerify).
+func (s *Store) copyVerify(dst, blob []byte, hd *chunk.Header) error {
+	if s.cfg.SkipVerify {
+		copy(dst, blob)
+		return nil
+	}
+	copy(dst[:hd.PayloadStart], blob[:hd.PayloadStart]) // checked by ParseHeader
+	var d xxhash.Digest
+	for l, ref := range hd.Layers {
+		off := hd.PayloadStart + int(ref.Offset)
+		end := off + int(ref.Length)
+		d.Reset()
+		for p := off; p < end; p += verifyBlock {
+			q := min(p+verifyBlock, end)
+			_, _ = d.Write(blob[p:q])
+			copy(dst[p:q], blob[p:q])
+		}
+		if d.Sum64() != ref.Checksum {
+			return fmt.Errorf("kvtier: put: %w: layer %d checksum mismatch", chunk.ErrCorrupt, l)
+		}
+	}
 	return nil
 }
 

@@ -160,6 +160,11 @@ func TestOversizedGoesToDisk(t *testing.T) {
 	ctx := context.Background()
 	s := openTest(t, Config{DRAMBytes: 2 * 4096, DiskDir: t.TempDir(), DiskBytes: 1 << 20})
 	big := makeBlob(t, testFP, 5, 200, chunk.StandaloneContext(), 2)
+	bad := bytes.Clone(big)
+	bad[len(bad)-3] ^= 8
+	if _, err := s.Put(ctx, bad, PutOptions{}); !errors.Is(err, chunk.ErrCorrupt) {
+		t.Fatalf("corrupt put to disk: %v", err)
+	}
 	if _, err := s.Put(ctx, big, PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
