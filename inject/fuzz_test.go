@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"math/rand/v2"
+	"path/filepath"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -119,5 +120,59 @@ func FuzzInjectBlob(f *testing.F) {
 			}
 		}
 		equalLayers(t, "miss outside the chunk's slots", mem, guard)
+	})
+}
+
+// FuzzDescriptorMemory feeds arbitrary layer offsets and paths to the
+// registration checks: they must never panic, and whatever they accept is
+// aligned, in bounds, free of overlap, and a path the node may map.
+func FuzzDescriptorMemory(f *testing.F) {
+	f.Add(uint8(3), []byte{}, "/dev/shm/kvmesh-a")
+	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 0), 16384), "/proc/12/fd/3")
+	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 64), 0), "/dev/shm/../etc/x")
+	f.Add(uint8(1), binary.LittleEndian.AppendUint64(nil, 1<<63-64), "/dev/shm/a/b")
+	lays := []cudakern.CacheLayout{
+		{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16},
+		{Order: cudakern.HND, NumBlocks: 1, BlockSize: 3, KVHeads: 1, HeadDim: 2, DType: chunk.FP8E4M3},
+	}
+	f.Fuzz(func(t *testing.T, layers uint8, raw []byte, path string) {
+		n := int(layers%8) + 1
+		ls := make([]cudakern.CacheLayout, n)
+		for i := range ls {
+			ls[i] = lays[(i+int(layers>>3))%2]
+		}
+		m := Memory{Kind: MemoryShm, Path: path}
+		if len(raw) > 0 {
+			for len(raw) >= 8 {
+				m.Offsets = append(m.Offsets, int64(binary.LittleEndian.Uint64(raw)))
+				raw = raw[8:]
+			}
+		}
+		offs, end, err := shmOffsets(&m, ls)
+		if err == nil {
+			type span struct{ lo, hi int64 }
+			var spans []span
+			for l, o := range offs {
+				hi := o + int64(ls[l].LayerBytes())
+				if o < 0 || o%Alignment != 0 || hi > end || hi < o {
+					t.Fatalf("accepted layer %d at %d..%d, end %d", l, o, hi, end)
+				}
+				for _, s := range spans {
+					if o < s.hi && s.lo < hi {
+						t.Fatalf("accepted overlapping layers at %d and %d", o, s.lo)
+					}
+				}
+				spans = append(spans, span{o, hi})
+			}
+		}
+		follow, err := checkShmPath(path, []string{"/dev/shm"})
+		if err == nil {
+			if follow != procFD.MatchString(path) {
+				t.Fatalf("%q: follow %v", path, follow)
+			}
+			if !follow && (filepath.Dir(path) != "/dev/shm" || filepath.Clean(path) != path) {
+				t.Fatalf("accepted %q", path)
+			}
+		}
 	})
 }

@@ -137,6 +137,9 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 		}
 	}()
 	if err := r.fetch(req, resp.Results); err != nil {
+		if s.base.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", ErrClosed, err)
+		}
 		return nil, err
 	}
 	if len(r.hits) > 0 {
@@ -145,6 +148,9 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 				s.m.faults.Inc()
 				s.log.Error("inject: fault writing a registered cache", "cache", c.id)
 				return nil, fmt.Errorf("%w: cache %d", ErrFault, c.id)
+			}
+			if s.base.Err() != nil {
+				return nil, fmt.Errorf("%w: %w", ErrClosed, err)
 			}
 			return nil, err
 		}
@@ -181,6 +187,7 @@ func (s *Service) checkRequest(c *cache, req *Request) error {
 		nslots = min(nslots, l.Slots())
 	}
 	fp := c.desc.Fingerprint
+	total := 0
 	for i := range req.Chunks {
 		ch := &req.Chunks[i]
 		switch {
@@ -204,6 +211,23 @@ func (s *Service) checkRequest(c *cache, req *Request) error {
 		}
 		if len(ch.Tokens) != 0 && !ch.Content.IsZero() && chunk.ContentID(fp, ch.Tokens) != ch.Content {
 			return bad(i, "tokens do not hash to content %v", ch.Content)
+		}
+		total += len(ch.Slots)
+	}
+	// Chunks are written concurrently: a slot named twice would end up
+	// holding either token.
+	all := make([]int, 0, total)
+	for i := range req.Chunks {
+		for _, sl := range req.Chunks[i].Slots {
+			if sl >= 0 {
+				all = append(all, sl)
+			}
+		}
+	}
+	slices.Sort(all)
+	for i := 1; i < len(all); i++ {
+		if all[i] == all[i-1] {
+			return fmt.Errorf("%w: slot %d named twice", ErrInvalidRequest, all[i])
 		}
 	}
 	return nil

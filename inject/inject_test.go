@@ -315,6 +315,10 @@ func TestInvalidRequest(t *testing.T) {
 		{"unknown-cache", func(r *Request) { r.Cache = 77 }, ErrUnknownCache},
 		{"too-many", func(r *Request) { r.Chunks = append(r.Chunks, good, good, good) }, ErrInvalidRequest},
 		{"slot-high", func(r *Request) { r.Chunks[0].Slots = []int{0, 1, 32} }, ErrInvalidRequest},
+		{"slot-twice", func(r *Request) { r.Chunks[0].Slots = []int{4, -1, 4} }, ErrInvalidRequest},
+		{"slot-twice-across", func(r *Request) {
+			r.Chunks = append(r.Chunks, Chunk{Tokens: []uint32{5}, Context: chunk.StandaloneContext(), Slots: []int{1}})
+		}, ErrInvalidRequest},
 		{"slot-low", func(r *Request) { r.Chunks[0].Slots = []int{0, -2, 3} }, ErrInvalidRequest},
 		{"no-slots", func(r *Request) {
 			r.Chunks[0].Slots = nil

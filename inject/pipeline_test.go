@@ -192,7 +192,7 @@ func TestCancel(t *testing.T) {
 		if err := px.s.Close(); err != nil {
 			t.Fatal(err)
 		}
-		if err := <-errc; !errors.Is(err, context.Canceled) {
+		if err := <-errc; !errors.Is(err, ErrClosed) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("inject during close: %v", err)
 		}
 		if _, err := px.s.Inject(context.Background(), px.req); !errors.Is(err, ErrClosed) {
