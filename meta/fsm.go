@@ -19,7 +19,8 @@ import (
 // its own goroutines, never two at once; each change builds a new immutable
 // fsmState and publishes it with one atomic store, so readers (every Put
 // and Get looks up its model) take no lock. The maps are copied on write:
-// models and members are few and change rarely.
+// members are few and change rarely; models may be many (a salt per
+// tenant), so they live in shards and a registration copies one shard.
 type fsm struct {
 	onChange func() // called after every change
 	cur      atomic.Pointer[fsmState]
@@ -28,7 +29,7 @@ type fsm struct {
 // fsmState is one version of the state; it is never modified once
 // published.
 type fsmState struct {
-	models   map[chunk.Fingerprint]chunk.ModelSpec
+	models   *modelTable
 	settings Settings
 	epoch    uint64
 	members  map[string]ring.Member
@@ -64,13 +65,13 @@ func sortedMembers(m map[string]ring.Member) []ring.Member {
 
 func (f *fsm) reset(s snapshotState) {
 	st := &fsmState{
-		models:   make(map[chunk.Fingerprint]chunk.ModelSpec, len(s.Models)),
+		models:   &modelTable{},
 		settings: s.Settings,
 		epoch:    s.Epoch,
 		members:  make(map[string]ring.Member, len(s.Members)),
 	}
 	for _, spec := range s.Models {
-		st.models[spec.Fingerprint()] = spec
+		st.models = st.models.with(spec.Fingerprint(), spec)
 	}
 	for _, m := range s.Members {
 		st.members[m.ID] = m
@@ -106,11 +107,10 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 	switch c.kind {
 	case kindRegisterModel:
 		fp := c.model.Spec.Fingerprint()
-		if _, ok := cur.models[fp]; ok {
+		if _, ok := cur.models.get(fp); ok {
 			return false, nil
 		}
-		next.models = maps.Clone(cur.models)
-		next.models[fp] = c.model.Spec
+		next.models = cur.models.with(fp, c.model.Spec)
 	case kindSetSettings:
 		if cur.settings == *c.settings {
 			return false, nil
@@ -153,23 +153,11 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 }
 
 func (f *fsm) model(fp chunk.Fingerprint) (chunk.ModelSpec, bool) {
-	s, ok := f.cur.Load().models[fp]
-	return s, ok
+	return f.cur.Load().models.get(fp)
 }
 
 func (f *fsm) modelList() []chunk.ModelSpec {
-	return sortedModels(f.cur.Load().models)
-}
-
-func sortedModels(m map[chunk.Fingerprint]chunk.ModelSpec) []chunk.ModelSpec {
-	fps := slices.SortedFunc(maps.Keys(m), func(a, b chunk.Fingerprint) int {
-		return cmp.Or(cmp.Compare(a.Hi, b.Hi), cmp.Compare(a.Lo, b.Lo))
-	})
-	out := make([]chunk.ModelSpec, len(fps))
-	for i, fp := range fps {
-		out[i] = m[fp]
-	}
-	return out
+	return f.cur.Load().models.sorted()
 }
 
 func (f *fsm) currentSettings() Settings { return f.cur.Load().settings }
@@ -183,14 +171,14 @@ func (f *fsm) member(id string) (ring.Member, bool) {
 
 func (f *fsm) counts() (models, members int) {
 	st := f.cur.Load()
-	return len(st.models), len(st.members)
+	return st.models.n, len(st.members)
 }
 
 func (f *fsm) state() snapshotState {
 	st := f.cur.Load()
 	return snapshotState{
 		Version:  snapshotVersion,
-		Models:   sortedModels(st.models),
+		Models:   st.models.sorted(),
 		Settings: st.settings,
 		Epoch:    st.epoch,
 		Members:  sortedMembers(st.members),
@@ -264,3 +252,48 @@ func (s *fsmSnapshot) Persist(sink raft.SnapshotSink) error {
 }
 
 func (s *fsmSnapshot) Release() {}
+
+// modelShards spreads the registry so a registration copies 1/256 of it.
+const modelShards = 256
+
+// modelTable is an immutable set of model specs by fingerprint; with
+// returns a new table sharing all shards but one.
+type modelTable struct {
+	shards [modelShards]map[chunk.Fingerprint]chunk.ModelSpec
+	n      int
+}
+
+func (t *modelTable) get(fp chunk.Fingerprint) (chunk.ModelSpec, bool) {
+	s, ok := t.shards[fp.Lo%modelShards][fp]
+	return s, ok
+}
+
+func (t *modelTable) with(fp chunk.Fingerprint, spec chunk.ModelSpec) *modelTable {
+	next := *t
+	i := fp.Lo % modelShards
+	sh := make(map[chunk.Fingerprint]chunk.ModelSpec, len(t.shards[i])+1)
+	maps.Copy(sh, t.shards[i])
+	if _, ok := sh[fp]; !ok {
+		next.n++
+	}
+	sh[fp] = spec
+	next.shards[i] = sh
+	return &next
+}
+
+func (t *modelTable) sorted() []chunk.ModelSpec {
+	fps := make([]chunk.Fingerprint, 0, t.n)
+	for _, sh := range &t.shards {
+		for fp := range sh {
+			fps = append(fps, fp)
+		}
+	}
+	slices.SortFunc(fps, func(a, b chunk.Fingerprint) int {
+		return cmp.Or(cmp.Compare(a.Hi, b.Hi), cmp.Compare(a.Lo, b.Lo))
+	})
+	out := make([]chunk.ModelSpec, len(fps))
+	for i, fp := range fps {
+		out[i], _ = t.get(fp)
+	}
+	return out
+}

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"maps"
 	"math"
+	"math/rand/v2"
 	"reflect"
 	"testing"
 
@@ -265,4 +267,53 @@ func FuzzRestore(f *testing.F) {
 			t.Fatalf("accepted bad state %+v", s)
 		}
 	})
+}
+
+// TestModelTable: the sharded copy-on-write table behaves like a map, and
+// a version once taken never changes.
+func TestModelTable(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tab := &modelTable{}
+	ref := map[chunk.Fingerprint]chunk.ModelSpec{}
+	type version struct {
+		tab *modelTable
+		ref map[chunk.Fingerprint]chunk.ModelSpec
+	}
+	var versions []version
+	for i := range 2000 {
+		spec := testSpec(rng.IntN(1500))
+		fp := spec.Fingerprint()
+		tab = tab.with(fp, spec)
+		ref[fp] = spec
+		if i%200 == 0 {
+			versions = append(versions, version{tab, maps.Clone(ref)})
+		}
+	}
+	versions = append(versions, version{tab, ref})
+	for _, v := range versions {
+		if v.tab.n != len(v.ref) {
+			t.Fatalf("n = %d, want %d", v.tab.n, len(v.ref))
+		}
+		got := v.tab.sorted()
+		if len(got) != len(v.ref) {
+			t.Fatalf("sorted has %d, want %d", len(got), len(v.ref))
+		}
+		for i, spec := range got {
+			fp := spec.Fingerprint()
+			if i > 0 {
+				prev := got[i-1].Fingerprint()
+				if prev.Hi > fp.Hi || prev.Hi == fp.Hi && prev.Lo >= fp.Lo {
+					t.Fatal("sorted out of order")
+				}
+			}
+			if r, ok := v.ref[fp]; !ok || !reflect.DeepEqual(r, spec) {
+				t.Fatalf("sorted has %v not in the reference", fp)
+			}
+		}
+		for fp, spec := range v.ref {
+			if s, ok := v.tab.get(fp); !ok || !reflect.DeepEqual(s, spec) {
+				t.Fatalf("get(%v) = %v, %v", fp, s, ok)
+			}
+		}
+	}
 }
