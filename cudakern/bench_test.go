@@ -185,3 +185,50 @@ func BenchmarkInjectVsMemcpy(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkRotateF32 is the engine's per-head rotation of q and k.
+func BenchmarkRotateF32(b *testing.B) {
+	for _, style := range []chunk.RopeStyle{chunk.RopeNeoX, chunk.RopeGPTJ} {
+		b.Run(style.String(), func(b *testing.B) {
+			spec := testSpec(style, 128, 0, chunk.RopeScaling{})
+			tab, err := NewRopeTable(spec, 4096)
+			if err != nil {
+				b.Fatal(err)
+			}
+			x := make([]float32, 128)
+			for i := range x {
+				x[i] = float32(i)
+			}
+			b.SetBytes(128 * 4)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				tab.RotateF32(x, i&4095)
+			}
+		})
+	}
+}
+
+// BenchmarkGatherF32 reads one layer's K back for 512 slots (the engine's
+// attention input).
+func BenchmarkGatherF32(b *testing.B) {
+	for _, dt := range []chunk.DType{chunk.BF16, chunk.F32} {
+		b.Run(dt.String(), func(b *testing.B) {
+			l := CacheLayout{Order: NHD, NumBlocks: 64, BlockSize: 16, KVHeads: 8, HeadDim: 128, DType: dt}
+			layer := make([]byte, l.LayerBytes())
+			slots := make([]int, 512)
+			for i := range slots {
+				slots[i] = i
+			}
+			out := make([]float32, len(slots)*l.KVHeads*l.HeadDim)
+			b.SetBytes(int64(len(out) * dt.Size()))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := GatherF32(out, layer, l, 0, slots); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -45,6 +46,7 @@ type RopeTable struct {
 	attn    float64 // YaRN attention factor (1 otherwise)
 	invAttn float32 // 1/attn^2, to undo a rotation
 	maxPos  int
+	simd    bool // RotateF32 may use the AVX2 kernel (same bits)
 	// cs holds one row per position: cos[0:half] then sin[0:half].
 	cs []float32
 }
@@ -78,6 +80,7 @@ func NewRopeTable(spec chunk.ModelSpec, maxPositions int) (*RopeTable, error) {
 		attn:    attn,
 		invAttn: float32(1 / (attn * attn)),
 		maxPos:  maxPositions,
+		simd:    hasSIMD(),
 	}
 	t.invFreq = make([]float32, len(inv))
 	for i, f := range inv {
@@ -281,7 +284,14 @@ func (t *RopeTable) UnrotateF32(x []float32, pos int) {
 // rotate applies one row to x in float32.
 func (t *RopeTable) rotate(x []float32, c, s []float32) {
 	if t.neox {
-		rotNeoX(x[:t.half], x[t.half:t.rotary], c, s)
+		from := 0
+		if t.simd && t.half >= 8 {
+			// In place: every block of pairs is loaded before it is stored.
+			from = t.half &^ 7
+			p := (*byte)(unsafe.Pointer(&x[0]))
+			rotNeoXF32AVX2(p, p, &c[0], &s[0], from, t.half)
+		}
+		rotNeoX(x[from:t.half], x[t.half+from:t.rotary], c[from:], s[from:])
 		return
 	}
 	rotGPTJ(x[:t.rotary], c, s)
