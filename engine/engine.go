@@ -27,6 +27,9 @@ type Config struct {
 	// BlockSize is the number of slots per cache block. 0 means 16 (vLLM's
 	// CUDA default).
 	BlockSize int
+	// CacheOrder is the physical axis order of a cache layer: cudakern.NHD
+	// (vLLM FlashAttention's, the default) or cudakern.HND.
+	CacheOrder cudakern.Order
 	// MaxPositions sizes the RoPE table: injection needs target positions
 	// below it (the forward pass rotates positions beyond it on the fly).
 	// 0 means max(max_position_embeddings, 8192), at most 32768.
@@ -91,6 +94,9 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	if cfg.MaxPositions <= 0 {
 		cfg.MaxPositions = min(max(mc.MaxPositionEmbeddings, 8192), 32768)
 	}
+	if cfg.CacheOrder == 0 {
+		cfg.CacheOrder = cudakern.NHD
+	}
 	if cfg.KVDType == chunk.DTypeInvalid {
 		cfg.KVDType = chunk.F32
 	}
@@ -113,7 +119,7 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	nb := (cfg.CacheTokens + cfg.BlockSize - 1) / cfg.BlockSize
 	// The engine computes in float32 and reads the cache as float32, so the
 	// cache dtype is F32 whatever KVDType the chunks use.
-	layout := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: nb, BlockSize: cfg.BlockSize,
+	layout := cudakern.CacheLayout{Order: cfg.CacheOrder, NumBlocks: nb, BlockSize: cfg.BlockSize,
 		KVHeads: mc.NumKVHeads, HeadDim: mc.HeadDim, DType: chunk.F32}
 	if err := layout.Validate(); err != nil {
 		return nil, fmt.Errorf("engine: cache layout: %w", err)

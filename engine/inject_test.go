@@ -607,3 +607,51 @@ func TestEncodePromptMatchesPerChunkEncoding(t *testing.T) {
 		}
 	}
 }
+
+func TestCacheOrderHND(t *testing.T) {
+	ctx := context.Background()
+	c := variants()["llama-gptj"]
+	dir := t.TempDir()
+	if _, err := WriteRandomModel(dir, c, 91, 1); err != nil {
+		t.Fatal(err)
+	}
+	w, err := LoadWeights(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(91, 92))
+	prefix, ch, q := randTokens(r, 9, c.VocabSize), randTokens(r, 21, c.VocabSize), randTokens(r, 5, c.VocabSize)
+	segs := []Segment{{Tokens: prefix}, {Tokens: ch, Chunk: true}, {Tokens: q}}
+	var logits [][]float32
+	for _, order := range []cudakern.Order{cudakern.NHD, cudakern.HND} {
+		e, err := New(w, Config{Workers: 2, CacheTokens: 256, BlockSize: 8, CacheOrder: order})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if e.Layout().Order != order {
+			t.Fatalf("layout order %v, want %v", e.Layout().Order, order)
+		}
+		en, err := e.EncodeAfterPrefix(ctx, [][]uint32{prefix}, ch)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := NewMemStore(0)
+		store.Put(ctx, en)
+		got, err := e.Run(ctx, store, Request{StartPos: 30, Segments: segs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Chunks[0].Match != MatchExact {
+			t.Fatalf("%v: chunk %v", order, got.Chunks[0].Match)
+		}
+		want := prefill(t, e, 30, segs)
+		if d := maxAbsDiff(got.Logits, want.Logits); d > 1e-4 {
+			t.Fatalf("%v: injection differs from prefill by %g", order, d)
+		}
+		logits = append(logits, want.Logits)
+	}
+	if d := maxAbsDiff(logits[0], logits[1]); d != 0 {
+		t.Fatalf("NHD and HND prefills differ by %g", d)
+	}
+}
