@@ -163,9 +163,7 @@ func decodeCommand(b []byte) (command, error) {
 	var err error
 	switch c.kind {
 	case kindRegisterModel:
-		if verr := c.model.Spec.Validate(); verr != nil {
-			err = fmt.Errorf("%w: %w", ErrInvalidCommand, verr)
-		}
+		err = validateSpec(c.model.Spec)
 	case kindSetSettings:
 		err = c.settings.Validate()
 	case kindRingChange:
@@ -212,6 +210,23 @@ func (rc *ringChange) validate() error {
 			return fmt.Errorf("%w: removed member %q empty or repeated", ErrInvalidCommand, id)
 		}
 		seen[id] = true
+	}
+	return nil
+}
+
+// maxSpecString bounds each string of a registered spec: names and
+// revisions are short, and the bound keeps snapshots bounded.
+const maxSpecString = 256
+
+// validateSpec is chunk's validation plus the registry's size bounds.
+func validateSpec(spec chunk.ModelSpec) error {
+	if err := spec.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+	}
+	for _, v := range []string{spec.Family, spec.Scaling.Type, spec.WeightsRevision, spec.TokenizerID, spec.Salt} {
+		if len(v) > maxSpecString {
+			return fmt.Errorf("%w: %w: a string of %d bytes exceeds %d", ErrInvalidCommand, chunk.ErrInvalidSpec, len(v), maxSpecString)
+		}
 	}
 	return nil
 }

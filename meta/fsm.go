@@ -110,6 +110,9 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 		if _, ok := cur.models.get(fp); ok {
 			return false, nil
 		}
+		if cur.models.n >= MaxModels {
+			return false, fmt.Errorf("%w: registry holds %d models, the most allowed", ErrInvalidCommand, MaxModels)
+		}
 		next.models = cur.models.with(fp, c.model.Spec)
 	case kindSetSettings:
 		if cur.settings == *c.settings {
@@ -205,8 +208,12 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
+// MaxModels bounds the registry so that a snapshot (at most ~1.6 KB a
+// spec with maxSpecString) stays under maxSnapshotBytes.
+const MaxModels = 50_000
+
 // maxSnapshotBytes bounds what Restore reads; real snapshots are kilobytes.
-const maxSnapshotBytes = 64 << 20
+const maxSnapshotBytes = 128 << 20
 
 func decodeSnapshot(r io.Reader) (snapshotState, error) {
 	var s snapshotState
@@ -220,8 +227,11 @@ func decodeSnapshot(r io.Reader) (snapshotState, error) {
 	if err := s.Settings.Validate(); err != nil {
 		return snapshotState{}, fmt.Errorf("meta: snapshot settings: %w", err)
 	}
+	if len(s.Models) > MaxModels {
+		return snapshotState{}, fmt.Errorf("meta: snapshot of %d models", len(s.Models))
+	}
 	for _, spec := range s.Models {
-		if err := spec.Validate(); err != nil {
+		if err := validateSpec(spec); err != nil {
 			return snapshotState{}, fmt.Errorf("meta: snapshot model: %w", err)
 		}
 	}

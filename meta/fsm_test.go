@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -34,6 +35,8 @@ func member(id string) ring.Member {
 func TestFSMApply(t *testing.T) {
 	badSpec := testSpec(1)
 	badSpec.HeadDim = 3
+	longSalt := testSpec(1)
+	longSalt.Salt = strings.Repeat("s", maxSpecString+1)
 	f := newFSM(nil)
 	type want struct {
 		err     error
@@ -53,6 +56,7 @@ func TestFSMApply(t *testing.T) {
 		{"register again", mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
 		{"register other", mustEncode(t, kindRegisterModel, registerModel{testSpec(2)}), want{nil, 2, 0, nil, def}},
 		{"invalid spec", mustEncode(t, kindRegisterModel, registerModel{badSpec}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
+		{"long salt", mustEncode(t, kindRegisterModel, registerModel{longSalt}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
 		{"settings", mustEncode(t, kindSetSettings, custom), want{nil, 2, 0, nil, custom}},
 		{"settings W>R", mustEncode(t, kindSetSettings, Settings{2, 3, chunk.CodecRaw}), want{ErrInvalidCommand, 2, 0, nil, custom}},
 		{"settings R=0", mustEncode(t, kindSetSettings, Settings{0, 0, chunk.CodecRaw}), want{ErrInvalidCommand, 2, 0, nil, custom}},
@@ -315,5 +319,18 @@ func TestModelTable(t *testing.T) {
 				t.Fatalf("get(%v) = %v, %v", fp, s, ok)
 			}
 		}
+	}
+}
+
+func TestFSMRegistryFull(t *testing.T) {
+	f := newFSM(nil)
+	st := *f.cur.Load()
+	full := *st.models
+	full.n = MaxModels // as if that many were registered
+	st.models = &full
+	f.cur.Store(&st)
+	res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, kindRegisterModel, registerModel{testSpec(1)})})
+	if err, _ := res.(error); !errors.Is(err, ErrInvalidCommand) {
+		t.Fatalf("registration into a full registry: %v", res)
 	}
 }

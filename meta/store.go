@@ -391,8 +391,8 @@ func (s *Store) WaitModel(ctx context.Context, fp chunk.Fingerprint) (chunk.Mode
 // chunk.ErrInvalidSpec. Registering a spec again is a no-op. When it
 // returns nil the model is known on this node too.
 func (s *Store) RegisterModel(ctx context.Context, spec chunk.ModelSpec) (chunk.Fingerprint, error) {
-	if err := spec.Validate(); err != nil {
-		return chunk.Fingerprint{}, fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+	if err := validateSpec(spec); err != nil {
+		return chunk.Fingerprint{}, err
 	}
 	fp := spec.Fingerprint()
 	if _, ok := s.fsm.model(fp); ok {
