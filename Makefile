@@ -12,11 +12,16 @@ PKGS = $(shell $(GO) list ./...)
 RACE_PKGS = $(filter-out $(shell $(GO) list ./... | grep -E '$(NORACE_RE)'),$(PKGS))
 NORACE_PKGS = $(shell $(GO) list ./... | grep -E '$(NORACE_RE)')
 
-# Fuzz targets run briefly in every `make test`: "package:FuzzName".
-FUZZ_TARGETS := ./chunk:FuzzDecode
-FUZZTIME ?= 10s
+# Every fuzz target's seed corpus runs as a unit test. `make test` also fuzzes
+# the decoders of untrusted input briefly ("package:FuzzName"); `make
+# fuzz-all` fuzzes every target.
+FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSafetensors \
+	./meta:FuzzDecodeCommand ./kvtier:FuzzDiskRead ./inject:FuzzDescriptorMemory
+FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
+	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
+FUZZTIME ?= 8s
 
-.PHONY: all build test vet fmt-check unit fuzz bench run proto tools clean
+.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench run proto tools clean
 
 all: build
 
@@ -36,10 +41,16 @@ unit:
 	$(if $(strip $(NORACE_PKGS)),$(GO) test -timeout 10m $(NORACE_PKGS))
 
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
+	@$(MAKE) --no-print-directory fuzz-run TARGETS="$(FUZZ_TARGETS)"
+
+fuzz-all:
+	@$(MAKE) --no-print-directory fuzz-run TARGETS="$(FUZZ_ALL)" FUZZTIME=60s
+
+fuzz-run:
+	@set -e; for t in $(TARGETS); do \
 		pkg=$${t%%:*}; name=$${t##*:}; \
 		echo "fuzz $$pkg $$name ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) $$pkg; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	done
 
 test: fmt-check vet unit fuzz
