@@ -384,8 +384,16 @@ func TestCluster3(t *testing.T) {
 		if _, err := c.Get(ctx, s.key); !errors.Is(err, client.ErrNotFound) {
 			t.Fatalf("get after delete: %v", err)
 		}
-		if _, err := c.Delete(ctx, s.key); !errors.Is(err, client.ErrNotFound) {
-			t.Fatalf("second delete: %v", err)
+		// Deletes leave tombstones, so a second one is recorded again.
+		if n, err := c.Delete(ctx, s.key); err != nil || n != 3 {
+			t.Fatalf("second delete: %d, %v", n, err)
+		}
+		// A write after the delete brings the entry back.
+		if _, err := c.Put(ctx, s.blob); err != nil {
+			t.Fatalf("put after delete: %v", err)
+		}
+		if got, err := c.Get(ctx, s.key); err != nil || !bytes.Equal(got, s.blob) {
+			t.Fatalf("get after delete and put: %v", err)
 		}
 		all = all[:len(all)-1]
 	})

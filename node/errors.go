@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/replication"
 )
 
 // toStatus maps an error to the gRPC status a caller can branch on. Errors
@@ -41,10 +42,18 @@ func toStatus(err error) error {
 		errors.Is(err, chunk.ErrUnsupported), errors.Is(err, client.ErrBadMessage), errors.Is(err, api.ErrFrame),
 		errors.Is(err, api.ErrLongBody), errors.Is(err, api.ErrShortBody), errors.Is(err, meta.ErrInvalidCommand):
 		code = codes.InvalidArgument
-	case errors.Is(err, kvtier.ErrNotFound):
+	case errors.Is(err, replication.ErrNoRoom):
+		code = codes.ResourceExhausted
+	case errors.Is(err, kvtier.ErrNotFound), errors.Is(err, replication.ErrNotFound):
 		code = codes.NotFound
-	case errors.Is(err, kvtier.ErrConflict):
+	case errors.Is(err, kvtier.ErrConflict), errors.Is(err, replication.ErrConflict):
 		code = codes.AlreadyExists
+	case errors.Is(err, replication.ErrRejected):
+		code = codes.FailedPrecondition
+	case errors.Is(err, replication.ErrEpochMismatch):
+		code = codes.Aborted
+	case errors.Is(err, replication.ErrQuorum), errors.Is(err, replication.ErrNoReplicas), errors.Is(err, replication.ErrClosed):
+		code = codes.Unavailable
 	case errors.Is(err, meta.ErrStaleEpoch):
 		code = codes.Aborted
 	case errors.Is(err, meta.ErrNotLeader):

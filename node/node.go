@@ -21,6 +21,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -68,10 +69,11 @@ type Config struct {
 	// LocalTiming tunes gossip and raft for nodes on one machine (tests,
 	// `kvmesh local-cluster`): failures are noticed in about a second.
 	LocalTiming bool
-	// Replicator writes an entry to the other replicas of its content ID.
-	// Default: a direct, parallel, best-effort write to each (no hints, no
-	// repair); the replication package replaces it.
-	Replicator Replicator
+	// Replication tunes the replication package (hints, repair,
+	// rebalancing, anti-entropy); NodeID, Store, Transport, Placement,
+	// Quorum, DataDir (DataDir/replication), Limits and Logger are set by
+	// the node. Zero fields take replication's defaults.
+	Replication replication.Config
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -138,7 +140,7 @@ type Node struct {
 	meta   *meta.Store
 	gossip *ring.Gossip
 	peers  *peerPool
-	repl   Replicator
+	repl   *replication.Replicator
 
 	grpcLis  net.Listener
 	grpcSrv  *grpc.Server
@@ -252,9 +254,26 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	n.meta.SetPeers(n.gossip)
 	n.meta.Reconcile()
 
-	n.repl = cfg.Replicator
-	if n.repl == nil {
-		n.repl = &directReplicator{n: n}
+	rcfg := cfg.Replication
+	rcfg.NodeID = cfg.NodeID
+	rcfg.Store = replication.NewKVTierStore(n.store)
+	rcfg.Transport = transport{n}
+	rcfg.Placement = n.meta
+	rcfg.Quorum = func() (int, int) {
+		s := n.meta.Settings()
+		return s.ReplicationFactor, s.WriteQuorum
+	}
+	rcfg.DataDir = filepath.Join(cfg.DataDir, "replication")
+	rcfg.Limits = cfg.Limits
+	rcfg.Logger = n.log
+	if rcfg.CallTimeout == 0 {
+		rcfg.CallTimeout = cfg.RPCTimeout
+	}
+	if n.repl, err = replication.New(rcfg); err != nil {
+		return fmt.Errorf("node: start replication: %w", err)
+	}
+	if err := n.registry.Register(n.repl.Collector()); err != nil {
+		return fmt.Errorf("node: register replication metrics: %w", err)
 	}
 
 	n.grpcSrv = grpc.NewServer(
@@ -386,6 +405,11 @@ func (n *Node) shutdown() {
 		_ = n.httpLis.Close()
 	}
 	n.wg.Wait()
+	if n.repl != nil {
+		if err := n.repl.Close(); err != nil {
+			n.log.Warn("node: replication close", "err", err)
+		}
+	}
 	if n.gossip != nil {
 		if err := n.gossip.Shutdown(); err != nil {
 			n.log.Warn("node: gossip shutdown", "err", err)

@@ -17,7 +17,6 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/meta"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // peerPool keeps one gRPC connection per peer address. Connections are
@@ -117,47 +116,9 @@ func (f forwarder) Apply(ctx context.Context, leaderGRPCAddr string, cmd []byte)
 	return fmt.Errorf("node: forward to leader %s: %w", leaderGRPCAddr, err)
 }
 
-// Replicator writes an entry to replicas other than this node. It is the
-// seam between serving and replication: the replication package provides
-// one with write quorums, hinted handoff and repair.
-type Replicator interface {
-	// Replicate stores blob (an encoded, verified entry of key) on each of
-	// replicas, none of which is this node, and returns the IDs of those
-	// that acknowledged. It returns when every replica has answered or
-	// failed, or ctx ends.
-	Replicate(ctx context.Context, key chunk.Key, blob []byte, replicas []ring.Member) []string
-}
-
-// directReplicator writes to every replica in parallel, once, best-effort.
-type directReplicator struct{ n *Node }
-
-func (d *directReplicator) Replicate(ctx context.Context, key chunk.Key, blob []byte, replicas []ring.Member) []string {
-	acks := make([]bool, len(replicas))
-	var wg sync.WaitGroup
-	for i, m := range replicas {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := d.n.sendEntry(ctx, m.GRPCAddr, key, blob); err != nil {
-				d.n.log.Warn("node: replicate", "key", key, "to", m.ID, "err", err)
-				return
-			}
-			acks[i] = true
-		}()
-	}
-	wg.Wait()
-	var ids []string
-	for i, ok := range acks {
-		if ok {
-			ids = append(ids, replicas[i].ID)
-		}
-	}
-	return ids
-}
-
 // sendEntry streams blob to addr with Peer.Replicate. The blob's bytes go
 // to the transport without a copy.
-func (n *Node) sendEntry(ctx context.Context, addr string, key chunk.Key, blob []byte) error {
+func (n *Node) sendEntry(ctx context.Context, addr string, hdr *api.PutHeader, blob []byte) error {
 	pc, err := n.peers.peer(addr)
 	if err != nil {
 		return err
@@ -168,7 +129,7 @@ func (n *Node) sendEntry(ctx context.Context, addr string, key chunk.Key, blob [
 	if err != nil {
 		return err
 	}
-	if err := api.SendHeader(st, &api.PutHeader{Key: client.ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
+	if err := api.SendHeader(st, hdr); err != nil {
 		return streamErr(st, err)
 	}
 	// blob is heap memory the caller does not modify: the transport may

@@ -19,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -56,15 +57,6 @@ func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec
 		return spec, nil
 	}
 	return chunk.ModelSpec{}, errUnknownModel(fp)
-}
-
-// replicas returns the replica set of content in the current ring.
-func (n *Node) replicas(content chunk.ID) ([]ring.Member, error) {
-	r := n.meta.Ring()
-	if r.Len() == 0 {
-		return nil, status.Error(codes.Unavailable, "the cluster has no ring yet")
-	}
-	return r.Replicas(content, n.meta.Settings().ReplicationFactor), nil
 }
 
 func (s *clientService) RegisterModel(ctx context.Context, req *api.RegisterModelRequest) (*api.RegisterModelResponse, error) {
@@ -142,67 +134,23 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			sh.Layers, sh.KVHeads, sh.HeadDim, sh.DType, key.Fingerprint, spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType)
 	}
 	if direct || hdr.Direct {
-		if _, err := n.store.Put(ctx, blob, kvtier.PutOptions{}); err != nil {
+		kind := replication.Kind(hdr.Kind)
+		if kind == 0 {
+			kind = replication.KindWrite
+		}
+		if err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At}); err != nil {
 			return err
 		}
 		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
 	}
-	acked, err := n.coordinatePut(ctx, key, blob)
+	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, n.meta.Settings().ReplicationFactor) {
+		n.metrics.forwards.Inc()
+	}
+	res, err := n.repl.Write(ctx, blob)
 	if err != nil {
 		return err
 	}
-	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: acked})
-}
-
-// coordinatePut writes blob to the replica set of its content ID and
-// returns the IDs that stored it. It fails unless at least min(W, R)
-// replicas did.
-func (n *Node) coordinatePut(ctx context.Context, key chunk.Key, blob []byte) ([]string, error) {
-	reps, err := n.replicas(key.Content)
-	if err != nil {
-		return nil, err
-	}
-	others := make([]ring.Member, 0, len(reps))
-	local := false
-	for _, m := range reps {
-		if m.ID == n.cfg.NodeID {
-			local = true
-		} else {
-			others = append(others, m)
-		}
-	}
-	if !local {
-		n.metrics.forwards.Inc()
-	}
-	var localErr error
-	var wg sync.WaitGroup
-	if local {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, localErr = n.store.Put(ctx, blob, kvtier.PutOptions{})
-		}()
-	}
-	var acked []string
-	if len(others) > 0 {
-		acked = n.repl.Replicate(ctx, key, blob, others)
-	}
-	wg.Wait()
-	if local {
-		if localErr != nil {
-			if errors.Is(localErr, kvtier.ErrConflict) || len(others) == 0 {
-				return nil, localErr
-			}
-			n.log.Warn("node: local put", "key", key, "err", localErr)
-		} else {
-			acked = append([]string{n.cfg.NodeID}, acked...)
-		}
-	}
-	need := min(n.meta.Settings().WriteQuorum, len(reps))
-	if len(acked) < need {
-		return acked, status.Errorf(codes.Unavailable, "entry stored on %d of %d replicas (%v), write quorum is %d", len(acked), len(reps), acked, need)
-	}
-	return acked, nil
+	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: res.StoredOn})
 }
 
 func (s *clientService) Get(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame]) error {
@@ -227,18 +175,20 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	if _, err := n.model(ctx, key.Fingerprint); err != nil {
 		return err
 	}
+	// Here first (a pinned zero-copy view), then the replicas in ring
+	// order, repairing those found lacking (replication.Read).
 	var data []byte
-	release := func() {}
-	h, err := n.store.Get(ctx, key)
-	switch {
-	case err == nil:
-		data, release = h.Bytes(), h.Release
-	case errors.Is(err, kvtier.ErrNotFound) && !direct:
-		if data, err = n.fetchFromReplicas(ctx, key); err != nil {
+	var release func()
+	if direct {
+		if data, release, err = n.repl.ServeFetch(ctx, key); err != nil {
 			return err
 		}
-	default:
-		return err
+	} else {
+		rr, err := n.repl.Read(ctx, key)
+		if err != nil {
+			return err
+		}
+		data, release = rr.Blob, rr.Release
 	}
 	ok := false
 	defer func() {
@@ -279,35 +229,6 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	}
 	n.metrics.bytesOut.WithLabelValues("get").Add(float64(gh.TotalBytes))
 	return nil
-}
-
-// fetchFromReplicas reads key from the first other replica that has it.
-func (n *Node) fetchFromReplicas(ctx context.Context, key chunk.Key) ([]byte, error) {
-	reps, err := n.replicas(key.Content)
-	if err != nil {
-		return nil, err
-	}
-	var last error = status.Errorf(codes.NotFound, "%v not found", key)
-	for _, m := range reps {
-		if m.ID == n.cfg.NodeID {
-			continue
-		}
-		blob, err := n.fetchEntry(ctx, m.GRPCAddr, key)
-		if err == nil {
-			if _, verr := chunk.Verify(blob, n.cfg.Limits); verr != nil {
-				n.log.Warn("node: replica sent a corrupt entry", "key", key, "from", m.ID, "err", verr)
-				continue
-			}
-			return blob, nil
-		}
-		if status.Code(err) != codes.NotFound {
-			last = err
-		}
-	}
-	if status.Code(last) != codes.NotFound {
-		return nil, status.Errorf(codes.Unavailable, "%v: no replica answered: %v", key, last)
-	}
-	return nil, last
 }
 
 func (s *clientService) Lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupResponse, error) {
@@ -508,51 +429,16 @@ func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*ap
 		return nil, invalid(err)
 	}
 	if req.Direct {
-		if err := n.store.Delete(key); err != nil {
+		if err := n.repl.ServeDelete(ctx, key, req.At); err != nil {
 			return nil, err
 		}
 		return &api.DeleteResponse{Deleted: 1}, nil
 	}
-	reps, err := n.replicas(key.Content)
+	res, err := n.repl.Delete(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	var deleted uint32
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, m := range reps {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var err error
-			if m.ID == n.cfg.NodeID {
-				err = n.store.Delete(key)
-			} else {
-				err = n.remoteDelete(ctx, m.GRPCAddr, key)
-			}
-			if err == nil {
-				mu.Lock()
-				deleted++
-				mu.Unlock()
-			}
-		}()
-	}
-	wg.Wait()
-	if deleted == 0 {
-		return nil, status.Errorf(codes.NotFound, "%v not found", key)
-	}
-	return &api.DeleteResponse{Deleted: deleted}, nil
-}
-
-func (n *Node) remoteDelete(ctx context.Context, addr string, key chunk.Key) error {
-	c, err := n.peers.client(addr)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := n.withTimeout(ctx)
-	defer cancel()
-	_, err = c.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true})
-	return err
+	return &api.DeleteResponse{Deleted: uint32(len(res.DeletedOn))}, nil
 }
 
 func (s *clientService) Stats(ctx context.Context, _ *api.StatsRequest) (*api.StatsResponse, error) {
@@ -592,6 +478,9 @@ func (s *clientService) ClusterInfo(ctx context.Context, _ *api.ClusterInfoReque
 }
 
 func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
+	if req.From != "" || len(req.Keys) > 0 {
+		return s.n.serveDigest(ctx, req)
+	}
 	var after *chunk.Key
 	if req.After != nil {
 		k, err := client.KeyFromProto(req.After)

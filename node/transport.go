@@ -1,0 +1,138 @@
+package node
+
+import (
+	"context"
+	"fmt"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/replication"
+)
+
+// transport implements replication.Transport over the Peer service (and
+// Client.Delete with direct set). Node IDs resolve to gRPC addresses
+// through the ring, then gossip.
+type transport struct{ n *Node }
+
+func (t transport) addr(id string) (string, error) {
+	if m, ok := t.n.meta.Ring().Member(id); ok && m.GRPCAddr != "" {
+		return m.GRPCAddr, nil
+	}
+	for _, m := range t.n.gossip.Members() {
+		if m.ID == id && m.GRPCAddr != "" {
+			return m.GRPCAddr, nil
+		}
+	}
+	return "", fmt.Errorf("node: no address known for %s", id)
+}
+
+// replErr maps a peer's gRPC status back to replication's sentinels:
+// refusals to ErrRejected, absence to ErrNotFound, an epoch mismatch to
+// ErrEpochMismatch; anything else means "unreachable, try later".
+func replErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	switch status.Code(err) {
+	case codes.NotFound:
+		return fmt.Errorf("%w: %w", replication.ErrNotFound, err)
+	case codes.InvalidArgument, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted, codes.PermissionDenied:
+		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
+	case codes.Aborted:
+		return fmt.Errorf("%w: %w", replication.ErrEpochMismatch, err)
+	}
+	return err
+}
+
+func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts replication.ReplicateOptions) error {
+	addr, err := t.addr(node)
+	if err != nil {
+		return err
+	}
+	hd, err := chunk.ParseHeader(blob, t.n.cfg.Limits)
+	if err != nil {
+		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
+	}
+	return replErr(t.n.sendEntry(ctx, addr, &api.PutHeader{Key: client.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
+		Direct: true, Kind: uint32(opts.Kind), At: opts.At}, blob))
+}
+
+func (t transport) Fetch(ctx context.Context, node string, key chunk.Key) ([]byte, error) {
+	addr, err := t.addr(node)
+	if err != nil {
+		return nil, err
+	}
+	blob, err := t.n.fetchEntry(ctx, addr, key)
+	return blob, replErr(err)
+}
+
+func (t transport) Digest(ctx context.Context, node string, req replication.DigestRequest) (replication.DigestResponse, error) {
+	addr, err := t.addr(node)
+	if err != nil {
+		return replication.DigestResponse{}, err
+	}
+	pc, err := t.n.peers.peer(addr)
+	if err != nil {
+		return replication.DigestResponse{}, err
+	}
+	preq := &api.DigestRequest{From: req.From, Epoch: req.Epoch, Replicas: uint32(req.Replicas), Split: req.Split, Ranges: req.Ranges}
+	for _, k := range req.Keys {
+		preq.Keys = append(preq.Keys, client.ProtoKey(k))
+	}
+	ctx, cancel := t.n.withTimeout(ctx)
+	defer cancel()
+	resp, err := pc.Digest(ctx, preq)
+	if err != nil {
+		return replication.DigestResponse{}, replErr(err)
+	}
+	out := replication.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
+	for _, it := range resp.Items {
+		k, err := client.KeyFromProto(it.Key)
+		if err != nil {
+			return replication.DigestResponse{}, fmt.Errorf("node: digest from %s: %w", node, err)
+		}
+		out.Items = append(out.Items, replication.DigestItem{Key: k, Checksum: it.Checksum, Size: int(it.BlobBytes), Deleted: it.Deleted, At: it.At})
+	}
+	return out, nil
+}
+
+func (t transport) Delete(ctx context.Context, node string, key chunk.Key, at int64) error {
+	addr, err := t.addr(node)
+	if err != nil {
+		return err
+	}
+	c, err := t.n.peers.client(addr)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := t.n.withTimeout(ctx)
+	defer cancel()
+	_, err = c.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true, At: at})
+	return replErr(err)
+}
+
+// serveDigest answers a replication digest request.
+func (n *Node) serveDigest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
+	rreq := replication.DigestRequest{From: req.From, Epoch: req.Epoch, Replicas: int(req.Replicas), Split: req.Split, Ranges: req.Ranges}
+	for _, pk := range req.Keys {
+		k, err := client.KeyFromProto(pk)
+		if err != nil {
+			return nil, invalid(err)
+		}
+		rreq.Keys = append(rreq.Keys, k)
+	}
+	resp, err := n.repl.ServeDigest(ctx, rreq)
+	if err != nil {
+		return nil, err
+	}
+	out := &api.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
+	for _, it := range resp.Items {
+		out.Items = append(out.Items, &api.DigestItem{Key: client.ProtoKey(it.Key), Checksum: it.Checksum, BlobBytes: uint64(it.Size),
+			Deleted: it.Deleted, At: it.At})
+	}
+	return out, nil
+}
