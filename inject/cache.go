@@ -121,7 +121,8 @@ type cache struct {
 	id      CacheID
 	desc    Descriptor
 	spec    chunk.ModelSpec
-	rope    *cudakern.RopeTable
+	ropeKey ropeKey
+	rope    *cudakern.RopeTable // shared by the registrations of ropeKey
 	layouts []cudakern.CacheLayout // one per layer
 	layers  [][]byte
 	headLo  int
@@ -131,6 +132,18 @@ type cache struct {
 
 	refs int  // injects using the cache
 	gone bool // unregistered; unmap when refs drops to 0
+}
+
+// ropeKey names a RoPE table: the model and the table's size.
+type ropeKey struct {
+	fp     chunk.Fingerprint
+	maxPos int
+}
+
+// ropeRef is a shared table and the registrations using it.
+type ropeRef struct {
+	t *cudakern.RopeTable
+	n int
 }
 
 // layerLayouts expands d.Layouts to one per layer.

@@ -490,3 +490,44 @@ func TestRegisterValidation(t *testing.T) {
 		t.Errorf("register after close: %v", err)
 	}
 }
+
+// TestRopeTableShared: registrations of one model share a RoPE table,
+// which goes away with the last of them.
+func TestRopeTableShared(t *testing.T) {
+	spec := testSpec(chunk.BF16)
+	fp := spec.Fingerprint()
+	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 1, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.BF16}
+	s := newService(t, newMemFetcher(), spec, nil)
+	ctx := context.Background()
+	var ids []CacheID
+	for _, heads := range [][2]int{{0, 2}, {2, 4}, {0, 2}} {
+		id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers, HeadLo: heads[0], HeadHi: heads[1],
+			Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 1000}, layersOf(spec.Layers, lay))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	other, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers, HeadLo: 0, HeadHi: 2,
+		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 2000}, layersOf(spec.Layers, lay))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids = append(ids, other)
+	s.mu.Lock()
+	n, first := len(s.ropes), s.caches[ids[0]].rope == s.caches[ids[2]].rope
+	s.mu.Unlock()
+	if n != 2 || !first {
+		t.Fatalf("%d tables (want 2), shared %v", n, first)
+	}
+	for _, id := range ids {
+		if err := s.Unregister(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ropes) != 0 {
+		t.Fatalf("%d tables left", len(s.ropes))
+	}
+}

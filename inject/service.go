@@ -121,6 +121,7 @@ type Service struct {
 	mu       sync.Mutex // guards the fields below and every cache's refs/gone
 	closed   bool
 	caches   map[CacheID]*cache
+	ropes    map[ropeKey]*ropeRef
 	next     CacheID
 	inflight sync.WaitGroup // Add under mu while !closed
 }
@@ -158,6 +159,7 @@ func New(cfg Config) (*Service, error) {
 		tasks:  make(chan task, 4*cfg.Workers),
 		quit:   make(chan struct{}),
 		caches: map[CacheID]*cache{},
+		ropes:  map[ropeKey]*ropeRef{},
 	}
 	s.base, s.stop = context.WithCancel(context.Background())
 	for i := 0; i < cfg.Workers; i++ {
@@ -187,9 +189,7 @@ func (s *Service) Close() error {
 	s.caches = map[CacheID]*cache{}
 	s.mu.Unlock()
 	for _, c := range caches {
-		if c.unmap != nil {
-			c.unmap()
-		}
+		s.drop(c)
 	}
 	s.m.caches.Set(0)
 	return nil
@@ -301,14 +301,28 @@ func (s *Service) prepare(ctx context.Context, d *Descriptor) (*cache, error) {
 	if maxPos == 0 {
 		maxPos = DefaultMaxPositions
 	}
-	rope, err := cudakern.NewRopeTable(spec, maxPos)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrInvalidCache, err)
+	if maxPos < 0 || maxPos > cudakern.MaxTablePositions {
+		return nil, fmt.Errorf("%w: max positions %d out of range 1..%d", ErrInvalidCache, maxPos, cudakern.MaxTablePositions)
 	}
-	return &cache{desc: *d, spec: spec, rope: rope, layouts: layouts, headLo: lo, headHi: hi}, nil
+	return &cache{desc: *d, spec: spec, ropeKey: ropeKey{spec.Fingerprint(), maxPos}, layouts: layouts, headLo: lo, headHi: hi}, nil
 }
 
 func (s *Service) add(c *cache) (CacheID, error) {
+	// Registrations of one model (a tensor-parallel engine's ranks) share
+	// one RoPE table: 16 MiB for 32768 positions of a 128-dim head.
+	s.mu.Lock()
+	shared := s.ropes[c.ropeKey]
+	s.mu.Unlock()
+	var table *cudakern.RopeTable
+	if shared == nil {
+		var err error
+		if table, err = cudakern.NewRopeTable(c.spec, c.ropeKey.maxPos); err != nil {
+			if c.unmap != nil {
+				c.unmap()
+			}
+			return 0, fmt.Errorf("%w: %w", ErrInvalidCache, err)
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	fail := func(err error) (CacheID, error) {
@@ -323,6 +337,12 @@ func (s *Service) add(c *cache) (CacheID, error) {
 	if len(s.caches) >= s.cfg.MaxCaches {
 		return fail(fmt.Errorf("%w: %d held", ErrTooManyCaches, len(s.caches)))
 	}
+	if shared = s.ropes[c.ropeKey]; shared == nil {
+		shared = &ropeRef{t: table}
+		s.ropes[c.ropeKey] = shared
+	}
+	shared.n++
+	c.rope = shared.t
 	s.next++
 	c.id = s.next
 	s.caches[c.id] = c
@@ -344,10 +364,10 @@ func (s *Service) Unregister(id CacheID) error {
 	delete(s.caches, id)
 	s.m.caches.Set(float64(len(s.caches)))
 	c.gone = true
-	unmap := c.refs == 0
+	drop := c.refs == 0
 	s.mu.Unlock()
-	if unmap && c.unmap != nil {
-		c.unmap()
+	if drop {
+		s.drop(c)
 	}
 	return nil
 }
@@ -377,12 +397,26 @@ func (s *Service) acquire(id CacheID) (*cache, error) {
 func (s *Service) releaseCache(c *cache) {
 	s.mu.Lock()
 	c.refs--
-	unmap := c.gone && c.refs == 0
+	drop := c.gone && c.refs == 0
 	s.mu.Unlock()
-	if unmap && c.unmap != nil {
-		c.unmap()
+	if drop {
+		s.drop(c)
 	}
 	s.inflight.Done()
+}
+
+// drop releases what a registration holds once nothing uses it.
+func (s *Service) drop(c *cache) {
+	if c.unmap != nil {
+		c.unmap()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r := s.ropes[c.ropeKey]; r != nil {
+		if r.n--; r.n == 0 {
+			delete(s.ropes, c.ropeKey)
+		}
+	}
 }
 
 // worker is one pipeline goroutine's state: its own single-threaded
