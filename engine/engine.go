@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -66,6 +67,9 @@ type Engine struct {
 	pool   *pool
 	layout cudakern.CacheLayout
 	log    *slog.Logger
+	// attnAVX: attention uses the assembly kernels (they take int32 float
+	// offsets into a layer, so a layer must hold fewer than 2^31 floats).
+	attnAVX bool
 
 	mu     sync.Mutex // guards the fields below and serializes forward passes
 	closed bool
@@ -129,6 +133,7 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 		inj:  cudakern.NewInjector(cudakern.Config{Workers: cfg.Workers}),
 		pool: newPool(cfg.Workers, !cfg.PureGo),
 	}
+	e.attnAVX = e.pool.avx && mc.HeadDim%8 == 0 && layout.LayerBytes()/4 < math.MaxInt32
 	e.cache = make([]cacheLayer, mc.NumLayers)
 	for l := range e.cache {
 		f := make([]float32, layout.LayerBytes()/4)

@@ -40,18 +40,17 @@ type fwdStats struct {
 // scratch holds the forward pass's buffers, grown as needed and reused, so
 // steady-state decoding does not allocate.
 type scratch struct {
-	idx            []int
-	slots          []int
-	h, x, o        []float32
-	q, k, v, att   []float32
-	g, u           []float32
-	dev            []float64
-	order          []int
-	scores         [][]float32
-	logit          []float32
-	mm             matmulTask
-	attn           attnTask
-	hiddenForLogit []float32
+	idx          []int
+	slots        []int
+	h, x, o      []float32
+	q, k, v, att []float32
+	g, u         []float32
+	dev          []float64
+	order        []int
+	scores       [][]float32
+	offK, offV   []int32
+	mm           matmulTask
+	attn         attnTask
 }
 
 func grow[T any](s []T, n int) []T {
@@ -86,7 +85,11 @@ type attnTask struct {
 	hd      int
 	scale   float32
 	scores  [][]float32 // per worker, at least 4 × seq length
-	avx     bool        // use the assembly kernels (hd % 8 == 0)
+	avx     bool        // use the assembly kernels
+	// offK and offV hold, for kv head g, the float offset of token j's key
+	// and value at [g*seqLen+j] (from cudakern's layout), for the kernels.
+	offK, offV []int32
+	seqLen     int
 }
 
 func (t *attnTask) do(w, lo, hi int) {
@@ -105,6 +108,10 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 	hd := t.hd
 	i := t.idx[a]
 	n := i + 1
+	if t.avx {
+		t.headsAVX(w, a, g, h0, m, n)
+		return
+	}
 	var qs [4][]float32
 	for k := 0; k < 4; k++ {
 		h := h0 + min(k, m-1)
@@ -168,6 +175,38 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 		out := t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd]
 		for d := range out {
 			out[d] *= inv[k]
+		}
+	}
+}
+
+// headsAVX is heads4 with the assembly kernels: scores of four keys at a
+// time, and the weighted sum of values kept in registers across keys.
+func (t *attnTask) headsAVX(w, a, g, h0, m, n int) {
+	hd := t.hd
+	s := t.scores[w][:n]
+	offK := t.offK[g*t.seqLen : g*t.seqLen+n]
+	offV := t.offV[g*t.seqLen : g*t.seqLen+n]
+	for h := h0; h < h0+m; h++ {
+		qv := t.q[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
+		qkAVX(&qv[0], &t.kv[0], &offK[0], n, hd, &s[0])
+		mx := float32(math.Inf(-1))
+		for j, v := range s {
+			v *= t.scale
+			s[j] = v
+			mx = max(mx, v)
+		}
+		var sum float32
+		for j, v := range s {
+			p := expNeg(v - mx)
+			s[j] = p
+			sum += p
+		}
+		out := t.out[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
+		clear(out)
+		pvAVX(&s[0], &t.kv[0], &offV[0], n, hd, &out[0])
+		inv := 1 / sum
+		for d := range out {
+			out[d] *= inv
 		}
 	}
 }
@@ -258,7 +297,18 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 	}
 	at := &sc.attn
 	*at = attnTask{slots: s.slots, layout: e.layout, heads: c.NumHeads, kvHeads: c.NumKVHeads, group: c.NumHeads / c.NumKVHeads,
-		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores, avx: e.pool.avx && hd%8 == 0}
+		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores, avx: e.attnAVX, seqLen: seqLen}
+	if at.avx {
+		sc.offK = grow(sc.offK, c.NumKVHeads*seqLen)
+		sc.offV = grow(sc.offV, c.NumKVHeads*seqLen)
+		for g := 0; g < c.NumKVHeads; g++ {
+			for j, slot := range s.slots[:seqLen] {
+				sc.offK[g*seqLen+j] = int32(e.layout.Offset(0, slot, g) / 4)
+				sc.offV[g*seqLen+j] = int32(e.layout.Offset(1, slot, g) / 4)
+			}
+		}
+		at.offK, at.offV = sc.offK, sc.offV
+	}
 	for l := range e.w.layers {
 		if err := ctx.Err(); err != nil {
 			return st, err

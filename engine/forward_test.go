@@ -267,3 +267,60 @@ func TestCacheAccounting(t *testing.T) {
 		t.Fatal("append after close succeeded")
 	}
 }
+
+func TestPureGoPath(t *testing.T) {
+	ctx := context.Background()
+	c := variants()["qwen3-qknorm"]
+	dir := t.TempDir()
+	if _, err := WriteRandomModel(dir, c, 13, 1); err != nil {
+		t.Fatal(err)
+	}
+	w, err := LoadWeights(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(13, 14))
+	toks := randTokens(r, 30, c.VocabSize)
+	var out [][]float32
+	for _, pure := range []bool{true, false} {
+		e, err := New(w, Config{Workers: 2, CacheTokens: 256, PureGo: pure})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if pure && (e.pool.avx || e.attnAVX) {
+			t.Fatal("PureGo engine uses the assembly kernels")
+		}
+		s, _ := e.NewSequence(5)
+		got, err := s.Append(ctx, toks)
+		s.Release()
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := refForward(e.w, e.rope, toks, 5)
+		for i := range want {
+			if d := math.Abs(float64(got[i]) - want[i]); d > 1e-4 {
+				t.Fatalf("pure=%v: logit %d off the float64 reference by %g", pure, i, d)
+			}
+		}
+		// Exact injection holds on this path too.
+		segs := []Segment{{Tokens: toks[:20], Chunk: true}, {Tokens: toks[20:]}}
+		ents, err := e.EncodePrompt(ctx, segs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		store := NewMemStore(0)
+		store.Put(ctx, ents[0])
+		inj, err := e.Run(ctx, store, Request{StartPos: 5, Segments: segs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := maxAbsDiff(inj.Logits, got); d > 1e-4 || inj.Injected != 20 {
+			t.Fatalf("pure=%v: injection differs from prefill by %g (injected %d)", pure, d, inj.Injected)
+		}
+		out = append(out, got)
+	}
+	if d := maxAbsDiff(out[0], out[1]); d > 1e-4 {
+		t.Fatalf("pure Go and assembly kernels differ by %g", d)
+	}
+}

@@ -19,3 +19,9 @@ func dotAVX(a, b *float32, n int) float32
 
 //go:noescape
 func axpyAVX(alpha float32, x, y *float32, n int)
+
+//go:noescape
+func qkAVX(q, kv *float32, offs *int32, n, hd int, out *float32)
+
+//go:noescape
+func pvAVX(p, kv *float32, offs *int32, n, hd int, out *float32)

@@ -170,3 +170,159 @@ axloop:
 axdone:
 	VZEROUPPER
 	RET
+
+// func qkAVX(q, kv *float32, offs *int32, n, hd int, out *float32)
+// out[j] = q · kv[offs[j] : offs[j]+hd] for j < n; hd is a multiple of 8.
+// Keys go four at a time (four independent chains); each key's lanes
+// accumulate d in steps of 8 and reduce like HSUM, in groups or alone.
+TEXT ·qkAVX(SB), NOSPLIT, $0-48
+	MOVQ q+0(FP), AX
+	MOVQ kv+8(FP), BX
+	MOVQ offs+16(FP), CX
+	MOVQ n+24(FP), DX
+	MOVQ hd+32(FP), R8
+	MOVQ out+40(FP), R9
+	SHLQ $2, R8 // hd in bytes
+
+qk4:
+	CMPQ DX, $4
+	JLT  qk1
+	MOVLQSX 0(CX), R10
+	MOVLQSX 4(CX), R11
+	MOVLQSX 8(CX), R12
+	MOVLQSX 12(CX), R13
+	LEAQ (BX)(R10*4), R10
+	LEAQ (BX)(R11*4), R11
+	LEAQ (BX)(R12*4), R12
+	LEAQ (BX)(R13*4), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ SI, SI
+
+qk4d:
+	VMOVUPS (AX)(SI*1), Y8
+	VFMADD231PS (R10)(SI*1), Y8, Y0
+	VFMADD231PS (R11)(SI*1), Y8, Y1
+	VFMADD231PS (R12)(SI*1), Y8, Y2
+	VFMADD231PS (R13)(SI*1), Y8, Y3
+	ADDQ $32, SI
+	CMPQ SI, R8
+	JLT  qk4d
+	HSUM(Y0, X0, 0)
+	HSUM(Y1, X1, 4)
+	HSUM(Y2, X2, 8)
+	HSUM(Y3, X3, 12)
+	ADDQ $16, CX
+	ADDQ $16, R9
+	SUBQ $4, DX
+	JMP  qk4
+
+qk1:
+	CMPQ DX, $0
+	JLE  qkdone
+	MOVLQSX 0(CX), R10
+	LEAQ (BX)(R10*4), R10
+	VXORPS Y0, Y0, Y0
+	XORQ SI, SI
+
+qk1d:
+	VMOVUPS (AX)(SI*1), Y8
+	VFMADD231PS (R10)(SI*1), Y8, Y0
+	ADDQ $32, SI
+	CMPQ SI, R8
+	JLT  qk1d
+	HSUM(Y0, X0, 0)
+	ADDQ $4, CX
+	ADDQ $4, R9
+	DECQ DX
+	JMP  qk1
+
+qkdone:
+	VZEROUPPER
+	RET
+
+// func pvAVX(p, kv *float32, offs *int32, n, hd int, out *float32)
+// out[0:hd] += p[j] * kv[offs[j] : offs[j]+hd] for j = 0, 1, ..., n-1 in
+// order, each lane one fused multiply-add per j (the order axpyAVX gives).
+// hd is a multiple of 8; 64 lanes at a time stay in registers.
+TEXT ·pvAVX(SB), NOSPLIT, $0-48
+	MOVQ p+0(FP), AX
+	MOVQ kv+8(FP), BX
+	MOVQ offs+16(FP), CX
+	MOVQ n+24(FP), DX
+	MOVQ hd+32(FP), R8
+	MOVQ out+40(FP), R9
+	SHLQ $2, R8 // hd in bytes
+	XORQ DI, DI // byte offset of the current lane block
+
+pv64:
+	LEAQ 256(DI), R10
+	CMPQ R10, R8
+	JGT  pv8
+	VMOVUPS 0(R9)(DI*1), Y0
+	VMOVUPS 32(R9)(DI*1), Y1
+	VMOVUPS 64(R9)(DI*1), Y2
+	VMOVUPS 96(R9)(DI*1), Y3
+	VMOVUPS 128(R9)(DI*1), Y4
+	VMOVUPS 160(R9)(DI*1), Y5
+	VMOVUPS 192(R9)(DI*1), Y6
+	VMOVUPS 224(R9)(DI*1), Y7
+	XORQ SI, SI
+
+pv64j:
+	CMPQ SI, DX
+	JGE  pv64s
+	VBROADCASTSS (AX)(SI*4), Y15
+	MOVLQSX (CX)(SI*4), R11
+	LEAQ (BX)(R11*4), R11
+	ADDQ DI, R11
+	VFMADD231PS 0(R11), Y15, Y0
+	VFMADD231PS 32(R11), Y15, Y1
+	VFMADD231PS 64(R11), Y15, Y2
+	VFMADD231PS 96(R11), Y15, Y3
+	VFMADD231PS 128(R11), Y15, Y4
+	VFMADD231PS 160(R11), Y15, Y5
+	VFMADD231PS 192(R11), Y15, Y6
+	VFMADD231PS 224(R11), Y15, Y7
+	INCQ SI
+	JMP  pv64j
+
+pv64s:
+	VMOVUPS Y0, 0(R9)(DI*1)
+	VMOVUPS Y1, 32(R9)(DI*1)
+	VMOVUPS Y2, 64(R9)(DI*1)
+	VMOVUPS Y3, 96(R9)(DI*1)
+	VMOVUPS Y4, 128(R9)(DI*1)
+	VMOVUPS Y5, 160(R9)(DI*1)
+	VMOVUPS Y6, 192(R9)(DI*1)
+	VMOVUPS Y7, 224(R9)(DI*1)
+	MOVQ R10, DI
+	JMP  pv64
+
+pv8:
+	LEAQ 32(DI), R10
+	CMPQ R10, R8
+	JGT  pvdone
+	VMOVUPS (R9)(DI*1), Y0
+	XORQ SI, SI
+
+pv8j:
+	CMPQ SI, DX
+	JGE  pv8s
+	VBROADCASTSS (AX)(SI*4), Y15
+	MOVLQSX (CX)(SI*4), R11
+	LEAQ (BX)(R11*4), R11
+	VFMADD231PS (R11)(DI*1), Y15, Y0
+	INCQ SI
+	JMP  pv8j
+
+pv8s:
+	VMOVUPS Y0, (R9)(DI*1)
+	MOVQ R10, DI
+	JMP  pv8
+
+pvdone:
+	VZEROUPPER
+	RET

@@ -15,3 +15,11 @@ func dot1x4AVX(xa, w0, w1, w2, w3 *float32, n int, out *[4]float32) {
 func dotAVX(a, b *float32, n int) float32 { panic("engine: no AVX kernels in this build") }
 
 func axpyAVX(alpha float32, x, y *float32, n int) { panic("engine: no AVX kernels in this build") }
+
+func qkAVX(q, kv *float32, offs *int32, n, hd int, out *float32) {
+	panic("engine: no AVX kernels in this build")
+}
+
+func pvAVX(p, kv *float32, offs *int32, n, hd int, out *float32) {
+	panic("engine: no AVX kernels in this build")
+}

@@ -160,3 +160,49 @@ func TestExpNeg(t *testing.T) {
 		t.Fatalf("expNeg(0) = %v", expNeg(0))
 	}
 }
+
+func TestAttentionKernels(t *testing.T) {
+	if !hasAVXKernels() {
+		t.Skip("no AVX2+FMA here")
+	}
+	r := rand.New(rand.NewPCG(10, 10))
+	for _, hd := range []int{8, 16, 64, 96, 128} {
+		for _, n := range []int{1, 3, 4, 7, 33} {
+			kv := randSlice(r, 50*hd)
+			offs := make([]int32, n)
+			for j := range offs {
+				offs[j] = int32(r.IntN(50) * hd)
+			}
+			q := randSlice(r, hd)
+			out := make([]float32, n)
+			qkAVX(&q[0], &kv[0], &offs[0], n, hd, &out[0])
+			for j := 0; j < n; j++ {
+				var want float64
+				for d := 0; d < hd; d++ {
+					want += float64(q[d]) * float64(kv[int(offs[j])+d])
+				}
+				if math.Abs(float64(out[j])-want) > 1e-5*float64(hd) {
+					t.Fatalf("qk hd=%d n=%d j=%d: %v, want %v", hd, n, j, out[j], want)
+				}
+				// A key alone gets the same bits as in a group of four.
+				var one float32
+				qkAVX(&q[0], &kv[0], &offs[j], 1, hd, &one)
+				if one != out[j] {
+					t.Fatalf("qk hd=%d: key %d alone %v, in a group %v", hd, j, one, out[j])
+				}
+			}
+			p := randSlice(r, n)
+			acc := randSlice(r, hd+1)
+			ref := append([]float32(nil), acc...)
+			pvAVX(&p[0], &kv[0], &offs[0], n, hd, &acc[0])
+			for j := 0; j < n; j++ {
+				axpyAVX(p[j], &kv[offs[j]], &ref[0], hd)
+			}
+			for d := range acc {
+				if acc[d] != ref[d] {
+					t.Fatalf("pv hd=%d n=%d [%d]: %v, sequential axpy %v", hd, n, d, acc[d], ref[d])
+				}
+			}
+		}
+	}
+}
