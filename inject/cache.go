@@ -122,7 +122,7 @@ type cache struct {
 	desc    Descriptor
 	spec    chunk.ModelSpec
 	ropeKey ropeKey
-	rope    *cudakern.RopeTable // shared by the registrations of ropeKey
+	rope    *cudakern.RopeTable    // shared by the registrations of ropeKey
 	layouts []cudakern.CacheLayout // one per layer
 	layers  [][]byte
 	headLo  int
