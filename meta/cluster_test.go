@@ -106,7 +106,11 @@ func TestClusterWrites(t *testing.T) {
 			if err := f.ApplyForwarded(ctxT(t), cmd); !errors.Is(err, ErrNotLeader) {
 				t.Fatalf("ApplyForwarded on follower: %v", err)
 			}
-			for _, garbage := range [][]byte{nil, {1}, {2, 1, '{', '}'}, {1, 99, '{', '}'}, {1, 1, 'x'}} {
+			ringCmd, err := encodeCommand(kindRingChange, ringChange{Epoch: l.Ring().Epoch(), Remove: []string{nodeID(0)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, garbage := range [][]byte{nil, {1}, {2, 1, '{', '}'}, {1, 99, '{', '}'}, {1, 1, 'x'}, ringCmd} {
 				if err := l.ApplyForwarded(ctxT(t), garbage); !errors.Is(err, ErrInvalidCommand) {
 					t.Fatalf("ApplyForwarded(%q): %v", garbage, err)
 				}

@@ -440,11 +440,18 @@ func (s *Store) SetSettings(ctx context.Context, set Settings) error {
 
 // ApplyForwarded applies a command a follower forwarded. It is what the
 // node's gRPC handler calls on the leader; on any other node it fails with
-// ErrNotLeader. A malformed or invalid command fails with ErrInvalidCommand
-// before it reaches the log.
+// ErrNotLeader. A malformed or invalid command, or a ring change (only the
+// leader makes those), fails with ErrInvalidCommand before it reaches the
+// log.
 func (s *Store) ApplyForwarded(ctx context.Context, cmd []byte) error {
-	if _, err := decodeCommand(cmd); err != nil {
+	c, err := decodeCommand(cmd)
+	if err != nil {
 		return err
+	}
+	if c.kind == kindRingChange {
+		// Only the leader's reconcile loop changes the ring; a peer
+		// has no business sending one.
+		return fmt.Errorf("%w: ring changes are not forwarded", ErrInvalidCommand)
 	}
 	if !s.IsLeader() {
 		return fmt.Errorf("%w: %s", ErrNotLeader, s.cfg.NodeID)
