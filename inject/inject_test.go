@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
 )
@@ -381,6 +383,15 @@ func TestRegisterValidation(t *testing.T) {
 	if err := os.WriteFile(outside, make([]byte, 3*lb), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A disk file reached through /proc/<pid>/fd/<n>: the path is allowed,
+	// the file is not shared memory (unless the test directory is tmpfs:
+	// then the case is skipped).
+	df, err := os.OpenFile(outside, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer df.Close()
+	diskFD := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), df.Fd())
 
 	base := func() Descriptor {
 		return Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 512,
@@ -409,6 +420,7 @@ func TestRegisterValidation(t *testing.T) {
 		{"offsets-overlap", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb) - 64, int64(2 * lb)} }, ErrInvalidCache},
 		{"offset-past-end", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb), int64(3 * lb)} }, ErrInvalidCache},
 		{"path-outside", func(d *Descriptor) { d.Memory.Path = outside }, ErrInvalidCache},
+		{"not-shared-memory", func(d *Descriptor) { d.Memory.Path = diskFD }, ErrInvalidCache},
 		{"path-dotdot", func(d *Descriptor) { d.Memory.Path = "/dev/shm/../etc/passwd" }, ErrInvalidCache},
 		{"path-symlink", func(d *Descriptor) { d.Memory.Path = link }, ErrInvalidCache},
 		{"path-missing", func(d *Descriptor) { d.Memory.Path = "/dev/shm/kvmesh-no-such-file" }, ErrInvalidCache},
@@ -418,6 +430,10 @@ func TestRegisterValidation(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
+			var fs unix.Statfs_t
+			if tc.name == "not-shared-memory" && (unix.Statfs(outside, &fs) != nil || fs.Type == unix.TMPFS_MAGIC) {
+				t.Skip("the test directory is on tmpfs")
+			}
 			d := base()
 			d.Layouts = append([]cudakern.CacheLayout(nil), d.Layouts...)
 			tc.mod(&d)

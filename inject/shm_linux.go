@@ -32,6 +32,16 @@ func mapShm(path string, follow bool, offs []int64, layouts []cudakern.CacheLayo
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalidCache, path)
 	}
+	// Only shared memory: a /proc/<pid>/fd/<n> path could otherwise name
+	// any file some process holds open, and the node would write KV into
+	// it.
+	var fs unix.Statfs_t
+	if err := unix.Fstatfs(fd, &fs); err != nil {
+		return nil, nil, fmt.Errorf("%w: statfs %s: %w", ErrInvalidCache, path, err)
+	}
+	if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
+		return nil, nil, fmt.Errorf("%w: %s is not on tmpfs or hugetlbfs (filesystem %#x)", ErrInvalidCache, path, fs.Type)
+	}
 	if st.Size < end {
 		return nil, nil, fmt.Errorf("%w: %s holds %d bytes, the layers need %d", ErrInvalidCache, path, st.Size, end)
 	}
