@@ -1,0 +1,86 @@
+package tlsconf
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// StreamLayer is a raft.StreamLayer over mutual TLS: both ends present
+// node certificates from the cluster CA, and a peer without one (no
+// certificate, another CA, a client certificate, expired) fails the
+// handshake. Use it with raft.NewNetworkTransportWithConfig. In insecure
+// mode it is plain TCP.
+type StreamLayer struct {
+	ln        net.Listener
+	advertise net.Addr
+	dialCfg   *tls.Config
+}
+
+var _ raft.StreamLayer = (*StreamLayer)(nil)
+
+// NewStreamLayer listens on bind (host:port; port 0 picks one). advertise
+// is the address other nodes dial; nil means the bound address, which must
+// then not be unspecified (0.0.0.0), as raft.NewTCPTransport requires.
+func NewStreamLayer(bind string, advertise net.Addr, t *TLS) (*StreamLayer, error) {
+	ln, err := net.Listen("tcp", bind)
+	if err != nil {
+		return nil, fmt.Errorf("tlsconf: raft listen %s: %w", bind, err)
+	}
+	s := &StreamLayer{ln: ln, advertise: advertise}
+	if s.advertise == nil {
+		s.advertise = ln.Addr()
+	}
+	if a, ok := s.advertise.(*net.TCPAddr); !ok || a.IP == nil || a.IP.IsUnspecified() {
+		_ = ln.Close()
+		return nil, fmt.Errorf("tlsconf: raft advertise address %v is not a dialable IP address", s.advertise)
+	}
+	if !t.Insecure() {
+		s.ln = tls.NewListener(ln, t.NodeServerConfig())
+		s.dialCfg = t.NodeClientConfig()
+	}
+	return s, nil
+}
+
+// Accept waits for the next connection. Its TLS handshake runs on first
+// read, in raft's connection goroutine, so a slow peer does not stall the
+// accept loop; a failed handshake ends that connection only.
+func (s *StreamLayer) Accept() (net.Conn, error) { return s.ln.Accept() }
+
+// Close stops listening.
+func (s *StreamLayer) Close() error { return s.ln.Close() }
+
+// Addr is the advertised address.
+func (s *StreamLayer) Addr() net.Addr { return s.advertise }
+
+// Dial connects to a peer and completes the TLS handshake within timeout.
+func (s *StreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	ctx := context.Background()
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	nd := &net.Dialer{}
+	if s.dialCfg == nil {
+		return nd.DialContext(ctx, "tcp", string(address))
+	}
+	cfg := s.dialCfg.Clone()
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(string(address))
+		if err != nil {
+			return nil, fmt.Errorf("tlsconf: raft address %q: %w", address, err)
+		}
+		cfg.ServerName = host
+	}
+	d := &tls.Dialer{NetDialer: nd, Config: cfg}
+	c, err := d.DialContext(ctx, "tcp", string(address))
+	if err != nil {
+		return nil, fmt.Errorf("tlsconf: raft dial %s: %w", address, err)
+	}
+	return c, nil
+}

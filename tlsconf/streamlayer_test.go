@@ -1,0 +1,156 @@
+package tlsconf
+
+import (
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// raftNode is a raft NetworkTransport over a StreamLayer whose consumer
+// acknowledges every AppendEntries and counts them.
+type raftNode struct {
+	trans *raft.NetworkTransport
+	mu    sync.Mutex
+	got   []raft.AppendEntriesRequest
+	done  chan struct{}
+}
+
+func newRaftNode(t *testing.T, tl *TLS) *raftNode {
+	t.Helper()
+	sl, err := NewStreamLayer("127.0.0.1:0", nil, tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &raftNode{
+		trans: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+			Stream: sl, MaxPool: 2, Timeout: 5 * time.Second, Logger: hclog.NewNullLogger(),
+		}),
+		done: make(chan struct{}),
+	}
+	stop := make(chan struct{})
+	go func() {
+		defer close(n.done)
+		for {
+			select {
+			case <-stop:
+				return
+			case rpc := <-n.trans.Consumer():
+				req, ok := rpc.Command.(*raft.AppendEntriesRequest)
+				if !ok {
+					rpc.Respond(nil, raft.ErrUnsupportedProtocol)
+					continue
+				}
+				n.mu.Lock()
+				n.got = append(n.got, *req)
+				n.mu.Unlock()
+				rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, LastLog: req.PrevLogEntry + uint64(len(req.Entries)), Success: true}, nil)
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		_ = n.trans.Close()
+		close(stop)
+		<-n.done
+	})
+	return n
+}
+
+func (n *raftNode) received() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.got)
+}
+
+func appendTo(from, to *raftNode) error {
+	req := &raft.AppendEntriesRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("from"), Addr: []byte(from.trans.LocalAddr())},
+		Term:      3,
+		Entries:   []*raft.Log{{Index: 1, Term: 3, Type: raft.LogCommand, Data: []byte("model registry entry")}},
+	}
+	var resp raft.AppendEntriesResponse
+	if err := from.trans.AppendEntries("to", to.trans.LocalAddr(), req, &resp); err != nil {
+		return err
+	}
+	if !resp.Success || resp.LastLog != 1 {
+		return errBadResponse
+	}
+	return nil
+}
+
+type constErr string
+
+func (e constErr) Error() string { return string(e) }
+
+const errBadResponse = constErr("unexpected AppendEntries response")
+
+func TestRaftStreamLayer(t *testing.T) {
+	good := newPKI(t, "cluster")
+	evil := newPKI(t, "evil")
+	n1cfg := good.issue("n1", UsageNode, time.Time{})
+	n1 := newRaftNode(t, load(t, n1cfg))
+	n2 := newRaftNode(t, load(t, good.issue("n2", UsageNode, time.Time{})))
+
+	if err := appendTo(n1, n2); err != nil {
+		t.Fatalf("n1 -> n2: %v", err)
+	}
+	if err := appendTo(n2, n1); err != nil {
+		t.Fatalf("n2 -> n1: %v", err)
+	}
+	if n2.received() != 1 || n1.received() != 1 {
+		t.Fatalf("received %d, %d", n1.received(), n2.received())
+	}
+
+	intruders := []struct {
+		name string
+		tl   *TLS
+	}{
+		// Trusts its own CA: refuses n2 and is refused.
+		{"node of another CA", load(t, evil.issue("x1", UsageNode, time.Time{}))},
+		// Trusts the cluster CA, presents another CA's node certificate.
+		{"cert from another CA", crossTLS(t, n1cfg, evil.issue("x2", UsageNode, time.Time{}))},
+		// A valid client certificate of the cluster is not a node.
+		{"client cert of the cluster", load(t, good.issue("alice", UsageClient, time.Time{}))},
+		{"expired node cert", crossTLS(t, n1cfg, good.issue("x3", UsageNode, time.Now().Add(-time.Hour)))},
+		{"plaintext", load(t, Config{Insecure: true, Logger: discard()})},
+	}
+	for _, in := range intruders {
+		t.Run(in.name, func(t *testing.T) {
+			x := newRaftNode(t, in.tl)
+			if err := appendTo(x, n2); err == nil {
+				t.Fatal("intruder's AppendEntries accepted")
+			}
+			if err := appendTo(n2, x); err == nil {
+				t.Fatal("n2 talked to the intruder")
+			}
+			if x.received() != 0 {
+				t.Fatal("intruder received an entry")
+			}
+		})
+	}
+	if n2.received() != 1 {
+		t.Fatalf("n2 received %d entries, want 1", n2.received())
+	}
+}
+
+func TestStreamLayerAddr(t *testing.T) {
+	tl := load(t, Config{Insecure: true, Logger: discard()})
+	if _, err := NewStreamLayer("0.0.0.0:0", nil, tl); err == nil {
+		t.Fatal("unspecified advertise address accepted")
+	}
+	adv := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7000}
+	sl, err := NewStreamLayer("127.0.0.1:0", adv, tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sl.Close()
+	if sl.Addr().String() != adv.String() {
+		t.Fatalf("Addr %v, want %v", sl.Addr(), adv)
+	}
+	if _, err := sl.Dial("no-port", time.Second); err == nil {
+		t.Fatal("dialed an address without a port")
+	}
+}
