@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -171,8 +172,10 @@ func TestThreeProcesses(t *testing.T) {
 	bin := buildKvmeshd(t)
 
 	var procs []*proc
+	var dirs []string
 	for i, h := range hosts {
-		args := []string{"-data-dir", t.TempDir(), "-grpc", h + ":0", "-bootstrap-expect", "3", "-local-timing",
+		dirs = append(dirs, t.TempDir())
+		args := []string{"-data-dir", dirs[i], "-grpc", h + ":0", "-bootstrap-expect", "3", "-local-timing",
 			"-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s", "-log-level", "debug"}
 		if i > 0 {
 			args = append(args, "-join", procs[0].addrs["gossip"])
@@ -261,6 +264,29 @@ func TestThreeProcesses(t *testing.T) {
 	res, err := c.Lookup(ctx, spec.Fingerprint(), []client.LookupItem{{Content: keys[3].Content, Want: chunk.StandaloneContext()}})
 	if err != nil || res[0].Match != client.Exact {
 		t.Fatalf("lookup with a node down: %v %v", res, err)
+	}
+
+	// Restart the killed node on the same addresses and data directory: it
+	// rejoins with its raft state and serves every entry again (its DRAM
+	// tier is gone; it reads from the other replicas and repairs itself).
+	restarted := start(t, bin, victim.id, "-data-dir", dirs[2], "-grpc", victim.addrs["grpc"], "-gossip", victim.addrs["gossip"],
+		"-raft", victim.addrs["raft"], "-http", victim.addrs["http"], "-bootstrap-expect", "3", "-local-timing",
+		"-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s", "-join", procs[0].addrs["gossip"])
+	for {
+		models, leader, _, err := nodeView(ctx, restarted.addrs["grpc"])
+		if err == nil && leader != "" && slices.Contains(models, spec.Fingerprint().String()) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("restarted node never caught up: %v %s %v", models, leader, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	for i, k := range keys {
+		got, err := getFrom(ctx, restarted.addrs["grpc"], k)
+		if err != nil || !bytes.Equal(got, blobs[i]) {
+			t.Fatalf("get %d through the restarted node: %v", i, err)
+		}
 	}
 
 	// SIGTERM shuts a node down cleanly.

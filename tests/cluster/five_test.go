@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 )
 
@@ -138,4 +139,30 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// getFrom reads key's whole entry through one node (which may fetch it
+// from the replicas).
+func getFrom(ctx context.Context, addr string, key chunk.Key) ([]byte, error) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(key)})
+	if err != nil {
+		return nil, err
+	}
+	var hdr api.GetHeader
+	if err := api.RecvHeader(st, &hdr); err != nil {
+		return nil, err
+	}
+	blob := make([]byte, hdr.TotalBytes)
+	if err := api.RecvBody(st, blob); err != nil {
+		return nil, err
+	}
+	return blob, nil
 }
