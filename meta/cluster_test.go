@@ -136,11 +136,17 @@ func TestClusterWrites(t *testing.T) {
 // epoch), and the dead node comes back from its data dir with its state
 // and rejoins ring and raft.
 func TestLeaderLossAndRestart(t *testing.T) {
-	c := newCluster(t, 3)
-	for _, id := range ids(3) {
+	for _, n := range []int{3, 5} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) { testLeaderLossAndRestart(t, n) })
+	}
+}
+
+func testLeaderLossAndRestart(t *testing.T, n int) {
+	c := newCluster(t, n)
+	for _, id := range ids(n) {
 		c.start(id)
 	}
-	c.waitAgree(ids(3))
+	c.waitAgree(ids(n))
 	l := c.leader()
 	fp, err := l.RegisterModel(ctxT(t), testSpec(1))
 	if err != nil {
@@ -167,7 +173,7 @@ func TestLeaderLossAndRestart(t *testing.T) {
 		t.Fatal("stopped node still leads")
 	}
 	var rest []string
-	for _, id := range ids(3) {
+	for _, id := range ids(n) {
 		if id != old {
 			rest = append(rest, id)
 		}
@@ -192,7 +198,7 @@ func TestLeaderLossAndRestart(t *testing.T) {
 	}
 
 	back := c.start(old)
-	e3 := c.waitAgree(ids(3))
+	e3 := c.waitAgree(ids(n))
 	if e3 <= e2 {
 		t.Fatalf("epoch %d after a rejoin, was %d", e3, e2)
 	}
@@ -203,7 +209,7 @@ func TestLeaderLossAndRestart(t *testing.T) {
 	})
 	eventually(t, "restarted node back in raft", func() bool {
 		v, _ := voters(t, c.leader())
-		return slices.Equal(v, ids(3))
+		return slices.Equal(v, ids(n))
 	})
 }
 
