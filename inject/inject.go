@@ -39,8 +39,16 @@ type Request struct {
 	Chunks []Chunk
 	// OnLayer, if set, is called on the Inject caller's goroutine, in
 	// layer order, once layer l of every hit is written: the engine may
-	// start computing layer l. While it runs, later layers keep decoding
-	// but are not written.
+	// start computing layer l. It must return promptly: the workers run
+	// at most Config.LayersAhead layers past the last one reported.
+	//
+	// Chunk answers come only with the Response. All verification happens
+	// before the first layer is written, so a chunk written at layer l is
+	// normally written at every layer; the exception is an entry whose
+	// checksums pass but whose codec payload does not decode at a later
+	// layer (only a writer that sealed a malformed payload makes one): it
+	// is answered MISS and its slots must be prefilled, though earlier
+	// layers of it were written.
 	OnLayer func(layer int)
 }
 
