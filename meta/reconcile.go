@@ -137,12 +137,15 @@ func (s *Store) reconcile() error {
 		}
 	}
 	var errs []error
-	membership := func(what, id string, fut raft.IndexFuture) {
+	// membership waits for a configuration change and reports whether it
+	// took effect; a failed one is retried next round.
+	membership := func(what, id string, fut raft.IndexFuture) bool {
 		if err := fut.Error(); err != nil {
 			errs = append(errs, fmt.Errorf("%s %s: %w", what, id, err))
-			return
+			return false
 		}
 		s.log.Info("meta: raft membership", "change", what, "server", id)
+		return true
 	}
 	// Removals first, so that a dead voter's slot can go to a live node.
 	for _, sv := range servers {
@@ -150,7 +153,9 @@ func (s *Store) reconcile() error {
 		if !dead(id) {
 			continue
 		}
-		membership("remove", id, s.raft.RemoveServer(sv.ID, 0, s.cfg.ApplyTimeout))
+		if !membership("remove", id, s.raft.RemoveServer(sv.ID, 0, s.cfg.ApplyTimeout)) {
+			continue
+		}
 		if sv.Suffrage == raft.Voter {
 			voters--
 		}
@@ -165,15 +170,17 @@ func (s *Store) reconcile() error {
 		sv, ok := inRaft[id]
 		switch {
 		case !ok && voters < s.cfg.MaxVoters:
-			membership("add voter", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout))
-			voters++
+			if membership("add voter", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout)) {
+				voters++
+			}
 		case !ok:
 			membership("add nonvoter", id, s.raft.AddNonvoter(sid, addr, 0, s.cfg.ApplyTimeout))
 		case sv.Suffrage == raft.Voter && sv.Address != addr:
 			membership("readdress voter", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout))
 		case sv.Suffrage != raft.Voter && voters < s.cfg.MaxVoters:
-			membership("promote", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout))
-			voters++
+			if membership("promote", id, s.raft.AddVoter(sid, addr, 0, s.cfg.ApplyTimeout)) {
+				voters++
+			}
 		case sv.Suffrage != raft.Voter && sv.Address != addr:
 			membership("readdress nonvoter", id, s.raft.AddNonvoter(sid, addr, 0, s.cfg.ApplyTimeout))
 		}
