@@ -55,6 +55,7 @@ func BenchmarkPrefill(b *testing.B) {
 	toks := randTokens(rand.New(rand.NewPCG(1, 1)), 256, e.cfg.VocabSize)
 	ctx := context.Background()
 	b.ResetTimer()
+	cpu0 := processCPU()
 	for b.Loop() {
 		s, _ := e.NewSequence(0)
 		if _, err := s.Append(ctx, toks); err != nil {
@@ -62,7 +63,9 @@ func BenchmarkPrefill(b *testing.B) {
 		}
 		s.Release()
 	}
+	cpu := processCPU() - cpu0
 	b.ReportMetric(float64(len(toks)*b.N)/b.Elapsed().Seconds(), "tokens/s")
+	b.ReportMetric(float64(len(toks)*b.N)/cpu.Seconds(), "tokens/CPU-s")
 }
 
 // BenchmarkDecode is one decode step after 256 tokens on the benchmark
