@@ -56,16 +56,14 @@ func tinyEngine(t *testing.T) *engine.Engine {
 	return e
 }
 
-// TestEngineEndToEnd is the exactness property at the cache level. A real
+// TestEngineCacheBytes is the exactness property at the cache level. A real
 // engine encodes chunks after their prefixes (EXACT) and one standalone
 // (APPROXIMATE); engine.Run injecting those entries itself gives prefill's
 // logits; the Service, injecting the same blobs into a registered cache of
 // the engine's layout at the slots engine.Run used, reports the same
 // matches and writes exactly the bytes engine.Run's injection writes
-// (cudakern with the engine's layout and RoPE table). The engine cannot
-// yet run its forward pass over memory the node filled (see the package
-// report): this equality is what that wiring will rely on.
-func TestEngineEndToEnd(t *testing.T) {
+// (cudakern with the engine's layout and RoPE table).
+func TestEngineCacheBytes(t *testing.T) {
 	ctx := context.Background()
 	e := tinyEngine(t)
 	spec, fp, lay := e.Spec(), e.Fingerprint(), e.Layout()
@@ -174,4 +172,153 @@ func TestEngineEndToEnd(t *testing.T) {
 		t.Errorf("matches %v %v %v, want exact approximate exact", resp.Results[0].Match, resp.Results[1].Match, resp.Results[2].Match)
 	}
 	equalLayers(t, "cache", mem, want)
+}
+
+// serviceInjector is the embedded wiring of engine.CacheInjector: the
+// engine's cache memory registered in process, chunks injected by the
+// Service. (Across processes the client implements the same interface over
+// the node's Inject RPC, with the cache in shared memory.)
+type serviceInjector struct {
+	s  *Service
+	id CacheID
+}
+
+func (si serviceInjector) InjectChunks(ctx context.Context, chunks []engine.InjectChunk) ([]engine.InjectResult, error) {
+	req := &Request{Cache: si.id, Chunks: make([]Chunk, len(chunks))}
+	for i, c := range chunks {
+		req.Chunks[i] = Chunk{Fingerprint: c.Key.Fingerprint, Content: c.Key.Content, Tokens: c.Tokens,
+			Context: c.Key.Context, Pos: c.Pos, Slots: c.Slots}
+	}
+	resp, err := si.s.Inject(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]engine.InjectResult, len(chunks))
+	for i, r := range resp.Results {
+		switch r.Match {
+		case Exact:
+			out[i] = engine.InjectResult{Match: engine.MatchExact, Context: r.Context}
+		case Approximate:
+			out[i] = engine.InjectResult{Match: engine.MatchApproximate, Context: r.Context}
+		}
+	}
+	return out, nil
+}
+
+// TestEngineForwardPass is the end-to-end property on a real forward
+// pass: the engine's cache memory is registered with the Service, which
+// fills it from stored blobs; the engine then computes only the other
+// tokens. EXACT chunks give prefill's logits; the logits equal, bit for
+// bit, those of the engine injecting the same entries itself; an
+// APPROXIMATE chunk repaired with r = 100% gives prefill's logits again;
+// a MISS is prefilled.
+func TestEngineForwardPass(t *testing.T) {
+	ctx := context.Background()
+	e := tinyEngine(t)
+	spec, fp := e.Spec(), e.Fingerprint()
+	lay, mem := e.CacheMemory()
+	rng := rand.New(rand.NewPCG(10, 11))
+	vocab := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(rng.IntN(256))
+		}
+		return out
+	}
+	segs := []engine.Segment{{Tokens: vocab(7)}, {Tokens: vocab(21), Chunk: true}, {Tokens: vocab(16), Chunk: true},
+		{Tokens: vocab(9), Chunk: true}, {Tokens: vocab(30), Chunk: true}, {Tokens: vocab(6)}}
+	var toks [][]uint32
+	for _, sg := range segs {
+		toks = append(toks, sg.Tokens)
+	}
+	f := newMemFetcher()
+	put := func(i int, standalone bool, codec chunk.Codec) {
+		var ent *chunk.Entry
+		var err error
+		if standalone {
+			ent, err = e.EncodeStandalone(ctx, toks[i])
+		} else {
+			ent, err = e.EncodeAfterPrefix(ctx, toks[:i], toks[i])
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.put(t, ent, codec)
+	}
+	put(1, false, chunk.CodecRaw)
+	put(2, false, chunk.CodecLossless)
+	put(3, true, chunk.CodecRaw) // APPROXIMATE
+	put(4, false, chunk.CodecRaw)
+
+	s := newService(t, f, spec, nil)
+	id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers,
+		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 8192}, mem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	si := serviceInjector{s, id}
+	for _, start := range []int{0, 45, 700} {
+		// Exact chunks only (segment 3 is text here).
+		exact := append([]engine.Segment(nil), segs...)
+		exact[3].Chunk = false
+		pre, err := e.Run(ctx, nil, engine.Request{StartPos: start, Segments: exact})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := e.RunInjected(ctx, si, engine.Request{StartPos: start, Segments: exact})
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := e.Run(ctx, fetcherSource{f}, engine.Request{StartPos: start, Segments: exact})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cr := range got.Chunks {
+			if cr.Match != engine.MatchExact {
+				t.Fatalf("start %d: segment %d %v, want exact", start, cr.Segment, cr.Match)
+			}
+		}
+		injected := len(toks[1]) + len(toks[2]) + len(toks[4])
+		if got.Injected != injected || got.TokenLayers != (got.Tokens-injected)*spec.Layers {
+			t.Fatalf("start %d: injected %d tokens, computed %d token-layers", start, got.Injected, got.TokenLayers)
+		}
+		if d := maxAbsDiffF(got.Logits, own.Logits); d != 0 {
+			t.Errorf("start %d: logits differ from the engine's own injection by %.3g", start, d)
+		}
+		if d := maxAbsDiffF(got.Logits, pre.Logits); d > 1e-4 {
+			t.Errorf("start %d: max |logit diff| vs prefill %.3g > 1e-4", start, d)
+		}
+
+		// An approximate chunk, recomputed fully, and a miss.
+		mixed := append([]engine.Segment(nil), segs...)
+		mixed = append(mixed[:5], engine.Segment{Tokens: vocab(12), Chunk: true}, mixed[5])
+		pre, err = e.Run(ctx, nil, engine.Request{StartPos: start, Segments: mixed})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err = e.RunInjected(ctx, si, engine.Request{StartPos: start, Segments: mixed, Recompute: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []engine.Match{engine.MatchExact, engine.MatchExact, engine.MatchApproximate, engine.MatchExact, engine.MatchMiss}
+		for j, cr := range got.Chunks {
+			if cr.Match != want[j] {
+				t.Errorf("start %d: chunk %d %v, want %v", start, j, cr.Match, want[j])
+			}
+		}
+		if d := maxAbsDiffF(got.Logits, pre.Logits); d > 1e-4 {
+			t.Errorf("start %d: approximate at r=1: max |logit diff| vs prefill %.3g > 1e-4", start, d)
+		}
+	}
+	if f.out.Load() != 0 {
+		t.Errorf("%d blobs not released", f.out.Load())
+	}
+}
+
+func maxAbsDiffF(a, b []float32) float64 {
+	var d float64
+	for i := range a {
+		d = math.Max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
 }
