@@ -21,6 +21,12 @@
 // is the wanted one), APPROXIMATE (another encoding of the same tokens) or
 // MISS, with the context found.
 //
+// TierFetcher is the node's Fetcher over its kvtier store and a Remote
+// (the replicas): an exact entry wherever it is, local first, else an
+// approximate one, local first. Engine-side, engine.CacheInjector is what
+// an engine calls (RunInjected); an adapter maps its InjectChunks onto
+// Inject (see serviceInjector in the tests).
+//
 // Memory kinds: MemoryShm (a file under /dev/shm, or a memfd named by
 // /proc/<pid>/fd/<n>) and the in-process kind are implemented; MemoryCUDAIPC
 // is part of the descriptor so a GPU engine can register later, and is
