@@ -15,8 +15,14 @@
 // From then on the leader reconciles gossip with raft and the ring, as
 // Consul and Nomad reconcile serf with raft: alive nodes are added as
 // voters up to MaxVoters (5) and as non-voters beyond, and put in the ring
-// (a new epoch); nodes that left gracefully, or are dead for longer than
-// DeadGrace, are removed from both.
+// (a new epoch); nodes that left gracefully (NodeMeta.Leaving, or
+// ring.StateLeft through PeerStatus), or are dead for longer than
+// DeadGrace, are removed from both. A ring change is conditional on the
+// epoch it was computed from, so a deposed leader cannot undo a newer one.
+//
+// Reads are lock-free: every change publishes a new immutable state with
+// one atomic store. Close snapshots what the node applied, so a restart
+// serves it at once and catches up from the leader after.
 //
 // # Log store
 //
@@ -27,5 +33,9 @@
 // instead of BoltDB's two and truncates the head of the log cheaply after
 // a snapshot, which is what a metadata log does all day. Its "experimental"
 // label matters less here: the metadata is small and every node holds a
-// full copy, so a lost node is rebuilt from the others' snapshots.
+// full copy, so a lost node is rebuilt from the others' snapshots. Two
+// sharp edges are handled here: raft-wal's Close leaves its bolt meta store
+// (and its file lock) open, so the Store owns and closes it; and raft runs
+// heartbeats on transport goroutines that can outlive Raft.Shutdown, so the
+// transport is fenced before the log closes (see guardedTransport).
 package meta
