@@ -28,14 +28,8 @@ func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32) {
 		}
 	case chunk.FP8E4M3:
 		src = src[:len(dst)]
-		if scale == 1 {
-			for i := range dst {
-				dst[i] = chunk.FP8E4M3ToF32(src[i])
-			}
-			return
-		}
 		for i := range dst {
-			dst[i] = chunk.FP8E4M3ToF32(src[i]) * scale
+			dst[i] = fp8ToF32(src[i]) * scale
 		}
 	default:
 		panic("cudakern: loadF32 of " + dt.String())
@@ -63,6 +57,10 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32) {
 		}
 	case chunk.FP8E4M3:
 		dst = dst[:len(src)]
+		if n := len(src) &^ 7; n > 0 && hasSIMD() {
+			storeFP8AVX2(&dst[0], &src[0], n, scale)
+			dst, src = dst[n:], src[n:]
+		}
 		for i, v := range src {
 			if scale != 1 { // x / 1 is x: skip the division
 				v /= scale
@@ -97,4 +95,16 @@ func f32ToFP8(f float32) uint8 {
 	a -= 120 << 23
 	a += 0x7ffff + (a>>20)&1
 	return uint8(u>>24)&0x80 | uint8(min(a>>20, 0x7e))
+}
+
+// fp8ToF32 is chunk.FP8E4M3ToF32 without branches but one: the 7 low bits
+// shifted into a float32's exponent and mantissa fields read as 2^(e-127)
+// (1.m) for e > 0 and as a float32 subnormal for e = 0; times 2^120 both
+// are exactly the e4m3 value (bias 7, subnormals m * 2^-9).
+func fp8ToF32(b uint8) float32 {
+	if b&0x7f == 0x7f {
+		return chunk.FP8E4M3ToF32(b) // NaN
+	}
+	v := math.Float32frombits(uint32(b&0x7f)<<20) * 0x1p120
+	return math.Float32frombits(math.Float32bits(v) | uint32(b&0x80)<<24)
 }

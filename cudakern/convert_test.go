@@ -43,3 +43,45 @@ func TestF32ToFP8MatchesChunk(t *testing.T) {
 		check(rng.Uint32() & 0x7fffffff)
 	}
 }
+
+func TestFP8ToF32MatchesChunk(t *testing.T) {
+	for b := 0; b < 256; b++ {
+		got, want := fp8ToF32(uint8(b)), chunk.FP8E4M3ToF32(uint8(b))
+		if math.Float32bits(got) != math.Float32bits(want) && !(got != got && want != want) {
+			t.Fatalf("%#02x: %v, chunk %v", b, got, want)
+		}
+	}
+}
+
+// TestStoreFP8SIMD: the vector fp8 store gives chunk's bytes for every
+// branch, with and without a scale.
+func TestStoreFP8SIMD(t *testing.T) {
+	if !hasSIMD() {
+		t.Skip("no SIMD kernels on this machine")
+	}
+	rng := rand.New(rand.NewPCG(25, 26))
+	var src []float32
+	for _, u := range []uint32{0, 1, 0x3a800000, 0x3a800001, 0x3a7fffff, 0x3b000000, 0x3c7fffff, 0x3c800000,
+		0x3c7c0000, 0x3c780000, 0x43dfffff, 0x43e00000, 0x43d80000, 0x43d7ffff, 0x43d80001, 0x7f7fffff,
+		0x7f800000, 0x7fc00000, 0x7f800001, 0x00400000} {
+		for _, s := range []uint32{0, 0x80000000} {
+			src = append(src, math.Float32frombits(u|s), math.Float32frombits((u+1)|s), math.Float32frombits((u-1)|s))
+		}
+	}
+	for e := uint32(0x3a000000); e < 0x44000000; e += 1 << 19 {
+		src = append(src, math.Float32frombits(e), math.Float32frombits(e+1), math.Float32frombits(e-1))
+	}
+	for i := 0; i < 1<<16; i++ {
+		src = append(src, math.Float32frombits(rng.Uint32()), float32(rng.NormFloat64()*math.Exp(3*rng.NormFloat64())))
+	}
+	src = src[:len(src)&^7]
+	got := make([]byte, len(src))
+	for _, scale := range []float32{1, 0.5, 3, 1e-30, 7e30} {
+		storeFP8AVX2(&got[0], &src[0], len(src), scale)
+		for i, v := range src {
+			if want := chunk.F32ToFP8E4M3(v / scale); got[i] != want {
+				t.Fatalf("scale %v: %#08x (%g): simd %#02x, chunk %#02x", scale, math.Float32bits(v), v, got[i], want)
+			}
+		}
+	}
+}

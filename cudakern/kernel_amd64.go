@@ -53,3 +53,9 @@ func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
 
 //go:noescape
 func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
+
+// storeFP8AVX2 writes fp8(src[i] / scale) for i < n, a positive multiple of
+// 8, with the bytes of chunk.F32ToFP8E4M3.
+//
+//go:noescape
+func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)

@@ -680,3 +680,75 @@ f16znt:
 	JNZ  f16znt
 	VZEROUPPER
 	RET
+
+// func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)
+// Writes fp8 e4m3fn(src[i] / scale) for i < n (a positive multiple of 8),
+// the same bytes as chunk.F32ToFP8E4M3: the normal range rounds its 20
+// dropped bits to even and saturates at 448 (0x7e); below 2^-6 the result is
+// |x|*512 converted to an integer (exact scaling, round to nearest even);
+// |x| >= 448 and Inf saturate, NaN gives 0x7f; the sign is ORed in.
+TEXT ·storeFP8AVX2(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y15
+	MOVL $0x7fffffff, AX
+	MOVQ AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL $0x3c7fffff, AX
+	MOVQ AX, X13
+	VPBROADCASTD X13, Y13
+	MOVL $0x43dfffff, AX
+	MOVQ AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL $0x7f800000, AX
+	MOVQ AX, X11
+	VPBROADCASTD X11, Y11
+	MOVL $0x3c000000, AX
+	MOVQ AX, X10
+	VPBROADCASTD X10, Y10
+	MOVL $0x7ffff, AX
+	MOVQ AX, X9
+	VPBROADCASTD X9, Y9
+	MOVL $0x7e, AX
+	MOVQ AX, X7
+	VPBROADCASTD X7, Y7
+	MOVL $0x44000000, AX
+	MOVQ AX, X6
+	VPBROADCASTD X6, Y6
+	MOVL $0x7f, AX
+	MOVQ AX, X5
+	VPBROADCASTD X5, Y5
+
+fp8loop:
+	VMOVUPS   (SI), Y0
+	VDIVPS    Y15, Y0, Y0
+	VPAND     Y14, Y0, Y1
+	VPXOR     Y1, Y0, Y2
+	VPSRLD    $24, Y2, Y2
+	VPSUBD    Y10, Y1, Y3
+	VPSLLD    $11, Y3, Y4
+	VPSRLD    $31, Y4, Y4
+	VPADDD    Y9, Y3, Y3
+	VPADDD    Y4, Y3, Y3
+	VPSRLD    $20, Y3, Y3
+	VPMINUD   Y7, Y3, Y3
+	VMULPS    Y6, Y1, Y4
+	VCVTPS2DQ Y4, Y4
+	VPCMPGTD  Y13, Y1, Y8
+	VPBLENDVB Y8, Y3, Y4, Y3
+	VPCMPGTD  Y12, Y1, Y8
+	VPBLENDVB Y8, Y7, Y3, Y3
+	VPCMPGTD  Y11, Y1, Y8
+	VPBLENDVB Y8, Y5, Y3, Y3
+	VPOR      Y2, Y3, Y3
+	VEXTRACTI128 $1, Y3, X4
+	VPACKUSDW X4, X3, X3
+	VPACKUSWB X3, X3, X3
+	MOVQ      X3, (DI)
+	ADDQ      $32, SI
+	ADDQ      $8, DI
+	SUBQ      $8, CX
+	JNZ       fp8loop
+	VZEROUPPER
+	RET
