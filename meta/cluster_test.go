@@ -3,6 +3,7 @@ package meta
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -436,4 +437,45 @@ func TestBootstrapWaitsForExpect(t *testing.T) {
 	if n == 0 {
 		t.Fatal("cluster formed but no node bootstrapped it")
 	}
+}
+
+// TestChurnAgreement crashes and restarts random nodes of a 5-node cluster
+// between writes made on random nodes; at the end every node holds the
+// same models, settings and ring.
+func TestChurnAgreement(t *testing.T) {
+	c := newCluster(t, 5)
+	for _, id := range ids(5) {
+		c.start(id)
+	}
+	c.waitAgree(ids(5))
+	rng := rand.New(rand.NewPCG(7, 7))
+	var fps []chunk.Fingerprint
+	var set Settings
+	for round := range 4 {
+		victim := nodeID(rng.IntN(5))
+		c.stop(victim)
+		run := c.running()
+		w := c.node(run[rng.IntN(len(run))])
+		fp, err := w.RegisterModel(ctxT(t), testSpec(100+round))
+		if err != nil {
+			t.Fatalf("round %d: register on %s with %s down: %v", round, w.NodeID(), victim, err)
+		}
+		fps = append(fps, fp)
+		set = Settings{ReplicationFactor: 1 + round, WriteQuorum: 1, Codec: chunk.CodecRaw}
+		if err := w.SetSettings(ctxT(t), set); err != nil {
+			t.Fatalf("round %d: settings: %v", round, err)
+		}
+		c.start(victim)
+	}
+	c.waitAgree(ids(5))
+	eventually(t, "every node holds the same state", func() bool {
+		l := c.leader()
+		for _, id := range c.running() {
+			s := c.node(id)
+			if !slices.Equal(s.Models(), l.Models()) || s.Settings() != set || len(s.Models()) != len(fps) {
+				return false
+			}
+		}
+		return true
+	})
 }
