@@ -38,7 +38,8 @@ func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32) {
 
 // storeF32 rounds src once into dst in dtype dt. fp8 stores fp8(x / scale),
 // dividing (not multiplying by a reciprocal) as vLLM's scaled conversion does.
-func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32) {
+// nt asks for non-temporal stores where a kernel has them (fp8).
+func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool) {
 	switch dt {
 	case chunk.F32:
 		dst = dst[:4*len(src)]
@@ -58,7 +59,11 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32) {
 	case chunk.FP8E4M3:
 		dst = dst[:len(src)]
 		if n := len(src) &^ 7; n > 0 && hasSIMD() {
-			storeFP8AVX2(&dst[0], &src[0], n, scale)
+			if nt {
+				storeFP8AVX2NT(&dst[0], &src[0], n, scale)
+			} else {
+				storeFP8AVX2(&dst[0], &src[0], n, scale)
+			}
 			dst, src = dst[n:], src[n:]
 		}
 		for i, v := range src {

@@ -17,7 +17,7 @@ func TestF32ToFP8MatchesChunk(t *testing.T) {
 		for _, s := range []uint32{0, 0x80000000} {
 			f := math.Float32frombits(u | s)
 			var got [1]byte
-			storeF32(got[:], []float32{f}, chunk.FP8E4M3, 1)
+			storeF32(got[:], []float32{f}, chunk.FP8E4M3, 1, false)
 			if got[0] != f32ToFP8(f) {
 				t.Fatalf("%#08x: storeF32 and f32ToFP8 disagree", u|s)
 			}
@@ -76,8 +76,13 @@ func TestStoreFP8SIMD(t *testing.T) {
 	}
 	src = src[:len(src)&^7]
 	got := make([]byte, len(src))
-	for _, scale := range []float32{1, 0.5, 3, 1e-30, 7e30} {
-		storeFP8AVX2(&got[0], &src[0], len(src), scale)
+	for n, scale := range []float32{1, 0.5, 3, 1e-30, 7e30, 1, 0.25} {
+		if n < 5 {
+			storeFP8AVX2(&got[0], &src[0], len(src), scale)
+		} else {
+			storeFP8AVX2NT(&got[0], &src[0], len(src), scale)
+			sfence()
+		}
 		for i, v := range src {
 			if want := chunk.F32ToFP8E4M3(v / scale); got[i] != want {
 				t.Fatalf("scale %v: %#08x (%g): simd %#02x, chunk %#02x", scale, math.Float32bits(v), v, got[i], want)

@@ -322,11 +322,14 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 const ntMinBytes = 4 << 20
 
 // useNT reports whether the SIMD kernels should store non-temporally: the
-// job is large, a same-dtype NeoX kernel runs, and every destination row
-// and half row is aligned for the vector stores.
+// job is large, a same-dtype NeoX kernel runs or the destination is fp8, and
+// every destination row and half row is aligned for the vector stores.
 func (p *plan) useNT(minBytes int) bool {
-	if !p.simd || p.kernel == kernelGeneric || p.Rope.half%16 != 0 {
+	if !p.simd || p.Rope.half%16 != 0 {
 		return false
+	}
+	if p.kernel == kernelGeneric && p.Layout.DType != chunk.FP8E4M3 {
+		return false // only the fp8 store has an NT form among the converters
 	}
 	row := p.Layout.HeadDim * p.dstES
 	if row%64 != 0 || len(p.Dst)*2*p.Tokens*p.heads*row < minBytes {
@@ -418,7 +421,7 @@ func (p *plan) item(layer, tile int, x []float32) {
 				continue
 			}
 			loadF32(x, v, p.SrcDType, p.srcVScale)
-			storeF32(dst[vd:vd+dstRow], x, l.DType, p.dstVScale)
+			storeF32(dst[vd:vd+dstRow], x, l.DType, p.dstVScale, p.nt)
 		}
 	}
 }

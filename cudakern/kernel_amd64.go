@@ -59,3 +59,8 @@ func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
 //
 //go:noescape
 func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)
+
+// storeFP8AVX2NT is storeFP8AVX2 with non-temporal stores.
+//
+//go:noescape
+func storeFP8AVX2NT(dst *byte, src *float32, n int, scale float32)

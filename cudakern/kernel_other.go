@@ -22,3 +22,4 @@ func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)    { panic
 func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int) { panic("cudakern: no SIMD") }
 func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
 func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)         { panic("cudakern: no SIMD") }
+func storeFP8AVX2NT(dst *byte, src *float32, n int, scale float32)       { panic("cudakern: no SIMD") }

@@ -48,7 +48,7 @@ func (p *plan) rotKey(dst, src []byte, c, s, x []float32) {
 	default:
 		loadF32(x, src, p.SrcDType, p.srcKScale)
 		t.rotate(x, c, s)
-		storeF32(dst, x, p.Layout.DType, p.dstKScale)
+		storeF32(dst, x, p.Layout.DType, p.dstKScale, p.nt)
 		return
 	}
 	from := 0

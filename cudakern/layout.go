@@ -183,7 +183,7 @@ func ScatterF32(layer []byte, l CacheLayout, kv int, slots []int, src []float32)
 		}
 		for h := 0; h < l.KVHeads; h++ {
 			off := l.Offset(kv, s, h)
-			storeF32(layer[off:off+hd*es], src[(i*l.KVHeads+h)*hd:(i*l.KVHeads+h+1)*hd], l.DType, scale)
+			storeF32(layer[off:off+hd*es], src[(i*l.KVHeads+h)*hd:(i*l.KVHeads+h+1)*hd], l.DType, scale, false)
 		}
 	}
 	return nil
