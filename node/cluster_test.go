@@ -358,6 +358,41 @@ func TestCluster3(t *testing.T) {
 		}
 	})
 
+	t.Run("digest pages", func(t *testing.T) {
+		pc, err := nodes[1].peers.peer(nodes[0].GRPCAddr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		var after *api.Key
+		var seen []chunk.Key
+		for page := 0; ; page++ {
+			resp, err := pc.Digest(ctx, &api.DigestRequest{After: after, Limit: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(resp.Items) > 5 {
+				t.Fatalf("page %d has %d items", page, len(resp.Items))
+			}
+			for _, it := range resp.Items {
+				k, err := client.KeyFromProto(it.Key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if n := len(seen); n > 0 && compareKeys(seen[n-1], k) >= 0 {
+					t.Fatalf("digest out of order at %v", k)
+				}
+				seen = append(seen, k)
+				after = it.Key
+			}
+			if !resp.More {
+				break
+			}
+		}
+		if want := nodes[0].store.Stats().Entries; len(seen) != want {
+			t.Fatalf("digest listed %d keys, store holds %d", len(seen), want)
+		}
+	})
+
 	t.Run("http", func(t *testing.T) {
 		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 			resp, err := http.Get("http://" + nodes[2].HTTPAddr() + path)
