@@ -388,7 +388,7 @@ func (r *BenchResult) Markdown() string {
 		m.ModelType, m.NumLayers, m.HiddenSize, m.NumHeads, m.NumKVHeads, m.HeadDim, m.IntermediateSize, m.VocabSize, m.DType, r.Workers)
 	fmt.Fprintf(&b, "Facts of %d tokens, %d-token query, stored as %v KV with a %d-token context window; best of %d runs.\n\n",
 		r.Config.FactTokens, r.Config.QueryTokens, r.KVDType, r.Config.Window, r.Config.Trials)
-	fmt.Fprintf(&b, "| k | prompt tokens | (a) prompt injection TTFT ms | (b) KV injection TTFT ms | (a)/(b) | (a) CPU ms | (b) CPU ms | lookup+decode ms | rotate+scatter ms | (b) + recompute r=%.0f%% ms | token-layers (a) / (b) / recompute |\n", 100*r.Config.Recompute)
+	fmt.Fprintf(&b, "| k | prompt tokens | (a) prompt injection TTFT ms | (b) KV injection TTFT ms | (a)/(b) | (a) CPU ms | (b) CPU ms | lookup ms | rotate+scatter ms | (b) + recompute r=%.0f%% ms | token-layers (a) / (b) / recompute |\n", 100*r.Config.Recompute)
 	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, t := range r.TTFT {
 		fmt.Fprintf(&b, "| %d | %d | %s | %s | %.1fx | %s | %s | %s | %s | %s | %d / %d / %d |\n", t.K, t.PromptTokens, ms(t.Prefill), ms(t.Inject),

@@ -23,6 +23,7 @@ type LookupRequest struct {
 // entry whose context equals the requested one if it holds it, else its best
 // other encoding of the same content (which the engine treats as
 // APPROXIMATE), else nil (MISS). The result has one element per request.
+// The engine only reads the entries, and not after Run returns.
 // An in-memory store implements it for tests; the cluster client in
 // production.
 type ChunkSource interface {

@@ -8,14 +8,22 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
-// MemStore is an in-memory ChunkStore holding encoded entries, so a lookup
-// pays the decode a real store pays. It is safe for concurrent use.
+// MemStore is an in-memory ChunkStore: a host-DRAM store of ready tensors,
+// as InferScale's. Put encodes an entry with the store's codec (so Bytes
+// says what the codec saves) and decodes it back once, so what lookups
+// return is exactly what the codec preserves; lookups hand out the decoded
+// entry itself, shared and read-only. It is safe for concurrent use.
 type MemStore struct {
 	codec chunk.Codec
 
 	mu      sync.Mutex
-	entries map[memKey]map[chunk.Context][]byte
+	entries map[memKey]map[chunk.Context]memEntry
 	bytes   int
+}
+
+type memEntry struct {
+	blob []byte
+	ent  *chunk.Entry
 }
 
 type memKey struct {
@@ -29,7 +37,7 @@ func NewMemStore(codec chunk.Codec) *MemStore {
 	if codec == chunk.CodecInvalid {
 		codec = chunk.CodecRaw
 	}
-	return &MemStore{codec: codec, entries: map[memKey]map[chunk.Context][]byte{}}
+	return &MemStore{codec: codec, entries: map[memKey]map[chunk.Context]memEntry{}}
 }
 
 // Put encodes and stores e, replacing an entry with the same key.
@@ -38,14 +46,18 @@ func (m *MemStore) Put(_ context.Context, e *chunk.Entry) error {
 	if err != nil {
 		return fmt.Errorf("engine: memstore put: %w", err)
 	}
+	dec, err := chunk.Decode(blob, chunk.Limits{})
+	if err != nil {
+		return fmt.Errorf("engine: memstore put: %w", err)
+	}
 	k := memKey{e.Key.Fingerprint, e.Key.Content}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.entries[k] == nil {
-		m.entries[k] = map[chunk.Context][]byte{}
+		m.entries[k] = map[chunk.Context]memEntry{}
 	}
-	m.bytes += len(blob) - len(m.entries[k][e.Key.Context])
-	m.entries[k][e.Key.Context] = blob
+	m.bytes += len(blob) - len(m.entries[k][e.Key.Context].blob)
+	m.entries[k][e.Key.Context] = memEntry{blob: blob, ent: dec}
 	return nil
 }
 
@@ -71,7 +83,8 @@ func rank(want, have chunk.Context) int {
 }
 
 // Lookup implements ChunkSource: the exact context if held, else the best
-// other encoding, decoded and checked against the request's tokens.
+// other encoding, checked against the request's tokens. The entries are
+// shared: callers must not modify them (the engine does not).
 func (m *MemStore) Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.Entry, error) {
 	out := make([]*chunk.Entry, len(reqs))
 	for i, r := range reqs {
@@ -79,22 +92,18 @@ func (m *MemStore) Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.E
 			return nil, err
 		}
 		m.mu.Lock()
-		var best []byte
+		var ent *chunk.Entry
 		var bestCx chunk.Context
 		bestRank := 0
-		for cx, blob := range m.entries[memKey{r.Key.Fingerprint, r.Key.Content}] {
+		for cx, me := range m.entries[memKey{r.Key.Fingerprint, r.Key.Content}] {
 			// Ties go to the smaller context ID, so the choice is stable.
 			if rk := rank(r.Key.Context, cx); rk > bestRank || (rk == bestRank && cx.ID.Less(bestCx.ID)) {
-				best, bestRank, bestCx = blob, rk, cx
+				ent, bestRank, bestCx = me.ent, rk, cx
 			}
 		}
 		m.mu.Unlock()
-		if best == nil {
+		if ent == nil {
 			continue
-		}
-		ent, err := chunk.Decode(best, chunk.Limits{})
-		if err != nil {
-			return nil, fmt.Errorf("engine: memstore decode: %w", err)
 		}
 		if !equalTokens(ent.Tokens, r.Tokens) {
 			continue // a content ID collision: treat as a miss
