@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,34 +24,53 @@ var ErrNoFirewall = errors.New("harness: no usable iptables")
 // of a dead run from those of a live one.
 const TagPrefix = "kvmesh-chaos-"
 
-// Endpoint is one node as the firewall sees it: its host and the ports it
-// listens on (TCP and UDP alike).
+// Endpoint is one node as the firewall sees it: its ID (which names its
+// cgroup, see Cgroup), its host and the ports it listens on (TCP and UDP
+// alike).
 type Endpoint struct {
+	ID    string
 	Host  string
 	Ports []int
 }
 
-// Firewall cuts links between loopback nodes with iptables rules in the
-// INPUT chain, each tagged with the comment TagPrefix+PID-RUNID, so that
-// Heal removes exactly the rules of this run, and Sweep those of runs whose
-// process is gone. Rules match the nodes' ports as well as their hosts, so
-// other processes bound to the same loopback addresses (another suite) are
-// not cut off.
+// Firewall cuts links between loopback nodes with iptables rules, each
+// tagged with the comment TagPrefix+PID-RUNID, so that Heal removes exactly
+// the rules of this run, and Sweep those of runs whose process is gone.
+//
+// Why not `iptables -I INPUT -s A -d B -j DROP`: a node bound to A dials
+// other nodes without binding its source address, so the kernel sends
+// from 127.0.0.1 and a rule on source A matches only UDP gossip. Each node
+// therefore runs in its own cgroup (v2), and a rule in OUTPUT matches the
+// sending process by cgroup (-m cgroup --path) and the receiving node by
+// host and listening ports. Matching ports also keeps other processes on
+// the same loopback addresses (another suite) out of it.
 type Firewall struct {
-	bin string
-	tag string
+	bin     string
+	tag     string
+	cgMount string // where the cgroup2 hierarchy is mounted
+	cgRoot  string // that mount's root inside the hierarchy
+	run     string // this run's cgroup, relative to the mount
 
 	mu sync.Mutex
 }
 
-// NewFirewall picks the iptables backend that works here (iptables, else
-// iptables-legacy: nft may be refused inside containers) and tests that it
-// can add and delete a tagged rule. runID distinguishes this run's rules.
+// NewFirewall finds the cgroup2 hierarchy, makes this run's cgroup, and
+// picks the iptables backend that accepts a tagged cgroup rule here
+// (iptables, else iptables-legacy: nft may be refused inside containers).
+// runID distinguishes this run's rules.
 func NewFirewall(ctx context.Context, runID string) (*Firewall, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: not root (euid %d)", ErrNoFirewall, os.Geteuid())
 	}
 	tag := fmt.Sprintf("%s%d-%s", TagPrefix, os.Getpid(), runID)
+	mount, root, err := cgroup2Mount()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoFirewall, err)
+	}
+	f := &Firewall{tag: tag, cgMount: mount, cgRoot: root, run: tag}
+	if err := os.Mkdir(filepath.Join(mount, f.run), 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return nil, fmt.Errorf("%w: make cgroup: %v", ErrNoFirewall, err)
+	}
 	var why []string
 	for _, name := range []string{"iptables", "iptables-legacy"} {
 		bin, err := exec.LookPath(name)
@@ -57,19 +78,80 @@ func NewFirewall(ctx context.Context, runID string) (*Firewall, error) {
 			why = append(why, name+": not installed")
 			continue
 		}
-		f := &Firewall{bin: bin, tag: tag}
-		probe := []string{"-s", "127.0.0.254", "-d", "127.0.0.254", "-p", "tcp", "-m", "multiport", "--dports", "9", "-m", "comment", "--comment", tag, "-j", "DROP"}
-		if err := f.ipt(ctx, append([]string{"-I", "INPUT"}, probe...)...); err != nil {
+		f.bin = bin
+		probe := []string{"-m", "cgroup", "--path", f.matchPath(""), "-d", "127.0.0.254", "-p", "tcp", "-m", "multiport", "--dports", "9",
+			"-m", "comment", "--comment", tag, "-j", "DROP"}
+		if err := f.ipt(ctx, append([]string{"-I", "OUTPUT"}, probe...)...); err != nil {
 			why = append(why, fmt.Sprintf("%s: %v", name, err))
 			continue
 		}
-		if err := f.ipt(ctx, append([]string{"-D", "INPUT"}, probe...)...); err != nil {
+		if err := f.ipt(ctx, append([]string{"-D", "OUTPUT"}, probe...)...); err != nil {
 			why = append(why, fmt.Sprintf("%s: delete: %v", name, err))
 			continue
 		}
 		return f, nil
 	}
+	_ = os.Remove(filepath.Join(mount, f.run))
 	return nil, fmt.Errorf("%w: %s", ErrNoFirewall, strings.Join(why, "; "))
+}
+
+// cgroup2Mount finds the cgroup2 mount point and its root in
+// /proc/self/mountinfo.
+func cgroup2Mount() (mount, root string, err error) {
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return "", "", fmt.Errorf("no cgroup v2: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok || !strings.HasPrefix(post, "cgroup2 ") {
+			continue
+		}
+		f := strings.Fields(pre)
+		if len(f) >= 5 {
+			return f[4], f[3], nil
+		}
+	}
+	return "", "", errors.New("no cgroup v2 hierarchy mounted (per-process iptables matching needs one)")
+}
+
+// matchPath is the --path of a node's cgroup ("" for the run's own).
+func (f *Firewall) matchPath(node string) string {
+	return filepath.Join(f.cgRoot, f.run, node)
+}
+
+// Cgroup makes the cgroup a node must start in (ProcConfig.Cgroup) and
+// returns its directory.
+func (f *Firewall) Cgroup(node string) (string, error) {
+	dir := filepath.Join(f.cgMount, f.run, node)
+	if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, fs.ErrExist) {
+		return "", fmt.Errorf("harness: cgroup of %s: %w", node, err)
+	}
+	return dir, nil
+}
+
+// Close removes this run's rules and cgroups. The nodes must have exited.
+func (f *Firewall) Close(ctx context.Context) error {
+	err := f.Heal(ctx)
+	return errors.Join(err, removeCgroupTree(filepath.Join(f.cgMount, f.run)))
+}
+
+func removeCgroupTree(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() {
+			errs = append(errs, removeCgroupTree(filepath.Join(dir, e.Name())))
+		}
+	}
+	// A cgroup's control files vanish with it: rmdir, not RemoveAll.
+	if err := syscall.Rmdir(dir); err != nil && !errors.Is(err, syscall.ENOENT) {
+		errs = append(errs, fmt.Errorf("harness: remove cgroup %s: %w", dir, err))
+	}
+	return errors.Join(errs...)
 }
 
 // Backend is the iptables binary in use.
@@ -88,32 +170,46 @@ func (f *Firewall) ipt(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// rules lists the INPUT rules (iptables -S form) whose tag satisfies keep.
+// rules lists the INPUT and OUTPUT rules (iptables -S form) whose tag satisfies keep.
 func (f *Firewall) rules(ctx context.Context, keep func(tag string) bool) ([][]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, f.bin, "-w", "5", "-S", "INPUT").Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s -S INPUT: %w", f.bin, err)
+	var out []byte
+	for _, chain := range []string{"INPUT", "OUTPUT"} {
+		b, err := exec.CommandContext(ctx, f.bin, "-w", "5", "-S", chain).Output()
+		if err != nil {
+			return nil, fmt.Errorf("%s -S %s: %w", f.bin, chain, err)
+		}
+		out = append(out, b...)
 	}
+	return parseRules(string(out), keep), nil
+}
+
+// parseRules picks from iptables -S output the rules whose comment
+// starts with TagPrefix and satisfies keep, as the arguments that follow
+// "-A" (ready for "-D").
+func parseRules(out string, keep func(tag string) bool) [][]string {
 	var rules [][]string
 	for _, line := range strings.Split(string(out), "\n") {
 		fs := strings.Fields(line)
 		if len(fs) < 2 || fs[0] != "-A" {
 			continue
 		}
+		// -S quotes some values (a cgroup path); none of ours holds a
+		// space, so unquoting field by field gives back the arguments.
+		for i := range fs {
+			fs[i] = strings.Trim(fs[i], `"`)
+		}
 		for i := 0; i+1 < len(fs); i++ {
 			if fs[i] == "--comment" {
-				tag := strings.Trim(fs[i+1], `"`)
-				if strings.HasPrefix(tag, TagPrefix) && keep(tag) {
-					fs[i+1] = tag
+				if tag := fs[i+1]; strings.HasPrefix(tag, TagPrefix) && keep(tag) {
 					rules = append(rules, fs[1:])
 				}
 				break
 			}
 		}
 	}
-	return rules, nil
+	return rules
 }
 
 func (f *Firewall) remove(ctx context.Context, keep func(tag string) bool) (int, error) {
@@ -135,14 +231,24 @@ func (f *Firewall) remove(ctx context.Context, keep func(tag string) bool) (int,
 // Sweep removes rules left by earlier runs whose process no longer exists
 // (a run killed before its cleanup). It returns how many it removed.
 func (f *Firewall) Sweep(ctx context.Context) (int, error) {
-	return f.remove(ctx, func(tag string) bool {
-		pidStr, _, _ := strings.Cut(strings.TrimPrefix(tag, TagPrefix), "-")
-		pid, err := strconv.Atoi(pidStr)
-		if err != nil || pid <= 0 {
-			return true // not of our making, but with our prefix: stale
+	n, err := f.remove(ctx, stale)
+	ents, _ := os.ReadDir(f.cgMount)
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), TagPrefix) && stale(e.Name()) {
+			err = errors.Join(err, removeCgroupTree(filepath.Join(f.cgMount, e.Name())))
 		}
-		return pid != os.Getpid() && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
-	})
+	}
+	return n, err
+}
+
+// stale reports whether a tag belongs to a process that no longer exists.
+func stale(tag string) bool {
+	pidStr, _, _ := strings.Cut(strings.TrimPrefix(tag, TagPrefix), "-")
+	pid, err := strconv.Atoi(pidStr)
+	if err != nil || pid <= 0 {
+		return true // not of our making, but with our prefix: stale
+	}
+	return pid != os.Getpid() && errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
 }
 
 // Heal removes every rule of this run.
@@ -159,28 +265,25 @@ func (f *Firewall) Count(ctx context.Context) (int, error) {
 	return len(rules), err
 }
 
-// Drop makes every packet from a to b vanish: connections a opens to b,
-// and a's answers on connections b opened. Traffic from b to a still
-// flows (a one-way cut); call Drop both ways for a partition.
+// Drop cuts the link from a to b: every packet a sends to b's listening
+// ports (its requests on the connections it opens, its gossip, and its
+// acknowledgements of b's answers) is dropped. Answers b sends on
+// connections a opened still leave b, but nothing a asks arrives. Call
+// Drop both ways for a partition. a must run in Cgroup(a.ID).
 func (f *Firewall) Drop(ctx context.Context, a, b Endpoint) error {
-	if len(a.Ports) == 0 || len(b.Ports) == 0 || len(a.Ports) > 15 || len(b.Ports) > 15 {
-		return fmt.Errorf("harness: drop %s -> %s: need 1..15 ports each (%v, %v)", a.Host, b.Host, a.Ports, b.Ports)
+	if len(b.Ports) == 0 || len(b.Ports) > 15 {
+		return fmt.Errorf("harness: drop %s -> %s: need 1..15 ports (%v)", a.ID, b.ID, b.Ports)
 	}
-	join := func(ps []int) string {
-		s := make([]string, len(ps))
-		for i, p := range ps {
-			s[i] = strconv.Itoa(p)
-		}
-		return strings.Join(s, ",")
+	ps := make([]string, len(b.Ports))
+	for i, p := range b.Ports {
+		ps[i] = strconv.Itoa(p)
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, proto := range []string{"tcp", "udp"} {
-		for _, m := range [][2]string{{"--dports", join(b.Ports)}, {"--sports", join(a.Ports)}} {
-			if err := f.ipt(ctx, "-I", "INPUT", "-s", a.Host, "-d", b.Host, "-p", proto, "-m", "multiport", m[0], m[1],
-				"-m", "comment", "--comment", f.tag, "-j", "DROP"); err != nil {
-				return err
-			}
+		if err := f.ipt(ctx, "-I", "OUTPUT", "-m", "cgroup", "--path", f.matchPath(a.ID), "-d", b.Host, "-p", proto,
+			"-m", "multiport", "--dports", strings.Join(ps, ","), "-m", "comment", "--comment", f.tag, "-j", "DROP"); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -65,6 +65,9 @@ type ProcConfig struct {
 	DataDir string   // data directory, kept across restarts (required)
 	LogPath string   // stderr of every incarnation is appended here (required)
 	Args    []string // further flags (-join, -bootstrap-expect, ...)
+	// Cgroup is a cgroup v2 directory every incarnation starts in
+	// (Firewall.Cgroup); "" starts it in the test's own.
+	Cgroup string
 	// ReadyTimeout bounds the wait for the ready line. Default 30 s.
 	ReadyTimeout time.Duration
 }
@@ -172,21 +175,11 @@ func (p *Proc) Start(ctx context.Context) error {
 		return fmt.Errorf("harness: %w", err)
 	}
 	fmt.Fprintf(logf, "==== harness: start %s incarnation %d at %s: %s\n", p.cfg.ID, p.incarnation+1, time.Now().Format(time.RFC3339Nano), strings.Join(args, " "))
-	cmd := exec.Command(p.cfg.Bin, args...)
-	cmd.Stderr = logf
-	// The node dies with the test process even when the test is killed
-	// before its cleanups run.
-	cmd.SysProcAttr = procAttr()
-	out, err := cmd.StdoutPipe()
+	cmd, out, err := p.spawn(args, logf)
 	if err != nil {
 		logf.Close()
 		p.mu.Unlock()
-		return fmt.Errorf("harness: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		p.mu.Unlock()
-		return fmt.Errorf("harness: start %s: %w", p.cfg.ID, err)
+		return err
 	}
 	done := make(chan struct{})
 	p.cmd, p.done, p.exitErr, p.stopped = cmd, done, nil, false
@@ -236,6 +229,30 @@ func (p *Proc) Start(ctx context.Context) error {
 		p.Kill()
 		return ctx.Err()
 	}
+}
+
+// spawn starts kvmeshd with args, in the node's cgroup when it has one.
+func (p *Proc) spawn(args []string, logf *os.File) (*exec.Cmd, io.ReadCloser, error) {
+	cgroupFD := -1
+	if p.cfg.Cgroup != "" {
+		d, err := os.Open(p.cfg.Cgroup)
+		if err != nil {
+			return nil, nil, fmt.Errorf("harness: cgroup of %s: %w", p.cfg.ID, err)
+		}
+		defer d.Close()
+		cgroupFD = int(d.Fd())
+	}
+	cmd := exec.Command(p.cfg.Bin, args...)
+	cmd.Stderr = logf
+	cmd.SysProcAttr = procAttr(cgroupFD)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("harness: %w", err)
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("harness: start %s: %w", p.cfg.ID, err)
+	}
+	return cmd, out, nil
 }
 
 // ExitErr is how the last incarnation ended (nil while running).
@@ -317,4 +334,24 @@ func (p *Proc) Terminate(timeout time.Duration) error {
 		p.Kill()
 		return fmt.Errorf("harness: %s did not exit within %v of SIGTERM", p.cfg.ID, timeout)
 	}
+}
+
+// CanSpawnIn checks that a process can be started inside the cgroup dir
+// (clone3 with a cgroup needs Linux 5.7 and a writable hierarchy).
+func CanSpawnIn(dir string) error {
+	bin, err := exec.LookPath("true")
+	if err != nil {
+		return fmt.Errorf("harness: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("harness: %w", err)
+	}
+	defer d.Close()
+	cmd := exec.Command(bin)
+	cmd.SysProcAttr = procAttr(int(d.Fd()))
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("harness: start a process in cgroup %s: %w", dir, err)
+	}
+	return nil
 }

@@ -4,4 +4,4 @@ package harness
 
 import "syscall"
 
-func procAttr() *syscall.SysProcAttr { return nil }
+func procAttr(int) *syscall.SysProcAttr { return nil }
