@@ -318,3 +318,40 @@ func encodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
+
+// GenerateFiles is what `kvmesh certs` does: it loads the CA in
+// dir/ca.pem and dir/ca-key.pem, or makes one named "kvmesh CA" there when
+// neither exists, then issues and writes a certificate for each request as
+// dir/<Name>.pem and dir/<Name>-key.pem (keys 0600). Existing files are
+// never overwritten. It returns the paths written.
+func GenerateFiles(dir string, reqs ...CertRequest) ([]string, error) {
+	caFile, caKey := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "ca-key.pem")
+	var written []string
+	ca, err := LoadCA(caFile, caKey)
+	if errors.Is(err, os.ErrNotExist) {
+		if _, e1 := os.Stat(caFile); !errors.Is(e1, os.ErrNotExist) {
+			return nil, fmt.Errorf("tlsconf: %s exists without its key %s", caFile, caKey)
+		}
+		if ca, err = GenerateCA("kvmesh CA"); err != nil {
+			return nil, err
+		}
+		if _, _, err = ca.WriteFiles(dir); err != nil {
+			return nil, err
+		}
+		written = append(written, caFile, caKey)
+	} else if err != nil {
+		return nil, err
+	}
+	for _, r := range reqs {
+		c, err := ca.Issue(r)
+		if err != nil {
+			return written, err
+		}
+		cf, kf, err := c.WriteFiles(dir, r.Name)
+		if err != nil {
+			return written, err
+		}
+		written = append(written, cf, kf)
+	}
+	return written, nil
+}

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -20,6 +21,11 @@ type StreamLayer struct {
 	advertise net.Addr
 	dialCfg   *tls.Config
 }
+
+// HandshakeTimeout bounds the TLS handshake of an accepted raft
+// connection, so a peer that connects and says nothing does not hold a
+// raft connection goroutine forever.
+const HandshakeTimeout = 10 * time.Second
 
 var _ raft.StreamLayer = (*StreamLayer)(nil)
 
@@ -47,9 +53,49 @@ func NewStreamLayer(bind string, advertise net.Addr, t *TLS) (*StreamLayer, erro
 }
 
 // Accept waits for the next connection. Its TLS handshake runs on first
-// read, in raft's connection goroutine, so a slow peer does not stall the
-// accept loop; a failed handshake ends that connection only.
-func (s *StreamLayer) Accept() (net.Conn, error) { return s.ln.Accept() }
+// read or write, in raft's connection goroutine and within
+// HandshakeTimeout, so a slow peer does not stall the accept loop; a failed
+// handshake ends that connection only.
+func (s *StreamLayer) Accept() (net.Conn, error) {
+	c, err := s.ln.Accept()
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		return &handshakeConn{Conn: tc}, nil
+	}
+	return c, nil
+}
+
+// handshakeConn is a server-side tls.Conn whose handshake is bounded.
+type handshakeConn struct {
+	*tls.Conn
+	once sync.Once
+	err  error
+}
+
+func (c *handshakeConn) handshake() error {
+	c.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)
+		defer cancel()
+		c.err = c.Conn.HandshakeContext(ctx)
+	})
+	return c.err
+}
+
+func (c *handshakeConn) Read(b []byte) (int, error) {
+	if err := c.handshake(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Read(b)
+}
+
+func (c *handshakeConn) Write(b []byte) (int, error) {
+	if err := c.handshake(); err != nil {
+		return 0, err
+	}
+	return c.Conn.Write(b)
+}
 
 // Close stops listening.
 func (s *StreamLayer) Close() error { return s.ln.Close() }

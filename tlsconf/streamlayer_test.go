@@ -154,3 +154,32 @@ func TestStreamLayerAddr(t *testing.T) {
 		t.Fatal("dialed an address without a port")
 	}
 }
+
+// TestStreamLayerSilentPeer: an accepted connection whose peer leaves
+// before the handshake fails raft's reads and writes with the handshake
+// error (a peer that stays silent fails the same way after
+// HandshakeTimeout; the test does not wait for that).
+func TestStreamLayerSilentPeer(t *testing.T) {
+	p := newPKI(t, "cluster")
+	sl, err := NewStreamLayer("127.0.0.1:0", nil, load(t, p.issue("n1", UsageNode, time.Time{})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sl.Close()
+	raw, err := net.Dial("tcp", sl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := sl.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = raw.Close()
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("read from a peer that never handshook")
+	}
+	if _, err := c.Write([]byte("x")); err == nil {
+		t.Fatal("wrote to a peer that never handshook")
+	}
+}

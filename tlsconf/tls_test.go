@@ -282,3 +282,43 @@ func TestReload(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestGenerateFiles makes a CA and a node and a client certificate the way
+// `kvmesh certs` does, then a second node later with the same CA, and
+// checks they load and trust each other.
+func TestGenerateFiles(t *testing.T) {
+	dir := t.TempDir()
+	files, err := GenerateFiles(dir,
+		CertRequest{Name: "n1", Hosts: []string{"127.0.0.1"}, Usage: UsageNode},
+		CertRequest{Name: "alice", Usage: UsageClient})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 6 {
+		t.Fatalf("wrote %v", files)
+	}
+	if _, err := GenerateFiles(dir, CertRequest{Name: "n2", Hosts: []string{"127.0.0.1"}, Usage: UsageNode}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := GenerateFiles(dir, CertRequest{Name: "n2", Usage: UsageNode}); err == nil {
+		t.Fatal("overwrote n2")
+	}
+	cfg := func(name string) Config {
+		return Config{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, name+".pem"),
+			KeyFile: filepath.Join(dir, name+"-key.pem"), Logger: discard()}
+	}
+	addr := serveHealth(t, load(t, cfg("n2")).ServerCredentials())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, who := range []string{"n1", "alice"} {
+		if err := check(ctx, addr, load(t, cfg(who)).ClientCredentials()); err != nil {
+			t.Fatalf("%s: %v", who, err)
+		}
+	}
+	if err := os.Remove(filepath.Join(dir, "ca-key.pem")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := GenerateFiles(dir); err == nil {
+		t.Fatal("made a new CA over an existing ca.pem")
+	}
+}
