@@ -16,8 +16,10 @@
 //
 // DRAM layout. The DRAM tier is a memfd of fixed-size pages (64 KiB by
 // default) mapped once, off the Go heap, so the garbage collector neither
-// scans nor counts stored bytes: the heap holds only the index, a few
-// hundred bytes per entry. An entry is a list of pages, allocated
+// scans nor counts stored bytes: the heap holds only the index, well under
+// a kilobyte per entry. Put checks every layer checksum while it copies the
+// blob into its pages (hash a 64 KiB block, copy it while it is in cache),
+// one pass over memory instead of two. An entry is a list of pages, allocated
 // lowest-index first so that most entries are one contiguous run. Get
 // returns a contiguous zero-copy view in every case: a single run is a
 // slice of the arena mapping; an entry whose pages are scattered gets its
