@@ -10,6 +10,17 @@ import (
 // loadF32 widens len(dst) elements of src in dtype dt into dst. fp8 values
 // are multiplied by scale (x = fp8 * scale); other dtypes ignore it.
 func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32) {
+	if n := len(dst) &^ 7; n > 0 && dt != chunk.F32 && hasSIMD() {
+		switch dt {
+		case chunk.BF16:
+			widenBF16AVX2(&dst[0], &src[0], n)
+		case chunk.F16:
+			widenF16AVX2(&dst[0], &src[0], n)
+		case chunk.FP8E4M3:
+			widenFP8AVX2(&dst[0], &src[0], n, scale)
+		}
+		dst, src = dst[n:], src[n*dt.Size():]
+	}
 	switch dt {
 	case chunk.F32:
 		src = src[:4*len(dst)]
@@ -47,11 +58,19 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool)
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
 		}
 	case chunk.BF16:
+		if n := len(src) &^ 7; n > 0 && hasSIMD() {
+			narrowBF16AVX2(&dst[0], &src[0], n)
+			dst, src = dst[2*n:], src[n:]
+		}
 		dst = dst[:2*len(src)]
 		for i, v := range src {
 			binary.LittleEndian.PutUint16(dst[2*i:], chunk.F32ToBF16(v))
 		}
 	case chunk.F16:
+		if n := len(src) &^ 7; n > 0 && hasSIMD() {
+			narrowF16AVX2(&dst[0], &src[0], n)
+			dst, src = dst[2*n:], src[n:]
+		}
 		dst = dst[:2*len(src)]
 		for i, v := range src {
 			binary.LittleEndian.PutUint16(dst[2*i:], chunk.F32ToF16(v))

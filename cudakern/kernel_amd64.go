@@ -64,3 +64,20 @@ func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)
 //
 //go:noescape
 func storeFP8AVX2NT(dst *byte, src *float32, n int, scale float32)
+
+// Vector conversions for loadF32 and storeF32; n is a positive multiple of 8.
+
+//go:noescape
+func widenBF16AVX2(dst *float32, src *byte, n int)
+
+//go:noescape
+func widenF16AVX2(dst *float32, src *byte, n int)
+
+//go:noescape
+func widenFP8AVX2(dst *float32, src *byte, n int, scale float32)
+
+//go:noescape
+func narrowBF16AVX2(dst *byte, src *float32, n int)
+
+//go:noescape
+func narrowF16AVX2(dst *byte, src *float32, n int)

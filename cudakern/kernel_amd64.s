@@ -821,3 +821,131 @@ fp8ntloop:
 	JNZ       fp8ntloop
 	VZEROUPPER
 	RET
+
+// Vector forms of loadF32 and storeF32 (convert.go); n is a positive
+// multiple of 8 and the results are the bits of the Go code.
+
+// func widenBF16AVX2(dst *float32, src *byte, n int)
+TEXT ·widenBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+wbf16loop:
+	VPMOVZXWD (SI), Y0
+	VPSLLD    $16, Y0, Y0
+	VMOVUPS   Y0, (DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	SUBQ      $8, CX
+	JNZ       wbf16loop
+	VZEROUPPER
+	RET
+
+// func widenF16AVX2(dst *float32, src *byte, n int)
+TEXT ·widenF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+wf16loop:
+	VCVTPH2PS (SI), Y0
+	VMOVUPS   Y0, (DI)
+	ADDQ      $16, SI
+	ADDQ      $32, DI
+	SUBQ      $8, CX
+	JNZ       wf16loop
+	VZEROUPPER
+	RET
+
+// func narrowBF16AVX2(dst *byte, src *float32, n int)
+TEXT ·narrowBF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7fff, AX
+	MOVQ AX, X15
+	VPBROADCASTD X15, Y15
+	MOVL $1, AX
+	MOVQ AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL $0x40, AX
+	MOVQ AX, X13
+	VPBROADCASTD X13, Y13
+
+nbf16loop:
+	VMOVUPS   (SI), Y4
+	VPSRLD    $16, Y4, Y8
+	VPAND     Y14, Y8, Y9
+	VPADDD    Y15, Y4, Y10
+	VPADDD    Y9, Y10, Y10
+	VPSRLD    $16, Y10, Y10
+	VPOR      Y13, Y8, Y8
+	VCMPPS    $3, Y4, Y4, Y11
+	VPBLENDVB Y11, Y8, Y10, Y10
+	VEXTRACTI128 $1, Y10, X9
+	VPACKUSDW X9, X10, X10
+	VMOVDQU   X10, (DI)
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	SUBQ      $8, CX
+	JNZ       nbf16loop
+	VZEROUPPER
+	RET
+
+// func narrowF16AVX2(dst *byte, src *float32, n int)
+TEXT ·narrowF16AVX2(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+nf16loop:
+	VMOVUPS   (SI), Y0
+	VCVTPS2PH $0, Y0, (DI)
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	SUBQ      $8, CX
+	JNZ       nf16loop
+	VZEROUPPER
+	RET
+
+// func widenFP8AVX2(dst *float32, src *byte, n int, scale float32)
+// x = fp8 * scale: the 7 low bits shifted into a float32's exponent and
+// mantissa fields, times 2^120, are the e4m3 magnitude (subnormals too);
+// 0x7f is NaN (sign | 0x7fc00000), as chunk.FP8E4M3ToF32 gives.
+TEXT ·widenFP8AVX2(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Y15
+	MOVL $0x7f, AX
+	MOVQ AX, X14
+	VPBROADCASTD X14, Y14
+	MOVL $0x7b800000, AX
+	MOVQ AX, X13
+	VPBROADCASTD X13, Y13
+	MOVL $0x80, AX
+	MOVQ AX, X12
+	VPBROADCASTD X12, Y12
+	MOVL $0x7fc00000, AX
+	MOVQ AX, X11
+	VPBROADCASTD X11, Y11
+
+wfp8loop:
+	VPMOVZXBD (SI), Y0
+	VPAND     Y14, Y0, Y1
+	VPCMPEQD  Y14, Y1, Y3
+	VPSLLD    $20, Y1, Y1
+	VMULPS    Y13, Y1, Y1
+	VPBLENDVB Y3, Y11, Y1, Y1
+	VPAND     Y12, Y0, Y2
+	VPSLLD    $24, Y2, Y2
+	VPOR      Y2, Y1, Y1
+	VMULPS    Y15, Y1, Y1
+	VMOVUPS   Y1, (DI)
+	ADDQ      $8, SI
+	ADDQ      $32, DI
+	SUBQ      $8, CX
+	JNZ       wfp8loop
+	VZEROUPPER
+	RET

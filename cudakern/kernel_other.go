@@ -23,3 +23,8 @@ func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int) { panic
 func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
 func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)         { panic("cudakern: no SIMD") }
 func storeFP8AVX2NT(dst *byte, src *float32, n int, scale float32)       { panic("cudakern: no SIMD") }
+func widenBF16AVX2(dst *float32, src *byte, n int)                       { panic("cudakern: no SIMD") }
+func widenF16AVX2(dst *float32, src *byte, n int)                        { panic("cudakern: no SIMD") }
+func widenFP8AVX2(dst *float32, src *byte, n int, scale float32)         { panic("cudakern: no SIMD") }
+func narrowBF16AVX2(dst *byte, src *float32, n int)                      { panic("cudakern: no SIMD") }
+func narrowF16AVX2(dst *byte, src *float32, n int)                       { panic("cudakern: no SIMD") }
