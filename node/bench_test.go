@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/meta"
 )
 
 // benchEntries makes n distinct entries of about size bytes each.
@@ -27,8 +28,9 @@ func benchEntries(b *testing.B, spec chunk.ModelSpec, n, size int) ([]chunk.Key,
 }
 
 // BenchmarkClusterPutGet measures a client's Put and Get throughput and
-// latency against a 3-node loopback cluster (R=3, W=2) with 8 concurrent
-// requests.
+// latency against a 3-node loopback cluster with 8 concurrent requests, at
+// R=3 (W=2) and at R=1 (what a single redis-server does; see
+// BenchmarkRedisReference), and batched lookups of 64 IDs.
 func BenchmarkClusterPutGet(b *testing.B) {
 	nodes := startClusterDRAM(b, 3, 512<<20)
 	c := newClient(b, nodes[0])
@@ -39,60 +41,72 @@ func BenchmarkClusterPutGet(b *testing.B) {
 		b.Fatal(err)
 	}
 	const conc = 8
-	for _, size := range []int{1 << 20, 16 << 20} {
-		count := 16
-		if size > 4<<20 {
-			count = 4
+	for _, rf := range []int{3, 1} {
+		set := meta.Settings{ReplicationFactor: rf, WriteQuorum: min(2, rf), Codec: chunk.CodecRaw}
+		if err := nodes[0].meta.SetSettings(ctx, set); err != nil {
+			b.Fatal(err)
 		}
-		keys, blobs := benchEntries(b, spec, count, size)
-		run := func(b *testing.B, op func(i int) error) {
-			b.SetBytes(int64(len(blobs[0])))
-			var next atomic.Int64
-			var mu sync.Mutex
-			var lat []time.Duration
-			b.ResetTimer()
-			var wg sync.WaitGroup
-			for range conc {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					var mine []time.Duration
-					for {
-						i := int(next.Add(1)) - 1
-						if i >= b.N {
-							break
-						}
-						t0 := time.Now()
-						if err := op(i % count); err != nil {
-							b.Error(err)
-							return
-						}
-						mine = append(mine, time.Since(t0))
-					}
-					mu.Lock()
-					lat = append(lat, mine...)
-					mu.Unlock()
-				}()
+		for c.ReplicationFactor() != rf {
+			if _, err := c.ClusterInfo(ctx); err != nil {
+				b.Fatal(err)
 			}
-			wg.Wait()
-			b.StopTimer()
-			slices.Sort(lat)
-			if len(lat) > 0 {
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "p50-ms")
-				b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1e3, "p99-ms")
-			}
+			time.Sleep(10 * time.Millisecond)
 		}
-		b.Run(fmt.Sprintf("put/%dMiB", size>>20), func(b *testing.B) {
-			run(b, func(i int) error { _, err := c.Put(ctx, blobs[i]); return err })
-		})
-		b.Run(fmt.Sprintf("get/%dMiB", size>>20), func(b *testing.B) {
-			for _, blob := range blobs {
-				if _, err := c.Put(ctx, blob); err != nil {
-					b.Fatal(err)
+		for _, size := range []int{1 << 20, 16 << 20} {
+			count := 16
+			if size > 4<<20 {
+				count = 4
+			}
+			keys, blobs := benchEntries(b, spec, count, size)
+			run := func(b *testing.B, op func(i int) error) {
+				b.SetBytes(int64(len(blobs[0])))
+				var next atomic.Int64
+				var mu sync.Mutex
+				var lat []time.Duration
+				b.ResetTimer()
+				var wg sync.WaitGroup
+				for range conc {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						var mine []time.Duration
+						for {
+							i := int(next.Add(1)) - 1
+							if i >= b.N {
+								break
+							}
+							t0 := time.Now()
+							if err := op(i % count); err != nil {
+								b.Error(err)
+								return
+							}
+							mine = append(mine, time.Since(t0))
+						}
+						mu.Lock()
+						lat = append(lat, mine...)
+						mu.Unlock()
+					}()
+				}
+				wg.Wait()
+				b.StopTimer()
+				slices.Sort(lat)
+				if len(lat) > 0 {
+					b.ReportMetric(float64(lat[len(lat)/2].Microseconds())/1e3, "p50-ms")
+					b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds())/1e3, "p99-ms")
 				}
 			}
-			run(b, func(i int) error { _, err := c.Get(ctx, keys[i]); return err })
-		})
+			b.Run(fmt.Sprintf("r%d/put/%dMiB", rf, size>>20), func(b *testing.B) {
+				run(b, func(i int) error { _, err := c.Put(ctx, blobs[i]); return err })
+			})
+			b.Run(fmt.Sprintf("r%d/get/%dMiB", rf, size>>20), func(b *testing.B) {
+				for _, blob := range blobs {
+					if _, err := c.Put(ctx, blob); err != nil {
+						b.Fatal(err)
+					}
+				}
+				run(b, func(i int) error { _, err := c.Get(ctx, keys[i]); return err })
+			})
+		}
 	}
 	b.Run("lookup64", func(b *testing.B) {
 		fp := spec.Fingerprint()
