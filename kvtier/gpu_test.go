@@ -69,9 +69,11 @@ func TestGPUTier(t *testing.T) {
 	for _, b := range bs {
 		mustGet(t, s, b).Release()
 	}
-	if _, err := s.GetDevice(ctx, keyOf(t, bs[0])); err != nil {
+	h0, err := s.GetDevice(ctx, keyOf(t, bs[0]))
+	if err != nil {
 		t.Fatal(err)
 	}
+	h0.Release()
 	big := makeBlob(t, testFP, 77, 200, testStandalone, 2)
 	if _, err := s.Put(ctx, big, PutOptions{}); err != nil {
 		t.Fatal(err)

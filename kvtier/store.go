@@ -186,6 +186,7 @@ type Store struct {
 	mu     sync.Mutex
 	moved  *sync.Cond // on mu: an entry stopped being busy, or I/O ended
 	closed bool
+	freed  bool // arena unmapped and device memory returned, after Close
 	// inflight counts goroutines doing I/O with mu released; Close waits
 	// for them before unmapping the arena.
 	inflight int
@@ -275,25 +276,30 @@ func (s *Store) recoverDisk() error {
 	return nil
 }
 
-// Close releases the DRAM arena. Handles must be released first; with pins
-// outstanding Close leaves the memory mapped and returns an error.
+// Close stops the store and releases its DRAM arena and device memory.
+// Handles must be released first: with pins outstanding, Close stops the
+// store but keeps the memory (so their bytes stay valid) and returns an
+// error; call it again once they are released.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if !s.closed {
+		s.closed = true
+		for s.inflight > 0 {
+			s.moved.Wait()
+		}
+	}
+	if s.freed {
 		return nil
 	}
-	s.closed = true
-	for s.inflight > 0 {
-		s.moved.Wait()
+	if p := s.pinnedBytes[TierDRAM] + s.pinnedBytes[TierGPU]; p > 0 {
+		return fmt.Errorf("kvtier: closing with %d pinned bytes; memory kept until the handles are released and Close is called again", p)
 	}
+	s.freed = true
 	for _, e := range s.index {
 		if e.dev != nil {
 			_ = s.cfg.GPU.Free(e.dev.ptr)
 		}
-	}
-	if p := s.pinnedBytes[TierDRAM]; p > 0 {
-		return fmt.Errorf("kvtier: closing with %d pinned bytes; arena left mapped", p)
 	}
 	return s.arena.close()
 }
@@ -379,7 +385,7 @@ func (s *Store) dropDRAM(e *entry) {
 func (s *Store) maybeFreeDRAM(c *dramCopy) {
 	if c.detached && c.pins == 0 && c.io == 0 && c.span.pages > 0 {
 		s.tiers[TierDRAM].used -= int64(c.span.pages) * int64(s.arena.pageSize)
-		if !s.closed {
+		if !s.freed {
 			s.arena.release(&c.span)
 		}
 	}
@@ -407,7 +413,7 @@ func (s *Store) dropDev(e *entry) {
 }
 
 func (s *Store) maybeFreeDev(c *devCopy) {
-	if c.detached && c.pins == 0 && c.size > 0 {
+	if c.detached && c.pins == 0 && c.size > 0 && !s.freed {
 		if err := s.cfg.GPU.Free(c.ptr); err != nil {
 			s.log.Warn("kvtier: freeing device memory", "err", err)
 		}

@@ -148,3 +148,43 @@ func TestTTL(t *testing.T) {
 		t.Fatalf("expired entry still charged: %d", st.Tiers[TierDRAM].Bytes)
 	}
 }
+
+func TestCloseAndCancel(t *testing.T) {
+	s, err := Open(Config{DRAMBytes: 4 * 4096, PageSize: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	bs := blobs(t, 5, 12)
+	for _, b := range bs[:4] {
+		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A full tier and a cancelled context: the put gives up, storing nothing.
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := s.Put(cctx, bs[4], PutOptions{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("put with a cancelled context: %v", err)
+	}
+	if s.Contains(keyOf(t, bs[4])) {
+		t.Fatal("cancelled put stored")
+	}
+	h := mustGet(t, s, bs[0])
+	if err := s.Close(); err == nil {
+		t.Fatal("close with a pinned handle succeeded")
+	}
+	if _, err := s.Get(ctx, keyOf(t, bs[1])); !errors.Is(err, ErrClosed) {
+		t.Fatalf("get after close: %v", err)
+	}
+	if !bytes.Equal(h.Bytes(), bs[0]) {
+		t.Fatal("pinned bytes changed at close")
+	}
+	h.Release()
+	if err := s.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
+	}
+	if !s.freed {
+		t.Fatal("arena kept after the last handle was released and Close called again")
+	}
+}
