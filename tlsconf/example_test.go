@@ -1,0 +1,46 @@
+package tlsconf_test
+
+import (
+	"log"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"google.golang.org/grpc"
+
+	"github.com/kvmesh/kvmesh/tlsconf"
+)
+
+// Wiring a node: one TLS identity for the gRPC server, for dialing peers
+// and for Raft.
+func Example() {
+	tl, err := tlsconf.New(tlsconf.Config{
+		CAFile:   "/etc/kvmesh/pki/ca.pem",
+		CertFile: "/etc/kvmesh/pki/n1.pem",
+		KeyFile:  "/etc/kvmesh/pki/n1-key.pem",
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// gRPC server: clients and peers must present a CA-signed certificate.
+	srv := grpc.NewServer(grpc.Creds(tl.ServerCredentials()))
+	defer srv.Stop()
+
+	// Dialing a peer: the server must hold a node certificate.
+	cc, err := grpc.NewClient("10.0.0.12:7000", grpc.WithTransportCredentials(tl.NodeClientCredentials()))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer cc.Close()
+
+	// Raft: replaces raft.NewTCPTransportWithConfig(bind, advertise, cfg).
+	sl, err := tlsconf.NewStreamLayer("10.0.0.11:7001", nil, tl)
+	if err != nil {
+		log.Fatal(err)
+	}
+	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  sl,
+		MaxPool: 3,
+		Timeout: 10 * time.Second,
+	})
+	defer trans.Close()
+}
