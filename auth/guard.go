@@ -127,7 +127,8 @@ func (g *Guard) Authorize(ctx context.Context, method string) (*Principal, error
 		return p, nil
 	}
 	if need&ScopePeer != 0 {
-		if g.insecurePeers {
+		// A caller with a (non-node) certificate is a client even here.
+		if g.insecurePeers && p.CertName == "" {
 			p.Scopes = ScopePeer
 			return p, nil
 		}

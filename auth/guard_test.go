@@ -259,6 +259,7 @@ func TestGuardCertificates(t *testing.T) {
 		{"tokens off: still no peer", certOnly, client, "Peer", codes.PermissionDenied, ""},
 		{"tokens off: anonymous scopes", readOnly, client, "Write", codes.PermissionDenied, ""},
 		{"plaintext cluster: peers open", plaintext, nil, "Peer", codes.OK, "addr:10.0.0.9"},
+		{"plaintext flag: a client cert is still no peer", plaintext, client, "Peer", codes.PermissionDenied, ""},
 		{"plaintext cluster: no cert, no peer without the flag", certOnly, nil, "Peer", codes.PermissionDenied, ""},
 	}
 	for _, tc := range cases {
