@@ -247,6 +247,7 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	vs := variants()
+	var tabs RopeTables
 	n := 0
 	for _, srcDT := range allDTypes {
 		for _, dstDT := range allDTypes {
@@ -255,7 +256,7 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 				n++
 				name := srcDT.String() + "->" + dstDT.String() + "/" + order.String() + "/" + v.name
 				t.Run(name, func(t *testing.T) {
-					tab, err := NewRopeTable(v.spec, 3000)
+					tab, err := tabs.Get(v.spec, 3000)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -302,10 +303,11 @@ func TestInjectEqualsEnginePath(t *testing.T) {
 	in := NewInjector(Config{Workers: 2})
 	defer in.Close()
 	rng := rand.New(rand.NewPCG(13, 14))
+	var tabs RopeTables
 	for _, v := range variants() {
 		for _, dt := range []chunk.DType{chunk.BF16, chunk.F16, chunk.F32} {
 			t.Run(v.name+"/"+dt.String(), func(t *testing.T) {
-				tab, err := NewRopeTable(v.spec, 512)
+				tab, err := tabs.Get(v.spec, 512)
 				if err != nil {
 					t.Fatal(err)
 				}
