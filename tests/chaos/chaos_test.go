@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -131,8 +132,12 @@ func TestChaos(t *testing.T) {
 		defer sigWG.Done()
 		select {
 		case s := <-sigs:
-			fmt.Fprintf(os.Stderr, "chaos: %v: removing iptables rules and nodes; run folder %s\n", s, dir)
+			fmt.Fprintf(os.Stderr, "chaos: %v: removing iptables rules and nodes; logs and history kept in %s (seed %d)\n", s, dir, sd)
 			teardown()
+			if f, err := os.Create(filepath.Join(dir, "history.jsonl")); err == nil {
+				_ = r.h.WriteJSON(f)
+				f.Close()
+			}
 			os.Exit(1)
 		case <-stopSig:
 		}

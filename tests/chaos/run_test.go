@@ -187,7 +187,18 @@ func (r *run) live() []*harness.Proc {
 
 func (r *run) restart(ctx context.Context, p *harness.Proc) {
 	r.h.Restarted(p.ID())
-	if err := p.Start(ctx); err != nil {
+	// A restart reuses the node's ports; another process may hold one
+	// for a moment (a closing socket, a port-0 listener of another
+	// suite), so try a few times before calling it a finding.
+	var err error
+	for try := 0; try < 3; try++ {
+		if err = p.Start(ctx); err == nil {
+			break
+		}
+		r.t.Logf("chaos: restart %s (try %d): %v", p.ID(), try+1, err)
+		time.Sleep(time.Second)
+	}
+	if err != nil {
 		r.finding("restart %s: %v", p.ID(), err)
 		return
 	}

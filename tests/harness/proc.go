@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,6 +36,12 @@ func Build(ctx context.Context, dir string) (string, error) {
 	bin := filepath.Join(dir, "kvmeshd")
 	cmd := exec.CommandContext(ctx, goBin, "build", "-o", bin, "github.com/kvmesh/kvmesh/cmd/kvmeshd")
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	// Build inside the module even when the test binary runs elsewhere.
+	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
+		if _, err := os.Stat(file); err == nil {
+			cmd.Dir = filepath.Dir(file)
+		}
+	}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("harness: build kvmeshd: %w\n%s", err, out)
 	}
