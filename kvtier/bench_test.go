@@ -55,7 +55,7 @@ func BenchmarkPut(b *testing.B) {
 				// Fill the tier first: a node runs full, putting into
 				// pages that evictions free (already faulted in).
 				base := uint64(1 << 40)
-				for filled := 0; filled < 2*(256<<20); filled += len(bufs[0]) {
+				for filled := 0; filled < 256<<20; filled += len(bufs[0]) {
 					base++
 					rekey(b, bufs[0], base)
 					if _, err := s.Put(ctx, bufs[0], PutOptions{}); err != nil {
