@@ -132,8 +132,14 @@ type GossipConfig struct {
 	// it at their level.
 	Logger *slog.Logger
 	// SecretKey, if set, encrypts gossip with AES (16, 24 or 32 bytes);
-	// all members need the same key.
+	// all members need the same key. Keyring overrides it.
 	SecretKey []byte
+	// Keyring, if set, encrypts gossip with its primary key and decrypts
+	// with any of its keys (load it with gossipkey.LoadFile); it overrides
+	// SecretKey. The Gossip uses it from then on: rotate keys with
+	// InstallKey, UseKey and RemoveKey rather than on the keyring itself,
+	// and give each Gossip its own keyring.
+	Keyring *memberlist.Keyring
 	// Label, if set, separates clusters sharing a network: members only
 	// talk to members with the same label.
 	Label string
@@ -228,6 +234,10 @@ type Gossip struct {
 	// the only reader, applies them to members and fans them out.
 	queue eventQueue
 
+	// keyring is memberlist's keyring: cfg.Keyring, one made from
+	// SecretKey, or nil when gossip is not encrypted. It has its own lock.
+	keyring *memberlist.Keyring
+
 	mu      sync.Mutex
 	members map[string]*MemberStatus
 	subs    map[*subscriber]struct{}
@@ -275,6 +285,12 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	if cfg.AdvertiseAddr != "" && cfg.AdvertisePort == 0 {
 		cfg.AdvertisePort = cfg.BindPort
 	}
+	if cfg.Keyring != nil {
+		if len(cfg.Keyring.GetPrimaryKey()) == 0 {
+			return nil, errors.New("ring: Keyring has no primary key")
+		}
+		cfg.SecretKey = nil
+	}
 	switch len(cfg.SecretKey) {
 	case 0, 16, 24, 32:
 	default:
@@ -305,7 +321,10 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	mc.AdvertiseAddr = cfg.AdvertiseAddr
 	mc.AdvertisePort = cfg.AdvertisePort
 	mc.Label = cfg.Label
+	// With SecretKey memberlist makes the keyring itself (mc.Keyring
+	// after Create), so rotation works whichever way the key came.
 	mc.SecretKey = slices.Clone(cfg.SecretKey)
+	mc.Keyring = cfg.Keyring
 	mc.ProbeInterval, mc.ProbeTimeout = t.ProbeInterval, t.ProbeTimeout
 	mc.GossipInterval, mc.PushPullInterval = t.GossipInterval, t.PushPullInterval
 	mc.TCPTimeout, mc.GossipToTheDeadTime = t.TCPTimeout, t.GossipToTheDeadTime
@@ -325,6 +344,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	g.ml = ml
+	g.keyring = mc.Keyring
 
 	if seeds := g.otherSeeds(cfg.Seeds); len(seeds) > 0 {
 		if _, err := g.join(seeds); err != nil {
