@@ -53,7 +53,16 @@ fuzz-run:
 		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 2s $$pkg; \
 	done
 
-test: fmt-check vet unit fuzz
+test: tools fmt-check vet unit fuzz
+
+# What the tests need from Debian: iptables for the chaos suite's partitions
+# (without it, or without root, those scenarios SKIP and say why).
+tools:
+	@command -v iptables >/dev/null 2>&1 || { \
+		echo "installing iptables from Debian"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null) || \
+		echo "warning: iptables could not be installed; partition scenarios will SKIP"; }
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
