@@ -4,14 +4,32 @@
 //
 // It loads Hugging Face checkpoints (config.json and safetensors, one file or
 // sharded), writes random-weight models in the same format, keeps a paged KV
-// cache in the layout cudakern writes, and runs prefill, decode and greedy
-// generation. Chunks are encoded standalone, after a context window, or after
-// their whole prefix, and injected at any position through cudakern's
-// rotate-and-scatter, after which only the remaining tokens are prefilled.
-// Approximate chunks can be repaired by deviation-guided recomputation
-// (CacheBlend), which counts the token-layers it computes.
+// cache in the layout cudakern writes (NHD or HND, float32), and runs
+// prefill, decode and greedy generation. Chunks are encoded standalone,
+// after a context window, after their whole prefix, or all at once from one
+// prefill of a prompt (EncodePrompt, the write-back path), with K captured
+// before RoPE and after q/k norm.
 //
-// The engine gets KV through the small ChunkSource interface declared here, so
-// an in-memory store serves tests and the cluster client serves production;
-// engine imports neither client nor node.
+// Run places a prompt's chunks at any position: it asks a ChunkSource (an
+// in-memory MemStore here, the cluster client in production) for the best
+// encoding of each chunk, injects the hits through cudakern's fused
+// rotate-and-scatter and prefills only the rest. RunInjected does the same
+// with a CacheInjector that writes the cache itself (the node-side path,
+// over memory exposed by CacheMemory). APPROXIMATE chunks can be repaired by
+// deviation-guided recomputation (CacheBlend): every chunk token is
+// computed up to a check layer, the tokens whose keys deviate most from the
+// injected ones are kept, and only those are recomputed in later layers; the
+// forward pass counts the token-layers it computes.
+//
+// Linear layers and attention use AVX2+FMA assembly kernels on amd64 (pure
+// Go elsewhere, or with the purego build tag) on a fixed worker pool; a
+// token's result does not depend on the batch it was computed in, so
+// injected KV followed by a prefill of the rest gives the logits of a full
+// prefill to float32 rounding of RoPE angles.
+//
+// RunBench is the issue-4 benchmark (TTFT of prompt injection against KV
+// injection, fidelity of approximate encodings, codecs on exact entries),
+// reusable with any ChunkStore; cmd/kvmesh-engine-bench runs it.
+//
+// The engine imports neither client nor node.
 package engine
