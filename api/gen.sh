@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates api/*.pb.go from api/kvmesh.proto with pinned tools:
+# Regenerates api/*.pb.go from every api/*.proto with pinned tools:
 # protoc from Debian, protoc-gen-go and protoc-gen-go-grpc installed into
 # .gotools/ at the repository root. The generated files are committed.
 set -euo pipefail
@@ -26,5 +26,5 @@ export PATH="$GOBIN:$PATH"
 protoc --proto_path=api \
 	--go_out=api --go_opt=paths=source_relative \
 	--go-grpc_out=api --go-grpc_opt=paths=source_relative \
-	api/kvmesh.proto
+	api/*.proto
 echo "api: regenerated with $(protoc --version), protoc-gen-go ${PROTOC_GEN_GO_VERSION}, protoc-gen-go-grpc ${PROTOC_GEN_GO_GRPC_VERSION}"
