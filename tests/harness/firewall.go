@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -40,10 +41,11 @@ type Endpoint struct {
 // Why not `iptables -I INPUT -s A -d B -j DROP`: a node bound to A dials
 // other nodes without binding its source address, so the kernel sends
 // from 127.0.0.1 and a rule on source A matches only UDP gossip. Each node
-// therefore runs in its own cgroup (v2), and a rule in OUTPUT matches the
-// sending process by cgroup (-m cgroup --path) and the receiving node by
-// host and listening ports. Matching ports also keeps other processes on
-// the same loopback addresses (another suite) out of it.
+// therefore runs in its own cgroup (v2); a mangle OUTPUT rule marks what
+// the sending process (-m cgroup --path) sends to the receiving node's
+// host and listening ports, and a filter INPUT rule drops marked packets.
+// Matching ports also keeps other processes on the same loopback
+// addresses (another suite) out of it.
 type Firewall struct {
 	bin     string
 	tag     string
@@ -51,7 +53,8 @@ type Firewall struct {
 	cgRoot  string // that mount's root inside the hierarchy
 	run     string // this run's cgroup, relative to the mount
 
-	mu sync.Mutex
+	mu            sync.Mutex
+	dropInstalled bool // the INPUT rule that drops marked packets
 }
 
 // NewFirewall finds the cgroup2 hierarchy, makes this run's cgroup, and
@@ -79,14 +82,26 @@ func NewFirewall(ctx context.Context, runID string) (*Firewall, error) {
 			continue
 		}
 		f.bin = bin
-		probe := []string{"-m", "cgroup", "--path", f.matchPath(""), "-d", "127.0.0.254", "-p", "tcp", "-m", "multiport", "--dports", "9",
-			"-m", "comment", "--comment", tag, "-j", "DROP"}
-		if err := f.ipt(ctx, append([]string{"-I", "OUTPUT"}, probe...)...); err != nil {
-			why = append(why, fmt.Sprintf("%s: %v", name, err))
-			continue
+		probe := [][]string{
+			append([]string{"-t", "mangle", "-I", "OUTPUT"}, f.markArgs(f.matchPath(""), "127.0.0.254", "tcp", "9")...),
+			append([]string{"-I", "INPUT"}, f.dropArgs()...),
 		}
-		if err := f.ipt(ctx, append([]string{"-D", "OUTPUT"}, probe...)...); err != nil {
-			why = append(why, fmt.Sprintf("%s: delete: %v", name, err))
+		var err2 error
+		for i, r := range probe {
+			if err2 = f.ipt(ctx, r...); err2 != nil {
+				for _, added := range probe[:i] {
+					_ = f.ipt(ctx, deleteOf(added)...)
+				}
+				break
+			}
+		}
+		if err2 == nil {
+			for _, r := range probe {
+				err2 = errors.Join(err2, f.ipt(ctx, deleteOf(r)...))
+			}
+		}
+		if err2 != nil {
+			why = append(why, fmt.Sprintf("%s: %v", name, err2))
 			continue
 		}
 		return f, nil
@@ -174,15 +189,30 @@ func (f *Firewall) ipt(ctx context.Context, args ...string) error {
 func (f *Firewall) rules(ctx context.Context, keep func(tag string) bool) ([][]string, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	var out []byte
-	for _, chain := range []string{"INPUT", "OUTPUT"} {
-		b, err := exec.CommandContext(ctx, f.bin, "-w", "5", "-S", chain).Output()
+	var rules [][]string
+	for _, tc := range [][2]string{{"filter", "INPUT"}, {"filter", "OUTPUT"}, {"mangle", "OUTPUT"}} {
+		b, err := exec.CommandContext(ctx, f.bin, "-w", "5", "-t", tc[0], "-S", tc[1]).Output()
 		if err != nil {
-			return nil, fmt.Errorf("%s -S %s: %w", f.bin, chain, err)
+			return nil, fmt.Errorf("%s -t %s -S %s: %w", f.bin, tc[0], tc[1], err)
 		}
-		out = append(out, b...)
+		for _, r := range parseRules(string(b), keep) {
+			rules = append(rules, append([]string{"-t", tc[0], "-D"}, r...))
+		}
 	}
-	return parseRules(string(out), keep), nil
+	return rules, nil
+}
+
+// deleteOf turns the arguments that added a rule (-I or -A) into those
+// that delete it.
+func deleteOf(add []string) []string {
+	out := slices.Clone(add)
+	for i, a := range out {
+		if a == "-I" || a == "-A" {
+			out[i] = "-D"
+			break
+		}
+	}
+	return out
 }
 
 // parseRules picks from iptables -S output the rules whose comment
@@ -221,7 +251,7 @@ func (f *Firewall) remove(ctx context.Context, keep func(tag string) bool) (int,
 	}
 	var errs []error
 	for _, r := range rules {
-		if err := f.ipt(ctx, append([]string{"-D"}, r...)...); err != nil {
+		if err := f.ipt(ctx, r...); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -254,6 +284,9 @@ func stale(tag string) bool {
 // Heal removes every rule of this run.
 func (f *Firewall) Heal(ctx context.Context) error {
 	_, err := f.remove(ctx, func(tag string) bool { return tag == f.tag })
+	f.mu.Lock()
+	f.dropInstalled = false
+	f.mu.Unlock()
 	return err
 }
 
@@ -265,9 +298,28 @@ func (f *Firewall) Count(ctx context.Context) (int, error) {
 	return len(rules), err
 }
 
+// Mark and MarkMask tag the packets a cut drops: mangle OUTPUT marks them
+// (the only place that still knows the sending process's cgroup), and
+// one filter INPUT rule drops what carries the mark, so a cut is silent
+// (the sender times out, as across a real network) rather than an
+// immediate EPERM from a DROP in OUTPUT.
+const (
+	Mark     = 0x4b560000
+	MarkMask = 0xffff0000
+)
+
+func (f *Firewall) markArgs(cgroupPath, host, proto, ports string) []string {
+	return []string{"-m", "cgroup", "--path", cgroupPath, "-d", host, "-p", proto, "-m", "multiport", "--dports", ports,
+		"-m", "comment", "--comment", f.tag, "-j", "MARK", "--set-xmark", fmt.Sprintf("%#x/%#x", Mark, MarkMask)}
+}
+
+func (f *Firewall) dropArgs() []string {
+	return []string{"-m", "mark", "--mark", fmt.Sprintf("%#x/%#x", Mark, MarkMask), "-m", "comment", "--comment", f.tag, "-j", "DROP"}
+}
+
 // Drop cuts the link from a to b: every packet a sends to b's listening
 // ports (its requests on the connections it opens, its gossip, and its
-// acknowledgements of b's answers) is dropped. Answers b sends on
+// acknowledgements of b's answers) vanishes. Answers b sends on
 // connections a opened still leave b, but nothing a asks arrives. Call
 // Drop both ways for a partition. a must run in Cgroup(a.ID).
 func (f *Firewall) Drop(ctx context.Context, a, b Endpoint) error {
@@ -280,9 +332,14 @@ func (f *Firewall) Drop(ctx context.Context, a, b Endpoint) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !f.dropInstalled {
+		if err := f.ipt(ctx, append([]string{"-I", "INPUT"}, f.dropArgs()...)...); err != nil {
+			return err
+		}
+		f.dropInstalled = true
+	}
 	for _, proto := range []string{"tcp", "udp"} {
-		if err := f.ipt(ctx, "-I", "OUTPUT", "-m", "cgroup", "--path", f.matchPath(a.ID), "-d", b.Host, "-p", proto,
-			"-m", "multiport", "--dports", strings.Join(ps, ","), "-m", "comment", "--comment", f.tag, "-j", "DROP"); err != nil {
+		if err := f.ipt(ctx, append([]string{"-t", "mangle", "-I", "OUTPUT"}, f.markArgs(f.matchPath(a.ID), b.Host, proto, strings.Join(ps, ","))...)...); err != nil {
 			return err
 		}
 	}
