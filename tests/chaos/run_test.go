@@ -108,7 +108,7 @@ func (r *run) main(ctx context.Context) {
 		r.scenario(ctx, f.name, func(ctx context.Context) error { return f.fn(ctx, sched) })
 	}
 	r.skip("drain", "no `kvmesh drain` command or Drain RPC exists yet (replication.Drain is not exposed by node)")
-	r.skip("injection", "node exposes no injection RPC yet; the workload has no inject operation")
+	r.skip("injection", "api declares the Injector service but node does not serve it yet; the workload has no inject operation")
 
 	wl.halt()
 	r.final(ctx, base)
