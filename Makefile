@@ -21,7 +21,7 @@ FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f;
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
 
-.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench run proto tools clean
+.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine run proto tools clean
 
 all: build
 
@@ -66,6 +66,10 @@ tools:
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
+
+# TTFT of prompt injection vs KV injection on the reference engine (~3 min).
+bench-engine:
+	$(GO) run ./cmd/kvmesh-engine-bench -trials 7 -prompts 4
 
 # The main job: a local cluster doing real work (see README).
 run:
