@@ -2446,6 +2446,153 @@ func (x *DigestResponse) GetTable() []uint64 {
 	return nil
 }
 
+// DrainRequest asks the node that receives it to drain itself: copy every
+// chunk it holds to the chunk's owners on the ring without this node, then
+// leave the cluster (raft leadership handed off, gossip leave), so the
+// leader takes it out of the ring at once.
+type DrainRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Copy the chunks but stay a member (the node keeps serving).
+	KeepMembership bool `protobuf:"varint,1,opt,name=keep_membership,json=keepMembership,proto3" json:"keep_membership,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *DrainRequest) Reset() {
+	*x = DrainRequest{}
+	mi := &file_kvmesh_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainRequest) ProtoMessage() {}
+
+func (x *DrainRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainRequest.ProtoReflect.Descriptor instead.
+func (*DrainRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *DrainRequest) GetKeepMembership() bool {
+	if x != nil {
+		return x.KeepMembership
+	}
+	return false
+}
+
+// DrainProgress is streamed while a drain runs, about once a second; the
+// last message has phase "done".
+type DrainProgress struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	NodeId string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// "draining", "leaving" or "done".
+	Phase string `protobuf:"bytes,2,opt,name=phase,proto3" json:"phase,omitempty"`
+	// Local keys examined by the finished pass (0 while the first runs).
+	Keys       uint64 `protobuf:"varint,3,opt,name=keys,proto3" json:"keys,omitempty"`
+	KeysMoved  uint64 `protobuf:"varint,4,opt,name=keys_moved,json=keysMoved,proto3" json:"keys_moved,omitempty"`
+	BytesMoved uint64 `protobuf:"varint,5,opt,name=bytes_moved,json=bytesMoved,proto3" json:"bytes_moved,omitempty"`
+	// Keys still to copy or to be acknowledged by their new owners.
+	Pending uint64 `protobuf:"varint,6,opt,name=pending,proto3" json:"pending,omitempty"`
+	// The node left the cluster.
+	Left          bool `protobuf:"varint,7,opt,name=left,proto3" json:"left,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DrainProgress) Reset() {
+	*x = DrainProgress{}
+	mi := &file_kvmesh_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DrainProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DrainProgress) ProtoMessage() {}
+
+func (x *DrainProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DrainProgress.ProtoReflect.Descriptor instead.
+func (*DrainProgress) Descriptor() ([]byte, []int) {
+	return file_kvmesh_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *DrainProgress) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *DrainProgress) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *DrainProgress) GetKeys() uint64 {
+	if x != nil {
+		return x.Keys
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetKeysMoved() uint64 {
+	if x != nil {
+		return x.KeysMoved
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetBytesMoved() uint64 {
+	if x != nil {
+		return x.BytesMoved
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetPending() uint64 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+func (x *DrainProgress) GetLeft() bool {
+	if x != nil {
+		return x.Left
+	}
+	return false
+}
+
 type MetaApplyRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Command       []byte                 `protobuf:"bytes,1,opt,name=command,proto3" json:"command,omitempty"`
@@ -2455,7 +2602,7 @@ type MetaApplyRequest struct {
 
 func (x *MetaApplyRequest) Reset() {
 	*x = MetaApplyRequest{}
-	mi := &file_kvmesh_proto_msgTypes[32]
+	mi := &file_kvmesh_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2467,7 +2614,7 @@ func (x *MetaApplyRequest) String() string {
 func (*MetaApplyRequest) ProtoMessage() {}
 
 func (x *MetaApplyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_proto_msgTypes[32]
+	mi := &file_kvmesh_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2480,7 +2627,7 @@ func (x *MetaApplyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaApplyRequest.ProtoReflect.Descriptor instead.
 func (*MetaApplyRequest) Descriptor() ([]byte, []int) {
-	return file_kvmesh_proto_rawDescGZIP(), []int{32}
+	return file_kvmesh_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *MetaApplyRequest) GetCommand() []byte {
@@ -2498,7 +2645,7 @@ type MetaApplyResponse struct {
 
 func (x *MetaApplyResponse) Reset() {
 	*x = MetaApplyResponse{}
-	mi := &file_kvmesh_proto_msgTypes[33]
+	mi := &file_kvmesh_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2510,7 +2657,7 @@ func (x *MetaApplyResponse) String() string {
 func (*MetaApplyResponse) ProtoMessage() {}
 
 func (x *MetaApplyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_proto_msgTypes[33]
+	mi := &file_kvmesh_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2523,7 +2670,7 @@ func (x *MetaApplyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetaApplyResponse.ProtoReflect.Descriptor instead.
 func (*MetaApplyResponse) Descriptor() ([]byte, []int) {
-	return file_kvmesh_proto_rawDescGZIP(), []int{33}
+	return file_kvmesh_proto_rawDescGZIP(), []int{35}
 }
 
 var File_kvmesh_proto protoreflect.FileDescriptor
@@ -2704,7 +2851,19 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x05items\x18\x01 \x03(\v2\x15.kvmesh.v1.DigestItemR\x05items\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05table\x18\x04 \x03(\x06R\x05table\",\n" +
+	"\x05table\x18\x04 \x03(\x06R\x05table\"7\n" +
+	"\fDrainRequest\x12'\n" +
+	"\x0fkeep_membership\x18\x01 \x01(\bR\x0ekeepMembership\"\xc0\x01\n" +
+	"\rDrainProgress\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12\x14\n" +
+	"\x05phase\x18\x02 \x01(\tR\x05phase\x12\x12\n" +
+	"\x04keys\x18\x03 \x01(\x04R\x04keys\x12\x1d\n" +
+	"\n" +
+	"keys_moved\x18\x04 \x01(\x04R\tkeysMoved\x12\x1f\n" +
+	"\vbytes_moved\x18\x05 \x01(\x04R\n" +
+	"bytesMoved\x12\x18\n" +
+	"\apending\x18\x06 \x01(\x04R\apending\x12\x12\n" +
+	"\x04left\x18\a \x01(\bR\x04left\",\n" +
 	"\x10MetaApplyRequest\x12\x18\n" +
 	"\acommand\x18\x01 \x01(\fR\acommand\"\x13\n" +
 	"\x11MetaApplyResponse*z\n" +
@@ -2720,7 +2879,7 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\fLookupStatus\x12\x16\n" +
 	"\x12LOOKUP_STATUS_MISS\x10\x00\x12\x17\n" +
 	"\x13LOOKUP_STATUS_EXACT\x10\x01\x12\x1d\n" +
-	"\x19LOOKUP_STATUS_APPROXIMATE\x10\x022\x8e\x04\n" +
+	"\x19LOOKUP_STATUS_APPROXIMATE\x10\x022\xcc\x04\n" +
 	"\x06Client\x12R\n" +
 	"\rRegisterModel\x12\x1f.kvmesh.v1.RegisterModelRequest\x1a .kvmesh.v1.RegisterModelResponse\x12=\n" +
 	"\x06Models\x12\x18.kvmesh.v1.ModelsRequest\x1a\x19.kvmesh.v1.ModelsResponse\x124\n" +
@@ -2729,7 +2888,8 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x06Lookup\x12\x18.kvmesh.v1.LookupRequest\x1a\x19.kvmesh.v1.LookupResponse\x12=\n" +
 	"\x06Delete\x12\x18.kvmesh.v1.DeleteRequest\x1a\x19.kvmesh.v1.DeleteResponse\x12:\n" +
 	"\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponse\x12L\n" +
-	"\vClusterInfo\x12\x1d.kvmesh.v1.ClusterInfoRequest\x1a\x1e.kvmesh.v1.ClusterInfoResponse2\x80\x02\n" +
+	"\vClusterInfo\x12\x1d.kvmesh.v1.ClusterInfoRequest\x1a\x1e.kvmesh.v1.ClusterInfoResponse\x12<\n" +
+	"\x05Drain\x12\x17.kvmesh.v1.DrainRequest\x1a\x18.kvmesh.v1.DrainProgress0\x012\x80\x02\n" +
 	"\x04Peer\x12:\n" +
 	"\tReplicate\x12\x13.kvmesh.v1.PutFrame\x1a\x16.kvmesh.v1.PutResponse(\x01\x125\n" +
 	"\x05Fetch\x12\x15.kvmesh.v1.GetRequest\x1a\x13.kvmesh.v1.GetFrame0\x01\x12=\n" +
@@ -2749,7 +2909,7 @@ func file_kvmesh_proto_rawDescGZIP() []byte {
 }
 
 var file_kvmesh_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvmesh_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_kvmesh_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_kvmesh_proto_goTypes = []any{
 	(ContextKind)(0),              // 0: kvmesh.v1.ContextKind
 	(Format)(0),                   // 1: kvmesh.v1.Format
@@ -2786,8 +2946,10 @@ var file_kvmesh_proto_goTypes = []any{
 	(*DigestRequest)(nil),         // 32: kvmesh.v1.DigestRequest
 	(*DigestItem)(nil),            // 33: kvmesh.v1.DigestItem
 	(*DigestResponse)(nil),        // 34: kvmesh.v1.DigestResponse
-	(*MetaApplyRequest)(nil),      // 35: kvmesh.v1.MetaApplyRequest
-	(*MetaApplyResponse)(nil),     // 36: kvmesh.v1.MetaApplyResponse
+	(*DrainRequest)(nil),          // 35: kvmesh.v1.DrainRequest
+	(*DrainProgress)(nil),         // 36: kvmesh.v1.DrainProgress
+	(*MetaApplyRequest)(nil),      // 37: kvmesh.v1.MetaApplyRequest
+	(*MetaApplyResponse)(nil),     // 38: kvmesh.v1.MetaApplyResponse
 }
 var file_kvmesh_proto_depIdxs = []int32{
 	0,  // 0: kvmesh.v1.Context.kind:type_name -> kvmesh.v1.ContextKind
@@ -2832,24 +2994,26 @@ var file_kvmesh_proto_depIdxs = []int32{
 	25, // 39: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
 	27, // 40: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
 	30, // 41: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
-	15, // 42: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
-	17, // 43: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
-	32, // 44: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
-	35, // 45: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
-	10, // 46: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
-	13, // 47: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
-	16, // 48: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
-	20, // 49: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
-	24, // 50: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
-	26, // 51: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
-	29, // 52: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
-	31, // 53: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
-	16, // 54: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
-	20, // 55: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
-	34, // 56: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
-	36, // 57: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
-	46, // [46:58] is the sub-list for method output_type
-	34, // [34:46] is the sub-list for method input_type
+	35, // 42: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
+	15, // 43: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
+	17, // 44: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
+	32, // 45: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
+	37, // 46: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
+	10, // 47: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
+	13, // 48: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
+	16, // 49: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
+	20, // 50: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
+	24, // 51: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
+	26, // 52: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
+	29, // 53: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
+	31, // 54: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
+	36, // 55: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
+	16, // 56: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
+	20, // 57: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
+	34, // 58: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
+	38, // 59: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
+	47, // [47:60] is the sub-list for method output_type
+	34, // [34:47] is the sub-list for method input_type
 	34, // [34:34] is the sub-list for extension type_name
 	34, // [34:34] is the sub-list for extension extendee
 	0,  // [0:34] is the sub-list for field type_name
@@ -2874,7 +3038,7 @@ func file_kvmesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_proto_rawDesc), len(file_kvmesh_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   34,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

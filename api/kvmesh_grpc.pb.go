@@ -37,6 +37,7 @@ const (
 	Client_Delete_FullMethodName        = "/kvmesh.v1.Client/Delete"
 	Client_Stats_FullMethodName         = "/kvmesh.v1.Client/Stats"
 	Client_ClusterInfo_FullMethodName   = "/kvmesh.v1.Client/ClusterInfo"
+	Client_Drain_FullMethodName         = "/kvmesh.v1.Client/Drain"
 )
 
 // ClientClient is the client API for Client service.
@@ -53,6 +54,8 @@ type ClientClient interface {
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
 	Stats(ctx context.Context, in *StatsRequest, opts ...grpc.CallOption) (*StatsResponse, error)
 	ClusterInfo(ctx context.Context, in *ClusterInfoRequest, opts ...grpc.CallOption) (*ClusterInfoResponse, error)
+	// Drain is an admin call: the receiving node drains itself (kvmesh drain).
+	Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DrainProgress], error)
 }
 
 type clientClient struct {
@@ -155,6 +158,25 @@ func (c *clientClient) ClusterInfo(ctx context.Context, in *ClusterInfoRequest, 
 	return out, nil
 }
 
+func (c *clientClient) Drain(ctx context.Context, in *DrainRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[DrainProgress], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Client_ServiceDesc.Streams[2], Client_Drain_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DrainRequest, DrainProgress]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Client_DrainClient = grpc.ServerStreamingClient[DrainProgress]
+
 // ClientServer is the server API for Client service.
 // All implementations must embed UnimplementedClientServer
 // for forward compatibility.
@@ -169,6 +191,8 @@ type ClientServer interface {
 	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
 	Stats(context.Context, *StatsRequest) (*StatsResponse, error)
 	ClusterInfo(context.Context, *ClusterInfoRequest) (*ClusterInfoResponse, error)
+	// Drain is an admin call: the receiving node drains itself (kvmesh drain).
+	Drain(*DrainRequest, grpc.ServerStreamingServer[DrainProgress]) error
 	mustEmbedUnimplementedClientServer()
 }
 
@@ -202,6 +226,9 @@ func (UnimplementedClientServer) Stats(context.Context, *StatsRequest) (*StatsRe
 }
 func (UnimplementedClientServer) ClusterInfo(context.Context, *ClusterInfoRequest) (*ClusterInfoResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method ClusterInfo not implemented")
+}
+func (UnimplementedClientServer) Drain(*DrainRequest, grpc.ServerStreamingServer[DrainProgress]) error {
+	return status.Errorf(codes.Unimplemented, "method Drain not implemented")
 }
 func (UnimplementedClientServer) mustEmbedUnimplementedClientServer() {}
 func (UnimplementedClientServer) testEmbeddedByValue()                {}
@@ -350,6 +377,17 @@ func _Client_ClusterInfo_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Client_Drain_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(DrainRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(ClientServer).Drain(m, &grpc.GenericServerStream[DrainRequest, DrainProgress]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Client_DrainServer = grpc.ServerStreamingServer[DrainProgress]
+
 // Client_ServiceDesc is the grpc.ServiceDesc for Client service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -391,6 +429,11 @@ var Client_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Get",
 			Handler:       _Client_Get_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Drain",
+			Handler:       _Client_Drain_Handler,
 			ServerStreams: true,
 		},
 	},
