@@ -33,6 +33,7 @@ func DefaultMethods() map[string]Scope {
 		api.Client_Delete_FullMethodName:        ScopeWrite,
 		api.Client_Stats_FullMethodName:         ScopeRead,
 		api.Client_ClusterInfo_FullMethodName:   ScopeRead,
+		api.Client_Drain_FullMethodName:         ScopeAdmin,
 		api.Peer_Replicate_FullMethodName:       ScopePeer,
 		api.Peer_Fetch_FullMethodName:           ScopePeer,
 		api.Peer_Digest_FullMethodName:          ScopePeer,
