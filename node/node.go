@@ -141,6 +141,9 @@ type Node struct {
 	gossip *ring.Gossip
 	peers  *peerPool
 	repl   *replication.Replicator
+	bg     *background // meta watch, gossip events; stopped first on close
+	drain  drainState
+	inj    *injector // node-side KV injection (inject.go)
 
 	grpcLis  net.Listener
 	grpcSrv  *grpc.Server
@@ -258,10 +261,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	rcfg.Store = replication.NewKVTierStore(n.store)
 	rcfg.Transport = transport{n}
 	rcfg.Placement = n.meta
-	rcfg.Quorum = func() (int, int) {
-		s := n.meta.Settings()
-		return s.ReplicationFactor, s.WriteQuorum
-	}
+	rcfg.Quorum = n.quorum
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "replication")
 	rcfg.Limits = cfg.Limits
 	rcfg.Logger = n.log
@@ -274,6 +274,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	if err := n.registry.Register(n.repl.Collector()); err != nil {
 		return fmt.Errorf("node: register replication metrics: %w", err)
 	}
+	n.bg = n.startBackground()
 
 	n.grpcSrv = grpc.NewServer(
 		grpc.ForceServerCodecV2(api.Codec()),
@@ -284,6 +285,10 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	)
 	api.RegisterClientServer(n.grpcSrv, &clientService{n: n})
 	api.RegisterPeerServer(n.grpcSrv, &peerService{n: n})
+	if n.inj, err = n.startInject(); err != nil {
+		return err
+	}
+	api.RegisterInjectorServer(n.grpcSrv, n.inj)
 	n.wg.Add(1)
 	go func() {
 		defer n.wg.Done()
@@ -368,10 +373,17 @@ func (n *Node) Ready() error {
 func (n *Node) Meta() *meta.Store { return n.meta }
 
 // Leave announces a graceful departure to the cluster, so the leader
-// removes this node from the ring at once rather than after DeadGrace.
+// removes this node from the ring at once rather than after DeadGrace. A
+// leader first hands raft leadership to another voter (meta.Leave), so the
+// cluster does not wait out an election timeout. It moves no data: Drain
+// does.
 func (n *Node) Leave(ctx context.Context) error {
 	if n.gossip == nil {
 		return nil
+	}
+	if err := n.meta.Leave(ctx); err != nil {
+		// Still leave gossip: the others then elect a leader themselves.
+		n.log.Warn("node: leadership transfer before leaving", "err", err)
 	}
 	return n.gossip.Leave(ctx)
 }
@@ -384,6 +396,9 @@ func (n *Node) Close() error {
 }
 
 func (n *Node) shutdown() {
+	if n.bg != nil {
+		n.bg.stop()
+	}
 	if n.grpcSrv != nil {
 		done := make(chan struct{})
 		go func() { n.grpcSrv.GracefulStop(); close(done) }()
@@ -404,6 +419,7 @@ func (n *Node) shutdown() {
 		_ = n.httpLis.Close()
 	}
 	n.wg.Wait()
+	n.inj.close()
 	if n.repl != nil {
 		if err := n.repl.Close(); err != nil {
 			n.log.Warn("node: replication close", "err", err)

@@ -1,0 +1,169 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
+)
+
+// CacheRegistration describes an engine's paged KV cache placed in shared
+// memory (inject.CreateShm gives both the path and the offsets).
+type CacheRegistration struct {
+	Fingerprint chunk.Fingerprint
+	Layers      int
+	// Layouts holds one layout for every layer, or one per layer.
+	Layouts []cudakern.CacheLayout
+	// HeadLo, HeadHi: the model KV heads the cache holds; both 0: all.
+	HeadLo, HeadHi int
+	// MaxPositions bounds target positions; 0: the node's default.
+	MaxPositions int
+	// Path is the shared-memory file (/dev/shm/..., /proc/<pid>/fd/<n>).
+	Path string
+	// Offsets are the byte offsets of the layers in it; nil: packed.
+	Offsets []int64
+}
+
+// Injector places chunks into a cache registered with one node: it
+// implements engine.CacheInjector over that node's Injector service. The
+// node is chosen by address, not by the ring: it must be on the engine's
+// machine, since it writes the engine's memory. Close unregisters.
+type Injector struct {
+	c    *Client
+	addr string
+	id   uint64
+	ic   api.InjectorClient
+}
+
+// RegisterCache registers reg with the node at addr (the engine's local
+// node) and returns the Injector that fills it.
+func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegistration) (*Injector, error) {
+	cc, err := c.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	ic := api.NewInjectorClient(cc)
+	req := &api.RegisterCacheRequest{Fingerprint: ProtoFingerprint(reg.Fingerprint), Layers: int32(reg.Layers),
+		HeadLo: int32(reg.HeadLo), HeadHi: int32(reg.HeadHi), MaxPositions: int32(reg.MaxPositions),
+		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: reg.Path, Offsets: reg.Offsets}
+	for _, l := range reg.Layouts {
+		req.Layouts = append(req.Layouts, ProtoLayout(l))
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	defer cancel()
+	resp, err := ic.RegisterCache(ctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)
+	}
+	return &Injector{c: c, addr: addr, id: resp.CacheId, ic: ic}, nil
+}
+
+// Close unregisters the cache. The engine may free its memory afterwards.
+func (in *Injector) Close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, in.c.cfg.RPCTimeout)
+	defer cancel()
+	if _, err := in.ic.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: in.id}); err != nil {
+		return fmt.Errorf("client: unregister cache %d on %s: %w", in.id, in.addr, err)
+	}
+	return nil
+}
+
+// InjectStats is what the node reported for one InjectChunks call.
+type InjectStats struct {
+	Layers       int // layer events received
+	WrittenBytes uint64
+	DecodedBytes uint64
+}
+
+// InjectChunks implements engine.CacheInjector.
+func (in *Injector) InjectChunks(ctx context.Context, chunks []engine.InjectChunk) ([]engine.InjectResult, error) {
+	res, _, err := in.InjectLayered(ctx, chunks, nil)
+	return res, err
+}
+
+// InjectLayered is InjectChunks that also calls onLayer (if not nil) as
+// the node reports each layer written for every hit, in layer order, so a
+// caller may start computing layer l before later layers land.
+func (in *Injector) InjectLayered(ctx context.Context, chunks []engine.InjectChunk, onLayer func(int)) ([]engine.InjectResult, InjectStats, error) {
+	var stats InjectStats
+	req := &api.InjectRequest{CacheId: in.id, Chunks: make([]*api.InjectChunk, len(chunks))}
+	for i, c := range chunks {
+		slots := make([]int64, len(c.Slots))
+		for j, s := range c.Slots {
+			slots[j] = int64(s)
+		}
+		req.Chunks[i] = &api.InjectChunk{Content: ProtoID(c.Key.Content), Tokens: c.Tokens, Want: ProtoContext(c.Key.Context),
+			Pos: int64(c.Pos), Slots: slots}
+	}
+	ctx, cancel := context.WithTimeout(ctx, in.c.cfg.RPCTimeout)
+	defer cancel()
+	st, err := in.ic.Inject(ctx, req)
+	if err != nil {
+		return nil, stats, fmt.Errorf("client: inject on %s: %w", in.addr, err)
+	}
+	for {
+		ev, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, stats, fmt.Errorf("client: inject on %s: %w: stream ended without results", in.addr, ErrBadMessage)
+		}
+		if err != nil {
+			return nil, stats, fmt.Errorf("client: inject on %s: %w", in.addr, err)
+		}
+		switch e := ev.Event.(type) {
+		case *api.InjectEvent_LayerWritten:
+			stats.Layers++
+			if onLayer != nil {
+				onLayer(int(e.LayerWritten))
+			}
+		case *api.InjectEvent_Done:
+			d := e.Done
+			stats.WrittenBytes, stats.DecodedBytes = d.WrittenBytes, d.DecodedBytes
+			if len(d.Results) != len(chunks) {
+				return nil, stats, fmt.Errorf("client: inject on %s: %w: %d results for %d chunks", in.addr, ErrBadMessage, len(d.Results), len(chunks))
+			}
+			out := make([]engine.InjectResult, len(chunks))
+			for i, r := range d.Results {
+				switch r.Status {
+				case api.LookupStatus_LOOKUP_STATUS_EXACT, api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
+					cx, err := ContextFromProto(r.GetKey().GetContext())
+					if err != nil {
+						return nil, stats, fmt.Errorf("client: inject on %s: result %d: %w", in.addr, i, err)
+					}
+					out[i] = engine.InjectResult{Match: engine.MatchApproximate, Context: cx}
+					if r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
+						out[i].Match = engine.MatchExact
+					}
+				}
+			}
+			return out, stats, nil
+		default:
+			return nil, stats, fmt.Errorf("client: inject on %s: %w: unknown event", in.addr, ErrBadMessage)
+		}
+	}
+}
+
+// ProtoLayout converts a cache layout to its wire form.
+func ProtoLayout(l cudakern.CacheLayout) *api.CacheLayout {
+	return &api.CacheLayout{Order: uint32(l.Order), NumBlocks: int64(l.NumBlocks), BlockSize: int64(l.BlockSize),
+		KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), Dtype: uint32(l.DType), KScale: l.KScale, VScale: l.VScale}
+}
+
+// LayoutFromProto converts a wire cache layout, refusing values that do
+// not fit their Go types (the receiver validates the layout itself).
+func LayoutFromProto(p *api.CacheLayout) (cudakern.CacheLayout, error) {
+	if p.GetOrder() > math.MaxUint8 || p.GetDtype() > math.MaxUint8 {
+		return cudakern.CacheLayout{}, fmt.Errorf("%w: layout order %d, dtype %d", ErrBadMessage, p.GetOrder(), p.GetDtype())
+	}
+	if p.GetNumBlocks() < 0 || p.GetBlockSize() < 0 || p.GetNumBlocks() > math.MaxInt32 || p.GetBlockSize() > math.MaxInt32 {
+		return cudakern.CacheLayout{}, fmt.Errorf("%w: layout of %d blocks of %d", ErrBadMessage, p.GetNumBlocks(), p.GetBlockSize())
+	}
+	return cudakern.CacheLayout{Order: cudakern.Order(p.GetOrder()), NumBlocks: int(p.GetNumBlocks()), BlockSize: int(p.GetBlockSize()),
+		KVHeads: int(p.GetKvHeads()), HeadDim: int(p.GetHeadDim()), DType: chunk.DType(p.GetDtype()),
+		KScale: p.GetKScale(), VScale: p.GetVScale()}, nil
+}

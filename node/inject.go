@@ -1,0 +1,328 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/kvtier"
+)
+
+// injector is the node's injection path (DESIGN.md section 4): the inject
+// Service with the node's TierFetcher (local tier, then the replicas over
+// the Peer service), served as api.Injector.
+type injector struct {
+	api.UnimplementedInjectorServer
+	n       *Node
+	svc     *inject.Service
+	fetched *prometheus.CounterVec // source: local, peer
+}
+
+// startInject builds the injection service; Start calls it once the store
+// and the metadata are open, and registers the returned server.
+func (n *Node) startInject() (*injector, error) {
+	in := &injector{n: n, fetched: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "kvmesh_inject_fetched_bytes_total",
+		Help: "Entry bytes the injection path read, by source (local tier, peer replica).",
+	}, []string{"source"})}
+	svc, err := inject.New(inject.Config{
+		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: replicaRemote{n}}, c: in.fetched},
+		Models:  nodeModels{n},
+		Limits:  n.cfg.Limits,
+		Logger:  n.log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node: start injection: %w", err)
+	}
+	if err := n.registry.Register(svc); err != nil {
+		_ = svc.Close()
+		return nil, fmt.Errorf("node: register injection metrics: %w", err)
+	}
+	if err := n.registry.Register(in.fetched); err != nil {
+		_ = svc.Close()
+		return nil, fmt.Errorf("node: register injection metrics: %w", err)
+	}
+	in.svc = svc
+	return in, nil
+}
+
+// close stops the service: requests in flight end, registrations are
+// unmapped. Called after the gRPC server stopped, before the store closes.
+func (in *injector) close() {
+	if in == nil || in.svc == nil {
+		return
+	}
+	if err := in.svc.Close(); err != nil {
+		in.n.log.Warn("node: injection close", "err", err)
+	}
+}
+
+// InjectFetchedBytes reports the entry bytes the injection path read from
+// the local tier and from peer replicas (also exported as
+// kvmesh_inject_fetched_bytes_total).
+func (n *Node) InjectFetchedBytes() (local, peers float64) {
+	if n.inj == nil {
+		return 0, 0
+	}
+	return readCounter(n.inj.fetched.WithLabelValues("local")), readCounter(n.inj.fetched.WithLabelValues("peer"))
+}
+
+// nodeModels resolves fingerprints through the metadata's model registry.
+type nodeModels struct{ n *Node }
+
+func (m nodeModels) Model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec, error) {
+	return m.n.model(ctx, fp)
+}
+
+// countingFetcher counts the bytes a Fetcher returns by where they came
+// from: a blob with a Release is pinned in the local tier, one without came
+// from a peer.
+type countingFetcher struct {
+	f inject.Fetcher
+	c *prometheus.CounterVec
+}
+
+func (f countingFetcher) Fetch(ctx context.Context, key chunk.Key) (inject.Fetched, error) {
+	got, err := f.f.Fetch(ctx, key)
+	if err == nil && len(got.Blob) > 0 {
+		src := "peer"
+		if got.Release != nil {
+			src = "local"
+		}
+		f.c.WithLabelValues(src).Add(float64(len(got.Blob)))
+	}
+	return got, err
+}
+
+// replicaRemote is inject.Remote over the other replicas of a content ID:
+// a direct Lookup to each (in parallel), then a Fetch from the first in
+// ring order that holds the key, failing over to the next.
+type replicaRemote struct{ n *Node }
+
+// others are the replicas of content other than this node, in ring order.
+func (r replicaRemote) others(content chunk.ID) []string {
+	n := r.n
+	var addrs []string
+	for _, m := range n.meta.Ring().Replicas(content, n.meta.Settings().ReplicationFactor) {
+		if m.ID != n.cfg.NodeID && m.GRPCAddr != "" {
+			addrs = append(addrs, m.GRPCAddr)
+		}
+	}
+	return addrs
+}
+
+func (r replicaRemote) Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, inject.Match, error) {
+	addrs := r.others(content)
+	if len(addrs) == 0 {
+		return chunk.Key{}, inject.Miss, nil
+	}
+	answers := make([]*api.LookupResult, len(addrs))
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for i, addr := range addrs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := r.n.remoteLookup(ctx, addr, client.ProtoFingerprint(fp), []lookupItem{{content: content, want: want}})
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			answers[i] = res[0]
+		}()
+	}
+	wg.Wait()
+	best, answered := (*api.LookupResult)(nil), false
+	for _, a := range answers {
+		if a == nil {
+			continue
+		}
+		answered = true
+		if a.Key != nil && (best == nil || rank(a.Status) > rank(best.Status)) {
+			best = a
+		}
+	}
+	if !answered {
+		return chunk.Key{}, inject.Miss, fmt.Errorf("node: no replica answered: %w", errors.Join(errs...))
+	}
+	if best == nil || best.Status == api.LookupStatus_LOOKUP_STATUS_MISS {
+		return chunk.Key{}, inject.Miss, nil
+	}
+	key, err := client.KeyFromProto(best.Key)
+	if err != nil {
+		return chunk.Key{}, inject.Miss, err
+	}
+	if best.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
+		return key, inject.Exact, nil
+	}
+	return key, inject.Approximate, nil
+}
+
+func (r replicaRemote) Get(ctx context.Context, key chunk.Key) ([]byte, error) {
+	var errs []error
+	for _, addr := range r.others(key.Content) {
+		blob, err := r.n.fetchEntry(ctx, addr, key)
+		if err == nil {
+			return blob, nil
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+	}
+	if len(errs) == 0 {
+		return nil, kvtier.ErrNotFound
+	}
+	return nil, errors.Join(errs...)
+}
+
+// localPeer reports whether the caller is on this machine: shared memory
+// names a file here, so only a loopback (or unix socket) caller may
+// register it.
+func localPeer(ctx context.Context) bool {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return false
+	}
+	switch a := p.Addr.(type) {
+	case *net.TCPAddr:
+		return a.IP.IsLoopback()
+	case *net.UnixAddr:
+		return true
+	}
+	host, _, err := net.SplitHostPort(p.Addr.String())
+	if err != nil {
+		return false
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// injectStatus maps the inject package's sentinels to gRPC codes.
+func injectStatus(err error) error {
+	var code codes.Code
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, inject.ErrInvalidCache), errors.Is(err, inject.ErrInvalidRequest):
+		code = codes.InvalidArgument
+	case errors.Is(err, inject.ErrUnsupported):
+		code = codes.Unimplemented
+	case errors.Is(err, inject.ErrTooManyCaches):
+		code = codes.ResourceExhausted
+	case errors.Is(err, inject.ErrUnknownCache):
+		code = codes.NotFound
+	case errors.Is(err, inject.ErrFault):
+		code = codes.DataLoss
+	case errors.Is(err, inject.ErrClosed):
+		code = codes.Unavailable
+	default:
+		return err
+	}
+	return status.Error(code, err.Error())
+}
+
+func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheRequest) (*api.RegisterCacheResponse, error) {
+	if req.GetFingerprint() == nil {
+		return nil, status.Error(codes.InvalidArgument, "register cache without a model fingerprint")
+	}
+	d := inject.Descriptor{
+		Fingerprint:  client.FingerprintFromProto(req.Fingerprint),
+		Layers:       int(req.Layers),
+		HeadLo:       int(req.HeadLo),
+		HeadHi:       int(req.HeadHi),
+		MaxPositions: int(req.MaxPositions),
+		Memory: inject.Memory{Path: req.Path, Offsets: req.Offsets, Device: int(req.Device),
+			IPCHandles: req.IpcHandles},
+	}
+	for i, l := range req.Layouts {
+		lay, err := client.LayoutFromProto(l)
+		if err != nil {
+			return nil, invalid(fmt.Errorf("layout %d: %w", i, err))
+		}
+		d.Layouts = append(d.Layouts, lay)
+	}
+	switch req.MemoryKind {
+	case api.MemoryKind_MEMORY_KIND_SHM:
+		d.Memory.Kind = inject.MemoryShm
+		if !localPeer(ctx) {
+			return nil, status.Error(codes.PermissionDenied, "shared-memory caches register from this machine only")
+		}
+	case api.MemoryKind_MEMORY_KIND_CUDA_IPC:
+		d.Memory.Kind = inject.MemoryCUDAIPC
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "memory kind %v", req.MemoryKind)
+	}
+	id, err := in.svc.Register(ctx, d)
+	if err != nil {
+		return nil, injectStatus(err)
+	}
+	return &api.RegisterCacheResponse{CacheId: uint64(id)}, nil
+}
+
+func (in *injector) UnregisterCache(ctx context.Context, req *api.UnregisterCacheRequest) (*api.UnregisterCacheResponse, error) {
+	if err := in.svc.Unregister(inject.CacheID(req.CacheId)); err != nil {
+		return nil, injectStatus(err)
+	}
+	return &api.UnregisterCacheResponse{}, nil
+}
+
+func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer[api.InjectEvent]) error {
+	r := &inject.Request{Cache: inject.CacheID(req.CacheId), Chunks: make([]inject.Chunk, len(req.Chunks))}
+	for i, c := range req.Chunks {
+		if c.GetContent() == nil {
+			return status.Errorf(codes.InvalidArgument, "chunk %d has no content ID", i)
+		}
+		want, err := client.ContextFromProto(c.GetWant())
+		if err != nil {
+			return invalid(fmt.Errorf("chunk %d: %w", i, err))
+		}
+		slots := make([]int, len(c.Slots))
+		for j, s := range c.Slots {
+			slots[j] = int(s)
+		}
+		r.Chunks[i] = inject.Chunk{Content: client.IDFromProto(c.Content), Tokens: c.Tokens, Context: want,
+			Pos: int(c.Pos), Slots: slots}
+	}
+	var sendErr error
+	r.OnLayer = func(l int) {
+		if sendErr == nil {
+			sendErr = st.Send(&api.InjectEvent{Event: &api.InjectEvent_LayerWritten{LayerWritten: int32(l)}})
+		}
+	}
+	resp, err := in.svc.Inject(st.Context(), r)
+	if err != nil {
+		return injectStatus(err)
+	}
+	if sendErr != nil {
+		return sendErr
+	}
+	done := &api.InjectDone{WrittenBytes: uint64(resp.WrittenBytes), DecodedBytes: uint64(resp.DecodedBytes),
+		Results: make([]*api.LookupResult, len(resp.Results))}
+	for i, res := range resp.Results {
+		lr := &api.LookupResult{}
+		if res.Match != inject.Miss {
+			// The cache's model is the fingerprint; the key names the
+			// content and the context of the entry written.
+			lr.Key = &api.Key{Content: client.ProtoID(r.Chunks[i].Content), Context: client.ProtoContext(res.Context)}
+			lr.Status = api.LookupStatus_LOOKUP_STATUS_APPROXIMATE
+			if res.Match == inject.Exact {
+				lr.Status = api.LookupStatus_LOOKUP_STATUS_EXACT
+			}
+		}
+		done.Results[i] = lr
+	}
+	return st.Send(&api.InjectEvent{Event: &api.InjectEvent_Done{Done: done}})
+}
