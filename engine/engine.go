@@ -1,12 +1,14 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -43,6 +45,14 @@ type Config struct {
 	// PureGo disables the assembly matmul kernels (for comparison; results
 	// differ from the kernels' only by float32 summation order).
 	PureGo bool
+	// CacheMemory, if set, allocates the paged KV cache: it gets the
+	// number of layers and the layout of every layer and returns one slice
+	// per layer, each layout.LayerBytes() long, 4-byte aligned, not
+	// overlapping. Use it to place the cache in shared memory a node can
+	// map (inject.CreateShm's Layers), so the node writes injected chunks
+	// straight into it. The memory must outlive the engine; the caller
+	// frees it after Close. Nil means the Go heap.
+	CacheMemory func(layers int, layout cudakern.CacheLayout) ([][]byte, error)
 	// Logger receives warnings (entries that do not fit the model); nil
 	// means slog.Default().
 	Logger *slog.Logger
@@ -135,8 +145,25 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	}
 	e.attnAVX = e.pool.avx && mc.HeadDim%8 == 0 && layout.LayerBytes()/4 < math.MaxInt32
 	e.cache = make([]cacheLayer, mc.NumLayers)
+	var ext [][]byte
+	if cfg.CacheMemory != nil {
+		if ext, err = cfg.CacheMemory(mc.NumLayers, layout); err != nil {
+			e.Close()
+			return nil, fmt.Errorf("engine: cache memory: %w", err)
+		}
+		if err := checkCacheMemory(ext, mc.NumLayers, layout.LayerBytes()); err != nil {
+			e.Close()
+			return nil, err
+		}
+	}
 	for l := range e.cache {
-		f := make([]float32, layout.LayerBytes()/4)
+		var f []float32
+		if ext != nil {
+			f = bytesF32(ext[l])
+			clear(f) // a reused file may hold an earlier engine's cache
+		} else {
+			f = make([]float32, layout.LayerBytes()/4)
+		}
 		e.cache[l] = cacheLayer{f: f, b: f32Bytes(f)}
 		e.cacheBytes = append(e.cacheBytes, e.cache[l].b)
 	}
@@ -145,6 +172,40 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 		e.free[i] = nb - 1 - i // pop gives block 0 first
 	}
 	return e, nil
+}
+
+// checkCacheMemory validates what Config.CacheMemory returned.
+func checkCacheMemory(layers [][]byte, n, layerBytes int) error {
+	if len(layers) != n {
+		return fmt.Errorf("engine: cache memory: %d layer slices for %d layers", len(layers), n)
+	}
+	type span struct{ lo, hi uintptr }
+	spans := make([]span, n)
+	for l, b := range layers {
+		if len(b) != layerBytes {
+			return fmt.Errorf("engine: cache memory: layer %d of %d bytes, layout needs %d", l, len(b), layerBytes)
+		}
+		p := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+		if p%4 != 0 {
+			return fmt.Errorf("engine: cache memory: layer %d not 4-byte aligned", l)
+		}
+		spans[l] = span{p, p + uintptr(len(b))}
+	}
+	slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+	for i := 1; i < len(spans); i++ {
+		if spans[i].lo < spans[i-1].hi {
+			return fmt.Errorf("engine: cache memory: layer slices overlap")
+		}
+	}
+	return nil
+}
+
+// bytesF32 views b (4-byte aligned, a multiple of 4 long) as float32s.
+func bytesF32(b []byte) []float32 {
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(unsafe.SliceData(b))), len(b)/4)
 }
 
 // f32Bytes views f as its little-endian bytes (every platform Go's CPU
