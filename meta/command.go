@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -77,6 +78,8 @@ const (
 	kindRegisterModel cmdKind = 1
 	kindSetSettings   cmdKind = 2
 	kindRingChange    cmdKind = 3
+	kindPutToken      cmdKind = 4
+	kindDeleteToken   cmdKind = 5
 )
 
 func (k cmdKind) String() string {
@@ -87,6 +90,10 @@ func (k cmdKind) String() string {
 		return "set-settings"
 	case kindRingChange:
 		return "ring-change"
+	case kindPutToken:
+		return "put-token"
+	case kindDeleteToken:
+		return "delete-token"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
@@ -109,12 +116,26 @@ type registerModel struct {
 	Spec chunk.ModelSpec `json:"spec"`
 }
 
+// putToken adds an API token record, or replaces the record with its ID.
+// The record holds the salted hash of the secret, never the secret.
+type putToken struct {
+	Record auth.Record `json:"record"`
+}
+
+// deleteToken removes the record with ID; an absent ID is a no-op, so a
+// retried delete succeeds.
+type deleteToken struct {
+	ID string `json:"id"`
+}
+
 // command is a decoded log entry; exactly one payload field is set.
 type command struct {
 	kind     cmdKind
 	model    *registerModel
 	settings *Settings
 	ring     *ringChange
+	putTok   *putToken
+	delTok   *deleteToken
 }
 
 func encodeCommand(kind cmdKind, payload any) ([]byte, error) {
@@ -154,6 +175,12 @@ func decodeCommand(b []byte) (command, error) {
 	case kindRingChange:
 		c.ring = new(ringChange)
 		target = c.ring
+	case kindPutToken:
+		c.putTok = new(putToken)
+		target = c.putTok
+	case kindDeleteToken:
+		c.delTok = new(deleteToken)
+		target = c.delTok
 	default:
 		return command{}, fmt.Errorf("%w: unknown kind %d", ErrInvalidCommand, b[1])
 	}
@@ -168,6 +195,10 @@ func decodeCommand(b []byte) (command, error) {
 		err = c.settings.Validate()
 	case kindRingChange:
 		err = c.ring.validate()
+	case kindPutToken:
+		err = validateToken(&c.putTok.Record)
+	case kindDeleteToken:
+		err = validateTokenID(c.delTok.ID)
 	}
 	if err != nil {
 		return command{}, err
@@ -227,6 +258,30 @@ func validateSpec(spec chunk.ModelSpec) error {
 		if len(v) > maxSpecString {
 			return fmt.Errorf("%w: %w: a string of %d bytes exceeds %d", ErrInvalidCommand, chunk.ErrInvalidSpec, len(v), maxSpecString)
 		}
+	}
+	return nil
+}
+
+// validateToken is auth's record validation, as ErrInvalidCommand.
+func validateToken(r *auth.Record) error {
+	if err := r.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidCommand, err)
+	}
+	return nil
+}
+
+// validateTokenID checks id has the shape of a token ID (auth.IDBytes
+// bytes in lowercase hex), so that a delete cannot carry arbitrary bytes
+// into the log.
+func validateTokenID(id string) error {
+	ok := len(id) == 2*auth.IDBytes
+	for i := 0; ok && i < len(id); i++ {
+		c := id[i]
+		ok = c >= '0' && c <= '9' || c >= 'a' && c <= 'f'
+	}
+	if !ok {
+		// Not quoted: a malformed ID may be megabytes of anything.
+		return fmt.Errorf("%w: %w: token ID of %d bytes is not %d lowercase hex digits", ErrInvalidCommand, auth.ErrInvalidToken, len(id), 2*auth.IDBytes)
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Peers is the membership source the leader reconciles raft and the ring
@@ -46,6 +47,12 @@ type Config struct {
 	// RaftAdvertise is the address other nodes dial; default the bound
 	// address, which must then not be unspecified (0.0.0.0).
 	RaftAdvertise string
+	// TLS, if set, carries raft over mutual TLS (tlsconf.NewStreamLayer):
+	// both ends must hold a node certificate of the cluster CA, so a peer
+	// with another CA's certificate, a client certificate or none cannot
+	// exchange a single raft RPC with this node. A TLS in insecure mode is
+	// plain TCP, as is nil (the default).
+	TLS *tlsconf.TLS
 	// DataDir holds the raft log (DataDir/raft/wal) and snapshots
 	// (DataDir/raft/snapshots) (required).
 	DataDir string

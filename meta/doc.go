@@ -1,13 +1,14 @@
 // Package meta is kvmesh's cluster metadata: a hashicorp/raft state machine
 // replicated over the servers of a cluster, holding the model registry,
-// the cluster settings (replication factor, write quorum, codec) and the
-// ring membership with its epoch. It holds no tensor bytes; a snapshot is
-// a few kilobytes of JSON.
+// the cluster settings (replication factor, write quorum, codec), the ring
+// membership with its epoch and the API token records (auth.Record: a
+// salted hash, never a secret; *Store is an auth.TokenTable). It holds no
+// tensor bytes; a snapshot is a few kilobytes of JSON.
 //
 // Each node opens a Store (Open) on its data directory. Reads are local.
-// Writes (RegisterModel, SetSettings) are applied on the leader: on a
-// follower they go through the Forwarder, which node implements over gRPC
-// by calling ApplyForwarded on the leader. Commands are one version byte,
+// Writes (RegisterModel, SetSettings, PutToken, DeleteToken) are applied
+// on the leader: on a follower they go through the Forwarder, which node
+// implements over gRPC by calling ApplyForwarded on the leader. Commands are one version byte,
 // one kind byte and a JSON payload; the FSM validates every one of them and
 // refuses an invalid one with an error, never a panic.
 //
@@ -23,6 +24,16 @@
 // Reads are lock-free: every change publishes a new immutable state with
 // one atomic store. Close snapshots what the node applied, so a restart
 // serves it at once and catches up from the leader after.
+//
+// # Transport
+//
+// Raft runs over plain TCP, or over mutual TLS when Config.TLS is set
+// (tlsconf.NewStreamLayer): every raft connection then needs a node
+// certificate of the cluster CA at both ends. The reconcile loop adds
+// whatever gossip lists as a voter straight away, so a node that holds the
+// gossip key but no valid certificate takes a voter slot (and counts in
+// the quorum) without ever receiving an entry, until it leaves gossip and
+// DeadGrace passes; the gossip key is what keeps such nodes out.
 //
 // # Log store
 //

@@ -1,6 +1,7 @@
 package meta
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -19,7 +21,7 @@ import (
 // its own goroutines, never two at once; each change builds a new immutable
 // fsmState and publishes it with one atomic store, so readers (every Put
 // and Get looks up its model) take no lock. The maps are copied on write:
-// members are few and change rarely; models may be many (a salt per
+// members and token records are few and change rarely; models may be many (a salt per
 // tenant), so they live in shards and a registration copies one shard.
 type fsm struct {
 	onChange func() // called after every change
@@ -34,6 +36,7 @@ type fsmState struct {
 	epoch    uint64
 	members  map[string]ring.Member
 	ring     *ring.Ring
+	tokens   map[string]auth.Record // by ID; records are never mutated
 }
 
 func newFSM(onChange func()) *fsm {
@@ -43,13 +46,16 @@ func newFSM(onChange func()) *fsm {
 }
 
 // snapshotState is the snapshot format and the FSM's whole state. It holds
-// model specs, settings and ring members: kilobytes, never tensor bytes.
+// model specs, settings, ring members and API token records (hashes, never
+// secrets): kilobytes, never tensor bytes. Tokens were added without a
+// version bump: a snapshot without them is what version 1 always was.
 type snapshotState struct {
 	Version  int               `json:"version"`
 	Models   []chunk.ModelSpec `json:"models"`
 	Settings Settings          `json:"settings"`
 	Epoch    uint64            `json:"epoch"`
 	Members  []ring.Member     `json:"members"`
+	Tokens   []auth.Record     `json:"tokens,omitempty"`
 }
 
 const snapshotVersion = 1
@@ -69,12 +75,16 @@ func (f *fsm) reset(s snapshotState) {
 		settings: s.Settings,
 		epoch:    s.Epoch,
 		members:  make(map[string]ring.Member, len(s.Members)),
+		tokens:   make(map[string]auth.Record, len(s.Tokens)),
 	}
 	for _, spec := range s.Models {
 		st.models = st.models.with(spec.Fingerprint(), spec)
 	}
 	for _, m := range s.Members {
 		st.members[m.ID] = m
+	}
+	for _, r := range s.Tokens {
+		st.tokens[r.ID] = r
 	}
 	st.ring = ring.New(s.Epoch, sortedMembers(st.members))
 	f.cur.Store(st)
@@ -148,6 +158,23 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 		}
 		next.epoch++
 		next.ring = ring.New(next.epoch, sortedMembers(next.members))
+	case kindPutToken:
+		rec := c.putTok.Record
+		old, ok := cur.tokens[rec.ID]
+		if ok && recordsEqual(old, rec) {
+			return false, nil
+		}
+		if !ok && len(cur.tokens) >= MaxTokens {
+			return false, fmt.Errorf("%w: %d token records, the most allowed", ErrInvalidCommand, MaxTokens)
+		}
+		next.tokens = maps.Clone(cur.tokens)
+		next.tokens[rec.ID] = rec
+	case kindDeleteToken:
+		if _, ok := cur.tokens[c.delTok.ID]; !ok {
+			return false, nil
+		}
+		next.tokens = maps.Clone(cur.tokens)
+		delete(next.tokens, c.delTok.ID)
 	default:
 		return false, fmt.Errorf("%w: kind %v", ErrInvalidCommand, c.kind)
 	}
@@ -172,9 +199,39 @@ func (f *fsm) member(id string) (ring.Member, bool) {
 	return m, ok
 }
 
-func (f *fsm) counts() (models, members int) {
+func (f *fsm) counts() (models, members, tokens int) {
 	st := f.cur.Load()
-	return st.models.n, len(st.members)
+	return st.models.n, len(st.members), len(st.tokens)
+}
+
+// token returns the record of id. The record's slices are shared with the
+// state, which never modifies them; callers must not either.
+func (f *fsm) token(id string) (auth.Record, bool) {
+	r, ok := f.cur.Load().tokens[id]
+	return r, ok
+}
+
+func (f *fsm) tokenList() []auth.Record {
+	return sortedTokens(f.cur.Load().tokens)
+}
+
+func sortedTokens(m map[string]auth.Record) []auth.Record {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]auth.Record, 0, len(m))
+	for _, r := range m {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b auth.Record) int { return cmp.Compare(a.ID, b.ID) })
+	return out
+}
+
+// recordsEqual compares records field by field (they hold slices).
+func recordsEqual(a, b auth.Record) bool {
+	return a.ID == b.ID && bytes.Equal(a.Salt, b.Salt) && bytes.Equal(a.Hash, b.Hash) &&
+		a.Scopes == b.Scopes && slices.Equal(a.Namespace, b.Namespace) && a.Name == b.Name &&
+		a.Created.Equal(b.Created) && a.Expires.Equal(b.Expires)
 }
 
 func (f *fsm) state() snapshotState {
@@ -185,6 +242,7 @@ func (f *fsm) state() snapshotState {
 		Settings: st.settings,
 		Epoch:    st.epoch,
 		Members:  sortedMembers(st.members),
+		Tokens:   sortedTokens(st.tokens),
 	}
 }
 
@@ -211,6 +269,11 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 // MaxModels bounds the registry so that a snapshot (at most ~1.6 KB a
 // spec with maxSpecString) stays under maxSnapshotBytes.
 const MaxModels = 50_000
+
+// MaxTokens bounds the API token records (a few KiB each at most, with
+// auth's bounds on names and namespaces), so that they and a full model
+// registry stay under maxSnapshotBytes.
+const MaxTokens = 8192
 
 // maxSnapshotBytes bounds what Restore reads; real snapshots are kilobytes.
 const maxSnapshotBytes = 128 << 20
@@ -247,6 +310,20 @@ func decodeSnapshot(r io.Reader) (snapshotState, error) {
 			return snapshotState{}, fmt.Errorf("meta: snapshot member %q twice", m.ID)
 		}
 		seen[m.ID] = true
+	}
+	if len(s.Tokens) > MaxTokens {
+		return snapshotState{}, fmt.Errorf("meta: snapshot of %d tokens", len(s.Tokens))
+	}
+	clear(seen)
+	for i := range s.Tokens {
+		r := &s.Tokens[i]
+		if err := validateToken(r); err != nil {
+			return snapshotState{}, fmt.Errorf("meta: snapshot token: %w", err)
+		}
+		if seen[r.ID] {
+			return snapshotState{}, fmt.Errorf("meta: snapshot token %q twice", r.ID)
+		}
+		seen[r.ID] = true
 	}
 	return s, nil
 }

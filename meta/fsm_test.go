@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -167,6 +168,7 @@ func TestCommandRoundTrip(t *testing.T) {
 	spec.Scaling = chunk.RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, BetaFast: 32, BetaSlow: 1, AttentionFactor: math.Pi / 3}
 	spec.RotaryDim = 64
 	spec.Salt = "tenant\x00é"
+	_, rec := newRecord(t, "tenant é", auth.ScopeAdmin, "0123456789abcdef0123456789abcdef")
 	cases := []struct {
 		kind    cmdKind
 		payload any
@@ -179,6 +181,8 @@ func TestCommandRoundTrip(t *testing.T) {
 		{kindRingChange, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}, func(c command) bool {
 			return reflect.DeepEqual(*c.ring, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}})
 		}},
+		{kindPutToken, putToken{rec}, func(c command) bool { return recordsEqual(c.putTok.Record, rec) }},
+		{kindDeleteToken, deleteToken{rec.ID}, func(c command) bool { return c.delTok.ID == rec.ID }},
 	}
 	for _, tc := range cases {
 		b := mustEncode(t, tc.kind, tc.payload)
@@ -199,8 +203,12 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(mustEncode(f, kindRegisterModel, registerModel{testSpec(1)}))
 	f.Add(mustEncode(f, kindSetSettings, DefaultSettings()))
 	f.Add(mustEncode(f, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}))
+	_, rec := newRecord(f, "seed", auth.ScopeRead|auth.ScopeWrite, "a1", "ff00")
+	f.Add(mustEncode(f, kindPutToken, putToken{rec}))
+	f.Add(mustEncode(f, kindDeleteToken, deleteToken{rec.ID}))
 	f.Add([]byte{})
 	f.Add([]byte{1, 3, 'n', 'u', 'l', 'l'})
+	f.Add([]byte{1, 4, '{', '}'})
 	f.Add([]byte{1, 1, '{', '"', 's', 'p', 'e', 'c', '"', ':', '1', '}'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c, err := decodeCommand(b)
@@ -218,6 +226,10 @@ func FuzzDecodeCommand(f *testing.F) {
 			payload = c.settings
 		case kindRingChange:
 			payload = c.ring
+		case kindPutToken:
+			payload = c.putTok
+		case kindDeleteToken:
+			payload = c.delTok
 		}
 		b2, err := encodeCommand(c.kind, payload)
 		if err != nil {
@@ -236,6 +248,10 @@ func FuzzDecodeCommand(f *testing.F) {
 			payload2 = c2.settings
 		case kindRingChange:
 			payload2 = c2.ring
+		case kindPutToken:
+			payload2 = c2.putTok
+		case kindDeleteToken:
+			payload2 = c2.delTok
 		}
 		if b3, err := encodeCommand(c2.kind, payload2); err != nil || !bytes.Equal(b2, b3) {
 			t.Fatalf("encoding not a fixpoint: %q then %q (%v)", b2, b3, err)
@@ -249,7 +265,9 @@ func FuzzDecodeCommand(f *testing.F) {
 // the state as it was.
 func FuzzRestore(f *testing.F) {
 	g := newFSM(nil)
-	g.reset(snapshotState{Version: snapshotVersion, Models: []chunk.ModelSpec{testSpec(1)}, Settings: DefaultSettings(), Epoch: 3, Members: []ring.Member{member("a")}})
+	_, rec := newRecord(f, "seed", auth.ScopeRead, "0a")
+	g.reset(snapshotState{Version: snapshotVersion, Models: []chunk.ModelSpec{testSpec(1)}, Settings: DefaultSettings(), Epoch: 3,
+		Members: []ring.Member{member("a")}, Tokens: []auth.Record{rec}})
 	snap, _ := g.Snapshot()
 	var sk sink
 	if err := snap.Persist(&sk); err != nil {

@@ -113,11 +113,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("meta: raft advertise address: %w", err)
 		}
 	}
-	trans, err := raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, &raft.NetworkTransportConfig{
-		MaxPool: 3,
-		Timeout: 10 * time.Second,
-		Logger:  newHCLog(log, "raft-net"),
-	})
+	trans, err := newTransport(cfg, advertise, newHCLog(log, "raft-net"))
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft transport on %s: %w", cfg.RaftBind, err)
 	}
@@ -571,12 +567,13 @@ type Stats struct {
 	Epoch        uint64
 	Members      int
 	Models       int
+	Tokens       int       // API token records
 	LastContact  time.Time // zero on the leader
 }
 
 // Stats returns this node's counters (for status commands and metrics).
 func (s *Store) Stats() Stats {
-	models, members := s.fsm.counts()
+	models, members, tokens := s.fsm.counts()
 	st := Stats{
 		State:        s.raft.State().String(),
 		Term:         s.raft.CurrentTerm(),
@@ -586,6 +583,7 @@ func (s *Store) Stats() Stats {
 		Epoch:        s.fsm.currentRing().Epoch(),
 		Members:      members,
 		Models:       models,
+		Tokens:       tokens,
 	}
 	if st.State != raft.Leader.String() {
 		st.LastContact = s.raft.LastContact()

@@ -1,0 +1,250 @@
+package meta
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/tlsconf"
+)
+
+// testPKI is a cluster CA with certificates written in a temporary
+// directory.
+type testPKI struct {
+	t   testing.TB
+	dir string
+	ca  *tlsconf.CA
+	caF string
+}
+
+func newTestPKI(t testing.TB, name string) *testPKI {
+	t.Helper()
+	ca, err := tlsconf.GenerateCA(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	caF, _, err := ca.WriteFiles(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &testPKI{t: t, dir: dir, ca: ca, caF: caF}
+}
+
+// tls issues a certificate for name (valid for 127.0.0.1, where the test
+// nodes listen) and loads it with this CA.
+func (p *testPKI) tls(name string, usage tlsconf.Usage) *tlsconf.TLS {
+	p.t.Helper()
+	c, err := p.ca.Issue(tlsconf.CertRequest{Name: name, Hosts: []string{"127.0.0.1"}, Usage: usage})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	cf, kf, err := c.WriteFiles(p.dir, name)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	tl, err := tlsconf.New(tlsconf.Config{CAFile: p.caF, CertFile: cf, KeyFile: kf, Logger: testLogger()})
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return tl
+}
+
+// rawTransport is a bare raft transport over tl, to speak raft RPCs to a
+// node directly, as an intruder would.
+func rawTransport(t *testing.T, tl *tlsconf.TLS) *raft.NetworkTransport {
+	t.Helper()
+	sl, err := tlsconf.NewStreamLayer("127.0.0.1:0", nil, tl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: sl, MaxPool: 1, Timeout: 5 * time.Second, Logger: hclog.NewNullLogger(),
+	})
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+// requestVote asks target for its vote in term; an intruder that got
+// through with a term above the cluster's would depose the leader.
+func requestVote(tr *raft.NetworkTransport, target *Store, term uint64) (*raft.RequestVoteResponse, error) {
+	req := &raft.RequestVoteRequest{
+		RPCHeader: raft.RPCHeader{ProtocolVersion: raft.ProtocolVersionMax, ID: []byte("intruder"), Addr: []byte(tr.LocalAddr())},
+		Term:      term,
+	}
+	var resp raft.RequestVoteResponse
+	err := tr.RequestVote(raft.ServerID(target.NodeID()), raft.ServerAddress(target.RaftAddr()), req, &resp)
+	return &resp, err
+}
+
+// TestClusterOverTLS runs a three-node cluster with raft over mutual TLS:
+// writes through followers, token records put, deleted and kept across a
+// follower's crash and a whole-cluster restart. Peers with a certificate
+// of another CA, or a client certificate of the cluster's CA, get no raft
+// RPC through; a node with another CA's certificate that gossip lists
+// never receives the cluster's state.
+func TestClusterOverTLS(t *testing.T) {
+	pki := newTestPKI(t, "cluster CA")
+	nodeTLS := make(map[string]*tlsconf.TLS)
+	for _, id := range ids(3) {
+		nodeTLS[id] = pki.tls(id, tlsconf.UsageNode)
+	}
+	rogue := newTestPKI(t, "rogue CA")
+	nodeTLS["n09"] = rogue.tls("n09", tlsconf.UsageNode)
+
+	c := newCluster(t, 3)
+	c.tweak = func(cfg *Config) {
+		cfg.TLS = nodeTLS[cfg.NodeID]
+		if cfg.NodeID == "n09" {
+			cfg.BootstrapExpect = 0
+		}
+	}
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.waitAgree(ids(3))
+	fp, err := c.follower().RegisterModel(ctxT(t), testSpec(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Tokens: put and delete through followers (forwarded to the leader),
+	// visible on every node.
+	toks := make(map[string]auth.Token)
+	var recs []auth.Record
+	for _, name := range []string{"ops", "reader", "doomed"} {
+		tok, rec := newRecord(t, name, auth.ScopeRead)
+		if err := c.follower().PutToken(ctxT(t), rec); err != nil {
+			t.Fatal(err)
+		}
+		toks[rec.ID], recs = tok, append(recs, rec)
+	}
+	doomed := recs[2].ID
+	if err := c.follower().DeleteToken(ctxT(t), doomed); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{recs[0].ID, recs[1].ID}
+	slices.Sort(want)
+	checkTokens := func(what string, want []string) {
+		t.Helper()
+		eventually(t, what, func() bool {
+			for _, id := range c.running() {
+				if !slices.Equal(tokenIDs(c.node(id).Tokens()), want) {
+					return false
+				}
+			}
+			return true
+		})
+		for _, id := range c.running() {
+			v := auth.NewVerifier(c.node(id))
+			for _, tid := range want {
+				if _, err := v.Verify(ctxT(t), toks[tid].String()); err != nil {
+					t.Fatalf("%s: token %s on %s: %v", what, tid, id, err)
+				}
+			}
+			if _, err := c.node(id).LookupToken(ctxT(t), doomed); !errors.Is(err, auth.ErrUnknownToken) {
+				t.Fatalf("%s: deleted token on %s: %v", what, id, err)
+			}
+		}
+	}
+	checkTokens("tokens on every node", want)
+
+	// Intruders: another CA's node certificate, and the cluster CA's
+	// client certificate, reach no node's raft. A genuine node
+	// certificate does (the control): its stale vote request is answered.
+	l := c.leader()
+	term := l.Stats().Term
+	for name, tl := range map[string]*tlsconf.TLS{
+		"other CA":    rogue.tls("rogue-raw", tlsconf.UsageNode),
+		"client cert": pki.tls("a-client", tlsconf.UsageClient),
+	} {
+		tr := rawTransport(t, tl)
+		for _, id := range c.running() {
+			if _, err := requestVote(tr, c.node(id), term+100); err == nil {
+				t.Fatalf("%s: vote request reached %s", name, id)
+			}
+		}
+	}
+	good := rawTransport(t, pki.tls("n08", tlsconf.UsageNode))
+	if resp, err := requestVote(good, l, 0); err != nil || resp.Granted || resp.Term < term {
+		t.Fatalf("node certificate: vote response %+v, %v", resp, err)
+	}
+	if nl := c.leader(); nl != l || l.Stats().Term != term {
+		t.Fatalf("leader %s term %d after the intruders, was %s term %d", nl.NodeID(), nl.Stats().Term, l.NodeID(), term)
+	}
+
+	// A node with another CA's certificate, listed by gossip (it would
+	// need the gossip key for that): the leader tries to add it, but it
+	// never receives a byte of the cluster's state.
+	// The leader observes its heartbeats to n09 fail: the handshake is
+	// refused both ways, so that is all it ever gets.
+	failed := make(chan raft.Observation, 1)
+	obs := raft.NewObserver(failed, false, func(o *raft.Observation) bool {
+		fh, ok := o.Data.(raft.FailedHeartbeatObservation)
+		return ok && fh.PeerID == "n09"
+	})
+	l.raft.RegisterObserver(obs)
+	defer l.raft.DeregisterObserver(obs)
+	intruder := c.start("n09")
+	select {
+	case <-failed:
+	case <-ctxT(t).Done():
+		t.Fatal("the leader never tried n09")
+	}
+	fp2, err := c.node("n00").RegisterModel(ctxT(t), testSpec(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids(3) {
+		if _, ok := c.node(id).WaitModel(ctxT(t), fp2); !ok {
+			t.Fatalf("%s lacks model 2", id)
+		}
+	}
+	if id, _ := intruder.Leader(); id != "" || len(intruder.Models()) != 0 || len(intruder.Tokens()) != 0 || intruder.Ring().Len() != 0 {
+		t.Fatalf("intruder got state: leader %q, %d models, %d tokens, ring %d", id, len(intruder.Models()), len(intruder.Tokens()), intruder.Ring().Len())
+	}
+	// It counts as a voter, though, until it leaves gossip and the leader
+	// removes it after DeadGrace (see the package doc).
+	c.stop("n09")
+	eventually(t, "n09 removed from raft", func() bool {
+		servers, err := l.Servers()
+		return err == nil && !slices.ContainsFunc(servers, func(s Server) bool { return s.ID == "n09" })
+	})
+
+	// A follower crashes; a token is put while it is down; it comes back
+	// with everything.
+	f := c.follower().NodeID()
+	c.stop(f)
+	tok, rec := newRecord(t, "late", auth.ScopeWrite, "a1b2")
+	if err := c.leader().PutToken(ctxT(t), rec); err != nil {
+		t.Fatal(err)
+	}
+	toks[rec.ID] = tok
+	want = append(want, rec.ID)
+	slices.Sort(want)
+	c.start(f)
+	checkTokens("tokens after a follower restart", want)
+
+	// The whole cluster restarts, once like a crash (log replay) and once
+	// gracefully (snapshot restore).
+	for _, graceful := range []bool{false, true} {
+		for _, id := range ids(3) {
+			c.stopWith(id, graceful)
+		}
+		for _, id := range ids(3) {
+			c.start(id)
+		}
+		c.leader()
+		checkTokens("tokens after a whole-cluster restart", want)
+		for _, id := range ids(3) {
+			if _, ok := c.node(id).WaitModel(ctxT(t), fp); !ok {
+				t.Fatalf("%s lost model 1", id)
+			}
+		}
+	}
+}
