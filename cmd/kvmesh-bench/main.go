@@ -1,0 +1,172 @@
+// Command kvmesh-bench runs the workload benchmarks of issue 11 against a
+// local cluster: RAG with reordered chunks (full prefill, prefix caching and
+// kvmesh chunk reuse on the same requests), multi-turn chat, and
+// InferScale's memory-fact workload. It starts a 3-node cluster in this
+// process, builds a random-weight model of workload.Model's shape, and
+// writes WORKLOADS.md with PNG plots to -out (and the markdown to stdout).
+//
+//	kvmesh-bench [-quick] [-seed N] [-out docs/bench]
+//
+// The full run is sized for about 5 minutes on 2 idle cores and stops at
+// -timeout (10 minutes); -quick is about a minute.
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/workload"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "kvmesh-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	quick := flag.Bool("quick", false, "a run of about a minute: fewer requests and conversations")
+	seed := flag.Uint64("seed", 1, "random seed (weights, corpus, requests)")
+	out := flag.String("out", "docs/bench", "directory for WORKLOADS.md and the PNG plots (empty: stdout only)")
+	nodes := flag.Int("nodes", 3, "nodes of the local cluster")
+	workers := flag.Int("workers", 0, "engine worker goroutines (0: GOMAXPROCS)")
+	kvType := flag.String("kv-dtype", "bf16", "dtype of stored chunk KV (f32, bf16, f16)")
+	codecName := flag.String("codec", "raw", "codec of stored entries (raw, lossless, int8, int4, fp8)")
+	timeout := flag.Duration("timeout", 10*time.Minute, "stop after this long")
+	only := flag.String("only", "rag,chat,memory", "workloads to run, comma separated")
+	quiet := flag.Bool("q", false, "no progress lines on stderr")
+	flag.Parse()
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	start := time.Now()
+	progress := func(s string) {
+		if !*quiet {
+			fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), s)
+		}
+	}
+	kvd, err := chunk.ParseDType(*kvType)
+	if err != nil {
+		return err
+	}
+	codec, err := chunk.ParseCodec(*codecName)
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, w := range strings.Split(*only, ",") {
+		want[strings.TrimSpace(w)] = true
+	}
+
+	mc := workload.Model()
+	e, err := workload.NewRandomEngine(mc, *seed, engine.Config{Workers: *workers, KVDType: kvd, CacheTokens: 8192,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	l, err := workload.StartLocal(ctx, workload.LocalConfig{Nodes: *nodes, DRAMBytes: 768 << 20})
+	if err != nil {
+		return err
+	}
+	defer l.Close()
+	fp, err := l.Client.RegisterModel(ctx, e.Spec())
+	if err != nil {
+		return err
+	}
+	if fp != e.Fingerprint() {
+		return fmt.Errorf("cluster fingerprint %v differs from the engine's %v", fp, e.Fingerprint())
+	}
+	store := workload.NewClusterStore(l.Client, workload.StoreConfig{Fingerprint: fp, Codec: codec})
+	progress(fmt.Sprintf("cluster of %d nodes up; model registered", *nodes))
+
+	rag := workload.RAGConfig{Requests: 24, Warm: 8, Sweep: []float64{0, 0.3, 1}, Seed: *seed, Progress: progress}
+	chat := workload.ChatRunConfig{Conversations: 6, Seed: *seed + 1, Progress: progress}
+	mem := workload.MemoryConfig{Prompts: 6, Seed: *seed + 2, Progress: progress}
+	if *quick {
+		rag.Requests, rag.Warm, rag.Sweep = 6, 3, []float64{0, 1}
+		chat.Conversations = 2
+		mem.Prompts = 2
+	}
+	rep := &workload.Report{Env: workload.Env{
+		Model: mc, KVDType: kvd.String(), Codec: codec.String(), Workers: workers0(*workers), CPUs: runtime.NumCPU(),
+		CPUModel: cpuModel(), GoVersion: runtime.Version(), Nodes: *nodes, Replicas: l.Client.ReplicationFactor(),
+		Seed: *seed, Quick: *quick, Command: "kvmesh-bench " + strings.Join(os.Args[1:], " "),
+	}}
+	var corpus *workload.Corpus
+	if want["rag"] || want["chat"] {
+		if rep.RAG, err = workload.RunRAG(ctx, e, store, rag); err != nil {
+			return fmt.Errorf("rag: %w", err)
+		}
+		corpus = rep.RAG.Corpus
+		if !want["rag"] {
+			rep.RAG = nil
+		}
+	}
+	if want["chat"] {
+		if rep.Chat, err = workload.RunChat(ctx, e, store, corpus, chat); err != nil {
+			return fmt.Errorf("chat: %w", err)
+		}
+	}
+	if want["memory"] {
+		if rep.Memory, err = workload.RunMemory(ctx, e, store, mem); err != nil {
+			return fmt.Errorf("memory: %w", err)
+		}
+	}
+	rep.Env.Elapsed = time.Since(start)
+	if *out != "" {
+		if err := os.MkdirAll(*out, 0o755); err != nil {
+			return err
+		}
+		if err := rep.WritePlots(*out); err != nil {
+			return err
+		}
+	}
+	md := rep.Markdown()
+	if *out != "" {
+		p := filepath.Join(*out, "WORKLOADS.md")
+		if err := os.WriteFile(p, []byte(md), 0o644); err != nil {
+			return err
+		}
+		progress("wrote " + p)
+	}
+	fmt.Print(md)
+	return nil
+}
+
+func workers0(w int) int {
+	if w <= 0 {
+		return runtime.GOMAXPROCS(0)
+	}
+	return w
+}
+
+// cpuModel is /proc/cpuinfo's first "model name", or "unknown".
+func cpuModel() string {
+	f, err := os.Open("/proc/cpuinfo")
+	if err != nil {
+		return "unknown"
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if k, v, ok := strings.Cut(sc.Text(), ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return "unknown"
+}
