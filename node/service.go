@@ -139,7 +139,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			kind = replication.KindWrite
 		}
 		if err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At}); err != nil {
-			return err
+			return replication.ToStatus(err)
 		}
 		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
 	}
@@ -181,7 +181,7 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	var release func()
 	if direct {
 		if data, release, err = n.repl.ServeFetch(ctx, key); err != nil {
-			return err
+			return replication.ToStatus(err)
 		}
 	} else {
 		rr, err := n.repl.Read(ctx, key)
@@ -430,7 +430,7 @@ func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*ap
 	}
 	if req.Direct {
 		if err := n.repl.ServeDelete(ctx, key, req.At); err != nil {
-			return nil, err
+			return nil, replication.ToStatus(err)
 		}
 		return &api.DeleteResponse{Deleted: 1}, nil
 	}

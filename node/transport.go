@@ -30,22 +30,16 @@ func (t transport) addr(id string) (string, error) {
 	return "", fmt.Errorf("node: no address known for %s", id)
 }
 
-// replErr maps a peer's gRPC status back to replication's sentinels:
-// refusals to ErrRejected, absence to ErrNotFound, an epoch mismatch to
-// ErrEpochMismatch; anything else means "unreachable, try later".
+// replErr maps a peer's gRPC status back to replication's sentinels
+// (replication.FromStatus): refusals to ErrRejected (with ErrTombstoned and
+// ErrNoRoom where the peer said so), absence to ErrNotFound, an epoch
+// mismatch to ErrEpochMismatch; anything else means "unreachable, try
+// later". PermissionDenied is a refusal too: retrying will not help.
 func replErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	switch status.Code(err) {
-	case codes.NotFound:
-		return fmt.Errorf("%w: %w", replication.ErrNotFound, err)
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.AlreadyExists, codes.ResourceExhausted, codes.PermissionDenied:
+	if err != nil && status.Code(err) == codes.PermissionDenied {
 		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
-	case codes.Aborted:
-		return fmt.Errorf("%w: %w", replication.ErrEpochMismatch, err)
 	}
-	return err
+	return replication.FromStatus(err)
 }
 
 func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts replication.ReplicateOptions) error {
@@ -127,7 +121,7 @@ func (n *Node) serveDigest(ctx context.Context, req *api.DigestRequest) (*api.Di
 	}
 	resp, err := n.repl.ServeDigest(ctx, rreq)
 	if err != nil {
-		return nil, err
+		return nil, replication.ToStatus(err)
 	}
 	out := &api.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
 	for _, it := range resp.Items {

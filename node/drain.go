@@ -1,0 +1,215 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/replication"
+)
+
+// background runs the node's event loops: meta changes kick replication
+// (rebalancing starts on a new ring epoch instead of at its next poll) and
+// gossip membership events wake meta's reconcile loop (the leader updates
+// raft and the ring at once instead of at its next tick).
+type background struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func (n *Node) startBackground() *background {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &background{cancel: cancel}
+	watch, unwatch := n.meta.Watch()
+	b.wg.Add(2)
+	go func() {
+		defer b.wg.Done()
+		defer unwatch()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-watch:
+				if !ok {
+					return // meta closed
+				}
+				// Kick is cheap: the replicator compares epochs itself.
+				n.repl.Kick()
+			}
+		}
+	}()
+	events, unsubscribe := n.gossip.Subscribe()
+	go func() {
+		defer b.wg.Done()
+		defer unsubscribe()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case _, ok := <-events:
+				if !ok {
+					return
+				}
+				n.meta.Reconcile()
+			}
+		}
+	}()
+	return b
+}
+
+func (b *background) stop() {
+	b.cancel()
+	b.wg.Wait()
+}
+
+// quorum returns the replication factor and write quorum from the cluster
+// settings, clamped to the ring: R to the number of members (at least 1),
+// W to R.
+func (n *Node) quorum() (replicas, writeQuorum int) {
+	s := n.meta.Settings()
+	replicas, writeQuorum = s.ReplicationFactor, s.WriteQuorum
+	if m := n.meta.Ring().Len(); m > 0 && replicas > m {
+		replicas = m
+	}
+	replicas = max(replicas, 1)
+	writeQuorum = min(max(writeQuorum, 1), replicas)
+	return replicas, writeQuorum
+}
+
+// drainState makes drains of one node exclusive.
+type drainState struct {
+	running atomic.Bool
+}
+
+// ErrDraining answers a Drain while another one runs on the node.
+var ErrDraining = errors.New("node: a drain is already running")
+
+// drainProgressEvery is how often a running drain reports progress.
+const drainProgressEvery = time.Second
+
+// DrainStats reports a drain.
+type DrainStats struct {
+	Keys, KeysMoved int
+	BytesMoved      int64
+	Left            bool
+}
+
+// Drain copies every chunk this node holds to its owners on the ring
+// without this node and, unless keepMembership, then leaves the cluster
+// (Leave) and sweeps once more for chunks written meanwhile, once the ring
+// no longer holds the node. progress, if not nil, is called about once a
+// second and at each phase change, from this goroutine. The node keeps
+// serving reads from its copies until it is closed.
+func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*api.DrainProgress)) (DrainStats, error) {
+	if !n.drain.running.CompareAndSwap(false, true) {
+		return DrainStats{}, ErrDraining
+	}
+	defer n.drain.running.Store(false)
+	if progress == nil {
+		progress = func(*api.DrainProgress) {}
+	}
+	var out DrainStats
+	base := n.repl.Metrics()
+	report := func(phase string, st *replication.RebalanceStats) {
+		m := n.repl.Metrics()
+		p := &api.DrainProgress{NodeId: n.cfg.NodeID, Phase: phase, Left: out.Left,
+			KeysMoved: uint64(m.DrainKeys - base.DrainKeys), BytesMoved: uint64(m.DrainBytes - base.DrainBytes),
+			Pending: uint64(max(m.DrainPending, 0))}
+		if st != nil {
+			p.Keys, p.Pending = uint64(st.Keys), uint64(st.Pending)
+		}
+		progress(p)
+	}
+	// pass runs one replication drain, reporting while it runs.
+	pass := func(phase string) (replication.RebalanceStats, error) {
+		report(phase, nil)
+		type result struct {
+			st  replication.RebalanceStats
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			st, err := n.repl.Drain(ctx)
+			done <- result{st, err}
+		}()
+		t := time.NewTicker(drainProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case r := <-done:
+				out.Keys = max(out.Keys, r.st.Keys)
+				out.KeysMoved += r.st.KeysMoved
+				out.BytesMoved += r.st.BytesMoved
+				return r.st, r.err
+			case <-t.C:
+				report(phase, nil)
+			}
+		}
+	}
+	n.log.Info("node: drain started", "keep_membership", keepMembership)
+	st, err := pass("draining")
+	if err != nil {
+		return out, err
+	}
+	if keepMembership {
+		report("done", &st)
+		n.log.Info("node: drained", "keys", out.Keys, "moved", out.KeysMoved, "bytes", out.BytesMoved)
+		return out, nil
+	}
+	report("leaving", &st)
+	if err := n.Leave(ctx); err != nil {
+		return out, err
+	}
+	out.Left = true
+	// Wait until this node is out of the ring (the leader acts on the
+	// gossip leave), so no new write names it, then copy whatever was
+	// written to it meanwhile.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	in := n.meta.Ring().Contains(n.cfg.NodeID)
+	for in && wctx.Err() == nil {
+		ch, stop := n.meta.Watch()
+		select {
+		case <-ch:
+		case <-time.After(200 * time.Millisecond):
+		case <-wctx.Done():
+		}
+		stop()
+		in = n.meta.Ring().Contains(n.cfg.NodeID)
+	}
+	cancel()
+	if in {
+		n.log.Warn("node: still in the ring after leaving; sweeping anyway")
+	}
+	st, err = pass("leaving")
+	if err != nil && !errors.Is(err, replication.ErrNoReplicas) {
+		return out, err
+	}
+	report("done", &st)
+	n.log.Info("node: drained and left", "keys", out.Keys, "moved", out.KeysMoved, "bytes", out.BytesMoved)
+	return out, nil
+}
+
+func (s *clientService) Drain(req *api.DrainRequest, st grpc.ServerStreamingServer[api.DrainProgress]) error {
+	var sendErr error
+	_, err := s.n.Drain(st.Context(), req.KeepMembership, func(p *api.DrainProgress) {
+		if sendErr == nil {
+			sendErr = st.Send(p)
+		}
+	})
+	switch {
+	case errors.Is(err, ErrDraining):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, replication.ErrNoReplicas):
+		return status.Error(codes.FailedPrecondition, "node: no other member to drain to")
+	case err != nil:
+		return err
+	}
+	return sendErr
+}
