@@ -643,3 +643,36 @@ func (c *Client) Stats(ctx context.Context, addr string) (*api.StatsResponse, er
 	defer cancel()
 	return api.NewClientClient(cc).Stats(ctx, &api.StatsRequest{})
 }
+
+// Drain asks the node at addr to drain itself (Client.Drain, an admin
+// call): copy every chunk it holds to the chunk's other owners and, unless
+// keepMembership, leave the cluster. progress, if not nil, gets each
+// progress message; Drain returns the last one once the node is done. The
+// call runs as long as the drain does, bounded only by ctx.
+func (c *Client) Drain(ctx context.Context, addr string, keepMembership bool, progress func(*api.DrainProgress)) (*api.DrainProgress, error) {
+	cc, err := c.conn(addr)
+	if err != nil {
+		return nil, err
+	}
+	st, err := api.NewClientClient(cc).Drain(ctx, &api.DrainRequest{KeepMembership: keepMembership})
+	if err != nil {
+		return nil, err
+	}
+	var last *api.DrainProgress
+	for {
+		p, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			if last == nil || last.Phase != "done" {
+				return last, fmt.Errorf("client: drain of %s ended before it was done", addr)
+			}
+			return last, nil
+		}
+		if err != nil {
+			return last, err
+		}
+		last = p
+		if progress != nil {
+			progress(p)
+		}
+	}
+}
