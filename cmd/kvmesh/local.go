@@ -7,8 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
-	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -18,10 +16,6 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
-
-	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/node"
 )
 
 // daemonCommand returns how to run kvmeshd: the -kvmeshd flag, a kvmeshd
@@ -212,122 +206,4 @@ func stopChildren(children []*child) {
 			<-ch.done
 		}
 	}
-}
-
-// demo runs a 3-node cluster in this process and exercises it: register
-// a model, put chunks, look them up in a batch, read a head range back.
-func demo(ctx context.Context, w io.Writer) error {
-	dir, err := os.MkdirTemp("", "kvmesh-demo-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	hosts := localHosts(3)
-	var nodes []*node.Node
-	defer func() {
-		for _, n := range nodes {
-			_ = n.Close()
-		}
-	}()
-	var seeds []string
-	for i, h := range hosts {
-		n, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(dir, strconv.Itoa(i)),
-			GRPCAddr: h + ":0", Seeds: seeds, BootstrapExpect: 3, DRAMBytes: 256 << 20, LocalTiming: true, Logger: log})
-		if err != nil {
-			return err
-		}
-		if err := n.Start(ctx); err != nil {
-			return err
-		}
-		nodes = append(nodes, n)
-		if i == 0 {
-			seeds = []string{n.GossipAddr()}
-		}
-		fmt.Fprintf(w, "started %s grpc=%s http=%s\n", n.ID(), n.GRPCAddr(), n.HTTPAddr())
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer cancel()
-	for ready := false; !ready; {
-		ready = true
-		for _, n := range nodes {
-			if n.Ready() != nil || n.Meta().Ring().Len() != 3 {
-				ready = false
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("cluster not ready: %w", ctx.Err())
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].GRPCAddr()}})
-	if err != nil {
-		return err
-	}
-	defer c.Close()
-	spec := chunk.ModelSpec{Family: "llama", Layers: 16, KVHeads: 8, HeadDim: 64, DType: chunk.BF16, RopeStyle: chunk.RopeNeoX,
-		RopeTheta: 500000, TokenizerID: "demo", WeightsRevision: "random"}
-	fp, err := c.RegisterModel(ctx, spec)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "registered model %s (%d bytes of KV per token)\n", fp, spec.KVBytesPerToken())
-	rng := rand.New(rand.NewPCG(1, 2))
-	var keys []chunk.Key
-	var blobs [][]byte
-	var total int
-	for range 48 {
-		tokens := make([]uint32, 32+rng.IntN(96))
-		for j := range tokens {
-			tokens[j] = rng.Uint32N(128000)
-		}
-		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-			DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
-		e.KV = make([]byte, e.Layers*e.LayerBytes())
-		for j := 0; j < len(e.KV); j += 2 {
-			v := chunk.F32ToBF16(float32(rng.NormFloat64()))
-			e.KV[j], e.KV[j+1] = byte(v), byte(v>>8)
-		}
-		blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-		if err != nil {
-			return err
-		}
-		keys = append(keys, e.Key)
-		blobs = append(blobs, blob)
-		total += len(blob)
-	}
-	start := time.Now()
-	for i, blob := range blobs {
-		if _, err := c.Put(ctx, blob); err != nil {
-			return fmt.Errorf("put %d: %w", i, err)
-		}
-	}
-	el := time.Since(start)
-	fmt.Fprintf(w, "put %d chunks, %s in %v (%.0f MB/s, one at a time, each to 3 replicas)\n", len(keys), human(uint64(total)), el.Round(time.Millisecond),
-		float64(total)/el.Seconds()/1e6)
-	items := make([]client.LookupItem, 0, len(keys)+2)
-	for _, k := range keys {
-		items = append(items, client.LookupItem{Content: k.Content, Want: chunk.StandaloneContext()})
-	}
-	items = append(items, client.LookupItem{Content: keys[0].Content, Want: chunk.PrefixContext(chunk.ID{Lo: 1})},
-		client.LookupItem{Content: chunk.ID{Lo: 12345}, Want: chunk.StandaloneContext()})
-	res, err := c.Lookup(ctx, fp, items)
-	if err != nil {
-		return err
-	}
-	count := map[client.Match]int{}
-	for _, r := range res {
-		count[r.Match]++
-	}
-	fmt.Fprintf(w, "lookup of %d items: %d EXACT, %d APPROXIMATE, %d MISS\n", len(items), count[client.Exact], count[client.Approximate], count[client.Miss])
-	rr, err := c.GetRange(ctx, keys[0], chunk.Range{LayerLo: 0, LayerHi: 4, HeadLo: 2, HeadHi: 4})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(w, "read layers [0,4) heads [2,4) of %s: %d bytes for %d tokens\n", keys[0], len(rr.Data), rr.Shape.Tokens)
-	if err := status(ctx, c, w); err != nil {
-		return err
-	}
-	return nil
 }

@@ -8,8 +8,9 @@
 //	kvmesh get [-o FILE] [-layers A:B] [-heads A:B] KEY
 //	kvmesh lookup -model FP [-want CONTEXT] CONTENT...
 //	kvmesh delete KEY
+//	kvmesh drain [-keep] NODE
 //	kvmesh local-cluster [-dir D] [-kvmeshd PATH] N
-//	kvmesh demo
+//	kvmesh demo [-facts N] [-k LIST] [-queries N] [-out DIR]
 //
 // -addr defaults to $KVMESH_ADDR. Keys print and parse as
 // FINGERPRINT/CONTENT/CONTEXT (chunk.Key.String).
@@ -48,9 +49,13 @@ commands:
   lookup -model FP [-want CONTEXT] CONTENT...
                           EXACT / APPROXIMATE / MISS per content ID
   delete KEY              delete an entry from its replicas
+  drain [-keep] NODE      copy a node's chunks to their other owners, then the node leaves
+                          (NODE: member ID or gRPC address; not bounded by -timeout)
   local-cluster [-dir D] [-kvmeshd PATH] N
                           start N kvmeshd processes on this machine (Ctrl-C stops them)
-  demo                    start a 3-node cluster in this process and exercise it
+  demo [-facts N] [-k 5,10,20,50] [-queries N] ...
+                          3-node cluster in this process: ingest memory facts, serve queries
+                          by prompt injection and by KV injection, print TTFT and fidelity
 `
 
 func main() {
@@ -85,10 +90,18 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "local-cluster":
 		return localCluster(ctx, rest, stdout, stderr)
 	case "demo":
-		return demo(ctx, stdout)
+		return demo(ctx, rest, stdout, stderr)
 	}
 	if *addr == "" {
 		return errors.New("no cluster address: set -addr or KVMESH_ADDR")
+	}
+	if cmd == "drain" {
+		c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ",")})
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return drain(ctx, c, rest, stdout, stderr)
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()

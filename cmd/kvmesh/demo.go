@@ -1,0 +1,596 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// demoConfig is what `kvmesh demo` runs; flags change it.
+type demoConfig struct {
+	Facts       int     // memory facts ingested
+	FactTokens  int     // tokens per fact
+	QueryTokens int     // tokens of the question after the facts
+	Window      int     // context window the facts are encoded with
+	Ks          []int   // facts retrieved per query
+	Queries     int     // timed queries per k and way
+	Fidelity    int     // prompts of FidelityK facts measuring fidelity
+	FidelityK   int     // facts per fidelity prompt
+	Recompute   float64 // r of the repaired fidelity row
+	Hidden      int     // model hidden size
+	Layers      int     // model layers
+	Replicas    int     // replication factor of the demo cluster
+	Seed        uint64
+	OutDir      string
+}
+
+func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
+	c := demoConfig{}
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&c.Facts, "facts", 2000, "memory facts to ingest")
+	fs.IntVar(&c.FactTokens, "fact-tokens", 24, "tokens per fact")
+	fs.IntVar(&c.QueryTokens, "query-tokens", 16, "tokens of the question")
+	fs.IntVar(&c.Window, "window", 20, "context window (tokens) the facts are encoded after")
+	ks := fs.String("k", "5,10,20,50", "facts retrieved per query, comma-separated")
+	fs.IntVar(&c.Queries, "queries", 10, "timed queries per k and way")
+	fs.IntVar(&c.Fidelity, "fidelity", 16, "prompts measuring fidelity against full prefill")
+	fs.IntVar(&c.FidelityK, "fidelity-k", 10, "facts per fidelity prompt")
+	fs.Float64Var(&c.Recompute, "recompute", 0.15, "recompute ratio r of the repaired fidelity row")
+	fs.IntVar(&c.Hidden, "hidden", 256, "model hidden size (head dim 64, 2 KV heads)")
+	fs.IntVar(&c.Layers, "layers", 4, "model layers")
+	fs.IntVar(&c.Replicas, "replicas", 2, "replication factor (2 of 3 nodes: a third of the facts are remote to the engine's node)")
+	fs.Uint64Var(&c.Seed, "seed", 1, "random seed (model, facts, queries)")
+	fs.StringVar(&c.OutDir, "out", "out", "directory for the plot")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	for _, s := range strings.Split(*ks, ",") {
+		k, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || k <= 0 {
+			return c, fmt.Errorf("demo: bad k %q", s)
+		}
+		c.Ks = append(c.Ks, k)
+	}
+	switch {
+	case c.Facts < 2*slices.Max(c.Ks) || c.Facts < c.FidelityK:
+		return c, fmt.Errorf("demo: %d facts are too few for k up to %d", c.Facts, slices.Max(c.Ks))
+	case c.FactTokens <= 0 || c.QueryTokens <= 0 || c.Window < 0 || c.Queries <= 0 || c.Fidelity < 0 || c.FidelityK <= 0:
+		return c, errors.New("demo: sizes must be positive")
+	case c.Hidden < 64 || c.Hidden%64 != 0 || c.Layers < 2:
+		return c, errors.New("demo: hidden must be a multiple of 64, layers at least 2")
+	case c.Replicas < 1 || c.Replicas > 3:
+		return c, errors.New("demo: replicas must be 1..3")
+	case c.Recompute < 0 || c.Recompute > 1:
+		return c, errors.New("demo: recompute must be in [0, 1]")
+	}
+	return c, nil
+}
+
+// demoModel is the random-weight llama the demo serves.
+func demoModel(c demoConfig) engine.ModelConfig {
+	return engine.ModelConfig{
+		ModelType: "llama", HiddenSize: c.Hidden, IntermediateSize: 3 * c.Hidden, NumLayers: c.Layers,
+		NumHeads: c.Hidden / 64, NumKVHeads: 2, HeadDim: 64, VocabSize: 2048, RMSNormEps: 1e-5,
+		RopeTheta: 500000, RopeStyle: chunk.RopeNeoX, MaxPositionEmbeddings: 8192, DType: chunk.BF16,
+	}
+}
+
+// demo is `kvmesh demo` (`make run`): an embedded 3-node cluster over
+// loopback gRPC, a random-weight model written and loaded through the real
+// loader, an engine whose paged KV cache lives in shared memory registered
+// with its local node, a few thousand memory facts ingested (window
+// encodings), then queries served both ways (prompt injection: full
+// prefill; KV injection: the node fetches, rotates and writes the facts'
+// KV into the engine's cache). It prints TTFT, hit kinds, bytes moved and
+// fidelity, and writes a plot.
+func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
+	cfg, err := parseDemo(args, stderr)
+	if err != nil {
+		return err
+	}
+	dir, err := os.MkdirTemp("", "kvmesh-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	t0 := time.Now()
+
+	nodes, err := startDemoCluster(ctx, dir, log, w)
+	defer func() {
+		for _, n := range nodes {
+			_ = n.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	set := nodes[0].Meta().Settings()
+	set.ReplicationFactor, set.WriteQuorum = cfg.Replicas, min(set.WriteQuorum, cfg.Replicas)
+	if err := nodes[0].Meta().SetSettings(ctx, set); err != nil {
+		return fmt.Errorf("demo: settings: %w", err)
+	}
+	for _, n := range nodes {
+		for n.Meta().Settings().ReplicationFactor != cfg.Replicas {
+			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
+				return err
+			}
+		}
+	}
+	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].GRPCAddr()}, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+
+	// The model, through the real writer and loader.
+	mc := demoModel(cfg)
+	mdir := filepath.Join(dir, "model")
+	if _, err := engine.WriteRandomModel(mdir, mc, cfg.Seed, 1); err != nil {
+		return err
+	}
+	weights, err := engine.LoadWeights(mdir)
+	if err != nil {
+		return err
+	}
+	// The engine's cache in shared memory (a memfd the node maps through
+	// /proc/<pid>/fd), closed after the engine.
+	var shm *inject.ShmCache
+	defer func() {
+		if shm != nil {
+			_ = shm.Close()
+		}
+	}()
+	maxPrompt := slices.Max(cfg.Ks)*cfg.FactTokens + cfg.QueryTokens
+	e, err := engine.New(weights, engine.Config{CacheTokens: 2*maxPrompt + 256, KVDType: chunk.BF16, TokenizerID: "kvmesh-demo",
+		Logger: log, CacheMemory: func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+			var err error
+			if shm, err = inject.CreateShm("", layers, []cudakern.CacheLayout{lay}); err != nil {
+				return nil, err
+			}
+			return shm.Layers, nil
+		}})
+	if err != nil {
+		return err
+	}
+	defer e.Close()
+	spec := e.Spec()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		return err
+	}
+	lay, _ := e.CacheMemory()
+	local := nodes[0]
+	inj, err := c.RegisterCache(ctx, local.GRPCAddr(), client.CacheRegistration{Fingerprint: e.Fingerprint(), Layers: spec.Layers,
+		Layouts: []cudakern.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = inj.Close(uctx)
+	}()
+	fmt.Fprintf(w, "model: llama %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, random bf16 weights, bf16 KV (%d bytes per token)\n",
+		mc.NumLayers, mc.HiddenSize, mc.NumHeads, mc.NumKVHeads, mc.HeadDim, mc.VocabSize, spec.KVBytesPerToken())
+	fmt.Fprintf(w, "engine cache: %d layers x %s in shared memory %s, registered with %s (its local node)\n",
+		spec.Layers, human(uint64(lay.LayerBytes())), shm.Memory.Path, local.ID())
+
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x64656d6f))
+	facts := make([][]uint32, cfg.Facts)
+	for i := range facts {
+		facts[i] = randTokens(rng, cfg.FactTokens, mc.VocabSize)
+	}
+	stored, err := ingest(ctx, e, c, facts, cfg.Window, stderr)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(w, "ingested %d facts of %d tokens (window w=%d), %s of entries, %d replicas each, in %v\n",
+		len(facts), cfg.FactTokens, cfg.Window, human(uint64(stored)), cfg.Replicas, time.Since(t0).Round(time.Second))
+
+	// Facts on the engine's node, and facts only on the others.
+	var near, far []int
+	r := c.Ring()
+	for i, f := range facts {
+		if slices.ContainsFunc(r.Replicas(chunk.ContentID(e.Fingerprint(), f), cfg.Replicas), func(m ring.Member) bool { return m.ID == local.ID() }) {
+			near = append(near, i)
+		} else {
+			far = append(far, i)
+		}
+	}
+	fmt.Fprintf(w, "%d facts have a replica on %s, %d only on other nodes\n\n", len(near), local.ID(), len(far))
+
+	res, err := measureTTFT(ctx, cfg, e, inj, local, facts, near, far, rng, stderr)
+	if err != nil {
+		return err
+	}
+	fid, err := measureFidelity(ctx, cfg, e, inj, facts, rng)
+	if err != nil {
+		return err
+	}
+	printDemo(w, cfg, res, fid)
+	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
+		return err
+	}
+	png := filepath.Join(cfg.OutDir, "demo_ttft_vs_k.png")
+	if err := plotTTFT(png, res); err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(png)
+	fmt.Fprintf(w, "\nplot: %s\ntotal %v; stopping the cluster and removing %s\n", abs, time.Since(t0).Round(time.Second), dir)
+	return nil
+}
+
+// startDemoCluster starts 3 in-process nodes over loopback gRPC and waits
+// until all of them are in the ring with a leader.
+func startDemoCluster(ctx context.Context, dir string, log *slog.Logger, w io.Writer) ([]*node.Node, error) {
+	var nodes []*node.Node
+	var seeds []string
+	for i, h := range localHosts(3) {
+		n, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(dir, strconv.Itoa(i)),
+			GRPCAddr: h + ":0", Seeds: seeds, BootstrapExpect: 3, DRAMBytes: 512 << 20, LocalTiming: true, Logger: log})
+		if err != nil {
+			return nodes, err
+		}
+		if err := n.Start(ctx); err != nil {
+			return nodes, err
+		}
+		nodes = append(nodes, n)
+		if i == 0 {
+			seeds = []string{n.GossipAddr()}
+		}
+		fmt.Fprintf(w, "started %s grpc=%s http=%s\n", n.ID(), n.GRPCAddr(), n.HTTPAddr())
+	}
+	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	for {
+		ready := true
+		for _, n := range nodes {
+			if n.Ready() != nil || n.Meta().Ring().Len() != 3 {
+				ready = false
+			}
+		}
+		if ready {
+			return nodes, nil
+		}
+		if err := sleepCtx(wctx, 50*time.Millisecond); err != nil {
+			return nodes, fmt.Errorf("demo: cluster not ready: %w", err)
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func randTokens(r *rand.Rand, n, vocab int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(r.IntN(vocab))
+	}
+	return out
+}
+
+// ingest encodes every fact after the window of the stream before it and
+// puts it into the cluster (puts overlap the next encodes), with a
+// progress bar on stderr. It returns the bytes stored (one replica).
+func ingest(ctx context.Context, e *engine.Engine, c *client.Client, facts [][]uint32, window int, stderr io.Writer) (int64, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	blobs := make(chan []byte, 8)
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		putErr error
+		done   int
+		bytes  int64
+	)
+	start := time.Now()
+	bar := func(final bool) {
+		mu.Lock()
+		d, b := done, bytes
+		mu.Unlock()
+		const width = 40
+		fill := d * width / len(facts)
+		rate := float64(d) / max(time.Since(start).Seconds(), 1e-3)
+		fmt.Fprintf(stderr, "\ringest [%s%s] %d/%d facts %s %.0f/s ", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), d, len(facts), human(uint64(b)), rate)
+		if final {
+			fmt.Fprintln(stderr)
+		}
+	}
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for blob := range blobs {
+				_, err := c.Put(ctx, blob)
+				mu.Lock()
+				if err != nil && putErr == nil {
+					putErr = err
+					cancel()
+				}
+				done++
+				bytes += int64(len(blob))
+				mu.Unlock()
+			}
+		}()
+	}
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	var encErr error
+	for i, f := range facts {
+		var before []uint32
+		for j := i - 1; j >= 0 && len(before) < window; j-- {
+			before = append(slices.Clone(facts[j]), before...)
+		}
+		ent, err := e.EncodeWindow(ctx, before, window, f)
+		if err == nil {
+			var blob []byte
+			if blob, err = chunk.Encode(nil, ent, chunk.CodecRaw); err == nil {
+				select {
+				case blobs <- blob:
+				case <-ctx.Done():
+					err = ctx.Err()
+				}
+			}
+		}
+		if err != nil {
+			encErr = err
+			break
+		}
+		select {
+		case <-tick.C:
+			bar(false)
+		default:
+		}
+	}
+	close(blobs)
+	wg.Wait()
+	bar(true)
+	if putErr != nil {
+		return 0, fmt.Errorf("demo: put: %w", putErr)
+	}
+	if encErr != nil {
+		return 0, fmt.Errorf("demo: encode: %w", encErr)
+	}
+	return bytes, nil
+}
+
+// Ways of serving a query.
+const (
+	wayPrompt = iota // prompt injection: full prefill
+	wayNear          // KV injection, every fact on the engine's node
+	wayFar           // KV injection, every fact only on other nodes
+	numWays
+)
+
+var wayNames = [numWays]string{"prompt injection", "KV inject (local hit)", "KV inject (remote hit)"}
+
+type wayStats struct {
+	ttft                   []time.Duration
+	exact, approx, miss    int
+	localBytes, peerBytes  float64
+	injected, promptTokens int
+}
+
+func (s *wayStats) p(q float64) time.Duration {
+	if len(s.ttft) == 0 {
+		return 0
+	}
+	d := slices.Clone(s.ttft)
+	slices.Sort(d)
+	return d[min(len(d)-1, int(q*float64(len(d))))]
+}
+
+type ttftPoint struct {
+	k    int
+	ways [numWays]wayStats
+}
+
+func pick(r *rand.Rand, from []int, k int) []int {
+	idx := r.Perm(len(from))[:k]
+	out := make([]int, k)
+	for i, j := range idx {
+		out[i] = from[j]
+	}
+	return out
+}
+
+func promptOf(facts [][]uint32, idx []int, query []uint32) []engine.Segment {
+	segs := make([]engine.Segment, 0, len(idx)+1)
+	for _, i := range idx {
+		segs = append(segs, engine.Segment{Tokens: facts[i], Chunk: true})
+	}
+	return append(segs, engine.Segment{Tokens: query})
+}
+
+// measureTTFT serves cfg.Queries queries per k each way, interleaved, with
+// one untimed warm-up round.
+func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engine.CacheInjector, local *node.Node,
+	facts [][]uint32, near, far []int, rng *rand.Rand, stderr io.Writer) ([]ttftPoint, error) {
+	var out []ttftPoint
+	for _, k := range cfg.Ks {
+		if k > len(near) || k > len(far) {
+			return nil, fmt.Errorf("demo: k=%d exceeds the facts on one side (%d local, %d remote)", k, len(near), len(far))
+		}
+		pt := ttftPoint{k: k}
+		for q := -1; q < cfg.Queries; q++ {
+			query := randTokens(rng, cfg.QueryTokens, e.Config().VocabSize)
+			for way := range numWays {
+				var segs []engine.Segment
+				switch way {
+				case wayFar:
+					segs = promptOf(facts, pick(rng, far, k), query)
+				default:
+					segs = promptOf(facts, pick(rng, near, k), query)
+				}
+				l0, p0 := local.InjectFetchedBytes()
+				t0 := time.Now()
+				var resp *engine.Response
+				var err error
+				if way == wayPrompt {
+					resp, err = e.Run(ctx, nil, engine.Request{Segments: segs})
+				} else {
+					resp, err = e.RunInjected(ctx, inj, engine.Request{Segments: segs})
+				}
+				d := time.Since(t0)
+				if err != nil {
+					return nil, err
+				}
+				if q < 0 {
+					continue
+				}
+				l1, p1 := local.InjectFetchedBytes()
+				s := &pt.ways[way]
+				s.ttft = append(s.ttft, d)
+				s.localBytes += l1 - l0
+				s.peerBytes += p1 - p0
+				s.injected += resp.Injected
+				s.promptTokens += resp.Tokens
+				if way != wayPrompt {
+					for _, cr := range resp.Chunks {
+						switch cr.Match {
+						case engine.MatchExact:
+							s.exact++
+						case engine.MatchApproximate:
+							s.approx++
+						default:
+							s.miss++
+						}
+					}
+				}
+			}
+		}
+		fmt.Fprintf(stderr, "k=%d: prompt %v, local hit %v, remote hit %v (p50)\n", k,
+			pt.ways[wayPrompt].p(0.5).Round(10*time.Microsecond), pt.ways[wayNear].p(0.5).Round(10*time.Microsecond),
+			pt.ways[wayFar].p(0.5).Round(10*time.Microsecond))
+		out = append(out, pt)
+	}
+	return out, nil
+}
+
+type fidelityRow struct {
+	name      string
+	recompute float64
+	f         engine.Fidelity
+	work      float64 // token-layers computed / full prefill's
+}
+
+// measureFidelity compares KV injection of runs of consecutive facts (as a
+// memory retrieves them, so their windows are mostly the real preceding
+// text) with full prefill, with r = 0 and r = cfg.Recompute.
+func measureFidelity(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engine.CacheInjector, facts [][]uint32, rng *rand.Rand) ([]fidelityRow, error) {
+	rows := []fidelityRow{{name: fmt.Sprintf("window w=%d", cfg.Window)}, {name: fmt.Sprintf("window w=%d", cfg.Window), recompute: cfg.Recompute}}
+	work := make([]int, len(rows))
+	full := 0
+	for range cfg.Fidelity {
+		start := rng.IntN(len(facts) - cfg.FidelityK + 1)
+		idx := make([]int, cfg.FidelityK)
+		for i := range idx {
+			idx[i] = start + i
+		}
+		segs := promptOf(facts, idx, randTokens(rng, cfg.QueryTokens, e.Config().VocabSize))
+		ref, err := e.Run(ctx, nil, engine.Request{Segments: segs})
+		if err != nil {
+			return nil, err
+		}
+		full += ref.TokenLayers
+		for i := range rows {
+			got, err := e.RunInjected(ctx, inj, engine.Request{Segments: segs, Recompute: rows[i].recompute})
+			if err != nil {
+				return nil, err
+			}
+			rows[i].f.Add(ref.Logits, got.Logits)
+			work[i] += got.TokenLayers
+		}
+	}
+	for i := range rows {
+		rows[i].work = float64(work[i]) / float64(max(full, 1))
+	}
+	return rows, nil
+}
+
+func msOf(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
+
+func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) {
+	fmt.Fprintf(w, "TTFT over %d queries per k and way (%d-token question), ms:\n", cfg.Queries, cfg.QueryTokens)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "k\tprompt tokens\tprompt p50\tp99\tlocal hit p50\tp99\tremote hit p50\tp99\tspeedup local\tremote\t")
+	for _, pt := range pts {
+		pre, near, far := &pt.ways[wayPrompt], &pt.ways[wayNear], &pt.ways[wayFar]
+		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fx\t%.1fx\t\n", pt.k, pt.k*cfg.FactTokens+cfg.QueryTokens,
+			msOf(pre.p(0.5)), msOf(pre.p(0.99)), msOf(near.p(0.5)), msOf(near.p(0.99)), msOf(far.p(0.5)), msOf(far.p(0.99)),
+			pre.p(0.5).Seconds()/max(near.p(0.5).Seconds(), 1e-9), pre.p(0.5).Seconds()/max(far.p(0.5).Seconds(), 1e-9))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nhits and bytes the engine's node fetched (node metrics), per way:")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "k\tway\tEXACT\tAPPROXIMATE\tMISS\tinjected tokens\tfetched locally\tfetched from peers\t")
+	for _, pt := range pts {
+		for _, way := range []int{wayNear, wayFar} {
+			s := &pt.ways[way]
+			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", pt.k, wayNames[way], s.exact, s.approx, s.miss, s.injected,
+				human(uint64(s.localBytes)), human(uint64(s.peerBytes)))
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(w, "\nfidelity against full prefill (%d prompts of %d consecutive facts; the facts' windows are APPROXIMATE contexts):\n", cfg.Fidelity, cfg.FidelityK)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "encoding\tr\ttop-1 agreement\tmean KL (nats)\tmax KL\tcompute vs prefill\t")
+	for _, r := range fid {
+		fmt.Fprintf(tw, "%s\t%.0f%%\t%.3f\t%.4g\t%.4g\t%.0f%%\t\n", r.name, 100*r.recompute, r.f.Top1Rate(), r.f.MeanKL(), r.f.MaxKL, 100*r.work)
+	}
+	tw.Flush()
+}
+
+func plotTTFT(path string, pts []ttftPoint) error {
+	p := plot.New()
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = "kvmesh demo: TTFT p50 against retrieved facts", "k (facts)", "TTFT p50 (ms)"
+	p.Y.Min = 0
+	var args []any
+	for way := range numWays {
+		var xy plotter.XYs
+		for _, pt := range pts {
+			xy = append(xy, plotter.XY{X: float64(pt.k), Y: float64(pt.ways[way].p(0.5).Microseconds()) / 1000})
+		}
+		args = append(args, wayNames[way], xy)
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return err
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	if err := p.Save(7*vg.Inch, 4.5*vg.Inch, path); err != nil {
+		return fmt.Errorf("demo: plot: %w", err)
+	}
+	return nil
+}
