@@ -10,7 +10,7 @@
 //	kvmesh delete KEY
 //	kvmesh drain [-keep] NODE
 //	kvmesh local-cluster [-dir D] [-kvmeshd PATH] N
-//	kvmesh demo
+//	kvmesh demo [-facts N] [-k LIST] [-queries N] [-out DIR]
 //
 // -addr defaults to $KVMESH_ADDR. Keys print and parse as
 // FINGERPRINT/CONTENT/CONTEXT (chunk.Key.String).
@@ -53,7 +53,9 @@ commands:
                           (NODE: member ID or gRPC address; not bounded by -timeout)
   local-cluster [-dir D] [-kvmeshd PATH] N
                           start N kvmeshd processes on this machine (Ctrl-C stops them)
-  demo                    start a 3-node cluster in this process and exercise it
+  demo [-facts N] [-k 5,10,20,50] [-queries N] ...
+                          3-node cluster in this process: ingest memory facts, serve queries
+                          by prompt injection and by KV injection, print TTFT and fidelity
 `
 
 func main() {
@@ -88,7 +90,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "local-cluster":
 		return localCluster(ctx, rest, stdout, stderr)
 	case "demo":
-		return demo(ctx, stdout)
+		return demo(ctx, rest, stdout, stderr)
 	}
 	if *addr == "" {
 		return errors.New("no cluster address: set -addr or KVMESH_ADDR")
