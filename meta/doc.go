@@ -29,11 +29,12 @@
 //
 // Raft runs over plain TCP, or over mutual TLS when Config.TLS is set
 // (tlsconf.NewStreamLayer): every raft connection then needs a node
-// certificate of the cluster CA at both ends. The reconcile loop adds
-// whatever gossip lists as a voter straight away, so a node that holds the
-// gossip key but no valid certificate takes a voter slot (and counts in
-// the quorum) without ever receiving an entry, until it leaves gossip and
-// DeadGrace passes; the gossip key is what keeps such nodes out.
+// certificate of the cluster CA at both ends. Gossip membership alone
+// does not make a node a server then: before the leader adds a node to
+// raft or the ring (or moves it to a new raft address) it dials the node's
+// raft address and needs a completed handshake with a node certificate,
+// so a node that has the gossip key but not a valid certificate never
+// takes a voter slot it could not use (Stats.Refused counts such nodes).
 //
 // # Log store
 //

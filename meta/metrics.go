@@ -12,7 +12,7 @@ type Gauge struct {
 
 // Metrics returns the store's gauges now: kvmesh_meta_is_leader, _term,
 // _ring_epoch, _last_index, _commit_index, _applied_index, _ring_members,
-// _models, _raft_voters and _raft_nonvoters (the last two only when the
+// _models, _tokens, _raft_refused, _raft_voters and _raft_nonvoters (the last two only when the
 // raft configuration could be read).
 func (s *Store) Metrics() []Gauge {
 	st := s.Stats()
@@ -29,6 +29,8 @@ func (s *Store) Metrics() []Gauge {
 		{"kvmesh_meta_applied_index", "Last raft index applied to the metadata state.", float64(st.AppliedIndex)},
 		{"kvmesh_meta_ring_members", "Members of the current ring.", float64(st.Members)},
 		{"kvmesh_meta_models", "Registered model specs.", float64(st.Models)},
+		{"kvmesh_meta_tokens", "API token records.", float64(st.Tokens)},
+		{"kvmesh_meta_raft_refused", "Gossip members the leader keeps out of raft and the ring: their raft TLS handshake fails.", float64(st.Refused)},
 	}
 	if servers, err := s.Servers(); err == nil {
 		var v, nv float64

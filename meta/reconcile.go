@@ -136,6 +136,7 @@ func (s *Store) reconcile() error {
 			voters++
 		}
 	}
+	refused := s.checkAdmission(alive, inRaft)
 	var errs []error
 	// membership waits for a configuration change and reports whether it
 	// took effect; a failed one is retried next round.
@@ -163,7 +164,7 @@ func (s *Store) reconcile() error {
 	}
 	for _, id := range slices.Sorted(maps.Keys(alive)) {
 		m := alive[id]
-		if m.RaftAddr == "" || id == s.cfg.NodeID {
+		if m.RaftAddr == "" || id == s.cfg.NodeID || refused[id] {
 			continue
 		}
 		sid, addr := raft.ServerID(id), raft.ServerAddress(m.RaftAddr)
@@ -189,6 +190,9 @@ func (s *Store) reconcile() error {
 	cur := s.fsm.currentRing()
 	change := ringChange{Epoch: cur.Epoch()}
 	for _, id := range slices.Sorted(maps.Keys(alive)) {
+		if refused[id] {
+			continue
+		}
 		if old, ok := cur.Member(id); !ok || old != alive[id] {
 			change.Upsert = append(change.Upsert, alive[id])
 		}
@@ -222,4 +226,43 @@ func (s *Store) reconcile() error {
 		delete(s.missingSince, id)
 	}
 	return errors.Join(errs...)
+}
+
+// checkAdmission returns the alive nodes that must not join raft or the
+// ring (nor move there to a new raft address) because they fail the
+// admission handshake (see admissible). Nodes already in raft at their
+// address are not checked again. Each refusal is logged once per address.
+func (s *Store) checkAdmission(alive map[string]ring.Member, inRaft map[string]raft.Server) map[string]bool {
+	out := make(map[string]bool)
+	if s.admit == nil {
+		return out
+	}
+	for _, id := range slices.Sorted(maps.Keys(alive)) {
+		m := alive[id]
+		if id == s.cfg.NodeID || m.RaftAddr == "" {
+			continue
+		}
+		if sv, ok := inRaft[id]; ok && string(sv.Address) == m.RaftAddr {
+			continue
+		}
+		err := s.admissible(m.RaftAddr)
+		if err == nil {
+			if _, was := s.refused[id]; was {
+				s.log.Info("meta: node now passes the raft TLS handshake", "server", id, "raft_addr", m.RaftAddr)
+			}
+			continue
+		}
+		out[id] = true
+		if s.refused[id] != m.RaftAddr {
+			s.log.Warn("meta: not adding node to raft or the ring: its raft TLS handshake fails", "server", id, "raft_addr", m.RaftAddr, "err", err)
+			s.refused[id] = m.RaftAddr
+		}
+	}
+	for id := range s.refused {
+		if !out[id] {
+			delete(s.refused, id)
+		}
+	}
+	s.refusedN.Store(int64(len(s.refused)))
+	return out
 }

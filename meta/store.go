@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Store is one node's view of the cluster metadata and its raft server.
@@ -34,6 +35,7 @@ type Store struct {
 	lock     *os.File           // flock on DataDir/raft/LOCK
 	raftAddr string
 	trans    *guardedTransport
+	admit    *tlsconf.StreamLayer // nil without TLS; see admissible
 	peers    atomic.Pointer[peersBox]
 
 	watchMu     sync.Mutex
@@ -58,6 +60,8 @@ type Store struct {
 	bootSince     time.Time // since when it is unchanged
 	bootstrapped  atomic.Bool
 	missingSince  map[string]time.Time
+	refused       map[string]string // ID -> raft address whose handshake failed
+	refusedN      atomic.Int64      // len(refused), for Stats
 }
 
 // peersBox lets an interface value live in an atomic.Pointer.
@@ -113,7 +117,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("meta: raft advertise address: %w", err)
 		}
 	}
-	trans, err := newTransport(cfg, advertise, newHCLog(log, "raft-net"))
+	trans, admit, err := newTransport(cfg, advertise, newHCLog(log, "raft-net"))
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft transport on %s: %w", cfg.RaftBind, err)
 	}
@@ -148,11 +152,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		lock:          lock,
 		raftAddr:      string(trans.LocalAddr()),
 		trans:         gt,
+		admit:         admit,
 		watchers:      make(map[uint64]chan struct{}),
 		obsCh:         make(chan raft.Observation, 16),
 		wake:          make(chan struct{}, 1),
 		needBootstrap: !hasState,
 		missingSince:  make(map[string]time.Time),
+		refused:       make(map[string]string),
 	}
 	s.peers.Store(&peersBox{cfg.Peers})
 	s.fsm = newFSM(s.notify)
@@ -567,8 +573,11 @@ type Stats struct {
 	Epoch        uint64
 	Members      int
 	Models       int
-	Tokens       int       // API token records
-	LastContact  time.Time // zero on the leader
+	Tokens       int // API token records
+	// Refused counts gossip members the leader does not add to raft or
+	// the ring because their raft TLS handshake fails (0 on followers).
+	Refused     int
+	LastContact time.Time // zero on the leader
 }
 
 // Stats returns this node's counters (for status commands and metrics).
@@ -584,6 +593,7 @@ func (s *Store) Stats() Stats {
 		Members:      members,
 		Models:       models,
 		Tokens:       tokens,
+		Refused:      int(s.refusedN.Load()),
 	}
 	if st.State != raft.Leader.String() {
 		st.LastContact = s.raft.LastContact()
@@ -624,6 +634,10 @@ func (s *Store) loop() {
 			// Absences seen in an earlier term say nothing about the
 			// next one: a node may have come back meanwhile.
 			clear(s.missingSince)
+		}
+		if !s.IsLeader() && len(s.refused) > 0 {
+			clear(s.refused)
+			s.refusedN.Store(0)
 		}
 		select {
 		case <-s.ctx.Done():

@@ -151,8 +151,9 @@ func TestWatchAndMetrics(t *testing.T) {
 	for name, want := range map[string]float64{
 		"kvmesh_meta_is_leader": 1, "kvmesh_meta_models": 1, "kvmesh_meta_ring_members": 1,
 		"kvmesh_meta_ring_epoch": float64(s.Ring().Epoch()), "kvmesh_meta_raft_voters": 1, "kvmesh_meta_raft_nonvoters": 0,
+		"kvmesh_meta_tokens": 0, "kvmesh_meta_raft_refused": 0,
 	} {
-		if got[name] != want {
+		if v, ok := got[name]; !ok || v != want {
 			t.Fatalf("%s = %v, want %v", name, got[name], want)
 		}
 	}

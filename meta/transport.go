@@ -20,25 +20,50 @@ const (
 
 // newTransport binds raft's network transport: over cfg.TLS's mutual-TLS
 // stream layer when it is set, plain TCP otherwise. Both are a
-// *raft.NetworkTransport, so guardedTransport fences either.
-func newTransport(cfg Config, advertise net.Addr, logger hclog.Logger) (*raft.NetworkTransport, error) {
+// *raft.NetworkTransport, so guardedTransport fences either. The stream
+// layer is returned too when it checks certificates (TLS not insecure),
+// for admission checks; nil otherwise.
+func newTransport(cfg Config, advertise net.Addr, logger hclog.Logger) (*raft.NetworkTransport, *tlsconf.StreamLayer, error) {
 	if cfg.TLS == nil {
-		return raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, &raft.NetworkTransportConfig{
+		tr, err := raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, &raft.NetworkTransportConfig{
 			MaxPool: raftMaxPool,
 			Timeout: raftTimeout,
 			Logger:  logger,
 		})
+		return tr, nil, err
 	}
 	sl, err := tlsconf.NewStreamLayer(cfg.RaftBind, advertise, cfg.TLS)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	tr := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  sl,
 		MaxPool: raftMaxPool,
 		Timeout: raftTimeout,
 		Logger:  logger,
-	}), nil
+	})
+	if cfg.TLS.Insecure() {
+		sl = nil
+	}
+	return tr, sl, nil
+}
+
+// admitTimeout bounds the handshake of an admission check.
+const admitTimeout = 2 * time.Second
+
+// admissible reports whether the node at raftAddr may be added to raft:
+// with TLS on, it must complete a handshake as a node of the cluster CA,
+// so a node that holds the gossip key but no valid node certificate never
+// takes a voter slot it could not use. Without TLS every node is.
+func (s *Store) admissible(raftAddr string) error {
+	if s.admit == nil {
+		return nil
+	}
+	c, err := s.admit.Dial(raft.ServerAddress(raftAddr), admitTimeout)
+	if err != nil {
+		return err
+	}
+	return c.Close()
 }
 
 // guardedTransport is raft's network transport with a fence around the
