@@ -1,0 +1,193 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"sync"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
+)
+
+// fakeInjector answers Inject with a scripted event sequence (or error)
+// and records what it was asked.
+type fakeInjector struct {
+	api.UnimplementedInjectorServer
+	mu       sync.Mutex
+	reg      *api.RegisterCacheRequest
+	req      *api.InjectRequest
+	events   []*api.InjectEvent
+	err      error
+	unregged []uint64
+}
+
+func (f *fakeInjector) RegisterCache(_ context.Context, r *api.RegisterCacheRequest) (*api.RegisterCacheResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reg = r
+	return &api.RegisterCacheResponse{CacheId: 42}, nil
+}
+
+func (f *fakeInjector) UnregisterCache(_ context.Context, r *api.UnregisterCacheRequest) (*api.UnregisterCacheResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unregged = append(f.unregged, r.CacheId)
+	return &api.UnregisterCacheResponse{}, nil
+}
+
+func (f *fakeInjector) Inject(r *api.InjectRequest, st grpc.ServerStreamingServer[api.InjectEvent]) error {
+	f.mu.Lock()
+	f.req = r
+	evs, err := f.events, f.err
+	f.mu.Unlock()
+	for _, ev := range evs {
+		if err := st.Send(ev); err != nil {
+			return err
+		}
+	}
+	return err
+}
+
+func layerEv(l int32) *api.InjectEvent {
+	return &api.InjectEvent{Event: &api.InjectEvent_LayerWritten{LayerWritten: l}}
+}
+
+func doneEv(rs ...*api.LookupResult) *api.InjectEvent {
+	return &api.InjectEvent{Event: &api.InjectEvent_Done{Done: &api.InjectDone{Results: rs, WrittenBytes: 1000, DecodedBytes: 10}}}
+}
+
+func TestInjectorOverRPC(t *testing.T) {
+	_, fakes := startFakes(t, 1)
+	c := newTestClient(t, fakes[0].addr)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi := &fakeInjector{}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
+	api.RegisterInjectorServer(srv, fi)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	ctx := context.Background()
+	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
+	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
+	inj, err := c.RegisterCache(ctx, lis.Addr().String(), CacheRegistration{Fingerprint: fp, Layers: 4,
+		Layouts: []cudakern.CacheLayout{lay}, Path: "/dev/shm/x", Offsets: []int64{0, 4096, 8192, 12288}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := LayoutFromProto(fi.reg.Layouts[0]); got != lay || fi.reg.Path != "/dev/shm/x" || fi.reg.MemoryKind != api.MemoryKind_MEMORY_KIND_SHM ||
+		FingerprintFromProto(fi.reg.Fingerprint) != fp || !slices.Equal(fi.reg.Offsets, []int64{0, 4096, 8192, 12288}) {
+		t.Fatalf("registration sent %v", fi.reg)
+	}
+
+	cx1, cx2 := chunk.PrefixContext(chunk.ID{Lo: 9}), chunk.WindowContext(fp, 3, []uint32{1, 2, 3})
+	chunks := []engine.InjectChunk{
+		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 1}, Context: cx1}, Tokens: []uint32{1, 2}, Pos: 7, Slots: []int{3, -1}},
+		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 2}, Context: cx1}, Tokens: []uint32{3}, Pos: 9, Slots: []int{4}},
+		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 3}, Context: cx1}, Tokens: []uint32{4}, Pos: 10, Slots: []int{5}},
+	}
+	exact := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: ProtoContext(cx1)}}
+	approx := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_APPROXIMATE, Key: &api.Key{Context: ProtoContext(cx2)}}
+	miss := &api.LookupResult{}
+	badCx := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: &api.Context{Kind: 9}}}
+	tests := []struct {
+		name   string
+		events []*api.InjectEvent
+		err    error
+		want   []engine.InjectResult
+		layers []int
+		fails  bool
+	}{
+		{name: "layers then results", events: []*api.InjectEvent{layerEv(0), layerEv(1), layerEv(2), layerEv(3), doneEv(exact, approx, miss)},
+			want:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {}},
+			layers: []int{0, 1, 2, 3}},
+		{name: "all miss, no layers", events: []*api.InjectEvent{doneEv(miss, miss, miss)}, want: make([]engine.InjectResult, 3)},
+		{name: "stream ends without results", events: []*api.InjectEvent{layerEv(0)}, fails: true},
+		{name: "wrong result count", events: []*api.InjectEvent{doneEv(exact)}, fails: true},
+		{name: "bad context", events: []*api.InjectEvent{doneEv(exact, badCx, miss)}, fails: true},
+		{name: "empty event", events: []*api.InjectEvent{{}}, fails: true},
+		{name: "server error", err: status.Error(codes.NotFound, "unknown cache"), fails: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fi.mu.Lock()
+			fi.events, fi.err = tc.events, tc.err
+			fi.mu.Unlock()
+			var layers []int
+			got, stats, err := inj.InjectLayered(ctx, chunks, func(l int) { layers = append(layers, l) })
+			if tc.fails {
+				if err == nil {
+					t.Fatalf("no error; results %v", got)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) || !slices.Equal(layers, tc.layers) || stats.Layers != len(tc.layers) || stats.WrittenBytes != 1000 {
+				t.Fatalf("got %v layers %v stats %+v; want %v layers %v", got, layers, stats, tc.want, tc.layers)
+			}
+			r := fi.req
+			if r.CacheId != 42 || len(r.Chunks) != 3 || r.Chunks[0].Pos != 7 || !slices.Equal(r.Chunks[0].Slots, []int64{3, -1}) ||
+				IDFromProto(r.Chunks[1].Content) != (chunk.ID{Lo: 2}) || !slices.Equal(r.Chunks[0].Tokens, []uint32{1, 2}) {
+				t.Fatalf("request sent %v", r)
+			}
+			if want, _ := ContextFromProto(r.Chunks[2].Want); want != cx1 {
+				t.Fatalf("want context sent %v", want)
+			}
+		})
+	}
+	var _ engine.CacheInjector = inj
+	if err := inj.Close(ctx); err != nil || !slices.Equal(fi.unregged, []uint64{42}) {
+		t.Fatalf("close: %v, unregistered %v", err, fi.unregged)
+	}
+	if _, err := c.RegisterCache(ctx, "127.0.0.1:1", CacheRegistration{}); err == nil {
+		t.Fatal("registration with no node answered")
+	}
+}
+
+// FuzzLayoutFromProto: a wire layout either is refused or converts to a
+// layout that converts back to the same message.
+func FuzzLayoutFromProto(f *testing.F) {
+	seed := func(l *api.CacheLayout) {
+		b, err := proto.Marshal(l)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	seed(ProtoLayout(cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}))
+	seed(&api.CacheLayout{Order: 300, NumBlocks: -1, Dtype: 1 << 20})
+	seed(&api.CacheLayout{NumBlocks: 1 << 40, BlockSize: 1, KScale: 0.5})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var p api.CacheLayout
+		if err := proto.Unmarshal(b, &p); err != nil {
+			return
+		}
+		l, err := LayoutFromProto(&p)
+		if err != nil {
+			if !errors.Is(err, ErrBadMessage) {
+				t.Fatalf("error %v does not wrap ErrBadMessage", err)
+			}
+			return
+		}
+		_ = l.Validate() // must not panic whatever the values
+		back := ProtoLayout(l)
+		if back.Order != p.Order || back.Dtype != p.Dtype || back.NumBlocks != p.NumBlocks || back.BlockSize != p.BlockSize ||
+			back.KvHeads != p.KvHeads || back.HeadDim != p.HeadDim {
+			t.Fatalf("round trip %v -> %v", &p, back)
+		}
+	})
+}
