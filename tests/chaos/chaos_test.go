@@ -88,7 +88,7 @@ func TestChaos(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r := &run{t: t, seed: sd, dir: dir, bin: bin, h: NewHistory(time.Now())}
+	r := &run{t: t, seed: sd, dir: dir, bin: bin, h: NewHistory(time.Now()), gone: make(map[string]bool)}
 	// Firewall: pick a backend, sweep rules of dead runs, and heal on every
 	// way out (cleanup, defer, SIGINT/SIGTERM).
 	fw, err := harness.NewFirewall(ctx, strconv.FormatUint(sd, 36))
@@ -170,6 +170,7 @@ type run struct {
 	fw    *harness.Firewall
 	fwWhy string
 	procs []*harness.Proc
+	gone  map[string]bool // drained out of the cluster; not restarted
 	cl    *client.Client
 	obs   *observer
 

@@ -129,6 +129,20 @@ func (h *History) Holds(i int, node string, gen int) {
 	}
 }
 
+// HeldBy lists the acknowledged keys node is known to hold.
+func (h *History) HeldBy(node string) []KeyCheck {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []KeyCheck
+	for i, k := range h.keys {
+		if k.acked && k.holders[node] {
+			out = append(out, KeyCheck{Index: i, Key: k.key, Blob: k.blob, Holders: len(k.holders)})
+		}
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Index < out[b].Index })
+	return out
+}
+
 // ModelAcked records an acknowledged model registration.
 func (h *History) ModelAcked(fp string) {
 	h.mu.Lock()

@@ -235,3 +235,42 @@ func (r *run) bridge(ctx context.Context, rng *rand.Rand) error {
 	r.event("heal", "bridge partition removed")
 	return r.fw.Heal(ctx)
 }
+
+// drainBound bounds a drain (its node holds a few hundred small keys).
+const drainBound = 60 * time.Second
+
+// drain drains a random node under load: it copies its chunks to their
+// other owners and leaves; then its process stops. Every key it held must
+// stay readable.
+func (r *run) drain(ctx context.Context, rng *rand.Rand) error {
+	p := r.procs[rng.IntN(nodes)]
+	r.sweep(ctx) // know what p holds before it goes
+	held := r.h.HeldBy(p.ID())
+	r.event("fault", fmt.Sprintf("drain %s (holds %d acknowledged keys)", p.ID(), len(held)))
+	dctx, cancel := context.WithTimeout(ctx, drainBound)
+	last, err := r.cl.Drain(dctx, p.Addr("grpc"), false, nil)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("drain %s: %w (last progress %v)", p.ID(), err, last)
+	}
+	r.event("drained", fmt.Sprintf("%s: phase %s, %d keys, %d moved, left %v", p.ID(), last.Phase, last.Keys, last.KeysMoved, last.Left))
+	if !last.Left {
+		return fmt.Errorf("drain %s finished without leaving: %v", p.ID(), last)
+	}
+	r.gone[p.ID()] = true
+	if err := p.Terminate(20 * time.Second); err != nil {
+		r.finding("drain: %s: unclean exit after SIGTERM: %v", p.ID(), err)
+	}
+	r.h.Restarted(p.ID())
+	if d, ok := r.converge(ctx, r.live()); !ok {
+		return fmt.Errorf("after draining %s: %s", p.ID(), d)
+	}
+	var lost []int
+	for _, k := range r.readable(ctx, held) {
+		lost = append(lost, k.Index)
+	}
+	if len(lost) > 0 {
+		return fmt.Errorf("after draining %s, %d of the %d keys it held are unreadable: %v", p.ID(), len(lost), len(held), head(lost))
+	}
+	return nil
+}
