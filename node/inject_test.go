@@ -1,0 +1,172 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/inject"
+)
+
+// TestInjectRPC drives the Injector service of a one-node cluster through
+// the client: a shared-memory cache registered from loopback, a stored
+// chunk written into exactly its slots with a layer event per layer, a
+// missing chunk answered MISS, and the refusals (remote caller, unknown
+// cache, bad layout).
+func TestInjectRPC(t *testing.T) {
+	nodes := startCluster(t, 1)
+	nd := nodes[0]
+	c := newClient(t, nd)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	spec := testSpec()
+	fp, err := c.RegisterModel(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	tokens := randTokens(rng, 5)
+	key, blob := testEntry(t, rng, spec, tokens, chunk.StandaloneContext())
+	if _, err := c.Put(ctx, blob); err != nil {
+		t.Fatal(err)
+	}
+
+	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, DType: chunk.F32}
+	shm, err := inject.CreateShm("", spec.Layers, []cudakern.CacheLayout{lay})
+	if err != nil {
+		t.Skipf("shared memory: %v", err)
+	}
+	defer shm.Close()
+	reg := client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers, Layouts: []cudakern.CacheLayout{lay},
+		MaxPositions: 1024, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
+	inj, err := c.RegisterCache(ctx, nd.GRPCAddr(), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := []int{17, 18, -1, 40, 41}
+	missing := randTokens(rng, 3)
+	res, stats, err := inj.InjectLayered(ctx, []engine.InjectChunk{
+		{Key: key, Tokens: tokens, Pos: 100, Slots: slots},
+		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, missing), Context: chunk.StandaloneContext()}, Tokens: missing, Pos: 105, Slots: []int{50, 51, 52}},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Match != engine.MatchExact || res[0].Context != key.Context || res[1].Match != engine.MatchMiss {
+		t.Fatalf("results %+v", res)
+	}
+	slotBytes := spec.KVHeads * spec.HeadDim * 4
+	if stats.Layers != spec.Layers || stats.WrittenBytes != uint64(spec.Layers*2*4*slotBytes) {
+		t.Fatalf("stats %+v", stats)
+	}
+	// Only the four slots of the hit hold data, in K and V of every layer.
+	written := map[int]bool{17: true, 18: true, 40: true, 41: true}
+	for l, layer := range shm.Layers {
+		half := len(layer) / 2
+		for s := 0; s < lay.NumBlocks*lay.BlockSize; s++ {
+			for kv := 0; kv < 2; kv++ {
+				b := layer[kv*half+s*slotBytes : kv*half+(s+1)*slotBytes]
+				nonzero := false
+				for _, x := range b {
+					nonzero = nonzero || x != 0
+				}
+				if nonzero != written[s] {
+					t.Fatalf("layer %d kv %d slot %d: written %v, want %v", l, kv, s, nonzero, written[s])
+				}
+			}
+		}
+	}
+	if local, peers := nd.InjectFetchedBytes(); local != float64(len(blob)) || peers != 0 {
+		t.Errorf("fetched %v local, %v from peers; want %d, 0", local, peers, len(blob))
+	}
+
+	// Refusals.
+	here := peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}})
+	remote := peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}})
+	preg := &api.RegisterCacheRequest{Fingerprint: client.ProtoFingerprint(fp), Layers: int32(spec.Layers),
+		Layouts: []*api.CacheLayout{client.ProtoLayout(lay)}, MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
+	bad := proto.Clone(preg).(*api.RegisterCacheRequest)
+	bad.Layouts = []*api.CacheLayout{{Order: 1, NumBlocks: 4, BlockSize: 16, KvHeads: 3, HeadDim: 16, Dtype: 1}}
+	for _, tc := range []struct {
+		name string
+		call func() error
+		code codes.Code
+	}{
+		{"remote caller", func() error { _, err := nd.inj.RegisterCache(remote, preg); return err }, codes.PermissionDenied},
+		{"bad layout", func() error { _, err := nd.inj.RegisterCache(here, bad); return err }, codes.InvalidArgument},
+		{"no memory kind", func() error {
+			r := proto.Clone(preg).(*api.RegisterCacheRequest)
+			r.MemoryKind = 0
+			_, err := nd.inj.RegisterCache(here, r)
+			return err
+		}, codes.InvalidArgument},
+		{"unknown cache", func() error {
+			_, err := nd.inj.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: 999})
+			return err
+		}, codes.NotFound},
+	} {
+		if err := tc.call(); status.Code(err) != tc.code {
+			t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
+		}
+	}
+	if err := inj.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inj.InjectChunks(ctx, []engine.InjectChunk{{Key: key, Tokens: tokens, Pos: 0, Slots: slots}}); status.Code(err) != codes.NotFound {
+		t.Fatalf("inject after unregister: %v", err)
+	}
+}
+
+func TestLocalPeer(t *testing.T) {
+	for _, tc := range []struct {
+		addr net.Addr
+		want bool
+	}{
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 11), Port: 1}, true},
+		{&net.TCPAddr{IP: net.IPv6loopback, Port: 1}, true},
+		{&net.TCPAddr{IP: net.IPv4(192, 168, 1, 2), Port: 1}, false},
+		{&net.UnixAddr{Name: "/run/kvmesh.sock", Net: "unix"}, true},
+		{nil, false},
+	} {
+		ctx := context.Background()
+		if tc.addr != nil {
+			ctx = peer.NewContext(ctx, &peer.Peer{Addr: tc.addr})
+		}
+		if got := localPeer(ctx); got != tc.want {
+			t.Errorf("%v: %v, want %v", tc.addr, got, tc.want)
+		}
+	}
+}
+
+func TestInjectStatus(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		code codes.Code
+	}{
+		{fmt.Errorf("x: %w", inject.ErrInvalidCache), codes.InvalidArgument},
+		{fmt.Errorf("x: %w", inject.ErrInvalidRequest), codes.InvalidArgument},
+		{inject.ErrUnsupported, codes.Unimplemented},
+		{inject.ErrTooManyCaches, codes.ResourceExhausted},
+		{inject.ErrUnknownCache, codes.NotFound},
+		{inject.ErrFault, codes.DataLoss},
+		{inject.ErrClosed, codes.Unavailable},
+		{context.Canceled, codes.Canceled},
+	} {
+		if got := status.Code(toStatus(injectStatus(tc.err))); got != tc.code {
+			t.Errorf("%v: %v, want %v", tc.err, got, tc.code)
+		}
+	}
+}
