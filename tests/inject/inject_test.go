@@ -40,7 +40,7 @@ type cluster struct {
 
 // startCluster runs three kvmeshd processes (R=3: every node holds every
 // entry written through the client) and waits until they agree.
-func startCluster(t *testing.T, ctx context.Context) *cluster {
+func startCluster(t testing.TB, ctx context.Context) *cluster {
 	t.Helper()
 	if err := harness.Bindable(hosts...); err != nil {
 		t.Skip(err)
@@ -124,7 +124,7 @@ func putDirect(ctx context.Context, addr string, blob []byte, key chunk.Key) err
 }
 
 // fetchedBytes scrapes kvmesh_inject_fetched_bytes_total of a node.
-func fetchedBytes(t *testing.T, httpAddr, source string) float64 {
+func fetchedBytes(t testing.TB, httpAddr, source string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + httpAddr + "/metrics")
 	if err != nil {
@@ -155,10 +155,10 @@ func tinyModel() engine.ModelConfig {
 
 // newEngine writes a random model, loads it through the real loader and
 // starts an engine whose cache is a memfd the nodes can map.
-func newEngine(t *testing.T) (*engine.Engine, *inject.ShmCache) {
+func newEngine(t testing.TB, mc engine.ModelConfig, kv chunk.DType) (*engine.Engine, *inject.ShmCache) {
 	t.Helper()
 	dir := t.TempDir()
-	if _, err := engine.WriteRandomModel(dir, tinyModel(), 7, 1); err != nil {
+	if _, err := engine.WriteRandomModel(dir, mc, 7, 1); err != nil {
 		t.Fatal(err)
 	}
 	w, err := engine.LoadWeights(dir)
@@ -166,7 +166,7 @@ func newEngine(t *testing.T) (*engine.Engine, *inject.ShmCache) {
 		t.Fatal(err)
 	}
 	var shm *inject.ShmCache
-	e, err := engine.New(w, engine.Config{Workers: 2, CacheTokens: 1024, TokenizerID: "e2e",
+	e, err := engine.New(w, engine.Config{Workers: 2, CacheTokens: 4096, KVDType: kv, TokenizerID: "e2e",
 		CacheMemory: func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
 			var err error
 			shm, err = inject.CreateShm("", layers, []cudakern.CacheLayout{lay})
@@ -203,7 +203,7 @@ func TestInjectEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx)
-	e, shm := newEngine(t)
+	e, shm := newEngine(t, tinyModel(), chunk.F32)
 	spec, fp := e.Spec(), e.Fingerprint()
 	if _, err := c.cl.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)

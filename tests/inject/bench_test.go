@@ -1,0 +1,120 @@
+package inject
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
+)
+
+// BenchmarkTTFT is time to first token against k retrieved facts through
+// a real 3-node cluster: prompt injection (full prefill) against KV
+// injection by the engine's node, with every fact in its own tier (local)
+// or only on the two other nodes (remote). The model is `kvmesh demo`'s
+// (llama, 4 layers, hidden 256, 2 KV heads x 64, bf16 KV); facts are 24
+// tokens encoded after a 20-token window, the question 16 tokens.
+//
+//	go test -run '^$' -bench TTFT -benchtime 10x ./tests/inject
+func BenchmarkTTFT(b *testing.B) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := startCluster(b, ctx)
+	mc := engine.ModelConfig{
+		ModelType: "llama", HiddenSize: 256, IntermediateSize: 768, NumLayers: 4,
+		NumHeads: 4, NumKVHeads: 2, HeadDim: 64, VocabSize: 2048, RMSNormEps: 1e-5,
+		RopeTheta: 500000, RopeStyle: chunk.RopeNeoX, MaxPositionEmbeddings: 8192, DType: chunk.BF16,
+	}
+	e, shm := newEngine(b, mc, chunk.BF16)
+	spec, fp := e.Spec(), e.Fingerprint()
+	if _, err := c.cl.RegisterModel(ctx, spec); err != nil {
+		b.Fatal(err)
+	}
+	lay, _ := e.CacheMemory()
+	inj, err := c.cl.RegisterCache(ctx, c.procs[0].Addr("grpc"), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
+		Layouts: []cudakern.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inj.Close(context.Background())
+
+	const maxK, factTokens, window = 50, 24, 20
+	rng := rand.New(rand.NewPCG(5, 6))
+	toks := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(rng.IntN(mc.VocabSize))
+		}
+		return out
+	}
+	// One stream of facts; the first half goes through the client (R=3:
+	// on the engine's node too), the second only to n2 and n3.
+	stream := make([][]uint32, 2*maxK)
+	for i := range stream {
+		stream[i] = toks(factTokens)
+	}
+	for i, f := range stream {
+		var before []uint32
+		if i > 0 {
+			before = stream[i-1][factTokens-window:]
+		}
+		ent, err := e.EncodeWindow(ctx, before, window, f)
+		if err != nil {
+			b.Fatal(err)
+		}
+		blob, err := chunk.Encode(nil, ent, chunk.CodecRaw)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if i < maxK {
+			if _, err := c.cl.Put(ctx, blob); err != nil {
+				b.Fatal(err)
+			}
+			continue
+		}
+		for _, p := range c.procs[1:] {
+			if err := putDirect(ctx, p.Addr("grpc"), blob, ent.Key); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	query := toks(16)
+	prompt := func(facts [][]uint32) []engine.Segment {
+		var segs []engine.Segment
+		for _, f := range facts {
+			segs = append(segs, engine.Segment{Tokens: f, Chunk: true})
+		}
+		return append(segs, engine.Segment{Tokens: query})
+	}
+	for _, k := range []int{5, 10, 20, 50} {
+		near, far := prompt(stream[:k]), prompt(stream[maxK:maxK+k])
+		b.Run(fmt.Sprintf("k=%d/prompt", k), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := e.Run(ctx, nil, engine.Request{Segments: near}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		for _, way := range []struct {
+			name string
+			segs []engine.Segment
+		}{{"local", near}, {"remote", far}} {
+			b.Run(fmt.Sprintf("k=%d/%s", k, way.name), func(b *testing.B) {
+				for b.Loop() {
+					resp, err := e.RunInjected(ctx, inj, engine.Request{Segments: way.segs})
+					if err != nil {
+						b.Fatal(err)
+					}
+					if resp.Injected != k*factTokens {
+						b.Fatalf("injected %d of %d tokens", resp.Injected, k*factTokens)
+					}
+				}
+			})
+		}
+	}
+}
