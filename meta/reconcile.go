@@ -64,6 +64,23 @@ func (s *Store) tryBootstrap() {
 		}
 		conf.Servers = append(conf.Servers, raft.Server{Suffrage: suffrage, ID: raft.ServerID(id), Address: raft.ServerAddress(addr)})
 	}
+	// With TLS a bootstrap server must show a node certificate, as the
+	// leader requires of later nodes (see admissible); the choice of the
+	// set is not changed, so that every node keeps choosing the same one:
+	// an impostor in it holds the bootstrap up until it is gone.
+	for _, sv := range conf.Servers {
+		if string(sv.ID) == s.cfg.NodeID {
+			continue
+		}
+		if err := s.admissible(string(sv.Address)); err != nil {
+			if who := string(sv.ID) + "@" + string(sv.Address); who != s.bootRefused {
+				s.bootRefused = who
+				s.log.Warn("meta: not bootstrapping: a server of the bootstrap set fails the raft TLS handshake",
+					"server", sv.ID, "raft_addr", sv.Address, "err", err)
+			}
+			return
+		}
+	}
 	err := s.raft.BootstrapCluster(conf).Error()
 	switch {
 	case err == nil:

@@ -58,6 +58,7 @@ type Store struct {
 	needBootstrap bool
 	bootSet       []string  // the bootstrap set last chosen
 	bootSince     time.Time // since when it is unchanged
+	bootRefused   string    // the server last refused at bootstrap, "id@addr"
 	bootstrapped  atomic.Bool
 	missingSince  map[string]time.Time
 	refused       map[string]string // ID -> raft address whose handshake failed

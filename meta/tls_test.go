@@ -1,8 +1,12 @@
 package meta
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -240,5 +244,62 @@ func TestClusterOverTLS(t *testing.T) {
 				t.Fatalf("%s lost model 1", id)
 			}
 		}
+	}
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestBootstrapRefusesImpostor: a node with another CA's certificate whose
+// ID puts it in the bootstrap set holds the bootstrap up (no node
+// bootstraps a configuration with it) until it is gone; then the genuine
+// nodes bootstrap among themselves.
+func TestBootstrapRefusesImpostor(t *testing.T) {
+	pki := newTestPKI(t, "cluster CA")
+	rogue := newTestPKI(t, "rogue CA")
+	nodeTLS := map[string]*tlsconf.TLS{"n00": rogue.tls("n00", tlsconf.UsageNode)}
+	genuine := []string{"n01", "n02", "n03"}
+	for _, id := range genuine {
+		nodeTLS[id] = pki.tls(id, tlsconf.UsageNode)
+	}
+	var logs syncBuffer
+	c := newCluster(t, 3)
+	c.tweak = func(cfg *Config) {
+		cfg.TLS = nodeTLS[cfg.NodeID]
+		if cfg.NodeID == "n01" {
+			cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		}
+	}
+	for _, id := range append([]string{"n00"}, genuine...) {
+		c.start(id)
+	}
+	eventually(t, "n01 to refuse bootstrapping with n00", func() bool {
+		return strings.Contains(logs.String(), "not bootstrapping") && strings.Contains(logs.String(), "server=n00")
+	})
+	for _, id := range c.running() {
+		if servers, err := c.node(id).Servers(); err != nil || len(servers) != 0 {
+			t.Fatalf("%s has raft configuration %v (%v) with the impostor in the bootstrap set", id, servers, err)
+		}
+	}
+	c.stop("n00")
+	l := c.leader()
+	c.waitAgree(genuine)
+	if v, nv := voters(t, l); !slices.Equal(v, genuine) || len(nv) != 0 {
+		t.Fatalf("voters %v nonvoters %v", v, nv)
 	}
 }
