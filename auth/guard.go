@@ -34,10 +34,14 @@ func DefaultMethods() map[string]Scope {
 		api.Client_Stats_FullMethodName:         ScopeRead,
 		api.Client_ClusterInfo_FullMethodName:   ScopeRead,
 		api.Client_Drain_FullMethodName:         ScopeAdmin,
-		api.Peer_Replicate_FullMethodName:       ScopePeer,
-		api.Peer_Fetch_FullMethodName:           ScopePeer,
-		api.Peer_Digest_FullMethodName:          ScopePeer,
-		api.Peer_MetaApply_FullMethodName:       ScopePeer,
+		// Injection reads chunks into the caller's own cache memory.
+		api.Injector_RegisterCache_FullMethodName:   ScopeRead,
+		api.Injector_UnregisterCache_FullMethodName: ScopeRead,
+		api.Injector_Inject_FullMethodName:          ScopeRead,
+		api.Peer_Replicate_FullMethodName:           ScopePeer,
+		api.Peer_Fetch_FullMethodName:               ScopePeer,
+		api.Peer_Digest_FullMethodName:              ScopePeer,
+		api.Peer_MetaApply_FullMethodName:           ScopePeer,
 	}
 }
 

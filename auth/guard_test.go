@@ -281,7 +281,7 @@ func TestGuardCertificates(t *testing.T) {
 func TestDefaultMethodsCoverAPI(t *testing.T) {
 	m := DefaultMethods()
 	n := 0
-	for _, sd := range []grpc.ServiceDesc{api.Client_ServiceDesc, api.Peer_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{api.Client_ServiceDesc, api.Peer_ServiceDesc, api.Injector_ServiceDesc} {
 		var names []string
 		for _, md := range sd.Methods {
 			names = append(names, md.MethodName)

@@ -26,7 +26,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func startNode(t *testing.T, id string, seeds []string, expect int) *Node {
 	t.Helper()
 	nd, err := New(Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
-		LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t)})
+		LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t), Insecure: true})
 	if err != nil {
 		t.Fatal(err)
 	}

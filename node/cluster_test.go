@@ -53,6 +53,7 @@ func startClusterDRAM(t testing.TB, n int, dram int64) []*Node {
 			DeadGrace:       time.Hour, // keep dead nodes in the ring: reads must fail over
 			RPCTimeout:      5 * time.Second,
 			Logger:          testLogger(t),
+			Insecure:        true,
 		})
 		if err != nil {
 			t.Fatal(err)

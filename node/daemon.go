@@ -32,6 +32,9 @@ type FileConfig struct {
 	RPCTimeout      string   `json:"rpc_timeout"`
 	LocalTiming     bool     `json:"local_timing"`
 	LogLevel        string   `json:"log_level"`
+	// SecurityFileConfig holds tls, insecure, gossip_keyring_file and
+	// auth (security.go).
+	SecurityFileConfig
 }
 
 // ParseBytes parses a byte size: a number with an optional K, M, G or T
@@ -88,6 +91,7 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -160,6 +164,7 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	if !set["local-timing"] && file.LocalTiming {
 		fc.LocalTiming = true
 	}
+	fc.mergeSecurity(&file, set)
 	return nil
 }
 
@@ -203,10 +208,11 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 			seeds = append(seeds, s)
 		}
 	}
-	return Config{
+	cfg = Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: fc.GRPC, HTTPAddr: fc.HTTP, GossipAddr: fc.Gossip, RaftAddr: fc.Raft,
 		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DiskBytes: disk, DeadGrace: grace,
 		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming,
 		Logger: slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
-	}, nil
+	}
+	return cfg, fc.securityConfig(&cfg)
 }

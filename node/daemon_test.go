@@ -66,7 +66,7 @@ func TestRunDaemon(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- RunDaemon(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-local-timing", "-dram", "16M", "-log-level", "error"}, pw, io.Discard)
+		done <- RunDaemon(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-local-timing", "-dram", "16M", "-log-level", "error", "-insecure"}, pw, io.Discard)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')

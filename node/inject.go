@@ -238,6 +238,9 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 	if req.GetFingerprint() == nil {
 		return nil, status.Error(codes.InvalidArgument, "register cache without a model fingerprint")
 	}
+	if err := checkFingerprint(ctx, client.FingerprintFromProto(req.Fingerprint)); err != nil {
+		return nil, err
+	}
 	d := inject.Descriptor{
 		Fingerprint:  client.FingerprintFromProto(req.Fingerprint),
 		Layers:       int(req.Layers),
@@ -280,6 +283,9 @@ func (in *injector) UnregisterCache(ctx context.Context, req *api.UnregisterCach
 }
 
 func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer[api.InjectEvent]) error {
+	if err := in.n.checkChunks("inject", len(req.Chunks)); err != nil {
+		return err
+	}
 	r := &inject.Request{Cache: inject.CacheID(req.CacheId), Chunks: make([]inject.Chunk, len(req.Chunks))}
 	for i, c := range req.Chunks {
 		if c.GetContent() == nil {

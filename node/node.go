@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Config configures a Node. Zero fields take the documented defaults.
@@ -74,6 +76,25 @@ type Config struct {
 	// Quorum, DataDir (DataDir/replication), Limits and Logger are set by
 	// the node. Zero fields take replication's defaults.
 	Replication replication.Config
+	// TLS names the node's CA, certificate and key files: gRPC (clients
+	// and peers) and raft then run over mutual TLS (docs/SECURITY.md).
+	// Required unless Insecure is set; New fails with ErrNoTLS otherwise.
+	TLS tlsconf.Config
+	// Insecure runs the node without TLS: plaintext, and any caller may
+	// use the peer API. New logs a warning. Single machine and tests only.
+	Insecure bool
+	// Tokens requires API tokens (auth package) from clients; without
+	// them a client certificate of the CA is the authorisation.
+	Tokens bool
+	// MaxStreamsPerClient bounds one caller's concurrent streams. Default
+	// auth.DefaultMaxStreams; negative means no limit.
+	MaxStreamsPerClient int
+	// MaxChunksPerRequest bounds the chunks one Lookup or Inject names
+	// (ResourceExhausted beyond). Default MaxLookupBatch.
+	MaxChunksPerRequest int
+	// GossipKeyring encrypts gossip (gossipkey.LoadFile); nil means
+	// unencrypted gossip.
+	GossipKeyring *memberlist.Keyring
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -127,6 +148,7 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	c.securityDefaults()
 	return c, nil
 }
 
@@ -144,6 +166,7 @@ type Node struct {
 	bg     *background // meta watch, gossip events; stopped first on close
 	drain  drainState
 	inj    *injector // node-side KV injection (inject.go)
+	sec    security  // TLS, token guard, stream limits (security.go)
 
 	grpcLis  net.Listener
 	grpcSrv  *grpc.Server
@@ -164,6 +187,9 @@ func New(cfg Config) (*Node, error) {
 		return nil, err
 	}
 	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
+	if n.sec, err = newSecurity(cfg); err != nil {
+		return nil, err
+	}
 	n.registry = prometheus.NewRegistry()
 	n.metrics = newMetrics(n.registry)
 	return n, nil
@@ -208,6 +234,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	}
 
 	n.peers = newPeerPool(n.log)
+	n.peers.creds = n.sec.tls.NodeClientCredentials()
 	mcfg := meta.Config{
 		NodeID:          cfg.NodeID,
 		RaftBind:        cfg.RaftAddr,
@@ -217,6 +244,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		GRPCAddr:        n.GRPCAddr(),
 		DeadGrace:       cfg.DeadGrace,
 		Logger:          n.log,
+		TLS:             n.sec.metaTLS(),
 	}
 	if cfg.LocalTiming {
 		// Raft keeps its default 1 s heartbeat and election timeouts: on a
@@ -243,8 +271,9 @@ func (n *Node) Start(ctx context.Context) (err error) {
 			ID: cfg.NodeID, GRPCAddr: n.GRPCAddr(), RaftAddr: n.meta.RaftAddr(), HTTPAddr: n.HTTPAddr(),
 			Capacity: ring.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
 		},
-		Seeds:  cfg.Seeds,
-		Logger: n.log,
+		Seeds:   cfg.Seeds,
+		Logger:  n.log,
+		Keyring: cfg.GossipKeyring,
 	}
 	if cfg.LocalTiming {
 		gcfg.Timing = ring.LocalTiming()
@@ -276,13 +305,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	}
 	n.bg = n.startBackground()
 
-	n.grpcSrv = grpc.NewServer(
+	n.grpcSrv = grpc.NewServer(append(n.serverOptions(),
 		grpc.ForceServerCodecV2(api.Codec()),
-		grpc.ChainUnaryInterceptor(n.unaryInterceptor),
-		grpc.ChainStreamInterceptor(n.streamInterceptor),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(8<<20),
-	)
+	)...)
 	api.RegisterClientServer(n.grpcSrv, &clientService{n: n})
 	api.RegisterPeerServer(n.grpcSrv, &peerService{n: n})
 	if n.inj, err = n.startInject(); err != nil {

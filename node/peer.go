@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
@@ -26,6 +27,9 @@ type peerPool struct {
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
 	closed bool
+	// creds dial peers (node certificate over mutual TLS); nil means
+	// plaintext.
+	creds credentials.TransportCredentials
 }
 
 func newPeerPool(log *slog.Logger) *peerPool {
@@ -43,8 +47,12 @@ func (p *peerPool) conn(addr string) (*grpc.ClientConn, error) {
 	if c := p.conns[addr]; c != nil {
 		return c, nil
 	}
+	creds := p.creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
 	c, err := grpc.NewClient(addr,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(8<<20)),
 	)
 	if err != nil {

@@ -64,6 +64,9 @@ func (s *clientService) RegisterModel(ctx context.Context, req *api.RegisterMode
 	if err != nil {
 		return nil, invalid(err)
 	}
+	if err := checkFingerprint(ctx, spec.Fingerprint()); err != nil {
+		return nil, err
+	}
 	fp, err := s.n.meta.RegisterModel(ctx, spec)
 	if err != nil {
 		return nil, err
@@ -98,6 +101,9 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	key, err := client.KeyFromProto(hdr.Key)
 	if err != nil {
 		return invalid(err)
+	}
+	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
+		return err
 	}
 	switch {
 	case hdr.BlobBytes == 0:
@@ -168,6 +174,9 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	key, err := client.KeyFromProto(req.GetKey())
 	if err != nil {
 		return invalid(err)
+	}
+	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
+		return err
 	}
 	if req.Format != api.Format_FORMAT_ENTRY && req.Format != api.Format_FORMAT_RAW {
 		return status.Errorf(codes.InvalidArgument, "unknown format %v", req.Format)
@@ -247,7 +256,13 @@ func (n *Node) lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupR
 	if len(req.Items) > MaxLookupBatch {
 		return nil, status.Errorf(codes.ResourceExhausted, "lookup of %d items exceeds %d", len(req.Items), MaxLookupBatch)
 	}
+	if err := n.checkChunks("lookup", len(req.Items)); err != nil {
+		return nil, err
+	}
 	fp := client.FingerprintFromProto(req.Fingerprint)
+	if err := checkFingerprint(ctx, fp); err != nil {
+		return nil, err
+	}
 	if _, err := n.model(ctx, fp); err != nil {
 		return nil, err
 	}
@@ -427,6 +442,9 @@ func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*ap
 	key, err := client.KeyFromProto(req.GetKey())
 	if err != nil {
 		return nil, invalid(err)
+	}
+	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
+		return nil, err
 	}
 	if req.Direct {
 		if err := n.repl.ServeDelete(ctx, key, req.At); err != nil {

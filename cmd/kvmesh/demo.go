@@ -253,7 +253,8 @@ func startDemoCluster(ctx context.Context, dir string, log *slog.Logger, w io.Wr
 	var seeds []string
 	for i, h := range localHosts(3) {
 		n, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(dir, strconv.Itoa(i)),
-			GRPCAddr: h + ":0", Seeds: seeds, BootstrapExpect: 3, DRAMBytes: 512 << 20, LocalTiming: true, Logger: log})
+			GRPCAddr: h + ":0", Seeds: seeds, BootstrapExpect: 3, DRAMBytes: 512 << 20, LocalTiming: true, Logger: log,
+			Insecure: true}) // one process on loopback
 		if err != nil {
 			return nodes, err
 		}

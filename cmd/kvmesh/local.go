@@ -101,7 +101,7 @@ func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error
 	for i := range n {
 		id := fmt.Sprintf("n%d", i+1)
 		a := append(append([]string(nil), argv[1:]...), "-id", id, "-data-dir", filepath.Join(*dir, id),
-			"-grpc", hosts[i]+":0", "-bootstrap-expect", strconv.Itoa(n), "-local-timing", "-dram", *dram)
+			"-grpc", hosts[i]+":0", "-bootstrap-expect", strconv.Itoa(n), "-local-timing", "-dram", *dram, "-insecure")
 		if i > 0 {
 			a = append(a, "-join", children[0].addrs["gossip"])
 		}

@@ -90,7 +90,7 @@ func start(t *testing.T, bin, id string, args ...string) *proc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(bin, append([]string{"-id", id}, args...)...)
+	cmd := exec.Command(bin, append([]string{"-id", id, "-insecure"}, args...)...)
 	cmd.Stderr = logf
 	out, err := cmd.StdoutPipe()
 	if err != nil {

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -170,6 +171,10 @@ func (p *Proc) Start(ctx context.Context) error {
 		}
 	}
 	args := []string{"-id", p.cfg.ID, "-data-dir", p.cfg.DataDir}
+	if !slices.Contains(p.cfg.Args, "-tls-cert") {
+		// Loopback test clusters run without TLS unless Args configure it.
+		args = append(args, "-insecure")
+	}
 	if p.addrs == nil {
 		args = append(args, "-grpc", net.JoinHostPort(p.cfg.Host, "0"))
 	} else {

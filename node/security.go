@@ -1,0 +1,189 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/tlsconf"
+)
+
+// ErrNoTLS is returned by New when Config names no TLS files and does not
+// set Insecure: a node never falls into plaintext by omission.
+var ErrNoTLS = errors.New("node: no TLS configured: set Config.TLS (CA, certificate and key files) or Config.Insecure")
+
+// security is the node's transport security and authorisation: the TLS
+// identity (gRPC server, peer dials, raft), the Guard that authenticates
+// and authorises every call, and the per-caller stream limiter. The node
+// owns it; it does not change after Start.
+type security struct {
+	tls     *tlsconf.TLS
+	guard   *auth.Guard
+	limiter *auth.StreamLimiter
+}
+
+// newSecurity loads cfg's TLS files (or turns TLS off, with a warning,
+// when cfg.Insecure is set).
+func newSecurity(cfg Config) (security, error) {
+	tc := cfg.TLS
+	tc.Insecure = tc.Insecure || cfg.Insecure
+	if tc.Logger == nil {
+		tc.Logger = cfg.Logger
+	}
+	t, err := tlsconf.New(tc)
+	if errors.Is(err, tlsconf.ErrNotConfigured) {
+		return security{}, ErrNoTLS
+	}
+	if err != nil {
+		return security{}, fmt.Errorf("node: TLS: %w", err)
+	}
+	return security{tls: t}, nil
+}
+
+// metaTLS is the TLS raft runs over: nil (plain TCP) in insecure mode.
+func (s *security) metaTLS() *tlsconf.TLS {
+	if s.tls.Insecure() {
+		return nil
+	}
+	return s.tls
+}
+
+// startGuard builds the Guard and the limiter once the metadata store
+// (the token table) is open.
+func (s *security) startGuard(cfg Config, tokens *meta.Store, log *slog.Logger) {
+	var v *auth.Verifier
+	if cfg.Tokens {
+		v = auth.NewVerifier(tokens)
+	}
+	s.guard = auth.NewGuard(auth.Config{Verifier: v, InsecurePeers: s.tls.Insecure(), Logger: log})
+	s.limiter = auth.NewStreamLimiter(auth.LimiterConfig{MaxStreams: cfg.MaxStreamsPerClient})
+}
+
+// checkFingerprint refuses a caller whose token's namespace does not
+// cover the model fp, as a PermissionDenied status. Handlers call it
+// right after parsing a request, before storing or returning anything.
+func checkFingerprint(ctx context.Context, fp chunk.Fingerprint) error {
+	return auth.CheckFingerprint(ctx, fp)
+}
+
+// checkChunks refuses a request naming more than the node's
+// MaxChunksPerRequest chunks.
+func (n *Node) checkChunks(what string, count int) error {
+	if count > n.cfg.MaxChunksPerRequest {
+		return status.Errorf(codes.ResourceExhausted, "%s of %d chunks exceeds the limit of %d", what, count, n.cfg.MaxChunksPerRequest)
+	}
+	return nil
+}
+
+// serverOptions are the gRPC server options security adds: credentials
+// and the Guard and limiter interceptors, which run before the node's own
+// (panic recovery, metrics) so those see only authorised calls.
+func (n *Node) serverOptions() []grpc.ServerOption {
+	n.sec.startGuard(n.cfg, n.meta, n.log)
+	return []grpc.ServerOption{
+		grpc.Creds(n.sec.tls.ServerCredentials()),
+		grpc.ChainUnaryInterceptor(n.sec.guard.UnaryInterceptor(), n.unaryInterceptor),
+		grpc.ChainStreamInterceptor(n.sec.guard.StreamInterceptor(), n.sec.limiter.StreamInterceptor(), n.streamInterceptor),
+	}
+}
+
+// securityDefaults fills the security limits of c.
+func (c *Config) securityDefaults() {
+	if c.MaxChunksPerRequest <= 0 {
+		c.MaxChunksPerRequest = MaxLookupBatch
+	}
+	if c.MaxStreamsPerClient == 0 {
+		c.MaxStreamsPerClient = auth.DefaultMaxStreams
+	}
+}
+
+// SecurityFileConfig is the security part of kvmeshd's configuration (see
+// docs/SECURITY.md).
+type SecurityFileConfig struct {
+	// TLS names the CA, certificate and key files.
+	TLS tlsconf.Config `json:"tls"`
+	// Insecure runs without TLS (plaintext, unauthenticated); the daemon
+	// refuses to start with neither TLS files nor this.
+	Insecure bool `json:"insecure"`
+	// GossipKeyringFile is a gossipkey keyring file (one base64 key a
+	// line, primary first); without it gossip is not encrypted.
+	GossipKeyringFile string `json:"gossip_keyring_file"`
+	// Auth configures API tokens and per-client limits.
+	Auth AuthFileConfig `json:"auth"`
+}
+
+// AuthFileConfig is the "auth" object of kvmeshd's configuration.
+type AuthFileConfig struct {
+	Tokens              bool `json:"tokens"`
+	MaxStreamsPerClient int  `json:"max_streams_per_client"`
+	MaxChunksPerRequest int  `json:"max_chunks_per_request"`
+}
+
+// securityFlags registers the security flags of kvmeshd.
+func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
+	fs.StringVar(&fc.TLS.CAFile, "tls-ca", "", "cluster CA certificate (PEM)")
+	fs.StringVar(&fc.TLS.CertFile, "tls-cert", "", "this node's certificate (PEM; a node certificate from `kvmesh certs -node`)")
+	fs.StringVar(&fc.TLS.KeyFile, "tls-key", "", "this node's private key (PEM)")
+	fs.StringVar(&fc.TLS.ServerName, "tls-server-name", "", "name checked in peers' certificates instead of the dialed host")
+	fs.BoolVar(&fc.Insecure, "insecure", false, "run WITHOUT TLS: plaintext and unauthenticated (single machine and tests only)")
+	fs.StringVar(&fc.GossipKeyringFile, "gossip-keyring", "", "gossip keyring file (base64 keys, primary first, mode 0600)")
+	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
+	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", 0, "concurrent streams per client (default 64; negative: no limit)")
+	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", 0, "chunks one Lookup or Inject may name (default 4096)")
+}
+
+// mergeSecurity fills the security fields of fc whose flags were not set
+// from file.
+func (fc *FileConfig) mergeSecurity(file *FileConfig, set map[string]bool) {
+	str := func(name string, dst *string, v string) {
+		if !set[name] && v != "" {
+			*dst = v
+		}
+	}
+	str("tls-ca", &fc.TLS.CAFile, file.TLS.CAFile)
+	str("tls-cert", &fc.TLS.CertFile, file.TLS.CertFile)
+	str("tls-key", &fc.TLS.KeyFile, file.TLS.KeyFile)
+	str("tls-server-name", &fc.TLS.ServerName, file.TLS.ServerName)
+	str("gossip-keyring", &fc.GossipKeyringFile, file.GossipKeyringFile)
+	if !set["insecure"] && (file.Insecure || file.TLS.Insecure) {
+		fc.Insecure = true
+	}
+	if !set["tokens"] && file.Auth.Tokens {
+		fc.Auth.Tokens = true
+	}
+	if !set["max-streams-per-client"] && file.Auth.MaxStreamsPerClient != 0 {
+		fc.Auth.MaxStreamsPerClient = file.Auth.MaxStreamsPerClient
+	}
+	if !set["max-chunks-per-request"] && file.Auth.MaxChunksPerRequest != 0 {
+		fc.Auth.MaxChunksPerRequest = file.Auth.MaxChunksPerRequest
+	}
+}
+
+// securityConfig copies the security settings into cfg, loading the
+// gossip keyring file.
+func (fc *FileConfig) securityConfig(cfg *Config) error {
+	cfg.TLS = fc.TLS
+	cfg.TLS.Insecure = false
+	cfg.Insecure = fc.Insecure || fc.TLS.Insecure
+	cfg.Tokens = fc.Auth.Tokens
+	cfg.MaxStreamsPerClient = fc.Auth.MaxStreamsPerClient
+	cfg.MaxChunksPerRequest = fc.Auth.MaxChunksPerRequest
+	if fc.GossipKeyringFile != "" {
+		kr, err := gossipkey.LoadFile(fc.GossipKeyringFile)
+		if err != nil {
+			return fmt.Errorf("kvmeshd: gossip keyring: %w", err)
+		}
+		cfg.GossipKeyring = kr
+	}
+	return nil
+}
