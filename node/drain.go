@@ -170,18 +170,16 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 	out.Left = true
 	// Wait until this node is out of the ring (the leader acts on the
 	// gossip leave), so no new write names it, then copy whatever was
-	// written to it meanwhile.
+	// written to it meanwhile. The leader removes this node from raft as
+	// well, so its own ring may never show the removal: ask the others.
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	in := n.meta.Ring().Contains(n.cfg.NodeID)
+	in := n.inRingElsewhere(wctx)
 	for in && wctx.Err() == nil {
-		ch, stop := n.meta.Watch()
 		select {
-		case <-ch:
 		case <-time.After(200 * time.Millisecond):
 		case <-wctx.Done():
 		}
-		stop()
-		in = n.meta.Ring().Contains(n.cfg.NodeID)
+		in = n.inRingElsewhere(wctx)
 	}
 	cancel()
 	if in {
@@ -194,6 +192,40 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 	report("done", &st)
 	n.log.Info("node: drained and left", "keys", out.Keys, "moved", out.KeysMoved, "bytes", out.BytesMoved)
 	return out, nil
+}
+
+// inRingElsewhere reports whether the ring that another member (the
+// leader first) serves still contains this node; true when none answers.
+func (n *Node) inRingElsewhere(ctx context.Context) bool {
+	lid, laddr := n.meta.Leader()
+	var addrs []string
+	if lid != "" && lid != n.cfg.NodeID && laddr != "" {
+		addrs = append(addrs, laddr)
+	}
+	for _, m := range n.meta.Ring().Members() {
+		if m.ID != n.cfg.NodeID && m.ID != lid && m.GRPCAddr != "" {
+			addrs = append(addrs, m.GRPCAddr)
+		}
+	}
+	for _, addr := range addrs {
+		c, err := n.peers.client(addr)
+		if err != nil {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		info, err := c.ClusterInfo(cctx, &api.ClusterInfoRequest{})
+		cancel()
+		if err != nil || info.LeaderId == "" {
+			continue
+		}
+		for _, m := range info.Members {
+			if m.Id == n.cfg.NodeID {
+				return true
+			}
+		}
+		return false
+	}
+	return true
 }
 
 func (s *clientService) Drain(req *api.DrainRequest, st grpc.ServerStreamingServer[api.DrainProgress]) error {

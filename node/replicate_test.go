@@ -1,0 +1,371 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/replication"
+)
+
+// replConfig is a node configuration with replication's background work
+// tuned for tests: hints retried within a second, rebalance retried fast,
+// no transfer rate limit.
+func replConfig(t *testing.T, id string, seeds []string, expect int) Config {
+	return Config{
+		NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
+		HTTPAddr: "off", LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t),
+		Insecure: true,
+		Replication: replication.Config{
+			HintInterval: 100 * time.Millisecond, MaxHintBackoff: 500 * time.Millisecond,
+			RingCheckInterval: 200 * time.Millisecond, RebalanceRetry: 300 * time.Millisecond,
+			RebalanceBytesPerSec: -1, CallTimeout: 3 * time.Second,
+		},
+	}
+}
+
+// startConfigured starts a node of cfg, closed at test end.
+func startConfigured(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	nd, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := nd.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = nd.Close() })
+	return nd
+}
+
+// startReplCluster starts n nodes that bootstrap together and returns them
+// with their configurations, whose addresses are pinned to the bound ones
+// so that a node restarted from its config comes back where it was.
+func startReplCluster(t *testing.T, n int) ([]*Node, []Config) {
+	t.Helper()
+	nodes := make([]*Node, n)
+	cfgs := make([]Config, n)
+	var seeds []string
+	for i := range nodes {
+		cfgs[i] = replConfig(t, fmt.Sprintf("n%d", i+1), seeds, n)
+		nodes[i] = startConfigured(t, cfgs[i])
+		cfgs[i].GRPCAddr, cfgs[i].GossipAddr, cfgs[i].RaftAddr = nodes[i].GRPCAddr(), nodes[i].GossipAddr(), nodes[i].RaftAddr()
+		if i == 0 {
+			seeds = []string{nodes[0].GossipAddr()}
+		}
+	}
+	waitRing(t, nodes, n)
+	return nodes, cfgs
+}
+
+// waitRing waits until every node is ready with a ring of n members.
+func waitRing(t *testing.T, nodes []*Node, n int) {
+	t.Helper()
+	waitFor(t, 60*time.Second, fmt.Sprintf("a ready ring of %d", n), func() bool {
+		for _, nd := range nodes {
+			if nd.Ready() != nil || nd.Meta().Ring().Len() != n {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// holders returns the IDs of the nodes whose local store holds key.
+func holders(nodes []*Node, key chunk.Key) []string {
+	var out []string
+	for _, nd := range nodes {
+		if nd.store.Contains(key) {
+			out = append(out, nd.ID())
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// owners returns the IDs of key's replicas on nd's ring.
+func owners(nd *Node, key chunk.Key) []string {
+	rf, _ := nd.quorum()
+	var out []string
+	for _, m := range nd.Meta().Ring().Replicas(key.Content, rf) {
+		out = append(out, m.ID)
+	}
+	slices.Sort(out)
+	return out
+}
+
+type testChunk struct {
+	key  chunk.Key
+	blob []byte
+}
+
+func makeChunks(t *testing.T, seed uint64, n int) []testChunk {
+	rng := rand.New(rand.NewPCG(seed, seed))
+	out := make([]testChunk, n)
+	for i := range out {
+		out[i].key, out[i].blob = testEntry(t, rng, testSpec(), randTokens(rng, 8+i%7), chunk.StandaloneContext())
+	}
+	return out
+}
+
+// checkReadable reads every chunk through nodes[0]'s replication (local,
+// then the replicas) and compares the bytes.
+func checkReadable(t *testing.T, ctx context.Context, nd *Node, chunks []testChunk) {
+	t.Helper()
+	for i, c := range chunks {
+		rr, err := nd.repl.Read(ctx, c.key)
+		if err != nil {
+			t.Fatalf("chunk %d (%v) lost: %v", i, c.key, err)
+		}
+		same := bytes.Equal(rr.Blob, c.blob)
+		rr.Release()
+		if !same {
+			t.Fatalf("chunk %d (%v): bytes differ", i, c.key)
+		}
+	}
+}
+
+// TestReplicaKilledDuringWrites kills one of 3 replicas while a client
+// writes: no chunk acknowledged with a write quorum is lost.
+func TestReplicaKilledDuringWrites(t *testing.T) {
+	nodes, _ := startReplCluster(t, 3)
+	c := newClient(t, nodes[0], nodes[1])
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	chunks := makeChunks(t, 7, 60)
+	var acked []testChunk
+	failed := 0
+	var killed sync.WaitGroup
+	for i, ch := range chunks {
+		if i == 20 {
+			// Kill n3 in the middle of the stream, while writes go on.
+			killed.Add(1)
+			go func() {
+				defer killed.Done()
+				_ = nodes[2].Close()
+			}()
+		}
+		res, err := c.Put(ctx, ch.blob)
+		if err != nil {
+			failed++
+			continue
+		}
+		if len(res.StoredOn) < 2 {
+			t.Fatalf("put %d acknowledged by %v, below the write quorum", i, res.StoredOn)
+		}
+		acked = append(acked, ch)
+	}
+	killed.Wait()
+	if len(acked) < len(chunks)/2 {
+		t.Fatalf("only %d of %d writes acknowledged (%d failed)", len(acked), len(chunks), failed)
+	}
+	live := nodes[:2]
+	for _, nd := range live {
+		checkReadable(t, ctx, nd, acked)
+	}
+	// Every acknowledged chunk ends on both live replicas (write
+	// stragglers, repairs): one more failure would still lose nothing.
+	waitFor(t, 30*time.Second, "acknowledged chunks on both live nodes", func() bool {
+		for _, ch := range acked {
+			if len(holders(live, ch.key)) < 2 {
+				_, _ = nodes[0].repl.Read(ctx, ch.key) // read repair
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("%d acknowledged, %d failed", len(acked), failed)
+}
+
+// TestHintsDeliveredAfterReturn: a node down during writes receives their
+// hints once it is back.
+func TestHintsDeliveredAfterReturn(t *testing.T) {
+	nodes, cfgs := startReplCluster(t, 3)
+	c := newClient(t, nodes[0], nodes[1])
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the model on n3", func() bool {
+		_, ok := nodes[2].Meta().Model(testSpec().Fingerprint())
+		return ok
+	})
+	if err := nodes[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	chunks := makeChunks(t, 11, 20)
+	for i, ch := range chunks {
+		res, err := c.Put(ctx, ch.blob)
+		if err != nil {
+			t.Fatalf("put %d with one node down: %v", i, err)
+		}
+		if slices.Contains(res.StoredOn, "n3") {
+			t.Fatalf("put %d stored on the closed n3", i)
+		}
+	}
+	// Writes return at their quorum; the failed call to n3 may add its
+	// hint a moment later.
+	waitFor(t, 10*time.Second, "a hint per write that missed n3", func() bool {
+		pending := 0
+		for _, nd := range nodes[:2] {
+			p, _ := nd.repl.HintsPending()
+			pending += p
+		}
+		return pending >= len(chunks)
+	})
+
+	back := startConfigured(t, cfgs[2])
+	all := []*Node{nodes[0], nodes[1], back}
+	waitRing(t, all, 3)
+	waitFor(t, 45*time.Second, "hinted chunks on the returned n3", func() bool {
+		for _, ch := range chunks {
+			if !back.store.Contains(ch.key) {
+				return false
+			}
+		}
+		return true
+	})
+	waitFor(t, 10*time.Second, "no hints pending", func() bool {
+		for _, nd := range nodes[:2] {
+			if p, _ := nd.repl.HintsPending(); p > 0 {
+				return false
+			}
+		}
+		return true
+	})
+	delivered := nodes[0].repl.Metrics().HintsDelivered + nodes[1].repl.Metrics().HintsDelivered
+	if delivered < int64(len(chunks)) {
+		t.Fatalf("%d hints delivered, want at least %d", delivered, len(chunks))
+	}
+	for _, ch := range chunks {
+		got, release, err := back.repl.ServeFetch(ctx, ch.key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		same := bytes.Equal(got, ch.blob)
+		release()
+		if !same {
+			t.Fatalf("%v: hinted bytes differ", ch.key)
+		}
+	}
+}
+
+// TestJoinRebalances: a 4th node joins and ends with its share; the old
+// owners drop what they no longer own.
+func TestJoinRebalances(t *testing.T) {
+	nodes, _ := startReplCluster(t, 3)
+	c := newClient(t, nodes...)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	chunks := makeChunks(t, 13, 60)
+	for i, ch := range chunks {
+		if _, err := c.Put(ctx, ch.blob); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	n4 := startConfigured(t, replConfig(t, "n4", []string{nodes[0].GossipAddr()}, 0))
+	all := append(slices.Clone(nodes), n4)
+	waitRing(t, all, 4)
+	placed := func() bool {
+		for _, ch := range chunks {
+			if !slices.Equal(holders(all, ch.key), owners(nodes[0], ch.key)) {
+				return false
+			}
+		}
+		return true
+	}
+	waitFor(t, 60*time.Second, "every chunk on exactly its owners in the 4-node ring", placed)
+	share := 0
+	for _, ch := range chunks {
+		if n4.store.Contains(ch.key) {
+			share++
+		}
+	}
+	// R=3 of 4 nodes: n4 owns about 3/4 of the chunks.
+	if share < len(chunks)/2 || share == len(chunks) {
+		t.Fatalf("n4 holds %d of %d chunks, want about 3/4", share, len(chunks))
+	}
+	var dropped int64
+	for _, nd := range nodes {
+		dropped += nd.repl.Metrics().RebalanceDropped
+	}
+	if dropped < int64(share) {
+		// Each chunk n4 took was dropped by the one old owner that left
+		// its replica set.
+		t.Fatalf("old owners dropped %d chunks, n4 took %d", dropped, share)
+	}
+	checkReadable(t, ctx, n4, chunks)
+}
+
+// TestDrainMovesEverything drains a node through the admin RPC: its
+// chunks reach their owners among the others, it leaves the ring, and
+// nothing is lost once it is gone.
+func TestDrainMovesEverything(t *testing.T) {
+	nodes, _ := startReplCluster(t, 4)
+	c := newClient(t, nodes[:3]...)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	chunks := makeChunks(t, 17, 40)
+	for i, ch := range chunks {
+		if _, err := c.Put(ctx, ch.blob); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	n4 := nodes[3]
+	held := 0
+	for _, ch := range chunks {
+		if n4.store.Contains(ch.key) {
+			held++
+		}
+	}
+	if held == 0 {
+		t.Fatal("n4 holds nothing to drain")
+	}
+	var phases []string
+	last, err := c.Drain(ctx, n4.GRPCAddr(), false, func(p *api.DrainProgress) {
+		if len(phases) == 0 || phases[len(phases)-1] != p.Phase {
+			phases = append(phases, p.Phase)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !last.Left || last.Phase != "done" || last.NodeId != "n4" || last.Keys < uint64(held) {
+		t.Fatalf("last progress %v, want done and left with at least %d keys", last, held)
+	}
+	if !slices.Equal(phases, []string{"draining", "leaving", "done"}) {
+		t.Fatalf("phases %v", phases)
+	}
+	rest := nodes[:3]
+	waitRing(t, rest, 3)
+	if err := n4.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// R=3 of the 3 left: every chunk on every remaining node, without
+	// any read having to repair it.
+	for _, ch := range chunks {
+		if h := holders(rest, ch.key); len(h) != 3 {
+			t.Fatalf("%v on %v after the drain, want all three", ch.key, h)
+		}
+	}
+	checkReadable(t, ctx, nodes[0], chunks)
+}
