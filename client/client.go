@@ -20,7 +20,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
@@ -28,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Config configures New. Zero fields take the documented defaults.
@@ -52,6 +52,13 @@ type Config struct {
 	// DialOptions are added to every connection (tests use bufconn
 	// dialers).
 	DialOptions []grpc.DialOption
+	// TLS names the CA, client certificate and key for a cluster running
+	// mutual TLS (a client certificate from `kvmesh certs -client`). No
+	// files means plaintext, for nodes started with Insecure.
+	TLS tlsconf.Config
+	// Token is an API token ("<id>.<secret>") sent on every call as
+	// "authorization: Bearer"; only over TLS unless TLS.Insecure is set.
+	Token string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -114,6 +121,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
+	sec, err := securityOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	cfg.DialOptions = append(sec, cfg.DialOptions...)
 	c := &Client{cfg: cfg, log: cfg.Logger, conns: make(map[string]*grpc.ClientConn)}
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	c.view.Store(&view{ring: ring.New(0, nil), info: &api.ClusterInfoResponse{}, rf: 1})
@@ -148,7 +160,6 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 		return cc, nil
 	}
 	opts := append([]grpc.DialOption{
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(8<<20)),
 	}, c.cfg.DialOptions...)
 	cc, err := grpc.NewClient(addr, opts...)
