@@ -1,0 +1,185 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+)
+
+// getDirect reads key from addr's own store only (no replica fallback).
+func getDirect(ctx context.Context, addr string, key chunk.Key) ([]byte, error) {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
+	if err != nil {
+		return nil, err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(key), Direct: true})
+	if err != nil {
+		return nil, err
+	}
+	var hdr api.GetHeader
+	if err := api.RecvHeader(st, &hdr); err != nil {
+		return nil, err
+	}
+	blob := make([]byte, hdr.TotalBytes)
+	if err := api.RecvBody(st, blob); err != nil {
+		return nil, err
+	}
+	return blob, nil
+}
+
+// TestKillReplicaDuringWrites SIGKILLs one of three kvmeshd processes
+// while four writers stream puts: every put acknowledged by a write quorum
+// stays readable, and the killed node, restarted, receives the hints of
+// the writes it missed.
+func TestKillReplicaDuringWrites(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts processes")
+	}
+	hosts := []string{"127.0.0.21", "127.0.0.22", "127.0.0.23"}
+	checkBindable(t, hosts...)
+	bin := buildKvmeshd(t)
+	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}
+	var procs []*proc
+	var dirs []string
+	for i, h := range hosts {
+		dirs = append(dirs, t.TempDir())
+		args := append([]string{"-data-dir", dirs[i], "-grpc", h + ":0"}, common...)
+		if i > 0 {
+			args = append(args, "-join", procs[0].addrs["gossip"])
+		}
+		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].addrs["grpc"], procs[1].addrs["grpc"]}, RPCTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for {
+		info, err := c.ClusterInfo(ctx)
+		if err == nil && len(info.Members) == 3 && info.LeaderId != "" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("cluster never formed: %v %v", info, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	spec := testSpec()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+
+	type acked struct {
+		key       chunk.Key
+		blob      []byte
+		afterKill bool // the put started once the victim was dead
+	}
+	const writers, perWriter = 4, 20
+	var (
+		mu     sync.Mutex
+		ok     []acked
+		failed int
+		dead   atomic.Bool
+		wg     sync.WaitGroup
+	)
+	kill := make(chan struct{})
+	victim := procs[2]
+	for w := range writers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 99))
+			for i := range perWriter {
+				k, b := entry(t, rng, spec, 8+i)
+				after := dead.Load()
+				res, err := c.Put(ctx, b)
+				mu.Lock()
+				switch {
+				case err != nil:
+					failed++
+				case len(res.StoredOn) < 2:
+					t.Errorf("put acknowledged by %v, below the write quorum", res.StoredOn)
+				default:
+					ok = append(ok, acked{k, b, after})
+					if len(ok) == 15 {
+						close(kill)
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	select {
+	case <-kill:
+	case <-ctx.Done():
+		t.Fatal("writes did not start")
+	}
+	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	<-victim.done
+	victim.done <- nil
+	dead.Store(true)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	if len(ok) < writers*perWriter/2 {
+		t.Fatalf("only %d of %d puts acknowledged (%d failed)", len(ok), writers*perWriter, failed)
+	}
+	for i, a := range ok {
+		got, err := c.Get(ctx, a.key)
+		if err != nil {
+			t.Fatalf("acknowledged put %d lost: %v", i, err)
+		}
+		if !bytes.Equal(got, a.blob) {
+			t.Fatalf("acknowledged put %d: bytes differ", i)
+		}
+	}
+
+	// The victim comes back on its addresses: hints of the writes it
+	// missed reach its (empty, DRAM-only) store.
+	restarted := start(t, bin, victim.id, append([]string{"-data-dir", dirs[2], "-grpc", victim.addrs["grpc"],
+		"-gossip", victim.addrs["gossip"], "-raft", victim.addrs["raft"], "-http", victim.addrs["http"],
+		"-join", procs[0].addrs["gossip"]}, common...)...)
+	missed := 0
+	for _, a := range ok {
+		if !a.afterKill {
+			continue
+		}
+		missed++
+		for {
+			got, err := getDirect(ctx, restarted.addrs["grpc"], a.key)
+			if err == nil {
+				if !bytes.Equal(got, a.blob) {
+					t.Fatalf("hinted %v: bytes differ", a.key)
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("hint of %v never reached the restarted node: %v", a.key, err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	t.Logf("%d acknowledged (%d while the victim was dead, all hinted back), %d failed", len(ok), missed, failed)
+}
