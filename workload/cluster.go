@@ -64,6 +64,8 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 			NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(cfg.Dir, fmt.Sprintf("n%d", i+1)),
 			Seeds: seeds, BootstrapExpect: cfg.Nodes, DRAMBytes: cfg.DRAMBytes, LocalTiming: true,
 			HTTPAddr: "off", Logger: cfg.Logger,
+			// Loopback only, in one process: no TLS to configure.
+			Insecure: true,
 		})
 		if err != nil {
 			return nil, err

@@ -94,9 +94,9 @@ func run() error {
 	store := workload.NewClusterStore(l.Client, workload.StoreConfig{Fingerprint: fp, Codec: codec})
 	progress(fmt.Sprintf("cluster of %d nodes up; model registered", *nodes))
 
-	rag := workload.RAGConfig{Requests: 24, Warm: 8, Sweep: []float64{0, 0.3, 1}, Seed: *seed, Progress: progress}
-	chat := workload.ChatRunConfig{Conversations: 6, Seed: *seed + 1, Progress: progress}
-	mem := workload.MemoryConfig{Prompts: 6, Seed: *seed + 2, Progress: progress}
+	rag := workload.RAGConfig{Requests: 16, Warm: 6, Sweep: []float64{0, 0.3, 1}, Seed: *seed, Progress: progress}
+	chat := workload.ChatRunConfig{Conversations: 5, Seed: *seed + 1, Progress: progress}
+	mem := workload.MemoryConfig{Prompts: 4, Seed: *seed + 2, Progress: progress}
 	if *quick {
 		rag.Requests, rag.Warm, rag.Sweep = 6, 3, []float64{0, 1}
 		chat.Conversations = 2
