@@ -36,7 +36,7 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 )
 
-const usage = `usage: kvmesh [-addr HOST:PORT[,...]] [-timeout D] COMMAND [ARGS]
+const usage = `usage: kvmesh [-addr HOST:PORT[,...]] [-timeout D] [-ca F -cert F -key F] [-token T] COMMAND [ARGS]
 
 commands:
   status                  members, leader, epoch, settings and each node's tiers
@@ -56,6 +56,9 @@ commands:
   demo [-facts N] [-k 5,10,20,50] [-queries N] ...
                           3-node cluster in this process: ingest memory facts, serve queries
                           by prompt injection and by KV injection, print TTFT and fidelity
+  certs [-dir D] [-node NAME=HOST,...]... [-client NAME]...
+                          make a CA (first run) and node/client certificates (docs/SECURITY.md)
+  gossip-key FILE         write a new gossip keyring file (mode 0600)
 `
 
 func main() {
@@ -76,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.Usage = func() { fmt.Fprint(stderr, usage) }
 	addr := fs.String("addr", os.Getenv("KVMESH_ADDR"), "gRPC address(es) of any cluster member, comma-separated")
 	timeout := fs.Duration("timeout", 30*time.Second, "deadline of the command")
+	var sec secFlags
+	sec.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,12 +96,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return localCluster(ctx, rest, stdout, stderr)
 	case "demo":
 		return demo(ctx, rest, stdout, stderr)
+	case "certs":
+		return certs(rest, stdout, stderr)
+	case "gossip-key":
+		return gossipKey(rest, stdout)
 	}
 	if *addr == "" {
 		return errors.New("no cluster address: set -addr or KVMESH_ADDR")
 	}
 	if cmd == "drain" {
-		c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ",")})
+		c, err := client.New(ctx, sec.config(client.Config{Seeds: strings.Split(*addr, ",")}))
 		if err != nil {
 			return err
 		}
@@ -105,7 +114,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	c, err := client.New(ctx, client.Config{Seeds: strings.Split(*addr, ",")})
+	c, err := client.New(ctx, sec.config(client.Config{Seeds: strings.Split(*addr, ",")}))
 	if err != nil {
 		return err
 	}
