@@ -178,16 +178,31 @@ func TestClusterOverTLS(t *testing.T) {
 	if resp, err := requestVote(good, l, 0); err != nil || resp.Granted || resp.Term < term {
 		t.Fatalf("node certificate: vote response %+v, %v", resp, err)
 	}
-	if nl := c.leader(); nl != l || l.Stats().Term != term {
-		t.Fatalf("leader %s term %d after the intruders, was %s term %d", nl.NodeID(), nl.Stats().Term, l.NodeID(), term)
+	// Had a vote request got through, its term would have been adopted.
+	// (The term may still move by an ordinary election on a busy machine.)
+	for _, id := range c.running() {
+		if got := c.node(id).Stats().Term; got >= term+100 {
+			t.Fatalf("%s adopted the intruders' term %d", id, got)
+		}
 	}
+	l = c.leader()
 
 	// A node with another CA's certificate, listed by gossip (it would
 	// need the gossip key for that): the leader refuses to add it to raft
 	// or the ring, the cluster goes on, and it never receives a byte of
 	// the cluster's state.
+	// leaderOf3 is the genuine nodes' leader (c.leader wants the intruder
+	// to know it too); it may change by an ordinary election.
+	leaderOf3 := func() *Store {
+		for _, id := range ids(3) {
+			if s := c.node(id); s.IsLeader() {
+				return s
+			}
+		}
+		return nil
+	}
 	intruder := c.start("n09")
-	eventually(t, "leader to refuse n09", func() bool { return l.Stats().Refused == 1 })
+	eventually(t, "leader to refuse n09", func() bool { l := leaderOf3(); return l != nil && l.Stats().Refused == 1 })
 	fp2, err := c.node("n00").RegisterModel(ctxT(t), testSpec(2))
 	if err != nil {
 		t.Fatal(err)
@@ -197,11 +212,7 @@ func TestClusterOverTLS(t *testing.T) {
 			t.Fatalf("%s lacks model 2", id)
 		}
 	}
-	for _, id := range ids(3) {
-		if lid, _ := c.node(id).Leader(); lid != l.NodeID() {
-			t.Fatalf("%s follows %q, not %s", id, lid, l.NodeID())
-		}
-	}
+	eventually(t, "a genuine leader", func() bool { l = leaderOf3(); return l != nil })
 	if v, nv := voters(t, l); !slices.Equal(v, ids(3)) || len(nv) != 0 {
 		t.Fatalf("voters %v nonvoters %v with the intruder around", v, nv)
 	}
@@ -212,7 +223,7 @@ func TestClusterOverTLS(t *testing.T) {
 		t.Fatalf("intruder got state: leader %q, %d models, %d tokens, ring %d", id, len(intruder.Models()), len(intruder.Tokens()), intruder.Ring().Len())
 	}
 	c.stop("n09")
-	eventually(t, "refusal forgotten", func() bool { return l.Stats().Refused == 0 })
+	eventually(t, "refusal forgotten", func() bool { l := c.leader(); return l.Stats().Refused == 0 })
 
 	// A follower crashes; a token is put while it is down; it comes back
 	// with everything.

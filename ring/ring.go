@@ -11,8 +11,11 @@
 //
 // Membership (Gossip) wraps hashicorp/memberlist: each node gossips a small
 // NodeMeta (its ID, gRPC and Raft addresses and tier capacities), and
-// subscribers get join, update, leave and failure events. Turning gossip into
-// ring epochs is the metadata layer's job (package meta), not this one's.
+// subscribers get join, update, leave and failure events. Gossip is
+// encrypted with a shared key or keyring (GossipConfig.SecretKey, Keyring),
+// and a running node rotates keys with InstallKey, UseKey and RemoveKey
+// (the three steps of package gossipkey). Turning gossip into ring epochs
+// is the metadata layer's job (package meta), not this one's.
 package ring
 
 import (
