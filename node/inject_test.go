@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/cudakern"
@@ -94,8 +95,11 @@ func TestInjectRPC(t *testing.T) {
 	}
 
 	// Refusals.
-	here := peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}})
-	remote := peer.NewContext(ctx, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}})
+	// Direct handler calls carry what the Guard would have put in the
+	// context: an authenticated caller (any model), and its address.
+	authed := auth.WithPrincipal(ctx, &auth.Principal{Addr: "test"})
+	here := peer.NewContext(authed, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}})
+	remote := peer.NewContext(authed, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}})
 	preg := &api.RegisterCacheRequest{Fingerprint: client.ProtoFingerprint(fp), Layers: int32(spec.Layers),
 		Layouts: []*api.CacheLayout{client.ProtoLayout(lay)}, MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
 	bad := proto.Clone(preg).(*api.RegisterCacheRequest)
