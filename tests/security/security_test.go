@@ -1,0 +1,434 @@
+// Package security_test checks kvmesh's transport security and
+// authorisation end to end: in-process nodes serving real gRPC and raft
+// over loopback with mutual TLS, API tokens and encrypted gossip, and
+// clients and nodes that must be refused.
+package security_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/tlsconf"
+)
+
+// pki is a cluster CA with node certificates n1..n4 and client
+// certificate "app", and another CA with node "rogue" and client "stranger".
+type pki struct{ dir, other string }
+
+func newPKI(t *testing.T) pki {
+	t.Helper()
+	p := pki{dir: filepath.Join(t.TempDir(), "pki"), other: filepath.Join(t.TempDir(), "other")}
+	var reqs []tlsconf.CertRequest
+	for _, n := range []string{"n1", "n2", "n3", "n4"} {
+		reqs = append(reqs, tlsconf.CertRequest{Name: n, Hosts: []string{"127.0.0.1"}, Usage: tlsconf.UsageNode})
+	}
+	reqs = append(reqs, tlsconf.CertRequest{Name: "app", Usage: tlsconf.UsageClient})
+	for dir, rs := range map[string][]tlsconf.CertRequest{
+		p.dir: reqs,
+		p.other: {{Name: "rogue", Hosts: []string{"127.0.0.1"}, Usage: tlsconf.UsageNode},
+			{Name: "stranger", Usage: tlsconf.UsageClient}},
+	} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tlsconf.GenerateFiles(dir, rs...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return p
+}
+
+// files is the identity name of the CA in dir.
+func files(dir, name string) tlsconf.Config {
+	return tlsconf.Config{CAFile: filepath.Join(dir, "ca.pem"), CertFile: filepath.Join(dir, name+".pem"),
+		KeyFile: filepath.Join(dir, name+"-key.pem"), Logger: quiet()}
+}
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+func nodeConfig(t *testing.T, id string, seeds []string) node.Config {
+	expect := 0
+	if len(seeds) == 0 {
+		expect = 1
+	}
+	return node.Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 16 << 20,
+		HTTPAddr: "off", LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: quiet()}
+}
+
+func start(t *testing.T, cfg node.Config) *node.Node {
+	t.Helper()
+	n, err := node.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := n.Start(ctx); err != nil {
+		_ = n.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+// eventually polls cond until it holds or 30 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// inRaft reports whether id is in n's raft configuration.
+func inRaft(t *testing.T, n *node.Node, id string) bool {
+	servers, err := n.Meta().Servers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.ContainsFunc(servers, func(s meta.Server) bool { return s.ID == id })
+}
+
+// call makes one ClusterInfo (or, peer set, Digest) call to addr with
+// creds and returns its error.
+func call(t *testing.T, addr string, creds credentials.TransportCredentials, token string, peer bool) error {
+	t.Helper()
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()))}
+	if token != "" {
+		opts = append(opts, grpc.WithPerRPCCredentials(auth.TokenCredentials(token, true)))
+	}
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if peer {
+		_, err = api.NewPeerClient(cc).Digest(ctx, &api.DigestRequest{})
+		return err
+	}
+	_, err = api.NewClientClient(cc).ClusterInfo(ctx, &api.ClusterInfoRequest{})
+	return err
+}
+
+func tlsCreds(t *testing.T, cfg tlsconf.Config) credentials.TransportCredentials {
+	t.Helper()
+	tl, err := tlsconf.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tl.ClientCredentials()
+}
+
+func spec(layers int) chunk.ModelSpec {
+	return chunk.ModelSpec{Family: "llama", Layers: layers, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "test"}
+}
+
+func entry(t *testing.T, rng *rand.Rand, s chunk.ModelSpec) (chunk.Key, []byte) {
+	fp := s.Fingerprint()
+	tokens := []uint32{rng.Uint32(), rng.Uint32(), rng.Uint32(), rng.Uint32()}
+	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
+		DType: s.DType, Layers: s.Layers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Tokens: tokens}
+	e.KV = make([]byte, e.Layers*e.LayerBytes())
+	for i := range e.KV {
+		e.KV[i] = byte(rng.Uint32())
+	}
+	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Key, blob
+}
+
+func newToken(t *testing.T, n *node.Node, name string, scopes auth.Scope, ns auth.Namespace) string {
+	t.Helper()
+	tok, rec, err := auth.NewToken(name, scopes, ns, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Meta().PutToken(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	return tok.String()
+}
+
+func dial(t *testing.T, n *node.Node, cfg client.Config) *client.Client {
+	t.Helper()
+	cfg.Seeds, cfg.Logger, cfg.Attempts = []string{n.GRPCAddr()}, quiet(), 1
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.New(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func wantCode(t *testing.T, what string, err error, want codes.Code) {
+	t.Helper()
+	if got := status.Code(err); got != want {
+		t.Errorf("%s: %v (code %v), want %v", what, err, got, want)
+	}
+}
+
+// TestNoTLSRefused: a node with neither TLS files nor Insecure does not
+// start, in process or as kvmeshd.
+func TestNoTLSRefused(t *testing.T) {
+	cfg := nodeConfig(t, "n1", nil)
+	if _, err := node.New(cfg); !errors.Is(err, node.ErrNoTLS) {
+		t.Fatalf("New without TLS: %v, want ErrNoTLS", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := node.RunDaemon(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-log-level", "error"}, io.Discard, io.Discard)
+	if !errors.Is(err, node.ErrNoTLS) {
+		t.Fatalf("kvmeshd without TLS: %v, want ErrNoTLS", err)
+	}
+	cfg.Insecure, cfg.TLS = true, files(t.TempDir(), "n1")
+	if _, err := node.New(cfg); err == nil {
+		t.Fatal("New with Insecure and TLS files succeeded")
+	}
+}
+
+// TestClientAccess: a TLS node with tokens refuses clients without a
+// certificate of its CA, without a valid token, or with a token lacking
+// the scope or namespace, and serves the others.
+func TestClientAccess(t *testing.T) {
+	p := newPKI(t)
+	cfg := nodeConfig(t, "n1", nil)
+	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
+	cfg.MaxChunksPerRequest = 16
+	n1 := start(t, cfg)
+	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	addr := n1.GRPCAddr()
+
+	specA, specB := spec(2), spec(3)
+	fpA, fpB := specA.Fingerprint(), specB.Fingerprint()
+	nsA := auth.Namespace{fpA.String()[:16]}
+	if strings.HasPrefix(fpB.String(), nsA[0]) {
+		t.Fatal("test models share a fingerprint prefix")
+	}
+	admin := newToken(t, n1, "ops", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
+	reader := newToken(t, n1, "reader", auth.ScopeRead, nil)
+	tenantA := newToken(t, n1, "tenant-a", auth.ScopeRead|auth.ScopeWrite, nsA)
+	id, _, _ := strings.Cut(reader, ".")
+	_, secret, _ := strings.Cut(admin, ".")
+	forged := id + "." + secret
+
+	app := files(p.dir, "app")
+	appCreds := tlsCreds(t, app)
+	// Transport and token checks, one raw call each.
+	pool := x509.NewCertPool()
+	ca, err := os.ReadFile(app.CAFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(ca)
+	noCert := credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13})
+	for _, tc := range []struct {
+		name  string
+		creds credentials.TransportCredentials
+		token string
+		peer  bool
+		want  codes.Code
+	}{
+		{"plaintext", insecure.NewCredentials(), admin, false, codes.Unavailable},
+		{"no client certificate", noCert, admin, false, codes.Unavailable},
+		{"certificate of another CA", tlsCreds(t, files(p.other, "stranger")), admin, false, codes.Unavailable},
+		{"node certificate of another CA", tlsCreds(t, files(p.other, "rogue")), "", false, codes.Unavailable},
+		{"no token", appCreds, "", false, codes.Unauthenticated},
+		{"malformed token", appCreds, "not-a-token", false, codes.Unauthenticated},
+		{"forged secret", appCreds, forged, false, codes.Unauthenticated},
+		{"read token", appCreds, reader, false, codes.OK},
+		{"client calls the peer API", appCreds, admin, true, codes.PermissionDenied},
+		{"node certificate calls the peer API", tlsCreds(t, files(p.dir, "n2")), "", true, codes.OK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := call(t, addr, tc.creds, tc.token, tc.peer)
+			if tc.want == codes.Unavailable {
+				// Refused in the handshake: any failure, but never OK.
+				if err == nil {
+					t.Fatal("call succeeded")
+				}
+				return
+			}
+			wantCode(t, tc.name, err, tc.want)
+		})
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rng := rand.New(rand.NewPCG(1, 2))
+	ops := dial(t, n1, client.Config{TLS: app, Token: admin})
+	for _, s := range []chunk.ModelSpec{specA, specB} {
+		if _, err := ops.RegisterModel(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyA, blobA := entry(t, rng, specA)
+	keyB, blobB := entry(t, rng, specB)
+	for _, b := range [][]byte{blobA, blobB} {
+		if _, err := ops.Put(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	t.Run("read token cannot write", func(t *testing.T) {
+		c := dial(t, n1, client.Config{TLS: app, Token: reader})
+		if _, err := c.Get(ctx, keyA); err != nil {
+			t.Fatalf("get: %v", err)
+		}
+		_, err := c.Put(ctx, blobA)
+		wantCode(t, "put", err, codes.PermissionDenied)
+		_, err = c.Delete(ctx, keyA)
+		wantCode(t, "delete", err, codes.PermissionDenied)
+		_, err = c.RegisterModel(ctx, spec(4))
+		wantCode(t, "register", err, codes.PermissionDenied)
+	})
+	t.Run("namespace A cannot touch B", func(t *testing.T) {
+		c := dial(t, n1, client.Config{TLS: app, Token: tenantA})
+		if got, err := c.Get(ctx, keyA); err != nil || len(got) != len(blobA) {
+			t.Fatalf("get A: %d bytes, %v", len(got), err)
+		}
+		if _, err := c.Put(ctx, blobA); err != nil {
+			t.Fatalf("put A: %v", err)
+		}
+		_, err := c.Get(ctx, keyB)
+		wantCode(t, "get B", err, codes.PermissionDenied)
+		_, err = c.Put(ctx, blobB)
+		wantCode(t, "put B", err, codes.PermissionDenied)
+		_, err = c.Lookup(ctx, fpB, []client.LookupItem{{Content: keyB.Content, Want: keyB.Context}})
+		wantCode(t, "lookup B", err, codes.PermissionDenied)
+		_, err = c.Delete(ctx, keyB)
+		wantCode(t, "delete B", err, codes.PermissionDenied)
+		_, err = c.RegisterModel(ctx, specB)
+		wantCode(t, "register B", err, codes.PermissionDenied)
+	})
+	t.Run("chunks per request", func(t *testing.T) {
+		// The client splits lookups at node.MaxLookupBatch; this node's
+		// own limit is lower.
+		items := make([]client.LookupItem, cfg.MaxChunksPerRequest+1)
+		for i := range items {
+			items[i] = client.LookupItem{Content: keyA.Content, Want: keyA.Context}
+		}
+		_, err := ops.Lookup(ctx, fpA, items)
+		wantCode(t, "lookup", err, codes.ResourceExhausted)
+	})
+}
+
+// TestNodeNeedsNodeCertificate: nodes holding a node certificate of
+// another CA, or only a client certificate of the cluster CA, are kept
+// out of raft and the ring, and cannot use the peer API; a node with a
+// proper certificate joins.
+func TestNodeNeedsNodeCertificate(t *testing.T) {
+	p := newPKI(t)
+	cfg := nodeConfig(t, "n1", nil)
+	cfg.TLS = files(p.dir, "n1")
+	n1 := start(t, cfg)
+	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	seeds := []string{n1.GossipAddr()}
+
+	for _, bad := range []struct{ id, dir, name string }{
+		{"rogue", p.other, "rogue"}, // node certificate of another CA
+		{"app", p.dir, "app"},       // client certificate of the cluster CA
+	} {
+		bc := nodeConfig(t, bad.id, seeds)
+		bc.TLS = files(bad.dir, bad.name)
+		start(t, bc)
+	}
+	good := nodeConfig(t, "n2", seeds)
+	good.TLS = files(p.dir, "n2")
+	n2 := start(t, good)
+	eventually(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
+	eventually(t, "both impostors refused", func() bool { return n1.Meta().Stats().Refused >= 2 })
+	for _, id := range []string{"rogue", "app"} {
+		if n1.Meta().Ring().Contains(id) || inRaft(t, n1, id) {
+			t.Errorf("%s joined", id)
+		}
+	}
+	if !inRaft(t, n1, "n2") {
+		t.Error("n2 not in raft")
+	}
+	// The peer API: the rogue's handshake fails, the client certificate
+	// lacks the peer scope.
+	if err := call(t, n1.GRPCAddr(), tlsCreds(t, files(p.other, "rogue")), "", true); err == nil {
+		t.Error("rogue node called Digest")
+	}
+	err := call(t, n1.GRPCAddr(), tlsCreds(t, files(p.dir, "app")), "", true)
+	wantCode(t, "client certificate calls Digest", err, codes.PermissionDenied)
+}
+
+// TestGossipKeyRequired: a node without the cluster's gossip key cannot
+// join; one with it does.
+func TestGossipKeyRequired(t *testing.T) {
+	keyring := func(t *testing.T) *memberlist.Keyring {
+		k, err := gossipkey.Generate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		kr, err := gossipkey.NewKeyring(k, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kr
+	}
+	p := newPKI(t)
+	cluster := keyring(t)
+	cfg := nodeConfig(t, "n1", nil)
+	cfg.TLS, cfg.GossipKeyring = files(p.dir, "n1"), cluster
+	n1 := start(t, cfg)
+	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	seeds := []string{n1.GossipAddr()}
+
+	// Valid node certificates, wrong or no gossip key.
+	for i, kr := range []*memberlist.Keyring{keyring(t), nil} {
+		id := fmt.Sprintf("n%d", i+3)
+		bc := nodeConfig(t, id, seeds)
+		bc.TLS, bc.GossipKeyring = files(p.dir, id), kr
+		start(t, bc)
+	}
+	gc := nodeConfig(t, "n2", seeds)
+	gc.TLS, gc.GossipKeyring = files(p.dir, "n2"), cluster
+	n2 := start(t, gc)
+	eventually(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
+	for _, id := range []string{"n3", "n4"} {
+		if n1.Meta().Ring().Contains(id) || inRaft(t, n1, id) {
+			t.Errorf("%s joined without the gossip key", id)
+		}
+	}
+}
