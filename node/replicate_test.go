@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/replication"
@@ -368,4 +371,36 @@ func TestDrainMovesEverything(t *testing.T) {
 		}
 	}
 	checkReadable(t, ctx, nodes[0], chunks)
+}
+
+// TestSingleNodeQuorumAndDrain: R and W from the settings (3 and 2) clamp
+// to a 1-node ring, so writes succeed on the one node; draining the only
+// node is refused.
+func TestSingleNodeQuorumAndDrain(t *testing.T) {
+	nodes, _ := startReplCluster(t, 1)
+	nd := nodes[0]
+	if r, w := nd.quorum(); r != 1 || w != 1 {
+		t.Fatalf("quorum on a 1-node ring: R=%d W=%d, want 1 and 1", r, w)
+	}
+	c := newClient(t, nd)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	ch := makeChunks(t, 19, 1)[0]
+	res, err := c.Put(ctx, ch.blob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.StoredOn, []string{"n1"}) {
+		t.Fatalf("stored on %v, want [n1]", res.StoredOn)
+	}
+	_, err = c.Drain(ctx, nd.GRPCAddr(), true, nil)
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("drain of the only node: %v, want FailedPrecondition", err)
+	}
+	if !nd.store.Contains(ch.key) {
+		t.Fatal("a refused drain removed the chunk")
+	}
 }
