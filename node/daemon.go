@@ -109,6 +109,10 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
+	tokens, err := fc.tokenRecords()
+	if err != nil {
+		return err
+	}
 	n, err := New(cfg)
 	if err != nil {
 		return err
@@ -121,6 +125,7 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "kvmeshd ready node=%s grpc=%s gossip=%s raft=%s http=%s\n",
 		n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
+	n.daemonSecurity(ctx, tokens)
 	<-ctx.Done()
 	cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
 	return n.Close()

@@ -1,11 +1,17 @@
 package node
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"strings"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -127,6 +133,10 @@ type AuthFileConfig struct {
 	Tokens              bool `json:"tokens"`
 	MaxStreamsPerClient int  `json:"max_streams_per_client"`
 	MaxChunksPerRequest int  `json:"max_chunks_per_request"`
+	// TokensFile holds token records (auth.Record as JSON, one a line, as
+	// `kvmesh token create` appends them) that kvmeshd puts into the
+	// metadata once it serves: the way to bootstrap the first tokens.
+	TokensFile string `json:"tokens_file"`
 }
 
 // securityFlags registers the security flags of kvmeshd.
@@ -140,6 +150,7 @@ func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
 	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", 0, "concurrent streams per client (default 64; negative: no limit)")
 	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", 0, "chunks one Lookup or Inject may name (default 4096)")
+	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines from `kvmesh token create`)")
 }
 
 // mergeSecurity fills the security fields of fc whose flags were not set
@@ -155,6 +166,7 @@ func (fc *FileConfig) mergeSecurity(file *FileConfig, set map[string]bool) {
 	str("tls-key", &fc.TLS.KeyFile, file.TLS.KeyFile)
 	str("tls-server-name", &fc.TLS.ServerName, file.TLS.ServerName)
 	str("gossip-keyring", &fc.GossipKeyringFile, file.GossipKeyringFile)
+	str("tokens-file", &fc.Auth.TokensFile, file.Auth.TokensFile)
 	if !set["insecure"] && (file.Insecure || file.TLS.Insecure) {
 		fc.Insecure = true
 	}
@@ -186,4 +198,70 @@ func (fc *FileConfig) securityConfig(cfg *Config) error {
 		cfg.GossipKeyring = kr
 	}
 	return nil
+}
+
+// ReadTokenRecords reads token records, one JSON auth.Record a line
+// (blank lines and lines starting with # skipped), each validated.
+func ReadTokenRecords(r io.Reader) ([]auth.Record, error) {
+	var recs []auth.Record
+	sc := bufio.NewScanner(r)
+	for line := 1; sc.Scan(); line++ {
+		t := strings.TrimSpace(sc.Text())
+		if t == "" || strings.HasPrefix(t, "#") {
+			continue
+		}
+		var rec auth.Record
+		if err := json.Unmarshal([]byte(t), &rec); err != nil {
+			return nil, fmt.Errorf("token record line %d: %w", line, err)
+		}
+		if err := rec.Validate(); err != nil {
+			return nil, fmt.Errorf("token record line %d: %w", line, err)
+		}
+		recs = append(recs, rec)
+	}
+	return recs, sc.Err()
+}
+
+// tokenRecords reads the daemon's tokens file, if any.
+func (fc *FileConfig) tokenRecords() ([]auth.Record, error) {
+	if fc.Auth.TokensFile == "" {
+		return nil, nil
+	}
+	f, err := os.Open(fc.Auth.TokensFile)
+	if err != nil {
+		return nil, fmt.Errorf("kvmeshd: tokens file: %w", err)
+	}
+	defer f.Close()
+	recs, err := ReadTokenRecords(f)
+	if err != nil {
+		return nil, fmt.Errorf("kvmeshd: %s: %w", fc.Auth.TokensFile, err)
+	}
+	return recs, nil
+}
+
+// daemonSecurity is what kvmeshd does once its node serves: reload the
+// certificate on SIGHUP, and store the tokens file's records, retrying
+// until the cluster has a leader or ctx ends (writing a record again is
+// idempotent).
+func (n *Node) daemonSecurity(ctx context.Context, recs []auth.Record) {
+	if !n.sec.tls.Insecure() {
+		n.sec.tls.ReloadOnSignal(ctx)
+	}
+	for _, rec := range recs {
+		for {
+			wctx, cancel := context.WithTimeout(ctx, n.cfg.RPCTimeout)
+			err := n.meta.PutToken(wctx, rec)
+			cancel()
+			if err == nil {
+				n.log.Info("kvmeshd: token record stored", "id", rec.ID, "name", rec.Name, "scopes", rec.Scopes.String())
+				break
+			}
+			n.log.Debug("kvmeshd: storing token record", "id", rec.ID, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
 }

@@ -3,11 +3,14 @@ package main
 import (
 	"context"
 	"io"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -67,5 +70,41 @@ func TestCertsCommand(t *testing.T) {
 	}
 	if _, err := gossipkey.LoadFile(kf); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestTokenCreate(t *testing.T) {
+	recs := filepath.Join(t.TempDir(), "tokens.jsonl")
+	var toks []string
+	for _, scopes := range []string{"read", "read,write,admin"} {
+		var out strings.Builder
+		if err := run(context.Background(), []string{"token", "create", "-records", recs, "-name", "x", "-scopes", scopes, "-namespace", "ab"}, &out, io.Discard); err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, strings.TrimSpace(out.String()))
+	}
+	if err := run(context.Background(), []string{"token", "create", "-records", recs, "-scopes", "root"}, io.Discard, io.Discard); err == nil {
+		t.Fatal("unknown scope accepted")
+	}
+	f, err := os.Open(recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	got, err := node.ReadTokenRecords(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(toks) {
+		t.Fatalf("%d records, want %d", len(got), len(toks))
+	}
+	for i, s := range toks {
+		tok, err := auth.ParseToken(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !got[i].Matches(tok) {
+			t.Errorf("record %d does not match its token", i)
+		}
 	}
 }

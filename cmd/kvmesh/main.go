@@ -59,6 +59,8 @@ commands:
   certs [-dir D] [-node NAME=HOST,...]... [-client NAME]...
                           make a CA (first run) and node/client certificates (docs/SECURITY.md)
   gossip-key FILE         write a new gossip keyring file (mode 0600)
+  token create -records FILE [-name N] [-scopes S] [-namespace HEX,...] [-expires D]
+                          print a new API token; append its record for kvmeshd -tokens-file
 `
 
 func main() {
@@ -100,12 +102,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return certs(rest, stdout, stderr)
 	case "gossip-key":
 		return gossipKey(rest, stdout)
+	case "token":
+		return tokenCmd(rest, stdout, stderr)
 	}
 	if *addr == "" {
 		return errors.New("no cluster address: set -addr or KVMESH_ADDR")
 	}
 	if cmd == "drain" {
-		c, err := client.New(ctx, sec.config(client.Config{Seeds: strings.Split(*addr, ",")}))
+		// -timeout bounds finding the cluster, not the drain.
+		nctx, ncancel := context.WithTimeout(ctx, *timeout)
+		c, err := client.New(nctx, sec.config(client.Config{Seeds: strings.Split(*addr, ",")}))
+		ncancel()
 		if err != nil {
 			return err
 		}
