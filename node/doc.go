@@ -3,14 +3,25 @@
 // (meta), and serves the Client and Peer gRPC services on one listener and
 // HTTP (/metrics, /healthz, /readyz, /debug/pprof) on another.
 //
-// Routing. Every content ID has a replica set (ring.Replicas over the
-// current epoch, R from the cluster settings). A Put that reaches any node
-// is written to the replica set: locally when this node is a replica, and
-// to the others through a Replicator (the seam the replication package
-// fills; the default writes to every replica directly and best-effort). A
-// Get is served from the local store, else fetched from a replica. A
-// Lookup asks every replica of each content ID (one batched call per node)
-// and answers with the best encoding any of them holds.
+// Routing and replication. Every content ID has a replica set
+// (ring.Replicas over the current epoch; R and W from the cluster
+// settings, clamped to the ring's size). The node runs one
+// replication.Replicator over its store, with a Transport over the Peer
+// service: a Put that reaches any node is written to the replica set and
+// acknowledged once W replicas stored it (StoredOn names them; unreachable
+// replicas get hints, delivered when they answer again); a Get is served
+// from the local store, else from the replicas in ring order, repairing
+// those found lacking; a Delete leaves tombstones. Meta's Watch kicks the
+// Replicator, which rebalances on every ring epoch change; anti-entropy
+// runs in the background. A Lookup asks every replica of each content ID
+// (one batched call per node) and answers with the best encoding any of
+// them holds.
+//
+// Leaving. Drain (Client.Drain, `kvmesh drain NODE`) copies every chunk
+// the node holds to its owners on the ring without it, then leaves (raft
+// leadership handed off, gossip leave) and sweeps once more for writes
+// that reached it meanwhile. Close alone does not leave: a node restarted
+// with the same ID and data directory rejoins.
 //
 // Tensor bytes move with api.Codec: a stored blob is handed to the
 // transport as a pinned zero-copy view and unpinned when gRPC has written
