@@ -1,10 +1,12 @@
 package meta
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
@@ -72,5 +74,62 @@ func BenchmarkModelLookup(b *testing.B) {
 			_ = s.Ring()
 			i++
 		}
+	})
+}
+
+// BenchmarkLookupToken is the read every authenticated request does: the
+// Store's LookupToken alone, and behind an auth.Verifier (which adds the
+// HMAC of the secret).
+func BenchmarkLookupToken(b *testing.B) {
+	cfg := fastConfig("t", b.TempDir())
+	cfg.BootstrapExpect = 1
+	s, err := Open(ctxT(b), cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.WaitLeader(ctxT(b)); err != nil {
+		b.Fatal(err)
+	}
+	var toks []auth.Token
+	for i := range 64 {
+		tok, rec := newRecord(b, fmt.Sprint("t", i), auth.ScopeRead, "a1b2")
+		if err := s.PutToken(ctxT(b), rec); err != nil {
+			b.Fatal(err)
+		}
+		toks = append(toks, tok)
+	}
+	b.Run("store", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			i := 0
+			for pb.Next() {
+				if _, err := s.LookupToken(ctx, toks[i%len(toks)].ID); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
+	})
+	b.Run("verifier", func(b *testing.B) {
+		v := auth.NewVerifier(s)
+		presented := make([]string, len(toks))
+		for i, t := range toks {
+			presented[i] = t.String()
+		}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			ctx := context.Background()
+			i := 0
+			for pb.Next() {
+				if _, err := v.Verify(ctx, presented[i%len(presented)]); err != nil {
+					b.Error(err)
+					return
+				}
+				i++
+			}
+		})
 	})
 }
