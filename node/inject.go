@@ -272,18 +272,26 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 	if err != nil {
 		return nil, injectStatus(err)
 	}
+	in.n.sec.rememberCache(uint64(id), d.Fingerprint)
 	return &api.RegisterCacheResponse{CacheId: uint64(id)}, nil
 }
 
 func (in *injector) UnregisterCache(ctx context.Context, req *api.UnregisterCacheRequest) (*api.UnregisterCacheResponse, error) {
+	if err := in.n.sec.checkCache(ctx, req.CacheId); err != nil {
+		return nil, err
+	}
 	if err := in.svc.Unregister(inject.CacheID(req.CacheId)); err != nil {
 		return nil, injectStatus(err)
 	}
+	in.n.sec.forgetCache(req.CacheId)
 	return &api.UnregisterCacheResponse{}, nil
 }
 
 func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer[api.InjectEvent]) error {
 	if err := in.n.checkChunks("inject", len(req.Chunks)); err != nil {
+		return err
+	}
+	if err := in.n.sec.checkCache(st.Context(), req.CacheId); err != nil {
 		return err
 	}
 	r := &inject.Request{Cache: inject.CacheID(req.CacheId), Chunks: make([]inject.Chunk, len(req.Chunks))}

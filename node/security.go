@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -36,6 +37,10 @@ type security struct {
 	tls     *tlsconf.TLS
 	guard   *auth.Guard
 	limiter *auth.StreamLimiter
+	// caches maps each registered inject.CacheID to its model, so Inject
+	// and UnregisterCache check the caller's namespace against the cache
+	// they name, not only at registration.
+	caches *sync.Map // uint64 -> chunk.Fingerprint
 }
 
 // newSecurity loads cfg's TLS files (or turns TLS off, with a warning,
@@ -53,7 +58,22 @@ func newSecurity(cfg Config) (security, error) {
 	if err != nil {
 		return security{}, fmt.Errorf("node: TLS: %w", err)
 	}
-	return security{tls: t}, nil
+	return security{tls: t, caches: new(sync.Map)}, nil
+}
+
+// rememberCache records the model of a registered cache.
+func (s *security) rememberCache(id uint64, fp chunk.Fingerprint) { s.caches.Store(id, fp) }
+
+// forgetCache drops an unregistered cache.
+func (s *security) forgetCache(id uint64) { s.caches.Delete(id) }
+
+// checkCache refuses a caller whose namespace does not cover the model of
+// cache id. An unknown ID passes: the injector answers NotFound.
+func (s *security) checkCache(ctx context.Context, id uint64) error {
+	if fp, ok := s.caches.Load(id); ok {
+		return checkFingerprint(ctx, fp.(chunk.Fingerprint))
+	}
+	return nil
 }
 
 // metaTLS is the TLS raft runs over: nil (plain TCP) in insecure mode.
