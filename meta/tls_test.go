@@ -314,3 +314,32 @@ func TestBootstrapRefusesImpostor(t *testing.T) {
 		t.Fatalf("voters %v nonvoters %v", v, nv)
 	}
 }
+
+// TestInsecureTLS: a TLS in insecure mode is raft over plain TCP, which a
+// peer without any certificate can speak.
+func TestInsecureTLS(t *testing.T) {
+	tl, err := tlsconf.New(tlsconf.Config{Insecure: true, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastConfig("plain", t.TempDir())
+	cfg.BootstrapExpect = 1
+	cfg.TLS = tl
+	s, err := Open(ctxT(t), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if err := s.WaitLeader(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.RegisterModel(ctxT(t), testSpec(1)); err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := requestVote(rawTransport(t, tl), s, 0); err != nil || resp.Granted {
+		t.Fatalf("plain vote request: %+v, %v", resp, err)
+	}
+	if s.admit != nil {
+		t.Fatal("insecure mode checks certificates at admission")
+	}
+}
