@@ -15,7 +15,7 @@ type RAGConfig struct {
 	// Requests is the number of measured requests per k; 24.
 	Requests int
 	// Warm is the number of earlier requests per k served (by prefill)
-	// and written back before measuring; 8.
+	// and written back before measuring; 8 (negative: none).
 	Warm        int
 	QuestionLen int     // tokens; 16
 	Noise       float64 // reranker noise in ranks; 1.5

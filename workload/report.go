@@ -34,6 +34,9 @@ type Env struct {
 	Quick     bool
 	Elapsed   time.Duration
 	Command   string
+	// LoadStart and LoadEnd are /proc/loadavg at the start and the end of
+	// the run: other work on the machine inflates wall times, not CPU times.
+	LoadStart, LoadEnd string
 }
 
 // Report is everything one run measured.
@@ -73,6 +76,9 @@ func (r *Report) Markdown() string {
 		mode = "quick (-quick)"
 	}
 	fmt.Fprintf(&b, "- Seed %d, %s mode, wall time %v.\n", env.Seed, mode, env.Elapsed.Round(time.Second))
+	if env.LoadStart != "" {
+		fmt.Fprintf(&b, "- Machine load (/proc/loadavg) at the start: %s; at the end: %s. A load above the CPU count means other processes shared the cores: wall times (TTFT) are then inflated and noisy, while CPU times still measure each way's work.\n", env.LoadStart, env.LoadEnd)
+	}
 	b.WriteString("- TTFT is wall time from the chunk lookup to the next-token logits (lookup, fetch over gRPC, decode, rotate+scatter, forward pass); CPU is the process's CPU time over the same span (engine and nodes). p99 is the nearest-rank quantile of the requests measured, so with fewer than 100 requests it is their maximum.\n")
 	b.WriteString("- Fidelity is against full prefill of the same prompt on the same engine: top-1 agreement of the next token and mean KL(full || way) in nats. The model has random weights, so fidelity, not task accuracy, is the quality measure.\n\n")
 

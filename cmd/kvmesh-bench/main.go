@@ -53,7 +53,7 @@ func run() error {
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	start := time.Now()
+	start, loadStart := time.Now(), loadAvg()
 	progress := func(s string) {
 		if !*quiet {
 			fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), s)
@@ -105,7 +105,7 @@ func run() error {
 	rep := &workload.Report{Env: workload.Env{
 		Model: mc, KVDType: kvd.String(), Codec: codec.String(), Workers: workers0(*workers), CPUs: runtime.NumCPU(),
 		CPUModel: cpuModel(), GoVersion: runtime.Version(), Nodes: *nodes, Replicas: l.Client.ReplicationFactor(),
-		Seed: *seed, Quick: *quick, Command: "kvmesh-bench " + strings.Join(os.Args[1:], " "),
+		Seed: *seed, Quick: *quick, Command: "kvmesh-bench " + strings.Join(os.Args[1:], " "), LoadStart: loadStart,
 	}}
 	var corpus *workload.Corpus
 	if want["rag"] || want["chat"] {
@@ -128,6 +128,7 @@ func run() error {
 		}
 	}
 	rep.Env.Elapsed = time.Since(start)
+	rep.Env.LoadEnd = loadAvg()
 	if *out != "" {
 		if err := os.MkdirAll(*out, 0o755); err != nil {
 			return err
@@ -169,4 +170,17 @@ func cpuModel() string {
 		}
 	}
 	return "unknown"
+}
+
+// loadAvg is the first three fields of /proc/loadavg, or "".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 3 {
+		return ""
+	}
+	return strings.Join(f[:3], " ")
 }
