@@ -141,7 +141,7 @@ func TestWorkloadsThroughCluster(t *testing.T) {
 	if err := rep.WritePlots(dir); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Plots) != 4 {
+	if len(rep.Plots) != 5 {
 		t.Fatalf("plots %v", rep.Plots)
 	}
 	for _, p := range rep.Plots {

@@ -49,6 +49,18 @@ func (r *Report) WritePlots(dir string) error {
 		if err := save("rag_ttft_vs_k.png", "RAG: TTFT p50 against passages per request", "k (passages)", "TTFT p50 (ms)", ss); err != nil {
 			return err
 		}
+		// CPU time is the work, whatever else shares the machine.
+		var cs []series
+		for w := Way(0); w < numWays; w++ {
+			s := series{name: w.String()}
+			for _, pt := range rag.Points {
+				s.xy = append(s.xy, plotter.XY{X: float64(pt.K), Y: float64(pt.Ways[w].CPUP(0.5).Microseconds()) / 1000})
+			}
+			cs = append(cs, s)
+		}
+		if err := save("rag_cpu_vs_k.png", "RAG: CPU time p50 per request against passages per request", "k (passages)", "CPU p50 (ms)", cs); err != nil {
+			return err
+		}
 	}
 	if ch := r.Chat; ch != nil && len(ch.Turns) > 0 {
 		hit := []series{{name: "kvmesh chunk reuse"}, {name: "prefix caching"}}
