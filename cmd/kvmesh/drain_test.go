@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/node"
+)
+
+// TestDrainCommand runs `kvmesh drain` against an in-process 3-node
+// cluster: an unknown node is an error naming the members; -keep copies
+// the node's chunks and reports progress and the result.
+func TestDrainCommand(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a 3-node cluster")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var nodes []*node.Node
+	var seeds []string
+	for i := range 3 {
+		nd, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: 3,
+			DRAMBytes: 16 << 20, HTTPAddr: "off", LocalTiming: true, DeadGrace: time.Hour, Insecure: true, Logger: quiet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nd.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = nd.Close() })
+		nodes = append(nodes, nd)
+		if i == 0 {
+			seeds = []string{nd.GossipAddr()}
+		}
+	}
+	for {
+		ready := 0
+		for _, nd := range nodes {
+			if nd.Ready() == nil && nd.Meta().Ring().Len() == 3 {
+				ready++
+			}
+		}
+		if ready == 3 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatal("cluster not ready")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].GRPCAddr()}, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	spec := chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "drain-cli"}
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, 3))
+	fp := spec.Fingerprint()
+	for i := range 8 {
+		tokens := []uint32{uint32(i), rng.Uint32N(1000), rng.Uint32N(1000)}
+		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
+			DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
+		e.KV = make([]byte, e.Layers*e.LayerBytes())
+		blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Put(ctx, blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr string
+		want    []string
+	}{
+		{"unknown node", []string{"drain", "n9"}, `no member "n9" (members: n1, n2, n3)`, nil},
+		{"no node", []string{"drain"}, "usage: kvmesh drain", nil},
+		{"keep by ID", []string{"drain", "-keep", "n3"}, "", []string{"draining n3 (" + nodes[2].GRPCAddr() + ")", "draining  moved", "n3 drained (8 keys held", "still a member"}},
+		{"keep by address", []string{"drain", "-keep", nodes[1].GRPCAddr()}, "", []string{"draining n2", "n2 drained", "still a member"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(ctx, append([]string{"-addr", nodes[0].GRPCAddr()}, tc.args...), &out, &errb)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v\n%s%s", err, out.String(), errb.String())
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(out.String(), w) {
+					t.Fatalf("output lacks %q:\n%s", w, out.String())
+				}
+			}
+		})
+	}
+	if nodes[2].Meta().Ring().Len() != 3 {
+		t.Fatal("a -keep drain changed the ring")
+	}
+}
