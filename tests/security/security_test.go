@@ -391,6 +391,35 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	}
 	err := call(t, n1.GRPCAddr(), tlsCreds(t, files(p.dir, "app")), "", true)
 	wantCode(t, "client certificate calls Digest", err, codes.PermissionDenied)
+
+	// The members' own traffic runs over TLS: a model registered through
+	// n2 (forwarded to the leader), an entry written through n1
+	// (replicated to n2) and read back from n2 alone.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c2 := dial(t, n2, client.Config{TLS: files(p.dir, "app")})
+	s := spec(2)
+	if _, err := c2.RegisterModel(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	key, blob := entry(t, rand.New(rand.NewPCG(3, 4)), s)
+	c1 := dial(t, n1, client.Config{TLS: files(p.dir, "app")})
+	eventually(t, "the model on n1", func() bool { _, err := c1.Put(ctx, blob); return err == nil })
+	get := &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true}
+	cc, err := grpc.NewClient(n2.GRPCAddr(), grpc.WithTransportCredentials(tlsCreds(t, files(p.dir, "app"))),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	eventually(t, "the entry on n2", func() bool {
+		st, err := api.NewClientClient(cc).Get(ctx, get)
+		if err != nil {
+			return false
+		}
+		_, err = st.Recv()
+		return err == nil
+	})
 }
 
 // TestGossipKeyRequired: a node without the cluster's gossip key cannot
