@@ -41,7 +41,7 @@ import (
 // certificate "app", and another CA with node "rogue" and client "stranger".
 type pki struct{ dir, other string }
 
-func newPKI(t *testing.T) pki {
+func newPKI(t testing.TB) pki {
 	t.Helper()
 	p := pki{dir: filepath.Join(t.TempDir(), "pki"), other: filepath.Join(t.TempDir(), "other")}
 	var reqs []tlsconf.CertRequest
@@ -72,7 +72,7 @@ func files(dir, name string) tlsconf.Config {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-func nodeConfig(t *testing.T, id string, seeds []string) node.Config {
+func nodeConfig(t testing.TB, id string, seeds []string) node.Config {
 	expect := 0
 	if len(seeds) == 0 {
 		expect = 1
@@ -156,7 +156,7 @@ func spec(layers int) chunk.ModelSpec {
 		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "test"}
 }
 
-func entry(t *testing.T, rng *rand.Rand, s chunk.ModelSpec) (chunk.Key, []byte) {
+func entry(t testing.TB, rng *rand.Rand, s chunk.ModelSpec) (chunk.Key, []byte) {
 	fp := s.Fingerprint()
 	tokens := []uint32{rng.Uint32(), rng.Uint32(), rng.Uint32(), rng.Uint32()}
 	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
