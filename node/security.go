@@ -27,7 +27,8 @@ import (
 
 // ErrNoTLS is returned by New when Config names no TLS files and does not
 // set Insecure: a node never falls into plaintext by omission.
-var ErrNoTLS = errors.New("node: no TLS configured: set Config.TLS (CA, certificate and key files) or Config.Insecure")
+var ErrNoTLS = errors.New("node: no TLS configured: give CA, certificate and key files (kvmeshd -tls-ca, -tls-cert, -tls-key; node.Config.TLS) " +
+	"or turn TLS off explicitly (kvmeshd -insecure; node.Config.Insecure)")
 
 // security is the node's transport security and authorisation: the TLS
 // identity (gRPC server, peer dials, raft), the Guard that authenticates
@@ -162,7 +163,7 @@ type AuthFileConfig struct {
 // securityFlags registers the security flags of kvmeshd.
 func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
 	fs.StringVar(&fc.TLS.CAFile, "tls-ca", "", "cluster CA certificate (PEM)")
-	fs.StringVar(&fc.TLS.CertFile, "tls-cert", "", "this node's certificate (PEM; a node certificate from `kvmesh certs -node`)")
+	fs.StringVar(&fc.TLS.CertFile, "tls-cert", "", "this node's certificate (PEM; a node certificate, as kvmesh certs -node makes)")
 	fs.StringVar(&fc.TLS.KeyFile, "tls-key", "", "this node's private key (PEM)")
 	fs.StringVar(&fc.TLS.ServerName, "tls-server-name", "", "name checked in peers' certificates instead of the dialed host")
 	fs.BoolVar(&fc.Insecure, "insecure", false, "run WITHOUT TLS: plaintext and unauthenticated (single machine and tests only)")
@@ -170,7 +171,7 @@ func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
 	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", 0, "concurrent streams per client (default 64; negative: no limit)")
 	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", 0, "chunks one Lookup or Inject may name (default 4096)")
-	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines from `kvmesh token create`)")
+	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines, as kvmesh token create appends)")
 }
 
 // mergeSecurity fills the security fields of fc whose flags were not set
