@@ -21,7 +21,7 @@ FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f;
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
 
-.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine run proto tools clean
+.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick run proto tools clean
 
 all: build
 
@@ -70,6 +70,14 @@ bench:
 # TTFT of prompt injection vs KV injection on the reference engine (~3 min).
 bench-engine:
 	$(GO) run ./cmd/kvmesh-engine-bench -trials 7 -prompts 4
+
+# Workload benchmarks (RAG, multi-turn chat, memory facts) against a local
+# cluster; writes docs/bench/WORKLOADS.md and its plots (~7 min on 2 cores).
+bench-workloads:
+	$(GO) run ./cmd/kvmesh-bench -out docs/bench
+
+bench-workloads-quick:
+	$(GO) run ./cmd/kvmesh-bench -quick -out docs/bench
 
 # The main job: a local cluster doing real work (see README).
 run:
