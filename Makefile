@@ -16,7 +16,8 @@ NORACE_PKGS = $(shell $(GO) list ./... | grep -E '$(NORACE_RE)')
 # the decoders of untrusted input briefly ("package:FuzzName"); `make
 # fuzz-all` fuzzes every target.
 FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSafetensors \
-	./meta:FuzzDecodeCommand ./kvtier:FuzzDiskRead ./inject:FuzzDescriptorMemory
+	./meta:FuzzDecodeCommand ./kvtier:FuzzDiskRead ./inject:FuzzDescriptorMemory \
+	./auth:FuzzAuthorizationHeader
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s

@@ -2,12 +2,16 @@ package chaos
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
@@ -60,9 +64,19 @@ func (r *run) final(ctx context.Context, base map[string]usage) {
 	misses := 0
 	for lo := 0; lo < len(items); lo += 64 {
 		hi := min(lo+64, len(items))
-		cctx, cancel := context.WithTimeout(ctx, opTimeout)
-		res, err := r.cl.Lookup(cctx, baseSpec().Fingerprint(), items[lo:hi])
-		cancel()
+		// A batch fans out to every replica; on a loaded machine one slow
+		// answer can pass opTimeout, so a timeout is retried before it
+		// counts. Wrong answers are never retried away.
+		var res []client.LookupResult
+		var err error
+		for try := 0; try < 3; try++ {
+			cctx, cancel := context.WithTimeout(ctx, opTimeout)
+			res, err = r.cl.Lookup(cctx, baseSpec().Fingerprint(), items[lo:hi])
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) && status.Code(err) != codes.DeadlineExceeded {
+				break
+			}
+		}
 		if err != nil {
 			r.finding("final lookup: %v", err)
 			break
