@@ -79,8 +79,14 @@ type plan struct {
 	simd      bool // the AVX2 kernels may run
 	avx512    bool // and the AVX-512 ones
 	nt        bool // and store with non-temporal hints (see useNT)
-	tiles     int  // token tiles per layer
-	items     int  // layers * tiles
+	wide      rotAsm
+	narrow    rotAsm
+	wideN     int
+	narrowN   int
+	scalar    rotScalar
+	dstHead   int // bytes between the heads of one slot in Dst
+	tiles     int // token tiles per layer
+	items     int // layers * tiles
 	cancel    <-chan struct{}
 }
 
@@ -184,6 +190,10 @@ func (j *Job) plan() (plan, error) {
 		case chunk.F32:
 			p.kernel = kernelF32NeoX
 		}
+	}
+	p.dstHead = l.HeadDim * p.dstES
+	if l.Order == HND {
+		p.dstHead *= l.BlockSize
 	}
 	p.tiles = (j.Tokens + tileTokens - 1) / tileTokens
 	p.items = len(j.Dst) * p.tiles
@@ -297,6 +307,7 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 	p.simd = in.simd
 	p.avx512 = in.avx512
 	p.nt = p.useNT(in.ntMin)
+	p.pick()
 	in.p = p
 	in.next.Store(0)
 	in.stopped.Store(false)
@@ -375,16 +386,12 @@ func (in *Injector) work(id int) {
 const tileTokens = 16
 
 // item rotates and scatters tokens [tile*tileTokens, ...) of one layer,
-// every head of the range.
+// every head of the range: one kernel call per token for K, one for V.
 func (p *plan) item(layer, tile int, x []float32) {
 	l := &p.Layout
 	t := p.Rope
 	src := p.Src[layer*p.srcLayer : (layer+1)*p.srcLayer]
 	dst := p.Dst[layer]
-	dstRow := l.HeadDim * p.dstES
-	headBytes := p.heads * p.srcRow
-	// V of all heads of a slot is one run in both source and destination.
-	vRun := p.copyV && l.Order == NHD
 	lo := tile * tileTokens
 	hi := min(lo+tileTokens, p.Tokens)
 	// K of the whole tile, then V: two streams at a time (source and
@@ -394,13 +401,9 @@ func (p *plan) item(layer, tile int, x []float32) {
 		if slot < 0 {
 			continue
 		}
-		so := tok*p.srcTok + p.HeadLo*p.srcRow
 		c, s := t.Row(p.Pos + tok)
-		for h := 0; h < p.heads; h++ {
-			kd := l.Offset(0, slot, h)
-			ks := so + h*p.srcRow
-			p.rotKey(dst[kd:kd+dstRow], src[ks:ks+p.srcRow], c, s, x)
-		}
+		ks := tok*p.srcTok + p.HeadLo*p.srcRow
+		p.rotHeads(dst[l.Offset(0, slot, 0):], src[ks:], c, s, x, p.heads, p.dstHead)
 	}
 	for tok := lo; tok < hi; tok++ {
 		slot := p.Slots[tok]
@@ -408,20 +411,6 @@ func (p *plan) item(layer, tile int, x []float32) {
 			continue
 		}
 		vs := p.srcV + tok*p.srcTok + p.HeadLo*p.srcRow
-		if vRun {
-			vd := l.Offset(1, slot, 0)
-			p.copyRun(dst[vd:vd+headBytes], src[vs:vs+headBytes])
-			continue
-		}
-		for h := 0; h < p.heads; h++ {
-			vd := l.Offset(1, slot, h)
-			v := src[vs+h*p.srcRow : vs+(h+1)*p.srcRow]
-			if p.copyV {
-				p.copyRun(dst[vd:vd+dstRow], v)
-				continue
-			}
-			loadF32(x, v, p.SrcDType, p.srcVScale)
-			storeF32(dst[vd:vd+dstRow], x, l.DType, p.dstVScale, p.nt)
-		}
+		p.putV(dst[l.Offset(1, slot, 0):], src[vs:], x, p.heads, p.dstHead)
 	}
 }

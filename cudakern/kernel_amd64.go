@@ -12,47 +12,50 @@ func hasAVX512() bool { return hasSIMD() && cpu.X86.HasAVX512F && cpu.X86.HasAVX
 
 // The AVX2 kernels (kernel_amd64.s) rotate NeoX pairs i < n of a head
 // vector whose halves start at element 0 and element half; n is a positive
-// multiple of 8 and at most half; cos and sin hold at least n. The NT
-// variants need both halves of dst 16-byte aligned (32 for f32).
+// multiple of 8 and at most half; cos and sin hold at least n. Each does
+// this for count vectors with the same cos and sin, vector k at
+// dst+k*dstStride and src+k*srcStride (bytes). The NT variants need both
+// halves of dst 16-byte aligned (32 for f32).
 
 //go:noescape
-func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
-// copyNT copies n bytes, a positive multiple of 64, to a 32-byte aligned
-// dst with non-temporal stores.
+// copyNT copies count runs of n bytes, n a positive multiple of 64, to
+// 32-byte aligned destinations with non-temporal stores; run k is at
+// dst+k*dstStride and src+k*srcStride.
 //
 //go:noescape
-func copyNT(dst, src *byte, n int)
+func copyNT(dst, src *byte, n, count, dstStride, srcStride int)
 
 // sfence orders the non-temporal stores before every later store.
 func sfence()
 
 //go:noescape
-func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 //go:noescape
-func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
+func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 // storeFP8AVX2 writes fp8(src[i] / scale) for i < n, a positive multiple of
 // 8, with the bytes of chunk.F32ToFP8E4M3.

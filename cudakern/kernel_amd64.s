@@ -13,9 +13,14 @@
 // The NT variants store with non-temporal hints, so destination lines are
 // not read before being overwritten; they need dst and dst+half elements
 // 32-byte aligned.
+//
+// Every rotation kernel repeats this for count head vectors with the same
+// cos and sin (one token's heads): vector k is at dst+k*dstStride and
+// src+k*srcStride (bytes). One call per token instead of one per head keeps
+// the Go loop out of the hot path and the table row in L1.
 
-// func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXBF16AVX2(SB), NOSPLIT, $0-48
+// func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXBF16AVX2(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -36,6 +41,17 @@ TEXT ·rotNeoXBF16AVX2(SB), NOSPLIT, $0-48
 
 	VPXOR     Y12, Y12, Y12
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXBF16AVX2head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 bf16loop16:
 	CMPQ CX, $16
 	JLT  bf16loop
@@ -160,11 +176,15 @@ bf16loop:
 	JNZ  bf16loop
 
 bf16loopdone:
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXBF16AVX2head
 	VZEROUPPER
 	RET
 
-// func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXF16AVX2(SB), NOSPLIT, $0-48
+// func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXF16AVX2(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -174,6 +194,17 @@ TEXT ·rotNeoXF16AVX2(SB), NOSPLIT, $0-48
 	LEAQ (SI)(DX*2), R10
 	LEAQ (DI)(DX*2), R11
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXF16AVX2head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 f16loop:
 	VCVTPH2PS (SI), Y0
 	VCVTPH2PS (R10), Y1
@@ -196,11 +227,15 @@ f16loop:
 	ADDQ $32, R9
 	SUBQ $8, CX
 	JNZ  f16loop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF16AVX2head
 	VZEROUPPER
 	RET
 
-// func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXF32AVX2(SB), NOSPLIT, $0-48
+// func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXF32AVX2(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -210,6 +245,17 @@ TEXT ·rotNeoXF32AVX2(SB), NOSPLIT, $0-48
 	LEAQ (SI)(DX*4), R10
 	LEAQ (DI)(DX*4), R11
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXF32AVX2head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*4), R10
+	LEAQ (DI)(DX*4), R11
 f32loop:
 	VMOVUPS   (SI), Y0
 	VMOVUPS   (R10), Y1
@@ -232,11 +278,15 @@ f32loop:
 	ADDQ $32, R9
 	SUBQ $8, CX
 	JNZ  f32loop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF32AVX2head
 	VZEROUPPER
 	RET
 
-// func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXBF16AVX2NT(SB), NOSPLIT, $0-48
+// func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXBF16AVX2NT(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -257,6 +307,17 @@ TEXT ·rotNeoXBF16AVX2NT(SB), NOSPLIT, $0-48
 
 	VPXOR     Y12, Y12, Y12
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXBF16AVX2NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 bf16loopnt16:
 	CMPQ CX, $16
 	JLT  bf16loopnt
@@ -381,11 +442,15 @@ bf16loopnt:
 	JNZ  bf16loopnt
 
 bf16loopntdone:
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXBF16AVX2NThead
 	VZEROUPPER
 	RET
 
-// func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXF16AVX2NT(SB), NOSPLIT, $0-48
+// func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXF16AVX2NT(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -395,6 +460,17 @@ TEXT ·rotNeoXF16AVX2NT(SB), NOSPLIT, $0-48
 	LEAQ (SI)(DX*2), R10
 	LEAQ (DI)(DX*2), R11
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXF16AVX2NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 f16loopnt:
 	VCVTPH2PS (SI), Y0
 	VCVTPH2PS (R10), Y1
@@ -419,11 +495,15 @@ f16loopnt:
 	ADDQ $32, R9
 	SUBQ $8, CX
 	JNZ  f16loopnt
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF16AVX2NThead
 	VZEROUPPER
 	RET
 
-// func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXF32AVX2NT(SB), NOSPLIT, $0-48
+// func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXF32AVX2NT(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -433,6 +513,17 @@ TEXT ·rotNeoXF32AVX2NT(SB), NOSPLIT, $0-48
 	LEAQ (SI)(DX*4), R10
 	LEAQ (DI)(DX*4), R11
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXF32AVX2NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*4), R10
+	LEAQ (DI)(DX*4), R11
 f32loopnt:
 	VMOVUPS   (SI), Y0
 	VMOVUPS   (R10), Y1
@@ -455,16 +546,26 @@ f32loopnt:
 	ADDQ $32, R9
 	SUBQ $8, CX
 	JNZ  f32loopnt
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF32AVX2NThead
 	VZEROUPPER
 	RET
 
-// func copyNT(dst, src *byte, n int)
-// Copies n bytes, a positive multiple of 64, to a 32-byte aligned dst with
-// non-temporal stores.
-TEXT ·copyNT(SB), NOSPLIT, $0-24
+// func copyNT(dst, src *byte, n, count, dstStride, srcStride int)
+// Copies count runs of n bytes, n a positive multiple of 64, to 32-byte
+// aligned destinations with non-temporal stores; run i is at dst+i*dstStride
+// and src+i*srcStride.
+TEXT ·copyNT(SB), NOSPLIT, $0-48
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
+	MOVQ count+24(FP), BX
+
+nthead:
 	MOVQ n+16(FP), CX
+	MOVQ DI, R12
+	MOVQ SI, R13
 
 ntloop:
 	VMOVDQU  (SI), Y0
@@ -475,6 +576,12 @@ ntloop:
 	ADDQ     $64, DI
 	SUBQ     $64, CX
 	JNZ      ntloop
+	MOVQ     R12, DI
+	MOVQ     R13, SI
+	ADDQ     dstStride+32(FP), DI
+	ADDQ     srcStride+40(FP), SI
+	DECQ     BX
+	JNZ      nthead
 	VZEROUPPER
 	RET
 
@@ -485,8 +592,8 @@ TEXT ·sfence(SB), NOSPLIT, $0-0
 
 // AVX-512 variants: 16 pairs per iteration; n is a positive multiple of 16.
 
-// func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXBF16AVX512(SB), NOSPLIT, $0-48
+// func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXBF16AVX512(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -502,6 +609,17 @@ TEXT ·rotNeoXBF16AVX512(SB), NOSPLIT, $0-48
 	MOVL $0x40, AX
 	VPBROADCASTD AX, Z13
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXBF16AVX512head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 bf16z:
 	VPMOVZXWD (SI), Z0
 	VPSLLD    $16, Z0, Z0
@@ -542,11 +660,15 @@ bf16z:
 	ADDQ $64, R9
 	SUBQ $16, CX
 	JNZ  bf16z
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXBF16AVX512head
 	VZEROUPPER
 	RET
 
-// func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXF16AVX512(SB), NOSPLIT, $0-48
+// func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXF16AVX512(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -556,6 +678,17 @@ TEXT ·rotNeoXF16AVX512(SB), NOSPLIT, $0-48
 	LEAQ (SI)(DX*2), R10
 	LEAQ (DI)(DX*2), R11
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXF16AVX512head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 f16z:
 	VCVTPH2PS (SI), Z0
 	VCVTPH2PS (R10), Z1
@@ -578,11 +711,15 @@ f16z:
 	ADDQ $64, R9
 	SUBQ $16, CX
 	JNZ  f16z
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF16AVX512head
 	VZEROUPPER
 	RET
 
-// func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXBF16AVX512NT(SB), NOSPLIT, $0-48
+// func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXBF16AVX512NT(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -598,6 +735,17 @@ TEXT ·rotNeoXBF16AVX512NT(SB), NOSPLIT, $0-48
 	MOVL $0x40, AX
 	VPBROADCASTD AX, Z13
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXBF16AVX512NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 bf16znt:
 	VPMOVZXWD (SI), Z0
 	VPSLLD    $16, Z0, Z0
@@ -640,11 +788,15 @@ bf16znt:
 	ADDQ $64, R9
 	SUBQ $16, CX
 	JNZ  bf16znt
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXBF16AVX512NThead
 	VZEROUPPER
 	RET
 
-// func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)
-TEXT ·rotNeoXF16AVX512NT(SB), NOSPLIT, $0-48
+// func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+TEXT ·rotNeoXF16AVX512NT(SB), NOSPLIT, $0-72
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
 	MOVQ cos+16(FP), R8
@@ -654,6 +806,17 @@ TEXT ·rotNeoXF16AVX512NT(SB), NOSPLIT, $0-48
 	LEAQ (SI)(DX*2), R10
 	LEAQ (DI)(DX*2), R11
 
+	MOVQ DI, R12
+	MOVQ SI, R13
+	MOVQ count+48(FP), BX
+rotNeoXF16AVX512NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*2), R11
 f16znt:
 	VCVTPH2PS (SI), Z0
 	VCVTPH2PS (R10), Z1
@@ -678,6 +841,10 @@ f16znt:
 	ADDQ $64, R9
 	SUBQ $16, CX
 	JNZ  f16znt
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF16AVX512NThead
 	VZEROUPPER
 	RET
 

@@ -8,23 +8,43 @@ func hasSIMD() bool { return false }
 
 func hasAVX512() bool { return false }
 
-func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half int)     { panic("cudakern: no SIMD") }
-func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half int)      { panic("cudakern: no SIMD") }
-func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half int)      { panic("cudakern: no SIMD") }
-func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)   { panic("cudakern: no SIMD") }
-func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
-func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
-func copyNT(dst, src *byte, n int)                                       { panic("cudakern: no SIMD") }
-func sfence()                                                            {}
-func prefetch(p *byte, n int)                                            {}
-func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half int)   { panic("cudakern: no SIMD") }
-func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half int)    { panic("cudakern: no SIMD") }
-func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int) { panic("cudakern: no SIMD") }
-func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half int)  { panic("cudakern: no SIMD") }
-func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)         { panic("cudakern: no SIMD") }
-func storeFP8AVX2NT(dst *byte, src *float32, n int, scale float32)       { panic("cudakern: no SIMD") }
-func widenBF16AVX2(dst *float32, src *byte, n int)                       { panic("cudakern: no SIMD") }
-func widenF16AVX2(dst *float32, src *byte, n int)                        { panic("cudakern: no SIMD") }
-func widenFP8AVX2(dst *float32, src *byte, n int, scale float32)         { panic("cudakern: no SIMD") }
-func narrowBF16AVX2(dst *byte, src *float32, n int)                      { panic("cudakern: no SIMD") }
-func narrowF16AVX2(dst *byte, src *float32, n int)                       { panic("cudakern: no SIMD") }
+func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXF32AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXBF16AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXF16AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func copyNT(dst, src *byte, n, count, dstStride, srcStride int) { panic("cudakern: no SIMD") }
+func sfence()                                                   {}
+func prefetch(p *byte, n int)                                   {}
+func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXBF16AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func rotNeoXF16AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+func storeFP8AVX2(dst *byte, src *float32, n int, scale float32)   { panic("cudakern: no SIMD") }
+func storeFP8AVX2NT(dst *byte, src *float32, n int, scale float32) { panic("cudakern: no SIMD") }
+func widenBF16AVX2(dst *float32, src *byte, n int)                 { panic("cudakern: no SIMD") }
+func widenF16AVX2(dst *float32, src *byte, n int)                  { panic("cudakern: no SIMD") }
+func widenFP8AVX2(dst *float32, src *byte, n int, scale float32)   { panic("cudakern: no SIMD") }
+func narrowBF16AVX2(dst *byte, src *float32, n int)                { panic("cudakern: no SIMD") }
+func narrowF16AVX2(dst *byte, src *float32, n int)                 { panic("cudakern: no SIMD") }

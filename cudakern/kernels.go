@@ -19,71 +19,111 @@ const (
 	kernelF32NeoX
 )
 
-// simdKernel is one assembly rotation kernel (see kernel_amd64.go).
-type simdKernel func(dst, src *byte, cos, sin *float32, n, half int)
+// rotAsm is one assembly rotation kernel (see kernel_amd64.go): NeoX pairs
+// i < n of count head vectors sharing one cos/sin row.
+type rotAsm func(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
-// simdKernels are the assembly kernels of one dtype; nil where none exists.
-type simdKernels struct {
-	avx2, avx2NT, avx512, avx512NT simdKernel
-}
+// rotScalar is the Go form of a same-dtype NeoX kernel for pairs
+// [from, half) of one head vector.
+type rotScalar func(dst, src []byte, c, s []float32, half, from int)
 
-// rotKey rotates one source head vector src into dst, both HeadDim long,
-// with one row of the table. x is a scratch vector of HeadDim float32.
-func (p *plan) rotKey(dst, src []byte, c, s, x []float32) {
-	t := p.Rope
-	half, rot := t.half, t.rotary
-	es := p.srcES
-	var ks simdKernels
-	var scalar func(dst, src []byte, c, s []float32, half, from int)
+// pick chooses the kernels of p once per call, from its dtype kernel and
+// the simd, avx512 and nt flags: the widest assembly kernel takes what it
+// can (wide, wideN pairs), the AVX2 one the next multiple of 8 (narrow,
+// narrowN), Go the rest. Every one gives the same bits.
+func (p *plan) pick() {
+	p.wide, p.narrow, p.wideN, p.narrowN, p.scalar = nil, nil, 0, 0, nil
+	var avx2, avx2NT, avx512, avx512NT rotAsm
 	switch p.kernel {
 	case kernelBF16NeoX:
-		ks = simdKernels{rotNeoXBF16AVX2, rotNeoXBF16AVX2NT, rotNeoXBF16AVX512, rotNeoXBF16AVX512NT}
-		scalar = rotBF16NeoX
+		avx2, avx2NT, avx512, avx512NT = rotNeoXBF16AVX2, rotNeoXBF16AVX2NT, rotNeoXBF16AVX512, rotNeoXBF16AVX512NT
+		p.scalar = rotBF16NeoX
 	case kernelF16NeoX:
-		ks = simdKernels{rotNeoXF16AVX2, rotNeoXF16AVX2NT, rotNeoXF16AVX512, rotNeoXF16AVX512NT}
-		scalar = rotF16NeoX
+		avx2, avx2NT, avx512, avx512NT = rotNeoXF16AVX2, rotNeoXF16AVX2NT, rotNeoXF16AVX512, rotNeoXF16AVX512NT
+		p.scalar = rotF16NeoX
 	case kernelF32NeoX:
-		ks = simdKernels{avx2: rotNeoXF32AVX2, avx2NT: rotNeoXF32AVX2NT}
-		scalar = rotF32NeoX
+		avx2, avx2NT = rotNeoXF32AVX2, rotNeoXF32AVX2NT
+		p.scalar = rotF32NeoX
 	default:
-		loadF32(x, src, p.SrcDType, p.srcKScale)
-		t.rotate(x, c, s)
-		storeF32(dst, x, p.Layout.DType, p.dstKScale, p.nt)
 		return
 	}
-	from := 0
-	if p.simd {
-		// The widest kernel takes what it can, the AVX2 one the next 8
-		// pairs, Go the rest; every one gives the same bits.
-		if k := ks.avx512; p.avx512 && k != nil && half >= 16 {
-			if p.nt {
-				k = ks.avx512NT
-			}
-			from = half &^ 15
-			k(&dst[0], &src[0], &c[0], &s[0], from, half)
-		}
-		if n := (half - from) &^ 7; n > 0 {
-			k := ks.avx2
-			if p.nt {
-				k = ks.avx2NT
-			}
-			k(&dst[from*es], &src[from*es], &c[from], &s[from], n, half)
-			from += n
-		}
+	if !p.simd {
+		return
 	}
-	scalar(dst, src, c, s, half, from)
-	// Same dtype: the dims beyond the rotary ones pass through as bytes.
-	copy(dst[rot*es:], src[rot*es:])
+	if p.nt {
+		avx2, avx512 = avx2NT, avx512NT
+	}
+	half := p.Rope.half
+	if p.avx512 && avx512 != nil && half >= 16 {
+		p.wide, p.wideN = avx512, half&^15
+	}
+	if n := (half - p.wideN) &^ 7; n > 0 {
+		p.narrow, p.narrowN = avx2, n
+	}
 }
 
-// copyRun copies one run of V bytes, with non-temporal stores when the plan
-// uses them and the run allows.
-func (p *plan) copyRun(dst, src []byte) {
-	if p.nt && len(src)%64 == 0 {
-		copyNT(&dst[0], &src[0], len(src))
+// rotHeads rotates count head vectors of one token with one table row:
+// source vector k at src[k*p.srcRow:], destination vector k at
+// dst[k*dstStride:]. x is a scratch vector of HeadDim float32.
+func (p *plan) rotHeads(dst, src []byte, c, s, x []float32, count, dstStride int) {
+	t := p.Rope
+	sr, row := p.srcRow, t.headDim*p.dstES
+	// One bounds check for the token; the kernels stay inside these.
+	dst = dst[:(count-1)*dstStride+row]
+	src = src[:count*sr]
+	if p.scalar == nil {
+		for k := 0; k < count; k++ {
+			loadF32(x, src[k*sr:(k+1)*sr], p.SrcDType, p.srcKScale)
+			t.rotate(x, c, s)
+			storeF32(dst[k*dstStride:k*dstStride+row], x, p.Layout.DType, p.dstKScale, p.nt)
+		}
 		return
 	}
-	copy(dst, src)
+	half, rot, es := t.half, t.rotary, p.srcES
+	from := 0
+	if p.wide != nil {
+		p.wide(&dst[0], &src[0], &c[0], &s[0], p.wideN, half, count, dstStride, sr)
+		from = p.wideN
+	}
+	if p.narrow != nil {
+		p.narrow(&dst[from*es], &src[from*es], &c[from], &s[from], p.narrowN, half, count, dstStride, sr)
+		from += p.narrowN
+	}
+	if from == half && rot == t.headDim {
+		return
+	}
+	for k := 0; k < count; k++ {
+		d, v := dst[k*dstStride:k*dstStride+row], src[k*sr:(k+1)*sr]
+		p.scalar(d, v, c, s, half, from)
+		// Same dtype: the dims beyond the rotary ones pass through as bytes.
+		copy(d[rot*es:], v[rot*es:])
+	}
+}
+
+// putV writes the values of count heads of one token: source head k at
+// src[k*p.srcRow:], destination head k at dst[k*dstStride:]. x is a scratch
+// vector of HeadDim float32.
+func (p *plan) putV(dst, src []byte, x []float32, count, dstStride int) {
+	sr, row := p.srcRow, p.Layout.HeadDim*p.dstES
+	dst = dst[:(count-1)*dstStride+row]
+	src = src[:count*sr]
+	if !p.copyV {
+		for k := 0; k < count; k++ {
+			loadF32(x, src[k*sr:(k+1)*sr], p.SrcDType, p.srcVScale)
+			storeF32(dst[k*dstStride:k*dstStride+row], x, p.Layout.DType, p.dstVScale, p.nt)
+		}
+		return
+	}
+	if dstStride == row { // NHD: the heads are one run in source and destination
+		count, row = 1, count*row
+	}
+	if p.nt && row%64 == 0 {
+		copyNT(&dst[0], &src[0], row, count, dstStride, sr)
+		return
+	}
+	for k := 0; k < count; k++ {
+		copy(dst[k*dstStride:k*dstStride+row], src[k*sr:k*sr+row])
+	}
 }
 
 // rotBF16NeoX rotates bf16 pairs [from, half) into bf16: widen, rotate in

@@ -10,8 +10,9 @@ import (
 )
 
 // TestSIMDKernelsMatchGo: the assembly kernels give the bits of the Go
-// kernels on arbitrary bit patterns (NaN, Inf, subnormals included) and on
-// rotary halves that are not a multiple of 8.
+// kernels on arbitrary bit patterns (NaN, Inf, subnormals included), on
+// rotary halves that are not a multiple of 8, and over several heads with
+// strides (one call per token), touching nothing between the heads.
 func TestSIMDKernelsMatchGo(t *testing.T) {
 	if !hasSIMD() {
 		t.Skip("no SIMD kernels on this machine")
@@ -25,9 +26,13 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			es := dt.Size()
+			row := shape.hd * es
 			mk := func(simd, avx512, nt bool) *plan {
-				return &plan{Job: Job{Rope: tab, SrcDType: dt, Layout: CacheLayout{HeadDim: shape.hd, DType: dt}},
-					srcES: dt.Size(), kernel: kind, simd: simd, avx512: avx512, nt: nt}
+				p := &plan{Job: Job{Rope: tab, SrcDType: dt, Layout: CacheLayout{HeadDim: shape.hd, DType: dt}},
+					srcES: es, dstES: es, srcRow: row, kernel: kind, simd: simd, avx512: avx512, nt: nt}
+				p.pick()
+				return p
 			}
 			slow := mk(false, false, false)
 			// The NT kernels need 32-byte aligned halves.
@@ -36,25 +41,39 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 			if hasAVX512() {
 				others = append(others, mk(true, true, false), mk(true, true, ntOK))
 			}
-			es := dt.Size()
-			src := make([]byte, shape.hd*es)
-			a, b := aligned(len(src)), make([]byte, len(src))
+			// 3 heads; the destination heads are 64 bytes apart beyond a row
+			// (HND-like), with guard bytes between them.
+			const heads = 3
+			stride := row + 64
+			src := make([]byte, heads*row)
+			a, b := aligned(heads*stride), make([]byte, heads*stride)
 			x := make([]float32, shape.hd)
 			for n := 0; n < 200; n++ {
 				for i := range src {
 					src[i] = byte(rng.Uint32())
 				}
 				if n%2 == 0 { // mostly ordinary values in every other round
-					for i := 0; i < shape.hd; i++ {
+					for i := 0; i < heads*shape.hd; i++ {
 						copy(src[i*es:], encode(nil, dt, float32(rng.NormFloat64())))
 					}
 				}
 				c, s := tab.Row(rng.IntN(tab.MaxPositions()))
-				slow.rotKey(b, src, c, s, x)
+				for i := range b {
+					b[i] = 0xa5
+				}
+				slow.rotHeads(b, src, c, s, x, heads, stride)
 				for _, fast := range others {
-					fast.rotKey(a, src, c, s, x)
+					for i := range a {
+						a[i] = 0xa5
+					}
+					fast.rotHeads(a, src, c, s, x, heads, stride)
 					sfence()
-					checkSame(t, fast, dt, shape.hd, a, b, src)
+					for k := 0; k < heads; k++ {
+						checkSame(t, fast, dt, shape.hd, a[k*stride:], b[k*stride:], src[k*row:(k+1)*row])
+						if k < heads-1 && string(a[k*stride+row:(k+1)*stride]) != string(b[k*stride+row:(k+1)*stride]) {
+							t.Fatalf("%v hd %d: bytes between heads %d and %d written", dt, shape.hd, k, k+1)
+						}
+					}
 				}
 			}
 		}
@@ -91,20 +110,26 @@ func TestCopyNT(t *testing.T) {
 	for i := range src {
 		src[i] = byte(i * 7)
 	}
-	for _, n := range []int{64, 128, 256, 4096} {
-		dst := aligned(n + 64)
+	for _, c := range []struct{ n, count, dstStride, srcStride int }{
+		{64, 1, 0, 0}, {128, 1, 0, 0}, {256, 1, 0, 0}, {4096, 1, 0, 0},
+		{64, 3, 128, 64}, {256, 4, 512, 96}, {128, 2, 128, 200},
+	} {
+		size := (c.count-1)*c.dstStride + c.n
+		dst := aligned(size + 64)
 		for i := range dst {
 			dst[i] = 0xee
 		}
-		copyNT(&dst[0], &src[0], n)
+		copyNT(&dst[0], &src[0], c.n, c.count, c.dstStride, c.srcStride)
 		sfence()
-		if string(dst[:n]) != string(src[:n]) {
-			t.Fatalf("copyNT %d bytes: wrong copy", n)
+		want := make([]byte, len(dst))
+		for i := range want {
+			want[i] = 0xee
 		}
-		for _, g := range dst[n:] {
-			if g != 0xee {
-				t.Fatalf("copyNT %d bytes wrote past the end", n)
-			}
+		for k := 0; k < c.count; k++ {
+			copy(want[k*c.dstStride:k*c.dstStride+c.n], src[k*c.srcStride:])
+		}
+		if string(dst) != string(want) {
+			t.Fatalf("copyNT %+v: wrong bytes", c)
 		}
 	}
 }

@@ -289,7 +289,7 @@ func (t *RopeTable) rotate(x []float32, c, s []float32) {
 			// In place: every block of pairs is loaded before it is stored.
 			from = t.half &^ 7
 			p := (*byte)(unsafe.Pointer(&x[0]))
-			rotNeoXF32AVX2(p, p, &c[0], &s[0], from, t.half)
+			rotNeoXF32AVX2(p, p, &c[0], &s[0], from, t.half, 1, 0, 0)
 		}
 		rotNeoX(x[from:t.half], x[t.half+from:t.rotary], c[from:], s[from:])
 		return
