@@ -2677,7 +2677,7 @@ var File_kvmesh_proto protoreflect.FileDescriptor
 
 const file_kvmesh_proto_rawDesc = "" +
 	"\n" +
-	"\fkvmesh.proto\x12\tkvmesh.v1\"$\n" +
+	"\fkvmesh.proto\x12\tkvmesh.v1\x1a\vadmin.proto\"$\n" +
 	"\x02ID\x12\x0e\n" +
 	"\x02lo\x18\x01 \x01(\x06R\x02lo\x12\x0e\n" +
 	"\x02hi\x18\x02 \x01(\x06R\x02hi\"l\n" +
@@ -2889,12 +2889,14 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x06Delete\x12\x18.kvmesh.v1.DeleteRequest\x1a\x19.kvmesh.v1.DeleteResponse\x12:\n" +
 	"\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponse\x12L\n" +
 	"\vClusterInfo\x12\x1d.kvmesh.v1.ClusterInfoRequest\x1a\x1e.kvmesh.v1.ClusterInfoResponse\x12<\n" +
-	"\x05Drain\x12\x17.kvmesh.v1.DrainRequest\x1a\x18.kvmesh.v1.DrainProgress0\x012\x80\x02\n" +
+	"\x05Drain\x12\x17.kvmesh.v1.DrainRequest\x1a\x18.kvmesh.v1.DrainProgress0\x012\x89\x03\n" +
 	"\x04Peer\x12:\n" +
 	"\tReplicate\x12\x13.kvmesh.v1.PutFrame\x1a\x16.kvmesh.v1.PutResponse(\x01\x125\n" +
 	"\x05Fetch\x12\x15.kvmesh.v1.GetRequest\x1a\x13.kvmesh.v1.GetFrame0\x01\x12=\n" +
 	"\x06Digest\x12\x18.kvmesh.v1.DigestRequest\x1a\x19.kvmesh.v1.DigestResponse\x12F\n" +
-	"\tMetaApply\x12\x1b.kvmesh.v1.MetaApplyRequest\x1a\x1c.kvmesh.v1.MetaApplyResponseB\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3"
+	"\tMetaApply\x12\x1b.kvmesh.v1.MetaApplyRequest\x1a\x1c.kvmesh.v1.MetaApplyResponse\x12=\n" +
+	"\x06Delete\x12\x18.kvmesh.v1.DeleteRequest\x1a\x19.kvmesh.v1.DeleteResponse\x12H\n" +
+	"\tGossipKey\x12\x1b.kvmesh.v1.GossipKeyRequest\x1a\x1e.kvmesh.v1.GossipKeyNodeResultB\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3"
 
 var (
 	file_kvmesh_proto_rawDescOnce sync.Once
@@ -2950,6 +2952,8 @@ var file_kvmesh_proto_goTypes = []any{
 	(*DrainProgress)(nil),         // 36: kvmesh.v1.DrainProgress
 	(*MetaApplyRequest)(nil),      // 37: kvmesh.v1.MetaApplyRequest
 	(*MetaApplyResponse)(nil),     // 38: kvmesh.v1.MetaApplyResponse
+	(*GossipKeyRequest)(nil),      // 39: kvmesh.v1.GossipKeyRequest
+	(*GossipKeyNodeResult)(nil),   // 40: kvmesh.v1.GossipKeyNodeResult
 }
 var file_kvmesh_proto_depIdxs = []int32{
 	0,  // 0: kvmesh.v1.Context.kind:type_name -> kvmesh.v1.ContextKind
@@ -2999,21 +3003,25 @@ var file_kvmesh_proto_depIdxs = []int32{
 	17, // 44: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
 	32, // 45: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
 	37, // 46: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
-	10, // 47: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
-	13, // 48: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
-	16, // 49: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
-	20, // 50: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
-	24, // 51: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
-	26, // 52: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
-	29, // 53: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
-	31, // 54: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
-	36, // 55: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
-	16, // 56: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
-	20, // 57: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
-	34, // 58: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
-	38, // 59: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
-	47, // [47:60] is the sub-list for method output_type
-	34, // [34:47] is the sub-list for method input_type
+	25, // 47: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
+	39, // 48: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
+	10, // 49: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
+	13, // 50: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
+	16, // 51: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
+	20, // 52: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
+	24, // 53: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
+	26, // 54: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
+	29, // 55: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
+	31, // 56: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
+	36, // 57: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
+	16, // 58: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
+	20, // 59: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
+	34, // 60: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
+	38, // 61: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
+	26, // 62: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
+	40, // 63: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
+	49, // [49:64] is the sub-list for method output_type
+	34, // [34:49] is the sub-list for method input_type
 	34, // [34:34] is the sub-list for extension type_name
 	34, // [34:34] is the sub-list for extension extendee
 	0,  // [0:34] is the sub-list for field type_name
@@ -3024,6 +3032,7 @@ func file_kvmesh_proto_init() {
 	if File_kvmesh_proto != nil {
 		return
 	}
+	file_admin_proto_init()
 	file_kvmesh_proto_msgTypes[12].OneofWrappers = []any{
 		(*PutFrame_Header)(nil),
 		(*PutFrame_Data)(nil),

@@ -445,6 +445,8 @@ const (
 	Peer_Fetch_FullMethodName     = "/kvmesh.v1.Peer/Fetch"
 	Peer_Digest_FullMethodName    = "/kvmesh.v1.Peer/Digest"
 	Peer_MetaApply_FullMethodName = "/kvmesh.v1.Peer/MetaApply"
+	Peer_Delete_FullMethodName    = "/kvmesh.v1.Peer/Delete"
+	Peer_GossipKey_FullMethodName = "/kvmesh.v1.Peer/GossipKey"
 )
 
 // PeerClient is the client API for Peer service.
@@ -457,6 +459,12 @@ type PeerClient interface {
 	Fetch(ctx context.Context, in *GetRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[GetFrame], error)
 	Digest(ctx context.Context, in *DigestRequest, opts ...grpc.CallOption) (*DigestResponse, error)
 	MetaApply(ctx context.Context, in *MetaApplyRequest, opts ...grpc.CallOption) (*MetaApplyResponse, error)
+	// Delete removes an entry from the receiving node only (replication's
+	// deletes, with the coordinator's time for tombstones).
+	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error)
+	// GossipKey applies one key ring operation to the receiving node's
+	// gossip keyring (the fan-out of Admin.GossipKeys).
+	GossipKey(ctx context.Context, in *GossipKeyRequest, opts ...grpc.CallOption) (*GossipKeyNodeResult, error)
 }
 
 type peerClient struct {
@@ -519,6 +527,26 @@ func (c *peerClient) MetaApply(ctx context.Context, in *MetaApplyRequest, opts .
 	return out, nil
 }
 
+func (c *peerClient) Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*DeleteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeleteResponse)
+	err := c.cc.Invoke(ctx, Peer_Delete_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) GossipKey(ctx context.Context, in *GossipKeyRequest, opts ...grpc.CallOption) (*GossipKeyNodeResult, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GossipKeyNodeResult)
+	err := c.cc.Invoke(ctx, Peer_GossipKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -529,6 +557,12 @@ type PeerServer interface {
 	Fetch(*GetRequest, grpc.ServerStreamingServer[GetFrame]) error
 	Digest(context.Context, *DigestRequest) (*DigestResponse, error)
 	MetaApply(context.Context, *MetaApplyRequest) (*MetaApplyResponse, error)
+	// Delete removes an entry from the receiving node only (replication's
+	// deletes, with the coordinator's time for tombstones).
+	Delete(context.Context, *DeleteRequest) (*DeleteResponse, error)
+	// GossipKey applies one key ring operation to the receiving node's
+	// gossip keyring (the fan-out of Admin.GossipKeys).
+	GossipKey(context.Context, *GossipKeyRequest) (*GossipKeyNodeResult, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -550,6 +584,12 @@ func (UnimplementedPeerServer) Digest(context.Context, *DigestRequest) (*DigestR
 }
 func (UnimplementedPeerServer) MetaApply(context.Context, *MetaApplyRequest) (*MetaApplyResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method MetaApply not implemented")
+}
+func (UnimplementedPeerServer) Delete(context.Context, *DeleteRequest) (*DeleteResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Delete not implemented")
+}
+func (UnimplementedPeerServer) GossipKey(context.Context, *GossipKeyRequest) (*GossipKeyNodeResult, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method GossipKey not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -626,6 +666,42 @@ func _Peer_MetaApply_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Delete_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Delete(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Delete_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Delete(ctx, req.(*DeleteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_GossipKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GossipKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).GossipKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_GossipKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).GossipKey(ctx, req.(*GossipKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -640,6 +716,14 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "MetaApply",
 			Handler:    _Peer_MetaApply_Handler,
+		},
+		{
+			MethodName: "Delete",
+			Handler:    _Peer_Delete_Handler,
+		},
+		{
+			MethodName: "GossipKey",
+			Handler:    _Peer_GossipKey_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

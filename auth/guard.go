@@ -42,6 +42,12 @@ func DefaultMethods() map[string]Scope {
 		api.Peer_Fetch_FullMethodName:               ScopePeer,
 		api.Peer_Digest_FullMethodName:              ScopePeer,
 		api.Peer_MetaApply_FullMethodName:           ScopePeer,
+		api.Peer_Delete_FullMethodName:              ScopePeer,
+		api.Peer_GossipKey_FullMethodName:           ScopePeer,
+		api.Admin_CreateToken_FullMethodName:        ScopeAdmin,
+		api.Admin_ListTokens_FullMethodName:         ScopeAdmin,
+		api.Admin_RevokeToken_FullMethodName:        ScopeAdmin,
+		api.Admin_GossipKeys_FullMethodName:         ScopeAdmin,
 	}
 }
 

@@ -281,7 +281,7 @@ func TestGuardCertificates(t *testing.T) {
 func TestDefaultMethodsCoverAPI(t *testing.T) {
 	m := DefaultMethods()
 	n := 0
-	for _, sd := range []grpc.ServiceDesc{api.Client_ServiceDesc, api.Peer_ServiceDesc, api.Injector_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{api.Client_ServiceDesc, api.Peer_ServiceDesc, api.Injector_ServiceDesc, api.Admin_ServiceDesc} {
 		var names []string
 		for _, md := range sd.Methods {
 			names = append(names, md.MethodName)
@@ -297,6 +297,9 @@ func TestDefaultMethodsCoverAPI(t *testing.T) {
 			}
 			if peerSvc := sd.ServiceName == api.Peer_ServiceDesc.ServiceName; peerSvc != (s == ScopePeer) {
 				t.Errorf("%s: scope %v", full, s)
+			}
+			if adminSvc := sd.ServiceName == api.Admin_ServiceDesc.ServiceName; adminSvc && s != ScopeAdmin {
+				t.Errorf("%s: scope %v, want admin", full, s)
 			}
 			n++
 		}

@@ -272,7 +272,7 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 	if err != nil {
 		return nil, injectStatus(err)
 	}
-	in.n.sec.rememberCache(uint64(id), d.Fingerprint)
+	in.n.sec.rememberCache(ctx, uint64(id), d.Fingerprint)
 	return &api.RegisterCacheResponse{CacheId: uint64(id)}, nil
 }
 

@@ -95,6 +95,10 @@ type Config struct {
 	// GossipKeyring encrypts gossip (gossipkey.LoadFile); nil means
 	// unencrypted gossip.
 	GossipKeyring *memberlist.Keyring
+	// GossipKeyringFile is where GossipKeyring came from: the node
+	// rewrites it after each live key rotation step (Admin.GossipKeys), so
+	// a restart comes back with the cluster's keys. Empty: not rewritten.
+	GossipKeyringFile string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -312,6 +316,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	)...)
 	api.RegisterClientServer(n.grpcSrv, &clientService{n: n})
 	api.RegisterPeerServer(n.grpcSrv, &peerService{n: n})
+	api.RegisterAdminServer(n.grpcSrv, &adminService{n: n})
 	if n.inj, err = n.startInject(); err != nil {
 		return err
 	}

@@ -38,10 +38,20 @@ type security struct {
 	tls     *tlsconf.TLS
 	guard   *auth.Guard
 	limiter *auth.StreamLimiter
-	// caches maps each registered inject.CacheID to its model, so Inject
-	// and UnregisterCache check the caller's namespace against the cache
-	// they name, not only at registration.
-	caches *sync.Map // uint64 -> chunk.Fingerprint
+	// caches maps each registered inject.CacheID to its model and the
+	// caller that registered it, so Inject and UnregisterCache check the
+	// caller against the cache they name, not only at registration.
+	caches *sync.Map // uint64 -> cacheOwner
+	// keyMu serialises gossip key operations and keyring file rewrites.
+	keyMu *sync.Mutex
+}
+
+// cacheOwner is who registered a cache, for what model.
+type cacheOwner struct {
+	fp chunk.Fingerprint
+	// principal is auth.Principal.Key of the registering caller: its
+	// token ID, else its certificate name, else its address.
+	principal string
 }
 
 // newSecurity loads cfg's TLS files (or turns TLS off, with a warning,
@@ -59,22 +69,51 @@ func newSecurity(cfg Config) (security, error) {
 	if err != nil {
 		return security{}, fmt.Errorf("node: TLS: %w", err)
 	}
-	return security{tls: t, caches: new(sync.Map)}, nil
+	return security{tls: t, caches: new(sync.Map), keyMu: new(sync.Mutex)}, nil
 }
 
-// rememberCache records the model of a registered cache.
-func (s *security) rememberCache(id uint64, fp chunk.Fingerprint) { s.caches.Store(id, fp) }
+// rememberCache records the model and the registering caller of a cache.
+func (s *security) rememberCache(ctx context.Context, id uint64, fp chunk.Fingerprint) {
+	owner := ""
+	if p, ok := auth.FromContext(ctx); ok {
+		owner = p.Key()
+	}
+	s.caches.Store(id, cacheOwner{fp: fp, principal: owner})
+}
 
 // forgetCache drops an unregistered cache.
 func (s *security) forgetCache(id uint64) { s.caches.Delete(id) }
 
-// checkCache refuses a caller whose namespace does not cover the model of
-// cache id. An unknown ID passes: the injector answers NotFound.
+// checkCache refuses a caller other than the one that registered cache id
+// (another token, certificate or address), and one whose namespace does
+// not cover the cache's model, with PermissionDenied. An unknown ID
+// passes: the injector answers NotFound.
 func (s *security) checkCache(ctx context.Context, id uint64) error {
-	if fp, ok := s.caches.Load(id); ok {
-		return checkFingerprint(ctx, fp.(chunk.Fingerprint))
+	v, ok := s.caches.Load(id)
+	if !ok {
+		return nil
 	}
-	return nil
+	o := v.(cacheOwner)
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return status.Error(codes.PermissionDenied, "no authenticated caller")
+	}
+	if p.Key() != o.principal {
+		return status.Errorf(codes.PermissionDenied, "cache %d was registered by another caller", id)
+	}
+	return checkFingerprint(ctx, o.fp)
+}
+
+// checkPeer refuses, with PermissionDenied, a caller that is not a
+// cluster member: the direct (this node only) forms of Put, Delete and
+// replication's times and kinds are for nodes, which present a node
+// certificate (or, in a cluster without TLS, anyone).
+func (s *security) checkPeer(ctx context.Context, what string) error {
+	p, ok := auth.FromContext(ctx)
+	if ok && (p.Peer() || (s.tls.Insecure() && p.CertName == "")) {
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied, "%s is for cluster members (a node certificate)", what)
 }
 
 // metaTLS is the TLS raft runs over: nil (plain TCP) in insecure mode.
@@ -211,6 +250,7 @@ func (fc *FileConfig) securityConfig(cfg *Config) error {
 	cfg.Tokens = fc.Auth.Tokens
 	cfg.MaxStreamsPerClient = fc.Auth.MaxStreamsPerClient
 	cfg.MaxChunksPerRequest = fc.Auth.MaxChunksPerRequest
+	cfg.GossipKeyringFile = fc.GossipKeyringFile
 	if fc.GossipKeyringFile != "" {
 		kr, err := gossipkey.LoadFile(fc.GossipKeyringFile)
 		if err != nil {

@@ -105,6 +105,13 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
 		return err
 	}
+	if !direct && (hdr.Direct || hdr.Kind != 0 || hdr.At != 0) {
+		// A single-node store with a chosen time and kind bypasses the
+		// replica set and orders against tombstones: members only.
+		if err := n.sec.checkPeer(ctx, "a direct put"); err != nil {
+			return err
+		}
+	}
 	switch {
 	case hdr.BlobBytes == 0:
 		return status.Error(codes.InvalidArgument, "put of an empty entry")
@@ -445,6 +452,14 @@ func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*ap
 	}
 	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
 		return nil, err
+	}
+	if req.Direct || req.At != 0 {
+		// A delete here only, at a chosen time, is replication's
+		// (Peer.Delete; older members send it here): a client could
+		// otherwise plant tombstones dated in the future.
+		if err := n.sec.checkPeer(ctx, "a direct delete"); err != nil {
+			return nil, err
+		}
 	}
 	if req.Direct {
 		if err := n.repl.ServeDelete(ctx, key, req.At); err != nil {

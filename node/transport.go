@@ -13,9 +13,8 @@ import (
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-// transport implements replication.Transport over the Peer service (and
-// Client.Delete with direct set). Node IDs resolve to gRPC addresses
-// through the ring, then gossip.
+// transport implements replication.Transport over the Peer service. Node
+// IDs resolve to gRPC addresses through the ring, then gossip.
 type transport struct{ n *Node }
 
 func (t transport) addr(id string) (string, error) {
@@ -99,13 +98,13 @@ func (t transport) Delete(ctx context.Context, node string, key chunk.Key, at in
 	if err != nil {
 		return err
 	}
-	c, err := t.n.peers.client(addr)
+	pc, err := t.n.peers.peer(addr)
 	if err != nil {
 		return err
 	}
 	ctx, cancel := t.n.withTimeout(ctx)
 	defer cancel()
-	_, err = c.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true, At: at})
+	_, err = pc.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true, At: at})
 	return replErr(err)
 }
 

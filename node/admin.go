@@ -1,0 +1,329 @@
+package node
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// adminService is the Admin API: API tokens (records in the raft
+// metadata) and live gossip key rotation fanned out to every member. The
+// Guard lets only admin-scoped callers in; the handlers add that a token
+// never grants more than its creator holds.
+type adminService struct {
+	api.UnimplementedAdminServer
+	n *Node
+}
+
+// caller is the authenticated principal of ctx; a call that bypassed the
+// Guard is refused.
+func caller(ctx context.Context) (*auth.Principal, error) {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.PermissionDenied, "no authenticated caller")
+	}
+	return p, nil
+}
+
+// authStatus maps auth's errors to statuses: auth's own status errors
+// pass, a malformed token request is InvalidArgument.
+func authStatus(err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if errors.Is(err, auth.ErrInvalidToken) {
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return err
+}
+
+// tokenInfo describes rec without its salt and hash.
+func tokenInfo(rec auth.Record) *api.TokenInfo {
+	ti := &api.TokenInfo{Id: rec.ID, Name: rec.Name, Scopes: rec.Scopes.String(), Namespace: slices.Clone(rec.Namespace),
+		Created: rec.Created.Unix()}
+	if !rec.Expires.IsZero() {
+		ti.Expires = rec.Expires.Unix()
+	}
+	return ti
+}
+
+// maxTokenTTL bounds CreateToken's lifetime (and keeps time arithmetic
+// away from overflow).
+const maxTokenTTL = 100 * 365 * 24 * time.Hour
+
+// CreateToken makes a token, stores its record (salt and HMAC, never the
+// secret) through raft and returns the token once.
+func (s *adminService) CreateToken(ctx context.Context, req *api.CreateTokenRequest) (*api.CreateTokenResponse, error) {
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if strings.TrimSpace(req.Scopes) == "" {
+		return nil, status.Error(codes.InvalidArgument, "create token: no scopes (read, write, admin)")
+	}
+	scopes, err := auth.ParseScopes(req.Scopes)
+	if err != nil {
+		return nil, authStatus(err)
+	}
+	if req.TtlSeconds < 0 || time.Duration(req.TtlSeconds) > maxTokenTTL/time.Second {
+		return nil, status.Errorf(codes.InvalidArgument, "create token: ttl of %d seconds", req.TtlSeconds)
+	}
+	if len(req.Name) > auth.MaxName {
+		return nil, status.Errorf(codes.InvalidArgument, "create token: name longer than %d bytes", auth.MaxName)
+	}
+	if len(req.Namespace) > auth.MaxNamespace {
+		return nil, status.Errorf(codes.InvalidArgument, "create token: more than %d namespace prefixes", auth.MaxNamespace)
+	}
+	ns, err := p.Grant(scopes, auth.Namespace(req.Namespace))
+	if err != nil {
+		return nil, authStatus(err)
+	}
+	var exp time.Time
+	if req.TtlSeconds > 0 {
+		exp = time.Now().Add(time.Duration(req.TtlSeconds) * time.Second).UTC()
+	}
+	tok, rec, err := auth.NewToken(req.Name, scopes, ns, exp)
+	if err != nil {
+		return nil, authStatus(err)
+	}
+	if err := s.n.meta.PutToken(ctx, rec); err != nil {
+		return nil, authStatus(err)
+	}
+	s.n.log.Info("node: token created", "id", rec.ID, "name", rec.Name, "scopes", rec.Scopes.String(), "by", p.Key())
+	return &api.CreateTokenResponse{Token: tok.String(), Info: tokenInfo(rec)}, nil
+}
+
+// ListTokens lists the tokens the caller manages (all of them for an
+// admin without a namespace), without secrets.
+func (s *adminService) ListTokens(ctx context.Context, _ *api.ListTokensRequest) (*api.ListTokensResponse, error) {
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &api.ListTokensResponse{}
+	for _, rec := range s.n.meta.Tokens() {
+		if p.Manages(rec) {
+			resp.Tokens = append(resp.Tokens, tokenInfo(rec))
+		}
+	}
+	return resp, nil
+}
+
+// RevokeToken deletes a token's record through raft; every node refuses
+// the token once it applies the delete (this one before the call
+// returns).
+func (s *adminService) RevokeToken(ctx context.Context, req *api.RevokeTokenRequest) (*api.RevokeTokenResponse, error) {
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.n.meta.LookupToken(ctx, req.Id)
+	switch {
+	case err == nil && !p.Manages(rec):
+		return nil, status.Errorf(codes.PermissionDenied, "token %s is outside the caller's namespace", req.Id)
+	case err != nil && len(p.Namespace) > 0:
+		// Only an unrestricted admin may delete what this node has not
+		// seen (it may lag behind the put).
+		return nil, status.Errorf(codes.NotFound, "no token %s", req.Id)
+	}
+	if err := s.n.meta.DeleteToken(ctx, req.Id); err != nil {
+		return nil, err
+	}
+	s.n.log.Info("node: token revoked", "id", req.Id, "by", p.Key())
+	return &api.RevokeTokenResponse{}, nil
+}
+
+// keyFingerprint names a gossip key without revealing it.
+func keyFingerprint(key []byte) string {
+	sum := sha256.Sum256(key)
+	return hex.EncodeToString(sum[:8])
+}
+
+// gossipKeyLocal applies op to this node's gossip keyring and rewrites its
+// keyring file, if it has one, so a restart comes back with what the
+// cluster speaks.
+func (n *Node) gossipKeyLocal(op api.GossipKeyOp, key []byte) (*api.GossipKeyNodeResult, error) {
+	if n.gossip == nil {
+		return nil, status.Error(codes.Unavailable, "gossip is not running")
+	}
+	n.sec.keyMu.Lock()
+	defer n.sec.keyMu.Unlock()
+	var err error
+	switch op {
+	case api.GossipKeyOp_GOSSIP_KEY_OP_LIST:
+	case api.GossipKeyOp_GOSSIP_KEY_OP_INSTALL:
+		err = n.gossip.InstallKey(key)
+	case api.GossipKeyOp_GOSSIP_KEY_OP_USE:
+		err = n.gossip.UseKey(key)
+	case api.GossipKeyOp_GOSSIP_KEY_OP_REMOVE:
+		err = n.gossip.RemoveKey(key)
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "gossip key operation %v", op)
+	}
+	switch {
+	case errors.Is(err, gossipkey.ErrInvalidKey):
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ring.ErrNotEncrypted):
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, ring.ErrShutdown):
+		return nil, status.Error(codes.Unavailable, err.Error())
+	case err != nil:
+		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	}
+	primary, all := n.gossip.Keys()
+	if op != api.GossipKeyOp_GOSSIP_KEY_OP_LIST && n.cfg.GossipKeyringFile != "" && primary != nil {
+		if err := writeKeyring(n.cfg.GossipKeyringFile, primary, all[1:]); err != nil {
+			return nil, status.Errorf(codes.Internal, "keyring changed in memory but not in its file: %v", err)
+		}
+	}
+	res := &api.GossipKeyNodeResult{NodeId: n.cfg.NodeID}
+	if primary != nil {
+		res.Primary = keyFingerprint(primary)
+	}
+	for _, k := range all {
+		res.Keys = append(res.Keys, keyFingerprint(k))
+	}
+	return res, nil
+}
+
+// writeKeyring replaces the keyring file at path: a new file renamed over
+// the old one, so a crash leaves either keyring whole.
+func writeKeyring(path string, primary []byte, others [][]byte) error {
+	tmp := path + ".new"
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if err := gossipkey.WriteFile(tmp, primary, others...); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// GossipKey is the per-node step of Admin.GossipKeys.
+func (s *peerService) GossipKey(_ context.Context, req *api.GossipKeyRequest) (*api.GossipKeyNodeResult, error) {
+	return s.n.gossipKeyLocal(req.Op, req.Key)
+}
+
+// Delete removes an entry here only (replication's deletes and
+// tombstones).
+func (s *peerService) Delete(ctx context.Context, req *api.DeleteRequest) (*api.DeleteResponse, error) {
+	key, err := client.KeyFromProto(req.GetKey())
+	if err != nil {
+		return nil, invalid(err)
+	}
+	if err := s.n.repl.ServeDelete(ctx, key, req.At); err != nil {
+		return nil, replication.ToStatus(err)
+	}
+	return &api.DeleteResponse{Deleted: 1}, nil
+}
+
+// gossipKeyAll runs op on every live member in parallel (this node
+// locally), results sorted by node ID.
+func (n *Node) gossipKeyAll(ctx context.Context, op api.GossipKeyOp, key []byte) *api.GossipKeysResponse {
+	members := n.gossip.Members()
+	out := make([]*api.GossipKeyNodeResult, len(members))
+	var wg sync.WaitGroup
+	for i, m := range members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var res *api.GossipKeyNodeResult
+			var err error
+			if m.ID == n.cfg.NodeID {
+				res, err = n.gossipKeyLocal(op, key)
+			} else {
+				res, err = n.remoteGossipKey(ctx, m.GRPCAddr, op, key)
+			}
+			if err != nil {
+				res = &api.GossipKeyNodeResult{Error: status.Convert(err).Message()}
+			}
+			res.NodeId = m.ID
+			out[i] = res
+		}()
+	}
+	wg.Wait()
+	resp := &api.GossipKeysResponse{Nodes: out}
+	for _, r := range out {
+		if r.Error != "" {
+			resp.Failed++
+		}
+	}
+	return resp
+}
+
+func (n *Node) remoteGossipKey(ctx context.Context, addr string, op api.GossipKeyOp, key []byte) (*api.GossipKeyNodeResult, error) {
+	if addr == "" {
+		return nil, errors.New("no gRPC address")
+	}
+	pc, err := n.peers.peer(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	return pc.GossipKey(ctx, &api.GossipKeyRequest{Op: op, Key: key})
+}
+
+// GossipKeys applies one rotation step on every live member. A step that
+// changes keys first lists every member's keys and changes nothing (an
+// Aborted status naming the members) if one does not answer, if USE names
+// a key some member lacks, or if REMOVE names a key that is some member's
+// primary: a rotation step is all or nothing as far as it can be checked.
+// Failures while applying are per node in the answer (Failed > 0).
+func (s *adminService) GossipKeys(ctx context.Context, req *api.GossipKeyRequest) (*api.GossipKeysResponse, error) {
+	n := s.n
+	if n.gossip == nil {
+		return nil, status.Error(codes.Unavailable, "gossip is not running")
+	}
+	switch req.Op {
+	case api.GossipKeyOp_GOSSIP_KEY_OP_LIST:
+		return n.gossipKeyAll(ctx, req.Op, nil), nil
+	case api.GossipKeyOp_GOSSIP_KEY_OP_INSTALL, api.GossipKeyOp_GOSSIP_KEY_OP_USE, api.GossipKeyOp_GOSSIP_KEY_OP_REMOVE:
+	default:
+		return nil, status.Errorf(codes.InvalidArgument, "gossip key operation %v", req.Op)
+	}
+	if _, err := gossipkey.Parse(gossipkey.Encode(req.Key)); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	fp := keyFingerprint(req.Key)
+	pre := n.gossipKeyAll(ctx, api.GossipKeyOp_GOSSIP_KEY_OP_LIST, nil)
+	var bad []string
+	for _, r := range pre.Nodes {
+		switch {
+		case r.Error != "":
+			bad = append(bad, fmt.Sprintf("%s: %s", r.NodeId, r.Error))
+		case req.Op == api.GossipKeyOp_GOSSIP_KEY_OP_USE && !slices.Contains(r.Keys, fp):
+			bad = append(bad, fmt.Sprintf("%s: key %s not installed", r.NodeId, fp))
+		case req.Op == api.GossipKeyOp_GOSSIP_KEY_OP_REMOVE && r.Primary == fp:
+			bad = append(bad, fmt.Sprintf("%s: key %s is the primary; use another key first", r.NodeId, fp))
+		}
+	}
+	if len(bad) > 0 {
+		return nil, status.Errorf(codes.Aborted, "gossip key %s not changed on any node: %s", req.Op, strings.Join(bad, "; "))
+	}
+	p, _ := auth.FromContext(ctx)
+	resp := n.gossipKeyAll(ctx, req.Op, req.Key)
+	who := ""
+	if p != nil {
+		who = p.Key()
+	}
+	n.log.Info("node: gossip key operation", "op", req.Op.String(), "key", fp, "nodes", len(resp.Nodes), "failed", resp.Failed, "by", who)
+	return resp, nil
+}
