@@ -9,6 +9,8 @@
 //	kvmesh lookup -model FP [-want CONTEXT] CONTENT...
 //	kvmesh delete KEY
 //	kvmesh drain [-keep] NODE
+//	kvmesh token create|list|revoke ...
+//	kvmesh gossip-key new|list|install|use|remove ...
 //	kvmesh local-cluster [-dir D] [-kvmeshd PATH] N
 //	kvmesh demo [-facts N] [-k LIST] [-queries N] [-out DIR]
 //
@@ -58,9 +60,15 @@ commands:
                           by prompt injection and by KV injection, print TTFT and fidelity
   certs [-dir D] [-node NAME=HOST,...]... [-client NAME]...
                           make a CA (first run) and node/client certificates (docs/SECURITY.md)
-  gossip-key FILE         write a new gossip keyring file (mode 0600)
-  token create -records FILE [-name N] [-scopes S] [-namespace HEX,...] [-expires D]
-                          print a new API token; append its record for kvmeshd -tokens-file
+  gossip-key new FILE     write a new gossip keyring file (mode 0600)
+  gossip-key list|install KEY|use KEY|remove KEY
+                          live key rotation on every member (admin; KEY base64 or @FILE)
+  token create [-name N] [-scopes S] [-namespace HEX,...] [-expires D]
+                          a new API token from the cluster (admin), printed once
+  token list | token revoke ID
+                          the cluster's tokens (no secrets); revoke one everywhere (admin)
+  token create -records FILE [...]
+                          offline: print a new token; append its record for kvmeshd -tokens-file
 `
 
 func main() {
@@ -100,10 +108,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return demo(ctx, rest, stdout, stderr)
 	case "certs":
 		return certs(rest, stdout, stderr)
-	case "gossip-key":
-		return gossipKey(rest, stdout)
-	case "token":
-		return tokenCmd(rest, stdout, stderr)
+	case "gossip-key", "token":
+		ctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		dial := adminDial(*addr, &sec)
+		if cmd == "token" {
+			return tokenCmd(ctx, rest, dial, stdout, stderr)
+		}
+		return gossipKeyCmd(ctx, rest, dial, stdout)
 	}
 	if *addr == "" {
 		return errors.New("no cluster address: set -addr or KVMESH_ADDR")
