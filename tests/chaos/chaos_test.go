@@ -175,6 +175,9 @@ type run struct {
 	cl    *client.Client
 	obs   *observer
 
+	inj    *injectRig // nil: injections skipped (injWhy says why)
+	injWhy string
+
 	findings    []string
 	notes       []string
 	under       int // acknowledged keys below R replicas at the end

@@ -1,12 +1,17 @@
 package chaos
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/engine"
 )
 
 // The checker must be right before the chaos run means anything: these
@@ -142,5 +147,193 @@ func TestEntryFor(t *testing.T) {
 	}
 	if k1 == k3 || k1 == k4 {
 		t.Fatal("entryFor repeats keys across indexes or seeds")
+	}
+}
+
+// nodeWrite does what a node does for chunk j of in: it rotates blob's
+// tokens to pos.. and scatters them into the chunk's slots of mem.
+func nodeWrite(t *testing.T, x *expecter, mem [][]byte, in *injection, j int, blob []byte, pos int) {
+	t.Helper()
+	e, err := chunk.Decode(blob, chunk.DefaultLimits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := cudakern.Job{Rope: x.rope, Src: e.KV, SrcDType: e.DType, Tokens: len(e.Tokens), SrcHeads: e.KVHeads,
+		HeadLo: in.headLo, HeadHi: in.headHi, Pos: pos, Slots: in.chunks[j].slots, Layout: in.lay, Dst: mem}
+	if err := x.kern.Inject(context.Background(), &job); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCheckInjection feeds the injection checker answers and cache
+// contents with known verdicts, on every node's cache geometry.
+func TestCheckInjection(t *testing.T) {
+	x, err := newExpecter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.close()
+	const seed = 11
+	written := make(map[chunk.Key][]byte)
+	for _, i := range []int{0, 3, variantBase + 3, 4} {
+		k, b, err := entryFor(seed, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		written[k] = b
+	}
+	entry := func(k chunk.Key) []byte { return written[k] }
+	own := func(i int) injChunk {
+		e, _ := entryOf(seed, i)
+		return injChunk{key: e.Key, tokens: e.Tokens, pos: 1000 + i, what: "own"}
+	}
+	other := own(4)
+	other.key.Context = chunk.WindowContext(other.key.Fingerprint, windowW, []uint32{1, 2, 3, 4, 5, 6, 7, 8})
+	variantWanted := own(3)
+	variantWanted.key = own(variantBase + 3).key // wants the window context
+	ghost := own(-5)
+
+	E, A, M := engine.MatchExact, engine.MatchApproximate, engine.MatchMiss
+	type answer struct {
+		m  engine.Match
+		cx chunk.Context
+	}
+	for _, tc := range []struct {
+		name   string
+		chunks []injChunk
+		// answers, and which entry (nil: none) the "node" writes for
+		// each chunk and at which position offset.
+		answers []answer
+		writes  []chunk.Key
+		posOff  []int
+		mutate  func(mem [][]byte, in *injection)
+		// skip: token 0 of chunk 0 is skipped (-1) before the node
+		// writes (honoured) or after (the node wrote it anyway).
+		skip string
+		want InjectTally
+	}{
+		{name: "exact", chunks: []injChunk{own(0), own(3)},
+			answers: []answer{{E, chunk.StandaloneContext()}, {E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(0).key, own(3).key},
+			want:    InjectTally{Injections: 1, Exact: 2}},
+		{name: "exact variant, approximate other window, miss ghost", chunks: []injChunk{variantWanted, other, ghost},
+			answers: []answer{{E, variantWanted.key.Context}, {A, chunk.StandaloneContext()}, {M, chunk.Context{}}},
+			writes:  []chunk.Key{variantWanted.key, own(4).key, {}},
+			want:    InjectTally{Injections: 1, Exact: 1, Approx: 1, Miss: 1}},
+		{name: "approximate over an acknowledged exact entry is counted", chunks: []injChunk{func() injChunk {
+			c := variantWanted
+			c.exactAcked = true
+			return c
+		}()},
+			answers: []answer{{A, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(3).key},
+			want:    InjectTally{Injections: 1, Approx: 1, ApproxOverExact: 1}},
+		{name: "rotated to the wrong position", chunks: []injChunk{own(0)},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(0).key}, posOff: []int{1},
+			want: InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+		{name: "exact with another context", chunks: []injChunk{variantWanted},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(3).key},
+			want:    InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+		{name: "approximate with the wanted context", chunks: []injChunk{own(0)},
+			answers: []answer{{A, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(0).key},
+			want:    InjectTally{Injections: 1, Approx: 1, Wrong: 1}},
+		{name: "exact for content never written", chunks: []injChunk{ghost},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{{}},
+			want:    InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+		{name: "approximate with a context never written", chunks: []injChunk{other},
+			answers: []answer{{A, variantWanted.key.Context}},
+			writes:  []chunk.Key{{}},
+			want:    InjectTally{Injections: 1, Approx: 1, Wrong: 1}},
+		{name: "another entry's bytes", chunks: []injChunk{own(3)},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{variantWanted.key},
+			want:    InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+		{name: "miss that wrote", chunks: []injChunk{own(0)},
+			answers: []answer{{M, chunk.Context{}}},
+			writes:  []chunk.Key{own(0).key},
+			want:    InjectTally{Injections: 1, Miss: 1, Wrong: 1}},
+		{name: "fence written", chunks: []injChunk{own(0)},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(0).key},
+			mutate: func(mem [][]byte, in *injection) {
+				named := make(map[int]bool)
+				for _, c := range in.chunks {
+					for _, s := range c.slots {
+						named[s] = true
+					}
+				}
+				for _, s := range in.region { // a region has a fence at least
+					if !named[s] {
+						mem[2][in.lay.Offset(1, s, in.lay.KVHeads-1)+3] ^= 1
+						return
+					}
+				}
+				panic("no fence")
+			},
+			want: InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+		{name: "skipped token not written", chunks: []injChunk{own(3)},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(3).key}, skip: "before",
+			want: InjectTally{Injections: 1, Exact: 1}},
+		{name: "skipped token written", chunks: []injChunk{own(3)},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(3).key}, skip: "after",
+			want: InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+		{name: "one bit of one V", chunks: []injChunk{own(3)},
+			answers: []answer{{E, chunk.StandaloneContext()}},
+			writes:  []chunk.Key{own(3).key},
+			mutate: func(mem [][]byte, in *injection) {
+				s := in.chunks[0].slots[1]
+				mem[3][in.lay.Offset(1, s, 0)] ^= 0x80
+			},
+			want: InjectTally{Injections: 1, Exact: 1, Wrong: 1}},
+	} {
+		for node := range nodes {
+			lay, lo, hi := injLayout(node)
+			t.Run(fmt.Sprintf("%s/%v-%v-heads%d", tc.name, lay.Order, lay.DType, lay.KVHeads), func(t *testing.T) {
+				lay.NumBlocks = 8
+				c := &engineCache{lay: lay, headLo: lo, headHi: hi}
+				mem := make([][]byte, baseSpec().Layers)
+				for l := range mem {
+					mem[l] = make([]byte, lay.LayerBytes())
+				}
+				rig := &injectRig{x: x}
+				c.next = 5 // a region not at slot 0
+				chunks := slices.Clone(tc.chunks)
+				in := rig.newInjection(seed, c, rand.New(rand.NewPCG(1, uint64(node))), chunks, 0)
+				fillGuard(mem, in)
+				if tc.skip == "before" {
+					in.chunks[0].slots[0] = -1
+				}
+				res := make([]engine.InjectResult, len(tc.answers))
+				for j, a := range tc.answers {
+					res[j] = engine.InjectResult{Match: a.m, Context: a.cx}
+					if k := tc.writes[j]; k != (chunk.Key{}) {
+						off := 0
+						if tc.posOff != nil {
+							off = tc.posOff[j]
+						}
+						nodeWrite(t, x, mem, in, j, written[k], in.chunks[j].pos+off)
+					}
+				}
+				if tc.skip == "after" {
+					in.chunks[0].slots[0] = -1
+				}
+				if tc.mutate != nil {
+					tc.mutate(mem, in)
+				}
+				got, lines := checkInjection(in, res, mem, entry, x)
+				if got != tc.want {
+					t.Fatalf("tally %+v, want %+v (%v)", got, tc.want, lines)
+				}
+				if len(lines) != got.Wrong {
+					t.Fatalf("%d lines for %d wrong: %v", len(lines), got.Wrong, lines)
+				}
+			})
+		}
 	}
 }

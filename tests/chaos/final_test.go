@@ -52,13 +52,16 @@ func (r *run) final(ctx context.Context, base map[string]usage) {
 		r.note("%d acknowledged keys below R=%d replicas after the final convergence", r.under, r.rf)
 	}
 
-	// Every readable key must be found EXACT by a lookup.
+	// Every readable key must be found EXACT by a lookup (in its own
+	// context: a variant's is a window).
 	var items []client.LookupItem
 	var want []chunk.Key
+	var readable []KeyCheck
 	for _, k := range keys {
 		if rr := reads[k.Index]; rr.Err == nil {
-			items = append(items, client.LookupItem{Content: k.Key.Content, Want: chunk.StandaloneContext()})
+			items = append(items, client.LookupItem{Content: k.Key.Content, Want: k.Key.Context})
 			want = append(want, k.Key)
+			readable = append(readable, k)
 		}
 	}
 	misses := 0
@@ -89,6 +92,13 @@ func (r *run) final(ctx context.Context, base map[string]usage) {
 	}
 	if misses > 0 {
 		r.finding("final lookups: %d readable keys not found EXACT", misses)
+	}
+
+	// Every readable key must be injected EXACT, bit-exact, on any node.
+	if r.inj != nil {
+		if n, d := r.finalInjections(ctx, readable); n > 0 {
+			r.finding("final injections: %d chunks not answered as required (EXACT for a readable key, APPROXIMATE for its content in another context, MISS for content never written) after 3 tries: %s", n, d)
+		}
 	}
 
 	// Growth: compare nodes still in the incarnation the baseline saw.
@@ -128,9 +138,11 @@ func (r *run) report() {
 	}
 	c := r.h.Counts()
 	p50, pmax := Percentiles(r.convergence)
-	line := fmt.Sprintf("chaos: seed=%d scenarios=%d skipped=%d faults=%d ops=%d acked=%d lost=%d wrong=%d unprotected=%d under-replicated=%d failed-ops=%d convergence p50=%.2fs max=%.2fs",
+	in := c.Inject
+	line := fmt.Sprintf("chaos: seed=%d scenarios=%d skipped=%d faults=%d ops=%d acked=%d lost=%d wrong=%d unprotected=%d under-replicated=%d failed-ops=%d "+
+		"injections=%d exact=%d approx=%d miss=%d approx-over-exact=%d inject-wrong=%d convergence p50=%.2fs max=%.2fs",
 		r.seed, r.scenarios, len(r.skipped), c.Faults, c.Ops, c.Acked, len(r.lost), c.Wrong, r.unprotected, r.under, c.Unavailable,
-		p50.Seconds(), pmax.Seconds())
+		in.Injections, in.Exact, in.Approx, in.Miss, in.ApproxOverExact, in.Wrong, p50.Seconds(), pmax.Seconds())
 	if c.Wrong > 0 {
 		r.t.Errorf("chaos: %d reads returned bytes other than written (see history)", c.Wrong)
 	}

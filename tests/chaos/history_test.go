@@ -22,7 +22,7 @@ type Op struct {
 	Start    time.Duration `json:"start"` // since the run began
 	End      time.Duration `json:"end"`
 	Worker   int           `json:"worker"` // -1: the fault schedule or the checker
-	Kind     string        `json:"kind"`   // put, get, lookup, register, fault, heal, sweep, finding
+	Kind     string        `json:"kind"`   // put, get, lookup, register, inject, register-cache, fault, heal, finding
 	Key      int           `json:"key"`    // key index, -1 if none
 	OK       bool          `json:"ok"`
 	StoredOn []string      `json:"stored_on,omitempty"`
@@ -49,16 +49,19 @@ type History struct {
 	mu      sync.Mutex
 	ops     []Op
 	keys    map[int]*keyState
+	byKey   map[chunk.Key]int
+	order   []int // base keys (index < variantBase) in the order attempted
 	gen     map[string]int
 	models  map[string]bool // fingerprint -> acknowledged
 	faults  int
 	wrong   int
 	unavail int
+	inj     InjectTally
 }
 
 // NewHistory starts a history at t0.
 func NewHistory(t0 time.Time) *History {
-	return &History{t0: t0, keys: make(map[int]*keyState), gen: make(map[string]int), models: make(map[string]bool)}
+	return &History{t0: t0, keys: make(map[int]*keyState), byKey: make(map[chunk.Key]int), gen: make(map[string]int), models: make(map[string]bool)}
 }
 
 // Since is the run-relative time of now.
@@ -103,7 +106,23 @@ func (h *History) Attempt(i int, key chunk.Key, blob []byte) {
 	defer h.mu.Unlock()
 	if h.keys[i] == nil {
 		h.keys[i] = &keyState{key: key, blob: blob, holders: make(map[string]bool)}
+		h.byKey[key] = i
+		if i < variantBase {
+			h.order = append(h.order, i)
+		}
 	}
+}
+
+// Entry returns the blob attempted under key (nil if none ever was) and
+// whether it was acknowledged.
+func (h *History) Entry(key chunk.Key) (blob []byte, acked bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	i, ok := h.byKey[key]
+	if !ok {
+		return nil, false
+	}
+	return h.keys[i].blob, h.keys[i].acked
 }
 
 // Acked marks key i acknowledged by storedOn, counting only nodes not
@@ -168,15 +187,17 @@ func (h *History) Key(i int) (chunk.Key, []byte, bool) {
 	return k.key, k.blob, true
 }
 
-// RandomKey picks an attempted key with rng, or -1 when there is none.
+// RandomKey picks an attempted base key (a standalone entry; variants
+// are not picked) with rng, or -1 when there is none.
 func (h *History) RandomKey(rng *rand.Rand) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.keys) == 0 {
+	if len(h.order) == 0 {
 		return -1
 	}
-	// Keys are attempted in index order, so 0..len-1 all exist.
-	return rng.IntN(len(h.keys))
+	// Workers attempt keys in about index order, not exactly: pick among
+	// those attempted.
+	return h.order[rng.IntN(len(h.order))]
 }
 
 // KeyCheck is the view of one acknowledged key that Check needs.
@@ -213,16 +234,47 @@ func (h *History) AllKeys() []KeyCheck {
 	return out
 }
 
+// InjectTally counts injections and their chunks by answer.
+type InjectTally struct {
+	Injections int // answered Inject calls (failed calls are failed ops)
+	Exact      int
+	Approx     int
+	Miss       int
+	// ApproxOverExact counts APPROXIMATE answers for a chunk whose
+	// wanted-context entry was acknowledged before the call: allowed
+	// while faults last (see checkInjection), never in the final pass.
+	ApproxOverExact int
+	Wrong           int // chunks with any wrong byte or a forbidden answer
+}
+
+// Add adds o to t.
+func (t *InjectTally) Add(o InjectTally) {
+	t.Injections += o.Injections
+	t.Exact += o.Exact
+	t.Approx += o.Approx
+	t.Miss += o.Miss
+	t.ApproxOverExact += o.ApproxOverExact
+	t.Wrong += o.Wrong
+}
+
+// Injected adds an answered injection's tally.
+func (h *History) Injected(t InjectTally) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.inj.Add(t)
+}
+
 // Counts are the totals the summary line reports.
 type Counts struct {
 	Ops, Acked, Faults, Wrong, Unavailable int
+	Inject                                 InjectTally
 }
 
 // Counts totals the history so far.
 func (h *History) Counts() Counts {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	c := Counts{Faults: h.faults, Wrong: h.wrong}
+	c := Counts{Faults: h.faults, Wrong: h.wrong, Inject: h.inj}
 	for _, op := range h.ops {
 		if op.Worker >= 0 {
 			c.Ops++

@@ -120,7 +120,9 @@ func (r *run) main(ctx context.Context) {
 	} else {
 		r.skip("drain", "known bug: a drained node stays a raft and ring member (set KVMESH_CHAOS_DRAIN=1 to run it)")
 	}
-	r.skip("injection", "node serves api.Injector only into an engine cache registered as loopback shared memory; this workload builds no engine cache, so it has no inject operation (not done)")
+	if r.inj == nil {
+		r.skip("injection", r.injWhy)
+	}
 
 	wl.halt()
 	r.final(ctx, base)

@@ -19,25 +19,60 @@ func baseSpec() chunk.ModelSpec {
 		RopeStyle: chunk.RopeNeoX, RopeTheta: 1e6, TokenizerID: "chaos"}
 }
 
+// variantBase + i indexes key i's variant: the same tokens encoded in a
+// window context (lossless codec, other bytes), written for every
+// variantEvery-th key, so that a content has two contexts and injections
+// can be EXACT for either and APPROXIMATE with the other.
+const (
+	variantBase  = 1 << 20
+	variantEvery = 3
+	windowW      = 8 // the window context's W
+)
+
 // entryFor is key i's entry: the same bytes for the same seed and index,
 // so the checker knows exactly what any read of that key may return.
-// Negative indexes are never written (lookups of absent content).
+// Negative indexes are never written (lookups of absent content);
+// variantBase+i is key i's window-context variant.
 func entryFor(seed uint64, i int) (chunk.Key, []byte, error) {
+	e, codec := entryOf(seed, i)
+	blob, err := chunk.Encode(nil, e, codec)
+	return e.Key, blob, err
+}
+
+func entryOf(seed uint64, i int) (*chunk.Entry, chunk.Codec) {
 	spec := baseSpec()
 	fp := spec.Fingerprint()
-	rng := rand.New(rand.NewPCG(seed, uint64(int64(i))^0x9e3779b97f4a7c15))
+	base := i
+	if i >= variantBase {
+		base = i - variantBase
+	}
+	rng := rand.New(rand.NewPCG(seed, uint64(int64(base))^0x9e3779b97f4a7c15))
 	tokens := make([]uint32, 4+rng.IntN(13))
 	for j := range tokens {
 		tokens[j] = rng.Uint32N(150000)
 	}
 	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
 		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
+	codec := chunk.CodecRaw
+	if i >= variantBase {
+		rng = rand.New(rand.NewPCG(seed, uint64(int64(base))^0x5bd1e9955bd1e995))
+		e.Key.Context = chunk.WindowContext(fp, windowW, windowOf(rng))
+		codec = chunk.CodecLossless
+	}
 	e.KV = make([]byte, e.Layers*e.LayerBytes())
 	for j := range e.KV {
 		e.KV[j] = byte(rng.Uint32())
 	}
-	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	return e.Key, blob, err
+	return e, codec
+}
+
+// windowOf draws windowW tokens: the text before a chunk in some prompt.
+func windowOf(rng *rand.Rand) []uint32 {
+	w := make([]uint32, windowW)
+	for j := range w {
+		w[j] = rng.Uint32N(150000)
+	}
+	return w
 }
 
 // workload runs client operations from a few workers until stopped or
@@ -53,6 +88,13 @@ type workload struct {
 }
 
 func (r *run) startWorkload(workers int) *workload {
+	if rig, err := newInjectRig(r.procs); err != nil {
+		r.injWhy = err.Error()
+		r.t.Logf("chaos: injections will SKIP: %v", err)
+	} else {
+		r.inj = rig
+		r.t.Cleanup(rig.close) // after the workers and the final pass
+	}
 	w := &workload{r: r, stop: make(chan struct{})}
 	for i := range workers {
 		w.wg.Add(1)
@@ -77,12 +119,14 @@ func (w *workload) worker(id int) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 		switch x := rng.IntN(100); {
-		case x < 40:
+		case x < 36:
 			w.put(ctx, id)
-		case x < 80:
+		case x < 70:
 			w.get(ctx, id, rng)
-		case x < 96:
+		case x < 84:
 			w.lookup(ctx, id, rng)
+		case x < 96:
+			w.inject(ctx, id, rng)
 		default:
 			w.register(ctx, id)
 		}
@@ -95,6 +139,14 @@ func (w *workload) put(ctx context.Context, id int) {
 	if i >= maxKeys {
 		return
 	}
+	w.putKey(ctx, id, i)
+	if i%variantEvery == 0 {
+		w.putKey(ctx, id, variantBase+i)
+	}
+}
+
+// putKey writes key i (or a variant) and records it.
+func (w *workload) putKey(ctx context.Context, id, i int) {
 	h := w.r.h
 	key, blob, err := entryFor(w.r.seed, i)
 	if err != nil {
