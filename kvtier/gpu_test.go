@@ -7,11 +7,44 @@ import (
 	"testing"
 )
 
+// testDevice is a DeviceMemory the tests can ask how much it holds.
+type testDevice interface {
+	DeviceMemory
+	Used() int64
+}
+
+type deviceMaker struct {
+	name string
+	open func(t testing.TB, capacity int64) testDevice
+}
+
+// deviceMakers are the devices the GPU tier tests run against: the host
+// stand-in, the slab allocator over host memory, and with the cuda build
+// tag the real device.
+func deviceMakers() []deviceMaker {
+	return append([]deviceMaker{
+		{"host", func(_ testing.TB, capacity int64) testDevice { return NewHostDevice(capacity) }},
+		{"slab", func(t testing.TB, capacity int64) testDevice {
+			d, err := NewSlabDevice(newHostSlab(1<<40, capacity), SlabConfig{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = d.Close() })
+			return d
+		}},
+	}, extraDeviceMakers()...)
+}
+
 func TestGPUTier(t *testing.T) {
+	for _, m := range deviceMakers() {
+		t.Run(m.name, func(t *testing.T) { testGPUTier(t, m.open(t, 10000)) })
+	}
+}
+
+func testGPUTier(t *testing.T, dev testDevice) {
 	ctx := context.Background()
-	dev := NewHostDevice(10000)
 	s := openTest(t, Config{DRAMBytes: 8 * 4096, DiskDir: t.TempDir(), DiskBytes: 1 << 20, GPU: dev})
-	bs := blobs(t, 12, 12) // 3264 bytes each: three fit on the device
+	bs := blobs(t, 12, 12) // 3264 bytes each (3328 rounded up to 256): three fit on the device
 	for _, b := range bs {
 		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
 			t.Fatal(err)
