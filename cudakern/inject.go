@@ -78,6 +78,7 @@ type plan struct {
 	kernel    kernelKind
 	simd      bool // the AVX2 kernels may run
 	avx512    bool // and the AVX-512 ones
+	bf16      bool // and the AVX512-BF16 ones
 	nt        bool // and store with non-temporal hints (see useNT)
 	wide      rotAsm
 	narrow    rotAsm
@@ -207,6 +208,7 @@ type Injector struct {
 	workers int
 	simd    bool
 	avx512  bool
+	bf16    bool
 	ntMin   int // ntMinBytes; tests lower it to cover the NT kernels
 
 	mu     sync.Mutex // held for a whole call; guards closed and p
@@ -235,6 +237,7 @@ func NewInjector(cfg Config) *Injector {
 		workers: w,
 		simd:    !cfg.NoSIMD && hasSIMD(),
 		avx512:  !cfg.NoSIMD && !cfg.NoAVX512 && hasAVX512(),
+		bf16:    !cfg.NoSIMD && !cfg.NoAVX512 && hasAVX512BF16(),
 		ntMin:   ntMinBytes,
 		start:   make(chan struct{}, w),
 		done:    make(chan struct{}, w),
@@ -306,6 +309,7 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 	p.cancel = ctx.Done()
 	p.simd = in.simd
 	p.avx512 = in.avx512
+	p.bf16 = in.bf16
 	p.nt = p.useNT(in.ntMin)
 	p.pick()
 	in.p = p

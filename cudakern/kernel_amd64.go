@@ -84,3 +84,15 @@ func narrowBF16AVX2(dst *byte, src *float32, n int)
 
 //go:noescape
 func narrowF16AVX2(dst *byte, src *float32, n int)
+
+// hasAVX512BF16 reports whether the AVX512-BF16 rotation kernels can run.
+func hasAVX512BF16() bool { return hasAVX512() && cpu.X86.HasAVX512BF16 }
+
+// rotNeoXBF16AVX512BF16 is rotNeoXBF16AVX512 rounding with VCVTNE2PS2BF16
+// (same bits); n is a positive multiple of 16.
+//
+//go:noescape
+func rotNeoXBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+//go:noescape
+func rotNeoXBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)

@@ -8,6 +8,16 @@ func hasSIMD() bool { return false }
 
 func hasAVX512() bool { return false }
 
+func hasAVX512BF16() bool { return false }
+
+func rotNeoXBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+
+func rotNeoXBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+
 func rotNeoXBF16AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
 	panic("cudakern: no SIMD")
 }

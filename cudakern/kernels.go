@@ -50,6 +50,9 @@ func (p *plan) pick() {
 	if !p.simd {
 		return
 	}
+	if p.bf16 && p.kernel == kernelBF16NeoX {
+		avx512, avx512NT = rotNeoXBF16AVX512BF16, rotNeoXBF16AVX512BF16NT
+	}
 	if p.nt {
 		avx2, avx512 = avx2NT, avx512NT
 	}

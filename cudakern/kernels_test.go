@@ -34,12 +34,21 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 				p.pick()
 				return p
 			}
+			mkBF16 := func(nt bool) *plan {
+				p := mk(true, true, nt)
+				p.bf16 = true
+				p.pick()
+				return p
+			}
 			slow := mk(false, false, false)
 			// The NT kernels need 32-byte aligned halves.
 			ntOK := shape.rot%32 == 0
 			others := []*plan{mk(true, false, false), mk(true, false, ntOK)}
 			if hasAVX512() {
 				others = append(others, mk(true, true, false), mk(true, true, ntOK))
+			}
+			if hasAVX512BF16() {
+				others = append(others, mkBF16(false), mkBF16(ntOK))
 			}
 			// 3 heads; the destination heads are 64 bytes apart beyond a row
 			// (HND-like), with guard bytes between them.
@@ -52,9 +61,14 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 				for i := range src {
 					src[i] = byte(rng.Uint32())
 				}
-				if n%2 == 0 { // mostly ordinary values in every other round
+				switch n % 4 {
+				case 0, 2: // mostly ordinary values in every other round
 					for i := 0; i < heads*shape.hd; i++ {
 						copy(src[i*es:], encode(nil, dt, float32(rng.NormFloat64())))
+					}
+				case 1: // tiny values: subnormal results (the bf16 kernel's fix-up)
+					for i := 0; i < heads*shape.hd; i++ {
+						copy(src[i*es:], encode(nil, dt, float32(rng.NormFloat64()*0x1p-126)))
 					}
 				}
 				c, s := tab.Row(rng.IntN(tab.MaxPositions()))
@@ -89,8 +103,8 @@ func checkSame(t *testing.T, p *plan, dt chunk.DType, hd int, a, b, src []byte) 
 			continue // NaN payloads may follow operand order
 		}
 		if string(a[i*es:(i+1)*es]) != string(b[i*es:(i+1)*es]) {
-			t.Fatalf("%v hd %d rotary %d (avx512 %v nt %v) dim %d: simd %x, go %x (src %x)", dt, hd, p.Rope.rotary,
-				p.avx512, p.nt, i, a[i*es:(i+1)*es], b[i*es:(i+1)*es], src)
+			t.Fatalf("%v hd %d rotary %d (avx512 %v bf16 %v nt %v) dim %d: simd %x, go %x (src %x)", dt, hd, p.Rope.rotary,
+				p.avx512, p.bf16, p.nt, i, a[i*es:(i+1)*es], b[i*es:(i+1)*es], src)
 		}
 	}
 }
