@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
@@ -18,7 +19,8 @@ import (
 
 // TestInjectNamespace: a token for namespace B can neither register a
 // cache for a model of namespace A nor inject into or unregister the cache
-// a namespace-A token registered.
+// a namespace-A token registered; nor can another token of namespace A:
+// a cache ID is bound to the token that registered it.
 func TestInjectNamespace(t *testing.T) {
 	p := newPKI(t)
 	cfg := nodeConfig(t, "n1", nil)
@@ -31,6 +33,7 @@ func TestInjectNamespace(t *testing.T) {
 	admin := newToken(t, n1, "ops", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	tenantA := newToken(t, n1, "a", auth.ScopeRead, auth.Namespace{fpA.String()[:16]})
 	tenantB := newToken(t, n1, "b", auth.ScopeRead, auth.Namespace{fpB.String()[:16]})
+	otherA := newToken(t, n1, "a2", auth.ScopeRead, auth.Namespace{fpA.String()[:16]})
 	app := files(p.dir, "app")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -62,7 +65,7 @@ func TestInjectNamespace(t *testing.T) {
 		t.Cleanup(func() { _ = cc.Close() })
 		return api.NewInjectorClient(cc)
 	}
-	a, b := injector(tenantA), injector(tenantB)
+	a, b, a2 := injector(tenantA), injector(tenantB), injector(otherA)
 
 	_, err = b.RegisterCache(ctx, reg)
 	wantCode(t, "B registers a cache of model A", err, codes.PermissionDenied)
@@ -77,6 +80,21 @@ func TestInjectNamespace(t *testing.T) {
 	wantCode(t, "B injects into A's cache", err, codes.PermissionDenied)
 	_, err = b.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: resp.CacheId})
 	wantCode(t, "B unregisters A's cache", err, codes.PermissionDenied)
+	st, err = a2.Inject(ctx, &api.InjectRequest{CacheId: resp.CacheId})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	wantCode(t, "another namespace-A token injects into A's cache", err, codes.PermissionDenied)
+	_, err = a2.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: resp.CacheId})
+	wantCode(t, "another namespace-A token unregisters A's cache", err, codes.PermissionDenied)
+	// The owner still can: the refusals changed nothing.
+	st, err = a.Inject(ctx, &api.InjectRequest{CacheId: resp.CacheId})
+	if err == nil {
+		_, err = st.Recv()
+	}
+	if status.Code(err) == codes.PermissionDenied {
+		t.Errorf("A injects into its own cache: %v", err)
+	}
 	if _, err := a.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: resp.CacheId}); err != nil {
 		t.Fatalf("A unregisters its cache: %v", err)
 	}
