@@ -3,14 +3,41 @@ package cudakern
 import (
 	"encoding/binary"
 	"math"
+	"unsafe"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
+// isa is the set of assembly kernels a call may use.
+type isa struct {
+	avx2   bool // AVX2 and F16C
+	avx512 bool // AVX-512 F and BW
+	bf16   bool // AVX512-BF16
+}
+
+// hostISA is everything this machine runs.
+func hostISA() isa {
+	return isa{avx2: hasSIMD(), avx512: hasAVX512(), bf16: hasAVX512BF16()}
+}
+
+// aligned64 reports whether b starts on a cache line.
+func aligned64(b []byte) bool {
+	return uintptr(unsafe.Pointer(unsafe.SliceData(b)))%64 == 0
+}
+
 // loadF32 widens len(dst) elements of src in dtype dt into dst. fp8 values
 // are multiplied by scale (x = fp8 * scale); other dtypes ignore it.
-func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32) {
-	if n := len(dst) &^ 7; n > 0 && dt != chunk.F32 && hasSIMD() {
+func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32, k isa) {
+	if dt == chunk.F32 && k.avx2 {
+		// amd64 is little-endian: the float32 bits are the bytes.
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(dst))), 4*len(dst)), src)
+		return
+	}
+	if n := len(dst) &^ 15; n > 0 && dt == chunk.FP8E4M3 && k.avx512 {
+		widenFP8AVX512(&dst[0], &src[0], n, scale)
+		dst, src = dst[n:], src[n:]
+	}
+	if n := len(dst) &^ 7; n > 0 && k.avx2 {
 		switch dt {
 		case chunk.BF16:
 			widenBF16AVX2(&dst[0], &src[0], n)
@@ -47,18 +74,42 @@ func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32) {
 	}
 }
 
+// exactRecip returns 1/s when multiplying by it gives the bits of dividing
+// by s for every x: s a power of two (its reciprocal is exact, and both
+// operations round the same real number once).
+func exactRecip(s float32) (float32, bool) {
+	u := math.Float32bits(s)
+	if u&0x7fffff != 0 || u>>23 == 0 || u>>23 >= 0xff {
+		return 0, false
+	}
+	return 1 / s, true
+}
+
 // storeF32 rounds src once into dst in dtype dt. fp8 stores fp8(x / scale),
-// dividing (not multiplying by a reciprocal) as vLLM's scaled conversion does.
-// nt asks for non-temporal stores where a kernel has them (fp8).
-func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool) {
+// dividing (not multiplying by a reciprocal, unless that is exact) as vLLM's
+// scaled conversion does. nt asks for non-temporal stores where a kernel has
+// them (bf16 and fp8 with AVX-512, on 64-byte aligned runs).
+func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool, k isa) {
 	switch dt {
 	case chunk.F32:
 		dst = dst[:4*len(src)]
+		if k.avx2 { // amd64 is little-endian: the float32 bits are the bytes
+			copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(src))), 4*len(src)))
+			return
+		}
 		for i, v := range src {
 			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
 		}
 	case chunk.BF16:
-		if n := len(src) &^ 7; n > 0 && hasSIMD() {
+		if n := len(src) &^ 31; n > 0 && k.bf16 {
+			if nt && aligned64(dst) {
+				narrowBF16AVX512BF16NT(&dst[0], &src[0], n)
+			} else {
+				narrowBF16AVX512BF16(&dst[0], &src[0], n)
+			}
+			dst, src = dst[2*n:], src[n:]
+		}
+		if n := len(src) &^ 7; n > 0 && k.avx2 {
 			narrowBF16AVX2(&dst[0], &src[0], n)
 			dst, src = dst[2*n:], src[n:]
 		}
@@ -67,7 +118,7 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool)
 			binary.LittleEndian.PutUint16(dst[2*i:], chunk.F32ToBF16(v))
 		}
 	case chunk.F16:
-		if n := len(src) &^ 7; n > 0 && hasSIMD() {
+		if n := len(src) &^ 7; n > 0 && k.avx2 {
 			narrowF16AVX2(&dst[0], &src[0], n)
 			dst, src = dst[2*n:], src[n:]
 		}
@@ -77,7 +128,22 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool)
 		}
 	case chunk.FP8E4M3:
 		dst = dst[:len(src)]
-		if n := len(src) &^ 7; n > 0 && hasSIMD() {
+		if n := len(src) &^ 63; n > 0 && k.avx512 {
+			nt := nt && aligned64(dst)
+			if r, ok := exactRecip(scale); ok {
+				if nt {
+					storeFP8MulAVX512NT(&dst[0], &src[0], n, r)
+				} else {
+					storeFP8MulAVX512(&dst[0], &src[0], n, r)
+				}
+			} else if nt {
+				storeFP8DivAVX512NT(&dst[0], &src[0], n, scale)
+			} else {
+				storeFP8DivAVX512(&dst[0], &src[0], n, scale)
+			}
+			dst, src = dst[n:], src[n:]
+		}
+		if n := len(src) &^ 7; n > 0 && k.avx2 {
 			if nt {
 				storeFP8AVX2NT(&dst[0], &src[0], n, scale)
 			} else {

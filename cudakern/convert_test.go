@@ -17,7 +17,7 @@ func TestF32ToFP8MatchesChunk(t *testing.T) {
 		for _, s := range []uint32{0, 0x80000000} {
 			f := math.Float32frombits(u | s)
 			var got [1]byte
-			storeF32(got[:], []float32{f}, chunk.FP8E4M3, 1, false)
+			storeF32(got[:], []float32{f}, chunk.FP8E4M3, 1, false, hostISA())
 			if got[0] != f32ToFP8(f) {
 				t.Fatalf("%#08x: storeF32 and f32ToFP8 disagree", u|s)
 			}
@@ -89,6 +89,74 @@ func TestStoreFP8SIMD(t *testing.T) {
 			}
 		}
 	}
+	if !hasAVX512() {
+		return
+	}
+	src = src[:len(src)&^63]
+	got = aligned(len(src))
+	// The multiplying kernels get 1/scale only for powers of two, where
+	// that is exact; the dividing ones any scale. 3 and 0.375 are not
+	// powers of two.
+	for _, s := range []float32{3, 0.375, 0, float32(math.Inf(1))} {
+		if _, ok := exactRecip(s); ok {
+			t.Fatalf("exactRecip(%v) claims an exact reciprocal", s)
+		}
+	}
+	for _, c := range []struct {
+		scale   float32
+		mul, nt bool
+	}{{1, true, false}, {0.5, true, true}, {0x1p-100, true, false}, {0x1p100, true, true},
+		{1, false, false}, {0.5, false, false}, {3, false, true}, {1e-30, false, false}, {7e30, false, true}, {0.375, false, false}} {
+		r, ok := exactRecip(c.scale)
+		if c.mul && !ok {
+			t.Fatalf("exactRecip(%v) = %v, %v", c.scale, r, ok)
+		}
+		switch {
+		case c.mul && c.nt:
+			storeFP8MulAVX512NT(&got[0], &src[0], len(src), r)
+		case c.mul:
+			storeFP8MulAVX512(&got[0], &src[0], len(src), r)
+		case c.nt:
+			storeFP8DivAVX512NT(&got[0], &src[0], len(src), c.scale)
+		default:
+			storeFP8DivAVX512(&got[0], &src[0], len(src), c.scale)
+		}
+		sfence()
+		for i, v := range src {
+			if want := chunk.F32ToFP8E4M3(v / c.scale); got[i] != want {
+				t.Fatalf("avx512 %+v: %#08x (%g): simd %#02x, chunk %#02x", c, math.Float32bits(v), v, got[i], want)
+			}
+		}
+	}
+}
+
+// TestStoreFP8AVX512Exhaustive: every float32 whose low 8 bits are one of
+// a few patterns (so every sign, exponent and the 15 top mantissa bits,
+// which decide every rounding of e4m3), through the AVX-512 store, against
+// chunk.F32ToFP8E4M3.
+func TestStoreFP8AVX512Exhaustive(t *testing.T) {
+	if !hasAVX512() {
+		t.Skip("no AVX-512 kernels on this machine")
+	}
+	if testing.Short() {
+		t.Skip("exhaustive")
+	}
+	const n = 1 << 16
+	src := make([]float32, n)
+	got := make([]byte, n)
+	for _, low := range []uint32{0, 1, 0x80, 0xff} {
+		for hi := uint32(0); hi < 1<<24; hi += n {
+			for i := range src {
+				src[i] = math.Float32frombits((hi+uint32(i))<<8 | low)
+			}
+			storeFP8MulAVX512(&got[0], &src[0], n, 1)
+			for i, v := range src {
+				if want := chunk.F32ToFP8E4M3(v); got[i] != want {
+					t.Fatalf("%#08x (%g): simd %#02x, chunk %#02x", math.Float32bits(v), v, got[i], want)
+				}
+			}
+		}
+	}
 }
 
 // TestConvertSIMDMatchesGo: the vector widen and narrow kernels give the
@@ -120,6 +188,10 @@ func TestConvertSIMDMatchesGo(t *testing.T) {
 				chunk.FP8E4M3: func() { widenFP8AVX2(&got[0], &src[0], n, scale) },
 			}
 			widen[dt]()
+			if dt == chunk.FP8E4M3 && hasAVX512() && scale != 1 {
+				// The AVX-512 form, on the second pass.
+				widenFP8AVX512(&got[0], &src[0], n, scale)
+			}
 			for i := 0; i < n; i++ {
 				var want float32
 				switch dt {
@@ -146,11 +218,22 @@ func TestConvertSIMDMatchesGo(t *testing.T) {
 			src[i] = float32(rng.NormFloat64() * math.Exp(4*rng.NormFloat64()))
 		}
 	}
-	got := make([]byte, 2*len(src))
-	narrowBF16AVX2(&got[0], &src[0], len(src))
-	for i, v := range src {
-		if w := chunk.F32ToBF16(v); uint16(got[2*i])|uint16(got[2*i+1])<<8 != w {
-			t.Fatalf("narrow bf16 %#08x: simd %#04x, go %#04x", math.Float32bits(v), uint16(got[2*i])|uint16(got[2*i+1])<<8, w)
+	for i := 0; i < len(src); i += 7 { // subnormals, for the fix-up of the BF16 kernels
+		src[i] = math.Float32frombits(rng.Uint32() & 0x807fffff)
+	}
+	got := aligned(2 * len(src))
+	narrowers := []func(){func() { narrowBF16AVX2(&got[0], &src[0], len(src)) }}
+	if hasAVX512BF16() {
+		narrowers = append(narrowers, func() { narrowBF16AVX512BF16(&got[0], &src[0], len(src)) },
+			func() { narrowBF16AVX512BF16NT(&got[0], &src[0], len(src)); sfence() })
+	}
+	for k, narrow := range narrowers {
+		clear(got)
+		narrow()
+		for i, v := range src {
+			if w := chunk.F32ToBF16(v); uint16(got[2*i])|uint16(got[2*i+1])<<8 != w {
+				t.Fatalf("narrow bf16 (kernel %d) %#08x: simd %#04x, go %#04x", k, math.Float32bits(v), uint16(got[2*i])|uint16(got[2*i+1])<<8, w)
+			}
 		}
 	}
 	narrowF16AVX2(&got[0], &src[0], len(src))

@@ -226,6 +226,11 @@ type Injector struct {
 	scratch [][]float32 // one head vector per worker
 }
 
+// scratchFloats is the size of a worker's scratch vector: the conversion
+// path widens up to this many elements of one token's heads at once (16
+// heads of 256 dims, 64 KiB).
+const scratchFloats = 16384
+
 // NewInjector starts cfg.Workers-1 goroutines (the caller is the last
 // worker).
 func NewInjector(cfg Config) *Injector {
@@ -245,7 +250,7 @@ func NewInjector(cfg Config) *Injector {
 		scratch: make([][]float32, w),
 	}
 	for i := range in.scratch {
-		in.scratch[i] = make([]float32, 4096)
+		in.scratch[i] = make([]float32, scratchFloats)
 	}
 	for i := 1; i < w; i++ {
 		in.wg.Add(1)
@@ -337,21 +342,29 @@ func (in *Injector) Inject(ctx context.Context, j *Job) error {
 const ntMinBytes = 4 << 20
 
 // useNT reports whether the SIMD kernels should store non-temporally: the
-// job is large, a same-dtype NeoX kernel runs or the destination is fp8, and
-// every destination row and half row is aligned for the vector stores.
+// job is large, its kernels have NT forms (a same-dtype NeoX kernel, or a
+// bf16 or fp8 destination), and every destination row and half row is
+// aligned for the vector stores (64 bytes for AVX-512's).
 func (p *plan) useNT(minBytes int) bool {
 	if !p.simd || p.Rope.half%16 != 0 {
 		return false
 	}
-	if p.kernel == kernelGeneric && p.Layout.DType != chunk.FP8E4M3 {
-		return false // only the fp8 store has an NT form among the converters
+	if p.kernel == kernelGeneric && p.Layout.DType != chunk.FP8E4M3 && (p.Layout.DType != chunk.BF16 || !p.bf16) {
+		return false
 	}
 	row := p.Layout.HeadDim * p.dstES
 	if row%64 != 0 || len(p.Dst)*2*p.Tokens*p.heads*row < minBytes {
 		return false
 	}
+	align := uintptr(32)
+	if p.avx512 {
+		if p.Rope.half*p.dstES%64 != 0 {
+			return false
+		}
+		align = 64
+	}
 	for _, d := range p.Dst {
-		if uintptr(unsafe.Pointer(unsafe.SliceData(d)))%32 != 0 {
+		if uintptr(unsafe.Pointer(unsafe.SliceData(d)))%align != 0 {
 			return false
 		}
 	}
@@ -361,7 +374,7 @@ func (p *plan) useNT(minBytes int) bool {
 // work takes items until none is left or the call is cancelled.
 func (in *Injector) work(id int) {
 	p := &in.p
-	x := in.scratch[id][:p.Layout.HeadDim]
+	x := in.scratch[id]
 	for {
 		if p.cancel != nil {
 			select {

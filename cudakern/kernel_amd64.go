@@ -96,3 +96,48 @@ func rotNeoXBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, ds
 
 //go:noescape
 func rotNeoXBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+// rotNeoXF32AVX512 is rotNeoXF32AVX2 16 pairs at a time; n is a positive
+// multiple of 16.
+//
+//go:noescape
+func rotNeoXF32AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+//go:noescape
+func rotNeoXF32AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+// rotGPTJF32AVX2 rotates GPT-J (interleaved) pairs i < n of float32 head
+// vectors, n a positive multiple of 4 (half is unused); dst may equal src.
+//
+//go:noescape
+func rotGPTJF32AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+// storeFP8MulAVX512 writes fp8(src[i] * scale) and storeFP8DivAVX512
+// fp8(src[i] / scale) for i < n, a positive multiple of 64, with the bytes
+// of chunk.F32ToFP8E4M3; the NT forms need dst 64-byte aligned.
+//
+//go:noescape
+func storeFP8MulAVX512(dst *byte, src *float32, n int, scale float32)
+
+//go:noescape
+func storeFP8MulAVX512NT(dst *byte, src *float32, n int, scale float32)
+
+//go:noescape
+func storeFP8DivAVX512(dst *byte, src *float32, n int, scale float32)
+
+//go:noescape
+func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32)
+
+// widenFP8AVX512 is widenFP8AVX2 16 values at a time.
+//
+//go:noescape
+func widenFP8AVX512(dst *float32, src *byte, n int, scale float32)
+
+// narrowBF16AVX512BF16 is narrowBF16AVX2 32 values at a time (VCVTNE2PS2BF16
+// with a subnormal fix-up); the NT form needs dst 64-byte aligned.
+//
+//go:noescape
+func narrowBF16AVX512BF16(dst *byte, src *float32, n int)
+
+//go:noescape
+func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)

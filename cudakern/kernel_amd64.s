@@ -1445,3 +1445,814 @@ rotNeoXBF16AVX512BF16NTnext:
 	JNZ  rotNeoXBF16AVX512BF16NThead
 	VZEROUPPER
 	RET
+
+// func rotNeoXF32AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+// AVX-512 form of rotNeoXF32AVX2: 16 pairs per iteration, n a positive
+// multiple of 16.
+TEXT ·rotNeoXF32AVX512(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ half+40(FP), DX
+	MOVQ count+48(FP), BX
+
+rotNeoXF32AVX512head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*4), R10
+	LEAQ (DI)(DX*4), R11
+
+rotNeoXF32AVX512loop:
+	PREFETCHNTA 1024(SI)
+	PREFETCHNTA 1024(R10)
+	VMOVUPS (SI), Z0
+	VMOVUPS (R10), Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R9), Z3
+	VMULPS  Z2, Z0, Z4
+	VMULPS  Z3, Z1, Z5
+	VSUBPS  Z5, Z4, Z4
+	VMULPS  Z2, Z1, Z6
+	VMULPS  Z3, Z0, Z7
+	VADDPS  Z7, Z6, Z6
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z6, (R11)
+	ADDQ $64, SI
+	ADDQ $64, R10
+	ADDQ $64, DI
+	ADDQ $64, R11
+	ADDQ $64, R8
+	ADDQ $64, R9
+	SUBQ $16, CX
+	JNZ  rotNeoXF32AVX512loop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF32AVX512head
+	VZEROUPPER
+	RET
+
+// func rotNeoXF32AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+// AVX-512 form of rotNeoXF32AVX2: 16 pairs per iteration, n a positive
+// multiple of 16.
+TEXT ·rotNeoXF32AVX512NT(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ half+40(FP), DX
+	MOVQ count+48(FP), BX
+
+rotNeoXF32AVX512NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*4), R10
+	LEAQ (DI)(DX*4), R11
+
+rotNeoXF32AVX512NTloop:
+	PREFETCHNTA 1024(SI)
+	PREFETCHNTA 1024(R10)
+	VMOVUPS (SI), Z0
+	VMOVUPS (R10), Z1
+	VMOVUPS (R8), Z2
+	VMOVUPS (R9), Z3
+	VMULPS  Z2, Z0, Z4
+	VMULPS  Z3, Z1, Z5
+	VSUBPS  Z5, Z4, Z4
+	VMULPS  Z2, Z1, Z6
+	VMULPS  Z3, Z0, Z7
+	VADDPS  Z7, Z6, Z6
+	VMOVNTPS Z4, (DI)
+	VMOVNTPS Z6, (R11)
+	ADDQ $64, SI
+	ADDQ $64, R10
+	ADDQ $64, DI
+	ADDQ $64, R11
+	ADDQ $64, R8
+	ADDQ $64, R9
+	SUBQ $16, CX
+	JNZ  rotNeoXF32AVX512NTloop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotNeoXF32AVX512NThead
+	VZEROUPPER
+	RET
+
+DATA gptjPerm<>+0(SB)/4, $0
+DATA gptjPerm<>+4(SB)/4, $0
+DATA gptjPerm<>+8(SB)/4, $1
+DATA gptjPerm<>+12(SB)/4, $1
+DATA gptjPerm<>+16(SB)/4, $2
+DATA gptjPerm<>+20(SB)/4, $2
+DATA gptjPerm<>+24(SB)/4, $3
+DATA gptjPerm<>+28(SB)/4, $3
+GLOBL gptjPerm<>(SB), RODATA|NOPTR, $32
+// func rotGPTJF32AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+// GPT-J (interleaved) pairs (x[2i], x[2i+1]), i < n, n a positive multiple
+// of 4; half is unused. cos and sin are duplicated to both lanes of a pair
+// and sin negated on the even lanes, so that
+//   dst[2i]   = x0*cos[i] + x1*(-sin[i]) = x0*cos[i] - x1*sin[i]
+//   dst[2i+1] = x1*cos[i] + x0*sin[i]
+// with each product rounded to float32: the bits of rotGPTJ. dst may equal
+// src.
+TEXT ·rotGPTJF32AVX2(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ count+48(FP), BX
+	// Y15: the permutation [0 0 1 1 2 2 3 3]; Y14: the sign of the even
+	// lanes.
+	VMOVDQU gptjPerm<>(SB), Y15
+	MOVQ $0x80000000, AX
+	MOVQ AX, X14
+	VPBROADCASTQ X14, Y14
+
+rotGPTJF32AVX2head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+
+rotGPTJF32AVX2loop:
+	VMOVUPS   (SI), Y0
+	VPERMILPS $0xB1, Y0, Y1
+	VMOVUPS   (R8), X2
+	VPERMPS   Y2, Y15, Y2
+	VMOVUPS   (R9), X3
+	VPERMPS   Y3, Y15, Y3
+	VXORPS    Y14, Y3, Y3
+	VMULPS    Y2, Y0, Y4
+	VMULPS    Y3, Y1, Y5
+	VADDPS    Y5, Y4, Y4
+	VMOVUPS   Y4, (DI)
+	ADDQ $32, SI
+	ADDQ $32, DI
+	ADDQ $16, R8
+	ADDQ $16, R9
+	SUBQ $4, CX
+	JNZ  rotGPTJF32AVX2loop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotGPTJF32AVX2head
+	VZEROUPPER
+	RET
+
+// fp8Perm puts the dwords of VPACKUSWB(VPACKUSDW(a, b), VPACKUSDW(c, d)) in
+// the order a, b, c, d.
+DATA fp8Perm<>+0(SB)/4, $0
+DATA fp8Perm<>+4(SB)/4, $4
+DATA fp8Perm<>+8(SB)/4, $8
+DATA fp8Perm<>+12(SB)/4, $12
+DATA fp8Perm<>+16(SB)/4, $1
+DATA fp8Perm<>+20(SB)/4, $5
+DATA fp8Perm<>+24(SB)/4, $9
+DATA fp8Perm<>+28(SB)/4, $13
+DATA fp8Perm<>+32(SB)/4, $2
+DATA fp8Perm<>+36(SB)/4, $6
+DATA fp8Perm<>+40(SB)/4, $10
+DATA fp8Perm<>+44(SB)/4, $14
+DATA fp8Perm<>+48(SB)/4, $3
+DATA fp8Perm<>+52(SB)/4, $7
+DATA fp8Perm<>+56(SB)/4, $11
+DATA fp8Perm<>+60(SB)/4, $15
+GLOBL fp8Perm<>(SB), RODATA|NOPTR, $64
+
+// func storeFP8MulAVX512(dst *byte, src *float32, n int, scale float32)
+// AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
+// multiple of 64; x * scale first (the caller passes 1/scale to a
+// multiplying kernel only when that is exact). Masks replace the blends;
+// the four dword vectors are packed to bytes and put in order by VPERMD.
+TEXT ·storeFP8MulAVX512(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z14
+	MOVL $1, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0x3c7fffff, AX
+	VPBROADCASTD AX, Z12
+	MOVL $0x43dfffff, AX
+	VPBROADCASTD AX, Z11
+	MOVL $0x3c000000, AX
+	VPBROADCASTD AX, Z10
+	MOVL $0x7ffff, AX
+	VPBROADCASTD AX, Z9
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z8
+	MOVL $0x7e, AX
+	VPBROADCASTD AX, Z7
+	MOVL $0x44000000, AX
+	VPBROADCASTD AX, Z6
+	MOVL $0x7f, AX
+	VPBROADCASTD AX, Z5
+	VMOVDQU32 fp8Perm<>(SB), Z4
+
+storeFP8MulAVX512loop:
+	VMOVUPS   0(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z16
+	VMOVUPS   64(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z17
+	VMOVUPS   128(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z18
+	VMOVUPS   192(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z19
+	VPACKUSDW Z17, Z16, Z16
+	VPACKUSDW Z19, Z18, Z18
+	VPACKUSWB Z18, Z16, Z16
+	VPERMD    Z16, Z4, Z16
+	VMOVDQU32 Z16, (DI)
+	ADDQ      $256, SI
+	ADDQ      $64, DI
+	SUBQ      $64, CX
+	JNZ       storeFP8MulAVX512loop
+	VZEROUPPER
+	RET
+
+// func storeFP8MulAVX512NT(dst *byte, src *float32, n int, scale float32)
+// AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
+// multiple of 64; x * scale first (the caller passes 1/scale to a
+// multiplying kernel only when that is exact). Masks replace the blends;
+// the four dword vectors are packed to bytes and put in order by VPERMD.
+TEXT ·storeFP8MulAVX512NT(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z14
+	MOVL $1, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0x3c7fffff, AX
+	VPBROADCASTD AX, Z12
+	MOVL $0x43dfffff, AX
+	VPBROADCASTD AX, Z11
+	MOVL $0x3c000000, AX
+	VPBROADCASTD AX, Z10
+	MOVL $0x7ffff, AX
+	VPBROADCASTD AX, Z9
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z8
+	MOVL $0x7e, AX
+	VPBROADCASTD AX, Z7
+	MOVL $0x44000000, AX
+	VPBROADCASTD AX, Z6
+	MOVL $0x7f, AX
+	VPBROADCASTD AX, Z5
+	VMOVDQU32 fp8Perm<>(SB), Z4
+
+storeFP8MulAVX512NTloop:
+	VMOVUPS   0(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z16
+	VMOVUPS   64(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z17
+	VMOVUPS   128(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z18
+	VMOVUPS   192(SI), Z0
+	VMULPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z19
+	VPACKUSDW Z17, Z16, Z16
+	VPACKUSDW Z19, Z18, Z18
+	VPACKUSWB Z18, Z16, Z16
+	VPERMD    Z16, Z4, Z16
+	VMOVNTDQ  Z16, (DI)
+	ADDQ      $256, SI
+	ADDQ      $64, DI
+	SUBQ      $64, CX
+	JNZ       storeFP8MulAVX512NTloop
+	VZEROUPPER
+	RET
+
+// func storeFP8DivAVX512(dst *byte, src *float32, n int, scale float32)
+// AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
+// multiple of 64; x / scale first (the caller passes 1/scale to a
+// multiplying kernel only when that is exact). Masks replace the blends;
+// the four dword vectors are packed to bytes and put in order by VPERMD.
+TEXT ·storeFP8DivAVX512(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z14
+	MOVL $1, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0x3c7fffff, AX
+	VPBROADCASTD AX, Z12
+	MOVL $0x43dfffff, AX
+	VPBROADCASTD AX, Z11
+	MOVL $0x3c000000, AX
+	VPBROADCASTD AX, Z10
+	MOVL $0x7ffff, AX
+	VPBROADCASTD AX, Z9
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z8
+	MOVL $0x7e, AX
+	VPBROADCASTD AX, Z7
+	MOVL $0x44000000, AX
+	VPBROADCASTD AX, Z6
+	MOVL $0x7f, AX
+	VPBROADCASTD AX, Z5
+	VMOVDQU32 fp8Perm<>(SB), Z4
+
+storeFP8DivAVX512loop:
+	VMOVUPS   0(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z16
+	VMOVUPS   64(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z17
+	VMOVUPS   128(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z18
+	VMOVUPS   192(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z19
+	VPACKUSDW Z17, Z16, Z16
+	VPACKUSDW Z19, Z18, Z18
+	VPACKUSWB Z18, Z16, Z16
+	VPERMD    Z16, Z4, Z16
+	VMOVDQU32 Z16, (DI)
+	ADDQ      $256, SI
+	ADDQ      $64, DI
+	SUBQ      $64, CX
+	JNZ       storeFP8DivAVX512loop
+	VZEROUPPER
+	RET
+
+// func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32)
+// AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
+// multiple of 64; x / scale first (the caller passes 1/scale to a
+// multiplying kernel only when that is exact). Masks replace the blends;
+// the four dword vectors are packed to bytes and put in order by VPERMD.
+TEXT ·storeFP8DivAVX512NT(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVL $0x7fffffff, AX
+	VPBROADCASTD AX, Z14
+	MOVL $1, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0x3c7fffff, AX
+	VPBROADCASTD AX, Z12
+	MOVL $0x43dfffff, AX
+	VPBROADCASTD AX, Z11
+	MOVL $0x3c000000, AX
+	VPBROADCASTD AX, Z10
+	MOVL $0x7ffff, AX
+	VPBROADCASTD AX, Z9
+	MOVL $0x7f800000, AX
+	VPBROADCASTD AX, Z8
+	MOVL $0x7e, AX
+	VPBROADCASTD AX, Z7
+	MOVL $0x44000000, AX
+	VPBROADCASTD AX, Z6
+	MOVL $0x7f, AX
+	VPBROADCASTD AX, Z5
+	VMOVDQU32 fp8Perm<>(SB), Z4
+
+storeFP8DivAVX512NTloop:
+	VMOVUPS   0(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z16
+	VMOVUPS   64(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z17
+	VMOVUPS   128(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z18
+	VMOVUPS   192(SI), Z0
+	VDIVPS    Z15, Z0, Z0
+	VPANDD    Z14, Z0, Z1
+	VPXORD    Z1, Z0, Z2
+	VPSRLD    $24, Z2, Z2
+	VPSUBD    Z10, Z1, Z3
+	VPSRLD    $20, Z3, Z20
+	VPANDD    Z13, Z20, Z20
+	VPADDD    Z9, Z3, Z3
+	VPADDD    Z20, Z3, Z3
+	VPSRLD    $20, Z3, Z3
+	VPMINUD   Z7, Z3, Z3
+	VPCMPUD   $2, Z12, Z1, K1
+	VMULPS    Z6, Z1, Z21
+	VCVTPS2DQ Z21, K1, Z3
+	VPCMPUD   $6, Z11, Z1, K2
+	VMOVDQA32 Z7, K2, Z3
+	VPCMPUD   $6, Z8, Z1, K3
+	VMOVDQA32 Z5, K3, Z3
+	VPORD     Z2, Z3, Z19
+	VPACKUSDW Z17, Z16, Z16
+	VPACKUSDW Z19, Z18, Z18
+	VPACKUSWB Z18, Z16, Z16
+	VPERMD    Z16, Z4, Z16
+	VMOVNTDQ  Z16, (DI)
+	ADDQ      $256, SI
+	ADDQ      $64, DI
+	SUBQ      $64, CX
+	JNZ       storeFP8DivAVX512NTloop
+	VZEROUPPER
+	RET
+
+// func widenFP8AVX512(dst *float32, src *byte, n int, scale float32)
+// AVX-512 form of widenFP8AVX2; n is a positive multiple of 16.
+TEXT ·widenFP8AVX512(SB), NOSPLIT, $0-28
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	VBROADCASTSS scale+24(FP), Z15
+	MOVL $0x7f, AX
+	VPBROADCASTD AX, Z14
+	MOVL $0x7b800000, AX
+	VPBROADCASTD AX, Z13
+	MOVL $0x80, AX
+	VPBROADCASTD AX, Z12
+	MOVL $0x7fc00000, AX
+	VPBROADCASTD AX, Z11
+
+wfp8zloop:
+	VPMOVZXBD (SI), Z0
+	VPANDD    Z14, Z0, Z1
+	VPCMPEQD  Z14, Z1, K1
+	VPSLLD    $20, Z1, Z1
+	VMULPS    Z13, Z1, Z1
+	VMOVDQA32 Z11, K1, Z1
+	VPANDD    Z12, Z0, Z2
+	VPSLLD    $24, Z2, Z2
+	VPORD     Z2, Z1, Z1
+	VMULPS    Z15, Z1, Z1
+	VMOVUPS   Z1, (DI)
+	ADDQ      $16, SI
+	ADDQ      $64, DI
+	SUBQ      $16, CX
+	JNZ       wfp8zloop
+	VZEROUPPER
+	RET
+
+// func narrowBF16AVX512BF16(dst *byte, src *float32, n int)
+// narrowBF16AVX2 with VCVTNE2PS2BF16, 32 values per iteration, n a positive
+// multiple of 32; subnormal lanes are fixed up with integer rounding as in
+// rotNeoXBF16AVX512BF16.
+TEXT ·narrowBF16AVX512BF16(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z15
+	MOVL $1, AX
+	VPBROADCASTD AX, Z14
+
+narrowBF16AVX512BF16loop:
+	VMOVUPS   (SI), Z8
+	VMOVUPS   64(SI), Z9
+	// VCVTNE2PS2BF16 Z8, Z9, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x37; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z9, K2
+	KORTESTW  K1, K2
+	JNZ       narrowBF16AVX512BF16fix
+
+narrowBF16AVX512BF16store:
+	VMOVDQU32 Z16, (DI)
+	ADDQ      $128, SI
+	ADDQ      $64, DI
+	SUBQ      $32, CX
+	JNZ       narrowBF16AVX512BF16loop
+	VZEROUPPER
+	RET
+
+narrowBF16AVX512BF16fix:
+	VPSRLD    $16, Z8, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z8, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y20
+	VPSRLD    $16, Z9, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z9, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y21
+	VINSERTI64X4 $1, Y21, Z20, Z20
+	KUNPCKWD  K1, K2, K7
+	VMOVDQU16 Z20, K7, Z16
+	JMP       narrowBF16AVX512BF16store
+
+// func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)
+// narrowBF16AVX2 with VCVTNE2PS2BF16, 32 values per iteration, n a positive
+// multiple of 32; subnormal lanes are fixed up with integer rounding as in
+// rotNeoXBF16AVX512BF16.
+TEXT ·narrowBF16AVX512BF16NT(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z15
+	MOVL $1, AX
+	VPBROADCASTD AX, Z14
+
+narrowBF16AVX512BF16NTloop:
+	VMOVUPS   (SI), Z8
+	VMOVUPS   64(SI), Z9
+	// VCVTNE2PS2BF16 Z8, Z9, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x37; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z9, K2
+	KORTESTW  K1, K2
+	JNZ       narrowBF16AVX512BF16NTfix
+
+narrowBF16AVX512BF16NTstore:
+	VMOVNTDQ  Z16, (DI)
+	ADDQ      $128, SI
+	ADDQ      $64, DI
+	SUBQ      $32, CX
+	JNZ       narrowBF16AVX512BF16NTloop
+	VZEROUPPER
+	RET
+
+narrowBF16AVX512BF16NTfix:
+	VPSRLD    $16, Z8, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z8, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y20
+	VPSRLD    $16, Z9, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z9, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y21
+	VINSERTI64X4 $1, Y21, Z20, Z20
+	KUNPCKWD  K1, K2, K7
+	VMOVDQU16 Z20, K7, Z16
+	JMP       narrowBF16AVX512BF16NTstore

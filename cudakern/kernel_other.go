@@ -58,3 +58,23 @@ func widenF16AVX2(dst *float32, src *byte, n int)                  { panic("cuda
 func widenFP8AVX2(dst *float32, src *byte, n int, scale float32)   { panic("cudakern: no SIMD") }
 func narrowBF16AVX2(dst *byte, src *float32, n int)                { panic("cudakern: no SIMD") }
 func narrowF16AVX2(dst *byte, src *float32, n int)                 { panic("cudakern: no SIMD") }
+
+func rotNeoXF32AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+
+func rotNeoXF32AVX512NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+
+func rotGPTJF32AVX2(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+
+func storeFP8MulAVX512(dst *byte, src *float32, n int, scale float32)   { panic("cudakern: no SIMD") }
+func storeFP8MulAVX512NT(dst *byte, src *float32, n int, scale float32) { panic("cudakern: no SIMD") }
+func storeFP8DivAVX512(dst *byte, src *float32, n int, scale float32)   { panic("cudakern: no SIMD") }
+func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32) { panic("cudakern: no SIMD") }
+func widenFP8AVX512(dst *float32, src *byte, n int, scale float32)      { panic("cudakern: no SIMD") }
+func narrowBF16AVX512BF16(dst *byte, src *float32, n int)               { panic("cudakern: no SIMD") }
+func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)             { panic("cudakern: no SIMD") }

@@ -42,7 +42,7 @@ func (p *plan) pick() {
 		avx2, avx2NT, avx512, avx512NT = rotNeoXF16AVX2, rotNeoXF16AVX2NT, rotNeoXF16AVX512, rotNeoXF16AVX512NT
 		p.scalar = rotF16NeoX
 	case kernelF32NeoX:
-		avx2, avx2NT = rotNeoXF32AVX2, rotNeoXF32AVX2NT
+		avx2, avx2NT, avx512, avx512NT = rotNeoXF32AVX2, rotNeoXF32AVX2NT, rotNeoXF32AVX512, rotNeoXF32AVX512NT
 		p.scalar = rotF32NeoX
 	default:
 		return
@@ -75,11 +75,7 @@ func (p *plan) rotHeads(dst, src []byte, c, s, x []float32, count, dstStride int
 	dst = dst[:(count-1)*dstStride+row]
 	src = src[:count*sr]
 	if p.scalar == nil {
-		for k := 0; k < count; k++ {
-			loadF32(x, src[k*sr:(k+1)*sr], p.SrcDType, p.srcKScale)
-			t.rotate(x, c, s)
-			storeF32(dst[k*dstStride:k*dstStride+row], x, p.Layout.DType, p.dstKScale, p.nt)
-		}
+		p.rotGeneric(dst, src, c, s, x, count, dstStride)
 		return
 	}
 	half, rot, es := t.half, t.rotary, p.srcES
@@ -103,6 +99,41 @@ func (p *plan) rotHeads(dst, src []byte, c, s, x []float32, count, dstStride int
 	}
 }
 
+// isa is the kernel set of the plan's flags.
+func (p *plan) isa() isa { return isa{avx2: p.simd, avx512: p.avx512, bf16: p.bf16} }
+
+// rotGeneric is rotHeads through float32: widen as many heads as the
+// scratch vector holds with one call, rotate them with one call, round them
+// into the destination with one call where the heads are contiguous (NHD).
+func (p *plan) rotGeneric(dst, src []byte, c, s, x []float32, count, dstStride int) {
+	k := p.isa()
+	t := p.Rope
+	hd, sr := t.headDim, p.srcRow
+	for k0 := 0; k0 < count; {
+		g := min(count-k0, len(x)/hd)
+		xs := x[:g*hd]
+		loadF32(xs, src[k0*sr:(k0+g)*sr], p.SrcDType, p.srcKScale, k)
+		t.rotateN(xs, c, s, g, k)
+		p.storeHeads(dst[k0*dstStride:], xs, g, dstStride, p.dstKScale)
+		k0 += g
+	}
+}
+
+// storeHeads rounds g float32 head vectors xs into destination heads
+// dstStride bytes apart.
+func (p *plan) storeHeads(dst []byte, xs []float32, g, dstStride int, scale float32) {
+	k := p.isa()
+	hd := p.Layout.HeadDim
+	row := hd * p.dstES
+	if dstStride == row {
+		storeF32(dst[:g*row], xs, p.Layout.DType, scale, p.nt, k)
+		return
+	}
+	for h := 0; h < g; h++ {
+		storeF32(dst[h*dstStride:h*dstStride+row], xs[h*hd:(h+1)*hd], p.Layout.DType, scale, p.nt, k)
+	}
+}
+
 // putV writes the values of count heads of one token: source head k at
 // src[k*p.srcRow:], destination head k at dst[k*dstStride:]. x is a scratch
 // vector of HeadDim float32.
@@ -111,9 +142,14 @@ func (p *plan) putV(dst, src []byte, x []float32, count, dstStride int) {
 	dst = dst[:(count-1)*dstStride+row]
 	src = src[:count*sr]
 	if !p.copyV {
-		for k := 0; k < count; k++ {
-			loadF32(x, src[k*sr:(k+1)*sr], p.SrcDType, p.srcVScale)
-			storeF32(dst[k*dstStride:k*dstStride+row], x, p.Layout.DType, p.dstVScale, p.nt)
+		k := p.isa()
+		hd := p.Layout.HeadDim
+		for k0 := 0; k0 < count; {
+			g := min(count-k0, len(x)/hd)
+			xs := x[:g*hd]
+			loadF32(xs, src[k0*sr:(k0+g)*sr], p.SrcDType, p.srcVScale, k)
+			p.storeHeads(dst[k0*dstStride:], xs, g, dstStride, p.dstVScale)
+			k0 += g
 		}
 		return
 	}

@@ -147,3 +147,52 @@ func TestCopyNT(t *testing.T) {
 		}
 	}
 }
+
+// TestRotateNMatchesGo: the float32 rotation kernels of the conversion path
+// (NeoX AVX2 and AVX-512, GPT-J AVX2) give the bits of the Go loops over
+// several heads, for arbitrary bit patterns and rotary halves that are not
+// multiples of the vector width.
+func TestRotateNMatchesGo(t *testing.T) {
+	if !hasSIMD() {
+		t.Skip("no SIMD kernels on this machine")
+	}
+	rng := rand.New(rand.NewPCG(29, 30))
+	sets := []isa{{avx2: true}}
+	if hasAVX512() {
+		sets = append(sets, isa{avx2: true, avx512: true})
+	}
+	for _, style := range []chunk.RopeStyle{chunk.RopeNeoX, chunk.RopeGPTJ} {
+		for _, shape := range []struct{ hd, rot int }{{8, 8}, {20, 20}, {64, 48}, {128, 128}, {96, 32}, {80, 80}} {
+			spec := testSpec(style, shape.hd, shape.rot, chunk.RopeScaling{})
+			tab, err := NewRopeTable(spec, 1024)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const heads = 3
+			src := make([]float32, heads*shape.hd)
+			want, got := make([]float32, len(src)), make([]float32, len(src))
+			for n := 0; n < 100; n++ {
+				for i := range src {
+					if n%2 == 0 {
+						src[i] = math.Float32frombits(rng.Uint32())
+					} else {
+						src[i] = float32(rng.NormFloat64())
+					}
+				}
+				c, s := tab.Row(rng.IntN(tab.MaxPositions()))
+				copy(want, src)
+				tab.rotateN(want, c, s, heads, isa{})
+				for _, k := range sets {
+					copy(got, src)
+					tab.rotateN(got, c, s, heads, k)
+					for i := range got {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) && !(got[i] != got[i] && want[i] != want[i]) {
+							t.Fatalf("%v hd %d rotary %d %+v: element %d: simd %#08x, go %#08x", style, shape.hd, shape.rot, k, i,
+								math.Float32bits(got[i]), math.Float32bits(want[i]))
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -148,6 +148,7 @@ func GatherF32(dst []float32, layer []byte, l CacheLayout, kv int, slots []int) 
 		scale = vs
 	}
 	hd, es := l.HeadDim, l.DType.Size()
+	k := hostISA()
 	for i, s := range slots {
 		for h := 0; h < l.KVHeads; h++ {
 			out := dst[(i*l.KVHeads+h)*hd : (i*l.KVHeads+h+1)*hd]
@@ -156,7 +157,7 @@ func GatherF32(dst []float32, layer []byte, l CacheLayout, kv int, slots []int) 
 				continue
 			}
 			off := l.Offset(kv, s, h)
-			loadF32(out, layer[off:off+hd*es], l.DType, scale)
+			loadF32(out, layer[off:off+hd*es], l.DType, scale, k)
 		}
 	}
 	return nil
@@ -177,13 +178,14 @@ func ScatterF32(layer []byte, l CacheLayout, kv int, slots []int, src []float32)
 		scale = vs
 	}
 	hd, es := l.HeadDim, l.DType.Size()
+	k := hostISA()
 	for i, s := range slots {
 		if s < 0 {
 			continue
 		}
 		for h := 0; h < l.KVHeads; h++ {
 			off := l.Offset(kv, s, h)
-			storeF32(layer[off:off+hd*es], src[(i*l.KVHeads+h)*hd:(i*l.KVHeads+h+1)*hd], l.DType, scale, false)
+			storeF32(layer[off:off+hd*es], src[(i*l.KVHeads+h)*hd:(i*l.KVHeads+h+1)*hd], l.DType, scale, false, k)
 		}
 	}
 	return nil

@@ -283,18 +283,42 @@ func (t *RopeTable) UnrotateF32(x []float32, pos int) {
 
 // rotate applies one row to x in float32.
 func (t *RopeTable) rotate(x []float32, c, s []float32) {
-	if t.neox {
-		from := 0
-		if t.simd && t.half >= 8 {
-			// In place: every block of pairs is loaded before it is stored.
-			from = t.half &^ 7
-			p := (*byte)(unsafe.Pointer(&x[0]))
-			rotNeoXF32AVX2(p, p, &c[0], &s[0], from, t.half, 1, 0, 0)
+	t.rotateN(x, c, s, 1, isa{avx2: t.simd})
+}
+
+// rotateN applies one row to count consecutive head vectors of x in
+// float32, with the widest kernels k allows (all give the same bits).
+func (t *RopeTable) rotateN(x []float32, c, s []float32, count int, k isa) {
+	hd, half := t.headDim, t.half
+	x = x[:count*hd]
+	from := 0
+	if k.avx2 {
+		// In place: every block of pairs is loaded before it is stored.
+		p := (*byte)(unsafe.Pointer(&x[0]))
+		switch {
+		case !t.neox:
+			if from = half &^ 3; from > 0 {
+				rotGPTJF32AVX2(p, p, &c[0], &s[0], from, half, count, 4*hd, 4*hd)
+			}
+		case k.avx512 && half >= 16:
+			from = half &^ 15
+			rotNeoXF32AVX512(p, p, &c[0], &s[0], from, half, count, 4*hd, 4*hd)
+		case half >= 8:
+			from = half &^ 7
+			rotNeoXF32AVX2(p, p, &c[0], &s[0], from, half, count, 4*hd, 4*hd)
 		}
-		rotNeoX(x[from:t.half], x[t.half+from:t.rotary], c[from:], s[from:])
-		return
+		if from == half {
+			return
+		}
 	}
-	rotGPTJ(x[:t.rotary], c, s)
+	for h := 0; h < count; h++ {
+		v := x[h*hd : (h+1)*hd]
+		if t.neox {
+			rotNeoX(v[from:half], v[half+from:t.rotary], c[from:], s[from:])
+		} else {
+			rotGPTJ(v[2*from:t.rotary], c[from:], s[from:])
+		}
+	}
 }
 
 // rotNeoX rotates pairs (a[i], b[i]). The explicit float32 conversions stop
