@@ -238,7 +238,15 @@ func (w *workload) lookup(ctx context.Context, id int, rng *rand.Rand) {
 	h.Record(op)
 }
 
+// modelSpacing spreads the model registrations over the run (at most one
+// per spacing on average), so that they meet every kind of fault rather
+// than only the first scenarios.
+const modelSpacing = 4 * time.Second
+
 func (w *workload) register(ctx context.Context, id int) {
+	if time.Duration(w.models.Load())*modelSpacing > w.r.h.Since() {
+		return
+	}
 	j := w.models.Add(1)
 	if j > maxModels {
 		return
