@@ -191,7 +191,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 	// exactly its expected entries, nothing pending.
 	var tRing, tDone time.Time
 	peakRSS := map[string]float64{}
-	var last []metricSet
+	var last, atRing []metricSet
 	type point struct {
 		at    time.Time
 		moved []float64 // per node
@@ -217,7 +217,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 			peakRSS[nodes[i].id] = max(peakRSS[nodes[i].id], m.get("process_resident_memory_bytes"))
 		}
 		if ringOK && tRing.IsZero() {
-			tRing = time.Now()
+			tRing, atRing = time.Now(), ms
 		}
 		if ringOK && entriesOK && pending == 0 {
 			tDone = time.Now()
@@ -275,6 +275,11 @@ func BenchmarkRebalance10G(b *testing.B) {
 	b.ReportMetric(moved/float64(totalBytes/4), "x-ideal-quarter")
 	b.ReportMetric(moved/float64(idealShare), "x-ideal-share")
 	b.ReportMetric(moved/(1<<20)/max(ring.Seconds(), 1e-3), "MiB/s")
+	var cpuAll float64
+	for i := range nodes {
+		cpuAll += last[i].get("process_cpu_seconds_total") - atRing[i].get("process_cpu_seconds_total")
+	}
+	b.ReportMetric(cpuAll/(moved/(1<<30)), "cpu-s/GiB-moved")
 
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\nmachine: %s; %d chunks x %d B = %.2f GiB, R=1, W=1, %s, raw codec\n",
@@ -319,6 +324,15 @@ func BenchmarkRebalance10G(b *testing.B) {
 		}
 	}
 	fmt.Fprintf(&sb, "receiver r4: max RSS while rebalancing %d MiB\n", int64(peakRSS["r4"])>>20)
+	// CPU time is what the load on a shared machine does not change.
+	var cpu float64
+	var per []string
+	for i, n := range nodes {
+		d := last[i].get("process_cpu_seconds_total") - atRing[i].get("process_cpu_seconds_total")
+		cpu += d
+		per = append(per, fmt.Sprintf("%s %.1f", n.id, d))
+	}
+	fmt.Fprintf(&sb, "kvmeshd CPU seconds, ring -> complete: %.1f (%s): %.1f CPU-s per GiB moved\n", cpu, strings.Join(per, ", "), cpu/(moved/(1<<30)))
 	fmt.Fprintf(&sb, "stale copies of moved keys on old owners (sampled %d keys): %d\n", checked, stale)
 	b.Log(sb.String())
 }
