@@ -28,6 +28,10 @@ var (
 	ErrNoLeader = errors.New("meta: no raft leader")
 	// ErrClosed is returned after Close.
 	ErrClosed = errors.New("meta: store closed")
+	// ErrLastVoter is returned by Leave when the node is the last raft
+	// voter: nobody would be left to run the cluster. It is wrapped with
+	// ErrInvalidCommand, so that a forwarded leave is not retried.
+	ErrLastVoter = errors.New("meta: the last raft voter cannot leave")
 )
 
 // Settings are the cluster-wide knobs every node reads from the metadata.
@@ -80,6 +84,7 @@ const (
 	kindRingChange    cmdKind = 3
 	kindPutToken      cmdKind = 4
 	kindDeleteToken   cmdKind = 5
+	kindLeave         cmdKind = 6
 )
 
 func (k cmdKind) String() string {
@@ -94,6 +99,8 @@ func (k cmdKind) String() string {
 		return "put-token"
 	case kindDeleteToken:
 		return "delete-token"
+	case kindLeave:
+		return "leave"
 	}
 	return fmt.Sprintf("kind(%d)", byte(k))
 }
@@ -128,6 +135,18 @@ type deleteToken struct {
 	ID string `json:"id"`
 }
 
+// leave is a node's explicit departure: the node leaves the ring (a new
+// epoch when it was a member) and is tombstoned with its incarnation, so
+// that the leader does not add it back while gossip still shows that run
+// of it alive (it serves reads until it stops, and gossip may never tell
+// the leader that it left). It comes back only with another incarnation
+// (a new process). The leader also removes it from raft before it
+// acknowledges the command (Store.Leave).
+type leave struct {
+	ID          string `json:"id"`
+	Incarnation uint64 `json:"incarnation"`
+}
+
 // command is a decoded log entry; exactly one payload field is set.
 type command struct {
 	kind     cmdKind
@@ -136,6 +155,7 @@ type command struct {
 	ring     *ringChange
 	putTok   *putToken
 	delTok   *deleteToken
+	leave    *leave
 }
 
 func encodeCommand(kind cmdKind, payload any) ([]byte, error) {
@@ -181,6 +201,9 @@ func decodeCommand(b []byte) (command, error) {
 	case kindDeleteToken:
 		c.delTok = new(deleteToken)
 		target = c.delTok
+	case kindLeave:
+		c.leave = new(leave)
+		target = c.leave
 	default:
 		return command{}, fmt.Errorf("%w: unknown kind %d", ErrInvalidCommand, b[1])
 	}
@@ -199,6 +222,8 @@ func decodeCommand(b []byte) (command, error) {
 		err = validateToken(&c.putTok.Record)
 	case kindDeleteToken:
 		err = validateTokenID(c.delTok.ID)
+	case kindLeave:
+		err = validateMemberID(c.leave.ID)
 	}
 	if err != nil {
 		return command{}, err
@@ -209,10 +234,18 @@ func decodeCommand(b []byte) (command, error) {
 // maxMembers bounds one ring; more is a bug, not a cluster.
 const maxMembers = 4096
 
+func validateMemberID(id string) error {
+	if id == "" || len(id) > 256 {
+		return fmt.Errorf("%w: member id %q", ErrInvalidCommand, id)
+	}
+	return nil
+}
+
 func validateMember(m ring.Member) error {
+	if err := validateMemberID(m.ID); err != nil {
+		return err
+	}
 	switch {
-	case m.ID == "" || len(m.ID) > 256:
-		return fmt.Errorf("%w: member id %q", ErrInvalidCommand, m.ID)
 	case math.IsNaN(m.Weight) || math.IsInf(m.Weight, 0) || m.Weight < 0:
 		return fmt.Errorf("%w: member %q weight %v", ErrInvalidCommand, m.ID, m.Weight)
 	}

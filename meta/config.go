@@ -78,6 +78,12 @@ type Config struct {
 	// (no gossip yet, or none at all); gossip's metadata wins otherwise.
 	GRPCAddr string
 	Weight   float64
+	// Incarnation is this run of the node, as its gossip NodeMeta
+	// announces it (node sets both from one value per process start).
+	// Leave tombstones the node with it: the leader keeps that incarnation
+	// out of raft and the ring, and admits the node again only with
+	// another one. 0 is a valid, if undistinguished, incarnation.
+	Incarnation uint64
 	// DeadGrace is how long the leader waits after a node stops being
 	// alive in gossip before it removes the node from raft and the ring.
 	// A node that leaves gracefully (NodeMeta.Leaving) is removed at once.

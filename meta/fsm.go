@@ -37,6 +37,10 @@ type fsmState struct {
 	members  map[string]ring.Member
 	ring     *ring.Ring
 	tokens   map[string]auth.Record // by ID; records are never mutated
+	// left tombstones the nodes that left explicitly: ID -> the
+	// incarnation that left. A ring change that adds the ID back (the
+	// leader does so only for another incarnation) clears it.
+	left map[string]uint64
 }
 
 func newFSM(onChange func()) *fsm {
@@ -56,6 +60,27 @@ type snapshotState struct {
 	Epoch    uint64            `json:"epoch"`
 	Members  []ring.Member     `json:"members"`
 	Tokens   []auth.Record     `json:"tokens,omitempty"`
+	// Left was added like Tokens: a snapshot without it has no
+	// tombstones.
+	Left []departure `json:"left,omitempty"`
+}
+
+// departure is a tombstone of a node that left explicitly.
+type departure struct {
+	ID          string `json:"id"`
+	Incarnation uint64 `json:"incarnation"`
+}
+
+func sortedDepartures(m map[string]uint64) []departure {
+	if len(m) == 0 {
+		return nil
+	}
+	out := make([]departure, 0, len(m))
+	for id, inc := range m {
+		out = append(out, departure{ID: id, Incarnation: inc})
+	}
+	slices.SortFunc(out, func(a, b departure) int { return cmp.Compare(a.ID, b.ID) })
+	return out
 }
 
 const snapshotVersion = 1
@@ -76,6 +101,10 @@ func (f *fsm) reset(s snapshotState) {
 		epoch:    s.Epoch,
 		members:  make(map[string]ring.Member, len(s.Members)),
 		tokens:   make(map[string]auth.Record, len(s.Tokens)),
+		left:     make(map[string]uint64, len(s.Left)),
+	}
+	for _, d := range s.Left {
+		st.left[d.ID] = d.Incarnation
 	}
 	for _, spec := range s.Models {
 		st.models = st.models.with(spec.Fingerprint(), spec)
@@ -138,12 +167,20 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 			return false, fmt.Errorf("%w: ring would exceed %d members", ErrInvalidCommand, maxMembers)
 		}
 		next.members = maps.Clone(cur.members)
-		diff := false
+		diff, leftCloned := false, false
 		for _, m := range rc.Upsert {
 			if old, ok := next.members[m.ID]; !ok || old != m {
 				diff = true
 			}
 			next.members[m.ID] = m
+			if _, ok := cur.left[m.ID]; ok {
+				// Back with another incarnation: the leader saw to that.
+				if !leftCloned {
+					next.left, leftCloned = maps.Clone(cur.left), true
+				}
+				delete(next.left, m.ID)
+				diff = true
+			}
 		}
 		for _, id := range rc.Remove {
 			if _, ok := next.members[id]; ok {
@@ -158,6 +195,24 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 		}
 		next.epoch++
 		next.ring = ring.New(next.epoch, sortedMembers(next.members))
+	case kindLeave:
+		lv := c.leave
+		inc, tomb := cur.left[lv.ID]
+		_, member := cur.members[lv.ID]
+		if tomb && inc == lv.Incarnation && !member {
+			return false, nil // a retried leave
+		}
+		if !tomb && len(cur.left) >= maxMembers {
+			return false, fmt.Errorf("%w: %d departed nodes remembered, the most allowed", ErrInvalidCommand, maxMembers)
+		}
+		next.left = maps.Clone(cur.left)
+		next.left[lv.ID] = lv.Incarnation
+		if member {
+			next.members = maps.Clone(cur.members)
+			delete(next.members, lv.ID)
+			next.epoch++
+			next.ring = ring.New(next.epoch, sortedMembers(next.members))
+		}
 	case kindPutToken:
 		rec := c.putTok.Record
 		old, ok := cur.tokens[rec.ID]
@@ -198,6 +253,17 @@ func (f *fsm) member(id string) (ring.Member, bool) {
 	m, ok := f.cur.Load().members[id]
 	return m, ok
 }
+
+// departed returns the incarnation with which id left explicitly, if it
+// did and has not come back since.
+func (f *fsm) departed(id string) (incarnation uint64, ok bool) {
+	inc, ok := f.cur.Load().left[id]
+	return inc, ok
+}
+
+// departedAll returns every tombstone, ID -> incarnation. The map is
+// part of the immutable state: callers must not modify it.
+func (f *fsm) departedAll() map[string]uint64 { return f.cur.Load().left }
 
 func (f *fsm) counts() (models, members, tokens int) {
 	st := f.cur.Load()
@@ -243,6 +309,7 @@ func (f *fsm) state() snapshotState {
 		Epoch:    st.epoch,
 		Members:  sortedMembers(st.members),
 		Tokens:   sortedTokens(st.tokens),
+		Left:     sortedDepartures(st.left),
 	}
 }
 
@@ -313,6 +380,19 @@ func decodeSnapshot(r io.Reader) (snapshotState, error) {
 	}
 	if len(s.Tokens) > MaxTokens {
 		return snapshotState{}, fmt.Errorf("meta: snapshot of %d tokens", len(s.Tokens))
+	}
+	if len(s.Left) > maxMembers {
+		return snapshotState{}, fmt.Errorf("meta: snapshot of %d departed nodes", len(s.Left))
+	}
+	clear(seen)
+	for _, d := range s.Left {
+		if err := validateMemberID(d.ID); err != nil {
+			return snapshotState{}, fmt.Errorf("meta: snapshot departed node: %w", err)
+		}
+		if seen[d.ID] {
+			return snapshotState{}, fmt.Errorf("meta: snapshot departed node %q twice", d.ID)
+		}
+		seen[d.ID] = true
 	}
 	clear(seen)
 	for i := range s.Tokens {

@@ -104,6 +104,54 @@ func TestFSMApply(t *testing.T) {
 	}
 }
 
+// TestFSMLeave: a leave takes the node out of the ring (a new epoch) and
+// tombstones its incarnation; a repeated leave changes nothing; a ring
+// change that adds the node back clears the tombstone.
+func TestFSMLeave(t *testing.T) {
+	f := newFSM(nil)
+	type want struct {
+		err     error
+		epoch   uint64
+		members []string
+		left    []departure
+	}
+	steps := []struct {
+		name string
+		cmd  []byte
+		want want
+	}{
+		{"ring", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a"), member("b"), member("c")}}),
+			want{nil, 1, []string{"a", "b", "c"}, nil}},
+		{"leave b", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5}}}},
+		{"leave b again", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5}}}},
+		{"leave b other run", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 6}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6}}}},
+		{"leave non-member", mustEncode(t, kindLeave, leave{ID: "x", Incarnation: 1}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6}, {"x", 1}}}},
+		{"leave empty id", mustEncode(t, kindLeave, leave{}), want{ErrInvalidCommand, 2, []string{"a", "c"}, []departure{{"b", 6}, {"x", 1}}}},
+		{"b back", mustEncode(t, kindRingChange, ringChange{Epoch: 2, Upsert: []ring.Member{member("b")}}),
+			want{nil, 3, []string{"a", "b", "c"}, []departure{{"x", 1}}}},
+		{"x back without ring change", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("x")}, Remove: []string{"c"}}),
+			want{nil, 4, []string{"a", "b", "x"}, nil}},
+	}
+	for i, st := range steps {
+		res := f.Apply(&raft.Log{Index: uint64(i + 1), Type: raft.LogCommand, Data: st.cmd})
+		err, _ := res.(error)
+		if st.want.err == nil && err != nil || st.want.err != nil && !errors.Is(err, st.want.err) {
+			t.Fatalf("%s: Apply = %v, want %v", st.name, res, st.want.err)
+		}
+		s := f.state()
+		var got []string
+		for _, m := range s.Members {
+			got = append(got, m.ID)
+		}
+		if s.Epoch != st.want.epoch || !reflect.DeepEqual(got, st.want.members) || !reflect.DeepEqual(s.Left, st.want.left) {
+			t.Fatalf("%s: state epoch %d members %v left %v", st.name, s.Epoch, got, s.Left)
+		}
+		if r := f.currentRing(); r.Epoch() != s.Epoch || r.Len() != len(s.Members) {
+			t.Fatalf("%s: ring epoch %d len %d, state %d %d", st.name, r.Epoch(), r.Len(), s.Epoch, len(s.Members))
+		}
+	}
+}
+
 type sink struct {
 	bytes.Buffer
 	canceled bool
@@ -120,14 +168,15 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}),
 		mustEncode(t, kindRegisterModel, registerModel{testSpec(2)}),
 		mustEncode(t, kindSetSettings, Settings{2, 1, chunk.CodecLossless}),
-		mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("x"), member("y")}}),
+		mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("x"), member("y"), member("z")}}),
+		mustEncode(t, kindLeave, leave{ID: "z", Incarnation: 3}),
 	} {
 		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: cmd}); res != nil {
 			t.Fatal(res)
 		}
 	}
-	if changes != 4 {
-		t.Fatalf("%d change notifications, want 4", changes)
+	if changes != 5 {
+		t.Fatalf("%d change notifications, want 5", changes)
 	}
 	snap, err := f.Snapshot()
 	if err != nil {
@@ -148,12 +197,17 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(f.state(), g.state()) {
 		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
 	}
-	if changes != 5 {
+	if changes != 6 {
 		t.Fatal("restore did not notify")
+	}
+	if inc, ok := g.departed("z"); !ok || inc != 3 {
+		t.Fatalf("restored tombstone of z: %d %v", inc, ok)
 	}
 	for _, bad := range []string{"", "{", `{"version":2}`, `{"version":1,"settings":{}}`,
 		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"members":[{"id":"a"},{"id":"a"}]}`,
-		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"models":[{}]}`} {
+		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"models":[{}]}`,
+		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"left":[{"id":"a"},{"id":"a"}]}`,
+		`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1},"left":[{"id":""}]}`} {
 		if err := g.Restore(io.NopCloser(bytes.NewReader([]byte(bad)))); err == nil {
 			t.Fatalf("Restore(%q) accepted", bad)
 		}
@@ -183,6 +237,7 @@ func TestCommandRoundTrip(t *testing.T) {
 		}},
 		{kindPutToken, putToken{rec}, func(c command) bool { return recordsEqual(c.putTok.Record, rec) }},
 		{kindDeleteToken, deleteToken{rec.ID}, func(c command) bool { return c.delTok.ID == rec.ID }},
+		{kindLeave, leave{ID: "n3", Incarnation: 1 << 62}, func(c command) bool { return *c.leave == leave{ID: "n3", Incarnation: 1 << 62} }},
 	}
 	for _, tc := range cases {
 		b := mustEncode(t, tc.kind, tc.payload)
@@ -206,6 +261,8 @@ func FuzzDecodeCommand(f *testing.F) {
 	_, rec := newRecord(f, "seed", auth.ScopeRead|auth.ScopeWrite, "a1", "ff00")
 	f.Add(mustEncode(f, kindPutToken, putToken{rec}))
 	f.Add(mustEncode(f, kindDeleteToken, deleteToken{rec.ID}))
+	f.Add(mustEncode(f, kindLeave, leave{ID: "a", Incarnation: 7}))
+	f.Add([]byte{1, 6, '{', '"', 'i', 'd', '"', ':', '"', '"', '}'})
 	f.Add([]byte{})
 	f.Add([]byte{1, 3, 'n', 'u', 'l', 'l'})
 	f.Add([]byte{1, 4, '{', '}'})
@@ -230,6 +287,8 @@ func FuzzDecodeCommand(f *testing.F) {
 			payload = c.putTok
 		case kindDeleteToken:
 			payload = c.delTok
+		case kindLeave:
+			payload = c.leave
 		}
 		b2, err := encodeCommand(c.kind, payload)
 		if err != nil {
@@ -252,6 +311,8 @@ func FuzzDecodeCommand(f *testing.F) {
 			payload2 = c2.putTok
 		case kindDeleteToken:
 			payload2 = c2.delTok
+		case kindLeave:
+			payload2 = c2.leave
 		}
 		if b3, err := encodeCommand(c2.kind, payload2); err != nil || !bytes.Equal(b2, b3) {
 			t.Fatalf("encoding not a fixpoint: %q then %q (%v)", b2, b3, err)
@@ -267,7 +328,7 @@ func FuzzRestore(f *testing.F) {
 	g := newFSM(nil)
 	_, rec := newRecord(f, "seed", auth.ScopeRead, "0a")
 	g.reset(snapshotState{Version: snapshotVersion, Models: []chunk.ModelSpec{testSpec(1)}, Settings: DefaultSettings(), Epoch: 3,
-		Members: []ring.Member{member("a")}, Tokens: []auth.Record{rec}})
+		Members: []ring.Member{member("a")}, Tokens: []auth.Record{rec}, Left: []departure{{ID: "b", Incarnation: 9}}})
 	snap, _ := g.Snapshot()
 	var sk sink
 	if err := snap.Persist(&sk); err != nil {

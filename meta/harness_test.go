@@ -187,7 +187,7 @@ func (c *cluster) start(id string) *Store {
 	c.addrs[id] = s.RaftAddr()
 	c.mu.Unlock()
 	c.fwd.set(cfg.GRPCAddr, s)
-	c.peers.set(ring.NodeMeta{ID: id, GRPCAddr: cfg.GRPCAddr, RaftAddr: s.RaftAddr()})
+	c.peers.set(ring.NodeMeta{ID: id, GRPCAddr: cfg.GRPCAddr, RaftAddr: s.RaftAddr(), Incarnation: cfg.Incarnation})
 	return s
 }
 
@@ -227,7 +227,8 @@ func (c *cluster) node(id string) *Store {
 }
 
 // leader waits until exactly one running node leads and every running node
-// knows it, and returns it.
+// in its raft configuration knows it, and returns it. A node removed from
+// raft (it left) knows no leader once its heartbeats stop.
 func (c *cluster) leader() *Store {
 	c.t.Helper()
 	var l *Store
@@ -245,7 +246,14 @@ func (c *cluster) leader() *Store {
 		if l == nil {
 			return false
 		}
+		servers, err := l.Servers()
+		if err != nil {
+			return false
+		}
 		for _, id := range c.running() {
+			if !slices.ContainsFunc(servers, func(sv Server) bool { return sv.ID == id }) {
+				continue
+			}
 			if lid, _ := c.node(id).Leader(); lid != l.NodeID() {
 				return false
 			}

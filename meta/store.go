@@ -227,11 +227,36 @@ func (s *Store) close(snapshot bool) error {
 	return s.closeErr
 }
 
-// Leave prepares a graceful shutdown: if this node leads, it hands
-// leadership to another voter, so that the cluster does not wait for an
-// election timeout to notice. Gossip's Leave tells the new leader to
-// remove the node. Call Close afterwards.
+// Leave removes this node from the cluster for good (a drain's last step):
+// if it leads, it first hands leadership to another voter (the leader
+// never removes itself: hashicorp/raft's self-removal can leave a
+// replication pipeline that blocks Shutdown); then it asks
+// the leader, through raft, to take it out of the ring and tombstone it
+// (kindLeave) and to remove it from the raft configuration, retrying while
+// leadership moves, until the leader acknowledges both or ctx ends. It
+// returns nil only once the removal is committed; it never depends on
+// gossip reaching the leader (Gossip.Leave is only the fast path, and a
+// leader that holds this node failed in gossip never hears it). The
+// leader keeps this incarnation out until the node comes back with
+// another one (Config.Incarnation). Without a deadline in ctx it waits
+// ApplyTimeout. Call Close afterwards; the node may serve reads until
+// then.
 func (s *Store) Leave(ctx context.Context) error {
+	cmd, err := encodeCommand(kindLeave, leave{ID: s.cfg.NodeID, Incarnation: s.cfg.Incarnation})
+	if err != nil {
+		return err
+	}
+	if err := s.write(ctx, cmd); err != nil {
+		return fmt.Errorf("meta: leave of %s not committed: %w", s.cfg.NodeID, err)
+	}
+	s.log.Info("meta: left the cluster", "incarnation", s.cfg.Incarnation)
+	return nil
+}
+
+// TransferLeadership hands raft leadership to another voter when this
+// node leads, so that the cluster does not wait for an election timeout
+// when it stops; it is a no-op on a follower.
+func (s *Store) TransferLeadership(ctx context.Context) error {
 	if !s.IsLeader() {
 		return nil
 	}
@@ -248,6 +273,10 @@ func (s *Store) Leave(ctx context.Context) error {
 		return context.Cause(ctx)
 	}
 }
+
+// Departed reports whether id left explicitly (Leave) with incarnation
+// and has not been admitted back since, as this node has applied it.
+func (s *Store) Departed(id string) (incarnation uint64, ok bool) { return s.fsm.departed(id) }
 
 // NodeID is this node's ID.
 func (s *Store) NodeID() string { return s.cfg.NodeID }
@@ -459,7 +488,78 @@ func (s *Store) ApplyForwarded(ctx context.Context, cmd []byte) error {
 	if !s.IsLeader() {
 		return fmt.Errorf("%w: %s", ErrNotLeader, s.cfg.NodeID)
 	}
+	return s.applyHere(ctx, c, cmd)
+}
+
+// applyHere applies a decoded command on the leader: a leave also removes
+// the node from the raft configuration before it is acknowledged.
+func (s *Store) applyHere(ctx context.Context, c command, cmd []byte) error {
+	if c.kind == kindLeave {
+		return s.applyLeave(ctx, c.leave, cmd)
+	}
 	return s.applyLocal(ctx, cmd)
+}
+
+// applyLeave commits lv (ring removal and tombstone), then removes the
+// node from raft. A retry after an ambiguous failure finds the first step
+// done (the FSM ignores a repeated leave) and does the second.
+func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
+	servers, err := s.Servers()
+	if err != nil {
+		return err
+	}
+	member, others := false, 0
+	for _, sv := range servers {
+		switch {
+		case sv.ID == lv.ID:
+			member = true
+		case sv.Voter:
+			others++
+		}
+	}
+	if member && others == 0 {
+		return fmt.Errorf("%w: %w: %s", ErrInvalidCommand, ErrLastVoter, lv.ID)
+	}
+	if lv.ID == s.cfg.NodeID {
+		// Hand over first; the caller's write loop then forwards the
+		// leave to the new leader.
+		if err := s.TransferLeadership(ctx); err != nil {
+			s.log.Warn("meta: leadership transfer before leaving", "err", err)
+		}
+		return fmt.Errorf("%w: %s hands leadership over before it leaves", ErrNotLeader, s.cfg.NodeID)
+	}
+	if err := s.applyLocal(ctx, cmd); err != nil {
+		return err
+	}
+	if !member {
+		return nil
+	}
+	timeout := s.cfg.ApplyTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if timeout = time.Until(dl); timeout <= 0 {
+			return context.Cause(ctx)
+		}
+	}
+	f := s.raft.RemoveServer(raft.ServerID(lv.ID), 0, timeout)
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return ErrClosed
+	default:
+		return fmt.Errorf("meta: remove %s from raft: %w", lv.ID, err)
+	}
+	s.log.Info("meta: raft membership", "change", "remove (left)", "server", lv.ID, "incarnation", lv.Incarnation)
+	s.Reconcile() // a non-voter may take the slot
+	return nil
 }
 
 // write applies cmd on the leader, here or through Forward, retrying while
@@ -480,7 +580,10 @@ func (s *Store) write(ctx context.Context, cmd []byte) error {
 		}
 		var err error
 		if s.IsLeader() {
-			err = s.applyLocal(ctx, cmd)
+			var c command
+			if c, err = decodeCommand(cmd); err == nil {
+				err = s.applyHere(ctx, c, cmd)
+			}
 		} else if id, addr := s.Leader(); id == "" || addr == "" {
 			err = fmt.Errorf("%w known to %s", ErrNoLeader, s.cfg.NodeID)
 		} else if s.cfg.Forward == nil {
@@ -651,16 +754,18 @@ func (s *Store) loop() {
 
 // alive returns the ring members gossip reports alive and not leaving,
 // this node included (from Config when gossip does not list it yet), and
-// the IDs that announced a graceful leave or have left.
+// the IDs that announced a graceful leave, have left, or are tombstoned
+// (Leave) and not back with another incarnation.
 func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) {
 	alive = make(map[string]ring.Member)
 	leaving = make(map[string]bool)
+	departed := s.fsm.departedAll()
 	if p := s.peers.Load().p; p != nil {
 		for _, nm := range p.Members() {
 			if nm.ID == "" {
 				continue
 			}
-			if nm.Leaving {
+			if inc, ok := departed[nm.ID]; nm.Leaving || ok && inc == nm.Incarnation {
 				leaving[nm.ID] = true
 				continue
 			}
@@ -678,12 +783,21 @@ func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) 
 			}
 		}
 	}
-	if self, ok := alive[s.cfg.NodeID]; !ok && !leaving[s.cfg.NodeID] {
+	inc, selfLeft := departed[s.cfg.NodeID]
+	selfLeft = selfLeft && inc == s.cfg.Incarnation
+	if self, ok := alive[s.cfg.NodeID]; !ok && !leaving[s.cfg.NodeID] && !selfLeft {
 		self = ring.Member{ID: s.cfg.NodeID, GRPCAddr: s.cfg.GRPCAddr, RaftAddr: s.raftAddr, Weight: s.cfg.Weight}
 		if !(self.Weight >= 0) || math.IsInf(self.Weight, 0) {
 			self.Weight = 0
 		}
 		alive[s.cfg.NodeID] = self
+	}
+	// A tombstoned node that gossip does not show alive (it stopped, or
+	// gossip holds it failed) is gone for good: no DeadGrace.
+	for id := range departed {
+		if _, ok := alive[id]; !ok {
+			leaving[id] = true
+		}
 	}
 	return alive, leaving
 }

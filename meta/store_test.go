@@ -2,6 +2,7 @@ package meta
 
 import (
 	"errors"
+	"slices"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -197,31 +198,42 @@ func TestFollowerWithoutForwarder(t *testing.T) {
 	}
 }
 
-// TestLeaderLeave: a leader that leaves hands leadership to another node.
+// TestLeaderLeave: a leader that leaves hands leadership to another node
+// first, and is then removed from raft and the ring like any node.
 func TestLeaderLeave(t *testing.T) {
 	c := newCluster(t, 3)
-	for _, id := range ids(3) {
+	for _, id := range ids(4) {
 		c.start(id)
 	}
-	c.waitAgree(ids(3))
+	c.waitAgree(ids(4))
 	l := c.leader()
-	// A transfer can time out on a loaded machine; Leave is retried then.
-	var err error
-	eventually(t, "leadership handed over", func() bool {
-		if l.IsLeader() {
-			err = l.Leave(ctxT(t))
-		}
-		return !l.IsLeader()
-	})
-	if err != nil {
-		t.Logf("a transfer failed before one succeeded: %v", err)
-	}
-	if err := c.follower().Leave(ctxT(t)); err != nil {
-		t.Fatalf("Leave on a follower: %v", err)
+	if err := l.Leave(ctxT(t)); err != nil {
+		t.Fatalf("leader leave: %v", err)
 	}
 	old := l.NodeID()
+	if l.IsLeader() {
+		t.Fatal("a node that left still leads")
+	}
+	c.peers.remove(old)
+	rest := slices.DeleteFunc(ids(4), func(id string) bool { return id == old })
 	c.stop(old)
+	c.waitAgree(rest)
 	if nl := c.leader(); nl.NodeID() == old {
 		t.Fatal("stopped node leads")
+	}
+}
+
+// TestLastVoterCannotLeave: the only server refuses to leave instead of
+// leaving a cluster with no voter.
+func TestLastVoterCannotLeave(t *testing.T) {
+	c := newCluster(t, 1)
+	s := c.start(nodeID(0))
+	c.waitAgree(ids(1))
+	err := s.Leave(ctxT(t))
+	if !errors.Is(err, ErrLastVoter) || !errors.Is(err, ErrInvalidCommand) {
+		t.Fatalf("leave of the only voter: %v, want ErrLastVoter", err)
+	}
+	if !s.Ring().Contains(nodeID(0)) {
+		t.Fatal("a refused leave changed the ring")
 	}
 }

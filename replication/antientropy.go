@@ -144,6 +144,10 @@ type AntiEntropyStats struct {
 	Fetched       int // keys copied here (a write newer than our delete)
 	Deletes       int // tombstones applied (here or on a peer)
 	Refused       int // pushes the peer refused (no room, tombstone)
+	// Pulled and BytesPulled count the keys a Pull round copied here
+	// from a peer because this node lacked them.
+	Pulled      int
+	BytesPulled int64
 }
 
 // AntiEntropy runs one round: with every other member of the ring it
@@ -153,6 +157,19 @@ type AntiEntropyStats struct {
 // the better-ranked replica, deletes it knows of), so a round on every
 // node converges the replicas. A peer with another ring epoch is skipped.
 func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) {
+	return r.antiEntropy(ctx, false)
+}
+
+// Pull is an AntiEntropy round in which this node also takes, from each
+// peer, the keys it should replicate and lacks (and their tombstones),
+// instead of waiting for each peer's own round to push them: it is what a
+// node that restarted with an empty tier runs (StartupPull). Transfers
+// share the rebalance rate limit; progress shows in the pull metrics.
+func (r *Replicator) Pull(ctx context.Context) (AntiEntropyStats, error) {
+	return r.antiEntropy(ctx, true)
+}
+
+func (r *Replicator) antiEntropy(ctx context.Context, pull bool) (AntiEntropyStats, error) {
 	var st AntiEntropyStats
 	rg := r.ring()
 	self := r.cfg.NodeID
@@ -173,19 +190,22 @@ func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) 
 		if ctx.Err() != nil {
 			return st, ctx.Err()
 		}
-		if err := r.syncPeer(ctx, ps, j, tables[j], &st); err != nil {
+		if err := r.syncPeer(ctx, ps, j, tables[j], pull, &st); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
 			continue
 		}
 		st.Peers++
 	}
 	r.metrics.aeRounds.Add(1)
+	if pull {
+		r.metrics.pullRounds.Add(1)
+	}
 	r.metrics.aeBucketsDiffer.Add(int64(st.BucketsDiffer))
 	r.metrics.aePushed.Add(int64(st.Pushed))
 	return st, errors.Join(errs...)
 }
 
-func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []uint64, st *AntiEntropyStats) error {
+func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []uint64, pull bool, st *AntiEntropyStats) error {
 	p := ps.peers[j]
 	base := DigestRequest{From: r.cfg.NodeID, Epoch: ps.rg.Epoch(), Replicas: ps.n}
 	resp, err := r.cfg.Transport.Digest(ctx, p, base)
@@ -241,7 +261,7 @@ func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []u
 			want[b] = true
 		}
 		mine := ps.items(r.localItems, j, want)
-		if err := r.reconcile(ctx, ps.rg, ps.n, p, mine, remote.Items, st); err != nil {
+		if err := r.reconcile(ctx, ps.rg, ps.n, p, mine, remote.Items, pull, st); err != nil {
 			return err
 		}
 	}
@@ -249,7 +269,7 @@ func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []u
 }
 
 // reconcile fixes the differences between two sorted item lists.
-func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, st *AntiEntropyStats) error {
+func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, pull bool, st *AntiEntropyStats) error {
 	slices.SortFunc(theirs, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
 	var errs []error
 	i, k := 0, 0
@@ -270,7 +290,13 @@ func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p stri
 			i++
 			k++
 		}
-		if err := r.fixItem(ctx, rg, n, p, a, b, st); err != nil {
+		var err error
+		if a == nil && pull {
+			err = r.pullItem(ctx, p, b, st)
+		} else {
+			err = r.fixItem(ctx, rg, n, p, a, b, st)
+		}
+		if err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -312,6 +338,38 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 			return r.pushItem(ctx, p, a, st)
 		}
 	}
+	return nil
+}
+
+// pullItem takes what peer p holds of a key this node lacks: the tombstone
+// of a delete, or the entry itself.
+func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *AntiEntropyStats) error {
+	if b.Deleted {
+		st.Deletes++
+		return r.applyDelete(b.Key, b.At)
+	}
+	blob, _, err := r.fetchFrom(ctx, p, b.Key)
+	if errors.Is(err, ErrNotFound) {
+		return nil // evicted or deleted there since it listed it
+	}
+	if err != nil {
+		return err
+	}
+	if err := r.waitBytes(ctx, len(blob)); err != nil {
+		return err
+	}
+	err = r.storeLocal(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
+	if isRejected(err) {
+		st.Refused++
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	st.Pulled++
+	st.BytesPulled += int64(len(blob))
+	r.metrics.pullKeys.Add(1)
+	r.metrics.pullBytes.Add(int64(len(blob)))
 	return nil
 }
 
@@ -366,4 +424,55 @@ func (r *Replicator) antiEntropyLoop() {
 				"pushed", st.Pushed, "deletes", st.Deletes, "refused", st.Refused)
 		}
 	}
+}
+
+// startupPullAttempts bounds the Pull rounds of StartupPull; the waits
+// between them double from one second, so it gives up after about half a
+// minute of peers that cannot answer (anti-entropy takes over then).
+const startupPullAttempts = 5
+
+// StartupPull refills a node that has just started (its DRAM tier comes
+// back empty): it runs Pull rounds until one reaches every peer without
+// error, or startupPullAttempts rounds have run, or ctx ends. Call it once
+// the node is back in the ring. PullRunning is 1 meanwhile; the keys and
+// bytes copied add to the pull metrics. It returns the sum of the rounds
+// and the last round's error.
+func (r *Replicator) StartupPull(ctx context.Context) (AntiEntropyStats, error) {
+	r.metrics.pullRunning.Store(1)
+	defer r.metrics.pullRunning.Store(0)
+	var total AntiEntropyStats
+	wait := time.Second
+	var err error
+	for attempt := range startupPullAttempts {
+		var st AntiEntropyStats
+		st, err = r.Pull(ctx)
+		total.add(st)
+		if err == nil || ctx.Err() != nil || attempt == startupPullAttempts-1 {
+			break
+		}
+		r.log.Debug("startup pull round incomplete; retrying", "err", err, "in", wait)
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return total, ctx.Err()
+		case <-t.C:
+		}
+		wait *= 2
+	}
+	return total, err
+}
+
+func (s *AntiEntropyStats) add(o AntiEntropyStats) {
+	s.Peers = max(s.Peers, o.Peers)
+	s.BucketsDiffer += o.BucketsDiffer
+	s.RangesDiffer += o.RangesDiffer
+	s.ItemsListed += o.ItemsListed
+	s.Pushed += o.Pushed
+	s.BytesPushed += o.BytesPushed
+	s.Fetched += o.Fetched
+	s.Deletes += o.Deletes
+	s.Refused += o.Refused
+	s.Pulled += o.Pulled
+	s.BytesPulled += o.BytesPulled
 }

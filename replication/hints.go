@@ -320,6 +320,23 @@ func (r *Replicator) addHint(target string, key chunk.Key, blob []byte, at int64
 // HintsPending returns the number and bytes of hints held here.
 func (r *Replicator) HintsPending() (n int, bytes int64) { return r.hints.count(), r.hints.size() }
 
+// NodeUp tells the Replicator that node is reachable again (gossip saw it
+// join): hints held for it are retried now instead of after the backoff
+// that its absence built up, so a restarted replica gets them within a
+// moment of its return.
+func (r *Replicator) NodeUp(node string) {
+	r.hints.mu.Lock()
+	_, had := r.hints.backoff[node]
+	delete(r.hints.backoff, node)
+	r.hints.mu.Unlock()
+	if had {
+		select {
+		case r.hintKick <- struct{}{}:
+		default:
+		}
+	}
+}
+
 // DeliverHints tries now to deliver every hint held here, ignoring
 // backoff, and returns how many were delivered. Hints for a target stop at
 // its first failure.

@@ -23,6 +23,8 @@ type metrics struct {
 	drainKeys, drainBytes, drainPending                               atomic.Int64
 
 	aeRounds, aeBucketsDiffer, aePushed atomic.Int64
+
+	pullRounds, pullKeys, pullBytes, pullRunning atomic.Int64
 }
 
 // Metrics is a snapshot of the Replicator's counters.
@@ -38,6 +40,9 @@ type Metrics struct {
 	DrainKeys, DrainBytes, DrainPending                      int64
 	AntiEntropyRounds, AntiEntropyBucketsDiffer              int64
 	AntiEntropyPushed                                        int64
+	// PullRounds, PullKeys and PullBytes count Pull rounds and what they
+	// copied here; PullRunning is 1 while StartupPull runs.
+	PullRounds, PullKeys, PullBytes, PullRunning int64
 }
 
 // Metrics returns a snapshot of the counters.
@@ -59,6 +64,8 @@ func (r *Replicator) Metrics() Metrics {
 		DrainKeys: m.drainKeys.Load(), DrainBytes: m.drainBytes.Load(), DrainPending: m.drainPending.Load(),
 		AntiEntropyRounds: m.aeRounds.Load(), AntiEntropyBucketsDiffer: m.aeBucketsDiffer.Load(),
 		AntiEntropyPushed: m.aePushed.Load(),
+		PullRounds:        m.pullRounds.Load(), PullKeys: m.pullKeys.Load(), PullBytes: m.pullBytes.Load(),
+		PullRunning: m.pullRunning.Load(),
 	}
 }
 
@@ -110,6 +117,10 @@ func descs() []metricDesc {
 		c("antientropy_rounds_total", "Anti-entropy rounds run.", func(m Metrics) int64 { return m.AntiEntropyRounds }),
 		c("antientropy_buckets_differ_total", "Digest buckets found different.", func(m Metrics) int64 { return m.AntiEntropyBucketsDiffer }),
 		c("antientropy_pushed_total", "Keys copied by anti-entropy.", func(m Metrics) int64 { return m.AntiEntropyPushed }),
+		c("pull_rounds_total", "Pull rounds run (a restarted node taking the keys it lacks).", func(m Metrics) int64 { return m.PullRounds }),
+		c("pull_keys_total", "Keys copied here by pull rounds.", func(m Metrics) int64 { return m.PullKeys }),
+		c("pull_bytes_total", "Bytes copied here by pull rounds.", func(m Metrics) int64 { return m.PullBytes }),
+		g("startup_pull_running", "1 while the startup pull runs.", func(m Metrics) int64 { return m.PullRunning }),
 	}
 }
 

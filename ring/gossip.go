@@ -151,6 +151,13 @@ type GossipConfig struct {
 	// DeadRetention is how long Status remembers members that left or
 	// failed (default 1 h).
 	DeadRetention time.Duration
+	// ReconnectInterval is how often the node tries to reach the members
+	// it holds failed (not those that left), as Serf does: memberlist
+	// neither probes nor gossips to a dead member, so two nodes that
+	// marked each other dead during a partition (or a long pause) would
+	// otherwise never talk again, and gossip would stay split after the
+	// network healed. Default 10 probe intervals; negative disables it.
+	ReconnectInterval time.Duration
 }
 
 // EventKind says what happened to a member.
@@ -275,6 +282,9 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	if cfg.DeadRetention <= 0 {
 		cfg.DeadRetention = time.Hour
 	}
+	if cfg.ReconnectInterval == 0 {
+		cfg.ReconnectInterval = 10 * cfg.Timing.withDefaults().ProbeInterval
+	}
 	if net.ParseIP(cfg.BindAddr) == nil {
 		// memberlist would silently bind every interface.
 		return nil, fmt.Errorf("ring: BindAddr %q is not an IP address", cfg.BindAddr)
@@ -346,6 +356,10 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	g.ml = ml
 	g.keyring = mc.Keyring
 
+	if cfg.ReconnectInterval > 0 {
+		g.wg.Add(1)
+		go g.reconnectLoop()
+	}
 	if seeds := g.otherSeeds(cfg.Seeds); len(seeds) > 0 {
 		if _, err := g.join(seeds); err != nil {
 			g.log.Warn("no seed answered; retrying in the background", "seeds", seeds, "err", err)
@@ -435,6 +449,51 @@ func (g *Gossip) retryJoin(seeds []string) {
 		wait = min(2*wait, g.cfg.JoinRetryMax)
 		t.Reset(wait)
 	}
+}
+
+// reconnectLoop tries, every ReconnectInterval, to reach the members held
+// failed: a push/pull with one that is in fact alive tells it that we
+// hold it dead, so it refutes, and its refutation spreads to everyone who
+// holds it dead. Members that left are not tried.
+func (g *Gossip) reconnectLoop() {
+	defer g.wg.Done()
+	t := time.NewTicker(g.cfg.ReconnectInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.stop:
+			return
+		case <-t.C:
+		}
+		addrs := g.failedAddrs()
+		if len(addrs) == 0 {
+			continue
+		}
+		// memberlist's Join is a push/pull per address, each bounded by
+		// Timing.TCPTimeout; it blocks only this loop.
+		if n, err := g.ml.Join(addrs); n > 0 {
+			g.log.Info("reconnected to members held failed", "tried", len(addrs), "answered", n)
+		} else if err != nil {
+			g.log.Debug("reconnect to failed members", "tried", addrs, "err", err)
+		}
+	}
+}
+
+// failedAddrs returns the gossip addresses of the members held failed.
+func (g *Gossip) failedAddrs() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil
+	}
+	var out []string
+	for id, st := range g.members {
+		if st.State == StateFailed && id != g.cfg.NodeID && st.Meta.GossipAddr != "" {
+			out = append(out, st.Meta.GossipAddr)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Members returns the alive members with their metadata, sorted by ID,
@@ -543,16 +602,34 @@ func (g *Gossip) Leave(ctx context.Context) error {
 
 const msgLeaving byte = 1
 
-// sendLeaveNotices sends msgLeaving to every other alive member and waits
-// for the sends (each bounded by Timing.TCPTimeout).
+// sendLeaveNotices sends msgLeaving to every other member that is alive
+// or held failed, and waits for the sends (each bounded by
+// Timing.TCPTimeout). Failed members are included because "failed" may
+// only mean that this node lost touch with them (a partition that healed,
+// a long pause), while they are alive and may lead the cluster's metadata.
 func (g *Gossip) sendLeaveNotices() {
 	msg := append([]byte{msgLeaving}, g.cfg.NodeID...)
-	var wg sync.WaitGroup
+	to := make(map[string]memberlist.Node)
 	for _, n := range g.ml.Members() {
-		if n.Name == g.cfg.NodeID {
+		to[n.Name] = memberlist.Node{Name: n.Name, Addr: n.Addr, Port: n.Port}
+	}
+	g.mu.Lock()
+	for id, st := range g.members {
+		if _, ok := to[id]; ok || st.State != StateFailed {
 			continue
 		}
-		to := memberlist.Node{Name: n.Name, Addr: n.Addr, Port: n.Port}
+		host, port, err := net.SplitHostPort(st.Meta.GossipAddr)
+		p, perr := strconv.ParseUint(port, 10, 16)
+		if ip := net.ParseIP(host); err == nil && perr == nil && ip != nil {
+			to[id] = memberlist.Node{Name: id, Addr: ip, Port: uint16(p)}
+		}
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, to := range to {
+		if to.Name == g.cfg.NodeID {
+			continue
+		}
 		wg.Go(func() {
 			if err := g.ml.SendReliable(&to, msg); err != nil {
 				g.log.Debug("leave notice not delivered", "member", to.Name, "err", err)
@@ -820,16 +897,32 @@ func (d *metaDelegate) NodeMeta(limit int) []byte {
 }
 
 // NotifyMsg implements memberlist.Delegate: it receives leave notices.
+// A notice from a member this node already holds failed turns it into a
+// member that left (EventLeave) at once: memberlist ignores the dead
+// message that follows for a member it holds dead, so no NodeLeave would
+// ever come for it.
 func (d *metaDelegate) NotifyMsg(b []byte) {
 	if len(b) < 2 || b[0] != msgLeaving {
 		return
 	}
 	g := (*Gossip)(d)
+	id := string(b[1:])
+	now := time.Now()
 	g.mu.Lock()
-	if len(g.leaving) < 4096 { // bounded whatever peers send
-		g.leaving[string(b[1:])] = time.Now()
+	defer g.mu.Unlock()
+	if st := g.members[id]; st != nil && st.State == StateFailed {
+		meta := st.Meta
+		meta.Leaving = true
+		g.members[id] = &MemberStatus{Meta: meta, State: StateLeft, Since: now}
+		g.log.Debug("membership", "event", EventLeave, "member", id, "held", "failed")
+		for s := range g.subs {
+			s.push(Event{Kind: EventLeave, Node: meta, At: now})
+		}
+		return
 	}
-	g.mu.Unlock()
+	if len(g.leaving) < 4096 { // bounded whatever peers send
+		g.leaving[id] = now
+	}
 }
 
 // GetBroadcasts implements memberlist.Delegate.

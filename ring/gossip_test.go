@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // waitLimit bounds every wait for gossip to converge: LocalTiming notices a
@@ -427,4 +429,103 @@ func TestGossipShutdownStopsEverything(t *testing.T) {
 		}
 	}
 	eventually(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+}
+
+// TestGossipReconnectsFailedMembers: a node that others hold failed, and
+// that knows none of them (as after a partition during which each side
+// marked the other dead), is found again by the reconnect loop; without
+// it memberlist never talks to a dead member again and gossip stays split.
+func TestGossipReconnectsFailedMembers(t *testing.T) {
+	tests := []struct {
+		name      string
+		reconnect time.Duration
+		wantBack  bool
+	}{
+		{"reconnect", 200 * time.Millisecond, true},
+		{"disabled", -1, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			gs := cluster(t, 2, func(c *GossipConfig) { c.ReconnectInterval = tc.reconnect })
+			eventually(t, "convergence", func() bool { return len(gs[0].Members()) == 2 })
+			sub, cancel := gs[0].Subscribe()
+			defer cancel()
+			addr := gs[1].Addr()
+			if err := gs[1].Shutdown(); err != nil {
+				t.Fatal(err)
+			}
+			waitEvent(t, sub, "n1 failed", func(e Event) bool { return e.Kind == EventFail && e.Node.ID == "n1" })
+			// n1 comes back on its address knowing nobody: only n0 can
+			// make the first move.
+			cfg := testConfig("n1")
+			_, portStr, _ := net.SplitHostPort(addr)
+			cfg.BindPort, _ = strconv.Atoi(portStr)
+			cfg.ReconnectInterval = -1
+			g1 := start(t, cfg)
+			eventually(t, "n1 to see itself", func() bool { return len(g1.Members()) == 1 })
+			if !tc.wantBack {
+				// Bounded look for a join that must not happen: longer
+				// than several probe and push/pull rounds of LocalTiming.
+				deadline := time.Now().Add(3 * time.Second)
+				for time.Now().Before(deadline) {
+					if len(gs[0].Members()) != 1 || len(g1.Members()) != 1 {
+						t.Fatalf("split healed without reconnect: %v / %v", memberIDs(gs[0]), memberIDs(g1))
+					}
+					time.Sleep(50 * time.Millisecond)
+				}
+				return
+			}
+			waitEvent(t, sub, "n1 back", func(e Event) bool { return e.Kind == EventJoin && e.Node.ID == "n1" })
+			eventually(t, "n1 to see n0", func() bool { return len(g1.Members()) == 2 })
+		})
+	}
+}
+
+// TestGossipLeaveNoticeToFailedHolder: a member that holds the leaving
+// node failed still learns that it left (StateLeft, EventLeave) from the
+// leave notice; memberlist would send it no NodeLeave for a member it
+// holds dead.
+func TestGossipLeaveNoticeToFailedHolder(t *testing.T) {
+	gs := cluster(t, 2, func(c *GossipConfig) { c.ReconnectInterval = -1 })
+	eventually(t, "convergence", func() bool { return len(gs[0].Members()) == 2 && len(gs[1].Members()) == 2 })
+	// Make each hold the other failed, as a partition would, by feeding
+	// memberlist's own event path.
+	for i, g := range gs {
+		other := gs[1-i]
+		var n0 *memberlist.Node
+		for _, m := range g.ml.Members() {
+			if m.Name == other.LocalID() {
+				n0 = m
+			}
+		}
+		if n0 == nil {
+			t.Fatalf("%s does not know %s", g.LocalID(), other.LocalID())
+		}
+		g.queue.NotifyLeave(n0)
+	}
+	eventually(t, "both held failed", func() bool {
+		for i, g := range gs {
+			st := statusOf(g, gs[1-i].LocalID())
+			if st == nil || st.State != StateFailed {
+				return false
+			}
+		}
+		return true
+	})
+	sub, cancel := gs[0].Subscribe()
+	defer cancel()
+	gs[1].sendLeaveNotices()
+	waitEvent(t, sub, "n1 left", func(e Event) bool { return e.Kind == EventLeave && e.Node.ID == "n1" && e.Node.Leaving })
+	if st := statusOf(gs[0], "n1"); st == nil || st.State != StateLeft {
+		t.Fatalf("n1 status %+v, want left", st)
+	}
+}
+
+func statusOf(g *Gossip, id string) *MemberStatus {
+	for _, st := range g.Status() {
+		if st.Meta.ID == id {
+			return &st
+		}
+	}
+	return nil
 }

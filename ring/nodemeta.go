@@ -59,6 +59,11 @@ type NodeMeta struct {
 	// GossipAddr is the node's gossip host:port as memberlist saw it. It is
 	// filled in on receipt and not encoded.
 	GossipAddr string `json:"gossip_addr,omitempty"`
+	// Incarnation tells one run of the node from the next (node sets it
+	// once per process start). The metadata leader keeps a node that left
+	// explicitly out of raft and the ring until it comes back with another
+	// incarnation. 0 means unknown (metadata of an older version).
+	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
 // Member is the ring member for this node, weighted by its total capacity
@@ -97,6 +102,7 @@ func (m NodeMeta) AppendBinary(b []byte) ([]byte, error) {
 	b = binary.AppendUvarint(b, m.Capacity.GPUBytes)
 	b = binary.AppendUvarint(b, m.Capacity.DRAMBytes)
 	b = binary.AppendUvarint(b, m.Capacity.DiskBytes)
+	b = binary.AppendUvarint(b, m.Incarnation)
 	if n := len(b) - start; n > MetaMaxSize {
 		return b[:start], fmt.Errorf("%w: %d bytes", ErrMetaTooLarge, n)
 	}
@@ -138,6 +144,13 @@ func (m *NodeMeta) UnmarshalBinary(b []byte) error {
 		}
 		*dst = v
 		rest = rest[k:]
+	}
+	if len(rest) > 0 {
+		v, k := binary.Uvarint(rest)
+		if k <= 0 {
+			return fmt.Errorf("%w: truncated incarnation", ErrMetaInvalid)
+		}
+		out.Incarnation = v
 	}
 	if out.ID == "" {
 		return fmt.Errorf("%w: empty ID", ErrMetaInvalid)

@@ -17,6 +17,7 @@ func TestNodeMetaRoundTrip(t *testing.T) {
 			Capacity: Capacity{GPUBytes: 80 << 30, DRAMBytes: 512 << 30, DiskBytes: 4 << 40},
 		}},
 		{"leaving", NodeMeta{ID: "x", Leaving: true}},
+		{"incarnation", NodeMeta{ID: "z", GRPCAddr: "a:1", Incarnation: 1795958201129857502}},
 		{"max capacities", NodeMeta{ID: "y", Capacity: Capacity{^uint64(0), ^uint64(0), ^uint64(0)}}},
 		{"ipv6 and unicode", NodeMeta{ID: "nœud-é", GRPCAddr: "[::1]:7001"}},
 		{"long but fits", NodeMeta{ID: strings.Repeat("a", 200), GRPCAddr: strings.Repeat("b", 200), RaftAddr: strings.Repeat("c", 60)}},
@@ -51,6 +52,24 @@ func TestNodeMetaRoundTrip(t *testing.T) {
 	}
 }
 
+// TestNodeMetaWithoutIncarnation: metadata of a version that did not
+// encode the incarnation decodes with Incarnation 0.
+func TestNodeMetaWithoutIncarnation(t *testing.T) {
+	m := NodeMeta{ID: "n", GRPCAddr: "a:1", Capacity: Capacity{DRAMBytes: 5}, Incarnation: 7}
+	b, err := m.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old NodeMeta
+	if err := old.UnmarshalBinary(b[:len(b)-1]); err != nil {
+		t.Fatal(err)
+	}
+	m.Incarnation = 0
+	if old != m {
+		t.Fatalf("got %+v, want %+v", old, m)
+	}
+}
+
 func TestNodeMetaGossipAddrNotEncoded(t *testing.T) {
 	b, err := NodeMeta{ID: "a", GossipAddr: "1.2.3.4:5"}.MarshalBinary()
 	if err != nil {
@@ -79,7 +98,8 @@ func TestNodeMetaErrors(t *testing.T) {
 		{"one byte", []byte{1}, ErrMetaInvalid},
 		{"bad version", append([]byte{9}, good[1:]...), ErrMetaInvalid},
 		{"truncated string", good[:4], ErrMetaInvalid},
-		{"truncated capacity", good[:len(good)-1], ErrMetaInvalid},
+		{"truncated capacity", good[:len(good)-2], ErrMetaInvalid},
+		{"truncated incarnation", append(good[:len(good)-1], 0x80), ErrMetaInvalid},
 		{"huge length", []byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}, ErrMetaInvalid},
 		{"empty id", []byte{1, 0, 0, 0, 0, 0, 0, 0, 0}, ErrMetaInvalid},
 		{"not utf8", []byte{1, 0, 2, 0xff, 0xfe, 0, 0, 0, 0, 0, 0}, ErrMetaInvalid},
@@ -112,7 +132,7 @@ func TestNodeMetaMember(t *testing.T) {
 func FuzzNodeMeta(f *testing.F) {
 	for _, m := range []NodeMeta{
 		{ID: "n1"},
-		{ID: "node-a", GRPCAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7002", Capacity: Capacity{1, 2, 3}, Leaving: true},
+		{ID: "node-a", GRPCAddr: "127.0.0.1:7001", RaftAddr: "127.0.0.1:7002", Capacity: Capacity{1, 2, 3}, Leaving: true, Incarnation: 42},
 	} {
 		b, _ := m.MarshalBinary()
 		f.Add(b)
