@@ -14,10 +14,11 @@ var ErrDeviceFull = errors.New("kvtier: device memory full")
 type DevicePtr uint64
 
 // DeviceMemory is the GPU tier's memory: an allocator and copies to and
-// from host memory. The CUDA implementation (cudakern's device allocator)
-// lives behind the cuda build tag; HostDevice stands in for it. The Store
-// calls it under its own lock, one call at a time, but implementations
-// should still be safe for concurrent use.
+// from host memory. The CUDA implementation, OpenCUDA (a SlabDevice over
+// one cuMemAlloc slab), is built only with the cuda build tag; HostDevice
+// and a SlabDevice over host memory stand in for it. The Store calls it
+// under its exclusive lock, one call at a time, but implementations should
+// still be safe for concurrent use.
 type DeviceMemory interface {
 	// Capacity is the most bytes the device lets the tier allocate.
 	Capacity() int64

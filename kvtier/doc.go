@@ -45,4 +45,22 @@
 // stays put, until Release; a disk hit that cannot be promoted, and a GPU
 // hit, return a private copy instead. Delete of a pinned entry hides it at
 // once and frees its pages at the last Release.
+//
+// Locking. One RWMutex guards the index, the policies and the budgets.
+// The hot read, a DRAM hit, holds it shared: pin counts, hit and miss
+// counters and S3-FIFO's frequency bits are atomics, so concurrent Gets
+// proceed in parallel (LRU, whose hits move list nodes, takes the slow
+// path). Best, Contains and Stats also read under the shared lock; Stats
+// is O(1), the per-tier entry and byte counts being kept as entries come,
+// move and go. Everything that evicts, moves or frees holds the lock
+// exclusively, which excludes the pinning readers, and releases it around
+// copies and disk I/O.
+//
+// GPU memory. With the cuda build tag, OpenCUDA reserves one slab of
+// device memory at start and carves it with a best-fit allocator that
+// coalesces free extents (O(log n), tested on the CPU against a bitmap
+// reference); copies go through page-locked staging buffers on a stream
+// owned by one goroutine locked to its OS thread, where the CUDA context
+// is current. scripts/device/gpu-check.sh runs the GPU tier tests on a
+// machine with a GPU.
 package kvtier

@@ -28,7 +28,7 @@ func (h *DeviceHandle) Release() {
 	h.done = true
 	h.c.pins--
 	if h.c.pins == 0 {
-		h.s.pinnedBytes[TierGPU] -= h.Size
+		h.s.pinnedBytes[TierGPU].Add(-h.Size)
 	}
 	h.s.maybeFreeDev(h.c)
 }
@@ -53,12 +53,12 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 		}
 		if e.dev != nil {
 			s.countMisses(TierGPU)
-			s.tiers[TierGPU].stats.Hits++
+			s.tiers[TierGPU].hits.Add(1)
 			if e.pol != nil {
 				e.pol.touch(&e.pn)
 			}
 			if e.dev.pins == 0 {
-				s.pinnedBytes[TierGPU] += e.dev.size
+				s.pinnedBytes[TierGPU].Add(e.dev.size)
 			}
 			e.dev.pins++
 			return &DeviceHandle{s: s, c: e.dev, Ptr: e.dev.ptr, Size: e.dev.size}, nil
@@ -96,11 +96,11 @@ func (s *Store) getLocked(ctx context.Context, e *entry) (*Handle, error) {
 		return &Handle{s: s, b: b, tier: TierGPU}, nil
 	case TierDRAM:
 		s.countMisses(TierDRAM)
-		s.tiers[TierDRAM].stats.Hits++
+		s.tiers[TierDRAM].hits.Add(1)
 		return s.pinDRAM(e, TierDRAM), nil
 	}
 	s.countMisses(TierDisk)
-	s.tiers[TierDisk].stats.Hits++
+	s.tiers[TierDisk].hits.Add(1)
 	return s.promote(ctx, e)
 }
 
@@ -155,10 +155,11 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 	s.dropDRAM(e)
 	s.dropDisk(e)
 	e.dev = c
+	s.recount(e)
 	s.admit(TierGPU, e, need)
 	ts.stats.Promotions++
 	c.pins++
-	s.pinnedBytes[TierGPU] += need
+	s.pinnedBytes[TierGPU].Add(need)
 	return &DeviceHandle{s: s, c: c, Ptr: ptr, Size: need}, nil
 }
 
@@ -195,6 +196,7 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 	}
 	s.dropDev(e)
 	e.dram = c
+	s.recount(e)
 	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	ts.stats.Demotions++
 }

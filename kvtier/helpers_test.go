@@ -71,7 +71,8 @@ func openTest(t testing.TB, cfg Config) *Store {
 	return s
 }
 
-// checkBudgets fails if any tier holds more than its budget.
+// checkBudgets fails if any tier holds more than its budget, or if the
+// entry and byte counts Stats keeps differ from a walk of the index.
 func checkBudgets(t testing.TB, s *Store) Stats {
 	t.Helper()
 	st := s.Stats()
@@ -80,7 +81,37 @@ func checkBudgets(t testing.TB, s *Store) Stats {
 			t.Fatalf("tier %v: %d bytes charged, budget %d", ts.Tier, ts.Bytes, ts.Budget)
 		}
 	}
+	checkCounts(t, s)
 	return st
+}
+
+// checkCounts compares the counts recount keeps with a walk of the index,
+// under the exclusive lock so that nothing moves in between.
+func checkCounts(t testing.TB, s *Store) {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	entries, stored := s.walkStats()
+	for tier := range s.tiers {
+		ts := &s.tiers[tier]
+		if ts.entries != entries[tier] || ts.stored != stored[tier] {
+			t.Fatalf("tier %v: counts say %d entries of %d bytes, the index %d of %d",
+				Tier(tier), ts.entries, ts.stored, entries[tier], stored[tier])
+		}
+	}
+}
+
+// walkStats is the per-tier entry and byte counts recomputed from the
+// index, for tests to check recount against. mu held.
+func (s *Store) walkStats() (entries [numTiers]int, stored [numTiers]int64) {
+	for _, e := range s.index {
+		if e.loading {
+			continue
+		}
+		entries[e.tier()]++
+		stored[e.tier()] += int64(e.size)
+	}
+	return entries, stored
 }
 
 // bigBlob encodes one entry of a realistic model (32 layers, 8 KV heads,

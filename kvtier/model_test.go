@@ -198,6 +198,7 @@ func TestModel(t *testing.T) {
 						t.Fatalf("op %d: scan %d entries, stats %d, map %d", op, n, st.Entries, len(ref))
 					}
 				}
+				checkCounts(t, s)
 			}
 			st := checkBudgets(t, s)
 			s.mu.Lock()
@@ -252,6 +253,15 @@ func testConcurrentBudgets(t *testing.T, dev testDevice) {
 			if dev.Used() > dev.Capacity() {
 				fail(errors.New("device over capacity"))
 			}
+			// The O(1) counts agree with the index at every instant.
+			s.mu.Lock()
+			entries, stored := s.walkStats()
+			for tier := range s.tiers {
+				if s.tiers[tier].entries != entries[tier] || s.tiers[tier].stored != stored[tier] {
+					fail(errors.New("entry counts drifted in tier " + Tier(tier).String()))
+				}
+			}
+			s.mu.Unlock()
 			time.Sleep(time.Millisecond)
 		}
 	}()

@@ -1,6 +1,10 @@
 package kvtier
 
-import "github.com/kvmesh/kvmesh/chunk"
+import (
+	"sync/atomic"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
 
 // Policy names an eviction policy.
 type Policy int
@@ -33,7 +37,7 @@ func (p Policy) String() string {
 type pnode struct {
 	prev, next *pnode
 	q          *queue
-	freq       uint8
+	freq       uint32 // atomic in touchShared, plain under the exclusive lock
 	cost       int64
 	key        chunk.Key
 	owner      *entry // nil in tests that drive the policy alone
@@ -80,6 +84,13 @@ type policy interface {
 	add(n *pnode)
 	// touch records a hit on n.
 	touch(n *pnode)
+	// sharedTouch reports whether touchShared may be used, that is whether
+	// the policy records hits without changing its queues.
+	sharedTouch() bool
+	// touchShared records a hit on n while other goroutines may be
+	// recording hits too (the Store's read lock is held, not its write
+	// lock).
+	touchShared(n *pnode)
 	// remove takes n out (deleted or moved to another tier).
 	remove(n *pnode)
 	// victim returns the entry to evict next, skipping (and treating as
@@ -103,12 +114,16 @@ func newPolicy(p Policy, capacity int64) policy {
 // lru is the baseline.
 type lru struct{ q queue }
 
-func (l *lru) add(n *pnode)    { l.q.push(n) }
-func (l *lru) touch(n *pnode)  { l.q.unlink(n); l.q.push(n) }
-func (l *lru) remove(n *pnode) { l.q.unlink(n) }
-func (l *lru) evict(n *pnode)  { l.q.unlink(n) }
-func (l *lru) bytes() int64    { return l.q.bytes }
-func (l *lru) len() int        { return l.q.n }
+func (l *lru) add(n *pnode)   { l.q.push(n) }
+func (l *lru) touch(n *pnode) { l.q.unlink(n); l.q.push(n) }
+
+// An LRU hit moves the entry: it needs the exclusive lock.
+func (l *lru) sharedTouch() bool    { return false }
+func (l *lru) touchShared(n *pnode) { panic("kvtier: LRU hits need the exclusive lock") }
+func (l *lru) remove(n *pnode)      { l.q.unlink(n) }
+func (l *lru) evict(n *pnode)       { l.q.unlink(n) }
+func (l *lru) bytes() int64         { return l.q.bytes }
+func (l *lru) len() int             { return l.q.n }
 func (l *lru) victim(skip func(*pnode) bool) *pnode {
 	for n := l.q.head; n != nil; n = n.next {
 		if skip == nil || !skip(n) {
@@ -143,6 +158,19 @@ func (s *s3fifo) add(n *pnode) {
 func (s *s3fifo) touch(n *pnode) {
 	if n.freq < maxFreq {
 		n.freq++
+	}
+}
+
+// An S3-FIFO hit only bumps a saturating counter, so hits can be recorded
+// concurrently, with a compare-and-swap.
+func (s *s3fifo) sharedTouch() bool { return true }
+
+func (s *s3fifo) touchShared(n *pnode) {
+	for {
+		f := atomic.LoadUint32(&n.freq)
+		if f >= maxFreq || atomic.CompareAndSwapUint32(&n.freq, f, f+1) {
+			return
+		}
 	}
 }
 

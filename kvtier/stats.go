@@ -39,32 +39,31 @@ func (st Stats) Waste() float64 {
 	return float64(d.Bytes-d.StoredBytes) / float64(d.Bytes)
 }
 
-// Stats returns a snapshot. It walks the index: O(entries).
+// Stats returns a snapshot, in O(1): the per-tier counts are kept as
+// entries come, move and go (recount). Hits and misses recorded under the
+// read lock may land just before or after it.
 func (s *Store) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	var st Stats
 	for t := range s.tiers {
-		ts := s.tiers[t].stats
+		tst := &s.tiers[t]
+		ts := tst.stats
 		ts.Tier = Tier(t)
-		ts.Budget = s.tiers[t].budget
-		ts.Bytes = s.tiers[t].used
+		ts.Budget = tst.budget
+		ts.Bytes = tst.used
 		ts.Enabled = ts.Budget > 0
+		ts.Hits = tst.hits.Load()
+		ts.Misses = tst.misses.Load()
+		ts.Entries = tst.entries
+		ts.StoredBytes = tst.stored
+		// Pinned bytes include detached copies still pinned by handles,
+		// which the index no longer reaches; the tiers' used bytes still
+		// count them.
+		ts.PinnedBytes = s.pinnedBytes[t].Load()
 		st.Tiers[t] = ts
+		st.Entries += ts.Entries
 	}
-	for _, e := range s.index {
-		if e.loading {
-			continue
-		}
-		st.Entries++
-		t := &st.Tiers[e.tier()]
-		t.Entries++
-		t.StoredBytes += int64(e.size)
-	}
-	// Pinned bytes include detached copies still pinned by handles, which
-	// the index no longer reaches; the tiers' used bytes still count them.
-	st.Tiers[TierDRAM].PinnedBytes = s.pinnedBytes[TierDRAM]
-	st.Tiers[TierGPU].PinnedBytes = s.pinnedBytes[TierGPU]
 	return st
 }
 

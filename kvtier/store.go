@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -134,6 +135,10 @@ type entry struct {
 	loading bool // being put: not visible yet
 	busy    bool // a move to another tier is in flight
 	dead    bool // deleted or dropped; whoever holds it cleans up
+	// counted says the entry is in the per-tier entry and byte counts,
+	// under tier ct (see recount).
+	counted bool
+	ct      Tier
 }
 
 func (e *entry) tier() Tier {
@@ -149,9 +154,12 @@ func (e *entry) tier() Tier {
 // dramCopy is an entry's pages in the arena. pins are Handles; io counts
 // the Store's own unlocked reads and writes of the view. The pages go back
 // to the arena once the copy is detached from its entry and both are zero.
+// pins is atomic because Get and Release change it under the read lock;
+// everything that decides on it (eviction, freeing) holds the write lock,
+// which excludes them.
 type dramCopy struct {
 	span     pageSpan
-	pins     int
+	pins     atomic.Int32
 	io       int
 	detached bool
 }
@@ -173,7 +181,15 @@ type tierState struct {
 	pol    policy
 	budget int64
 	used   int64 // bytes charged: whole pages for DRAM, file bytes for disk
-	stats  TierStats
+	// stats holds the counters changed under the write lock (evictions,
+	// demotions, promotions); hits and misses are counted under the read
+	// lock too. entries and stored are what recount maintains, so that
+	// Stats is O(1).
+	stats   TierStats
+	hits    atomic.Uint64
+	misses  atomic.Uint64
+	entries int
+	stored  int64
 }
 
 // Store is a node's tiered chunk store. It is safe for concurrent use.
@@ -183,7 +199,10 @@ type Store struct {
 	arena *arena
 	disk  *diskDir
 
-	mu     sync.Mutex
+	// mu guards everything below. Reads that change nothing but pins and
+	// counters (a DRAM hit, Best, Contains, Stats, Release) hold it shared;
+	// everything else holds it exclusively.
+	mu     sync.RWMutex
 	moved  *sync.Cond // on mu: an entry stopped being busy, or I/O ended
 	closed bool
 	freed  bool // arena unmapped and device memory returned, after Close
@@ -194,7 +213,10 @@ type Store struct {
 	groups   map[groupKey][]*entry
 	tiers    [numTiers]tierState
 	// pinnedBytes counts copies with at least one pin, detached or not.
-	pinnedBytes [numTiers]int64
+	pinnedBytes [numTiers]atomic.Int64
+	// sharedHits: the policy records hits under the read lock, so DRAM
+	// hits need no exclusive lock (S3-FIFO; LRU moves its list).
+	sharedHits bool
 }
 
 // Open creates a store; with a disk tier it rebuilds the index from the
@@ -246,6 +268,7 @@ func Open(cfg Config) (*Store, error) {
 	for t := range s.tiers {
 		s.tiers[t].pol = newPolicy(cfg.Policy, s.tiers[t].budget)
 	}
+	s.sharedHits = s.tiers[TierDRAM].pol.sharedTouch()
 	if s.disk != nil {
 		if err := s.recoverDisk(); err != nil {
 			a.close()
@@ -270,6 +293,7 @@ func (s *Store) recoverDisk() error {
 		}
 		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec, diskRel: f.rel, diskSize: f.stored}
 		s.link(e)
+		s.recount(e)
 		ts.used += f.stored
 		s.admit(TierDisk, e, f.stored)
 	}
@@ -292,7 +316,7 @@ func (s *Store) Close() error {
 	if s.freed {
 		return nil
 	}
-	if p := s.pinnedBytes[TierDRAM] + s.pinnedBytes[TierGPU]; p > 0 {
+	if p := s.pinnedBytes[TierDRAM].Load() + s.pinnedBytes[TierGPU].Load(); p > 0 {
 		return fmt.Errorf("kvtier: closing with %d pinned bytes; memory kept until the handles are released and Close is called again", p)
 	}
 	s.freed = true
@@ -349,6 +373,26 @@ func (s *Store) unlink(e *entry) {
 	} else {
 		s.groups[g] = vs
 	}
+	s.recount(e)
+}
+
+// recount keeps the per-tier entry and byte counts that Stats reports: an
+// entry counts, in the tier it lives in, while it is the index's entry for
+// its key and not loading. Every change to those, or to where an entry
+// lives, calls it; calling it when nothing changed is harmless.
+func (s *Store) recount(e *entry) {
+	want := !e.loading && s.index[e.key] == e
+	if e.counted && (!want || e.ct != e.tier()) {
+		s.tiers[e.ct].entries--
+		s.tiers[e.ct].stored -= int64(e.size)
+		e.counted = false
+	}
+	if want && !e.counted {
+		e.ct = e.tier()
+		s.tiers[e.ct].entries++
+		s.tiers[e.ct].stored += int64(e.size)
+		e.counted = true
+	}
 }
 
 // admit puts e in tier t's policy, charged cost bytes (already in used).
@@ -378,12 +422,13 @@ func (s *Store) dropDRAM(e *entry) {
 		return
 	}
 	e.dram = nil
+	s.recount(e)
 	c.detached = true
 	s.maybeFreeDRAM(c)
 }
 
 func (s *Store) maybeFreeDRAM(c *dramCopy) {
-	if c.detached && c.pins == 0 && c.io == 0 && c.span.pages > 0 {
+	if c.detached && c.pins.Load() == 0 && c.io == 0 && c.span.pages > 0 {
 		s.tiers[TierDRAM].used -= int64(c.span.pages) * int64(s.arena.pageSize)
 		if !s.freed {
 			s.arena.release(&c.span)
@@ -400,6 +445,7 @@ func (s *Store) dropDisk(e *entry) {
 	}
 	s.tiers[TierDisk].used -= e.diskSize
 	e.diskRel, e.diskSize = "", 0
+	s.recount(e)
 }
 
 func (s *Store) dropDev(e *entry) {
@@ -408,6 +454,7 @@ func (s *Store) dropDev(e *entry) {
 		return
 	}
 	e.dev = nil
+	s.recount(e)
 	c.detached = true
 	s.maybeFreeDev(c)
 }
@@ -493,6 +540,7 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 	s.link(e)
 	err = s.place(ctx, e, blob, &hd)
 	e.loading = false
+	s.recount(e)
 	if err != nil {
 		if !e.dead {
 			s.remove(e)
@@ -521,6 +569,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Head
 			return verr
 		}
 		e.dram = c
+		s.recount(e)
 		if e.dead {
 			return nil
 		}
@@ -545,6 +594,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Head
 		return err
 	}
 	e.diskRel, e.diskSize = rel, size
+	s.recount(e)
 	if e.dead {
 		return nil
 	}
@@ -598,7 +648,7 @@ func (s *Store) allocDRAM(ctx context.Context, size int) (*dramCopy, error) {
 		}
 		v := ts.pol.victim(func(p *pnode) bool {
 			o := p.owner
-			return o.busy || o.dram == nil || o.dram.pins > 0 || o.dram.io > 0
+			return o.busy || o.dram == nil || o.dram.pins.Load() > 0 || o.dram.io > 0
 		})
 		if v == nil {
 			return nil, fmt.Errorf("%w: DRAM holds only pinned entries", ErrNoSpace)
@@ -646,9 +696,10 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 		_ = s.disk.remove(rel)
 		s.tiers[TierDisk].used -= size
 		e.dram = nil
+		s.recount(e)
 		c.detached = true
 		s.maybeFreeDRAM(c)
-	case c.pins > 0:
+	case c.pins.Load() > 0:
 		// Pinned while it was written: pins win, it stays in DRAM.
 		_ = s.disk.remove(rel)
 		s.tiers[TierDisk].used -= size
@@ -656,6 +707,7 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 	default:
 		s.dropDRAM(e)
 		e.diskRel, e.diskSize = rel, size
+		s.recount(e)
 		s.admit(TierDisk, e, size)
 		ts.stats.Demotions++
 	}
@@ -706,7 +758,7 @@ type Handle struct {
 	c    *dramCopy // nil for a heap copy
 	b    []byte
 	tier Tier
-	done bool
+	done atomic.Bool
 }
 
 // Bytes is the encoded entry: for DRAM hits a view of the arena (do not
@@ -723,26 +775,36 @@ func (h *Handle) Release() {
 		h.b = nil
 		return
 	}
-	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
-	if h.done {
+	if !h.done.CompareAndSwap(false, true) {
 		return
 	}
-	h.done = true
 	h.b = nil
-	h.c.pins--
-	if h.c.pins == 0 {
-		h.s.pinnedBytes[TierDRAM] -= int64(len(h.c.span.view))
+	s, c := h.s, h.c
+	// The read lock orders this against the writers that detach c and
+	// decide on its pins: whichever comes second frees the pages.
+	s.mu.RLock()
+	last := c.pins.Add(-1) == 0
+	if last {
+		s.pinnedBytes[TierDRAM].Add(-int64(len(c.span.view)))
 	}
-	h.s.maybeFreeDRAM(h.c)
+	free := last && c.detached
+	s.mu.RUnlock()
+	if free {
+		// Detached copies gain no pins, so only the io count (a writer
+		// mid-copy) can have changed; maybeFreeDRAM checks it again.
+		s.mu.Lock()
+		s.maybeFreeDRAM(c)
+		s.mu.Unlock()
+	}
 }
 
+// pinDRAM pins e's pages. mu held, shared or exclusive.
 func (s *Store) pinDRAM(e *entry, t Tier) *Handle {
-	if e.dram.pins == 0 {
-		s.pinnedBytes[TierDRAM] += int64(e.size)
+	c := e.dram
+	if c.pins.Add(1) == 1 {
+		s.pinnedBytes[TierDRAM].Add(int64(e.size))
 	}
-	e.dram.pins++
-	return &Handle{s: s, c: e.dram, b: e.dram.span.view, tier: t}
+	return &Handle{s: s, c: c, b: c.span.view, tier: t}
 }
 
 func (s *Store) countMisses(upTo Tier) {
@@ -750,14 +812,48 @@ func (s *Store) countMisses(upTo Tier) {
 		if t == TierGPU && s.cfg.GPU == nil || t == TierDisk && s.disk == nil {
 			continue
 		}
-		s.tiers[t].stats.Misses++
+		s.tiers[t].misses.Add(1)
 	}
+}
+
+// getShared is Get's fast path, under the read lock: a DRAM hit (or a
+// miss) with a policy that records hits without the write lock. ok is
+// false when the slow path must decide (another tier, an expired entry,
+// a closed store).
+func (s *Store) getShared(key chunk.Key) (h *Handle, ok bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil, false
+	}
+	e := s.index[key]
+	if e == nil {
+		s.countMisses(numTiers)
+		return nil, true
+	}
+	if e.loading || e.dram == nil || e.dev != nil || (e.expires != 0 && e.expires <= s.now()) {
+		return nil, false
+	}
+	s.countMisses(TierDRAM)
+	s.tiers[TierDRAM].hits.Add(1)
+	if e.pol != nil {
+		e.pol.touchShared(&e.pn)
+	}
+	return s.pinDRAM(e, TierDRAM), true
 }
 
 // Get returns a pinned read of the entry under key. A hit on disk promotes
 // the entry to DRAM when DRAM can make room (else it is read into a private
 // buffer); a hit on the GPU tier is copied out of device memory.
 func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
+	if s.sharedHits {
+		if h, ok := s.getShared(key); ok {
+			if h == nil {
+				return nil, ErrNotFound
+			}
+			return h, nil
+		}
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for {
@@ -773,7 +869,7 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 		switch t {
 		case TierGPU:
 			s.countMisses(TierGPU)
-			s.tiers[TierGPU].stats.Hits++
+			s.tiers[TierGPU].hits.Add(1)
 			if e.pol != nil {
 				e.pol.touch(&e.pn)
 			}
@@ -784,14 +880,14 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 			return &Handle{s: s, b: b, tier: TierGPU}, nil
 		case TierDRAM:
 			s.countMisses(TierDRAM)
-			s.tiers[TierDRAM].stats.Hits++
+			s.tiers[TierDRAM].hits.Add(1)
 			if e.pol != nil {
 				e.pol.touch(&e.pn)
 			}
 			return s.pinDRAM(e, TierDRAM), nil
 		}
 		s.countMisses(TierDisk)
-		s.tiers[TierDisk].stats.Hits++
+		s.tiers[TierDisk].hits.Add(1)
 		h, err := s.promote(ctx, e)
 		if !errors.Is(err, errMoved) {
 			return h, err
@@ -840,6 +936,7 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 	s.leavePolicy(e, false)
 	s.dropDisk(e)
 	e.dram = c
+	s.recount(e)
 	e.codec = chunk.Codec(0)
 	if hd, err := chunk.ParseHeader(c.span.view, s.cfg.Limits); err == nil {
 		e.codec = hd.Codec
@@ -869,8 +966,8 @@ func (s *Store) readDiskHeap(e *entry) (*Handle, error) {
 // standalone; ties go to the lowest context ID so every replica answers
 // alike. Entries of other fingerprints never match.
 func (s *Store) Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, Match, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	if s.closed {
 		return chunk.Key{}, Miss, ErrClosed
 	}
@@ -916,7 +1013,20 @@ func betterApprox(a, b chunk.Context) bool {
 }
 
 // Contains reports whether key is stored (in any tier).
+// It takes the exclusive lock only to drop an expired entry.
 func (s *Store) Contains(key chunk.Key) bool {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return false
+	}
+	e := s.index[key]
+	expired := e != nil && e.expires != 0 && e.expires <= s.now()
+	has := e != nil && !e.loading && !expired
+	s.mu.RUnlock()
+	if !expired {
+		return has
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return !s.closed && s.lookup(key) != nil
