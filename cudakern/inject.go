@@ -86,6 +86,9 @@ type plan struct {
 	narrowN   int
 	scalar    rotScalar
 	dstHead   int // bytes between the heads of one slot in Dst
+	kvBytes   int // offset of V in a destination layer
+	slotBytes int // NHD: bytes of one slot (all heads)
+	blkBytes  int // HND: bytes of one block of K or V
 	tiles     int // token tiles per layer
 	items     int // layers * tiles
 	cancel    <-chan struct{}
@@ -193,6 +196,9 @@ func (j *Job) plan() (plan, error) {
 		}
 	}
 	p.dstHead = l.HeadDim * p.dstES
+	p.kvBytes = l.LayerBytes() / 2
+	p.slotBytes = l.KVHeads * p.dstHead
+	p.blkBytes = l.BlockSize * p.slotBytes
 	if l.Order == HND {
 		p.dstHead *= l.BlockSize
 	}
@@ -402,10 +408,19 @@ func (in *Injector) work(id int) {
 // the hardware prefetchers. 16 tokens of a Llama-8B layer are 64 KiB.
 const tileTokens = 16
 
+// offset is CacheLayout.Offset(kv, slot, 0) from the plan's precomputed
+// strides (it inlines; Offset does not).
+func (p *plan) offset(kv, slot int) int {
+	if p.Layout.Order == HND {
+		bs := p.Layout.BlockSize
+		return kv*p.kvBytes + slot/bs*p.blkBytes + slot%bs*p.Layout.HeadDim*p.dstES
+	}
+	return kv*p.kvBytes + slot*p.slotBytes
+}
+
 // item rotates and scatters tokens [tile*tileTokens, ...) of one layer,
 // every head of the range: one kernel call per token for K, one for V.
 func (p *plan) item(layer, tile int, x []float32) {
-	l := &p.Layout
 	t := p.Rope
 	src := p.Src[layer*p.srcLayer : (layer+1)*p.srcLayer]
 	dst := p.Dst[layer]
@@ -420,7 +435,7 @@ func (p *plan) item(layer, tile int, x []float32) {
 		}
 		c, s := t.Row(p.Pos + tok)
 		ks := tok*p.srcTok + p.HeadLo*p.srcRow
-		p.rotHeads(dst[l.Offset(0, slot, 0):], src[ks:], c, s, x, p.heads, p.dstHead)
+		p.rotHeads(dst[p.offset(0, slot):], src[ks:], c, s, x, p.heads, p.dstHead)
 	}
 	for tok := lo; tok < hi; tok++ {
 		slot := p.Slots[tok]
@@ -428,6 +443,6 @@ func (p *plan) item(layer, tile int, x []float32) {
 			continue
 		}
 		vs := p.srcV + tok*p.srcTok + p.HeadLo*p.srcRow
-		p.putV(dst[l.Offset(1, slot, 0):], src[vs:], x, p.heads, p.dstHead)
+		p.putV(dst[p.offset(1, slot):], src[vs:], x, p.heads, p.dstHead)
 	}
 }

@@ -505,8 +505,21 @@ func TestLayoutOffsets(t *testing.T) {
 			}
 			seen := make([]int, l.LayerBytes())
 			row := l.HeadDim * dt.Size()
+			// The Injector's own strides (plan.offset, plan.dstHead).
+			tab, err := NewRopeTable(testSpec(chunk.RopeNeoX, l.HeadDim, 0, chunk.RopeScaling{}), 16)
+			if err != nil {
+				t.Fatal(err)
+			}
+			j := Job{Rope: tab, SrcDType: dt, SrcHeads: l.KVHeads, Layout: l, Dst: [][]byte{make([]byte, l.LayerBytes())}}
+			p, err := j.plan()
+			if err != nil {
+				t.Fatal(err)
+			}
 			for kv := 0; kv < 2; kv++ {
 				for s := 0; s < l.Slots(); s++ {
+					if got, want := p.offset(kv, s)+2*p.dstHead, l.Offset(kv, s, 2); got != want {
+						t.Fatalf("%v %v (%d,%d,2): plan offset %d, layout %d", order, dt, kv, s, got, want)
+					}
 					for h := 0; h < l.KVHeads; h++ {
 						o := l.Offset(kv, s, h)
 						if o != elemIndex(l, kv, s, h)*dt.Size() {

@@ -1625,8 +1625,12 @@ GLOBL fp8Perm<>(SB), RODATA|NOPTR, $64
 // func storeFP8MulAVX512(dst *byte, src *float32, n int, scale float32)
 // AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
 // multiple of 64; x * scale first (the caller passes 1/scale to a
-// multiplying kernel only when that is exact). Masks replace the blends;
-// the four dword vectors are packed to bytes and put in order by VPERMD.
+// multiplying kernel only when that is exact). Per lane, on a = |x|:
+// normal results round (a - (120<<23)) at bit 20 to even, and VPMINUD
+// saturates them (Inf included) at 0x7e; a < 2^-6 takes a*512 converted to
+// an integer (exact, nearest even); NaN gives 0x7f; VPTERNLOGD ORs in the
+// sign (x>>24)&0x80. The four dword vectors are packed to bytes and put in
+// order by VPERMD.
 TEXT ·storeFP8MulAVX512(SB), NOSPLIT, $0-28
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -1638,11 +1642,9 @@ TEXT ·storeFP8MulAVX512(SB), NOSPLIT, $0-28
 	VPBROADCASTD AX, Z13
 	MOVL $0x3c7fffff, AX
 	VPBROADCASTD AX, Z12
-	MOVL $0x43dfffff, AX
+	MOVL $0x80, AX
 	VPBROADCASTD AX, Z11
-	MOVL $0x3c000000, AX
-	VPBROADCASTD AX, Z10
-	MOVL $0x7ffff, AX
+	MOVL $0xc407ffff, AX
 	VPBROADCASTD AX, Z9
 	MOVL $0x7f800000, AX
 	VPBROADCASTD AX, Z8
@@ -1658,83 +1660,71 @@ storeFP8MulAVX512loop:
 	VMOVUPS   0(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z16
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z16
 	VMOVUPS   64(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z17
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z17
 	VMOVUPS   128(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z18
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z18
 	VMOVUPS   192(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z19
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z19
 	VPACKUSDW Z17, Z16, Z16
 	VPACKUSDW Z19, Z18, Z18
 	VPACKUSWB Z18, Z16, Z16
@@ -1750,8 +1740,12 @@ storeFP8MulAVX512loop:
 // func storeFP8MulAVX512NT(dst *byte, src *float32, n int, scale float32)
 // AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
 // multiple of 64; x * scale first (the caller passes 1/scale to a
-// multiplying kernel only when that is exact). Masks replace the blends;
-// the four dword vectors are packed to bytes and put in order by VPERMD.
+// multiplying kernel only when that is exact). Per lane, on a = |x|:
+// normal results round (a - (120<<23)) at bit 20 to even, and VPMINUD
+// saturates them (Inf included) at 0x7e; a < 2^-6 takes a*512 converted to
+// an integer (exact, nearest even); NaN gives 0x7f; VPTERNLOGD ORs in the
+// sign (x>>24)&0x80. The four dword vectors are packed to bytes and put in
+// order by VPERMD.
 TEXT ·storeFP8MulAVX512NT(SB), NOSPLIT, $0-28
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -1763,11 +1757,9 @@ TEXT ·storeFP8MulAVX512NT(SB), NOSPLIT, $0-28
 	VPBROADCASTD AX, Z13
 	MOVL $0x3c7fffff, AX
 	VPBROADCASTD AX, Z12
-	MOVL $0x43dfffff, AX
+	MOVL $0x80, AX
 	VPBROADCASTD AX, Z11
-	MOVL $0x3c000000, AX
-	VPBROADCASTD AX, Z10
-	MOVL $0x7ffff, AX
+	MOVL $0xc407ffff, AX
 	VPBROADCASTD AX, Z9
 	MOVL $0x7f800000, AX
 	VPBROADCASTD AX, Z8
@@ -1783,83 +1775,71 @@ storeFP8MulAVX512NTloop:
 	VMOVUPS   0(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z16
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z16
 	VMOVUPS   64(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z17
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z17
 	VMOVUPS   128(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z18
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z18
 	VMOVUPS   192(SI), Z0
 	VMULPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z19
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z19
 	VPACKUSDW Z17, Z16, Z16
 	VPACKUSDW Z19, Z18, Z18
 	VPACKUSWB Z18, Z16, Z16
@@ -1875,8 +1855,12 @@ storeFP8MulAVX512NTloop:
 // func storeFP8DivAVX512(dst *byte, src *float32, n int, scale float32)
 // AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
 // multiple of 64; x / scale first (the caller passes 1/scale to a
-// multiplying kernel only when that is exact). Masks replace the blends;
-// the four dword vectors are packed to bytes and put in order by VPERMD.
+// multiplying kernel only when that is exact). Per lane, on a = |x|:
+// normal results round (a - (120<<23)) at bit 20 to even, and VPMINUD
+// saturates them (Inf included) at 0x7e; a < 2^-6 takes a*512 converted to
+// an integer (exact, nearest even); NaN gives 0x7f; VPTERNLOGD ORs in the
+// sign (x>>24)&0x80. The four dword vectors are packed to bytes and put in
+// order by VPERMD.
 TEXT ·storeFP8DivAVX512(SB), NOSPLIT, $0-28
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -1888,11 +1872,9 @@ TEXT ·storeFP8DivAVX512(SB), NOSPLIT, $0-28
 	VPBROADCASTD AX, Z13
 	MOVL $0x3c7fffff, AX
 	VPBROADCASTD AX, Z12
-	MOVL $0x43dfffff, AX
+	MOVL $0x80, AX
 	VPBROADCASTD AX, Z11
-	MOVL $0x3c000000, AX
-	VPBROADCASTD AX, Z10
-	MOVL $0x7ffff, AX
+	MOVL $0xc407ffff, AX
 	VPBROADCASTD AX, Z9
 	MOVL $0x7f800000, AX
 	VPBROADCASTD AX, Z8
@@ -1908,83 +1890,71 @@ storeFP8DivAVX512loop:
 	VMOVUPS   0(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z16
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z16
 	VMOVUPS   64(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z17
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z17
 	VMOVUPS   128(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z18
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z18
 	VMOVUPS   192(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z19
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z19
 	VPACKUSDW Z17, Z16, Z16
 	VPACKUSDW Z19, Z18, Z18
 	VPACKUSWB Z18, Z16, Z16
@@ -2000,8 +1970,12 @@ storeFP8DivAVX512loop:
 // func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32)
 // AVX-512 form of storeFP8AVX2: 64 values per iteration, n a positive
 // multiple of 64; x / scale first (the caller passes 1/scale to a
-// multiplying kernel only when that is exact). Masks replace the blends;
-// the four dword vectors are packed to bytes and put in order by VPERMD.
+// multiplying kernel only when that is exact). Per lane, on a = |x|:
+// normal results round (a - (120<<23)) at bit 20 to even, and VPMINUD
+// saturates them (Inf included) at 0x7e; a < 2^-6 takes a*512 converted to
+// an integer (exact, nearest even); NaN gives 0x7f; VPTERNLOGD ORs in the
+// sign (x>>24)&0x80. The four dword vectors are packed to bytes and put in
+// order by VPERMD.
 TEXT ·storeFP8DivAVX512NT(SB), NOSPLIT, $0-28
 	MOVQ dst+0(FP), DI
 	MOVQ src+8(FP), SI
@@ -2013,11 +1987,9 @@ TEXT ·storeFP8DivAVX512NT(SB), NOSPLIT, $0-28
 	VPBROADCASTD AX, Z13
 	MOVL $0x3c7fffff, AX
 	VPBROADCASTD AX, Z12
-	MOVL $0x43dfffff, AX
+	MOVL $0x80, AX
 	VPBROADCASTD AX, Z11
-	MOVL $0x3c000000, AX
-	VPBROADCASTD AX, Z10
-	MOVL $0x7ffff, AX
+	MOVL $0xc407ffff, AX
 	VPBROADCASTD AX, Z9
 	MOVL $0x7f800000, AX
 	VPBROADCASTD AX, Z8
@@ -2033,83 +2005,71 @@ storeFP8DivAVX512NTloop:
 	VMOVUPS   0(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z16
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z16
 	VMOVUPS   64(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z17
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z17
 	VMOVUPS   128(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z18
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z18
 	VMOVUPS   192(SI), Z0
 	VDIVPS    Z15, Z0, Z0
 	VPANDD    Z14, Z0, Z1
-	VPXORD    Z1, Z0, Z2
-	VPSRLD    $24, Z2, Z2
-	VPSUBD    Z10, Z1, Z3
-	VPSRLD    $20, Z3, Z20
+	VPSRLD    $24, Z0, Z2
+	VPSRLD    $20, Z1, Z20
 	VPANDD    Z13, Z20, Z20
-	VPADDD    Z9, Z3, Z3
+	VPADDD    Z9, Z1, Z3
 	VPADDD    Z20, Z3, Z3
 	VPSRLD    $20, Z3, Z3
 	VPMINUD   Z7, Z3, Z3
 	VPCMPUD   $2, Z12, Z1, K1
 	VMULPS    Z6, Z1, Z21
 	VCVTPS2DQ Z21, K1, Z3
-	VPCMPUD   $6, Z11, Z1, K2
-	VMOVDQA32 Z7, K2, Z3
 	VPCMPUD   $6, Z8, Z1, K3
 	VMOVDQA32 Z5, K3, Z3
-	VPORD     Z2, Z3, Z19
+	VPTERNLOGD $0xF8, Z11, Z2, Z3
+	VMOVDQA32 Z3, Z19
 	VPACKUSDW Z17, Z16, Z16
 	VPACKUSDW Z19, Z18, Z18
 	VPACKUSWB Z18, Z16, Z16
