@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvmesh/kvmesh/replication"
 )
 
 // FileConfig is the JSON configuration file of kvmeshd (-config). Every
@@ -32,6 +34,11 @@ type FileConfig struct {
 	RPCTimeout      string   `json:"rpc_timeout"`
 	LocalTiming     bool     `json:"local_timing"`
 	LogLevel        string   `json:"log_level"`
+	// AntiEntropy is the period of anti-entropy rounds ("off" disables
+	// them); StartupPull (default true) refills a node from its peers once
+	// it is back in the ring after a start.
+	AntiEntropy string `json:"anti_entropy"`
+	StartupPull *bool  `json:"startup_pull,omitempty"`
 	// SecurityFileConfig holds tls, insecure, gossip_keyring_file and
 	// auth (security.go).
 	SecurityFileConfig
@@ -91,6 +98,8 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", "period of anti-entropy rounds between replicas (\"off\" disables them)")
+	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
 	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -98,6 +107,7 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *join != "" {
 		fc.Join = strings.Split(*join, ",")
 	}
+	fc.StartupPull = startupPull
 	if *configPath != "" {
 		set := make(map[string]bool)
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -160,6 +170,10 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("dead-grace", &fc.DeadGrace, file.DeadGrace)
 	str("rpc-timeout", &fc.RPCTimeout, file.RPCTimeout)
 	str("log-level", &fc.LogLevel, file.LogLevel)
+	str("anti-entropy", &fc.AntiEntropy, file.AntiEntropy)
+	if !set["startup-pull"] && file.StartupPull != nil {
+		fc.StartupPull = file.StartupPull
+	}
 	if !set["join"] && len(file.Join) > 0 {
 		fc.Join = file.Join
 	}
@@ -207,6 +221,16 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -rpc-timeout: %w", err)
 	}
+	var antiEntropy time.Duration
+	switch fc.AntiEntropy {
+	case "", "0":
+	case "off":
+		antiEntropy = -1
+	default:
+		if antiEntropy, err = time.ParseDuration(fc.AntiEntropy); err != nil || antiEntropy <= 0 {
+			return cfg, fmt.Errorf("kvmeshd: -anti-entropy %q: a positive duration or \"off\"", fc.AntiEntropy)
+		}
+	}
 	var seeds []string
 	for _, s := range fc.Join {
 		if s = strings.TrimSpace(s); s != "" {
@@ -217,7 +241,9 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: fc.GRPC, HTTPAddr: fc.HTTP, GossipAddr: fc.Gossip, RaftAddr: fc.Raft,
 		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DiskBytes: disk, DeadGrace: grace,
 		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming,
-		Logger: slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
+		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
+		Replication:   replication.Config{AntiEntropyInterval: antiEntropy},
+		Logger:        slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
 	}
 	return cfg, fc.securityConfig(&cfg)
 }

@@ -12,13 +12,17 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
 // background runs the node's event loops: meta changes kick replication
-// (rebalancing starts on a new ring epoch instead of at its next poll) and
+// (rebalancing starts on a new ring epoch instead of at its next poll);
 // gossip membership events wake meta's reconcile loop (the leader updates
-// raft and the ring at once instead of at its next tick).
+// raft and the ring at once instead of at its next tick), and a member
+// that joins (or comes back) gets the hints held for it at once; and,
+// once after the start, the startup pull refills this node.
 type background struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -28,7 +32,7 @@ func (n *Node) startBackground() *background {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &background{cancel: cancel}
 	watch, unwatch := n.meta.Watch()
-	b.wg.Add(2)
+	b.wg.Add(3)
 	go func() {
 		defer b.wg.Done()
 		defer unwatch()
@@ -53,15 +57,58 @@ func (n *Node) startBackground() *background {
 			select {
 			case <-ctx.Done():
 				return
-			case _, ok := <-events:
+			case ev, ok := <-events:
 				if !ok {
 					return
 				}
 				n.meta.Reconcile()
+				if ev.Kind == ring.EventJoin && ev.Node.ID != n.cfg.NodeID {
+					n.repl.NodeUp(ev.Node.ID)
+				}
 			}
 		}
 	}()
+	go func() {
+		defer b.wg.Done()
+		n.startupPull(ctx)
+	}()
 	return b
+}
+
+// startupPull waits until this node is back in the ring with a known
+// leader, then refills it from its peers once (replication.StartupPull):
+// the DRAM tier comes back empty from a restart, and anti-entropy alone
+// would take its interval (5 min by default) to notice.
+func (n *Node) startupPull(ctx context.Context) {
+	if n.cfg.NoStartupPull {
+		return
+	}
+	watch, unwatch := n.meta.Watch()
+	defer unwatch()
+	t := time.NewTicker(time.Second) // Ready also depends on the leader's address
+	defer t.Stop()
+	for n.Ready() != nil {
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-watch:
+			if !ok {
+				return
+			}
+		case <-t.C:
+		}
+	}
+	start := time.Now()
+	st, err := n.repl.StartupPull(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	log := n.log.Info
+	if err != nil {
+		log = n.log.Warn
+	}
+	log("node: startup pull", "keys", st.Pulled, "bytes", st.BytesPulled, "peers", st.Peers,
+		"tombstones", st.Deletes, "refused", st.Refused, "took", time.Since(start).Round(time.Millisecond), "err", err)
 }
 
 func (b *background) stop() {
@@ -164,14 +211,17 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 		return out, nil
 	}
 	report("leaving", &st)
+	// Committed through raft when it returns nil; an error (no leader
+	// reachable, ctx over) leaves the node a member, and the drain fails.
 	if err := n.Leave(ctx); err != nil {
 		return out, err
 	}
 	out.Left = true
-	// Wait until this node is out of the ring (the leader acts on the
-	// gossip leave), so no new write names it, then copy whatever was
-	// written to it meanwhile. The leader removes this node from raft as
-	// well, so its own ring may never show the removal: ask the others.
+	// The leader's ring lacks this node now. Wait until the others serve
+	// that ring too, so that no new write names this node, then copy
+	// whatever was written to it meanwhile. The leader removed this node
+	// from raft as well, so its own ring may never show the removal: ask
+	// the others.
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	in := n.inRingElsewhere(wctx)
 	for in && wctx.Err() == nil {
@@ -183,7 +233,7 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 	}
 	cancel()
 	if in {
-		n.log.Warn("node: still in the ring after leaving; sweeping anyway")
+		n.log.Warn("node: the others still serve a ring with this node after its leave committed; sweeping anyway")
 	}
 	st, err = pass("leaving")
 	if err != nil && !errors.Is(err, replication.ErrNoReplicas) {
@@ -240,6 +290,10 @@ func (s *clientService) Drain(req *api.DrainRequest, st grpc.ServerStreamingServ
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, replication.ErrNoReplicas):
 		return status.Error(codes.FailedPrecondition, "node: no other member to drain to")
+	case errors.Is(err, meta.ErrLastVoter):
+		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, meta.ErrNoLeader):
+		return status.Error(codes.DeadlineExceeded, err.Error())
 	case err != nil:
 		return err
 	}

@@ -71,6 +71,12 @@ type Config struct {
 	// LocalTiming tunes gossip and raft for nodes on one machine (tests,
 	// `kvmesh local-cluster`): failures are noticed in about a second.
 	LocalTiming bool
+	// NoStartupPull turns off the pull pass a node runs once it is back in
+	// the ring after a start (replication.StartupPull): a DRAM-only node
+	// comes back empty, and without it waits for the others' anti-entropy
+	// rounds (Replication.AntiEntropyInterval, default 5 min) and read
+	// repair to refill it.
+	NoStartupPull bool
 	// Replication tunes the replication package (hints, repair,
 	// rebalancing, anti-entropy); NodeID, Store, Transport, Placement,
 	// Quorum, DataDir (DataDir/replication), Limits and Logger are set by
@@ -161,6 +167,10 @@ func (c Config) withDefaults() (Config, error) {
 type Node struct {
 	cfg Config
 	log *slog.Logger
+	// incarnation tells this run of the node from its other runs (gossip
+	// metadata and meta.Config.Incarnation): a node that left explicitly
+	// is admitted back only with another one.
+	incarnation uint64
 
 	store  *kvtier.Store
 	meta   *meta.Store
@@ -190,7 +200,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID)}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), incarnation: uint64(time.Now().UnixNano())}
 	if n.sec, err = newSecurity(cfg); err != nil {
 		return nil, err
 	}
@@ -246,6 +256,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		BootstrapExpect: cfg.BootstrapExpect,
 		Forward:         forwarder{n},
 		GRPCAddr:        n.GRPCAddr(),
+		Incarnation:     n.incarnation,
 		DeadGrace:       cfg.DeadGrace,
 		Logger:          n.log,
 		TLS:             n.sec.metaTLS(),
@@ -273,7 +284,8 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		BindPort: gport,
 		Meta: ring.NodeMeta{
 			ID: cfg.NodeID, GRPCAddr: n.GRPCAddr(), RaftAddr: n.meta.RaftAddr(), HTTPAddr: n.HTTPAddr(),
-			Capacity: ring.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
+			Capacity:    ring.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
+			Incarnation: n.incarnation,
 		},
 		Seeds:   cfg.Seeds,
 		Logger:  n.log,
@@ -404,21 +416,31 @@ func (n *Node) Ready() error {
 // Meta is the node's metadata store (for tests and tools in process).
 func (n *Node) Meta() *meta.Store { return n.meta }
 
-// Leave announces a graceful departure to the cluster, so the leader
-// removes this node from the ring at once rather than after DeadGrace. A
-// leader first hands raft leadership to another voter (meta.Leave), so the
-// cluster does not wait out an election timeout. It moves no data: Drain
-// does.
+// Leave takes this node out of the cluster for good: through raft
+// (meta.Leave: a leader first hands over leadership, then the leader
+// removes the node from the ring and the raft configuration and
+// tombstones this incarnation) and then through gossip, which only tells
+// the others sooner. It fails, and the node stays a member, when the
+// removal is not committed before ctx ends. It moves no data: Drain does.
+// A node restarted afterwards (a new incarnation) joins again.
 func (n *Node) Leave(ctx context.Context) error {
-	if n.gossip == nil {
+	if n.meta == nil || n.gossip == nil {
 		return nil
 	}
 	if err := n.meta.Leave(ctx); err != nil {
-		// Still leave gossip: the others then elect a leader themselves.
-		n.log.Warn("node: leadership transfer before leaving", "err", err)
+		return fmt.Errorf("node: leave: %w", err)
 	}
-	return n.gossip.Leave(ctx)
+	gctx, cancel := context.WithTimeout(ctx, gossipLeaveTimeout)
+	defer cancel()
+	if err := n.gossip.Leave(gctx); err != nil {
+		// Committed already: gossip is only the fast path.
+		n.log.Warn("node: gossip leave", "err", err)
+	}
+	return nil
 }
+
+// gossipLeaveTimeout bounds the gossip leave after the committed one.
+const gossipLeaveTimeout = 5 * time.Second
 
 // Close stops serving and releases everything. It does not leave the
 // cluster: a node restarted with the same ID and data directory rejoins.

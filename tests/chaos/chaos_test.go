@@ -1,9 +1,9 @@
 // Package chaos is the chaos suite (DESIGN.md section 8): five real
 // kvmeshd processes on 127.0.0.11-15 under a client workload, with faults
 // from a seeded schedule (SIGKILL and restart, SIGSTOP/SIGCONT, iptables
-// partitions, a rolling restart, a join, killing the raft leader; a drain
-// with KVMESH_CHAOS_DRAIN=1 while its known bug stands) and a checker over
-// the recorded history. KVMESH_CHAOS_SEED replays a schedule
+// partitions, a rolling restart, a join, killing the raft leader, and last
+// a drain, which KVMESH_CHAOS_DRAIN=0 skips) and a checker over the
+// recorded history. KVMESH_CHAOS_SEED replays a schedule
 // (the faults, victims and durations; the workload's interleaving with
 // them depends on timing); KVMESH_CHAOS_KEEP=1 keeps the run folder even
 // when the run passes; KVMESH_CHAOS_STRICT=1 also fails a run whose

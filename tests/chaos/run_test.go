@@ -109,16 +109,14 @@ func (r *run) main(ctx context.Context) {
 		r.scenario(ctx, f.name, func(ctx context.Context) error { return f.fn(ctx, sched) })
 	}
 	// Last: the drained node leaves for good, and the final check runs on
-	// the four that remain.
-	// The drain scenario finds a known bug (a drained node's leave is
-	// often not seen by the raft leader, so it stays in raft and the ring
-	// until DeadGrace; seeds 1795958201129857502 and 1795959904722858855
-	// show it). Until that is fixed it runs only with KVMESH_CHAOS_DRAIN=1,
-	// so that every CI run is not red for one known cause.
-	if os.Getenv("KVMESH_CHAOS_DRAIN") != "" {
-		r.scenario(ctx, "drain", func(ctx context.Context) error { return r.drain(ctx, sched) })
+	// the four that remain. KVMESH_CHAOS_DRAIN=0 skips it (to bisect
+	// another finding); the drain bug it once found (a leave that only
+	// gossip carried, lost when the leader held the node failed) is fixed:
+	// seeds 1795958201129857502 and 1795959904722858855 showed it.
+	if os.Getenv("KVMESH_CHAOS_DRAIN") == "0" {
+		r.skip("drain", "KVMESH_CHAOS_DRAIN=0")
 	} else {
-		r.skip("drain", "known bug: a drained node stays a raft and ring member (set KVMESH_CHAOS_DRAIN=1 to run it)")
+		r.scenario(ctx, "drain", func(ctx context.Context) error { return r.drain(ctx, sched) })
 	}
 	if r.inj == nil {
 		r.skip("injection", r.injWhy)

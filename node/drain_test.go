@@ -1,0 +1,156 @@
+package node
+
+import (
+	"context"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/ring"
+)
+
+// TestDrainWhenGossipLeaveIsLost reproduces the drain bug of issue 7 in
+// process: the node being drained has lost touch with the others in
+// gossip (here its gossip is stopped, so the leader holds it failed, as
+// after a partition), so no gossip leave can reach the leader, and with
+// DeadGrace at 1 h nothing else would remove it. The drain must still
+// take it out of the ring and raft (through raft, acknowledged) before it
+// reports success, and nothing it held may be lost.
+func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
+	nodes, _ := startReplCluster(t, 4)
+	var leader, drained *Node
+	for _, nd := range nodes {
+		if nd.meta.IsLeader() {
+			leader = nd
+		} else if drained == nil {
+			drained = nd
+		}
+	}
+	if leader == nil || drained == nil {
+		t.Fatal("no leader or follower")
+	}
+	var rest []*Node
+	for _, nd := range nodes {
+		if nd != drained {
+			rest = append(rest, nd)
+		}
+	}
+	c := newClient(t, rest...)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+		t.Fatal(err)
+	}
+	chunks := makeChunks(t, 23, 30)
+	for i, ch := range chunks {
+		if _, err := c.Put(ctx, ch.blob); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	epoch := leader.meta.Ring().Epoch()
+
+	// The drained node's gossip goes silent; the leader holds it failed.
+	if err := drained.gossip.Shutdown(); err != nil {
+		t.Fatal(err)
+	}
+	waitForTB(t, 30*time.Second, "the leader to hold "+drained.ID()+" failed", func() bool {
+		for _, st := range leader.gossip.Status() {
+			if st.Meta.ID == drained.ID() {
+				return st.State == ring.StateFailed
+			}
+		}
+		return false
+	})
+	if !leader.meta.Ring().Contains(drained.ID()) {
+		t.Fatal("removed before the drain (DeadGrace is 1 h)")
+	}
+
+	last, err := c.Drain(ctx, drained.GRPCAddr(), false, nil)
+	if err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+	if !last.Left || last.Phase != "done" {
+		t.Fatalf("last progress %v, want done and left", last)
+	}
+	// Acknowledged through raft: already true on the leader of the time.
+	l := leader
+	if !l.meta.IsLeader() {
+		for _, nd := range rest {
+			if nd.meta.IsLeader() {
+				l = nd
+			}
+		}
+	}
+	if rg := l.meta.Ring(); rg.Contains(drained.ID()) || rg.Epoch() <= epoch {
+		t.Fatalf("after the drain the leader's ring holds %s (epoch %d, was %d)", drained.ID(), rg.Epoch(), epoch)
+	}
+	servers, err := l.meta.Servers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(servers, func(s meta.Server) bool { return s.ID == drained.ID() }) {
+		t.Fatalf("raft still holds %s: %v", drained.ID(), servers)
+	}
+	waitRing(t, rest, 3)
+	if err := drained.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checkReadable(t, ctx, rest[0], chunks)
+}
+
+// TestDaemonRefillFlags: -anti-entropy and -startup-pull (or the file's
+// anti_entropy and startup_pull) reach the node configuration.
+func TestDaemonRefillFlags(t *testing.T) {
+	dir := t.TempDir()
+	no, yes := false, true
+	base := FileConfig{ID: "x", DataDir: dir, LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}
+	tests := []struct {
+		name        string
+		ae          string
+		pull        *bool
+		wantAE      time.Duration
+		wantNoPull  bool
+		wantFailure bool
+	}{
+		{"defaults", "", nil, 0, false, false},
+		{"interval", "30s", &yes, 30 * time.Second, false, false},
+		{"off", "off", &no, -1, true, false},
+		{"negative", "-1s", nil, 0, false, true},
+		{"garbage", "soon", nil, 0, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := base
+			fc.AntiEntropy, fc.StartupPull = tc.ae, tc.pull
+			cfg, err := fc.Config(io.Discard)
+			if tc.wantFailure {
+				if err == nil {
+					t.Fatal("accepted")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Replication.AntiEntropyInterval != tc.wantAE || cfg.NoStartupPull != tc.wantNoPull {
+				t.Fatalf("anti-entropy %v, no startup pull %v", cfg.Replication.AntiEntropyInterval, cfg.NoStartupPull)
+			}
+		})
+	}
+	path := filepath.Join(dir, "kvmeshd.json")
+	if err := os.WriteFile(path, []byte(`{"anti_entropy": "1m", "startup_pull": false}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fc := base
+	fc.AntiEntropy, fc.StartupPull = "5m", &yes
+	if err := mergeFile(path, &fc, map[string]bool{"anti-entropy": true}); err != nil {
+		t.Fatal(err)
+	}
+	if fc.AntiEntropy != "5m" || fc.StartupPull == nil || *fc.StartupPull {
+		t.Fatalf("merged anti-entropy %q startup pull %v", fc.AntiEntropy, fc.StartupPull)
+	}
+}
