@@ -309,3 +309,55 @@ func BenchmarkGatherF32(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDecodeThenInject measures the int8 and int4 entry path as it runs
+// today: chunk.DecodeRange of the bench chunk into a bf16 buffer, layer by
+// layer (the buffer stays in cache), then the fused inject of that layer
+// into the cache, one worker. It reports the share of the time the decode
+// takes (decode-share): a fused dequantization could at best remove the
+// inject's reading of the decoded layer, not the decode itself.
+func BenchmarkDecodeThenInject(b *testing.B) {
+	for _, codec := range []chunk.Codec{chunk.CodecInt8, chunk.CodecInt4} {
+		b.Run(codec.String(), func(b *testing.B) {
+			j := benchJob(b, chunk.BF16, chunk.BF16, NHD)
+			layers := len(j.Dst)
+			e := &chunk.Entry{Key: chunk.Key{Context: chunk.Context{Kind: chunk.ContextStandalone}}, DType: chunk.BF16, Layers: layers, KVHeads: j.SrcHeads, HeadDim: j.Layout.HeadDim,
+				Tokens: make([]uint32, j.Tokens), KV: j.Src}
+			blob, err := chunk.Encode(nil, e, codec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			hd, err := chunk.ParseHeader(blob, chunk.Limits{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			in := NewInjector(Config{Workers: 1})
+			defer in.Close()
+			ctx := context.Background()
+			lb := len(j.Src) / layers
+			layer := make([]byte, lb)
+			one := *j
+			one.Src = layer
+			var tDecode, tInject time.Duration
+			b.SetBytes(int64(writtenBytes(j)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				for l := 0; l < layers; l++ {
+					t0 := time.Now()
+					if err := chunk.DecodeRange(layer, blob, &hd, chunk.Range{LayerLo: l, LayerHi: l + 1}, nil); err != nil {
+						b.Fatal(err)
+					}
+					t1 := time.Now()
+					one.Dst = j.Dst[l : l+1]
+					if err := in.Inject(ctx, &one); err != nil {
+						b.Fatal(err)
+					}
+					tDecode += t1.Sub(t0)
+					tInject += time.Since(t1)
+				}
+			}
+			b.ReportMetric(tDecode.Seconds()/(tDecode+tInject).Seconds(), "decode-share")
+		})
+	}
+}
