@@ -33,9 +33,16 @@ func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32, k isa) {
 		copy(unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(dst))), 4*len(dst)), src)
 		return
 	}
-	if n := len(dst) &^ 15; n > 0 && dt == chunk.FP8E4M3 && k.avx512 {
-		widenFP8AVX512(&dst[0], &src[0], n, scale)
-		dst, src = dst[n:], src[n:]
+	if n := len(dst) &^ 31; n > 0 && k.avx512 {
+		switch dt {
+		case chunk.BF16:
+			widenBF16AVX512(&dst[0], &src[0], n)
+		case chunk.F16:
+			widenF16AVX512(&dst[0], &src[0], n)
+		case chunk.FP8E4M3:
+			widenFP8AVX512(&dst[0], &src[0], n, scale)
+		}
+		dst, src = dst[n:], src[n*dt.Size():]
 	}
 	if n := len(dst) &^ 7; n > 0 && k.avx2 {
 		switch dt {

@@ -188,9 +188,16 @@ func TestConvertSIMDMatchesGo(t *testing.T) {
 				chunk.FP8E4M3: func() { widenFP8AVX2(&got[0], &src[0], n, scale) },
 			}
 			widen[dt]()
-			if dt == chunk.FP8E4M3 && hasAVX512() && scale != 1 {
-				// The AVX-512 form, on the second pass.
-				widenFP8AVX512(&got[0], &src[0], n, scale)
+			if hasAVX512() && scale != 1 {
+				// The AVX-512 forms, on the second pass.
+				switch dt {
+				case chunk.BF16:
+					widenBF16AVX512(&got[0], &src[0], n)
+				case chunk.F16:
+					widenF16AVX512(&got[0], &src[0], n)
+				case chunk.FP8E4M3:
+					widenFP8AVX512(&got[0], &src[0], n, scale)
+				}
 			}
 			for i := 0; i < n; i++ {
 				var want float32

@@ -141,3 +141,12 @@ func narrowBF16AVX512BF16(dst *byte, src *float32, n int)
 
 //go:noescape
 func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)
+
+// widenBF16AVX512 and widenF16AVX512 are the AVX2 widenings 32 values at a
+// time; n is a positive multiple of 32.
+//
+//go:noescape
+func widenBF16AVX512(dst *float32, src *byte, n int)
+
+//go:noescape
+func widenF16AVX512(dst *float32, src *byte, n int)

@@ -2216,3 +2216,43 @@ narrowBF16AVX512BF16NTfix:
 	KUNPCKWD  K1, K2, K7
 	VMOVDQU16 Z20, K7, Z16
 	JMP       narrowBF16AVX512BF16NTstore
+
+// func widenBF16AVX512(dst *float32, src *byte, n int)
+// widenBF16AVX2 32 values at a time; n is a positive multiple of 32.
+TEXT ·widenBF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+wbf16zloop:
+	VPMOVZXWD (SI), Z0
+	VPMOVZXWD 32(SI), Z1
+	VPSLLD    $16, Z0, Z0
+	VPSLLD    $16, Z1, Z1
+	VMOVUPS   Z0, (DI)
+	VMOVUPS   Z1, 64(DI)
+	ADDQ      $64, SI
+	ADDQ      $128, DI
+	SUBQ      $32, CX
+	JNZ       wbf16zloop
+	VZEROUPPER
+	RET
+
+// func widenF16AVX512(dst *float32, src *byte, n int)
+// widenF16AVX2 32 values at a time; n is a positive multiple of 32.
+TEXT ·widenF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+
+wf16zloop:
+	VCVTPH2PS (SI), Z0
+	VCVTPH2PS 32(SI), Z1
+	VMOVUPS   Z0, (DI)
+	VMOVUPS   Z1, 64(DI)
+	ADDQ      $64, SI
+	ADDQ      $128, DI
+	SUBQ      $32, CX
+	JNZ       wf16zloop
+	VZEROUPPER
+	RET

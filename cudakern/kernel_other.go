@@ -78,3 +78,6 @@ func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32) { panic(
 func widenFP8AVX512(dst *float32, src *byte, n int, scale float32)      { panic("cudakern: no SIMD") }
 func narrowBF16AVX512BF16(dst *byte, src *float32, n int)               { panic("cudakern: no SIMD") }
 func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)             { panic("cudakern: no SIMD") }
+
+func widenBF16AVX512(dst *float32, src *byte, n int) { panic("cudakern: no SIMD") }
+func widenF16AVX512(dst *float32, src *byte, n int)  { panic("cudakern: no SIMD") }
