@@ -52,7 +52,10 @@ import (
 // Optional: KVMESH_REBALANCE_CHUNK_TOKENS (16: 2 MiB chunks of a
 // Llama-3-8B-shaped f16 model), KVMESH_REBALANCE_DRAM (per-node DRAM
 // budget, default 1.5x a node's third plus 512 MiB), KVMESH_REBALANCE_BASELINE
-// (15s of Gets before the join), KVMESH_REBALANCE_WRITERS (4).
+// (15s of Gets before the join), KVMESH_REBALANCE_WRITERS (4),
+// KVMESH_REBALANCE_TIER=disk (the data on a disk tier behind 256 MiB of
+// DRAM), KVMESH_REBALANCE_PPROF=DIR (20 s CPU profiles of r1 and r4 from
+// the start of the rebalance), KVMESH_REBALANCE_TIMEOUT (50m).
 func BenchmarkRebalance10G(b *testing.B) {
 	total := envBytes(b, "KVMESH_REBALANCE_BYTES", 0)
 	if total == 0 {
@@ -192,6 +195,8 @@ func BenchmarkRebalance10G(b *testing.B) {
 	var tRing, tDone time.Time
 	peakRSS := map[string]float64{}
 	var last, atRing []metricSet
+	var profWG sync.WaitGroup
+	defer profWG.Wait()
 	type point struct {
 		at    time.Time
 		moved []float64 // per node
@@ -218,6 +223,17 @@ func BenchmarkRebalance10G(b *testing.B) {
 		}
 		if ringOK && tRing.IsZero() {
 			tRing, atRing = time.Now(), ms
+			if dir := os.Getenv("KVMESH_REBALANCE_PPROF"); dir != "" {
+				for _, n := range []*benchProc{nodes[0], n4} {
+					profWG.Add(1)
+					go func() {
+						defer profWG.Done()
+						if err := cpuProfile(ctx, n.addrs["http"], filepath.Join(dir, n.id+".pprof"), 20*time.Second); err != nil {
+							b.Logf("profile %s: %v", n.id, err)
+						}
+					}()
+				}
+			}
 		}
 		if ringOK && entriesOK && pending == 0 {
 			tDone = time.Now()
@@ -651,6 +667,29 @@ func scrape(ctx context.Context, addr string) (metricSet, error) {
 		m[line[:i]] = v
 	}
 	return m, nil
+}
+
+// cpuProfile saves a CPU profile of the node at addr (/debug/pprof).
+func cpuProfile(ctx context.Context, addr, path string, d time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, d+30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())), nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("status %s", resp.Status)
+	}
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, body, 0o644)
 }
 
 func entriesOf(ms []metricSet) []float64 {
