@@ -130,10 +130,10 @@ func TestStoreFP8SIMD(t *testing.T) {
 	}
 }
 
-// TestStoreFP8AVX512Exhaustive: every float32 whose low 8 bits are one of
-// a few patterns (so every sign, exponent and the 15 top mantissa bits,
-// which decide every rounding of e4m3), through the AVX-512 store, against
-// chunk.F32ToFP8E4M3.
+// TestStoreFP8AVX512Exhaustive: every float32 whose low 8 bits are 0 or 1
+// (so every sign, exponent and top 15 mantissa bits, with and without a
+// sticky bit below them: every case of e4m3's rounding), through the
+// AVX-512 store, against chunk.F32ToFP8E4M3.
 func TestStoreFP8AVX512Exhaustive(t *testing.T) {
 	if !hasAVX512() {
 		t.Skip("no AVX-512 kernels on this machine")
@@ -144,7 +144,7 @@ func TestStoreFP8AVX512Exhaustive(t *testing.T) {
 	const n = 1 << 16
 	src := make([]float32, n)
 	got := make([]byte, n)
-	for _, low := range []uint32{0, 1, 0x80, 0xff} {
+	for _, low := range []uint32{0, 1} {
 		for hi := uint32(0); hi < 1<<24; hi += n {
 			for i := range src {
 				src[i] = math.Float32frombits((hi+uint32(i))<<8 | low)
