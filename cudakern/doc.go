@@ -20,13 +20,17 @@
 // should declare the small interface they need (for example one with the
 // Inject method) rather than depend on the concrete type.
 //
-// Speed: on amd64 with AVX2 (and AVX-512 where present) NeoX rotations
-// between equal f32, f16 or bf16 dtypes and fp8 stores run in assembly
-// (kernel_amd64.s); they give the same bits as the Go code, which the tests
-// check on arbitrary bit patterns. Jobs over 4 MiB store non-temporally, so
-// the cache lines they overwrite are not read first. GPT-J pairing, dtype
-// conversions other than those, and other architectures use the portable Go
-// path; the build tag purego forces it everywhere.
+// Speed: on amd64 with AVX2 (AVX-512 and AVX512-BF16 where present) every
+// path is vectorised (kernel_amd64.s), with the same bits as the Go code,
+// which the tests check on arbitrary bit patterns. Same-dtype NeoX jobs
+// rotate in registers, one kernel call per token covering all its heads
+// with one cos/sin row (kept in L1); values of the same dtype are copied.
+// Other pairs (fp8 in either direction, dtype changes, GPT-J pairing) go
+// through a float32 scratch vector per token: widen all heads, rotate them
+// with one call, round them with one call. Jobs over 4 MiB store
+// non-temporally (whole aligned lines), so the cache lines they overwrite
+// are not read first. The build tag purego, or another architecture, gives
+// the portable Go path.
 //
 // Precision, everywhere in this package: the rotation angle is the float32
 // product float32(position) * inv_freq[i]; cos and sin are computed in
