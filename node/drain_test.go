@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -153,4 +154,84 @@ func TestDaemonRefillFlags(t *testing.T) {
 	if fc.AntiEntropy != "5m" || fc.StartupPull == nil || *fc.StartupPull {
 		t.Fatalf("merged anti-entropy %q startup pull %v", fc.AntiEntropy, fc.StartupPull)
 	}
+}
+
+// TestRestartedNodeRefills: a DRAM-only node that restarts comes back
+// empty; without any read or write it holds its keys again from the
+// startup pull, long before anti-entropy (5 min by default, off here)
+// would run. With the pull off, nothing refills it.
+func TestRestartedNodeRefills(t *testing.T) {
+	tests := []struct {
+		name   string
+		noPull bool
+	}{
+		{"startup pull", false},
+		{"no startup pull", true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			nodes, cfgs := startReplCluster(t, 3)
+			c := newClient(t, nodes[0], nodes[1])
+			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			defer cancel()
+			if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+				t.Fatal(err)
+			}
+			chunks := makeChunks(t, 29, 24)
+			for i, ch := range chunks {
+				if _, err := c.Put(ctx, ch.blob); err != nil {
+					t.Fatalf("put %d: %v", i, err)
+				}
+			}
+			// R=3 on 3 nodes: n3 holds every chunk once the writes'
+			// stragglers are done.
+			waitForTB(t, 30*time.Second, "n3 to hold every chunk", func() bool {
+				return len(holdersOf(nodes[2], chunks)) == len(chunks)
+			})
+			// The others' own startup pulls (rounds retried while the
+			// ring formed) push too: let them end first.
+			waitForTB(t, 60*time.Second, "the startup pulls of the first start to end", func() bool {
+				for _, nd := range nodes {
+					if nd.repl.Metrics().PullRunning != 0 {
+						return false
+					}
+				}
+				return true
+			})
+			if err := nodes[2].Close(); err != nil {
+				t.Fatal(err)
+			}
+			cfg := cfgs[2]
+			cfg.NoStartupPull = tc.noPull
+			cfg.Replication.AntiEntropyInterval = -1
+			cfg.Replication.ReadRepairChance = -1
+			back := startConfigured(t, cfg)
+			waitRing(t, []*Node{nodes[0], nodes[1], back}, 3)
+			if tc.noPull {
+				// Bounded look for a refill that must not happen.
+				time.Sleep(2 * time.Second)
+				if n := len(holdersOf(back, chunks)); n != 0 {
+					t.Fatalf("%d chunks refilled without the startup pull: %+v; n1 %+v", n, back.repl.Metrics(), nodes[0].repl.Metrics())
+				}
+				return
+			}
+			waitForTB(t, 30*time.Second, "the restarted n3 refilled", func() bool {
+				return len(holdersOf(back, chunks)) == len(chunks)
+			})
+			waitForTB(t, 30*time.Second, "the startup pull to end", func() bool { return back.repl.Metrics().PullRunning == 0 })
+			if m := back.repl.Metrics(); m.PullKeys != int64(len(chunks)) || m.PullRounds < 1 {
+				t.Fatalf("pull metrics %+v, want %d keys", m, len(chunks))
+			}
+		})
+	}
+}
+
+func holdersOf(nd *Node, chunks []testChunk) []chunk.Key {
+	var out []chunk.Key
+	for _, ch := range chunks {
+		if nd.store.Contains(ch.key) {
+			out = append(out, ch.key)
+		}
+	}
+	return out
 }
