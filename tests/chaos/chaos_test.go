@@ -1,5 +1,7 @@
 // Package chaos is the chaos suite (DESIGN.md section 8): five real
-// kvmeshd processes on 127.0.0.11-15 under a client workload, with faults
+// kvmeshd processes on 127.0.0.11-15 under a client workload (puts, gets,
+// lookups, model registrations, and injections into an engine cache in
+// shared memory registered with each node: see inject_test.go), with faults
 // from a seeded schedule (SIGKILL and restart, SIGSTOP/SIGCONT, iptables
 // partitions, a rolling restart, a join, killing the raft leader, and last
 // a drain, which KVMESH_CHAOS_DRAIN=0 skips) and a checker over the
