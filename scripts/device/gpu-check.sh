@@ -23,6 +23,7 @@
 #      CGO_CFLAGS=-I/tmp/nf/x/usr/include \
 #      CGO_LDFLAGS=-L/tmp/nf/x/usr/lib/x86_64-linux-gnu/stubs \
 #        go test -tags cuda -c -o out/gpu-check/kvtier_cuda.test ./kvtier
+#      git rev-parse HEAD >out/gpu-check/BUILT_AT   # printed by the script
 #
 #    The binary links libcuda.so.1 (the driver's, there) and glibc >= 2.34.
 #
@@ -61,15 +62,17 @@ run_binary() {
 }
 
 if [[ -x $PAYLOAD/kvtier_cuda.test ]]; then
-	echo "== payload A: prebuilt test binary"
-	if "$PAYLOAD/kvtier_cuda.test" -test.list 'TestCUDACopies' >/dev/null; then
+	echo "== payload A: prebuilt test binary, built at $(cat $PAYLOAD/BUILT_AT 2>/dev/null || echo '?')"
+	# gorgonia.org/cu's init exits the process when no driver or GPU answers.
+	if probe=$("$PAYLOAD/kvtier_cuda.test" -test.list 'TestCUDACopies' 2>&1); then
 		# Tests read and write temp dirs only; run from the package dir anyway
 		# so that relative testdata paths resolve.
 		cd kvtier
 		run_binary "../$PAYLOAD/kvtier_cuda.test"
 		exit 0
 	fi
-	echo "prebuilt binary does not start here; trying payload B"
+	echo "prebuilt binary does not start here: $probe"
+	echo "trying payload B"
 fi
 
 if [[ -f $PAYLOAD/go.tar.xz && -f $PAYLOAD/vendor.tar.xz ]]; then
