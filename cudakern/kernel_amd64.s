@@ -568,7 +568,6 @@ nthead:
 	MOVQ SI, R13
 
 ntloop:
-	PREFETCHNTA 0x200(SI)
 	VMOVDQU  (SI), Y0
 	VMOVDQU  32(SI), Y1
 	VMOVNTDQ Y0, (DI)
