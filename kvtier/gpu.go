@@ -138,11 +138,25 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 		}
 		s.demoteGPU(ctx, v.owner)
 	}
-	if err := s.cfg.GPU.Write(ptr, 0, b); err != nil {
-		_ = s.cfg.GPU.Free(ptr)
-		return nil, fmt.Errorf("kvtier: device write: %w", err)
-	}
+	// Charge the bytes before the lock is released for the copy (which
+	// takes milliseconds for a large entry on a real device), so that a
+	// concurrent promotion sees them; e is busy, so nothing else moves it.
 	ts.used += need
+	var werr error
+	s.unlocked(func() { werr = s.cfg.GPU.Write(ptr, 0, b) })
+	if werr == nil && s.closed {
+		werr = ErrClosed
+	}
+	if werr != nil {
+		ts.used -= need
+		if !s.freed {
+			_ = s.cfg.GPU.Free(ptr)
+		}
+		if errors.Is(werr, ErrClosed) {
+			return nil, werr
+		}
+		return nil, fmt.Errorf("kvtier: device write: %w", werr)
+	}
 	c := &devCopy{ptr: ptr, size: need}
 	if e.dead { // deleted meanwhile: its other copies are ours to drop
 		c.detached = true
@@ -170,16 +184,20 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 	s.leavePolicy(e, true)
 	e.busy = true
 	c, err := s.allocDRAM(ctx, e.size)
+	if err == nil && !e.dead && e.dev.pins == 0 {
+		// The copy runs without the lock; e stays busy, so only a pin
+		// (checked below) or a delete (e.dead) can happen to it meanwhile.
+		dev := e.dev
+		s.unlocked(func() { err = s.cfg.GPU.Read(dev.ptr, 0, c.span.view) })
+	}
 	s.idle(e)
 	if err == nil && !e.dead && e.dev.pins > 0 {
-		// Pinned while DRAM made room: pins win, it stays on the GPU.
+		// Pinned while DRAM made room or the bytes came over: pins win,
+		// it stays on the GPU.
 		c.detached = true
 		s.maybeFreeDRAM(c)
 		s.admit(TierGPU, e, e.dev.size)
 		return
-	}
-	if err == nil && !e.dead {
-		err = s.cfg.GPU.Read(e.dev.ptr, 0, c.span.view)
 	}
 	if err != nil || e.dead {
 		if c != nil {

@@ -5,7 +5,23 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 )
+
+// slowDevice is a host device whose copies take a while, as a real
+// device's do, so that the tests' goroutines meet the Store while it has
+// released its lock around them.
+type slowDevice struct{ *HostDevice }
+
+func (d slowDevice) Write(p DevicePtr, off int64, src []byte) error {
+	time.Sleep(200 * time.Microsecond)
+	return d.HostDevice.Write(p, off, src)
+}
+
+func (d slowDevice) Read(p DevicePtr, off int64, dst []byte) error {
+	time.Sleep(200 * time.Microsecond)
+	return d.HostDevice.Read(p, off, dst)
+}
 
 // testDevice is a DeviceMemory the tests can ask how much it holds.
 type testDevice interface {
@@ -24,6 +40,7 @@ type deviceMaker struct {
 func deviceMakers() []deviceMaker {
 	return append([]deviceMaker{
 		{"host", func(_ testing.TB, capacity int64) testDevice { return NewHostDevice(capacity) }},
+		{"slow", func(_ testing.TB, capacity int64) testDevice { return slowDevice{NewHostDevice(capacity)} }},
 		{"slab", func(t testing.TB, capacity int64) testDevice {
 			d, err := NewSlabDevice(newHostSlab(1<<40, capacity), SlabConfig{})
 			if err != nil {

@@ -873,8 +873,22 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 			if e.pol != nil {
 				e.pol.touch(&e.pn)
 			}
+			// Pin the device copy and read it without the lock: a
+			// device-to-host copy of a large entry takes milliseconds.
+			c := e.dev
+			if c.pins == 0 {
+				s.pinnedBytes[TierGPU].Add(c.size)
+			}
+			c.pins++
 			b := make([]byte, e.size)
-			if err := s.cfg.GPU.Read(e.dev.ptr, 0, b); err != nil {
+			var err error
+			s.unlocked(func() { err = s.cfg.GPU.Read(c.ptr, 0, b) })
+			c.pins--
+			if c.pins == 0 {
+				s.pinnedBytes[TierGPU].Add(-c.size)
+			}
+			s.maybeFreeDev(c)
+			if err != nil {
 				return nil, fmt.Errorf("kvtier: reading device copy: %w", err)
 			}
 			return &Handle{s: s, b: b, tier: TierGPU}, nil
