@@ -283,9 +283,10 @@ func (n *Node) remoteGossipKey(ctx context.Context, addr string, op api.GossipKe
 
 // GossipKeys applies one rotation step on every live member. A step that
 // changes keys first lists every member's keys and changes nothing (an
-// Aborted status naming the members) if one does not answer, if USE names
-// a key some member lacks, or if REMOVE names a key that is some member's
-// primary: a rotation step is all or nothing as far as it can be checked.
+// Aborted status naming the members) if one does not answer or has no
+// keyring, if USE names a key some member lacks, or if REMOVE names a key
+// that is some member's primary: a rotation step is all or nothing as far
+// as it can be checked.
 // Failures while applying are per node in the answer (Failed > 0).
 func (s *adminService) GossipKeys(ctx context.Context, req *api.GossipKeyRequest) (*api.GossipKeysResponse, error) {
 	n := s.n
@@ -309,6 +310,8 @@ func (s *adminService) GossipKeys(ctx context.Context, req *api.GossipKeyRequest
 		switch {
 		case r.Error != "":
 			bad = append(bad, fmt.Sprintf("%s: %s", r.NodeId, r.Error))
+		case r.Primary == "":
+			bad = append(bad, fmt.Sprintf("%s: gossip is not encrypted (start it with a keyring)", r.NodeId))
 		case req.Op == api.GossipKeyOp_GOSSIP_KEY_OP_USE && !slices.Contains(r.Keys, fp):
 			bad = append(bad, fmt.Sprintf("%s: key %s not installed", r.NodeId, fp))
 		case req.Op == api.GossipKeyOp_GOSSIP_KEY_OP_REMOVE && r.Primary == fp:
