@@ -21,8 +21,13 @@ func FuzzInject(f *testing.F) {
 	f.Add([]byte{2, 0x13, 3, 3, 3, 2, 1, 3, 0, 3, 12, 2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
 	in := NewInjector(Config{Workers: 2})
 	f.Cleanup(in.Close)
+	// A second injector stores non-temporally whatever the size, so the NT
+	// kernels meet the fuzzer too.
+	inNT := NewInjector(Config{Workers: 2})
+	inNT.ntMin = 0
+	f.Cleanup(inNT.Close)
 	dts := []chunk.DType{chunk.F32, chunk.F16, chunk.BF16, chunk.FP8E4M3, 0}
-	hds := []int{2, 8, 16, 18}
+	hds := []int{2, 8, 16, 18, 64}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		at := func(i int) int {
 			if i < len(data) {
@@ -72,7 +77,11 @@ func FuzzInject(f *testing.F) {
 		if d := at(1) >> 7; d != 0 && len(j.Src) > 0 {
 			j.Src = j.Src[:len(j.Src)-1]
 		}
-		err = in.Inject(context.Background(), j)
+		inj := in
+		if at(0)&8 != 0 {
+			inj = inNT
+		}
+		err = inj.Inject(context.Background(), j)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidJob) && !errors.Is(err, ErrInvalidLayout) {
 				t.Fatalf("unexpected error class: %v", err)
