@@ -20,11 +20,11 @@ import (
 // 8 KV heads, head dim 128, llama3 RoPE): 64 MiB of KV in bf16, scattered
 // into a cache of 1024 slots per layer in blocks of 16 taken in random order,
 // as vLLM's block table hands them out.
-func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order Order) *Job {
+func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order Order, style chunk.RopeStyle) *Job {
 	b.Helper()
 	const layers, heads, hd, tokens, blocks, bs = 32, 8, 128, 512, 64, 16
 	spec := chunk.ModelSpec{Family: "llama", Layers: layers, KVHeads: heads, HeadDim: hd, DType: chunk.BF16,
-		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000, Scaling: chunk.RopeScaling{
+		RopeStyle: style, RopeTheta: 500000, Scaling: chunk.RopeScaling{
 			Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}}
 	tab, err := NewRopeTable(spec, 8192)
 	if err != nil {
@@ -118,19 +118,21 @@ var benchCases = []struct {
 	name         string
 	srcDT, dstDT chunk.DType
 	order        Order
+	style        chunk.RopeStyle
 }{
-	{"bf16-bf16-NHD", chunk.BF16, chunk.BF16, NHD},
-	{"bf16-bf16-HND", chunk.BF16, chunk.BF16, HND},
-	{"f16-f16-NHD", chunk.F16, chunk.F16, NHD},
-	{"f32-f32-NHD", chunk.F32, chunk.F32, NHD},
-	{"bf16-fp8-NHD", chunk.BF16, chunk.FP8E4M3, NHD},
-	{"fp8-bf16-NHD", chunk.FP8E4M3, chunk.BF16, NHD},
+	{"bf16-bf16-NHD", chunk.BF16, chunk.BF16, NHD, chunk.RopeNeoX},
+	{"bf16-bf16-HND", chunk.BF16, chunk.BF16, HND, chunk.RopeNeoX},
+	{"f16-f16-NHD", chunk.F16, chunk.F16, NHD, chunk.RopeNeoX},
+	{"f32-f32-NHD", chunk.F32, chunk.F32, NHD, chunk.RopeNeoX},
+	{"bf16-fp8-NHD", chunk.BF16, chunk.FP8E4M3, NHD, chunk.RopeNeoX},
+	{"fp8-bf16-NHD", chunk.FP8E4M3, chunk.BF16, NHD, chunk.RopeNeoX},
+	{"bf16-bf16-NHD-gptj", chunk.BF16, chunk.BF16, NHD, chunk.RopeGPTJ},
 }
 
 func BenchmarkInject(b *testing.B) {
 	for _, c := range benchCases {
 		b.Run(c.name, func(b *testing.B) {
-			j := benchJob(b, c.srcDT, c.dstDT, c.order)
+			j := benchJob(b, c.srcDT, c.dstDT, c.order, c.style)
 			in := NewInjector(Config{})
 			defer in.Close()
 			ctx := context.Background()
@@ -221,7 +223,7 @@ func scatterCopy(j *Job, w int) {
 func BenchmarkInjectVsMemcpy(b *testing.B) {
 	for _, c := range benchCases {
 		b.Run(c.name, func(b *testing.B) {
-			j := benchJob(b, c.srcDT, c.dstDT, c.order)
+			j := benchJob(b, c.srcDT, c.dstDT, c.order, c.style)
 			in := NewInjector(Config{Workers: benchWorkers(b)})
 			defer in.Close()
 			n := writtenBytes(j)
@@ -347,7 +349,7 @@ func BenchmarkGatherF32(b *testing.B) {
 func BenchmarkDecodeThenInject(b *testing.B) {
 	for _, codec := range []chunk.Codec{chunk.CodecInt8, chunk.CodecInt4} {
 		b.Run(codec.String(), func(b *testing.B) {
-			j := benchJob(b, chunk.BF16, chunk.BF16, NHD)
+			j := benchJob(b, chunk.BF16, chunk.BF16, NHD, chunk.RopeNeoX)
 			layers := len(j.Dst)
 			e := &chunk.Entry{Key: chunk.Key{Context: chunk.Context{Kind: chunk.ContextStandalone}}, DType: chunk.BF16, Layers: layers, KVHeads: j.SrcHeads, HeadDim: j.Layout.HeadDim,
 				Tokens: make([]uint32, j.Tokens), KV: j.Src}
