@@ -95,6 +95,41 @@ func RecvBody(r MsgReceiver, dst []byte) error {
 	return nil
 }
 
+// RecvBodyGrow receives data frames until total bytes arrived, into a
+// buffer that starts with room for min(total, initial) bytes and grows
+// (doubling) as data arrives: memory follows what the sender actually
+// sent, so a header announcing a large body reserves nothing by itself.
+// Errors are RecvBody's.
+func RecvBodyGrow(r MsgReceiver, total, initial int) ([]byte, error) {
+	buf := make([]byte, 0, min(total, max(initial, 0)))
+	for len(buf) < total {
+		var f Frame
+		if err := r.RecvMsg(&f); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil, fmt.Errorf("%w: %d of %d bytes", ErrShortBody, len(buf), total)
+			}
+			return nil, err
+		}
+		if f.IsHeader {
+			return nil, fmt.Errorf("%w: header frame inside a body", ErrFrame)
+		}
+		n := f.Data.Len()
+		if n > total-len(buf) {
+			f.Data.Free()
+			return nil, fmt.Errorf("%w: %d bytes past %d", ErrLongBody, n-(total-len(buf)), total)
+		}
+		if cap(buf)-len(buf) < n {
+			nb := make([]byte, len(buf), min(total, max(2*cap(buf), len(buf)+n)))
+			copy(nb, buf)
+			buf = nb
+		}
+		buf = buf[:len(buf)+n]
+		f.Data.CopyTo(buf[len(buf)-n:])
+		f.Data.Free()
+	}
+	return buf, nil
+}
+
 // PinnedBuffer wraps data, which someone else owns until release is called,
 // as a mem.Buffer that calls release once gRPC and every holder of a slice
 // of it are done. That lets a store hand a pinned, zero-copy view of a blob

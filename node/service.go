@@ -29,6 +29,9 @@ const (
 	MaxLookupBatch = 4096
 	// MaxDigestItems is the most items one Digest answer carries.
 	MaxDigestItems = 10000
+	// putUpfrontBytes is how much of an entry's announced size a Put
+	// allocates before its data arrives.
+	putUpfrontBytes = 16 << 20
 	// modelWait is how long a node waits for a model registered through
 	// another node a moment ago to reach its own metadata.
 	modelWait = 2 * time.Second
@@ -122,8 +125,10 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if err != nil {
 		return err
 	}
-	blob := make([]byte, hdr.BlobBytes)
-	if err := api.RecvBody(st, blob); err != nil {
+	// Room for the announced size only as data arrives (beyond
+	// putUpfrontBytes): a header alone must not reserve MaxBlobBytes.
+	blob, err := api.RecvBodyGrow(st, int(hdr.BlobBytes), putUpfrontBytes)
+	if err != nil {
 		return err
 	}
 	var extra api.Frame
