@@ -22,7 +22,7 @@ FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f;
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
 
-.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick run proto tools clean
+.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-rebalance run proto tools clean
 
 all: build
 
@@ -76,6 +76,11 @@ bench-engine:
 # cluster; writes docs/bench/WORKLOADS.md and its plots (~7 min on 2 cores).
 bench-workloads:
 	$(GO) run ./cmd/kvmesh-bench -out docs/bench
+
+# Rebalance of a 3-node cluster holding 10 GiB (R=1, real kvmeshd processes)
+# when a 4th joins: time, bytes moved against a quarter, Get latency, RSS.
+bench-rebalance:
+	KVMESH_REBALANCE_BYTES=10G $(GO) test -run '^$$' -bench Rebalance10G -benchtime 1x -timeout 60m -v ./tests/cluster
 
 bench-workloads-quick:
 	$(GO) run ./cmd/kvmesh-bench -quick -out docs/bench
