@@ -518,9 +518,14 @@ func (x *InjectChunk) GetSlots() []int64 {
 }
 
 type InjectRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CacheId       uint64                 `protobuf:"varint,1,opt,name=cache_id,json=cacheId,proto3" json:"cache_id,omitempty"`
-	Chunks        []*InjectChunk         `protobuf:"bytes,2,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	CacheId uint64                 `protobuf:"varint,1,opt,name=cache_id,json=cacheId,proto3" json:"cache_id,omitempty"`
+	Chunks  []*InjectChunk         `protobuf:"bytes,2,rep,name=chunks,proto3" json:"chunks,omitempty"`
+	// plan: send an InjectPlan before the first layer_written, so the engine
+	// knows which tokens it must compute and can start layer l of its
+	// forward pass as soon as layer l is written. Nodes that predate it
+	// ignore it (no plan event comes).
+	Plan          bool `protobuf:"varint,3,opt,name=plan,proto3" json:"plan,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -569,6 +574,63 @@ func (x *InjectRequest) GetChunks() []*InjectChunk {
 	return nil
 }
 
+func (x *InjectRequest) GetPlan() bool {
+	if x != nil {
+		return x.Plan
+	}
+	return false
+}
+
+// InjectPlan answers every chunk once all entries are fetched and verified,
+// before anything is written: status and key as in InjectDone. A chunk
+// planned as a hit is written at every layer unless its payload fails to
+// decode at some layer (only a writer that sealed a malformed payload makes
+// one); InjectDone's results are final, and a planned hit answered MISS
+// there must be computed by the engine.
+type InjectPlan struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Results       []*LookupResult        `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InjectPlan) Reset() {
+	*x = InjectPlan{}
+	mi := &file_inject_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InjectPlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InjectPlan) ProtoMessage() {}
+
+func (x *InjectPlan) ProtoReflect() protoreflect.Message {
+	mi := &file_inject_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InjectPlan.ProtoReflect.Descriptor instead.
+func (*InjectPlan) Descriptor() ([]byte, []int) {
+	return file_inject_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *InjectPlan) GetResults() []*LookupResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
 type InjectDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// results: one per chunk, in order; status and the key of the entry
@@ -582,7 +644,7 @@ type InjectDone struct {
 
 func (x *InjectDone) Reset() {
 	*x = InjectDone{}
-	mi := &file_inject_proto_msgTypes[7]
+	mi := &file_inject_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -594,7 +656,7 @@ func (x *InjectDone) String() string {
 func (*InjectDone) ProtoMessage() {}
 
 func (x *InjectDone) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[7]
+	mi := &file_inject_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -607,7 +669,7 @@ func (x *InjectDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectDone.ProtoReflect.Descriptor instead.
 func (*InjectDone) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{7}
+	return file_inject_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *InjectDone) GetResults() []*LookupResult {
@@ -631,14 +693,15 @@ func (x *InjectDone) GetDecodedBytes() uint64 {
 	return 0
 }
 
-// InjectEvent: layer_written (layer l of every hit is in the cache) in
-// layer order, then done.
+// InjectEvent: plan (if the request asked for it), then layer_written
+// (layer l of every hit is in the cache) in layer order, then done.
 type InjectEvent struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
 	//
 	//	*InjectEvent_LayerWritten
 	//	*InjectEvent_Done
+	//	*InjectEvent_Plan
 	Event         isInjectEvent_Event `protobuf_oneof:"event"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -646,7 +709,7 @@ type InjectEvent struct {
 
 func (x *InjectEvent) Reset() {
 	*x = InjectEvent{}
-	mi := &file_inject_proto_msgTypes[8]
+	mi := &file_inject_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -658,7 +721,7 @@ func (x *InjectEvent) String() string {
 func (*InjectEvent) ProtoMessage() {}
 
 func (x *InjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[8]
+	mi := &file_inject_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -671,7 +734,7 @@ func (x *InjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectEvent.ProtoReflect.Descriptor instead.
 func (*InjectEvent) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{8}
+	return file_inject_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *InjectEvent) GetEvent() isInjectEvent_Event {
@@ -699,6 +762,15 @@ func (x *InjectEvent) GetDone() *InjectDone {
 	return nil
 }
 
+func (x *InjectEvent) GetPlan() *InjectPlan {
+	if x != nil {
+		if x, ok := x.Event.(*InjectEvent_Plan); ok {
+			return x.Plan
+		}
+	}
+	return nil
+}
+
 type isInjectEvent_Event interface {
 	isInjectEvent_Event()
 }
@@ -711,9 +783,15 @@ type InjectEvent_Done struct {
 	Done *InjectDone `protobuf:"bytes,2,opt,name=done,proto3,oneof"`
 }
 
+type InjectEvent_Plan struct {
+	Plan *InjectPlan `protobuf:"bytes,3,opt,name=plan,proto3,oneof"`
+}
+
 func (*InjectEvent_LayerWritten) isInjectEvent_Event() {}
 
 func (*InjectEvent_Done) isInjectEvent_Event() {}
+
+func (*InjectEvent_Plan) isInjectEvent_Event() {}
 
 var File_inject_proto protoreflect.FileDescriptor
 
@@ -756,18 +834,23 @@ const file_inject_proto_rawDesc = "" +
 	"\x06tokens\x18\x02 \x03(\rR\x06tokens\x12&\n" +
 	"\x04want\x18\x03 \x01(\v2\x12.kvmesh.v1.ContextR\x04want\x12\x10\n" +
 	"\x03pos\x18\x04 \x01(\x03R\x03pos\x12\x14\n" +
-	"\x05slots\x18\x05 \x03(\x03R\x05slots\"Z\n" +
+	"\x05slots\x18\x05 \x03(\x03R\x05slots\"n\n" +
 	"\rInjectRequest\x12\x19\n" +
 	"\bcache_id\x18\x01 \x01(\x04R\acacheId\x12.\n" +
-	"\x06chunks\x18\x02 \x03(\v2\x16.kvmesh.v1.InjectChunkR\x06chunks\"\x89\x01\n" +
+	"\x06chunks\x18\x02 \x03(\v2\x16.kvmesh.v1.InjectChunkR\x06chunks\x12\x12\n" +
+	"\x04plan\x18\x03 \x01(\bR\x04plan\"?\n" +
+	"\n" +
+	"InjectPlan\x121\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\"\x89\x01\n" +
 	"\n" +
 	"InjectDone\x121\n" +
 	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\x12#\n" +
 	"\rwritten_bytes\x18\x02 \x01(\x04R\fwrittenBytes\x12#\n" +
-	"\rdecoded_bytes\x18\x03 \x01(\x04R\fdecodedBytes\"j\n" +
+	"\rdecoded_bytes\x18\x03 \x01(\x04R\fdecodedBytes\"\x97\x01\n" +
 	"\vInjectEvent\x12%\n" +
 	"\rlayer_written\x18\x01 \x01(\x05H\x00R\flayerWritten\x12+\n" +
-	"\x04done\x18\x02 \x01(\v2\x15.kvmesh.v1.InjectDoneH\x00R\x04doneB\a\n" +
+	"\x04done\x18\x02 \x01(\v2\x15.kvmesh.v1.InjectDoneH\x00R\x04done\x12+\n" +
+	"\x04plan\x18\x03 \x01(\v2\x15.kvmesh.v1.InjectPlanH\x00R\x04planB\a\n" +
 	"\x05event*X\n" +
 	"\n" +
 	"MemoryKind\x12\x1b\n" +
@@ -792,7 +875,7 @@ func file_inject_proto_rawDescGZIP() []byte {
 }
 
 var file_inject_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inject_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_inject_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_inject_proto_goTypes = []any{
 	(MemoryKind)(0),                 // 0: kvmesh.v1.MemoryKind
 	(*CacheLayout)(nil),             // 1: kvmesh.v1.CacheLayout
@@ -802,32 +885,35 @@ var file_inject_proto_goTypes = []any{
 	(*UnregisterCacheResponse)(nil), // 5: kvmesh.v1.UnregisterCacheResponse
 	(*InjectChunk)(nil),             // 6: kvmesh.v1.InjectChunk
 	(*InjectRequest)(nil),           // 7: kvmesh.v1.InjectRequest
-	(*InjectDone)(nil),              // 8: kvmesh.v1.InjectDone
-	(*InjectEvent)(nil),             // 9: kvmesh.v1.InjectEvent
-	(*ID)(nil),                      // 10: kvmesh.v1.ID
-	(*Context)(nil),                 // 11: kvmesh.v1.Context
-	(*LookupResult)(nil),            // 12: kvmesh.v1.LookupResult
+	(*InjectPlan)(nil),              // 8: kvmesh.v1.InjectPlan
+	(*InjectDone)(nil),              // 9: kvmesh.v1.InjectDone
+	(*InjectEvent)(nil),             // 10: kvmesh.v1.InjectEvent
+	(*ID)(nil),                      // 11: kvmesh.v1.ID
+	(*Context)(nil),                 // 12: kvmesh.v1.Context
+	(*LookupResult)(nil),            // 13: kvmesh.v1.LookupResult
 }
 var file_inject_proto_depIdxs = []int32{
-	10, // 0: kvmesh.v1.RegisterCacheRequest.fingerprint:type_name -> kvmesh.v1.ID
+	11, // 0: kvmesh.v1.RegisterCacheRequest.fingerprint:type_name -> kvmesh.v1.ID
 	1,  // 1: kvmesh.v1.RegisterCacheRequest.layouts:type_name -> kvmesh.v1.CacheLayout
 	0,  // 2: kvmesh.v1.RegisterCacheRequest.memory_kind:type_name -> kvmesh.v1.MemoryKind
-	10, // 3: kvmesh.v1.InjectChunk.content:type_name -> kvmesh.v1.ID
-	11, // 4: kvmesh.v1.InjectChunk.want:type_name -> kvmesh.v1.Context
+	11, // 3: kvmesh.v1.InjectChunk.content:type_name -> kvmesh.v1.ID
+	12, // 4: kvmesh.v1.InjectChunk.want:type_name -> kvmesh.v1.Context
 	6,  // 5: kvmesh.v1.InjectRequest.chunks:type_name -> kvmesh.v1.InjectChunk
-	12, // 6: kvmesh.v1.InjectDone.results:type_name -> kvmesh.v1.LookupResult
-	8,  // 7: kvmesh.v1.InjectEvent.done:type_name -> kvmesh.v1.InjectDone
-	2,  // 8: kvmesh.v1.Injector.RegisterCache:input_type -> kvmesh.v1.RegisterCacheRequest
-	4,  // 9: kvmesh.v1.Injector.UnregisterCache:input_type -> kvmesh.v1.UnregisterCacheRequest
-	7,  // 10: kvmesh.v1.Injector.Inject:input_type -> kvmesh.v1.InjectRequest
-	3,  // 11: kvmesh.v1.Injector.RegisterCache:output_type -> kvmesh.v1.RegisterCacheResponse
-	5,  // 12: kvmesh.v1.Injector.UnregisterCache:output_type -> kvmesh.v1.UnregisterCacheResponse
-	9,  // 13: kvmesh.v1.Injector.Inject:output_type -> kvmesh.v1.InjectEvent
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	13, // 6: kvmesh.v1.InjectPlan.results:type_name -> kvmesh.v1.LookupResult
+	13, // 7: kvmesh.v1.InjectDone.results:type_name -> kvmesh.v1.LookupResult
+	9,  // 8: kvmesh.v1.InjectEvent.done:type_name -> kvmesh.v1.InjectDone
+	8,  // 9: kvmesh.v1.InjectEvent.plan:type_name -> kvmesh.v1.InjectPlan
+	2,  // 10: kvmesh.v1.Injector.RegisterCache:input_type -> kvmesh.v1.RegisterCacheRequest
+	4,  // 11: kvmesh.v1.Injector.UnregisterCache:input_type -> kvmesh.v1.UnregisterCacheRequest
+	7,  // 12: kvmesh.v1.Injector.Inject:input_type -> kvmesh.v1.InjectRequest
+	3,  // 13: kvmesh.v1.Injector.RegisterCache:output_type -> kvmesh.v1.RegisterCacheResponse
+	5,  // 14: kvmesh.v1.Injector.UnregisterCache:output_type -> kvmesh.v1.UnregisterCacheResponse
+	10, // 15: kvmesh.v1.Injector.Inject:output_type -> kvmesh.v1.InjectEvent
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_inject_proto_init() }
@@ -836,9 +922,10 @@ func file_inject_proto_init() {
 		return
 	}
 	file_kvmesh_proto_init()
-	file_inject_proto_msgTypes[8].OneofWrappers = []any{
+	file_inject_proto_msgTypes[9].OneofWrappers = []any{
 		(*InjectEvent_LayerWritten)(nil),
 		(*InjectEvent_Done)(nil),
+		(*InjectEvent_Plan)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -846,7 +933,7 @@ func file_inject_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inject_proto_rawDesc), len(file_inject_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
