@@ -38,7 +38,6 @@ func rotNeoXF32AVX2NT(dst, src *byte, cos, sin *float32, n, half, count, dstStri
 }
 func copyNT(dst, src *byte, n, count, dstStride, srcStride int) { panic("cudakern: no SIMD") }
 func sfence()                                                   {}
-func prefetch(p *byte, n int)                                   {}
 func rotNeoXBF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
 	panic("cudakern: no SIMD")
 }
