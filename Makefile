@@ -17,7 +17,8 @@ NORACE_PKGS = $(shell $(GO) list ./... | grep -E '$(NORACE_RE)')
 # fuzz-all` fuzzes every target.
 FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSafetensors \
 	./meta:FuzzDecodeCommand ./kvtier:FuzzDiskRead ./inject:FuzzDescriptorMemory \
-	./auth:FuzzAuthorizationHeader
+	./auth:FuzzAuthorizationHeader ./node:FuzzClientService ./node:FuzzPeerService \
+	./node:FuzzInjectorService ./node:FuzzAdminService ./node:FuzzDaemonConfig
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
