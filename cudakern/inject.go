@@ -185,6 +185,9 @@ func (j *Job) plan() (plan, error) {
 		return plan{}, err
 	}
 	p.copyV = j.SrcDType == l.DType && (l.DType != chunk.FP8E4M3 || p.srcVScale == p.dstVScale)
+	if j.SrcDType == chunk.BF16 && l.DType == chunk.BF16 && !j.Rope.neox {
+		p.kernel = kernelBF16GPTJ
+	}
 	if j.SrcDType == l.DType && j.Rope.neox {
 		switch l.DType {
 		case chunk.BF16:

@@ -150,3 +150,13 @@ func widenBF16AVX512(dst *float32, src *byte, n int)
 
 //go:noescape
 func widenF16AVX512(dst *float32, src *byte, n int)
+
+// rotGPTJBF16AVX512BF16 rotates GPT-J pairs i < n of bf16 head vectors in
+// registers, n a positive multiple of 16 (half is unused); the NT form
+// needs dst 64-byte aligned.
+//
+//go:noescape
+func rotGPTJBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+//go:noescape
+func rotGPTJBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)

@@ -2259,3 +2259,196 @@ wf16zloop:
 	JNZ       wf16zloop
 	VZEROUPPER
 	RET
+
+// gptjBF16Perm interleaves [a0..a15, b0..b15] words into a0 b0 a1 b1 ...
+DATA gptjBF16Perm<>+0(SB)/2, $0
+DATA gptjBF16Perm<>+2(SB)/2, $16
+DATA gptjBF16Perm<>+4(SB)/2, $1
+DATA gptjBF16Perm<>+6(SB)/2, $17
+DATA gptjBF16Perm<>+8(SB)/2, $2
+DATA gptjBF16Perm<>+10(SB)/2, $18
+DATA gptjBF16Perm<>+12(SB)/2, $3
+DATA gptjBF16Perm<>+14(SB)/2, $19
+DATA gptjBF16Perm<>+16(SB)/2, $4
+DATA gptjBF16Perm<>+18(SB)/2, $20
+DATA gptjBF16Perm<>+20(SB)/2, $5
+DATA gptjBF16Perm<>+22(SB)/2, $21
+DATA gptjBF16Perm<>+24(SB)/2, $6
+DATA gptjBF16Perm<>+26(SB)/2, $22
+DATA gptjBF16Perm<>+28(SB)/2, $7
+DATA gptjBF16Perm<>+30(SB)/2, $23
+DATA gptjBF16Perm<>+32(SB)/2, $8
+DATA gptjBF16Perm<>+34(SB)/2, $24
+DATA gptjBF16Perm<>+36(SB)/2, $9
+DATA gptjBF16Perm<>+38(SB)/2, $25
+DATA gptjBF16Perm<>+40(SB)/2, $10
+DATA gptjBF16Perm<>+42(SB)/2, $26
+DATA gptjBF16Perm<>+44(SB)/2, $11
+DATA gptjBF16Perm<>+46(SB)/2, $27
+DATA gptjBF16Perm<>+48(SB)/2, $12
+DATA gptjBF16Perm<>+50(SB)/2, $28
+DATA gptjBF16Perm<>+52(SB)/2, $13
+DATA gptjBF16Perm<>+54(SB)/2, $29
+DATA gptjBF16Perm<>+56(SB)/2, $14
+DATA gptjBF16Perm<>+58(SB)/2, $30
+DATA gptjBF16Perm<>+60(SB)/2, $15
+DATA gptjBF16Perm<>+62(SB)/2, $31
+GLOBL gptjBF16Perm<>(SB), RODATA|NOPTR, $64
+
+// func rotGPTJBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+// GPT-J (interleaved) pairs i < n of bf16 head vectors, n a positive
+// multiple of 16 (half is unused), in registers: each dword of the source
+// holds one pair, so VPSLLD and VPANDD give x0 and x1 as float32 with cos
+// and sin in their natural order; VCVTNE2PS2BF16 rounds both results (with
+// the subnormal fix-up of rotNeoXBF16AVX512BF16) and VPERMW interleaves
+// them back. The bits of rotBF16GPTJ.
+TEXT ·rotGPTJBF16AVX512BF16(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ count+48(FP), BX
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z15
+	MOVL $1, AX
+	VPBROADCASTD AX, Z14
+	MOVL $0xffff0000, AX
+	VPBROADCASTD AX, Z13
+	VMOVDQU32 gptjBF16Perm<>(SB), Z12
+
+rotGPTJBF16AVX512BF16head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+
+rotGPTJBF16AVX512BF16loop:
+	VMOVDQU32 (SI), Z0
+	VPSLLD    $16, Z0, Z1
+	VPANDD    Z13, Z0, Z2
+	VMOVUPS   (R8), Z4
+	VMOVUPS   (R9), Z6
+	VMULPS    Z4, Z1, Z8
+	VMULPS    Z6, Z2, Z9
+	VSUBPS    Z9, Z8, Z8
+	VMULPS    Z4, Z2, Z10
+	VMULPS    Z6, Z1, Z11
+	VADDPS    Z11, Z10, Z10
+	// VCVTNE2PS2BF16 Z8, Z10, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x2f; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z10, K2
+	KORTESTW  K1, K2
+	JNZ       rotGPTJBF16AVX512BF16fix
+
+rotGPTJBF16AVX512BF16store:
+	VPERMW    Z16, Z12, Z16
+	VMOVDQU32 Z16, (DI)
+	ADDQ      $64, SI
+	ADDQ      $64, DI
+	ADDQ      $64, R8
+	ADDQ      $64, R9
+	SUBQ      $16, CX
+	JNZ       rotGPTJBF16AVX512BF16loop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotGPTJBF16AVX512BF16head
+	VZEROUPPER
+	RET
+
+rotGPTJBF16AVX512BF16fix:
+	VPSRLD    $16, Z8, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z8, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y20
+	VPSRLD    $16, Z10, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z10, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y21
+	VINSERTI64X4 $1, Y21, Z20, Z20
+	KUNPCKWD  K1, K2, K7
+	VMOVDQU16 Z20, K7, Z16
+	JMP       rotGPTJBF16AVX512BF16store
+
+// func rotGPTJBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+// GPT-J (interleaved) pairs i < n of bf16 head vectors, n a positive
+// multiple of 16 (half is unused), in registers: each dword of the source
+// holds one pair, so VPSLLD and VPANDD give x0 and x1 as float32 with cos
+// and sin in their natural order; VCVTNE2PS2BF16 rounds both results (with
+// the subnormal fix-up of rotNeoXBF16AVX512BF16) and VPERMW interleaves
+// them back. The bits of rotBF16GPTJ.
+TEXT ·rotGPTJBF16AVX512BF16NT(SB), NOSPLIT, $0-72
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ count+48(FP), BX
+	MOVL $0x7fff, AX
+	VPBROADCASTD AX, Z15
+	MOVL $1, AX
+	VPBROADCASTD AX, Z14
+	MOVL $0xffff0000, AX
+	VPBROADCASTD AX, Z13
+	VMOVDQU32 gptjBF16Perm<>(SB), Z12
+
+rotGPTJBF16AVX512BF16NThead:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+
+rotGPTJBF16AVX512BF16NTloop:
+	VMOVDQU32 (SI), Z0
+	VPSLLD    $16, Z0, Z1
+	VPANDD    Z13, Z0, Z2
+	VMOVUPS   (R8), Z4
+	VMOVUPS   (R9), Z6
+	VMULPS    Z4, Z1, Z8
+	VMULPS    Z6, Z2, Z9
+	VSUBPS    Z9, Z8, Z8
+	VMULPS    Z4, Z2, Z10
+	VMULPS    Z6, Z1, Z11
+	VADDPS    Z11, Z10, Z10
+	// VCVTNE2PS2BF16 Z8, Z10, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x2f; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z10, K2
+	KORTESTW  K1, K2
+	JNZ       rotGPTJBF16AVX512BF16NTfix
+
+rotGPTJBF16AVX512BF16NTstore:
+	VPERMW    Z16, Z12, Z16
+	VMOVNTDQ  Z16, (DI)
+	ADDQ      $64, SI
+	ADDQ      $64, DI
+	ADDQ      $64, R8
+	ADDQ      $64, R9
+	SUBQ      $16, CX
+	JNZ       rotGPTJBF16AVX512BF16NTloop
+	ADDQ dstStride+56(FP), R12
+	ADDQ srcStride+64(FP), R13
+	DECQ BX
+	JNZ  rotGPTJBF16AVX512BF16NThead
+	VZEROUPPER
+	RET
+
+rotGPTJBF16AVX512BF16NTfix:
+	VPSRLD    $16, Z8, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z8, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y20
+	VPSRLD    $16, Z10, Z18
+	VPANDD    Z14, Z18, Z18
+	VPADDD    Z15, Z10, Z19
+	VPADDD    Z18, Z19, Z19
+	VPSRLD    $16, Z19, Z19
+	VPMOVDW   Z19, Y21
+	VINSERTI64X4 $1, Y21, Z20, Z20
+	KUNPCKWD  K1, K2, K7
+	VMOVDQU16 Z20, K7, Z16
+	JMP       rotGPTJBF16AVX512BF16NTstore

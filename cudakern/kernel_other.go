@@ -80,3 +80,11 @@ func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)             { panic(
 
 func widenBF16AVX512(dst *float32, src *byte, n int) { panic("cudakern: no SIMD") }
 func widenF16AVX512(dst *float32, src *byte, n int)  { panic("cudakern: no SIMD") }
+
+func rotGPTJBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}
+
+func rotGPTJBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
+	panic("cudakern: no SIMD")
+}

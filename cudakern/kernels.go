@@ -17,6 +17,7 @@ const (
 	kernelBF16NeoX
 	kernelF16NeoX
 	kernelF32NeoX
+	kernelBF16GPTJ // with AVX512-BF16 only; otherwise the generic path
 )
 
 // rotAsm is one assembly rotation kernel (see kernel_amd64.go): NeoX pairs
@@ -44,6 +45,20 @@ func (p *plan) pick() {
 	case kernelF32NeoX:
 		avx2, avx2NT, avx512, avx512NT = rotNeoXF32AVX2, rotNeoXF32AVX2NT, rotNeoXF32AVX512, rotNeoXF32AVX512NT
 		p.scalar = rotF32NeoX
+	case kernelBF16GPTJ:
+		if p.simd && !p.bf16 {
+			// This kernel needs AVX512-BF16; without it the float32 path
+			// (AVX2 GPT-J rotation) is faster than the Go loop.
+			return
+		}
+		p.scalar = rotBF16GPTJ
+		if p.simd && p.Rope.half >= 16 {
+			p.wide, p.wideN = rotGPTJBF16AVX512BF16, p.Rope.half&^15
+			if p.nt {
+				p.wide = rotGPTJBF16AVX512BF16NT
+			}
+		}
+		return
 	default:
 		return
 	}
@@ -176,6 +191,19 @@ func rotBF16NeoX(dst, src []byte, c, s []float32, half, from int) {
 		x1 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(b[2*i:])) << 16)
 		binary.LittleEndian.PutUint16(da[2*i:], chunk.F32ToBF16(float32(x0*c[i])-float32(x1*s[i])))
 		binary.LittleEndian.PutUint16(db[2*i:], chunk.F32ToBF16(float32(x1*c[i])+float32(x0*s[i])))
+	}
+}
+
+// rotBF16GPTJ rotates bf16 GPT-J pairs (2i, 2i+1), i in [from, half), into
+// bf16, as rotBF16NeoX does NeoX pairs.
+func rotBF16GPTJ(dst, src []byte, c, s []float32, half, from int) {
+	src, dst = src[:4*half], dst[:4*half]
+	c, s = c[:half], s[:half]
+	for i := from; i < half; i++ {
+		x0 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[4*i:])) << 16)
+		x1 := math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[4*i+2:])) << 16)
+		binary.LittleEndian.PutUint16(dst[4*i:], chunk.F32ToBF16(float32(x0*c[i])-float32(x1*s[i])))
+		binary.LittleEndian.PutUint16(dst[4*i+2:], chunk.F32ToBF16(float32(x1*c[i])+float32(x0*s[i])))
 	}
 }
 

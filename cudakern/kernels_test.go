@@ -18,10 +18,18 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 		t.Skip("no SIMD kernels on this machine")
 	}
 	rng := rand.New(rand.NewPCG(21, 22))
-	kinds := map[chunk.DType]kernelKind{chunk.BF16: kernelBF16NeoX, chunk.F16: kernelF16NeoX, chunk.F32: kernelF32NeoX}
-	for dt, kind := range kinds {
-		for _, shape := range []struct{ hd, rot int }{{16, 16}, {20, 20}, {64, 48}, {128, 128}, {96, 32}} {
-			spec := testSpec(chunk.RopeNeoX, shape.hd, shape.rot, chunk.RopeScaling{Type: "yarn", Factor: 8, OriginalMaxPositions: 4096})
+	kinds := []struct {
+		dt    chunk.DType
+		kind  kernelKind
+		style chunk.RopeStyle
+	}{
+		{chunk.BF16, kernelBF16NeoX, chunk.RopeNeoX}, {chunk.F16, kernelF16NeoX, chunk.RopeNeoX},
+		{chunk.F32, kernelF32NeoX, chunk.RopeNeoX}, {chunk.BF16, kernelBF16GPTJ, chunk.RopeGPTJ},
+	}
+	for _, k := range kinds {
+		dt, kind := k.dt, k.kind
+		for _, shape := range []struct{ hd, rot int }{{16, 16}, {20, 20}, {64, 48}, {128, 128}, {96, 32}, {80, 80}} {
+			spec := testSpec(k.style, shape.hd, shape.rot, chunk.RopeScaling{Type: "yarn", Factor: 8, OriginalMaxPositions: 4096})
 			tab, err := NewRopeTable(spec, 4096)
 			if err != nil {
 				t.Fatal(err)
