@@ -23,10 +23,11 @@
 // Speed: on amd64 with AVX2 (AVX-512 and AVX512-BF16 where present) every
 // path is vectorised (kernel_amd64.s), with the same bits as the Go code,
 // which the tests check on arbitrary bit patterns. Same-dtype NeoX jobs
-// rotate in registers, one kernel call per token covering all its heads
-// with one cos/sin row (kept in L1); values of the same dtype are copied.
-// Other pairs (fp8 in either direction, dtype changes, GPT-J pairing) go
-// through a float32 scratch vector per token: widen all heads, rotate them
+// (and bf16 GPT-J jobs, with AVX512-BF16) rotate in registers, one kernel
+// call per token covering all its heads with one cos/sin row (kept in L1);
+// values of the same dtype are copied. Other pairs (fp8 in either
+// direction, dtype changes, other GPT-J jobs) go through a float32 scratch
+// vector per token: widen all heads, rotate them with one call, round them
 // with one call, round them with one call. Jobs over 4 MiB store
 // non-temporally (whole aligned lines), so the cache lines they overwrite
 // are not read first. The build tag purego, or another architecture, gives
