@@ -28,7 +28,7 @@
 // values of the same dtype are copied. Other pairs (fp8 in either
 // direction, dtype changes, other GPT-J jobs) go through a float32 scratch
 // vector per token: widen all heads, rotate them with one call, round them
-// with one call, round them with one call. Jobs over 4 MiB store
+// with one call. Jobs over 4 MiB store
 // non-temporally (whole aligned lines), so the cache lines they overwrite
 // are not read first. The build tag purego, or another architecture, gives
 // the portable Go path.
