@@ -87,12 +87,26 @@ func (in *Injector) InjectChunks(ctx context.Context, chunks []engine.InjectChun
 	return res, err
 }
 
+// InjectPlanned implements engine.LayeredInjector: the node sends its
+// plan (every chunk fetched and verified) before writing, then each layer
+// as it is written, so RunInjected overlaps its forward pass with the
+// injection. A node that predates plans sends none; the engine then waits
+// for the results.
+func (in *Injector) InjectPlanned(ctx context.Context, chunks []engine.InjectChunk, plan func([]engine.InjectResult), layer func(int)) ([]engine.InjectResult, error) {
+	res, _, err := in.inject(ctx, chunks, plan, layer)
+	return res, err
+}
+
 // InjectLayered is InjectChunks that also calls onLayer (if not nil) as
 // the node reports each layer written for every hit, in layer order, so a
 // caller may start computing layer l before later layers land.
 func (in *Injector) InjectLayered(ctx context.Context, chunks []engine.InjectChunk, onLayer func(int)) ([]engine.InjectResult, InjectStats, error) {
+	return in.inject(ctx, chunks, nil, onLayer)
+}
+
+func (in *Injector) inject(ctx context.Context, chunks []engine.InjectChunk, onPlan func([]engine.InjectResult), onLayer func(int)) ([]engine.InjectResult, InjectStats, error) {
 	var stats InjectStats
-	req := &api.InjectRequest{CacheId: in.id, Chunks: make([]*api.InjectChunk, len(chunks))}
+	req := &api.InjectRequest{CacheId: in.id, Chunks: make([]*api.InjectChunk, len(chunks)), Plan: onPlan != nil}
 	for i, c := range chunks {
 		slots := make([]int64, len(c.Slots))
 		for j, s := range c.Slots {
@@ -107,6 +121,7 @@ func (in *Injector) InjectLayered(ctx context.Context, chunks []engine.InjectChu
 	if err != nil {
 		return nil, stats, fmt.Errorf("client: inject on %s: %w", in.addr, err)
 	}
+	planned := false
 	for {
 		ev, err := st.Recv()
 		if errors.Is(err, io.EOF) {
@@ -121,31 +136,50 @@ func (in *Injector) InjectLayered(ctx context.Context, chunks []engine.InjectChu
 			if onLayer != nil {
 				onLayer(int(e.LayerWritten))
 			}
+		case *api.InjectEvent_Plan:
+			if onPlan == nil || planned || stats.Layers > 0 {
+				return nil, stats, fmt.Errorf("client: inject on %s: %w: unexpected plan", in.addr, ErrBadMessage)
+			}
+			planned = true
+			out, err := injectResults(e.Plan.Results, len(chunks))
+			if err != nil {
+				return nil, stats, fmt.Errorf("client: inject on %s: plan: %w", in.addr, err)
+			}
+			onPlan(out)
 		case *api.InjectEvent_Done:
 			d := e.Done
 			stats.WrittenBytes, stats.DecodedBytes = d.WrittenBytes, d.DecodedBytes
-			if len(d.Results) != len(chunks) {
-				return nil, stats, fmt.Errorf("client: inject on %s: %w: %d results for %d chunks", in.addr, ErrBadMessage, len(d.Results), len(chunks))
-			}
-			out := make([]engine.InjectResult, len(chunks))
-			for i, r := range d.Results {
-				switch r.Status {
-				case api.LookupStatus_LOOKUP_STATUS_EXACT, api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
-					cx, err := ContextFromProto(r.GetKey().GetContext())
-					if err != nil {
-						return nil, stats, fmt.Errorf("client: inject on %s: result %d: %w", in.addr, i, err)
-					}
-					out[i] = engine.InjectResult{Match: engine.MatchApproximate, Context: cx}
-					if r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
-						out[i].Match = engine.MatchExact
-					}
-				}
+			out, err := injectResults(d.Results, len(chunks))
+			if err != nil {
+				return nil, stats, fmt.Errorf("client: inject on %s: %w", in.addr, err)
 			}
 			return out, stats, nil
 		default:
 			return nil, stats, fmt.Errorf("client: inject on %s: %w: unknown event", in.addr, ErrBadMessage)
 		}
 	}
+}
+
+// injectResults converts a plan's or a done's results, one per chunk.
+func injectResults(rs []*api.LookupResult, chunks int) ([]engine.InjectResult, error) {
+	if len(rs) != chunks {
+		return nil, fmt.Errorf("%w: %d results for %d chunks", ErrBadMessage, len(rs), chunks)
+	}
+	out := make([]engine.InjectResult, chunks)
+	for i, r := range rs {
+		switch r.Status {
+		case api.LookupStatus_LOOKUP_STATUS_EXACT, api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
+			cx, err := ContextFromProto(r.GetKey().GetContext())
+			if err != nil {
+				return nil, fmt.Errorf("result %d: %w", i, err)
+			}
+			out[i] = engine.InjectResult{Match: engine.MatchApproximate, Context: cx}
+			if r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
+				out[i].Match = engine.MatchExact
+			}
+		}
+	}
+	return out, nil
 }
 
 // ProtoLayout converts a cache layout to its wire form.

@@ -279,6 +279,23 @@ type CacheInjector interface {
 	InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error)
 }
 
+// LayeredInjector is a CacheInjector that also announces, before writing
+// anything, what it expects to answer (its plan) and then each layer as it
+// lands in the cache, so that RunInjected can run layer l of its forward
+// pass as soon as layer l of every hit is written, instead of waiting for
+// the whole injection.
+type LayeredInjector interface {
+	CacheInjector
+	// InjectPlanned is InjectChunks that calls plan at most once, before
+	// anything is written, with one expected result per chunk, then
+	// layer(l) in layer order once layer l of every planned hit is written.
+	// Both run on InjectPlanned's goroutine and must return promptly. The
+	// returned results are final: a planned hit may come back MISS (its
+	// entry failed at a later layer; some of its layers were written). An
+	// injector that cannot plan (an older node) calls neither.
+	InjectPlanned(ctx context.Context, chunks []InjectChunk, plan func([]InjectResult), layer func(int)) ([]InjectResult, error)
+}
+
 // CacheMemory exposes the cache for registration with a CacheInjector: the
 // layout of every layer and the layers' bytes (little-endian float32 in
 // that layout). The memory lives as long as the engine.
@@ -384,17 +401,38 @@ func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, re
 		return nil, err
 	}
 	t1 := time.Now()
-	if inj != nil {
-		e.injectRemote(ctx, inj, req, starts, s, state, resp)
-	} else if err := e.injectLocal(ctx, req, starts, s, state, entries, resp); err != nil {
-		return nil, err
+	if li, ok := inj.(LayeredInjector); ok {
+		if err := e.runLayered(ctx, li, req, starts, s, state, resp, t1); err != nil {
+			return nil, err
+		}
+	} else {
+		if inj != nil {
+			e.injectRemote(ctx, inj, req, starts, s, state, resp)
+		} else if err := e.injectLocal(ctx, req, starts, s, state, entries, resp); err != nil {
+			return nil, err
+		}
+		resp.Inject = time.Since(t1)
+		if err := e.compute(ctx, s, req, state, resp, nil); err != nil {
+			return nil, err
+		}
 	}
-	resp.Inject = time.Since(t1)
+	if req.Keep {
+		keep = true
+		resp.Seq = s
+	}
+	return resp, nil
+}
+
+// compute runs the forward pass over the tokens state leaves to compute
+// (misses, text, approximate tokens under recomputation) and fills resp's
+// logits, work and Compute time. wait, if not nil, is called before layer
+// l reads the cache (see fwdPlan.wait). Called with e.mu held.
+func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []Match, resp *Response, wait func(int) error) error {
 	t2 := time.Now()
 	// The last token's hidden state gives the logits, so it is always
 	// computed (vLLM's connector reports one token fewer for the same reason).
-	state[len(all)-1] = MatchMiss
-	plan := fwdPlan{logits: make([]float32, e.cfg.VocabSize)}
+	state[len(state)-1] = MatchMiss
+	plan := fwdPlan{logits: make([]float32, e.cfg.VocabSize), wait: wait}
 	var nApprox int
 	for t, m := range state {
 		if m == MatchExact || (m == MatchApproximate && req.Recompute == 0) {
@@ -419,17 +457,13 @@ func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, re
 	}
 	st, err := e.forward(ctx, s, plan)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp.Compute = time.Since(t2)
 	resp.Logits = plan.logits
 	resp.TokenLayers = st.tokenLayers
 	resp.Recomputed = st.selected
-	if req.Keep {
-		keep = true
-		resp.Seq = s
-	}
-	return resp, nil
+	return nil
 }
 
 // injectLocal writes the looked-up entries through cudakern and records
@@ -463,6 +497,17 @@ func (e *Engine) injectLocal(ctx context.Context, req Request, starts []int, s *
 // injectRemote asks inj to place every chunk segment and records what it
 // placed. Called with e.mu held and the sequence grown.
 func (e *Engine) injectRemote(ctx context.Context, inj CacheInjector, req Request, starts []int, s *Sequence, state []Match, resp *Response) {
+	chunks, segOf := e.injectChunks(req, starts, s)
+	if len(chunks) == 0 {
+		return
+	}
+	res, err := inj.InjectChunks(ctx, chunks)
+	e.place(req, starts, segOf, state, resp, res, err)
+}
+
+// injectChunks are the chunk segments of req as a CacheInjector's
+// requests, and the segment of each.
+func (e *Engine) injectChunks(req Request, starts []int, s *Sequence) ([]InjectChunk, []int) {
 	toks := make([][]uint32, len(req.Segments))
 	for i, sg := range req.Segments {
 		toks[i] = sg.Tokens
@@ -481,12 +526,14 @@ func (e *Engine) injectRemote(ctx context.Context, inj CacheInjector, req Reques
 		})
 		segOf = append(segOf, i)
 	}
-	if len(chunks) == 0 {
-		return
-	}
-	res, err := inj.InjectChunks(ctx, chunks)
-	if err == nil && len(res) != len(chunks) {
-		err = fmt.Errorf("%d results for %d chunks", len(res), len(chunks))
+	return chunks, segOf
+}
+
+// place records an injector's answers (res for the chunks of segments
+// segOf, or err) in state and resp; a failed call places nothing.
+func (e *Engine) place(req Request, starts, segOf []int, state []Match, resp *Response, res []InjectResult, err error) {
+	if err == nil && len(res) != len(segOf) {
+		err = fmt.Errorf("%d results for %d chunks", len(res), len(segOf))
 	}
 	if err != nil {
 		e.log.Warn("engine: injector failed; prefilling", "err", err)

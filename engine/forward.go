@@ -29,6 +29,10 @@ type fwdPlan struct {
 	capLo, capHi int
 	// logits, if non-nil, receives the last token's logits.
 	logits []float32
+	// wait, if not nil, is called before layer l first reads or writes
+	// the cache (after its projections): it returns once the injected KV of
+	// layer l is in place, or an error that ends the pass.
+	wait func(layer int) error
 }
 
 // fwdStats counts the work of one forward pass.
@@ -341,6 +345,11 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 			}
 			for h := 0; h < c.NumKVHeads; h++ {
 				e.rope.RotateF32(sc.k[(r*c.NumKVHeads+h)*hd:(r*c.NumKVHeads+h+1)*hd], pos)
+			}
+		}
+		if p.wait != nil {
+			if err := p.wait(l); err != nil {
+				return st, err
 			}
 		}
 		cl := e.cache[l]

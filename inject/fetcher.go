@@ -3,6 +3,7 @@ package inject
 import (
 	"context"
 	"fmt"
+	"sync"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/kvtier"
@@ -24,50 +25,203 @@ type Remote interface {
 	Get(ctx context.Context, key chunk.Key) ([]byte, error)
 }
 
+// Found is a replica set's answer for one key: the best key it holds and
+// how it fits, or why it could not answer.
+type Found struct {
+	Key   chunk.Key
+	Match Match
+	Err   error
+}
+
+// BatchRemote is a Remote that ranks many keys at once: one Lookup per
+// replica node for all the keys it owns, instead of one per key.
+type BatchRemote interface {
+	Remote
+	// BestBatch is Best for every key (key.Context is the wanted context):
+	// out[i] answers keys[i].
+	BestBatch(ctx context.Context, keys []chunk.Key) []Found
+}
+
 // TierFetcher is the node's Fetcher: an exact entry wherever it is, local
 // first; else an approximate one, local first (no network), then remote.
 // Local blobs are pinned in their tier until the Service releases them.
 type TierFetcher struct {
 	Local Local
 	// Remote may be nil (a single node, or tests): local entries only.
+	// When it is a BatchRemote, FetchBatch ranks all keys with it at once.
 	Remote Remote
+	// Parallel bounds the concurrent reads of one FetchBatch (local tier
+	// reads and replica Fetch streams). Default DefaultFetchParallel.
+	Parallel int
 }
 
 // Fetch implements Fetcher.
 func (f TierFetcher) Fetch(ctx context.Context, key chunk.Key) (Fetched, error) {
-	lkey, lm, lerr := f.Local.Best(key.Fingerprint, key.Content, key.Context)
-	if lerr != nil {
-		lm = kvtier.Miss
+	lf, done := f.localExact(ctx, key)
+	if done {
+		return lf.got, nil
 	}
-	if lm == kvtier.Exact {
-		if got, err := f.local(ctx, lkey, Exact); err == nil {
-			return got, nil
-		}
-		lm = kvtier.Miss // evicted since Best: ask the replicas
-	}
-	var rerr error
+	var rf Found
 	if f.Remote != nil {
-		rkey, rm, err := f.Remote.Best(ctx, key.Fingerprint, key.Content, key.Context)
-		switch {
-		case err != nil:
-			rerr = err
-		case rm == Exact || (rm == Approximate && lm == kvtier.Miss):
-			blob, err := f.Remote.Get(ctx, rkey)
-			if err == nil {
-				return Fetched{Blob: blob, Match: rm}, nil
-			}
-			rerr = err
+		rf.Key, rf.Match, rf.Err = f.Remote.Best(ctx, key.Fingerprint, key.Content, key.Context)
+	}
+	return f.resolve(ctx, lf, rf)
+}
+
+// FetchBatch implements BatchFetcher: every key's local tier first, then
+// one BestBatch over the keys without a local exact entry (a Lookup per
+// replica node rather than per chunk), then the entry reads, at most
+// Parallel at once. found is called as each key is settled.
+func (f TierFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found func(i int, got Fetched, err error)) {
+	par := f.Parallel
+	if par <= 0 {
+		par = DefaultFetchParallel
+	}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, par)
+	goBounded := func(fn func()) bool {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return false
 		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			fn()
+		}()
+		return true
+	}
+	defer wg.Wait()
+	locals := make([]localAnswer, len(keys))
+	var pending []int // keys without a local exact entry
+	for i, key := range keys {
+		lf, done := f.localBest(key)
+		locals[i] = lf
+		if !done {
+			pending = append(pending, i)
+			continue
+		}
+		// A local exact entry: pin it (a disk tier read may take a while).
+		if !goBounded(func() {
+			got, ok := f.localGet(ctx, &locals[i])
+			if ok {
+				found(i, got, nil)
+				return
+			}
+			// Evicted since Best: settle it with the replicas, alone.
+			var rf Found
+			if f.Remote != nil {
+				rf.Key, rf.Match, rf.Err = f.Remote.Best(ctx, key.Fingerprint, key.Content, key.Context)
+			}
+			got, err := f.resolve(ctx, locals[i], rf)
+			found(i, got, err)
+		}) {
+			found(i, Fetched{}, ctx.Err())
+		}
+	}
+	if len(pending) == 0 {
+		return
+	}
+	remote := make([]Found, len(keys))
+	switch br, ok := f.Remote.(BatchRemote); {
+	case f.Remote == nil:
+	case ok:
+		ks := make([]chunk.Key, len(pending))
+		for j, i := range pending {
+			ks[j] = keys[i]
+		}
+		for j, a := range br.BestBatch(ctx, ks) {
+			remote[pending[j]] = a
+		}
+	default:
+		var rw sync.WaitGroup
+		for _, i := range pending {
+			key := keys[i]
+			rw.Add(1)
+			if !goBounded(func() {
+				defer rw.Done()
+				remote[i].Key, remote[i].Match, remote[i].Err = f.Remote.Best(ctx, key.Fingerprint, key.Content, key.Context)
+			}) {
+				rw.Done()
+				remote[i].Err = ctx.Err()
+			}
+		}
+		rw.Wait()
+	}
+	for _, i := range pending {
+		if !goBounded(func() {
+			got, err := f.resolve(ctx, locals[i], remote[i])
+			found(i, got, err)
+		}) {
+			found(i, Fetched{}, ctx.Err())
+		}
+	}
+}
+
+// localAnswer is the local tier's ranking of one key.
+type localAnswer struct {
+	key   chunk.Key
+	match kvtier.Match
+	err   error
+	got   Fetched
+}
+
+// localBest ranks key in the local tier; done means an exact entry is
+// there (not yet pinned).
+func (f TierFetcher) localBest(key chunk.Key) (localAnswer, bool) {
+	var a localAnswer
+	a.key, a.match, a.err = f.Local.Best(key.Fingerprint, key.Content, key.Context)
+	if a.err != nil {
+		a.match = kvtier.Miss
+	}
+	return a, a.match == kvtier.Exact
+}
+
+// localGet pins a local exact entry; on failure (evicted since Best) a
+// becomes a local miss.
+func (f TierFetcher) localGet(ctx context.Context, a *localAnswer) (Fetched, bool) {
+	got, err := f.local(ctx, a.key, Exact)
+	if err == nil {
+		return got, true
+	}
+	a.match = kvtier.Miss
+	return Fetched{}, false
+}
+
+// localExact is localBest and localGet.
+func (f TierFetcher) localExact(ctx context.Context, key chunk.Key) (localAnswer, bool) {
+	a, exact := f.localBest(key)
+	if !exact {
+		return a, false
+	}
+	a.got, exact = f.localGet(ctx, &a)
+	return a, exact
+}
+
+// resolve settles a key without a local exact entry from the replicas'
+// answer rf: an exact replica entry, else an approximate one, local first
+// (no network), then remote.
+func (f TierFetcher) resolve(ctx context.Context, la localAnswer, rf Found) (Fetched, error) {
+	lm := la.match
+	rerr := rf.Err
+	if f.Remote != nil && rerr == nil && (rf.Match == Exact || (rf.Match == Approximate && lm == kvtier.Miss)) {
+		blob, err := f.Remote.Get(ctx, rf.Key)
+		if err == nil {
+			return Fetched{Blob: blob, Match: rf.Match}, nil
+		}
+		rerr = err
 	}
 	if lm == kvtier.Approximate {
-		if got, err := f.local(ctx, lkey, Approximate); err == nil {
+		if got, err := f.local(ctx, la.key, Approximate); err == nil {
 			return got, nil
 		}
 	}
 	if rerr != nil {
 		return Fetched{}, fmt.Errorf("inject: replicas: %w", rerr)
 	}
-	return Fetched{Match: Miss}, lerr
+	return Fetched{Match: Miss}, la.err
 }
 
 func (f TierFetcher) local(ctx context.Context, key chunk.Key, m Match) (Fetched, error) {

@@ -50,6 +50,14 @@ type Request struct {
 	// is answered MISS and its slots must be prefilled, though earlier
 	// layers of it were written.
 	OnLayer func(layer int)
+	// OnPlan, if set, is called once on the Inject caller's goroutine when
+	// every chunk is fetched and verified, before anything is written,
+	// with one Result per chunk (the slice is the Response's: read it
+	// during the call only). The Response answers the same unless a
+	// planned hit fails to decode at some layer (see OnLayer): then it is
+	// a MISS there. With the plan the engine knows which tokens it must
+	// compute, and may start layer l as soon as OnLayer(l) comes.
+	OnPlan func(results []Result)
 }
 
 // Result answers one chunk.
@@ -150,6 +158,9 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 		}
 		return nil, err
 	}
+	if req.OnPlan != nil {
+		req.OnPlan(resp.Results)
+	}
 	if len(r.hits) > 0 {
 		if err := r.pipeline(req.OnLayer); err != nil {
 			if r.faulted.Load() {
@@ -241,17 +252,51 @@ func (s *Service) checkRequest(c *cache, req *Request) error {
 	return nil
 }
 
-// fetch runs the Fetcher for every chunk, at most FetchParallel at once,
-// and keeps the entries that pass verification as hits.
+// fetch runs the Fetcher for every chunk (FetchBatch for all at once when
+// it is a BatchFetcher, else Fetch at most FetchParallel at once) and keeps
+// the entries that pass verification as hits.
 func (r *request) fetch(req *Request, results []Result) error {
-	s := r.s
-	var (
-		mu   sync.Mutex
-		wg   sync.WaitGroup
-		hits = make([]*hit, len(req.Chunks))
-		sem  = make(chan struct{}, s.cfg.FetchParallel)
-	)
+	hits := make([]*hit, len(req.Chunks))
+	// Each index is written by one call (the flag drops a fetcher's
+	// second answer), and the calls end before fetch reads: no lock.
+	seen := make([]atomic.Bool, len(req.Chunks))
+	settle := func(i int, f Fetched, err error) {
+		if i < 0 || i >= len(seen) || seen[i].Swap(true) {
+			if f.Release != nil {
+				f.Release()
+			}
+			return
+		}
+		hits[i], results[i] = r.accept(i, &req.Chunks[i], f, err)
+	}
 	var err error
+	if bf, ok := r.s.cfg.Fetcher.(BatchFetcher); ok {
+		keys := make([]chunk.Key, len(req.Chunks))
+		for i := range req.Chunks {
+			keys[i] = r.key(&req.Chunks[i])
+		}
+		bf.FetchBatch(r.ctx, keys, settle)
+	} else {
+		err = r.fetchEach(req, settle)
+	}
+	for _, h := range hits {
+		if h != nil {
+			r.hits = append(r.hits, h)
+		}
+	}
+	if err == nil {
+		err = r.ctx.Err()
+	}
+	return err
+}
+
+// fetchEach calls Fetch for every chunk, at most FetchParallel at once.
+func (r *request) fetchEach(req *Request, settle func(int, Fetched, error)) error {
+	var (
+		wg  sync.WaitGroup
+		sem = make(chan struct{}, r.s.cfg.FetchParallel)
+		err error
+	)
 loop:
 	for i := range req.Chunks {
 		select {
@@ -264,36 +309,28 @@ loop:
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			h, res := r.fetchOne(i, &req.Chunks[i])
-			mu.Lock()
-			hits[i], results[i] = h, res
-			mu.Unlock()
+			f, err := r.s.cfg.Fetcher.Fetch(r.ctx, r.key(&req.Chunks[i]))
+			settle(i, f, err)
 		}()
 	}
 	wg.Wait()
-	for _, h := range hits {
-		if h != nil {
-			r.hits = append(r.hits, h)
-		}
-	}
-	if err == nil {
-		err = r.ctx.Err()
-	}
-	if err != nil {
-		return err
-	}
-	return nil
+	return err
 }
 
-// fetchOne fetches and verifies chunk i; a nil hit is a MISS.
-func (r *request) fetchOne(i int, ch *Chunk) (*hit, Result) {
-	c := r.c
-	fp := c.desc.Fingerprint
+// key is the stored key chunk ch asks for.
+func (r *request) key(ch *Chunk) chunk.Key {
+	fp := r.c.desc.Fingerprint
 	content := ch.Content
 	if content.IsZero() {
 		content = chunk.ContentID(fp, ch.Tokens)
 	}
-	f, err := r.s.cfg.Fetcher.Fetch(r.ctx, chunk.Key{Fingerprint: fp, Content: content, Context: ch.Context})
+	return chunk.Key{Fingerprint: fp, Content: content, Context: ch.Context}
+}
+
+// accept verifies chunk i's fetched entry; a nil hit is a MISS (and f is
+// released).
+func (r *request) accept(i int, ch *Chunk, f Fetched, err error) (*hit, Result) {
+	content := r.key(ch).Content
 	if err != nil || f.Match == Miss || len(f.Blob) == 0 {
 		if f.Release != nil {
 			f.Release()

@@ -61,6 +61,20 @@ type Fetcher interface {
 	Fetch(ctx context.Context, key chunk.Key) (Fetched, error)
 }
 
+// BatchFetcher is a Fetcher that finds all the keys of a request at once,
+// so that its lookups cost one round trip per owner node rather than one
+// per chunk. The Service uses FetchBatch when its Fetcher implements it.
+type BatchFetcher interface {
+	Fetcher
+	// FetchBatch finds every key and calls found(i, got, err) exactly once
+	// for keys[i], with Fetch's meaning, as soon as that key is settled:
+	// from any goroutine, possibly concurrently (the Service verifies the
+	// entry inside found, so answers verify in parallel). It returns once
+	// every call has returned; if ctx ends, the remaining keys are found
+	// with an error.
+	FetchBatch(ctx context.Context, keys []chunk.Key, found func(i int, got Fetched, err error))
+}
+
 // ModelSource resolves a model fingerprint to its spec (the node's model
 // registry).
 type ModelSource interface {
@@ -77,8 +91,8 @@ type Config struct {
 	// Workers is the number of goroutines that decode and rotate, shared by
 	// all requests. Default runtime.GOMAXPROCS(0).
 	Workers int
-	// FetchParallel bounds the concurrent Fetch calls of one request.
-	// Default 16.
+	// FetchParallel bounds the concurrent Fetch calls of one request
+	// (a BatchFetcher bounds its own reads). Default 16.
 	FetchParallel int
 	// LayersAhead is how many layers past the oldest unfinished one a
 	// request may have in flight: workers decode and write layer l+1 while

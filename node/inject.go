@@ -96,6 +96,28 @@ type countingFetcher struct {
 
 func (f countingFetcher) Fetch(ctx context.Context, key chunk.Key) (inject.Fetched, error) {
 	got, err := f.f.Fetch(ctx, key)
+	f.count(got, err)
+	return got, err
+}
+
+// FetchBatch implements inject.BatchFetcher (over Fetch calls when the
+// wrapped Fetcher has no FetchBatch).
+func (f countingFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found func(int, inject.Fetched, error)) {
+	count := func(i int, got inject.Fetched, err error) {
+		f.count(got, err)
+		found(i, got, err)
+	}
+	if bf, ok := f.f.(inject.BatchFetcher); ok {
+		bf.FetchBatch(ctx, keys, count)
+		return
+	}
+	for i, k := range keys {
+		got, err := f.f.Fetch(ctx, k)
+		count(i, got, err)
+	}
+}
+
+func (f countingFetcher) count(got inject.Fetched, err error) {
 	if err == nil && len(got.Blob) > 0 {
 		src := "peer"
 		if got.Release != nil {
@@ -103,7 +125,6 @@ func (f countingFetcher) Fetch(ctx context.Context, key chunk.Key) (inject.Fetch
 		}
 		f.c.WithLabelValues(src).Add(float64(len(got.Blob)))
 	}
-	return got, err
 }
 
 // replicaRemote is inject.Remote over the other replicas of a content ID:
@@ -144,7 +165,8 @@ func (r replicaRemote) Best(ctx context.Context, fp chunk.Fingerprint, content c
 		}()
 	}
 	wg.Wait()
-	best, answered := (*api.LookupResult)(nil), false
+	var best *api.LookupResult
+	answered := false
 	for _, a := range answers {
 		if a == nil {
 			continue
@@ -154,20 +176,96 @@ func (r replicaRemote) Best(ctx context.Context, fp chunk.Fingerprint, content c
 			best = a
 		}
 	}
-	if !answered {
-		return chunk.Key{}, inject.Miss, fmt.Errorf("node: no replica answered: %w", errors.Join(errs...))
+	f := r.pick(true, answered, best, errs)
+	return f.Key, f.Match, f.Err
+}
+
+// BestBatch implements inject.BatchRemote: the keys are grouped by
+// replica node, and each node gets one direct Lookup for all the keys it
+// replicates (split at the per-request chunk limit), all nodes at once;
+// each key then takes the best answer among its replicas.
+func (r replicaRemote) BestBatch(ctx context.Context, keys []chunk.Key) []inject.Found {
+	type group struct {
+		addr string
+		fp   chunk.Fingerprint
 	}
-	if best == nil || best.Status == api.LookupStatus_LOOKUP_STATUS_MISS {
-		return chunk.Key{}, inject.Miss, nil
+	type call struct {
+		group
+		idx []int // indices into keys
+		res []*api.LookupResult
+		err error
+	}
+	out := make([]inject.Found, len(keys))
+	limit := max(1, min(r.n.cfg.MaxChunksPerRequest, MaxLookupBatch))
+	var calls []*call
+	open := map[group]*call{}
+	asked := make([]int, len(keys)) // replicas asked per key
+	for i, k := range keys {
+		for _, addr := range r.others(k.Content) {
+			g := group{addr, k.Fingerprint}
+			c := open[g]
+			if c == nil || len(c.idx) == limit {
+				c = &call{group: g}
+				open[g] = c
+				calls = append(calls, c)
+			}
+			c.idx = append(c.idx, i)
+			asked[i]++
+		}
+	}
+	var wg sync.WaitGroup
+	for _, c := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			items := make([]lookupItem, len(c.idx))
+			for j, i := range c.idx {
+				items[j] = lookupItem{content: keys[i].Content, want: keys[i].Context}
+			}
+			c.res, c.err = r.n.remoteLookup(ctx, c.addr, client.ProtoFingerprint(c.fp), items)
+		}()
+	}
+	wg.Wait()
+	best := make([]*api.LookupResult, len(keys))
+	answered := make([]bool, len(keys))
+	errs := make([][]error, len(keys))
+	for _, c := range calls {
+		for j, i := range c.idx {
+			if c.err != nil {
+				errs[i] = append(errs[i], c.err)
+				continue
+			}
+			a := c.res[j]
+			answered[i] = true
+			if a.Key != nil && (best[i] == nil || rank(a.Status) > rank(best[i].Status)) {
+				best[i] = a
+			}
+		}
+	}
+	for i := range keys {
+		out[i] = r.pick(asked[i] > 0, answered[i], best[i], errs[i])
+	}
+	return out
+}
+
+// pick turns the replicas' best answer for one key into an inject.Found.
+func (r replicaRemote) pick(asked, answered bool, best *api.LookupResult, errs []error) inject.Found {
+	switch {
+	case !asked:
+		return inject.Found{Match: inject.Miss}
+	case !answered:
+		return inject.Found{Err: fmt.Errorf("node: no replica answered: %w", errors.Join(errs...))}
+	case best == nil || best.Status == api.LookupStatus_LOOKUP_STATUS_MISS:
+		return inject.Found{Match: inject.Miss}
 	}
 	key, err := client.KeyFromProto(best.Key)
 	if err != nil {
-		return chunk.Key{}, inject.Miss, err
+		return inject.Found{Err: err}
 	}
 	if best.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
-		return key, inject.Exact, nil
+		return inject.Found{Key: key, Match: inject.Exact}
 	}
-	return key, inject.Approximate, nil
+	return inject.Found{Key: key, Match: inject.Approximate}
 }
 
 func (r replicaRemote) Get(ctx context.Context, key chunk.Key) ([]byte, error) {
@@ -311,6 +409,12 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 			Pos: int(c.Pos), Slots: slots}
 	}
 	var sendErr error
+	if req.Plan {
+		r.OnPlan = func(res []inject.Result) {
+			plan := &api.InjectPlan{Results: lookupResults(r, res)}
+			sendErr = st.Send(&api.InjectEvent{Event: &api.InjectEvent_Plan{Plan: plan}})
+		}
+	}
 	r.OnLayer = func(l int) {
 		if sendErr == nil {
 			sendErr = st.Send(&api.InjectEvent{Event: &api.InjectEvent_LayerWritten{LayerWritten: int32(l)}})
@@ -324,8 +428,14 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 		return sendErr
 	}
 	done := &api.InjectDone{WrittenBytes: uint64(resp.WrittenBytes), DecodedBytes: uint64(resp.DecodedBytes),
-		Results: make([]*api.LookupResult, len(resp.Results))}
-	for i, res := range resp.Results {
+		Results: lookupResults(r, resp.Results)}
+	return st.Send(&api.InjectEvent{Event: &api.InjectEvent_Done{Done: done}})
+}
+
+// lookupResults converts the answers to r's chunks to their wire form.
+func lookupResults(r *inject.Request, results []inject.Result) []*api.LookupResult {
+	out := make([]*api.LookupResult, len(results))
+	for i, res := range results {
 		lr := &api.LookupResult{}
 		if res.Match != inject.Miss {
 			// The cache's model is the fingerprint; the key names the
@@ -336,7 +446,7 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 				lr.Status = api.LookupStatus_LOOKUP_STATUS_EXACT
 			}
 		}
-		done.Results[i] = lr
+		out[i] = lr
 	}
-	return st.Send(&api.InjectEvent{Event: &api.InjectEvent_Done{Done: done}})
+	return out
 }
