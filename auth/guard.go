@@ -48,6 +48,8 @@ func DefaultMethods() map[string]Scope {
 		api.Admin_ListTokens_FullMethodName:         ScopeAdmin,
 		api.Admin_RevokeToken_FullMethodName:        ScopeAdmin,
 		api.Admin_GossipKeys_FullMethodName:         ScopeAdmin,
+		api.Admin_GetSettings_FullMethodName:        ScopeAdmin,
+		api.Admin_SetSettings_FullMethodName:        ScopeAdmin,
 	}
 }
 

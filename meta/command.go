@@ -318,3 +318,16 @@ func validateTokenID(id string) error {
 	}
 	return nil
 }
+
+// LeaveOf returns the node a raft command removes from the cluster: the ID
+// of a well-formed leave command, and ok false for any other command or
+// bytes that do not decode (ApplyForwarded refuses those). The node's
+// handler of forwarded commands uses it to check that a leave comes from
+// the node that leaves.
+func LeaveOf(cmd []byte) (id string, ok bool) {
+	c, err := decodeCommand(cmd)
+	if err != nil || c.kind != kindLeave {
+		return "", false
+	}
+	return c.leave.ID, true
+}

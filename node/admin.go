@@ -17,14 +17,17 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
 // adminService is the Admin API: API tokens (records in the raft
-// metadata) and live gossip key rotation fanned out to every member. The
+// metadata), live gossip key rotation fanned out to every member, and the
+// cluster settings (raft metadata). The
 // Guard lets only admin-scoped callers in; the handlers add that a token
 // never grants more than its creator holds.
 type adminService struct {
@@ -329,4 +332,68 @@ func (s *adminService) GossipKeys(ctx context.Context, req *api.GossipKeyRequest
 	}
 	n.log.Info("node: gossip key operation", "op", req.Op.String(), "key", fp, "nodes", len(resp.Nodes), "failed", resp.Failed, "by", who)
 	return resp, nil
+}
+
+// settingsProto is s as the Admin API shows it.
+func settingsProto(s meta.Settings) *api.ClusterSettings {
+	return &api.ClusterSettings{ReplicationFactor: uint32(s.ReplicationFactor), WriteQuorum: uint32(s.WriteQuorum), Codec: s.Codec.String()}
+}
+
+// mergeSettings applies req's non-zero fields to cur and validates the
+// result: R and W within 1 <= W <= R <= meta.MaxReplicationFactor, a codec
+// chunk knows. Anything else is InvalidArgument.
+func mergeSettings(cur meta.Settings, req *api.SetSettingsRequest) (meta.Settings, error) {
+	next := cur
+	if req.ReplicationFactor > meta.MaxReplicationFactor {
+		return cur, status.Errorf(codes.InvalidArgument, "set settings: replication factor %d exceeds %d", req.ReplicationFactor, meta.MaxReplicationFactor)
+	}
+	if req.WriteQuorum > meta.MaxReplicationFactor {
+		return cur, status.Errorf(codes.InvalidArgument, "set settings: write quorum %d exceeds %d", req.WriteQuorum, meta.MaxReplicationFactor)
+	}
+	if req.ReplicationFactor != 0 {
+		next.ReplicationFactor = int(req.ReplicationFactor)
+	}
+	if req.WriteQuorum != 0 {
+		next.WriteQuorum = int(req.WriteQuorum)
+	}
+	if req.Codec != "" {
+		c, err := chunk.ParseCodec(req.Codec)
+		if err != nil {
+			return cur, status.Errorf(codes.InvalidArgument, "set settings: %v", err)
+		}
+		next.Codec = c
+	}
+	if err := next.Validate(); err != nil {
+		return cur, status.Errorf(codes.InvalidArgument, "set settings %+v: %v", next, err)
+	}
+	return next, nil
+}
+
+// GetSettings returns the cluster settings as this node has applied them.
+func (s *adminService) GetSettings(context.Context, *api.GetSettingsRequest) (*api.GetSettingsResponse, error) {
+	return &api.GetSettingsResponse{Settings: settingsProto(s.n.meta.Settings()), NodeId: s.n.cfg.NodeID}, nil
+}
+
+// SetSettings merges the request into the current settings, validates
+// them and commits them through raft (forwarded to the leader from a
+// follower). Fields left at zero keep the values this node has applied,
+// so two concurrent partial changes may overwrite each other's fields;
+// the last commit wins whole. Changing R moves no data at once: new
+// replicas fill by anti-entropy and copies beyond R are dropped at the
+// next rebalance (a ring epoch change).
+func (s *adminService) SetSettings(ctx context.Context, req *api.SetSettingsRequest) (*api.SetSettingsResponse, error) {
+	p, err := caller(ctx)
+	if err != nil {
+		return nil, err
+	}
+	prev := s.n.meta.Settings()
+	next, err := mergeSettings(prev, req)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.n.meta.SetSettings(ctx, next); err != nil {
+		return nil, toStatus(err)
+	}
+	s.n.log.Info("node: cluster settings changed", "previous", fmt.Sprintf("%+v", prev), "settings", fmt.Sprintf("%+v", next), "by", p.Key())
+	return &api.SetSettingsResponse{Previous: settingsProto(prev), Settings: settingsProto(next)}, nil
 }

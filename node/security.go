@@ -30,6 +30,12 @@ import (
 var ErrNoTLS = errors.New("node: no TLS configured: give CA, certificate and key files (kvmeshd -tls-ca, -tls-cert, -tls-key; node.Config.TLS) " +
 	"or turn TLS off explicitly (kvmeshd -insecure; node.Config.Insecure)")
 
+// ErrCertName is returned by New when the node certificate does not name
+// the node: its common name must be the node ID, the identity a forwarded
+// leave is checked against (kvmesh certs -node ID=HOST makes such a
+// certificate).
+var ErrCertName = errors.New("node: the node certificate's common name is not the node ID")
+
 // security is the node's transport security and authorisation: the TLS
 // identity (gRPC server, peer dials, raft), the Guard that authenticates
 // and authorises every call, and the per-caller stream limiter. The node
@@ -68,6 +74,9 @@ func newSecurity(cfg Config) (security, error) {
 	}
 	if err != nil {
 		return security{}, fmt.Errorf("node: TLS: %w", err)
+	}
+	if leaf := t.Leaf(); !t.Insecure() && leaf != nil && leaf.Subject.CommonName != cfg.NodeID {
+		return security{}, fmt.Errorf("%w: certificate %q, node %q", ErrCertName, leaf.Subject.CommonName, cfg.NodeID)
 	}
 	return security{tls: t, caches: new(sync.Map), keyMu: new(sync.Mutex)}, nil
 }
@@ -114,6 +123,31 @@ func (s *security) checkPeer(ctx context.Context, what string) error {
 		return nil
 	}
 	return status.Errorf(codes.PermissionDenied, "%s is for cluster members (a node certificate)", what)
+}
+
+// checkForwarded refuses, with PermissionDenied, a forwarded raft leave
+// (Peer.MetaApply) for node X that does not come from X: with TLS the
+// caller's node certificate must name X (its common name is its node ID,
+// which New checks on every node). Only a node asks to leave, for itself
+// (meta.Store.Leave at the end of its drain); an operator drains another
+// node through Drain on that node, which needs the admin scope. Without
+// TLS no caller has an identity and every leave passes. Other commands
+// pass: the peer scope covers them, and the leader validates them.
+func (s *security) checkForwarded(ctx context.Context, cmd []byte) error {
+	id, ok := meta.LeaveOf(cmd)
+	if !ok {
+		return nil
+	}
+	p, ok := auth.FromContext(ctx)
+	switch {
+	case !ok:
+		return status.Error(codes.PermissionDenied, "no authenticated caller")
+	case p.Node && p.CertName == id:
+		return nil
+	case s.tls.Insecure() && p.CertName == "":
+		return nil
+	}
+	return status.Errorf(codes.PermissionDenied, "leave of node %q forwarded by %s: a node asks to leave only for itself (drain another node with Drain on it)", id, p.Key())
 }
 
 // metaTLS is the TLS raft runs over: nil (plain TCP) in insecure mode.

@@ -565,6 +565,9 @@ func compareKeys(a, b chunk.Key) int {
 }
 
 func (s *peerService) MetaApply(ctx context.Context, req *api.MetaApplyRequest) (*api.MetaApplyResponse, error) {
+	if err := s.n.sec.checkForwarded(ctx, req.Command); err != nil {
+		return nil, err
+	}
 	if err := s.n.meta.ApplyForwarded(ctx, req.Command); err != nil {
 		return nil, err
 	}
