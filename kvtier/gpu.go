@@ -79,6 +79,13 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 		if err != nil {
 			return nil, err
 		}
+		if e.busy || e.dead || e.dev != nil {
+			// getLocked released the lock (a disk read), and another
+			// goroutine started moving e, deleted it or put it on the GPU
+			// meanwhile: look again rather than move it twice.
+			s.unlocked(h.Release)
+			continue
+		}
 		dh, err := s.promoteGPU(ctx, e, h.b)
 		s.unlocked(h.Release)
 		return dh, err
