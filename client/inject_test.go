@@ -62,6 +62,10 @@ func layerEv(l int32) *api.InjectEvent {
 	return &api.InjectEvent{Event: &api.InjectEvent_LayerWritten{LayerWritten: l}}
 }
 
+func planEv(rs ...*api.LookupResult) *api.InjectEvent {
+	return &api.InjectEvent{Event: &api.InjectEvent_Plan{Plan: &api.InjectPlan{Results: rs}}}
+}
+
 func doneEv(rs ...*api.LookupResult) *api.InjectEvent {
 	return &api.InjectEvent{Event: &api.InjectEvent_Done{Done: &api.InjectDone{Results: rs, WrittenBytes: 1000, DecodedBytes: 10}}}
 }
@@ -109,6 +113,9 @@ func TestInjectorOverRPC(t *testing.T) {
 		want   []engine.InjectResult
 		layers []int
 		fails  bool
+		// planned: call InjectPlanned and expect plan (nil: none sent).
+		planned bool
+		plan    []engine.InjectResult
 	}{
 		{name: "layers then results", events: []*api.InjectEvent{layerEv(0), layerEv(1), layerEv(2), layerEv(3), doneEv(exact, approx, miss)},
 			want:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {}},
@@ -119,6 +126,17 @@ func TestInjectorOverRPC(t *testing.T) {
 		{name: "bad context", events: []*api.InjectEvent{doneEv(exact, badCx, miss)}, fails: true},
 		{name: "empty event", events: []*api.InjectEvent{{}}, fails: true},
 		{name: "server error", err: status.Error(codes.NotFound, "unknown cache"), fails: true},
+		{name: "plan, layers, results", planned: true,
+			events: []*api.InjectEvent{planEv(exact, approx, exact), layerEv(0), layerEv(1), doneEv(exact, approx, miss)},
+			plan:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {Match: engine.MatchExact, Context: cx1}},
+			want:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {}},
+			layers: []int{0, 1}},
+		{name: "node without plans", planned: true, events: []*api.InjectEvent{layerEv(0), doneEv(miss, miss, exact)},
+			want: []engine.InjectResult{{}, {}, {Match: engine.MatchExact, Context: cx1}}, layers: []int{0}},
+		{name: "plan after a layer", planned: true, events: []*api.InjectEvent{layerEv(0), planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
+		{name: "two plans", planned: true, events: []*api.InjectEvent{planEv(miss, miss, miss), planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
+		{name: "plan of the wrong count", planned: true, events: []*api.InjectEvent{planEv(miss), doneEv(miss, miss, miss)}, fails: true},
+		{name: "plan not asked for", events: []*api.InjectEvent{planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -126,7 +144,17 @@ func TestInjectorOverRPC(t *testing.T) {
 			fi.events, fi.err = tc.events, tc.err
 			fi.mu.Unlock()
 			var layers []int
-			got, stats, err := inj.InjectLayered(ctx, chunks, func(l int) { layers = append(layers, l) })
+			var plan []engine.InjectResult
+			var got []engine.InjectResult
+			var stats InjectStats
+			var err error
+			onLayer := func(l int) { layers = append(layers, l) }
+			if tc.planned {
+				got, err = inj.InjectPlanned(ctx, chunks, func(p []engine.InjectResult) { plan = p }, onLayer)
+				stats = InjectStats{Layers: len(layers), WrittenBytes: 1000}
+			} else {
+				got, stats, err = inj.InjectLayered(ctx, chunks, onLayer)
+			}
 			if tc.fails {
 				if err == nil {
 					t.Fatalf("no error; results %v", got)
@@ -140,6 +168,9 @@ func TestInjectorOverRPC(t *testing.T) {
 				t.Fatalf("got %v layers %v stats %+v; want %v layers %v", got, layers, stats, tc.want, tc.layers)
 			}
 			r := fi.req
+			if !slices.Equal(plan, tc.plan) || r.Plan != tc.planned {
+				t.Fatalf("plan %v (asked %v), want %v", plan, r.Plan, tc.plan)
+			}
 			if r.CacheId != 42 || len(r.Chunks) != 3 || r.Chunks[0].Pos != 7 || !slices.Equal(r.Chunks[0].Slots, []int64{3, -1}) ||
 				IDFromProto(r.Chunks[1].Content) != (chunk.ID{Lo: 2}) || !slices.Equal(r.Chunks[0].Tokens, []uint32{1, 2}) {
 				t.Fatalf("request sent %v", r)
@@ -149,7 +180,7 @@ func TestInjectorOverRPC(t *testing.T) {
 			}
 		})
 	}
-	var _ engine.CacheInjector = inj
+	var _ engine.LayeredInjector = inj
 	if err := inj.Close(ctx); err != nil || !slices.Equal(fi.unregged, []uint64{42}) {
 		t.Fatalf("close: %v, unregistered %v", err, fi.unregged)
 	}

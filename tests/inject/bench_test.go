@@ -16,7 +16,9 @@ import (
 // BenchmarkTTFT is time to first token against k retrieved facts through
 // a real 3-node cluster: prompt injection (full prefill) against KV
 // injection by the engine's node, with every fact in its own tier (local)
-// or only on the two other nodes (remote). The model is `kvmesh demo`'s
+// or only on the two other nodes (remote). The plain cases overlap the
+// forward pass with the injection (layer l starts once layer l is
+// written); the -wait cases wait for the whole injection first. The model is `kvmesh demo`'s
 // (llama, 4 layers, hidden 256, 2 KV heads x 64, bf16 KV); facts are 24
 // tokens encoded after a 20-token window, the question 16 tokens.
 //
@@ -91,7 +93,7 @@ func BenchmarkTTFT(b *testing.B) {
 		}
 		return append(segs, engine.Segment{Tokens: query})
 	}
-	for _, k := range []int{5, 10, 20, 50} {
+	for _, k := range []int{1, 5, 10, 20, 50} {
 		near, far := prompt(stream[:k]), prompt(stream[maxK:maxK+k])
 		b.Run(fmt.Sprintf("k=%d/prompt", k), func(b *testing.B) {
 			for b.Loop() {
@@ -103,10 +105,11 @@ func BenchmarkTTFT(b *testing.B) {
 		for _, way := range []struct {
 			name string
 			segs []engine.Segment
-		}{{"local", near}, {"remote", far}} {
+			inj  engine.CacheInjector
+		}{{"local", near, inj}, {"remote", far, inj}, {"local-wait", near, waitAll{inj}}, {"remote-wait", far, waitAll{inj}}} {
 			b.Run(fmt.Sprintf("k=%d/%s", k, way.name), func(b *testing.B) {
 				for b.Loop() {
-					resp, err := e.RunInjected(ctx, inj, engine.Request{Segments: way.segs})
+					resp, err := e.RunInjected(ctx, way.inj, engine.Request{Segments: way.segs})
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -117,4 +120,12 @@ func BenchmarkTTFT(b *testing.B) {
 			})
 		}
 	}
+}
+
+// waitAll hides the client's InjectPlanned: RunInjected then waits for the
+// whole injection before its forward pass (the sequential path).
+type waitAll struct{ inj *client.Injector }
+
+func (w waitAll) InjectChunks(ctx context.Context, chunks []engine.InjectChunk) ([]engine.InjectResult, error) {
+	return w.inj.InjectChunks(ctx, chunks)
 }
