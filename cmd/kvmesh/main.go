@@ -11,6 +11,7 @@
 //	kvmesh drain [-keep] NODE
 //	kvmesh token create|list|revoke ...
 //	kvmesh gossip-key new|list|install|use|remove ...
+//	kvmesh settings [get] | settings set [-r R] [-w W] [-codec C]
 //	kvmesh local-cluster [-dir D] [-kvmeshd PATH] N
 //	kvmesh demo [-facts N] [-k LIST] [-queries N] [-out DIR]
 //
@@ -67,6 +68,9 @@ commands:
                           a new API token from the cluster (admin), printed once
   token list | token revoke ID
                           the cluster's tokens (no secrets); revoke one everywhere (admin)
+  settings [get]          the cluster settings: R, W, codec (admin)
+  settings set [-r R] [-w W] [-codec C]
+                          change them through raft on every node (admin; unset flags keep their value)
   token create -records FILE [...]
                           offline: print a new token; append its record for kvmeshd -tokens-file
 `
@@ -108,12 +112,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return demo(ctx, rest, stdout, stderr)
 	case "certs":
 		return certs(rest, stdout, stderr)
-	case "gossip-key", "token":
+	case "gossip-key", "token", "settings":
 		ctx, cancel := context.WithTimeout(ctx, *timeout)
 		defer cancel()
 		dial := adminDial(*addr, &sec)
-		if cmd == "token" {
+		switch cmd {
+		case "token":
 			return tokenCmd(ctx, rest, dial, stdout, stderr)
+		case "settings":
+			return settingsCmd(ctx, rest, dial, stdout, stderr)
 		}
 		return gossipKeyCmd(ctx, rest, dial, stdout)
 	}
