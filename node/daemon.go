@@ -39,6 +39,16 @@ type FileConfig struct {
 	// it is back in the ring after a start.
 	AntiEntropy string `json:"anti_entropy"`
 	StartupPull *bool  `json:"startup_pull,omitempty"`
+	// RebalanceRate limits what this node sends to new owners on a ring
+	// change (bytes/s, "off": unlimited). RebalanceRecvStreams,
+	// RebalanceRecvRate ("off": uncapped) and RebalanceYield ("off": no
+	// waiting) are its budget as a receiver: concurrent stores of
+	// incoming rebalance blobs, their bytes/s over all senders, and how
+	// long each waits for serving calls in flight to finish.
+	RebalanceRate        string `json:"rebalance_rate"`
+	RebalanceRecvStreams int    `json:"rebalance_recv_streams"`
+	RebalanceRecvRate    string `json:"rebalance_recv_rate"`
+	RebalanceYield       string `json:"rebalance_yield"`
 	// SecurityFileConfig holds tls, insecure, gossip_keyring_file and
 	// auth (security.go).
 	SecurityFileConfig
@@ -100,6 +110,10 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", "period of anti-entropy rounds between replicas (\"off\" disables them)")
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
+	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", "bytes/s this node sends to new owners on a ring change (\"off\": unlimited)")
+	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 2, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
+	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", "bytes/s of incoming rebalance blobs stored, over all senders (\"off\": uncapped)")
+	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", "how long an incoming rebalance blob waits for serving calls in flight to finish (\"off\": no waiting)")
 	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -171,6 +185,12 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("rpc-timeout", &fc.RPCTimeout, file.RPCTimeout)
 	str("log-level", &fc.LogLevel, file.LogLevel)
 	str("anti-entropy", &fc.AntiEntropy, file.AntiEntropy)
+	str("rebalance-rate", &fc.RebalanceRate, file.RebalanceRate)
+	str("rebalance-recv-rate", &fc.RebalanceRecvRate, file.RebalanceRecvRate)
+	str("rebalance-yield", &fc.RebalanceYield, file.RebalanceYield)
+	if !set["rebalance-recv-streams"] && file.RebalanceRecvStreams != 0 {
+		fc.RebalanceRecvStreams = file.RebalanceRecvStreams
+	}
 	if !set["startup-pull"] && file.StartupPull != nil {
 		fc.StartupPull = file.StartupPull
 	}
@@ -231,6 +251,11 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 			return cfg, fmt.Errorf("kvmeshd: -anti-entropy %q: a positive duration or \"off\"", fc.AntiEntropy)
 		}
 	}
+	rcfg, err := fc.rebalanceConfig()
+	if err != nil {
+		return cfg, err
+	}
+	rcfg.AntiEntropyInterval = antiEntropy
 	var seeds []string
 	for _, s := range fc.Join {
 		if s = strings.TrimSpace(s); s != "" {
@@ -242,8 +267,54 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DiskBytes: disk, DeadGrace: grace,
 		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
-		Replication:   replication.Config{AntiEntropyInterval: antiEntropy},
+		Replication:   rcfg,
 		Logger:        slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
 	}
 	return cfg, fc.securityConfig(&cfg)
+}
+
+// maxRecvStreams bounds -rebalance-recv-streams.
+const maxRecvStreams = 1024
+
+// rebalanceConfig parses the rebalance flags into replication's settings
+// ("" keeps replication's default).
+func (fc FileConfig) rebalanceConfig() (replication.Config, error) {
+	var rc replication.Config
+	rate := func(name, v string, offValue int64, dst *int64) error {
+		switch strings.TrimSpace(v) {
+		case "":
+			return nil
+		case "off":
+			*dst = offValue
+			return nil
+		}
+		b, err := ParseBytes(v)
+		if err != nil || b == 0 {
+			return fmt.Errorf("kvmeshd: -%s %q: a positive byte size per second or \"off\"", name, v)
+		}
+		*dst = b
+		return nil
+	}
+	if err := rate("rebalance-rate", fc.RebalanceRate, -1, &rc.RebalanceBytesPerSec); err != nil {
+		return rc, err
+	}
+	if err := rate("rebalance-recv-rate", fc.RebalanceRecvRate, 0, &rc.IncomingRebalanceBytesPerSec); err != nil {
+		return rc, err
+	}
+	if fc.RebalanceRecvStreams < 0 || fc.RebalanceRecvStreams > maxRecvStreams {
+		return rc, fmt.Errorf("kvmeshd: -rebalance-recv-streams %d: 1 to %d", fc.RebalanceRecvStreams, maxRecvStreams)
+	}
+	rc.IncomingRebalanceStreams = fc.RebalanceRecvStreams
+	switch y := strings.TrimSpace(fc.RebalanceYield); y {
+	case "":
+	case "off", "0":
+		rc.ServingYield = -1
+	default:
+		d, err := time.ParseDuration(y)
+		if err != nil || d <= 0 {
+			return rc, fmt.Errorf("kvmeshd: -rebalance-yield %q: a positive duration or \"off\"", y)
+		}
+		rc.ServingYield = d
+	}
+	return rc, nil
 }

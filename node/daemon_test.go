@@ -58,6 +58,62 @@ func TestConfigFileAndFlags(t *testing.T) {
 	}
 }
 
+// The rebalance knobs reach replication's settings; "off" and defaults
+// map to its conventions (negative: unlimited, zero: its default).
+func TestRebalanceFlags(t *testing.T) {
+	base := FileConfig{ID: "x", DataDir: t.TempDir(), LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}
+	for _, tc := range []struct {
+		name                  string
+		rate, recvRate, yield string
+		streams               int
+		ok                    bool
+		wantRate, wantRecv    int64
+		wantYield             time.Duration
+		wantStreams           int
+	}{
+		{"defaults of the flags", "64M", "off", "100ms", 2, true, 64 << 20, 0, 100 * time.Millisecond, 2},
+		{"unset (file without them)", "", "", "", 0, true, 0, 0, 0, 0},
+		{"unlimited, capped receiver, no yield", "off", "200M", "off", 1, true, -1, 200 << 20, -1, 1},
+		{"zero rate", "0", "", "", 0, false, 0, 0, 0, 0},
+		{"bad rate", "fast", "", "", 0, false, 0, 0, 0, 0},
+		{"bad receiver rate", "", "-1M", "", 0, false, 0, 0, 0, 0},
+		{"bad yield", "", "", "-5ms", 0, false, 0, 0, 0, 0},
+		{"negative streams", "", "", "", -1, false, 0, 0, 0, 0},
+		{"too many streams", "", "", "", 1 << 20, false, 0, 0, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := base
+			fc.RebalanceRate, fc.RebalanceRecvRate, fc.RebalanceYield, fc.RebalanceRecvStreams = tc.rate, tc.recvRate, tc.yield, tc.streams
+			cfg, err := fc.Config(io.Discard)
+			if (err == nil) != tc.ok {
+				t.Fatalf("err %v, want ok=%v", err, tc.ok)
+			}
+			if !tc.ok {
+				return
+			}
+			rc := cfg.Replication
+			if rc.RebalanceBytesPerSec != tc.wantRate || rc.IncomingRebalanceBytesPerSec != tc.wantRecv ||
+				rc.ServingYield != tc.wantYield || rc.IncomingRebalanceStreams != tc.wantStreams {
+				t.Fatalf("replication config %+v", rc)
+			}
+		})
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "kvmeshd.json")
+	file := `{"rebalance_rate": "8M", "rebalance_recv_streams": 3, "rebalance_recv_rate": "off", "rebalance_yield": "20ms"}`
+	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fc := base
+	fc.RebalanceRate, fc.RebalanceRecvStreams = "16M", 2
+	if err := mergeFile(path, &fc, map[string]bool{"rebalance-rate": true}); err != nil {
+		t.Fatal(err)
+	}
+	if fc.RebalanceRate != "16M" || fc.RebalanceRecvStreams != 3 || fc.RebalanceYield != "20ms" {
+		t.Fatalf("merged %+v: the flag wins, the file fills the rest", fc)
+	}
+}
+
 // TestRunDaemon starts the daemon as kvmeshd does, reads its ready line and
 // stops it by cancelling (what SIGTERM does in main).
 func TestRunDaemon(t *testing.T) {

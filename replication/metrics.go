@@ -22,6 +22,11 @@ type metrics struct {
 	rebalanceKeys, rebalanceBytes, rebalanceDropped, rebalancePending atomic.Int64
 	drainKeys, drainBytes, drainPending                               atomic.Int64
 
+	// receiver budget and serving yield (admission.go); rebalanceBusy
+	// counts push-backs a sender got.
+	incomingBusy, incomingWaiting, incomingYields, rebalanceBusy atomic.Int64
+	missFallbacks                                                atomic.Int64
+
 	aeRounds, aeBucketsDiffer, aePushed atomic.Int64
 
 	pullRounds, pullKeys, pullBytes, pullRunning atomic.Int64
@@ -38,8 +43,16 @@ type Metrics struct {
 	RebalanceKeys, RebalanceBytes, RebalanceDropped          int64
 	RebalancePending                                         int64
 	DrainKeys, DrainBytes, DrainPending                      int64
-	AntiEntropyRounds, AntiEntropyBucketsDiffer              int64
-	AntiEntropyPushed                                        int64
+	// IncomingBusy counts rebalance blobs this node refused with ErrBusy
+	// (its budget spent), IncomingWaiting the blobs waiting for a slot
+	// now, IncomingYields the stores that waited for serving calls first;
+	// RebalanceBusy counts refusals this node got as a sender.
+	IncomingBusy, IncomingWaiting, IncomingYields, RebalanceBusy int64
+	// MissFallbacks counts reads that missed on the replicas and asked
+	// the next-ranked members (previous ring unknown, rebalance recent).
+	MissFallbacks                               int64
+	AntiEntropyRounds, AntiEntropyBucketsDiffer int64
+	AntiEntropyPushed                           int64
 	// PullRounds, PullKeys and PullBytes count Pull rounds and what they
 	// copied here; PullRunning is 1 while StartupPull runs.
 	PullRounds, PullKeys, PullBytes, PullRunning int64
@@ -62,6 +75,9 @@ func (r *Replicator) Metrics() Metrics {
 		RebalanceKeys: m.rebalanceKeys.Load(), RebalanceBytes: m.rebalanceBytes.Load(),
 		RebalanceDropped: m.rebalanceDropped.Load(), RebalancePending: m.rebalancePending.Load(),
 		DrainKeys: m.drainKeys.Load(), DrainBytes: m.drainBytes.Load(), DrainPending: m.drainPending.Load(),
+		IncomingBusy: m.incomingBusy.Load(), IncomingWaiting: m.incomingWaiting.Load(),
+		IncomingYields: m.incomingYields.Load(), RebalanceBusy: m.rebalanceBusy.Load(),
+		MissFallbacks:     m.missFallbacks.Load(),
 		AntiEntropyRounds: m.aeRounds.Load(), AntiEntropyBucketsDiffer: m.aeBucketsDiffer.Load(),
 		AntiEntropyPushed: m.aePushed.Load(),
 		PullRounds:        m.pullRounds.Load(), PullKeys: m.pullKeys.Load(), PullBytes: m.pullBytes.Load(),
@@ -114,6 +130,11 @@ func descs() []metricDesc {
 		c("drain_keys_moved_total", "Keys streamed away by Drain.", func(m Metrics) int64 { return m.DrainKeys }),
 		c("drain_bytes_moved_total", "Bytes streamed away by Drain.", func(m Metrics) int64 { return m.DrainBytes }),
 		g("drain_pending", "Keys the running drain still has to move or confirm.", func(m Metrics) int64 { return m.DrainPending }),
+		c("rebalance_incoming_busy_total", "Rebalance blobs refused here because the receiver budget was spent (the sender retries).", func(m Metrics) int64 { return m.IncomingBusy }),
+		g("rebalance_incoming_waiting", "Rebalance blobs waiting here for a store slot.", func(m Metrics) int64 { return m.IncomingWaiting }),
+		c("rebalance_incoming_yields_total", "Incoming rebalance stores that waited for serving calls to finish.", func(m Metrics) int64 { return m.IncomingYields }),
+		c("rebalance_busy_retries_total", "Rebalance blobs this node sent again after a busy receiver pushed back.", func(m Metrics) int64 { return m.RebalanceBusy }),
+		c("read_miss_fallbacks_total", "Reads that missed on the replicas and asked the next-ranked members (previous ring unknown).", func(m Metrics) int64 { return m.MissFallbacks }),
 		c("antientropy_rounds_total", "Anti-entropy rounds run.", func(m Metrics) int64 { return m.AntiEntropyRounds }),
 		c("antientropy_buckets_differ_total", "Digest buckets found different.", func(m Metrics) int64 { return m.AntiEntropyBucketsDiffer }),
 		c("antientropy_pushed_total", "Keys copied by anti-entropy.", func(m Metrics) int64 { return m.AntiEntropyPushed }),

@@ -31,13 +31,37 @@ func (rr *ReadResult) Release() {
 
 // Read returns the chunk under key: from this node's store when it holds
 // it, else from the replicas in ring order, else from the previous ring's
-// replicas (a rebalance may not have moved it yet). Remote blobs are
-// verified; a replica that lacks the key (this node included, when it is a
-// replica) or serves a corrupt copy is repaired in the background. The
-// error wraps ErrNotFound when no node has it.
+// replicas (a rebalance may not have moved it yet). Where the previous
+// ring is not known here (this node joined with the ring already including
+// it), a read that misses shortly after a rebalance sign (RebalanceSettle)
+// asks the members ranked right after the replicas instead: with
+// rendezvous placement the previous owners of a key rank there. Remote
+// blobs are verified; a replica that lacks the key (this node included,
+// when it is a replica) or serves a corrupt copy is repaired in the
+// background. The error wraps ErrNotFound when no node has it. A read
+// counts as serving (incoming rebalance work yields to it) until its
+// result is released.
 func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error) {
+	end := r.serving.begin()
+	rr, err := r.read(ctx, key)
+	if err != nil {
+		end()
+		return rr, err
+	}
+	release := rr.release
+	rr.release = func() {
+		if release != nil {
+			release()
+		}
+		end()
+	}
+	return rr, nil
+}
+
+func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error) {
 	n, _ := r.quorum()
 	rg := r.ring()
+	r.noteEpoch(rg)
 	reps := rg.Replicas(key.Content, n)
 	self := r.cfg.NodeID
 	blob, release, err := r.cfg.Store.Get(ctx, key)
@@ -52,7 +76,8 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 		r.log.Warn("local read failed", "key", key, "err", err)
 	}
 	var lacking []string
-	if isMember(reps, self) {
+	selfLacks := isMember(reps, self)
+	if selfLacks {
 		lacking = append(lacking, self)
 	}
 	order := make([]string, 0, 2*n)
@@ -65,8 +90,18 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 	// go last (stable, so ring order holds among the rest).
 	slices.SortStableFunc(order, func(a, b string) int { return boolCmp(r.suspected(a), r.suspected(b)) })
 	nReps := len(order)
-	if prev := r.prev.Load(); prev != nil && prev.Epoch() != rg.Epoch() {
+	if prev := r.prev.Load(); prev != nil && prev.Len() > 0 && prev.Epoch() != rg.Epoch() {
 		for _, m := range prev.Replicas(key.Content, n) {
+			if m.ID != self && !slices.Contains(order, m.ID) {
+				order = append(order, m.ID)
+			}
+		}
+	} else if r.settling() {
+		// No previous ring known here: the previous owners of key rank
+		// right after its replicas (a join moves a key only to the
+		// newcomer, which ranks above them).
+		extra := min(n, rg.Len()-len(reps))
+		for _, m := range rg.Replicas(key.Content, len(reps)+extra)[len(reps):] {
 			if m.ID != self && !slices.Contains(order, m.ID) {
 				order = append(order, m.ID)
 			}
@@ -74,6 +109,9 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 	}
 	var errs []error
 	for i, node := range order {
+		if i == nReps {
+			r.metrics.missFallbacks.Add(1)
+		}
 		b, err := r.cfg.Transport.Fetch(ctx, node, key)
 		if err == nil {
 			if hd, verr := chunk.Verify(b, r.cfg.Limits); verr != nil || hd.Key != key {
@@ -88,7 +126,11 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 			r.setSuspect(node, false)
 			r.metrics.readsRemote.Add(1)
 			for _, t := range lacking {
-				r.enqueue(repairTask{key: key, target: t, source: node})
+				task := repairTask{key: key, target: t, source: node}
+				if t == self {
+					task.blob = b // stored here without fetching it again
+				}
+				r.enqueue(task)
 			}
 			if r.chance() && i+1 < nReps {
 				r.enqueue(repairTask{key: key, check: true})
@@ -106,8 +148,32 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 		}
 		errs = append(errs, fmt.Errorf("%s: %w", node, err))
 	}
+	if selfLacks && len(order) > 0 {
+		// A rebalance may have handed the key over to this node (and the
+		// old owner dropped it) while the fetches ran.
+		if blob, release, err := r.cfg.Store.Get(ctx, key); err == nil {
+			r.metrics.readsLocal.Add(1)
+			return ReadResult{Blob: blob, From: self, release: release}, nil
+		}
+	}
 	r.metrics.readsMissed.Add(1)
 	return ReadResult{}, fmt.Errorf("%w: %v on %d nodes: %w", ErrNotFound, key, len(order)+1, errors.Join(errs...))
+}
+
+// noteEpoch records a ring epoch new to this node as a sign of a
+// rebalance (settling).
+func (r *Replicator) noteEpoch(rg *ring.Ring) {
+	e := rg.Epoch()
+	if old := r.epochSeen.Load(); old != e && r.epochSeen.CompareAndSwap(old, e) {
+		r.rebalanceSeen.Store(r.cfg.Now().UnixNano())
+	}
+}
+
+// settling reports whether a rebalance may still be moving chunks here:
+// a new epoch or an incoming rebalance blob within RebalanceSettle.
+func (r *Replicator) settling() bool {
+	d := r.cfg.RebalanceSettle
+	return d > 0 && r.cfg.Now().UnixNano()-r.rebalanceSeen.Load() < int64(d)
 }
 
 func boolCmp(a, b bool) int {
@@ -158,14 +224,28 @@ type repairTask struct {
 	key            chunk.Key
 	target, source string
 	check          bool
+	// blob is source's copy, already fetched and verified, when target is
+	// this node; nil means fetch it from source.
+	blob []byte
 }
 
+// maxRepairBlobBytes bounds the fetched blobs queued repairs hold; past
+// it a repair fetches its blob again when it runs.
+const maxRepairBlobBytes = 256 << 20
+
 func (r *Replicator) enqueue(t repairTask) {
+	if t.blob != nil {
+		if r.repairBlobBytes.Add(int64(len(t.blob))) > maxRepairBlobBytes {
+			r.repairBlobBytes.Add(-int64(len(t.blob)))
+			t.blob = nil
+		}
+	}
 	select {
 	case r.repairs <- t:
 		r.metrics.repairsQueued.Add(1)
 	default:
 		r.metrics.repairsDropped.Add(1)
+		r.repairBlobBytes.Add(-int64(len(t.blob)))
 	}
 }
 
@@ -177,9 +257,13 @@ func (r *Replicator) repairLoop() {
 		case t := <-r.repairs:
 			ctx, cancel := r.background()
 			var err error
-			if t.check {
+			switch {
+			case t.check:
 				err = r.checkReplicas(ctx, t.key)
-			} else {
+			case t.blob != nil:
+				err = r.repairHere(ctx, t.key, t.blob)
+				r.repairBlobBytes.Add(-int64(len(t.blob)))
+			default:
 				err = r.repair(ctx, t.key, t.source, t.target)
 			}
 			cancel()
@@ -204,6 +288,22 @@ func (r *Replicator) repair(ctx context.Context, key chunk.Key, source, target s
 	}
 	defer release()
 	if err := r.push(ctx, target, key, blob, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}); err != nil {
+		return err
+	}
+	r.metrics.repairsDone.Add(1)
+	return nil
+}
+
+// repairHere stores blob, a verified copy of key fetched by a read, on
+// this node: as costly as a rebalance store, so it takes the receiver's
+// budget and yields to serving too.
+func (r *Replicator) repairHere(ctx context.Context, key chunk.Key, blob []byte) error {
+	release, err := r.admit(ctx, len(blob), false)
+	if err != nil {
+		return err
+	}
+	defer release()
+	if err := r.storeLocal(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}); err != nil {
 		return err
 	}
 	r.metrics.repairsDone.Add(1)

@@ -42,8 +42,12 @@ func (r *Replicator) Rebalance(ctx context.Context) (RebalanceStats, error) {
 	r.rebalanceMu.Lock()
 	defer r.rebalanceMu.Unlock()
 	rg := r.ring()
+	r.noteEpoch(rg)
 	old := r.done
-	if old != nil && old.Epoch() != rg.Epoch() {
+	if old != nil && old.Len() > 0 && old.Epoch() != rg.Epoch() {
+		// An empty ring (a node's view before it joined) says nothing
+		// about where chunks were; reads then look past the replicas
+		// instead (Read).
 		r.prev.Store(old)
 	}
 	st, err := r.pass(ctx, rg, old, false)
@@ -297,8 +301,8 @@ func (r *Replicator) runBatch(ctx context.Context, batch []*job, st *RebalanceSt
 	return errors.Join(errs...)
 }
 
-// transfer streams the local copy of key to target, rate-limited, and
-// returns the bytes sent (0 when the key is gone here: nothing to move,
+// transfer streams the local copy of key to target, rate-limited, sending
+// it again while the target answers ErrBusy, and returns the bytes sent (0 when the key is gone here: nothing to move,
 // which counts as done).
 func (r *Replicator) transfer(ctx context.Context, target string, key chunk.Key) (int, error) {
 	blob, release, err := r.cfg.Store.Get(ctx, key)
@@ -312,7 +316,9 @@ func (r *Replicator) transfer(ctx context.Context, target string, key chunk.Key)
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return 0, err
 	}
-	err = r.cfg.Transport.Replicate(ctx, target, blob, ReplicateOptions{Kind: KindRebalance, At: r.liveAt(key)})
+	// A busy receiver (its budget spent) pushes back: send again later.
+	opts := ReplicateOptions{Kind: KindRebalance, At: r.liveAt(key)}
+	err = r.sendBusy(ctx, func() error { return r.cfg.Transport.Replicate(ctx, target, blob, opts) })
 	if errors.Is(err, ErrTombstoned) {
 		return 0, nil // deleted there: nothing to hand over
 	}

@@ -222,6 +222,31 @@ type Config struct {
 	RebalanceBytesPerSec int64
 	// RebalanceConcurrency is the number of parallel transfers. Default 4.
 	RebalanceConcurrency int
+	// The receiver's rebalance budget (admission.go): at most
+	// IncomingRebalanceStreams rebalance blobs are stored here at once
+	// (default 2); a blob waits for a slot up to IncomingRebalanceWait
+	// (default 5s, and never past its call's deadline) and is refused with
+	// ErrBusy after that, or at once when IncomingRebalanceQueueBytes
+	// (default 256 MiB) of blobs already wait; the sender backs off and
+	// sends it again. IncomingRebalanceBytesPerSec caps the rebalance
+	// bytes stored here per second over all senders (default 0:
+	// uncapped).
+	IncomingRebalanceStreams     int
+	IncomingRebalanceWait        time.Duration
+	IncomingRebalanceQueueBytes  int64
+	IncomingRebalanceBytesPerSec int64
+	// ServingYield is how long incoming rebalance work (and a read
+	// repair's local store) waits for the serving calls in flight here
+	// (reads, writes, fetches by peers) to finish before it goes on
+	// anyway. Default 100ms; negative: no waiting.
+	ServingYield time.Duration
+	// RebalanceSettle is how long after the last sign of a rebalance here
+	// (a new ring epoch seen, a rebalance blob received) a read that
+	// misses on the replicas also asks the next-ranked members of the
+	// ring, when the previous ring is not known here (a node that joined
+	// with the ring already including it): the previous owners of a key
+	// rank right after its replicas. Default 2m; negative: never.
+	RebalanceSettle time.Duration
 	// RingCheckInterval is how often the ring is checked for a new epoch
 	// (Kick checks at once); RebalanceRetry is the wait before an
 	// incomplete pass runs again. Defaults 1s and 10s. A negative
@@ -285,6 +310,22 @@ func (c *Config) setDefaults() error {
 	if c.RebalanceConcurrency <= 0 {
 		c.RebalanceConcurrency = 4
 	}
+	if c.IncomingRebalanceStreams <= 0 {
+		c.IncomingRebalanceStreams = 2
+	}
+	c.IncomingRebalanceStreams = min(c.IncomingRebalanceStreams, 1<<12)
+	if c.IncomingRebalanceWait <= 0 {
+		c.IncomingRebalanceWait = 5 * time.Second
+	}
+	if c.IncomingRebalanceQueueBytes <= 0 {
+		c.IncomingRebalanceQueueBytes = 256 << 20
+	}
+	if c.ServingYield == 0 {
+		c.ServingYield = 100 * time.Millisecond
+	}
+	if c.RebalanceSettle == 0 {
+		c.RebalanceSettle = 2 * time.Minute
+	}
 	if c.RingCheckInterval == 0 {
 		c.RingCheckInterval = time.Second
 	}
@@ -315,7 +356,18 @@ type Replicator struct {
 	tombs   *tombstones
 	repairs chan repairTask
 	limiter *rate.Limiter
+	inbox   *inbox
+	serving *servingGate
 	metrics metrics
+
+	// epochSeen is the newest ring epoch seen here and rebalanceSeen the
+	// last sign of a rebalance (unix nanoseconds): reads that miss look
+	// past the replicas until RebalanceSettle after it.
+	epochSeen     atomic.Uint64
+	rebalanceSeen atomic.Int64
+	// repairBlobBytes are the bytes of fetched blobs held by queued
+	// repairs of this node (bounded by maxRepairBlobBytes).
+	repairBlobBytes atomic.Int64
 
 	// rebalance state, owned by rebalanceMu's holder.
 	rebalanceMu sync.Mutex
@@ -352,7 +404,9 @@ func New(cfg Config) (*Replicator, error) {
 		kick:     make(chan struct{}, 1),
 		hintKick: make(chan struct{}, 1),
 		suspects: make(map[string]time.Time),
+		serving:  newServingGate(),
 	}
+	r.inbox = newInbox(&r.cfg)
 	if cfg.RebalanceBytesPerSec > 0 {
 		burst := int(min(cfg.RebalanceBytesPerSec, 1<<30))
 		r.limiter = rate.NewLimiter(rate.Limit(cfg.RebalanceBytesPerSec), burst)

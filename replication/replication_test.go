@@ -740,6 +740,7 @@ func TestStatusMapping(t *testing.T) {
 		{"conflict", fmt.Errorf("%w: %w", ErrRejected, ErrConflict), []error{ErrRejected}},
 		{"not found", fmt.Errorf("%w: k", ErrNotFound), []error{ErrNotFound}},
 		{"epoch", fmt.Errorf("%w: 3 vs 4", ErrEpochMismatch), []error{ErrEpochMismatch}},
+		{"busy", fmt.Errorf("%w: no slot free", ErrBusy), []error{ErrBusy}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := FromStatus(ToStatus(tc.err))
@@ -747,6 +748,9 @@ func TestStatusMapping(t *testing.T) {
 				if !errors.Is(got, w) {
 					t.Fatalf("%v does not wrap %v", got, w)
 				}
+			}
+			if errors.Is(got, ErrRejected) != errors.Is(tc.err, ErrRejected) {
+				t.Fatalf("%v: refusal %v, sent %v", got, errors.Is(got, ErrRejected), errors.Is(tc.err, ErrRejected))
 			}
 		})
 	}

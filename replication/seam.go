@@ -56,7 +56,8 @@ func (r *Replicator) Replicate(ctx context.Context, key chunk.Key, blob []byte, 
 
 // ToStatus turns an error of a Serve* method into the gRPC status a Peer
 // handler returns, so that the caller's FromStatus gets the sentinel back:
-// tombstoned -> FailedPrecondition, no room -> ResourceExhausted, other
+// tombstoned -> FailedPrecondition, no room and busy -> ResourceExhausted
+// (tagged), other
 // refusals -> InvalidArgument, not found -> NotFound; anything else keeps
 // its status (a plain error becomes Unknown, which the caller treats as
 // "unreachable, retry").
@@ -72,6 +73,8 @@ func ToStatus(err error) error {
 		return status.Error(codes.FailedPrecondition, tagTombstoned+err.Error())
 	case errors.Is(err, ErrNoRoom):
 		return status.Error(codes.ResourceExhausted, tagNoRoom+err.Error())
+	case errors.Is(err, ErrBusy):
+		return status.Error(codes.ResourceExhausted, tagBusy+err.Error())
 	case errors.Is(err, ErrRejected):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, ErrNotFound):
@@ -85,11 +88,13 @@ func ToStatus(err error) error {
 const (
 	tagTombstoned = "replication: tombstoned: "
 	tagNoRoom     = "replication: no room: "
+	tagBusy       = "replication: busy: "
 )
 
 // FromStatus turns the error of a Peer call into this package's sentinels,
 // for Transport implementations: refusals wrap ErrRejected (and
-// ErrTombstoned, ErrNoRoom where the handler said so), NotFound wraps
+// ErrTombstoned, ErrNoRoom where the handler said so), a busy receiver's
+// push-back wraps ErrBusy (not ErrRejected), NotFound wraps
 // ErrNotFound, Aborted ErrEpochMismatch; Unavailable, DeadlineExceeded and
 // the rest stay as they are and count as "unreachable".
 func FromStatus(err error) error {
@@ -110,6 +115,9 @@ func FromStatus(err error) error {
 	case codes.ResourceExhausted:
 		if strings.HasPrefix(msg, tagNoRoom) {
 			return fmt.Errorf("%w: %w: %w", ErrRejected, ErrNoRoom, err)
+		}
+		if strings.HasPrefix(msg, tagBusy) {
+			return fmt.Errorf("%w: %w", ErrBusy, err) // not a refusal: send again later
 		}
 		return fmt.Errorf("%w: %w", ErrRejected, err)
 	case codes.InvalidArgument, codes.AlreadyExists, codes.DataLoss, codes.OutOfRange:

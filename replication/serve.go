@@ -16,7 +16,10 @@ import (
 //     stored ones is refused (ErrConflict), a hint is then dropped quietly.
 //   - KindRepair refuses a tombstoned key, and a store without room
 //     (RoomChecker), and otherwise replaces other bytes with the blob.
-//   - KindRebalance stores it, keeping other bytes if there are any.
+//   - KindRebalance stores it, keeping other bytes if there are any,
+//     within the receiver's budget (admission.go): it may wait for a slot
+//     and for serving calls to finish, and fails with ErrBusy (not a
+//     refusal) when the budget stays spent.
 //
 // Refusals wrap ErrRejected (node maps them to a gRPC status the sending
 // Transport turns back into ErrRejected); other errors mean "try again".
@@ -34,6 +37,16 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 		// tombstone.
 		opts.At = r.now()
 	}
+	if opts.Kind == KindRebalance {
+		// The receiver's budget (admission.go): a slot, a gap in serving,
+		// the byte rate; ErrBusy tells the sender to come back later.
+		r.rebalanceSeen.Store(r.cfg.Now().UnixNano())
+		release, err := r.admit(ctx, len(blob), true)
+		if err != nil {
+			return err
+		}
+		defer release()
+	}
 	err = r.storeLocal(ctx, blob, hd.Key, opts)
 	if err == nil {
 		r.metrics.served.Add(1)
@@ -43,8 +56,16 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 
 // ServeFetch returns this node's blob for key (Peer.Fetch with direct
 // set); release frees it once sent. Absent keys wrap ErrNotFound.
+// It counts as serving (incoming rebalance work yields to it) until
+// release.
 func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error) {
-	return r.cfg.Store.Get(ctx, key)
+	end := r.serving.begin()
+	blob, free, err := r.cfg.Store.Get(ctx, key)
+	if err != nil {
+		end()
+		return nil, nil, err
+	}
+	return blob, func() { free(); end() }, nil
 }
 
 // ServeDelete records a delete of key at time at and removes the local
