@@ -6,7 +6,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -452,22 +451,19 @@ func waitMembers(ctx context.Context, tb testing.TB, c *client.Client, n int) *a
 	}
 }
 
-// setR1 sets R=1, W=1 through the leader's Peer.MetaApply: kvmeshd and
-// the CLI have no settings command yet. The command encoding is meta's:
-// version 1, kind 2 (set-settings), JSON settings.
-func setR1(ctx context.Context, tb testing.TB, leader string) {
+// setR1 sets R=1, W=1 through Admin.SetSettings (the nodes run without
+// tokens, so an anonymous caller holds the admin scope); any node
+// forwards it to the raft leader, and waitRF then sees it applied.
+func setR1(ctx context.Context, tb testing.TB, addr string) {
 	tb.Helper()
-	body, err := json.Marshal(map[string]any{"replication_factor": 1, "write_quorum": 1, "codec": int(chunk.CodecRaw)})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cc, err := grpc.NewClient(leader, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer cc.Close()
-	if _, err := api.NewPeerClient(cc).MetaApply(ctx, &api.MetaApplyRequest{Command: append([]byte{1, 2}, body...)}); err != nil {
-		tb.Fatalf("set R=1 on leader %s: %v", leader, err)
+	req := &api.SetSettingsRequest{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecRaw.String()}
+	if _, err := api.NewAdminClient(cc).SetSettings(ctx, req); err != nil {
+		tb.Fatalf("set R=1 through %s: %v", addr, err)
 	}
 }
 

@@ -30,7 +30,9 @@ func TestSettingsAPI(t *testing.T) {
 	creds := tlsCreds(t, files(p.dir, "app"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	admin := func(n *node.Node, tok string) api.AdminClient { return api.NewAdminClient(conn(t, n.GRPCAddr(), creds, tok)) }
+	admin := func(n *node.Node, tok string) api.AdminClient {
+		return api.NewAdminClient(conn(t, n.GRPCAddr(), creds, tok))
+	}
 	// Every node must know both tokens before they are used anywhere.
 	for _, n := range nodes {
 		eventually(t, "the tokens on "+n.ID(), func() bool {
