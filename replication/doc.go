@@ -14,12 +14,21 @@
 //     the replica answers again.
 //   - Reads (Read) try this node first, then the replicas in ring order, then
 //     the previous ring's replicas (a rebalance may still be moving the
-//     chunk). Replicas found lacking the entry, or holding other bytes, are
-//     repaired in the background through a bounded queue.
+//     chunk); a node that never saw the previous ring (it joined with the
+//     ring already including it) asks the members ranked right after the
+//     replicas instead, for RebalanceSettle after a rebalance sign, since
+//     with rendezvous placement that is where the previous owners rank.
+//     Replicas found lacking the entry, or holding other bytes, are
+//     repaired in the background through a bounded queue (a copy this node
+//     lacks is stored from the bytes the read fetched).
 //   - On every ring epoch change the Replicator streams the chunks it holds
-//     to new owners that lack them, rate-limited, and deletes a chunk it no
-//     longer owns only after every new owner holds it (Rebalance). Drain
-//     does the same for a ring without this node, before it leaves.
+//     to new owners that lack them, rate-limited per sender, and deletes a
+//     chunk it no longer owns only after every new owner holds it
+//     (Rebalance). The receiver keeps its own budget (admission.go): a few
+//     rebalance stores at once, each waiting for a gap in the serving calls
+//     in flight (ServingYield), the rest waiting or pushed back with
+//     ErrBusy, which the sender answers by sending again later. Drain does
+//     the same for a ring without this node, before it leaves.
 //   - Anti-entropy compares, with each other replica, a table of bucket
 //     hashes over (key, checksum) of the keys both should hold, splits the
 //     differing buckets into sub-ranges, lists only the differing ranges and
@@ -46,8 +55,9 @@
 //	Transport.Delete    -> Client.Delete (direct, at)                   -> ServeDelete
 //
 // Handlers return ToStatus(err); the Transport returns FromStatus(err), so
-// that refusals (ErrRejected, ErrTombstoned, ErrNoRoom) and ErrNotFound
-// survive the wire and every other failure counts as "unreachable".
+// that refusals (ErrRejected, ErrTombstoned, ErrNoRoom), a busy receiver's
+// ErrBusy and ErrNotFound survive the wire and every other failure counts
+// as "unreachable".
 // Client puts go through Write (or the node stores the local copy and
 // calls Replicate for the others), client reads through Read, client
 // deletes through Delete; Drain serves `kvmesh drain`; Collector goes to
