@@ -137,7 +137,13 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool,
 		dst = dst[:len(src)]
 		if n := len(src) &^ 63; n > 0 && k.avx512 {
 			nt := nt && aligned64(dst)
-			if r, ok := exactRecip(scale); ok {
+			if scale == 1 {
+				if nt {
+					storeFP8AVX512NT(&dst[0], &src[0], n, 1)
+				} else {
+					storeFP8AVX512(&dst[0], &src[0], n, 1)
+				}
+			} else if r, ok := exactRecip(scale); ok {
 				if nt {
 					storeFP8MulAVX512NT(&dst[0], &src[0], n, r)
 				} else {

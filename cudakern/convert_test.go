@@ -105,13 +105,17 @@ func TestStoreFP8SIMD(t *testing.T) {
 	for _, c := range []struct {
 		scale   float32
 		mul, nt bool
-	}{{1, true, false}, {0.5, true, true}, {0x1p-100, true, false}, {0x1p100, true, true},
+	}{{1, true, false}, {1, true, true}, {0.5, true, true}, {0x1p-100, true, false}, {0x1p100, true, true},
 		{1, false, false}, {0.5, false, false}, {3, false, true}, {1e-30, false, false}, {7e30, false, true}, {0.375, false, false}} {
 		r, ok := exactRecip(c.scale)
 		if c.mul && !ok {
 			t.Fatalf("exactRecip(%v) = %v, %v", c.scale, r, ok)
 		}
 		switch {
+		case c.scale == 1 && c.mul && c.nt:
+			storeFP8AVX512NT(&got[0], &src[0], len(src), 1)
+		case c.scale == 1 && c.mul:
+			storeFP8AVX512(&got[0], &src[0], len(src), 1)
 		case c.mul && c.nt:
 			storeFP8MulAVX512NT(&got[0], &src[0], len(src), r)
 		case c.mul:
@@ -149,7 +153,11 @@ func TestStoreFP8AVX512Exhaustive(t *testing.T) {
 			for i := range src {
 				src[i] = math.Float32frombits((hi+uint32(i))<<8 | low)
 			}
-			storeFP8MulAVX512(&got[0], &src[0], n, 1)
+			if hi&(1<<20) == 0 { // both forms of scale 1, alternately
+				storeFP8AVX512(&got[0], &src[0], n, 1)
+			} else {
+				storeFP8MulAVX512(&got[0], &src[0], n, 1)
+			}
 			for i, v := range src {
 				if want := chunk.F32ToFP8E4M3(v); got[i] != want {
 					t.Fatalf("%#08x (%g): simd %#02x, chunk %#02x", math.Float32bits(v), v, got[i], want)

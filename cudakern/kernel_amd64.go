@@ -128,6 +128,15 @@ func storeFP8DivAVX512(dst *byte, src *float32, n int, scale float32)
 //go:noescape
 func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32)
 
+// storeFP8AVX512 and storeFP8AVX512NT are storeFP8MulAVX512 without the
+// scaling (scale 1); the scale argument is ignored.
+//
+//go:noescape
+func storeFP8AVX512(dst *byte, src *float32, n int, scale float32)
+
+//go:noescape
+func storeFP8AVX512NT(dst *byte, src *float32, n int, scale float32)
+
 // widenFP8AVX512 is widenFP8AVX2 16 values at a time.
 //
 //go:noescape

@@ -74,6 +74,8 @@ func storeFP8MulAVX512(dst *byte, src *float32, n int, scale float32)   { panic(
 func storeFP8MulAVX512NT(dst *byte, src *float32, n int, scale float32) { panic("cudakern: no SIMD") }
 func storeFP8DivAVX512(dst *byte, src *float32, n int, scale float32)   { panic("cudakern: no SIMD") }
 func storeFP8DivAVX512NT(dst *byte, src *float32, n int, scale float32) { panic("cudakern: no SIMD") }
+func storeFP8AVX512(dst *byte, src *float32, n int, scale float32)      { panic("cudakern: no SIMD") }
+func storeFP8AVX512NT(dst *byte, src *float32, n int, scale float32)    { panic("cudakern: no SIMD") }
 func widenFP8AVX512(dst *float32, src *byte, n int, scale float32)      { panic("cudakern: no SIMD") }
 func narrowBF16AVX512BF16(dst *byte, src *float32, n int)               { panic("cudakern: no SIMD") }
 func narrowBF16AVX512BF16NT(dst *byte, src *float32, n int)             { panic("cudakern: no SIMD") }
