@@ -451,7 +451,7 @@ func FuzzInjectorService(f *testing.F) {
 	})
 }
 
-// FuzzAdminService fuzzes the token and gossip key RPCs.
+// FuzzAdminService fuzzes the token, gossip key and settings RPCs.
 func FuzzAdminService(f *testing.F) {
 	e := newFuzzEnv(f)
 	fp := e.spec.Fingerprint().String()
@@ -461,10 +461,14 @@ func FuzzAdminService(f *testing.F) {
 		&api.CreateTokenRequest{Scopes: "admin", Namespace: []string{fp[:4]}},
 		&api.RevokeTokenRequest{Id: "0123456789abcdef"},
 		&api.GossipKeyRequest{Op: api.GossipKeyOp_GOSSIP_KEY_OP_REMOVE, Key: bytes.Repeat([]byte{2}, 16)},
+		&api.GetSettingsRequest{},
+		&api.SetSettingsRequest{ReplicationFactor: 2, WriteQuorum: 1, Codec: "lossless"},
+		&api.SetSettingsRequest{WriteQuorum: 4},
+		&api.SetSettingsRequest{ReplicationFactor: 1 << 31, Codec: "zstd"},
 	}, nil)
 	ac := api.NewAdminClient(e.cc)
 	f.Fuzz(func(t *testing.T, sel uint8, msg, _ []byte) {
-		switch sel % 4 {
+		switch sel % 6 {
 		case 0:
 			var req api.CreateTokenRequest
 			if proto.Unmarshal(msg, &req) == nil {
@@ -494,6 +498,30 @@ func FuzzAdminService(f *testing.F) {
 						// Per-node failures after the checks passed: on
 						// one node, nothing may have changed either.
 						return status.Error(codes.FailedPrecondition, resp.Nodes[0].Error)
+					}
+					return err
+				})
+			}
+		case 4:
+			e.call(t, "GetSettings", false, func(ctx context.Context) error {
+				resp, err := ac.GetSettings(ctx, &api.GetSettingsRequest{})
+				if err == nil && resp.Settings.Codec != e.n.meta.Settings().Codec.String() {
+					t.Fatalf("GetSettings answered %v, the node holds %+v", resp.Settings, e.n.meta.Settings())
+				}
+				return err
+			})
+		case 5:
+			var req api.SetSettingsRequest
+			if proto.Unmarshal(msg, &req) == nil {
+				e.call(t, "SetSettings", true, func(ctx context.Context) error {
+					_, err := ac.SetSettings(ctx, &req)
+					if err == nil {
+						if got := e.n.meta.Settings(); got.Validate() != nil ||
+							req.ReplicationFactor != 0 && got.ReplicationFactor != int(req.ReplicationFactor) ||
+							req.WriteQuorum != 0 && got.WriteQuorum != int(req.WriteQuorum) ||
+							req.Codec != "" && got.Codec.String() != req.Codec {
+							t.Fatalf("SetSettings(%v) accepted, the node holds %+v", &req, got)
+						}
 					}
 					return err
 				})
