@@ -15,7 +15,10 @@
 // encoding of each chunk, injects the hits through cudakern's fused
 // rotate-and-scatter and prefills only the rest. RunInjected does the same
 // with a CacheInjector that writes the cache itself (the node-side path,
-// over memory exposed by CacheMemory). APPROXIMATE chunks can be repaired by
+// over memory exposed by CacheMemory); with a LayeredInjector (one that
+// announces its plan and each layer written) the forward pass starts at
+// the plan and computes layer l as soon as layer l is in the cache, with
+// the same result bit for bit. APPROXIMATE chunks can be repaired by
 // deviation-guided recomputation (CacheBlend): every chunk token is
 // computed up to a check layer, the tokens whose keys deviate most from the
 // injected ones are kept, and only those are recomputed in later layers; the

@@ -19,11 +19,18 @@
 // request's OnLayer callback runs, so the engine may start computing layer l
 // before later layers land. Each chunk is answered EXACT (its stored context
 // is the wanted one), APPROXIMATE (another encoding of the same tokens) or
-// MISS, with the context found.
+// MISS, with the context found. OnPlan, if set, gets those answers once
+// every chunk is verified, before the first layer is written, so an engine
+// knows which tokens it must compute and can start its forward pass at
+// once, layer l after OnLayer(l).
 //
 // TierFetcher is the node's Fetcher over its kvtier store and a Remote
 // (the replicas): an exact entry wherever it is, local first, else an
-// approximate one, local first. Engine-side, engine.CacheInjector is what
+// approximate one, local first. It is a BatchFetcher: for one request it
+// ranks every chunk without a local exact entry with one BatchRemote call
+// (the node sends one Lookup per replica node, not one per chunk), then
+// reads the entries, Parallel at once, and the Service verifies each as it
+// arrives. Engine-side, engine.CacheInjector is what
 // an engine calls (RunInjected); an adapter maps its InjectChunks onto
 // Inject (see serviceInjector in the tests).
 //

@@ -174,3 +174,61 @@ func TestInjectStatus(t *testing.T) {
 		}
 	}
 }
+
+// TestReplicaBestBatch: ranking many keys with one Lookup per replica node
+// answers every key as ranking it alone does (exact, approximate, miss),
+// also with a replica down.
+func TestReplicaBestBatch(t *testing.T) {
+	nodes := startCluster(t, 3)
+	c := newClient(t, nodes...)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	spec := testSpec()
+	fp, err := c.RegisterModel(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	want := chunk.PrefixContext(chunk.ID{Lo: 77})
+	var keys []chunk.Key
+	for i := range 12 {
+		tokens := randTokens(rng, 4)
+		content := chunk.ContentID(fp, tokens)
+		switch i % 3 {
+		case 0: // exact
+			_, blob := testEntry(t, rng, spec, tokens, want)
+			if _, err := c.Put(ctx, blob); err != nil {
+				t.Fatal(err)
+			}
+		case 1: // approximate
+			_, blob := testEntry(t, rng, spec, tokens, chunk.StandaloneContext())
+			if _, err := c.Put(ctx, blob); err != nil {
+				t.Fatal(err)
+			}
+		}
+		keys = append(keys, chunk.Key{Fingerprint: fp, Content: content, Context: want})
+	}
+	r := replicaRemote{nodes[0]}
+	check := func(name string) {
+		got := r.BestBatch(ctx, keys)
+		if len(got) != len(keys) {
+			t.Fatalf("%s: %d answers for %d keys", name, len(got), len(keys))
+		}
+		for i, k := range keys {
+			key, m, err := r.Best(ctx, k.Fingerprint, k.Content, k.Context)
+			if m != got[i].Match || key != got[i].Key || (err != nil) != (got[i].Err != nil) {
+				t.Errorf("%s: key %d: batch %v %v (%v), alone %v %v (%v)", name, i, got[i].Match, got[i].Key, got[i].Err, m, key, err)
+			}
+			if len(r.others(k.Content)) > 0 && got[i].Err == nil {
+				if wantM := []inject.Match{inject.Exact, inject.Approximate, inject.Miss}[i%3]; got[i].Match != wantM {
+					t.Errorf("%s: key %d: %v, want %v", name, i, got[i].Match, wantM)
+				}
+			}
+		}
+	}
+	check("all up")
+	if err := nodes[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	check("one replica down")
+}

@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -291,6 +292,18 @@ func TestInjectEndToEnd(t *testing.T) {
 		}
 		if d := maxAbsDiff(got.Logits, pre.Logits); d > tol {
 			t.Errorf("%s: max |logit diff| vs prefill %.3g > %g", name, d, tol)
+		}
+		if want != nil {
+			// The layered run (layer l computed once layer l is written)
+			// is bit-identical to waiting for the whole injection.
+			seq, err := e.RunInjected(ctx, waitAll{inj}, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := maxAbsDiff(got.Logits, seq.Logits); d != 0 || got.TokenLayers != seq.TokenLayers || !slices.Equal(got.Chunks, seq.Chunks) {
+				t.Errorf("%s: layered run differs from the sequential one: logits by %g, %d vs %d token-layers, chunks %v vs %v",
+					name, d, got.TokenLayers, seq.TokenLayers, got.Chunks, seq.Chunks)
+			}
 		}
 		return got
 	}
