@@ -5,6 +5,7 @@ package kvtier
 import (
 	"fmt"
 	"math/bits"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -16,8 +17,18 @@ import (
 // whole mapping; an entry whose pages form several runs gets its own
 // mapping that places the runs side by side in virtual memory, so every
 // entry is one contiguous []byte whatever its pages are. Nothing here lives
-// on the Go heap except the bitmap. Not safe for concurrent use: the Store
-// serializes it under its mutex.
+// on the Go heap except the bitmaps. Not safe for concurrent use: the Store
+// serializes it under its mutex (prepare is the exception, see there).
+//
+// Memory comes from the kernel on first write and goes back by punching
+// holes in the memfd. populate faults an entry's pages in with one
+// MADV_POPULATE_WRITE before the copy, instead of one page fault per 4 KiB
+// page during it. Freed pages stay resident (a free page that is allocated
+// again costs nothing) until releaseAt bytes of them accumulate; then all
+// free resident pages are punched at once. A node that runs full reuses
+// the pages evictions free at once, so it never reaches the threshold; a
+// node that drops data (rebalancing away a share of its keys) does, and
+// gives the memory back.
 type arena struct {
 	fd       int
 	pageSize int
@@ -26,6 +37,18 @@ type arena struct {
 	used     []uint64 // bitmap: 1 = page in use
 	nused    int
 	hint     int // lowest word that may hold a free page
+
+	// freeRes: 1 = page free but possibly resident (freed since the last
+	// punch). nfreeRes counts its bits; at releaseAt pages (0 = never) the
+	// arena punches them.
+	freeRes   []uint64
+	nfreeRes  int
+	releaseAt int
+	// populate is false once the kernel has refused MADV_POPULATE_WRITE
+	// (before Linux 5.14); pages then fault in as they are written.
+	populate atomic.Bool
+	// punched counts hole punches, for tests.
+	punched int
 }
 
 // run is a contiguous range of pages.
@@ -40,7 +63,9 @@ type pageSpan struct {
 	ownN  uintptr
 }
 
-func newArena(bytes int64, pageSize int, prefault bool) (*arena, error) {
+// newArena maps bytes (rounded down to pages) of memfd. Freed pages go back
+// to the OS once releaseBytes of them are resident; 0 means never.
+func newArena(bytes int64, pageSize int, prefault bool, releaseBytes int64) (*arena, error) {
 	if pageSize <= 0 || pageSize%unix.Getpagesize() != 0 {
 		return nil, fmt.Errorf("kvtier: page size %d is not a multiple of the OS page size %d", pageSize, unix.Getpagesize())
 	}
@@ -66,7 +91,12 @@ func newArena(bytes int64, pageSize int, prefault bool) (*arena, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("kvtier: mapping arena: %w", err)
 	}
-	a := &arena{fd: fd, pageSize: pageSize, npages: npages, mem: mem, used: make([]uint64, (npages+63)/64)}
+	a := &arena{fd: fd, pageSize: pageSize, npages: npages, mem: mem, used: make([]uint64, (npages+63)/64),
+		freeRes: make([]uint64, (npages+63)/64)}
+	a.populate.Store(true)
+	if releaseBytes > 0 {
+		a.releaseAt = int(max(1, min(releaseBytes/int64(pageSize), int64(npages))))
+	}
 	// Mark the bits past npages used so scans never hand them out.
 	if r := npages % 64; r != 0 {
 		a.used[len(a.used)-1] = ^uint64(0) << r
@@ -101,7 +131,12 @@ func (a *arena) alloc(n, size int) (pageSpan, error) {
 				l = 64 - b
 			}
 			l = min(l, left)
-			a.used[w] |= (^uint64(0) >> (64 - l)) << b
+			mask := (^uint64(0) >> (64 - l)) << b
+			a.used[w] |= mask
+			if r := a.freeRes[w] & mask; r != 0 {
+				a.freeRes[w] &^= r
+				a.nfreeRes -= bits.OnesCount64(r)
+			}
 			p := uint32(w*64 + b)
 			if k := len(sp.runs); k > 0 && sp.runs[k-1].first+sp.runs[k-1].n == p {
 				sp.runs[k-1].n += uint32(l)
@@ -154,6 +189,10 @@ func (a *arena) freeRuns(runs []run) {
 	for _, r := range runs {
 		for p := r.first; p < r.first+r.n; p++ {
 			a.used[p/64] &^= 1 << (p % 64)
+			if a.freeRes[p/64]&(1<<(p%64)) == 0 {
+				a.freeRes[p/64] |= 1 << (p % 64)
+				a.nfreeRes++
+			}
 		}
 		if w := int(r.first / 64); w < a.hint {
 			a.hint = w
@@ -172,4 +211,67 @@ func (a *arena) release(sp *pageSpan) {
 	a.freeRuns(sp.runs)
 	a.nused -= sp.pages
 	*sp = pageSpan{}
+	if a.releaseAt > 0 && a.nfreeRes >= a.releaseAt {
+		a.punchFree()
+	}
+}
+
+// punchFree returns every free resident page to the OS: each maximal run
+// of them is one fallocate(PUNCH_HOLE), so the cost is per run, not per
+// page. It runs under the Store's lock, because a punched page must not be
+// handed out (and written) while the punch is in flight.
+func (a *arena) punchFree() {
+	ps := int64(a.pageSize)
+	start := -1
+	flush := func(end int) {
+		if start < 0 {
+			return
+		}
+		// Failure (a kernel without hole punching in shmem) only leaves
+		// the pages resident; they stay usable.
+		_ = unix.Fallocate(a.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+			int64(start)*ps, int64(end-start)*ps)
+		a.punched++
+		start = -1
+	}
+	for w, word := range a.freeRes {
+		if word == 0 {
+			flush(w * 64)
+			continue
+		}
+		for b := 0; b < 64; b++ {
+			p := w*64 + b
+			if word&(1<<b) != 0 {
+				if start < 0 {
+					start = p
+				}
+			} else {
+				flush(p)
+			}
+		}
+		a.freeRes[w] = 0
+	}
+	flush(a.npages)
+	a.nfreeRes = 0
+}
+
+// prepare faults in the pages behind view before the caller writes them:
+// one MADV_POPULATE_WRITE walks the range in the kernel, where a first
+// write would take a fault per 4 KiB page. Pages already resident are left
+// as they are, so it is cheap on reused pages and safe to run without the
+// Store's lock on pages the caller owns. A scattered entry's own mapping
+// was populated when it was made.
+func (a *arena) prepare(sp *pageSpan) {
+	if !a.populate.Load() || sp.own != nil || len(sp.view) == 0 {
+		return
+	}
+	off := int(sp.runs[0].first) * a.pageSize
+	n := int(sp.runs[0].n) * a.pageSize
+	if err := unix.Madvise(a.mem[off:off+n], unix.MADV_POPULATE_WRITE); err != nil {
+		// EINVAL: before 5.14. Anything else (ENOMEM under memory
+		// pressure) leaves the copy to fault the pages in, or fail the same way.
+		if err == unix.EINVAL {
+			a.populate.Store(false)
+		}
+	}
 }

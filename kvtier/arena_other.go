@@ -19,7 +19,7 @@ type pageSpan struct {
 	view  []byte
 }
 
-func newArena(int64, int, bool) (*arena, error) {
+func newArena(int64, int, bool, int64) (*arena, error) {
 	return nil, errors.New("kvtier: the DRAM arena needs Linux (memfd)")
 }
 
@@ -30,3 +30,4 @@ func (a *arena) alloc(n, size int) (pageSpan, error) {
 	return pageSpan{}, errors.New("kvtier: no arena")
 }
 func (a *arena) release(sp *pageSpan) {}
+func (a *arena) prepare(sp *pageSpan) {}

@@ -195,7 +195,10 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 		// The copy runs without the lock; e stays busy, so only a pin
 		// (checked below) or a delete (e.dead) can happen to it meanwhile.
 		dev := e.dev
-		s.unlocked(func() { err = s.cfg.GPU.Read(dev.ptr, 0, c.span.view) })
+		s.unlocked(func() {
+			s.arena.prepare(&c.span)
+			err = s.cfg.GPU.Read(dev.ptr, 0, c.span.view)
+		})
 	}
 	s.idle(e)
 	if err == nil && !e.dead && e.dev.pins > 0 {

@@ -1,0 +1,195 @@
+//go:build linux
+
+package kvtier
+
+import (
+	"bytes"
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// residentBytes is the memory the arena's memfd holds now (its st_blocks),
+// which is what it adds to the process's RSS once mapped.
+func residentBytes(t testing.TB, s *Store) int64 {
+	t.Helper()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	var st unix.Stat_t
+	if err := unix.Fstat(s.arena.fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks * 512
+}
+
+// TestReleaseToOS fills the DRAM tier, deletes a share of the entries in
+// two steps and checks when the memfd's resident memory drops: only once
+// the freed bytes reach ReleaseBytes, and then to less than the live pages
+// plus ReleaseBytes.
+// The surviving entries must read back intact, and new puts must work in
+// the punched pages.
+func TestReleaseToOS(t *testing.T) {
+	const budget = 32 << 20
+	cases := []struct {
+		name    string
+		release int64
+		// after deleting the first and the second quarter of the entries
+		dropAfter1, dropAfter2 bool
+	}{
+		{"default-eighth", 0, true, true},
+		{"threshold-above-a-quarter", 12 << 20, false, true},
+		{"never", -1, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openTest(t, Config{DRAMBytes: budget, PageSize: 64 << 10, ReleaseBytes: tc.release})
+			ctx := context.Background()
+			blob := bigBlob(t, 8)
+			var keys []uint64
+			for i := uint64(1); ; i++ {
+				if s.arena.freePages() < s.arena.pagesFor(len(blob)) {
+					break
+				}
+				rekey(t, blob, i)
+				if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+				keys = append(keys, i)
+			}
+			full := residentBytes(t, s)
+			if want := int64(len(keys) * len(blob)); full < want {
+				t.Fatalf("memfd holds %d bytes after putting %d", full, want)
+			}
+			q := len(keys) / 4
+			step := func(del []uint64, wantDrop bool, before int64) int64 {
+				t.Helper()
+				for _, i := range del {
+					if err := s.Delete(rekey(t, blob, i)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				now := residentBytes(t, s)
+				s.mu.RLock()
+				live := int64(s.arena.nused) * int64(s.arena.pageSize)
+				s.mu.RUnlock()
+				// What may stay resident: live pages, and freed ones
+				// short of the threshold.
+				keep := int64(budget) + 1
+				if r := s.cfg.ReleaseBytes; r > 0 {
+					keep = live + r
+				}
+				switch {
+				case wantDrop && (now >= before || now >= keep):
+					t.Fatalf("resident %d -> %d bytes with %d live; want a drop below %d", before, now, live, keep)
+				case !wantDrop && now != before:
+					t.Fatalf("resident %d -> %d bytes; want no release below ReleaseBytes", before, now)
+				}
+				return now
+			}
+			mid := step(keys[:q], tc.dropAfter1, full)
+			_ = step(keys[q:2*q], tc.dropAfter2, mid)
+			for _, i := range keys[2*q:] {
+				k := rekey(t, blob, i)
+				h, err := s.Get(ctx, k)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(h.Bytes(), blob) {
+					t.Fatalf("entry %d changed after pages were released", i)
+				}
+				h.Release()
+			}
+			// The freed pages take new entries again.
+			for _, i := range keys[:2*q] {
+				rekey(t, blob, i+1<<32)
+				if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, i := range keys[:2*q] {
+				h, err := s.Get(ctx, rekey(t, blob, i+1<<32))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(h.Bytes(), blob) {
+					t.Fatalf("entry %d put into released pages reads back changed", i)
+				}
+				h.Release()
+			}
+			checkBudgets(t, s)
+		})
+	}
+}
+
+// TestFullTierDoesNotPunch: a tier that runs full and evicts to make room
+// reuses the freed pages at once, so it never returns them to the OS (which
+// would make every put fault its pages in again).
+func TestFullTierDoesNotPunch(t *testing.T) {
+	s := openTest(t, Config{DRAMBytes: 8 << 20, PageSize: 64 << 10})
+	blob := bigBlob(t, 4)
+	for i := uint64(1); i <= 64; i++ {
+		rekey(t, blob, i)
+		if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.arena.punched != 0 {
+		t.Fatalf("%d hole punches in a tier that never shrank", s.arena.punched)
+	}
+	if s.tiers[TierDRAM].stats.Evictions == 0 {
+		t.Fatal("no evictions: the test did not fill the tier")
+	}
+}
+
+// cpuTime is the process's user plus system CPU time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkPutFresh puts 256 MiB of 4 MiB entries into a freshly opened
+// store per iteration, so every page is written for the first time, and
+// reports CPU seconds per GiB put (the whole process's, so run it alone).
+// populate=false is the plain first-touch path (a page fault per 4 KiB);
+// prefault=true commits the whole arena at Open (counted too).
+func BenchmarkPutFresh(b *testing.B) {
+	const total = 256 << 20
+	for _, mode := range []string{"populate=false", "populate=true", "prefault=true"} {
+		b.Run(mode, func(b *testing.B) {
+			blob := bigBlob(b, 32)
+			b.SetBytes(total)
+			var cpu time.Duration
+			for range b.N {
+				c0 := cpuTime(b)
+				s, err := Open(Config{DRAMBytes: total + 64<<20, PageSize: 64 << 10, SkipVerify: true,
+					Prefault: mode == "prefault=true"})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if mode == "populate=false" {
+					s.arena.populate.Store(false)
+				}
+				for i := uint64(1); i <= total/uint64(len(blob)); i++ {
+					rekey(b, blob, i)
+					if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				cpu += cpuTime(b) - c0
+				if err := s.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(cpu.Seconds()/float64(b.N)/(float64(total)/(1<<30)), "cpu-s/GiB")
+		})
+	}
+}
+
