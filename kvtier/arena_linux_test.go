@@ -192,4 +192,3 @@ func BenchmarkPutFresh(b *testing.B) {
 		})
 	}
 }
-
