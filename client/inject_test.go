@@ -222,3 +222,38 @@ func FuzzLayoutFromProto(f *testing.F) {
 		}
 	})
 }
+
+// FuzzInjectResults: a plan or done event from the wire either is refused
+// or gives one result per chunk, a hit exactly where the status says so.
+func FuzzInjectResults(f *testing.F) {
+	seed := func(rs ...*api.LookupResult) {
+		b, err := proto.Marshal(&api.InjectPlan{Results: rs})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, uint8(len(rs)))
+	}
+	cx := ProtoContext(chunk.PrefixContext(chunk.ID{Lo: 3}))
+	seed(&api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: cx}}, &api.LookupResult{})
+	seed(&api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_APPROXIMATE, Key: &api.Key{Context: &api.Context{Kind: 9}}})
+	seed(&api.LookupResult{Status: 7})
+	f.Fuzz(func(t *testing.T, b []byte, n uint8) {
+		var p api.InjectPlan
+		if err := proto.Unmarshal(b, &p); err != nil {
+			return
+		}
+		out, err := injectResults(p.Results, int(n))
+		if err != nil {
+			return
+		}
+		if len(out) != int(n) {
+			t.Fatalf("%d results for %d chunks", len(out), n)
+		}
+		for i, r := range p.Results {
+			hit := r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT || r.Status == api.LookupStatus_LOOKUP_STATUS_APPROXIMATE
+			if hit != (out[i].Match != engine.MatchMiss) || (out[i].Match == engine.MatchExact) != (r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT) {
+				t.Fatalf("result %d: status %v gave %v", i, r.Status, out[i].Match)
+			}
+		}
+	})
+}
