@@ -111,7 +111,7 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", "period of anti-entropy rounds between replicas (\"off\" disables them)")
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
 	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", "bytes/s this node sends to new owners on a ring change (\"off\": unlimited)")
-	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 2, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
+	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
 	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", "bytes/s of incoming rebalance blobs stored, over all senders (\"off\": uncapped)")
 	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", "how long an incoming rebalance blob waits for serving calls in flight to finish (\"off\": no waiting)")
 	fc.securityFlags(fs)

@@ -71,7 +71,7 @@ func TestRebalanceFlags(t *testing.T) {
 		wantYield             time.Duration
 		wantStreams           int
 	}{
-		{"defaults of the flags", "64M", "off", "100ms", 2, true, 64 << 20, 0, 100 * time.Millisecond, 2},
+		{"defaults of the flags", "64M", "off", "100ms", 1, true, 64 << 20, 0, 100 * time.Millisecond, 1},
 		{"unset (file without them)", "", "", "", 0, true, 0, 0, 0, 0},
 		{"unlimited, capped receiver, no yield", "off", "200M", "off", 1, true, -1, 200 << 20, -1, 1},
 		{"zero rate", "0", "", "", 0, false, 0, 0, 0, 0},

@@ -224,7 +224,8 @@ type Config struct {
 	RebalanceConcurrency int
 	// The receiver's rebalance budget (admission.go): at most
 	// IncomingRebalanceStreams rebalance blobs are stored here at once
-	// (default 2); a blob waits for a slot up to IncomingRebalanceWait
+	// (default 1: on a 2-core newcomer a second concurrent store did not
+	// shorten the rebalance and doubled the Get tail); a blob waits for a slot up to IncomingRebalanceWait
 	// (default 5s, and never past its call's deadline) and is refused with
 	// ErrBusy after that, or at once when IncomingRebalanceQueueBytes
 	// (default 256 MiB) of blobs already wait; the sender backs off and
@@ -311,7 +312,7 @@ func (c *Config) setDefaults() error {
 		c.RebalanceConcurrency = 4
 	}
 	if c.IncomingRebalanceStreams <= 0 {
-		c.IncomingRebalanceStreams = 2
+		c.IncomingRebalanceStreams = 1
 	}
 	c.IncomingRebalanceStreams = min(c.IncomingRebalanceStreams, 1<<12)
 	if c.IncomingRebalanceWait <= 0 {
