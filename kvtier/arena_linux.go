@@ -41,8 +41,13 @@ type arena struct {
 	// freeRes: 1 = page free but possibly resident (freed since the last
 	// punch). nfreeRes counts its bits; at releaseAt pages (0 = never) the
 	// arena punches them.
-	freeRes   []uint64
-	nfreeRes  int
+	freeRes  []uint64
+	nfreeRes int
+	// res: 1 = page resident (populated or handed out since the last
+	// punch), so prepare skips pages that need no faulting: repopulating
+	// resident pages walks their page tables for nothing (about a fifth of
+	// the cost of copying into them).
+	res       []uint64
 	releaseAt int
 	// populate is false once the kernel has refused MADV_POPULATE_WRITE
 	// (before Linux 5.14); pages then fault in as they are written.
@@ -61,6 +66,7 @@ type pageSpan struct {
 	view  []byte
 	own   unsafe.Pointer // dedicated mapping when len(runs) > 1
 	ownN  uintptr
+	fresh bool // some pages were not resident when allocated
 }
 
 // newArena maps bytes (rounded down to pages) of memfd. Freed pages go back
@@ -92,7 +98,12 @@ func newArena(bytes int64, pageSize int, prefault bool, releaseBytes int64) (*ar
 		return nil, fmt.Errorf("kvtier: mapping arena: %w", err)
 	}
 	a := &arena{fd: fd, pageSize: pageSize, npages: npages, mem: mem, used: make([]uint64, (npages+63)/64),
-		freeRes: make([]uint64, (npages+63)/64)}
+		freeRes: make([]uint64, (npages+63)/64), res: make([]uint64, (npages+63)/64)}
+	if prefault {
+		for w := range a.res {
+			a.res[w] = ^uint64(0)
+		}
+	}
 	a.populate.Store(true)
 	if releaseBytes > 0 {
 		a.releaseAt = int(max(1, min(releaseBytes/int64(pageSize), int64(npages))))
@@ -133,6 +144,10 @@ func (a *arena) alloc(n, size int) (pageSpan, error) {
 			l = min(l, left)
 			mask := (^uint64(0) >> (64 - l)) << b
 			a.used[w] |= mask
+			if a.res[w]&mask != mask {
+				sp.fresh = true
+				a.res[w] |= mask
+			}
 			if r := a.freeRes[w] & mask; r != 0 {
 				a.freeRes[w] &^= r
 				a.nfreeRes -= bits.OnesCount64(r)
@@ -249,6 +264,7 @@ func (a *arena) punchFree() {
 				flush(p)
 			}
 		}
+		a.res[w] &^= word
 		a.freeRes[w] = 0
 	}
 	flush(a.npages)
@@ -262,7 +278,7 @@ func (a *arena) punchFree() {
 // Store's lock on pages the caller owns. A scattered entry's own mapping
 // was populated when it was made.
 func (a *arena) prepare(sp *pageSpan) {
-	if !a.populate.Load() || sp.own != nil || len(sp.view) == 0 {
+	if !sp.fresh || !a.populate.Load() || sp.own != nil || len(sp.view) == 0 {
 		return
 	}
 	off := int(sp.runs[0].first) * a.pageSize

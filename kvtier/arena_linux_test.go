@@ -159,30 +159,39 @@ func cpuTime(b *testing.B) time.Duration {
 // store per iteration, so every page is written for the first time, and
 // reports CPU seconds per GiB put (the whole process's, so run it alone).
 // populate=false is the plain first-touch path (a page fault per 4 KiB);
-// prefault=true commits the whole arena at Open (counted too).
+// prefault=true commits the whole arena at Open (counted too); resident
+// puts into pages written once before and freed (the floor: the copy).
 func BenchmarkPutFresh(b *testing.B) {
 	const total = 256 << 20
-	for _, mode := range []string{"populate=false", "populate=true", "prefault=true"} {
+	for _, mode := range []string{"populate=false", "populate=true", "prefault=true", "resident"} {
 		b.Run(mode, func(b *testing.B) {
 			blob := bigBlob(b, 32)
 			b.SetBytes(total)
 			var cpu time.Duration
 			for range b.N {
+				b.StopTimer()
 				c0 := cpuTime(b)
+				b.StartTimer()
 				s, err := Open(Config{DRAMBytes: total + 64<<20, PageSize: 64 << 10, SkipVerify: true,
-					Prefault: mode == "prefault=true"})
+					Prefault: mode == "prefault=true", ReleaseBytes: -1})
 				if err != nil {
 					b.Fatal(err)
 				}
 				if mode == "populate=false" {
 					s.arena.populate.Store(false)
 				}
-				for i := uint64(1); i <= total/uint64(len(blob)); i++ {
-					rekey(b, blob, i)
-					if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
-						b.Fatal(err)
+				if mode == "resident" {
+					b.StopTimer()
+					putTotal(b, s, blob, total, 1<<32)
+					for i := uint64(1); i <= total/uint64(len(blob)); i++ {
+						if err := s.Delete(rekey(b, blob, i+1<<32)); err != nil {
+							b.Fatal(err)
+						}
 					}
+					c0 = cpuTime(b)
+					b.StartTimer()
 				}
+				putTotal(b, s, blob, total, 0)
 				cpu += cpuTime(b) - c0
 				if err := s.Close(); err != nil {
 					b.Fatal(err)
@@ -190,5 +199,15 @@ func BenchmarkPutFresh(b *testing.B) {
 			}
 			b.ReportMetric(cpu.Seconds()/float64(b.N)/(float64(total)/(1<<30)), "cpu-s/GiB")
 		})
+	}
+}
+
+// putTotal puts total bytes of copies of blob, keyed from base+1.
+func putTotal(b *testing.B, s *Store, blob []byte, total int, base uint64) {
+	for i := uint64(1); i <= uint64(total/len(blob)); i++ {
+		rekey(b, blob, base+i)
+		if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
