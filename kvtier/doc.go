@@ -33,6 +33,16 @@
 // pages can serve any entry. The cost is an mmap/munmap pair per scattered
 // entry, a few microseconds against a copy of megabytes.
 //
+// DRAM residency. The kernel commits the memfd's pages on first write, and
+// a first write costs a page fault per 4 KiB, several times the copy
+// itself; Put therefore faults an entry's pages in with one
+// MADV_POPULATE_WRITE before copying, for pages not resident yet (a bitmap
+// says which). Freed pages stay resident while they are likely to be
+// reused (a full tier reuses what eviction frees at once); once
+// Config.ReleaseBytes of them accumulate, every free resident page goes
+// back to the OS with fallocate(PUNCH_HOLE), so a node that drops data,
+// as an old owner does in a rebalance, does not keep its peak RSS.
+//
 // Disk layout. One file per entry, named by key, checksum and size, under
 // 256 subdirectories; written to a temp file, fsynced, renamed, and the
 // directory fsynced. Open rebuilds the index from the directory, verifies
