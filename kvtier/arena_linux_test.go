@@ -211,3 +211,52 @@ func putTotal(b *testing.B, s *Store, blob []byte, total int, base uint64) {
 		}
 	}
 }
+
+// TestArenaResidency follows which allocations prepare faults in: pages
+// never written, and pages punched since, but not pages freed and reused
+// or committed at Open.
+func TestArenaResidency(t *testing.T) {
+	const page = 64 << 10
+	cases := []struct {
+		name                           string
+		prefault                       bool
+		release                        int64
+		first, reused, afterTheRelease bool // want fresh
+	}{
+		{"lazy", false, 4 * page, true, false, true},
+		{"prefault", true, 4 * page, false, false, true},
+		{"never-release", false, -1, true, false, false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := newArena(16*page, page, tc.prefault, tc.release)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer a.close()
+			alloc := func(n int, want bool, what string) pageSpan {
+				t.Helper()
+				sp, err := a.alloc(n, n*page)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if sp.fresh != want {
+					t.Fatalf("%s: fresh = %v, want %v", what, sp.fresh, want)
+				}
+				a.prepare(&sp)
+				sp.view[0], sp.view[len(sp.view)-1] = 1, 1
+				return sp
+			}
+			sp := alloc(2, tc.first, "first allocation")
+			a.release(&sp) // 2 pages free: under the threshold
+			sp = alloc(2, tc.reused, "reused pages")
+			a.release(&sp)
+			big := alloc(8, tc.first, "pages never used")
+			a.release(&big) // 8 free resident pages: over the threshold
+			if tc.release > 0 && a.nfreeRes != 0 {
+				t.Fatalf("%d free resident pages left after a release", a.nfreeRes)
+			}
+			_ = alloc(2, tc.afterTheRelease, "pages released to the OS")
+		})
+	}
+}
