@@ -84,6 +84,8 @@ func BenchmarkRebalance10G(b *testing.B) {
 	checkBindableTB(b, hosts...)
 	bin := buildKvmeshdTB(b)
 	common := append([]string{"-bootstrap-expect", "3", "-dead-grace", "1h", "-rpc-timeout", "30s"}, tierArgs...)
+	// Extra kvmeshd flags, to benchmark variants (e.g. "-rebalance-recv-streams 2").
+	common = append(common, strings.Fields(os.Getenv("KVMESH_REBALANCE_ARGS"))...)
 	var nodes []*benchProc
 	for i, h := range hosts[:3] {
 		args := append([]string{"-data-dir", b.TempDir(), "-grpc", h + ":0"}, common...)
