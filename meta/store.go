@@ -534,28 +534,13 @@ func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
 	if !member {
 		return nil
 	}
-	timeout := s.cfg.ApplyTimeout
-	if dl, ok := ctx.Deadline(); ok {
-		if timeout = time.Until(dl); timeout <= 0 {
-			return context.Cause(ctx)
-		}
+	timeout, err := s.applyTimeout(ctx)
+	if err != nil {
+		return err
 	}
 	f := s.raft.RemoveServer(raft.ServerID(lv.ID), 0, timeout)
-	done := make(chan error, 1)
-	go func() { done <- f.Error() }()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	}
-	switch {
-	case err == nil:
-	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
-		return fmt.Errorf("%w: %w", ErrNotLeader, err)
-	case errors.Is(err, raft.ErrRaftShutdown):
-		return ErrClosed
-	default:
-		return fmt.Errorf("meta: remove %s from raft: %w", lv.ID, err)
+	if err := awaitFuture(ctx, f, "remove "+lv.ID+" from raft"); err != nil {
+		return err
 	}
 	s.log.Info("meta: raft membership", "change", "remove (left)", "server", lv.ID, "incarnation", lv.Incarnation)
 	s.Reconcile() // a non-voter may take the slot
@@ -609,19 +594,22 @@ func (s *Store) write(ctx context.Context, cmd []byte) error {
 	}
 }
 
-// applyLocal appends cmd to the log on this node, which must be the leader,
-// and waits until it is applied.
-func (s *Store) applyLocal(ctx context.Context, cmd []byte) error {
+// applyTimeout is how long raft may take for a change: the configured apply
+// timeout, or less when ctx ends sooner.
+func (s *Store) applyTimeout(ctx context.Context) (time.Duration, error) {
 	timeout := s.cfg.ApplyTimeout
 	if dl, ok := ctx.Deadline(); ok {
-		timeout = time.Until(dl)
-		if timeout <= 0 {
-			return context.Cause(ctx)
+		if timeout = time.Until(dl); timeout <= 0 {
+			return 0, context.Cause(ctx)
 		}
 	}
-	f := s.raft.Apply(cmd, timeout)
-	// The future resolves when the entry is applied, leadership is lost or
-	// raft shuts down, so this goroutine always ends.
+	return timeout, nil
+}
+
+// awaitFuture waits for a raft future or ctx and maps raft's errors to this
+// package's sentinels. The future resolves when the change is applied,
+// leadership is lost or raft shuts down, so the waiting goroutine always ends.
+func awaitFuture(ctx context.Context, f raft.Future, what string) error {
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
 	var err error
@@ -632,12 +620,26 @@ func (s *Store) applyLocal(ctx context.Context, cmd []byte) error {
 	}
 	switch {
 	case err == nil:
+		return nil
 	case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 		return fmt.Errorf("%w: %w", ErrNotLeader, err)
 	case errors.Is(err, raft.ErrRaftShutdown):
 		return ErrClosed
 	default:
-		return fmt.Errorf("meta: raft apply: %w", err)
+		return fmt.Errorf("meta: %s: %w", what, err)
+	}
+}
+
+// applyLocal appends cmd to the log on this node, which must be the leader,
+// and waits until it is applied.
+func (s *Store) applyLocal(ctx context.Context, cmd []byte) error {
+	timeout, err := s.applyTimeout(ctx)
+	if err != nil {
+		return err
+	}
+	f := s.raft.Apply(cmd, timeout)
+	if err := awaitFuture(ctx, f, "raft apply"); err != nil {
+		return err
 	}
 	if rerr, ok := f.Response().(error); ok && rerr != nil {
 		return rerr

@@ -33,6 +33,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/node"
 )
 
 // BenchmarkRebalance10G measures issue 7's rebalance: three kvmeshd
@@ -741,31 +742,18 @@ func machine() string {
 	return fmt.Sprintf("%s, %d CPUs, %s RAM, loadavg %s", cpu, runtime.NumCPU(), mem, strings.TrimSpace(string(load)))
 }
 
+// envBytes reads a size like kvmeshd's flags do (node.ParseBytes: "10G",
+// "512MiB").
 func envBytes(tb testing.TB, name string, def int64) int64 {
 	s := os.Getenv(name)
 	if s == "" {
 		return def
 	}
-	t := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(s)), "B"), "I")
-	mult := int64(1)
-	if t != "" {
-		switch t[len(t)-1] {
-		case 'K':
-			mult = 1 << 10
-		case 'M':
-			mult = 1 << 20
-		case 'G':
-			mult = 1 << 30
-		}
-		if mult != 1 {
-			t = t[:len(t)-1]
-		}
-	}
-	v, err := strconv.ParseFloat(t, 64)
+	v, err := node.ParseBytes(s)
 	if err != nil || v < 0 {
 		tb.Fatalf("%s=%q: not a size", name, s)
 	}
-	return int64(v * float64(mult))
+	return v
 }
 
 func envDuration(tb testing.TB, name string, def time.Duration) time.Duration {
