@@ -28,7 +28,12 @@
 //     rebalance stores at once, each waiting for a gap in the serving calls
 //     in flight (ServingYield), the rest waiting or pushed back with
 //     ErrBusy, which the sender answers by sending again later. Drain does
-//     the same for a ring without this node, before it leaves.
+//     the same for a ring without this node, before it leaves. A change of
+//     the replication factor R is a change of placement like a ring change:
+//     raising it streams every chunk to its new replicas, lowering it hands
+//     the copies beyond R off under the same acknowledgement rule; hints
+//     kept for a node that no longer replicates their key go to the key's
+//     current replicas instead.
 //   - Anti-entropy compares, with each other replica, a table of bucket
 //     hashes over (key, checksum) of the keys both should hold, splits the
 //     differing buckets into sub-ranges, lists only the differing ranges and

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
 // A hint is a write this node keeps for a replica it could not reach. In
@@ -360,7 +361,7 @@ func (r *Replicator) deliverHints(ctx context.Context, force bool) (int, error) 
 				continue
 			}
 		}
-		n, err := r.deliverTo(ctx, rg.Contains(target), target)
+		n, err := r.deliverTo(ctx, rg, target)
 		delivered += n
 		r.hints.mu.Lock()
 		if err != nil {
@@ -381,10 +382,16 @@ func (r *Replicator) deliverHints(ctx context.Context, force bool) (int, error) 
 	return delivered, errors.Join(errs...)
 }
 
-// deliverTo sends target's hints in order until one fails.
-func (r *Replicator) deliverTo(ctx context.Context, inRing bool, target string) (int, error) {
+// deliverTo sends target's hints in order until one fails. A hint whose
+// key target no longer replicates under the current placement (ring and
+// R: the replication factor was lowered, or the ring moved while target
+// was away) goes to the key's current replicas instead, so that delivering
+// it leaves no copy that nothing would trim.
+func (r *Replicator) deliverTo(ctx context.Context, rg *ring.Ring, target string) (int, error) {
 	delivered := 0
 	now := r.now()
+	inRing := rg.Contains(target)
+	n, _ := r.quorum()
 	for _, h := range r.hints.pending(target) {
 		if !inRing || h.created+int64(r.cfg.HintTTL) < now {
 			// The node left the ring (its ranges moved to others, which
@@ -405,8 +412,18 @@ func (r *Replicator) deliverTo(ctx context.Context, inRing bool, target string) 
 			r.metrics.hintsDropped.Add(1)
 			continue
 		}
+		opts := ReplicateOptions{Kind: KindHint, At: h.at}
+		if !rg.IsReplica(h.key.Content, target, n) {
+			if err := r.redirectHint(ctx, rg, n, h.key, blob, opts); err != nil {
+				return delivered, fmt.Errorf("replication: hint for %s redirected: %w", target, err)
+			}
+			r.metrics.hintsDelivered.Add(1)
+			delivered++
+			r.hints.remove(h)
+			continue
+		}
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
-		err = r.cfg.Transport.Replicate(cctx, target, blob, ReplicateOptions{Kind: KindHint, At: h.at})
+		err = r.cfg.Transport.Replicate(cctx, target, blob, opts)
 		cancel()
 		if err != nil && !errors.Is(err, ErrRejected) {
 			return delivered, fmt.Errorf("replication: hint for %s: %w", target, err)
@@ -439,4 +456,26 @@ func (r *Replicator) hintLoop() {
 			r.log.Debug("hint delivery", "err", err)
 		}
 	}
+}
+
+// redirectHint stores a hinted write on key's current n replicas in rg; it
+// fails while one of them cannot be reached (the hint is kept and retried).
+// A replica's refusal (it holds a tombstone, other bytes) ends the
+// delivery there, as for the target itself.
+func (r *Replicator) redirectHint(ctx context.Context, rg *ring.Ring, n int, key chunk.Key, blob []byte, opts ReplicateOptions) error {
+	var errs []error
+	for _, m := range rg.Replicas(key.Content, n) {
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+		var err error
+		if m.ID == r.cfg.NodeID {
+			err = r.storeLocal(cctx, blob, key, opts)
+		} else {
+			err = r.cfg.Transport.Replicate(cctx, m.ID, blob, opts)
+		}
+		cancel()
+		if err != nil && !errors.Is(err, ErrRejected) {
+			errs = append(errs, fmt.Errorf("%s: %w", m.ID, err))
+		}
+	}
+	return errors.Join(errs...)
 }

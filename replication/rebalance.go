@@ -19,6 +19,8 @@ type RebalanceStats struct {
 	KeysMoved   int   // keys streamed to a new owner
 	BytesMoved  int64 // their bytes
 	KeysDropped int   // local keys deleted once their new owners held them
+	// Replicas is the replication factor R the pass placed keys with.
+	Replicas int
 	// Pending counts keys that still need a transfer or an
 	// acknowledgement (a new owner unreachable, the ring moved on); the
 	// pass is retried while it is non-zero.
@@ -29,30 +31,37 @@ type RebalanceStats struct {
 // checks on a target.
 const rebalanceBatch = 256
 
-// Rebalance runs one pass for the current ring: every local key this node
-// no longer replicates goes to each new owner that lacks it and is deleted
-// here once all of them hold it; keys it still replicates go to owners
-// that are new since the last completed pass, when this node is the one
-// designated to send them (the old replica that leaves the set, else the
-// best-ranked old replica that stays), so each key crosses the network
-// once. A node that is not in the ring at all pushes but deletes nothing.
-// Transfers are rate-limited (RebalanceBytesPerSec). The background
-// loop runs it on every epoch change; callers may run it directly.
+// Rebalance runs one pass for the current placement (the ring and the
+// replication factor R): every local key this node no longer replicates
+// goes to each new owner that lacks it and is deleted here once all of
+// them hold it; keys it still replicates go to owners that are new since
+// the last completed pass, when this node is the one designated to send
+// them (the old replica that leaves the set, else the best-ranked old
+// replica that stays), so each key crosses the network once. A change of R
+// is a change of placement like a ring change: raising it sends every key
+// to its new replicas, lowering it hands the copies beyond R off. A node
+// that is not in the ring at all pushes but deletes nothing. Transfers are
+// rate-limited (RebalanceBytesPerSec). The background loop runs it on
+// every epoch change and every change of R; callers may run it directly.
 func (r *Replicator) Rebalance(ctx context.Context) (RebalanceStats, error) {
 	r.rebalanceMu.Lock()
 	defer r.rebalanceMu.Unlock()
 	rg := r.ring()
+	n, _ := r.quorum()
 	r.noteEpoch(rg)
-	old := r.done
+	old, oldN := r.done, r.doneN
 	if old != nil && old.Len() > 0 && old.Epoch() != rg.Epoch() {
 		// An empty ring (a node's view before it joined) says nothing
 		// about where chunks were; reads then look past the replicas
 		// instead (Read).
 		r.prev.Store(old)
 	}
-	st, err := r.pass(ctx, rg, old, false)
+	if old != nil && oldN != n {
+		r.log.Info("replication factor changed, rebalancing", "from", oldN, "to", n, "epoch", rg.Epoch())
+	}
+	st, err := r.pass(ctx, rg, n, old, oldN, false)
 	if err == nil && st.Pending == 0 {
-		r.done = rg
+		r.done, r.doneN = rg, n
 	}
 	return st, err
 }
@@ -77,7 +86,8 @@ func (r *Replicator) Drain(ctx context.Context) (RebalanceStats, error) {
 		return RebalanceStats{}, ErrNoReplicas
 	}
 	for {
-		st, err := r.pass(ctx, without, nil, true)
+		n, _ := r.quorum()
+		st, err := r.pass(ctx, without, n, nil, 0, true)
 		if err == nil && st.Pending == 0 {
 			return st, nil
 		}
@@ -107,10 +117,11 @@ type job struct {
 	acked   int  // guarded by runBatch's mutex while pushes run
 }
 
-// pass moves local keys to their owners in rg. drain: rg excludes this
-// node and nothing is deleted.
-func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, old *ring.Ring, drain bool) (RebalanceStats, error) {
-	st := RebalanceStats{Epoch: rg.Epoch()}
+// pass moves local keys to their n owners in rg; old and oldN are the
+// placement of the last completed pass (nil: unknown). drain: rg excludes
+// this node and nothing is deleted.
+func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, n int, old *ring.Ring, oldN int, drain bool) (RebalanceStats, error) {
+	st := RebalanceStats{Epoch: rg.Epoch(), Replicas: n}
 	if rg.Len() == 0 {
 		return st, nil
 	}
@@ -121,7 +132,6 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, old *ring.Ring, dr
 	})
 	slices.SortFunc(keys, func(a, b localKey) int { return compareKeys(a.key, b.key) })
 	st.Keys = len(keys)
-	n, _ := r.quorum()
 	self := r.cfg.NodeID
 	member := rg.Contains(self)
 
@@ -134,7 +144,7 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, old *ring.Ring, dr
 			if old == nil {
 				continue
 			}
-			oreps := old.AppendReplicas(obuf[:0], lk.key.Content, n)
+			oreps := old.AppendReplicas(obuf[:0], lk.key.Content, oldN)
 			if !r.designated(rg, reps, oreps) {
 				continue
 			}
@@ -210,11 +220,14 @@ func (r *Replicator) designated(rg *ring.Ring, reps, oreps []ring.Member) bool {
 	return false
 }
 
-// stillForeign reports, against the newest ring, that this node does not
-// replicate key, so deleting it is still right.
+// stillForeign reports, against the newest ring and R, that this node does
+// not replicate key, so deleting it is still right: a placement that moved
+// on since the pass began (R raised again, a new epoch) may have new
+// owners that did not acknowledge the key, and the next pass decides.
 func (r *Replicator) stillForeign(rg *ring.Ring, key chunk.Key, n int) bool {
 	cur := r.ring()
-	return cur.Epoch() == rg.Epoch() && !cur.IsReplica(key.Content, r.cfg.NodeID, n)
+	cn, _ := r.quorum()
+	return cur.Epoch() == rg.Epoch() && cn == n && !cur.IsReplica(key.Content, r.cfg.NodeID, n)
 }
 
 // runBatch asks each target which of its batch keys it lacks and streams
@@ -348,6 +361,7 @@ func (r *Replicator) ringLoop() {
 	defer t.Stop()
 	var retryAt time.Time
 	var lastEpoch uint64
+	var lastN int
 	tried := false
 	for {
 		select {
@@ -357,25 +371,26 @@ func (r *Replicator) ringLoop() {
 		case <-r.kick:
 		}
 		rg := r.ring()
+		n, _ := r.quorum()
 		r.rebalanceMu.Lock()
-		done := r.done
+		done, doneN := r.done, r.doneN
 		r.rebalanceMu.Unlock()
-		if done != nil && done.Epoch() == rg.Epoch() {
+		if done != nil && done.Epoch() == rg.Epoch() && doneN == n {
 			continue
 		}
-		if tried && lastEpoch == rg.Epoch() && time.Now().Before(retryAt) {
+		if tried && lastEpoch == rg.Epoch() && lastN == n && time.Now().Before(retryAt) {
 			continue
 		}
-		tried, lastEpoch = true, rg.Epoch()
+		tried, lastEpoch, lastN = true, rg.Epoch(), n
 		st, err := r.Rebalance(r.ctx)
 		if r.ctx.Err() != nil {
 			return
 		}
 		if err != nil || st.Pending > 0 {
 			retryAt = time.Now().Add(r.cfg.RebalanceRetry)
-			r.log.Info("rebalance incomplete", "epoch", st.Epoch, "pending", st.Pending, "err", err)
+			r.log.Info("rebalance incomplete", "epoch", st.Epoch, "replicas", st.Replicas, "pending", st.Pending, "err", err)
 		} else if st.KeysMoved > 0 || st.KeysDropped > 0 {
-			r.log.Info("rebalanced", "epoch", st.Epoch, "keys_moved", st.KeysMoved, "bytes_moved", st.BytesMoved, "dropped", st.KeysDropped)
+			r.log.Info("rebalanced", "epoch", st.Epoch, "replicas", st.Replicas, "keys_moved", st.KeysMoved, "bytes_moved", st.BytesMoved, "dropped", st.KeysDropped)
 		}
 	}
 }

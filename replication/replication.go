@@ -248,8 +248,8 @@ type Config struct {
 	// with the ring already including it): the previous owners of a key
 	// rank right after its replicas. Default 2m; negative: never.
 	RebalanceSettle time.Duration
-	// RingCheckInterval is how often the ring is checked for a new epoch
-	// (Kick checks at once); RebalanceRetry is the wait before an
+	// RingCheckInterval is how often the ring is checked for a new epoch,
+	// and Quorum for a new R (Kick checks at once); RebalanceRetry is the wait before an
 	// incomplete pass runs again. Defaults 1s and 10s. A negative
 	// RingCheckInterval stops background rebalancing (Rebalance still
 	// works).
@@ -373,6 +373,7 @@ type Replicator struct {
 	// rebalance state, owned by rebalanceMu's holder.
 	rebalanceMu sync.Mutex
 	done        *ring.Ring // the last ring whose pass completed
+	doneN       int        // and the R it placed keys with
 	prev        atomic.Pointer[ring.Ring]
 	kick        chan struct{}
 	hintKick    chan struct{}
@@ -509,8 +510,9 @@ func (r *Replicator) background() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(r.ctx, r.cfg.CallTimeout)
 }
 
-// Kick makes the background loop check the ring now (node calls it when
-// meta's Watch fires) and retries hint deliveries at once.
+// Kick makes the background loop check the ring and R now (node calls it
+// when meta's Watch fires, which a ring change and a settings change both
+// do) and retries hint deliveries at once.
 func (r *Replicator) Kick() {
 	select {
 	case r.kick <- struct{}{}:
