@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -14,11 +15,12 @@ import (
 )
 
 // TestSettingsChangeR changes R through Admin.SetSettings on a follower of
-// a 3-node cluster and checks how the data follows. A change of R moves
-// nothing by itself (no ring epoch change, so no rebalance): raising it,
-// one anti-entropy round on each node copies every chunk to its new
-// replicas; lowering it, the copies beyond R go at the next rebalance
-// (run here directly, as a ring change runs it).
+// a 3-node cluster and checks that the data follows by itself, with no
+// ring change and no anti-entropy round (the interval is 5m): the
+// settings change fires meta's Watch, which kicks each node's replicator,
+// and a new R is a new placement to rebalance to. Raising R streams every
+// chunk to its new replicas; lowering it, the copies beyond R go once the
+// remaining owner acknowledged holding them.
 func TestSettingsChangeR(t *testing.T) {
 	var nodes []*Node
 	var seeds []string
@@ -58,12 +60,27 @@ func TestSettingsChangeR(t *testing.T) {
 			return true
 		})
 	}
+	chunks := makeChunks(t, 21, 30)
+	misplaced := func(rf int) string {
+		for _, ch := range chunks {
+			if h, o := holders(nodes, ch.key), owners(nodes[0], ch.key); len(o) != rf || !slices.Equal(h, o) {
+				return fmt.Sprintf("%v held by %v, its %d owners are %v", ch.key, h, rf, o)
+			}
+		}
+		return ""
+	}
 	placed := func(what string, rf int) {
 		t.Helper()
-		for _, ch := range makeChunks(t, 21, 30) {
-			if h, o := holders(nodes, ch.key), owners(nodes[0], ch.key); len(o) != rf || !slices.Equal(h, o) {
-				t.Fatalf("%s: %v held by %v, its %d owners are %v", what, ch.key, h, rf, o)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			bad := misplaced(rf)
+			if bad == "" {
+				return
 			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %s", what, bad)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 
@@ -72,26 +89,35 @@ func TestSettingsChangeR(t *testing.T) {
 	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
 		t.Fatal(err)
 	}
-	for _, ch := range makeChunks(t, 21, 30) {
+	for _, ch := range chunks {
 		if _, err := c.Put(ctx, ch.blob); err != nil {
 			t.Fatal(err)
 		}
 	}
 	placed("R=1", 1)
 
+	epoch := nodes[0].meta.Ring().Epoch()
+
 	set(3, 2)
+	placed("R=3 after the change", 3)
+	var moved int64
 	for _, n := range nodes {
-		if _, err := n.repl.AntiEntropy(ctx); err != nil {
-			t.Fatalf("anti-entropy on %s: %v", n.ID(), err)
-		}
+		moved += n.repl.Metrics().RebalanceKeys
 	}
-	placed("R=3 after one anti-entropy round", 3)
+	if want := int64(2 * len(chunks)); moved != want {
+		t.Fatalf("%d chunk copies streamed on raising R to 3, want %d (each chunk once to each new replica)", moved, want)
+	}
 
 	set(1, 1)
+	placed("R=1 after the change", 1)
+	var dropped int64
 	for _, n := range nodes {
-		if _, err := n.repl.Rebalance(ctx); err != nil {
-			t.Fatalf("rebalance on %s: %v", n.ID(), err)
-		}
+		dropped += n.repl.Metrics().RebalanceDropped
 	}
-	placed("R=1 after a rebalance", 1)
+	if want := int64(2 * len(chunks)); dropped != want {
+		t.Fatalf("%d copies dropped on lowering R to 1, want %d", dropped, want)
+	}
+	if e := nodes[0].meta.Ring().Epoch(); e != epoch {
+		t.Fatalf("ring epoch moved from %d to %d: the data did not follow R alone", epoch, e)
+	}
 }
