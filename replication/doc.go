@@ -31,9 +31,10 @@
 //     the same for a ring without this node, before it leaves. A change of
 //     the replication factor R is a change of placement like a ring change:
 //     raising it streams every chunk to its new replicas, lowering it hands
-//     the copies beyond R off under the same acknowledgement rule; hints
-//     kept for a node that no longer replicates their key go to the key's
-//     current replicas instead.
+//     the copies beyond R off under the same acknowledgement rule. On
+//     either change the tombstones held here go to the keys' new owners,
+//     and hints kept for a node that no longer replicates their key go to
+//     the key's current replicas instead.
 //   - Anti-entropy compares, with each other replica, a table of bucket
 //     hashes over (key, checksum) of the keys both should hold, splits the
 //     differing buckets into sub-ranges, lists only the differing ranges and

@@ -2,6 +2,7 @@ package replication
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -142,6 +143,16 @@ func TestRChangeUp(t *testing.T) {
 			}
 			if h := c.holders(deleted); len(h) != 0 {
 				t.Fatalf("deleted %v is back on %v", deleted, h)
+			}
+			// Its new replicas learnt the delete: a stale copy is refused.
+			for _, m := range c.ring().Replicas(deleted.Content, tc.to) {
+				if tb, ok := c.reps[m.ID].tombs.get(deleted); !ok || !tb.deleted {
+					t.Fatalf("replica %s of deleted %v has no tombstone", m.ID, deleted)
+				}
+			}
+			stale, _ := makeBlob(t, 0, 0)
+			if err := c.reps["d"].cfg.Transport.Replicate(context.Background(), c.ring().Replicas(deleted.Content, tc.to)[tc.to-1].ID, stale, ReplicateOptions{Kind: KindRebalance}); !errors.Is(err, ErrTombstoned) {
+				t.Fatalf("stale copy of a deleted chunk to its newest replica: %v, want ErrTombstoned", err)
 			}
 			var m Metrics
 			for _, r := range c.reps {

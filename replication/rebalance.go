@@ -168,6 +168,10 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, n int, old *ring.R
 			jobs = append(jobs, j)
 		}
 	}
+	if !drain && old != nil {
+		// Deletes first: a stale copy pushed later finds the tombstone.
+		st.Pending += r.forwardTombstones(ctx, rg, n, old, oldN)
+	}
 	gauge := &r.metrics.rebalancePending
 	if drain {
 		gauge = &r.metrics.drainPending
@@ -201,6 +205,47 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, n int, old *ring.R
 		}
 	}
 	return st, errors.Join(errs...)
+}
+
+// forwardTombstones sends the deletes recorded here to the replicas that
+// became owners of their keys since the last completed pass (a new member,
+// a higher R), so that a stale copy arriving there later (a late hint, a
+// replica back from an absence) is refused rather than taken for live
+// data. Every old replica holding a tombstone sends it: a few bytes, so no
+// single sender is designated. It returns the sends that failed; the pass
+// counts them pending and runs again.
+func (r *Replicator) forwardTombstones(ctx context.Context, rg *ring.Ring, n int, old *ring.Ring, oldN int) int {
+	if old.Epoch() == rg.Epoch() && oldN == n {
+		return 0
+	}
+	self := r.cfg.NodeID
+	failed := 0
+	var buf, obuf [8]ring.Member
+	for _, it := range r.tombs.list() {
+		if !it.deleted {
+			continue
+		}
+		oreps := old.AppendReplicas(obuf[:0], it.key.Content, oldN)
+		if !isMember(oreps, self) {
+			continue
+		}
+		for _, m := range rg.AppendReplicas(buf[:0], it.key.Content, n) {
+			if m.ID == self || isMember(oreps, m.ID) {
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
+			err := r.cfg.Transport.Delete(cctx, m.ID, it.key, it.at)
+			cancel()
+			if err != nil {
+				failed++
+				r.log.Debug("forwarding tombstone", "to", m.ID, "key", it.key, "err", err)
+			}
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return failed
 }
 
 // designated reports whether this node sends a key it keeps to the new
