@@ -67,6 +67,14 @@ type layerCodec interface {
 	decode(dst, enc []byte, sh Shape) error
 }
 
+// check reports whether impl(dt) succeeds, without building the interface.
+func (c Codec) check(dt DType) error {
+	if (dt != F32 && dt != F16 && dt != BF16) || c < CodecRaw || c > CodecFP8 {
+		return fmt.Errorf("%w: codec %v for %v", ErrUnsupported, c, dt)
+	}
+	return nil
+}
+
 func (c Codec) impl(dt DType) (layerCodec, error) {
 	if dt != F32 && dt != F16 && dt != BF16 {
 		return nil, fmt.Errorf("%w: codec %v for %v", ErrUnsupported, c, dt)
@@ -84,6 +92,25 @@ func (c Codec) impl(dt DType) (layerCodec, error) {
 		return quantCodec{dt: dt, kind: quantFP8}, nil
 	}
 	return nil, fmt.Errorf("%w: codec %v for %v", ErrUnsupported, c, dt)
+}
+
+// decodeLayer is impl(dt).decode without the interface, whose conversion
+// of a quantCodec value allocates on every call (DecodeRange runs once per
+// layer on the inject path). c and dt have passed check.
+func (c Codec) decodeLayer(dt DType, dst, enc []byte, sh Shape) error {
+	switch c {
+	case CodecRaw:
+		return rawCodec{}.decode(dst, enc, sh)
+	case CodecLossless:
+		return planeCodec{dt: dt}.decode(dst, enc, sh)
+	case CodecInt8:
+		return quantCodec{dt: dt, kind: quantInt8}.decode(dst, enc, sh)
+	case CodecInt4:
+		return quantCodec{dt: dt, kind: quantInt4}.decode(dst, enc, sh)
+	case CodecFP8:
+		return quantCodec{dt: dt, kind: quantFP8}.decode(dst, enc, sh)
+	}
+	return fmt.Errorf("%w: codec %v for %v", ErrUnsupported, c, dt)
 }
 
 type rawCodec struct{}

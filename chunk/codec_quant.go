@@ -119,6 +119,10 @@ type quantScratch struct {
 	zero   []float64 // per-channel group parameters (K)
 	scale  []float64
 	codes  []byte
+	// Decoding: int8 key parameters in float32 and int4 key tables, per
+	// channel.
+	zero32, scale32 []float32
+	tab             []uint32
 }
 
 var quantScratchPool = sync.Pool{New: func() any { return &quantScratch{} }}
@@ -137,6 +141,9 @@ func (s *quantScratch) size(chans int) {
 	s.zero = grow(s.zero, chans)
 	s.scale = grow(s.scale, chans)
 	s.codes = grow(s.codes, chans)
+	s.zero32 = grow(s.zero32, chans)
+	s.scale32 = grow(s.scale32, chans)
+	s.tab = grow(s.tab, 16*chans)
 }
 
 func (c quantCodec) encode(dst, raw []byte, sh Shape) ([]byte, error) {
@@ -477,13 +484,42 @@ func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScra
 	lim := maxFinite(c.dt)
 	for tg := 0; tg < g.kGroups; tg++ {
 		p := params[tg*g.chans*ps:]
+		fast := c.kind == quantInt8
 		for i := 0; i < g.chans; i++ {
 			var err error
 			if s.zero[i], s.scale[i], err = c.loadParams(p[i*ps:]); err != nil {
 				return err
 			}
+			if fast {
+				s.zero32[i], s.scale32[i], fast = c.fastParams(s.zero[i], s.scale[i])
+			}
 		}
-		for t := tg * quantGroupTokens; t < min((tg+1)*quantGroupTokens, g.tokens); t++ {
+		t0, t1 := tg*quantGroupTokens, min((tg+1)*quantGroupTokens, g.tokens)
+		switch {
+		case c.kind == quantInt4:
+			// 16 outputs per channel serve the group's (up to) 64 tokens.
+			tab := s.tab[:16*g.chans]
+			for i := 0; i < g.chans; i++ {
+				c.fillTable(tab[16*i:16*i+16], s.zero[i], s.scale[i], lim)
+			}
+			for t := t0; t < t1; t++ {
+				out := dst[t*rowBytes : (t+1)*rowBytes]
+				if es == 2 && g.chans%2 == 0 {
+					at := t * g.chans
+					lookupPacked(out, codes[at/2:(at+g.chans)/2], tab, 32)
+					continue
+				}
+				q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
+				c.lookupRow(out, q, tab)
+			}
+			continue
+		case fast:
+			for t := t0; t < t1; t++ {
+				c.dequantRow(dst[t*rowBytes:(t+1)*rowBytes], codes[t*g.chans:(t+1)*g.chans], s.zero32[:g.chans], s.scale32[:g.chans])
+			}
+			continue
+		}
+		for t := t0; t < t1; t++ {
 			q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
 			row := s.row[:g.chans]
 			zero, scale := s.zero[:len(row)], s.scale[:len(row)]
@@ -511,37 +547,252 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 	rowBytes := g.chans * es
 	lim := maxFinite(c.dt)
 	gi := 0
+	// int4 codes of 16-bit entries are looked up a byte (two codes) at a
+	// time when every group starts and ends on a byte.
+	packed := c.kind == quantInt4 && es == 2 && g.dim%2 == 0
 	for t := 0; t < g.tokens; t++ {
-		q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
-		if c.kind == quantFP8 {
-			if err := fp8Check(q); err != nil {
-				return err
+		if c.kind != quantFP8 {
+			// Integer codes go straight into dst, a group at a time.
+			var q []byte
+			if !packed {
+				q = c.getCodes(s.codes[:g.chans], codes, t*g.chans)
 			}
+			out := dst[t*rowBytes : (t+1)*rowBytes]
+			for h := 0; h < g.heads; h++ {
+				for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
+					zero, scale, err := c.loadParams(params[gi*ps:])
+					if err != nil {
+						return err
+					}
+					gi++
+					a, b := h*g.dim+d0, h*g.dim+min(d0+quantGroupDims, g.dim)
+					if packed {
+						var tab [16]uint32
+						c.fillTable(tab[:], zero, scale, lim)
+						at := t*g.chans + a
+						lookupPacked(out[a*es:b*es], codes[at/2:(at+b-a)/2], tab[:], 0)
+						continue
+					}
+					c.dequantGroup(out[a*es:b*es], q[a:b], zero, scale, lim, s)
+				}
+			}
+			continue
+		}
+		q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
+		if err := fp8Check(q); err != nil {
+			return err
 		}
 		row := s.row[:g.chans]
 		for h := 0; h < g.heads; h++ {
 			for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
-				zero, scale, err := c.loadParams(params[gi*ps:])
+				_, scale, err := c.loadParams(params[gi*ps:])
 				if err != nil {
 					return err
 				}
 				gi++
 				a, b := h*g.dim+d0, h*g.dim+min(d0+quantGroupDims, g.dim)
 				out, qg := row[a:b], q[a:b]
-				if c.kind == quantFP8 {
-					for i, b := range qg {
-						out[i] = clampF32(float64(lut[b])*scale, lim)
-					}
-				} else {
-					for i, b := range qg {
-						out[i] = clampF32(zero+float64(b)*scale, lim)
-					}
+				for i, b := range qg {
+					out[i] = clampF32(float64(lut[b])*scale, lim)
 				}
 			}
 		}
 		fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
 	}
 	return nil
+}
+
+// Integer dequantization fast paths. The reference result of a code b is
+// clampF32(zero + float64(b)*scale, lim) narrowed into the dtype; the fast
+// paths compute exactly that value with fewer operations:
+//
+//   - int4 builds the 16 outputs of a group (in dtype bits, with the
+//     reference formula) and looks codes up: 16 evaluations serve a group's
+//     64 elements.
+//   - int8 computes zero + float32(b)*scale in float32 for bf16 and f16
+//     entries when fastParams admits the group. zero and scale are values
+//     of the 16-bit dtype, so b*scale (at most 8+11 significant bits, a
+//     multiple of 2^-133, below 2^127) is exact in float32, and the float64
+//     sum of two float32 values rounded to float32 is the correctly rounded
+//     float32 sum (double rounding is innocuous for 53 >= 2*24+2 bits,
+//     Figueroa 1995). fastParams also checks that the group's largest
+//     output, zero + 255*scale, rounds to at most lim, so the clamp is a
+//     no-op for every code (rounding is monotonic and zero >= -lim). Other
+//     groups, and f32 entries (whose b*scale is not exact in float32), use
+//     the reference formula.
+
+// fastParams returns a group's parameters in float32 and whether the int8
+// float32 path computes the reference result for every code of the group.
+func (c quantCodec) fastParams(zero, scale float64) (z, s float32, ok bool) {
+	if c.dt == F32 || c.kind != quantInt8 || scale*255 >= 0x1p127 {
+		return 0, 0, false
+	}
+	z, s = float32(zero), float32(scale)
+	top := z + float32(float32(255)*s)
+	return z, s, top <= float32(maxFinite(c.dt))
+}
+
+// dequantGroup writes the outputs of one group's int codes (unpacked in q)
+// into out, sharing one zero and scale.
+func (c quantCodec) dequantGroup(out, q []byte, zero, scale, lim float64, s *quantScratch) {
+	if c.kind == quantInt4 {
+		var tab [16]uint32
+		c.fillTable(tab[:], zero, scale, lim)
+		c.lookupGroup(out, q, &tab)
+		return
+	}
+	if z, sc, ok := c.fastParams(zero, scale); ok {
+		switch c.dt {
+		case BF16:
+			out = out[:2*len(q)]
+			for i, b := range q {
+				binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(z+float32(float32(b)*sc)))
+			}
+		default:
+			out = out[:2*len(q)]
+			for i, b := range q {
+				v := z + float32(float32(b)*sc)
+				h, ok := halfNormal(v)
+				if !ok {
+					h = F32ToF16(v)
+				}
+				binary.LittleEndian.PutUint16(out[2*i:], h)
+			}
+		}
+		return
+	}
+	row := s.row[:len(q)]
+	for i, b := range q {
+		row[i] = clampF32(zero+float64(b)*scale, lim)
+	}
+	fromF32(out, row, c.dt)
+}
+
+// dequantRow writes a key row of int8 codes with per-channel parameters
+// that fastParams admitted (so dt is bf16 or f16).
+func (c quantCodec) dequantRow(out, q []byte, zero, scale []float32) {
+	out = out[:2*len(q)]
+	zero, scale = zero[:len(q)], scale[:len(q)]
+	if c.dt == BF16 {
+		for i, b := range q {
+			binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(zero[i]+float32(float32(b)*scale[i])))
+		}
+		return
+	}
+	for i, b := range q {
+		v := zero[i] + float32(float32(b)*scale[i])
+		h, ok := halfNormal(v)
+		if !ok {
+			h = F32ToF16(v)
+		}
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+	}
+}
+
+// fillTable stores in tab[b] the dtype bits of the reference output of
+// code b.
+func (c quantCodec) fillTable(tab []uint32, zero, scale, lim float64) {
+	for b := range tab {
+		v := clampF32(zero+float64(b)*scale, lim)
+		switch c.dt {
+		case F32:
+			tab[b] = math.Float32bits(v)
+		case F16:
+			tab[b] = uint32(F32ToF16(v))
+		default:
+			tab[b] = uint32(bf16Bits(v))
+		}
+	}
+}
+
+// lookupGroup writes the table outputs of codes q (one table).
+func (c quantCodec) lookupGroup(out, q []byte, tab *[16]uint32) {
+	if c.dt == F32 {
+		out = out[:4*len(q)]
+		for i, b := range q {
+			binary.LittleEndian.PutUint32(out[4*i:], tab[b&15])
+		}
+		return
+	}
+	out = out[:2*len(q)]
+	for i, b := range q {
+		binary.LittleEndian.PutUint16(out[2*i:], uint16(tab[b&15]))
+	}
+}
+
+// lookupRow writes the table outputs of a key row's codes q, channel i
+// looking up tab[16*i:16*i+16].
+func (c quantCodec) lookupRow(out, q []byte, tab []uint32) {
+	tab = tab[:16*len(q)]
+	if c.dt == F32 {
+		out = out[:4*len(q)]
+		for i, b := range q {
+			binary.LittleEndian.PutUint32(out[4*i:], tab[16*i+int(b&15)])
+		}
+		return
+	}
+	out = out[:2*len(q)]
+	for i, b := range q {
+		binary.LittleEndian.PutUint16(out[2*i:], uint16(tab[16*i+int(b&15)]))
+	}
+}
+
+// lookupPacked writes the 16-bit table outputs of packed int4 codes (two
+// per byte, low nibble first) into out. Byte k's codes look up
+// tab[k*stride:] and tab[k*stride+stride/2:]: stride 32 walks per-channel
+// tables (keys), stride 0 stays on one table (a value group).
+func lookupPacked(out, src []byte, tab []uint32, stride int) {
+	out = out[:4*len(src)]
+	if stride == 0 {
+		t := (*[16]uint32)(tab[:16])
+		for len(src) >= 4 {
+			o, b := out[:16], src[:4]
+			binary.LittleEndian.PutUint32(o[0:], t[b[0]&15]|t[b[0]>>4]<<16)
+			binary.LittleEndian.PutUint32(o[4:], t[b[1]&15]|t[b[1]>>4]<<16)
+			binary.LittleEndian.PutUint32(o[8:], t[b[2]&15]|t[b[2]>>4]<<16)
+			binary.LittleEndian.PutUint32(o[12:], t[b[3]&15]|t[b[3]>>4]<<16)
+			out, src = out[16:], src[4:]
+		}
+		for k, b := range src {
+			binary.LittleEndian.PutUint32(out[4*k:], t[b&15]|t[b>>4]<<16)
+		}
+		return
+	}
+	tab = tab[:32*len(src)]
+	for k, b := range src {
+		t := (*[32]uint32)(tab[32*k:])
+		binary.LittleEndian.PutUint32(out[4*k:], t[b&15]|t[16+b>>4]<<16)
+	}
+}
+
+// bf16Bits rounds a finite float32 to bf16 bits, to nearest even (fromF32's
+// rounding).
+func bf16Bits(v float32) uint16 {
+	u := math.Float32bits(v)
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}
+
+// f16Bits is F32ToF16 with its common case (a normal half) inline; the
+// call is kept out of the inlined part (halfNormal) so that loops pay for
+// it only on subnormal results.
+func f16Bits(v float32) uint16 {
+	if h, ok := halfNormal(v); ok {
+		return h
+	}
+	return F32ToF16(v)
+}
+
+// halfNormal is F32ToF16(v) when that is a finite normal half (ok).
+func halfNormal(v float32) (h uint16, ok bool) {
+	u := math.Float32bits(v)
+	a := u & 0x7fffffff
+	a -= 0x38800000 // 2^-14, the smallest normal half
+	if a >= 0x477ff000-0x38800000 {
+		return 0, false
+	}
+	a += (0x38800000 - 112<<23) + 0x0fff + (a>>13)&1
+	return uint16(u>>16)&0x8000 | uint16(a>>13), true
 }
 
 // clampF32 narrows v to float32 within the dtype's finite range (lim), so

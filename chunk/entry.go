@@ -252,7 +252,7 @@ func ParseHeader(blob []byte, lim Limits) (Header, error) {
 		}
 		return hd, err
 	}
-	if _, err := hd.Codec.impl(hd.Shape.DType); err != nil {
+	if err := hd.Codec.check(hd.Shape.DType); err != nil {
 		return hd, err
 	}
 	headerLen := fixedHeaderBytes + layerRefBytes*hd.Shape.Layers + 4*hd.Shape.Tokens + 8
@@ -352,8 +352,7 @@ func DecodeRange(dst []byte, blob []byte, hd *Header, r Range, scratch []byte) e
 	if len(dst) != r.RangeBytes(hd.Shape) {
 		return fmt.Errorf("%w: dst of %d bytes, range needs %d", ErrInvalidEntry, len(dst), r.RangeBytes(hd.Shape))
 	}
-	lc, err := hd.Codec.impl(hd.Shape.DType)
-	if err != nil {
+	if err := hd.Codec.check(hd.Shape.DType); err != nil {
 		return err
 	}
 	sh := hd.Shape
@@ -369,13 +368,13 @@ func DecodeRange(dst []byte, blob []byte, hd *Header, r Range, scratch []byte) e
 			return err
 		}
 		if allHeads {
-			if err := lc.decode(out[:lb], p, sh); err != nil {
+			if err := hd.Codec.decodeLayer(sh.DType, out[:lb], p, sh); err != nil {
 				return fmt.Errorf("layer %d: %w", l, err)
 			}
 			out = out[lb:]
 			continue
 		}
-		if err := lc.decode(scratch[:lb], p, sh); err != nil {
+		if err := hd.Codec.decodeLayer(sh.DType, scratch[:lb], p, sh); err != nil {
 			return fmt.Errorf("layer %d: %w", l, err)
 		}
 		out = copyHeads(out, scratch[:lb], sh, r.HeadLo, r.HeadHi)

@@ -97,6 +97,22 @@ func checkDecodeBlob(t *testing.T, blob []byte) {
 			}
 		}
 	}
+	if verr == nil && hd.Codec.Lossy() {
+		// The quantized decoders stay bit-identical to the reference
+		// (codec_quant_ref_test.go), errors included.
+		c := quantCodec{dt: hd.Shape.DType, kind: map[Codec]quantKind{CodecInt8: quantInt8, CodecInt4: quantInt4, CodecFP8: quantFP8}[hd.Codec]}
+		got, want := make([]byte, hd.Shape.LayerBytes()), make([]byte, hd.Shape.LayerBytes())
+		for l := range hd.Layers {
+			p, err := hd.LayerPayload(blob, l)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gerr, werr := c.decode(got, p, hd.Shape), c.decodeRef(want, p, hd.Shape)
+			if (gerr == nil) != (werr == nil) || (gerr == nil && string(got) != string(want)) {
+				t.Fatalf("layer %d: decoder (%v) differs from the reference (%v)", l, gerr, werr)
+			}
+		}
+	}
 	if verr == nil {
 		// A head range goes through the scratch path of every codec.
 		r := Range{LayerLo: hd.Shape.Layers - 1, LayerHi: hd.Shape.Layers, HeadLo: hd.Shape.KVHeads - 1, HeadHi: hd.Shape.KVHeads}

@@ -1,0 +1,5 @@
+//go:build race
+
+package chunk
+
+const raceEnabled = true
