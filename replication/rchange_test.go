@@ -72,11 +72,15 @@ func TestRChangeUp(t *testing.T) {
 		from, to     int
 		background   bool
 		downFirstRun string
+		restart      bool
 	}{
 		{name: "1 to 3", from: 1, to: 3},
 		{name: "2 to 4", from: 2, to: 4},
 		{name: "1 to 3 new replica down", from: 1, to: 3, downFirstRun: "c"},
 		{name: "1 to 3 background loop", from: 1, to: 3, background: true},
+		// The nodes restart between the pass at R=1 and the change: the
+		// placement they last completed comes back from DataDir.
+		{name: "1 to 3 after a restart", from: 1, to: 3, restart: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			q := &settableQuorum{}
@@ -100,6 +104,13 @@ func TestRChangeUp(t *testing.T) {
 			rebalanceAll(t, c, ids)
 			if !placed(c, keys, tc.from) {
 				t.Fatalf("not placed at R=%d before the change", tc.from)
+			}
+			if tc.restart {
+				for _, id := range ids {
+					c.stop(id)
+					c.net.setDown(id, false)
+					c.start(id)
+				}
 			}
 			var want int64
 			for _, k := range keys {

@@ -2,8 +2,11 @@ package replication
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -50,6 +53,11 @@ func (r *Replicator) Rebalance(ctx context.Context) (RebalanceStats, error) {
 	n, _ := r.quorum()
 	r.noteEpoch(rg)
 	old, oldN := r.done, r.doneN
+	if old == nil && r.saved.epoch == rg.Epoch() && r.saved.replicas > 0 && r.saved.replicas != n {
+		// Restarted with the ring it last placed keys on, and R changed
+		// since: that ring and the saved R are the old placement.
+		old, oldN = rg, r.saved.replicas
+	}
 	if old != nil && old.Len() > 0 && old.Epoch() != rg.Epoch() {
 		// An empty ring (a node's view before it joined) says nothing
 		// about where chunks were; reads then look past the replicas
@@ -62,6 +70,7 @@ func (r *Replicator) Rebalance(ctx context.Context) (RebalanceStats, error) {
 	st, err := r.pass(ctx, rg, n, old, oldN, false)
 	if err == nil && st.Pending == 0 {
 		r.done, r.doneN = rg, n
+		r.savePlacement(rg.Epoch(), n)
 	}
 	return st, err
 }
@@ -438,4 +447,53 @@ func (r *Replicator) ringLoop() {
 			r.log.Info("rebalanced", "epoch", st.Epoch, "replicas", st.Replicas, "keys_moved", st.KeysMoved, "bytes_moved", st.BytesMoved, "dropped", st.KeysDropped)
 		}
 	}
+}
+
+// savedPlacement is the ring epoch and R of the last completed pass.
+type savedPlacement struct {
+	epoch    uint64
+	replicas int
+}
+
+const placementFile = "placement"
+
+// loadPlacement reads DataDir/placement; a missing or short file (a new
+// node, a torn write) means unknown.
+func loadPlacement(dir string) savedPlacement {
+	if dir == "" {
+		return savedPlacement{}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, placementFile))
+	if err != nil || len(b) != 16 {
+		return savedPlacement{}
+	}
+	n := binary.LittleEndian.Uint64(b[8:])
+	if n == 0 || n > 1<<16 {
+		return savedPlacement{}
+	}
+	return savedPlacement{epoch: binary.LittleEndian.Uint64(b), replicas: int(n)}
+}
+
+// savePlacement records a completed pass's placement when it changed
+// (rebalanceMu held). A failure only costs the restart case: it is logged.
+func (r *Replicator) savePlacement(epoch uint64, n int) {
+	p := savedPlacement{epoch, n}
+	if r.cfg.DataDir == "" || r.saved == p {
+		r.saved = p
+		return
+	}
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:], epoch)
+	binary.LittleEndian.PutUint64(b[8:], uint64(n))
+	path := filepath.Join(r.cfg.DataDir, placementFile)
+	tmp := path + ".tmp"
+	err := writeFileSync(tmp, b[:])
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
+		r.log.Warn("recording the rebalanced placement", "err", err)
+		return
+	}
+	r.saved = p
 }

@@ -374,9 +374,13 @@ type Replicator struct {
 	rebalanceMu sync.Mutex
 	done        *ring.Ring // the last ring whose pass completed
 	doneN       int        // and the R it placed keys with
-	prev        atomic.Pointer[ring.Ring]
-	kick        chan struct{}
-	hintKick    chan struct{}
+	// saved is the placement (epoch, R) of the last completed pass as
+	// recorded in DataDir/placement, so that a restarted node still knows
+	// what R its chunks were placed with (see Rebalance).
+	saved    savedPlacement
+	prev     atomic.Pointer[ring.Ring]
+	kick     chan struct{}
+	hintKick chan struct{}
 
 	suspectMu sync.Mutex
 	suspects  map[string]time.Time // node -> until when reads try it last
@@ -428,6 +432,7 @@ func New(cfg Config) (*Replicator, error) {
 	if err != nil {
 		return nil, err
 	}
+	r.saved = loadPlacement(cfg.DataDir)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	for range cfg.RepairWorkers {
 		r.goLoop(r.repairLoop)
