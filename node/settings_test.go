@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/replication"
 )
 
 // TestSettingsChangeR changes R through Admin.SetSettings on a follower of
@@ -98,25 +99,30 @@ func TestSettingsChangeR(t *testing.T) {
 
 	epoch := nodes[0].meta.Ring().Epoch()
 
+	// The counters move just after the store or delete they count.
+	counted := func(what string, metric func(replication.Metrics) int64, want int64) {
+		t.Helper()
+		sum := func() (s int64) {
+			for _, n := range nodes {
+				s += metric(n.repl.Metrics())
+			}
+			return s
+		}
+		waitFor(t, 10*time.Second, what, func() bool { return sum() >= want })
+		if got := sum(); got != want {
+			t.Fatalf("%s: %d, want %d", what, got, want)
+		}
+	}
+
 	set(3, 2)
 	placed("R=3 after the change", 3)
-	var moved int64
-	for _, n := range nodes {
-		moved += n.repl.Metrics().RebalanceKeys
-	}
-	if want := int64(2 * len(chunks)); moved != want {
-		t.Fatalf("%d chunk copies streamed on raising R to 3, want %d (each chunk once to each new replica)", moved, want)
-	}
+	counted("chunk copies streamed on raising R to 3 (each chunk once to each new replica)",
+		func(m replication.Metrics) int64 { return m.RebalanceKeys }, int64(2*len(chunks)))
 
 	set(1, 1)
 	placed("R=1 after the change", 1)
-	var dropped int64
-	for _, n := range nodes {
-		dropped += n.repl.Metrics().RebalanceDropped
-	}
-	if want := int64(2 * len(chunks)); dropped != want {
-		t.Fatalf("%d copies dropped on lowering R to 1, want %d", dropped, want)
-	}
+	counted("copies dropped on lowering R to 1",
+		func(m replication.Metrics) int64 { return m.RebalanceDropped }, int64(2*len(chunks)))
 	if e := nodes[0].meta.Ring().Epoch(); e != epoch {
 		t.Fatalf("ring epoch moved from %d to %d: the data did not follow R alone", epoch, e)
 	}
