@@ -231,12 +231,24 @@ func split(planes *[4][losslessBlock]byte, raw []byte, dt DType) {
 }
 
 // merge is the inverse of split; every plane holds len(raw)/dt.Size() bytes.
+// The 16-bit cases write four elements per store: with one bounds check per
+// four elements, merge costs less than huff0's decoding of the planes.
 func merge(raw []byte, planes *[4][]byte, dt DType) {
 	switch dt {
 	case BF16:
 		n := len(raw) / 2
 		raw = raw[:2*n]
 		p0, p1 := planes[0][:n], planes[1][:n]
+		for len(p0) >= 4 {
+			e, sm := p0[:4], p1[:4]
+			// Sign and mantissa bytes in place (sign at bit 15 of each
+			// element, mantissa at bits 0-6), exponents shifted in.
+			s := uint64(sm[0]) | uint64(sm[1])<<16 | uint64(sm[2])<<32 | uint64(sm[3])<<48
+			x := uint64(e[0]) | uint64(e[1])<<16 | uint64(e[2])<<32 | uint64(e[3])<<48
+			u := s&0x0080_0080_0080_0080<<8 | x<<7 | s&0x007f_007f_007f_007f
+			binary.LittleEndian.PutUint64(raw[:8], u)
+			raw, p0, p1 = raw[8:], p0[4:], p1[4:]
+		}
 		for i := range p0 {
 			e, sm := uint16(p0[i]), uint16(p1[i])
 			binary.LittleEndian.PutUint16(raw[2*i:], sm&0x80<<8|e<<7|sm&0x7f)
@@ -245,6 +257,13 @@ func merge(raw []byte, planes *[4][]byte, dt DType) {
 		n := len(raw) / 2
 		raw = raw[:2*n]
 		p0, p1 := planes[0][:n], planes[1][:n]
+		for len(p0) >= 4 {
+			hi, lo := p0[:4], p1[:4]
+			u := uint64(lo[0]) | uint64(hi[0])<<8 | uint64(lo[1])<<16 | uint64(hi[1])<<24 |
+				uint64(lo[2])<<32 | uint64(hi[2])<<40 | uint64(lo[3])<<48 | uint64(hi[3])<<56
+			binary.LittleEndian.PutUint64(raw[:8], u)
+			raw, p0, p1 = raw[8:], p0[4:], p1[4:]
+		}
 		for i := range p0 {
 			binary.LittleEndian.PutUint16(raw[2*i:], uint16(p0[i])<<8|uint16(p1[i]))
 		}
