@@ -12,8 +12,20 @@ import (
 
 // MemoryConfig configures RunMemory. Zero fields take the defaults shown.
 type MemoryConfig struct {
-	Ks      []int // facts per prompt; {5, 10, 20, 50}
-	Windows []int // context windows of the stored encodings; {0, 20} (0: standalone)
+	Ks []int // facts per prompt; {5, 10, 20, 50}
+	// Windows lists the context windows of the stored encodings: the
+	// tokens of the conversation before a fact that it is encoded after;
+	// {0, 20}.
+	Windows []int
+	// SystemLen is the length of the system prompt every prompt starts
+	// with; 32 (negative: none). It is stored encoded at the start of a
+	// prompt (EXACT for every prompt), and every fact is encoded after it
+	// and then its window, as it follows it in every prompt: the
+	// encoding's first token is then the system prompt's, as the prompt's
+	// is, instead of a fact token standing where the attention sink is.
+	// With none, w = 0 means standalone and the first fact of a prompt has
+	// no context at all, which is the workload before SystemLen.
+	SystemLen int
 	// StoreFacts is the size of the per-user memory store; 2 x the
 	// largest k.
 	StoreFacts  int
@@ -35,6 +47,9 @@ func (c *MemoryConfig) defaults() {
 	maxK := 0
 	for _, k := range c.Ks {
 		maxK = max(maxK, k)
+	}
+	if c.SystemLen == 0 {
+		c.SystemLen = 32
 	}
 	if c.StoreFacts < maxK {
 		c.StoreFacts = 2 * maxK
@@ -69,28 +84,36 @@ type MemoryResult struct {
 	Points []MemoryPoint
 }
 
-// RunMemory is InferScale's memory-fact workload through store: for each
+// RunMemory is InferScale's memory-fact workload through store: the
+// system prompt is stored encoded at the start of a prompt; for each
 // window w, a per-user store of facts (a conversation's memory, in order)
-// is encoded once, each fact after the w tokens before it in the stream
-// (standalone when w = 0), and put in the store; then prompts of k facts
-// drawn from it in relevance (random) order plus a query are served by
-// prefill and by injection. Each w has its own facts, since a store
-// returns one best encoding per content.
+// is encoded once, each fact after the system prompt and the w tokens
+// before it in the conversation (EncodeFact), and put in the store; then
+// prompts of the system prompt, k facts drawn from the store in relevance
+// (random) order and a query are served by prefill and by injection. Each
+// w has its own facts, since a store returns one best encoding per
+// content.
 func RunMemory(ctx context.Context, e *engine.Engine, store engine.ChunkStore, cfg MemoryConfig) (*MemoryResult, error) {
 	cfg.defaults()
 	res := &MemoryResult{Config: cfg}
 	vocab := e.Config().VocabSize
+	var system []uint32
+	if cfg.SystemLen > 0 {
+		system = randTokens(rand.New(rand.NewPCG(cfg.Seed, 0x73797374656d)), cfg.SystemLen, vocab)
+		root := chunk.PrefixContext(chunk.PrefixRoot(e.Fingerprint()))
+		ent, err := e.Encode(ctx, nil, system, root, engine.EncodeOptions{})
+		if err != nil {
+			return nil, err
+		}
+		if err := store.Put(ctx, ent); err != nil {
+			return nil, err
+		}
+	}
 	for wi, w := range cfg.Windows {
 		facts := Facts(cfg.Seed+uint64(wi)*104729, cfg.StoreFacts, cfg.FactTokens, vocab)
 		var before []uint32
 		for _, f := range facts {
-			var err error
-			var ent *chunk.Entry
-			if w > 0 {
-				ent, err = e.EncodeWindow(ctx, before, w, f)
-			} else {
-				ent, err = e.EncodeStandalone(ctx, f)
-			}
+			ent, err := EncodeFact(ctx, e, system, before, w, f)
 			if err != nil {
 				return nil, err
 			}
@@ -103,7 +126,10 @@ func RunMemory(ctx context.Context, e *engine.Engine, store engine.ChunkStore, c
 		for _, k := range cfg.Ks {
 			pt := MemoryPoint{Window: w, K: k}
 			for range cfg.Prompts {
-				segs := make([]engine.Segment, 0, k+1)
+				segs := make([]engine.Segment, 0, k+2)
+				if len(system) > 0 {
+					segs = append(segs, engine.Segment{Tokens: system, Chunk: true})
+				}
 				for _, i := range r.Perm(len(facts))[:k] {
 					segs = append(segs, engine.Segment{Tokens: facts[i], Chunk: true})
 				}
@@ -125,4 +151,26 @@ func RunMemory(ctx context.Context, e *engine.Engine, store engine.ChunkStore, c
 		}
 	}
 	return res, nil
+}
+
+// EncodeFact encodes fact as a memory store does when the conversation
+// produces it: after the system prompt (if any) and the last w tokens of
+// the conversation before it (conv), which is what precedes a fact in the
+// prompts that use it up to the order of the facts. The context says
+// exactly what it was encoded after: standalone for nothing, the prefix
+// chain of the system prompt for the system prompt alone (EXACT for a
+// fact right after it), else a window of the system prompt and conv's
+// tail.
+func EncodeFact(ctx context.Context, e *engine.Engine, system, conv []uint32, w int, fact []uint32) (*chunk.Entry, error) {
+	win := conv[max(0, len(conv)-max(w, 0)):]
+	switch {
+	case len(system) == 0 && len(win) == 0:
+		return e.EncodeStandalone(ctx, fact)
+	case len(win) == 0:
+		return e.EncodeAfterPrefix(ctx, [][]uint32{system}, fact)
+	case len(system) == 0:
+		return e.EncodeWindow(ctx, win, w, fact)
+	}
+	before := append(append(make([]uint32, 0, len(system)+len(win)), system...), win...)
+	return e.Encode(ctx, before, fact, chunk.WindowContext(e.Fingerprint(), len(before), before), engine.EncodeOptions{})
 }

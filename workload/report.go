@@ -155,12 +155,20 @@ func (r *Report) Markdown() string {
 
 	if mem := r.Memory; mem != nil {
 		mc := mem.Config
-		fmt.Fprintf(&b, "## Memory facts (InferScale)\n\nA per-user store of %d facts of %d tokens, encoded once in conversation order, each after the w tokens before it (w = 0: standalone); a prompt is k facts drawn in relevance (random) order plus a %d-token query, %d prompts per point. Prompt injection prefills every token; KV injection fetches the facts from the cluster and prefills the query; repair adds recomputation of r = %.0f%%.\n\n",
-			mc.StoreFacts, mc.FactTokens, mc.QueryTokens, mc.Prompts, 100*mc.Recompute)
-		b.WriteString("| w | k | prompt tokens | prefill p50 ms | inject p50 ms | repair p50 ms | prefill / inject | inject top-1 | inject mean KL | repair top-1 | repair mean KL |\n")
-		b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(&b, "## Memory facts (InferScale)\n\n")
+		if mc.SystemLen > 0 {
+			fmt.Fprintf(&b, "Every prompt starts with a %d-token system prompt, stored encoded at the start of a prompt (EXACT for every prompt). A per-user store of %d facts of %d tokens is encoded once in conversation order, each after the system prompt and the w tokens of conversation before it (w = 0: the system prompt alone, which is EXACT for the fact right after it), so that an encoding's context starts as every prompt does; a prompt is the system prompt, k facts drawn in relevance (random) order and a %d-token query, %d prompts per point. ",
+				mc.SystemLen, mc.StoreFacts, mc.FactTokens, mc.QueryTokens, mc.Prompts)
+		} else {
+			fmt.Fprintf(&b, "A per-user store of %d facts of %d tokens, encoded once in conversation order, each after the w tokens before it (w = 0: standalone); a prompt is k facts drawn in relevance (random) order plus a %d-token query, %d prompts per point; there is no system prompt, so the first fact stands where the attention sink is. ",
+				mc.StoreFacts, mc.FactTokens, mc.QueryTokens, mc.Prompts)
+		}
+		fmt.Fprintf(&b, "Prompt injection prefills every token; KV injection fetches the stored chunks from the cluster and prefills the query; repair adds recomputation of r = %.0f%%.\n\n", 100*mc.Recompute)
+		b.WriteString("| w | k | prompt tokens | chunks exact / approx / miss | prefill p50 ms | inject p50 ms | repair p50 ms | prefill / inject | inject top-1 | inject mean KL | repair top-1 | repair mean KL |\n")
+		b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, pt := range mem.Points {
-			fmt.Fprintf(&b, "| %d | %d | %.0f | %s | %s | %s | %.1fx | %.3f | %.2e | %.3f | %.2e |\n", pt.Window, pt.K, float64(pt.Prefill.Prompt)/float64(pt.Prefill.N()),
+			fmt.Fprintf(&b, "| %d | %d | %.0f | %d / %d / %d | %s | %s | %s | %.1fx | %.3f | %.2e | %.3f | %.2e |\n", pt.Window, pt.K, float64(pt.Prefill.Prompt)/float64(pt.Prefill.N()),
+				pt.Inject.Exact, pt.Inject.Approx, pt.Inject.Miss,
 				msf(pt.Prefill.P(0.5)), msf(pt.Inject.P(0.5)), msf(pt.Repair.P(0.5)), ratio(pt.Prefill.P(0.5), pt.Inject.P(0.5)),
 				pt.Inject.Fid.Top1Rate(), pt.Inject.Fid.MeanKL(), pt.Repair.Fid.Top1Rate(), pt.Repair.Fid.MeanKL())
 		}
