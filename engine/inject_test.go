@@ -392,7 +392,7 @@ func TestMemStorePrefersExactThenWindow(t *testing.T) {
 		{"exact", []chunk.Context{chunk.StandaloneContext(), w20, exact}, exact},
 		{"larger window", []chunk.Context{chunk.StandaloneContext(), w8, w20}, w20},
 		{"window over standalone", []chunk.Context{chunk.StandaloneContext(), w8}, w8},
-		{"standalone over other prefix", []chunk.Context{chunk.PrefixContext(chunk.ID{Lo: 8}), chunk.StandaloneContext()}, chunk.StandaloneContext()},
+		{"other prefix over standalone", []chunk.Context{chunk.PrefixContext(chunk.ID{Lo: 8}), chunk.StandaloneContext()}, chunk.PrefixContext(chunk.ID{Lo: 8})},
 		{"miss", nil, chunk.Context{}},
 	}
 	for _, tc := range tests {

@@ -68,18 +68,30 @@ func (m *MemStore) Bytes() int {
 	return m.bytes
 }
 
-// rank orders the other encodings of a content: a window of the same
-// context ID, then larger windows, then standalone, then other prefixes.
+// rank orders the encodings of a content for a chunk wanted in context
+// want, as the node's store does (kvtier.Store.Best): want itself (EXACT),
+// else a window encoding, widest window first, then an encoding after
+// another prefix, then standalone. A prefix encoding ranks above
+// standalone because it was computed from the start of a prompt: its
+// context holds the tokens every prompt starts with (the attention sink,
+// usually a shared system prompt) and real text before the chunk, while a
+// standalone chunk's first token stood at position 0 and took the sink's
+// role, which it does not have in the prompt. With a system prompt, that
+// is about ten times less KL divergence from full prefill (see
+// docs/bench/WORKLOADS.md, memory facts). Ties go to the smaller context
+// ID in Lookup, so the choice is stable.
 func rank(want, have chunk.Context) int {
 	switch {
 	case have == want:
 		return 1 << 40
 	case have.Kind == chunk.ContextWindow:
 		return 1<<32 + int(have.Window)
-	case have.Kind == chunk.ContextStandalone:
+	case have.Kind == chunk.ContextPrefix:
 		return 2
+	case have.Kind == chunk.ContextStandalone:
+		return 1
 	}
-	return 1
+	return 0
 }
 
 // Lookup implements ChunkSource: the exact context if held, else the best
@@ -97,7 +109,11 @@ func (m *MemStore) Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.E
 		bestRank := 0
 		for cx, me := range m.entries[memKey{r.Key.Fingerprint, r.Key.Content}] {
 			// Ties go to the smaller context ID, so the choice is stable.
-			if rk := rank(r.Key.Context, cx); rk > bestRank || (rk == bestRank && cx.ID.Less(bestCx.ID)) {
+			rk := rank(r.Key.Context, cx)
+			if rk == 0 {
+				continue // not a valid context kind: never served
+			}
+			if rk > bestRank || (rk == bestRank && cx.ID.Less(bestCx.ID)) {
 				ent, bestRank, bestCx = me.ent, rk, cx
 			}
 		}
