@@ -44,7 +44,7 @@ func (n *Node) startBackground() *background {
 				if !ok {
 					return // meta closed
 				}
-				// Kick is cheap: the replicator compares epochs itself.
+				// Kick is cheap: the replicator compares the ring epoch and R itself.
 				n.repl.Kick()
 			}
 		}
