@@ -47,6 +47,7 @@ func run() error {
 	timeout := flag.Duration("timeout", 10*time.Minute, "stop after this long")
 	only := flag.String("only", "rag,chat,memory", "workloads to run, comma separated")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
+	memSystem := flag.Int("memory-system", 32, "system prompt tokens of the memory-fact prompts (negative: none, the workload before SystemLen)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -96,7 +97,7 @@ func run() error {
 
 	rag := workload.RAGConfig{Requests: 16, Warm: 6, Sweep: []float64{0, 0.3, 1}, Seed: *seed, Progress: progress}
 	chat := workload.ChatRunConfig{Conversations: 5, Seed: *seed + 1, Progress: progress}
-	mem := workload.MemoryConfig{Prompts: 4, Seed: *seed + 2, Progress: progress}
+	mem := workload.MemoryConfig{Prompts: 4, SystemLen: *memSystem, Seed: *seed + 2, Progress: progress}
 	if *quick {
 		rag.Requests, rag.Warm, rag.Sweep = 6, 3, []float64{0, 1}
 		chat.Conversations = 2
