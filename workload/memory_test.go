@@ -3,6 +3,8 @@ package workload
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -57,5 +59,108 @@ func TestEncodeFact(t *testing.T) {
 	}
 	if ents[1].Key != ent.Key || !bytes.Equal(ents[1].KV, ent.KV) {
 		t.Fatal("encoding after the system prompt differs from the prompt's write-back")
+	}
+}
+
+// kindSource serves one encoding per content, whatever context is wanted.
+type kindSource map[chunk.ID]*chunk.Entry
+
+func (s kindSource) Lookup(_ context.Context, reqs []engine.LookupRequest) ([]*chunk.Entry, error) {
+	out := make([]*chunk.Entry, len(reqs))
+	for i, r := range reqs {
+		out[i] = s[r.Key.Content]
+	}
+	return out, nil
+}
+
+// BenchmarkApproxKinds measures which APPROXIMATE encoding of a fact
+// deviates least from prefill, on the workload model: prompts of a
+// 32-token system prompt (EXACT), k facts and a query, with every fact
+// served as one kind: standalone, after 20 tokens of other text (window),
+// after the system prompt and those 20 tokens (sys+window, EncodeFact),
+// or as written back from another prompt of the system prompt and 0-8
+// other facts (prefix). It reports mean KL against prefill per kind;
+// it is what the stores' ranking rests on. Run with -benchtime 1x.
+func BenchmarkApproxKinds(b *testing.B) {
+	ctx := context.Background()
+	e, err := NewRandomEngine(Model(), 1, engine.Config{KVDType: chunk.BF16, CacheTokens: 8192})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	vocab := e.Config().VocabSize
+	kinds := []string{"standalone", "window", "sys+window", "prefix"}
+	for _, k := range []int{5, 20} {
+		b.Run(fmt.Sprintf("k=%d", k), func(b *testing.B) {
+			for range b.N {
+				r := rand.New(rand.NewPCG(11, uint64(k)))
+				system := randTokens(r, 32, vocab)
+				facts := Facts(99, 3*k, 24, vocab)
+				other := randTokens(r, 400, vocab)
+				sys, err := e.Encode(ctx, nil, system, chunk.PrefixContext(chunk.PrefixRoot(e.Fingerprint())), engine.EncodeOptions{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				srcs := make([]kindSource, len(kinds))
+				for i := range srcs {
+					srcs[i] = kindSource{sys.Key.Content: sys}
+				}
+				for fi, f := range facts {
+					off := r.IntN(len(other) - 20)
+					win := other[off : off+20]
+					ents := make([]*chunk.Entry, len(kinds))
+					ents[0], err = e.EncodeStandalone(ctx, f)
+					if err == nil {
+						ents[1], err = e.EncodeWindow(ctx, win, 20, f)
+					}
+					if err == nil {
+						ents[2], err = EncodeFact(ctx, e, system, win, 20, f)
+					}
+					segs := []engine.Segment{{Tokens: system, Chunk: true}}
+					for _, j := range r.Perm(len(facts))[:r.IntN(9)] {
+						if j != fi {
+							segs = append(segs, engine.Segment{Tokens: facts[j], Chunk: true})
+						}
+					}
+					segs = append(segs, engine.Segment{Tokens: f, Chunk: true})
+					if err == nil {
+						var wb []*chunk.Entry
+						wb, err = e.EncodePrompt(ctx, segs)
+						if err == nil {
+							ents[3] = wb[len(wb)-1]
+						}
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					for i, ent := range ents {
+						srcs[i][ent.Key.Content] = ent
+					}
+				}
+				fids := make([]engine.Fidelity, len(kinds))
+				for range 8 {
+					segs := []engine.Segment{{Tokens: system, Chunk: true}}
+					for _, j := range r.Perm(len(facts))[:k] {
+						segs = append(segs, engine.Segment{Tokens: facts[j], Chunk: true})
+					}
+					segs = append(segs, engine.Segment{Tokens: randTokens(r, 16, vocab)})
+					full, err := e.Run(ctx, nil, engine.Request{Segments: segs})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for i, src := range srcs {
+						got, err := e.Run(ctx, src, engine.Request{Segments: segs})
+						if err != nil {
+							b.Fatal(err)
+						}
+						fids[i].Add(full.Logits, got.Logits)
+					}
+				}
+				for i, name := range kinds {
+					b.ReportMetric(fids[i].MeanKL(), "KL-"+name)
+					b.ReportMetric(fids[i].Top1Rate(), "top1-"+name)
+				}
+			}
+		})
 	}
 }
