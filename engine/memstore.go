@@ -77,9 +77,12 @@ func (m *MemStore) Bytes() int {
 // usually a shared system prompt) and real text before the chunk, while a
 // standalone chunk's first token stood at position 0 and took the sink's
 // role, which it does not have in the prompt. With a system prompt, that
-// is about ten times less KL divergence from full prefill (see
-// docs/bench/WORKLOADS.md, memory facts). Ties go to the smaller context
-// ID in Lookup, so the choice is stable.
+// is about ten times less KL divergence from full prefill
+// (workload.BenchmarkApproxKinds). The same measurement puts a prefix
+// encoding at or above a window one (a window's first token is a sink
+// too unless the window starts with the system prompt); windows stay
+// first here only to answer as the node does. Ties go to the smaller
+// context ID in Lookup, so the choice is stable.
 func rank(want, have chunk.Context) int {
 	switch {
 	case have == want:
