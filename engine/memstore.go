@@ -70,27 +70,25 @@ func (m *MemStore) Bytes() int {
 
 // rank orders the encodings of a content for a chunk wanted in context
 // want, as the node's store does (kvtier.Store.Best): want itself (EXACT),
-// else a window encoding, widest window first, then an encoding after
-// another prefix, then standalone. A prefix encoding ranks above
-// standalone because it was computed from the start of a prompt: its
-// context holds the tokens every prompt starts with (the attention sink,
-// usually a shared system prompt) and real text before the chunk, while a
-// standalone chunk's first token stood at position 0 and took the sink's
-// role, which it does not have in the prompt. With a system prompt, that
-// is about ten times less KL divergence from full prefill
-// (workload.BenchmarkApproxKinds). The same measurement puts a prefix
-// encoding at or above a window one (a window's first token is a sink
-// too unless the window starts with the system prompt); windows stay
-// first here only to answer as the node does. Ties go to the smaller
-// context ID in Lookup, so the choice is stable.
+// else an encoding after another prefix, then a window encoding, widest
+// window first, then standalone. A prefix encoding comes first because it
+// was computed from the start of a prompt: its context holds the tokens
+// every prompt starts with (the attention sink, usually a shared system
+// prompt) and real text before the chunk, while the first token of a
+// standalone chunk or of a bare window stood at position 0 and took the
+// sink's role, which it does not have in the prompt. With a system prompt
+// a prefix encoding is about ten times closer to full prefill than a
+// standalone one, and a bare window is no better than standalone
+// (workload.BenchmarkApproxKinds). Ties go to the smaller context ID in
+// Lookup, so the choice is stable.
 func rank(want, have chunk.Context) int {
 	switch {
 	case have == want:
 		return 1 << 40
+	case have.Kind == chunk.ContextPrefix:
+		return 1 << 33
 	case have.Kind == chunk.ContextWindow:
 		return 1<<32 + int(have.Window)
-	case have.Kind == chunk.ContextPrefix:
-		return 2
 	case have.Kind == chunk.ContextStandalone:
 		return 1
 	}

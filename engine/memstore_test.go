@@ -33,8 +33,9 @@ func TestMemStoreRanking(t *testing.T) {
 		best chunk.Context
 	}{
 		{"exact over everything", []chunk.Context{sa, w20, pA, want}, want},
-		{"window over prefix", []chunk.Context{pA, w8, sa}, w8},
-		{"wider window", []chunk.Context{w8, w20, pA}, w20},
+		{"prefix over window", []chunk.Context{pA, w8, sa}, pA},
+		{"window over standalone", []chunk.Context{sa, w8}, w8},
+		{"wider window", []chunk.Context{w8, w20, sa}, w20},
 		{"prefix over standalone", []chunk.Context{sa, pB}, pB},
 		{"prefix over standalone, other order", []chunk.Context{pB, sa}, pB},
 		{"prefix tie to smaller ID", []chunk.Context{pB, pA, sa}, pA},

@@ -112,9 +112,9 @@ func TestBest(t *testing.T) {
 		{"empty", func() {}, prefix, Miss, chunk.Context{}},
 		{"other fingerprint does not shadow", func() { put(fp2, prefix) }, prefix, Miss, chunk.Context{}},
 		{"standalone only", func() { put(testFP, chunk.StandaloneContext()) }, prefix, Approximate, chunk.StandaloneContext()},
-		{"other prefix beats standalone", func() { put(testFP, otherPrefix) }, prefix, Approximate, otherPrefix},
-		{"window beats prefix", func() { put(testFP, win8) }, prefix, Approximate, win8},
+		{"window beats standalone", func() { put(testFP, win8) }, prefix, Approximate, win8},
 		{"wider window", func() { put(testFP, win32) }, prefix, Approximate, win32},
+		{"other prefix beats windows", func() { put(testFP, otherPrefix) }, prefix, Approximate, otherPrefix},
 		{"exact", func() { put(testFP, prefix) }, prefix, Exact, prefix},
 		{"exact standalone", func() {}, chunk.StandaloneContext(), Exact, chunk.StandaloneContext()},
 	}
