@@ -3,6 +3,7 @@ package node
 import (
 	"bufio"
 	"context"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -30,11 +32,17 @@ import (
 var ErrNoTLS = errors.New("node: no TLS configured: give CA, certificate and key files (kvmeshd -tls-ca, -tls-cert, -tls-key; node.Config.TLS) " +
 	"or turn TLS off explicitly (kvmeshd -insecure; node.Config.Insecure)")
 
-// ErrCertName is returned by New when the node certificate does not name
-// the node: its common name must be the node ID, the identity a forwarded
+// ErrCertName is returned by New, and by a certificate reload (which then
+// keeps the old certificate), when the node certificate does not name the
+// node: its common name must be the node ID, the identity a forwarded
 // leave is checked against (kvmesh certs -node ID=HOST makes such a
 // certificate).
 var ErrCertName = errors.New("node: the node certificate's common name is not the node ID")
+
+// ErrCertRole is the reason a reloaded certificate that is not a node
+// certificate (OU tlsconf.NodeOU) is refused: the node keeps serving with
+// the one it has.
+var ErrCertRole = errors.New("node: the certificate is not a node certificate (OU " + tlsconf.NodeOU + ")")
 
 // security is the node's transport security and authorisation: the TLS
 // identity (gRPC server, peer dials, raft), the Guard that authenticates
@@ -68,6 +76,7 @@ func newSecurity(cfg Config) (security, error) {
 	if tc.Logger == nil {
 		tc.Logger = cfg.Logger
 	}
+	tc.Check = certCheck(cfg.NodeID, tc.Check)
 	t, err := tlsconf.New(tc)
 	if errors.Is(err, tlsconf.ErrNotConfigured) {
 		return security{}, ErrNoTLS
@@ -75,10 +84,54 @@ func newSecurity(cfg Config) (security, error) {
 	if err != nil {
 		return security{}, fmt.Errorf("node: TLS: %w", err)
 	}
-	if leaf := t.Leaf(); !t.Insecure() && leaf != nil && leaf.Subject.CommonName != cfg.NodeID {
-		return security{}, fmt.Errorf("%w: certificate %q, node %q", ErrCertName, leaf.Subject.CommonName, cfg.NodeID)
-	}
 	return security{tls: t, caches: new(sync.Map), keyMu: new(sync.Mutex)}, nil
+}
+
+// certCheck is the tlsconf.Config.Check of node id: its certificate's
+// common name must be id, at start and at every reload (SIGHUP), since a
+// forwarded leave is accepted only from the leaving node's own
+// certificate; a reloaded certificate must also be a node certificate,
+// without which peers refuse the node's Raft and peer connections. A
+// node may start with a non-node certificate (peers keep it out; see
+// docs/SECURITY.md), but a reload never turns a serving node into one.
+// next, if set, runs after these checks.
+func certCheck(id string, next func(prev, cur *x509.Certificate) error) func(prev, cur *x509.Certificate) error {
+	return func(prev, cur *x509.Certificate) error {
+		if cur.Subject.CommonName != id {
+			return fmt.Errorf("%w: certificate %q, node %q", ErrCertName, cur.Subject.CommonName, id)
+		}
+		if prev != nil && !tlsconf.IsNodeCert(cur) {
+			return fmt.Errorf("%w: certificate %q has OU %q", ErrCertRole, cur.Subject.CommonName, cur.Subject.OrganizationalUnit)
+		}
+		if next != nil {
+			return next(prev, cur)
+		}
+		return nil
+	}
+}
+
+// registerTLSMetrics exports the outcomes of certificate reloads, so a
+// refused renewal (the node still serving its old certificate, which
+// will expire) can be alerted on.
+func (s *security) registerTLSMetrics(reg prometheus.Registerer) error {
+	count := func(failed bool) func() float64 {
+		return func() float64 {
+			ok, bad := s.tls.ReloadCounts()
+			if failed {
+				return float64(bad)
+			}
+			return float64(ok)
+		}
+	}
+	return errors.Join(
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvmesh_tls_reloads_total", Help: "Certificate reloads (SIGHUP) that took effect.",
+		}, count(false))),
+		reg.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "kvmesh_tls_reload_failures_total",
+			Help: "Certificate reloads (SIGHUP) refused or failed (unreadable, another CA, common name not the node ID, not a node certificate); the old certificate kept serving.",
+		}, count(true))),
+	)
 }
 
 // rememberCache records the model and the registering caller of a cache.
@@ -128,7 +181,7 @@ func (s *security) checkPeer(ctx context.Context, what string) error {
 // checkForwarded refuses, with PermissionDenied, a forwarded raft leave
 // (Peer.MetaApply) for node X that does not come from X: with TLS the
 // caller's node certificate must name X (its common name is its node ID,
-// which New checks on every node). Only a node asks to leave, for itself
+// which every node checks at New and at each certificate reload). Only a node asks to leave, for itself
 // (meta.Store.Leave at the end of its drain); an operator drains another
 // node through Drain on that node, which needs the admin scope. Without
 // TLS no caller has an identity and every leave passes. Other commands
@@ -190,6 +243,11 @@ func (n *Node) checkChunks(what string, count int) error {
 // (panic recovery, metrics) so those see only authorised calls.
 func (n *Node) serverOptions() []grpc.ServerOption {
 	n.sec.startGuard(n.cfg, n.meta, n.log)
+	// Here rather than in New: Start runs once per node, so the
+	// collectors register once on the node's registry.
+	if err := n.sec.registerTLSMetrics(n.registry); err != nil {
+		n.log.Warn("node: register TLS metrics", "err", err)
+	}
 	return []grpc.ServerOption{
 		grpc.Creds(n.sec.tls.ServerCredentials()),
 		grpc.ChainUnaryInterceptor(n.sec.guard.UnaryInterceptor(), n.unaryInterceptor),

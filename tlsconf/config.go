@@ -24,6 +24,10 @@ var ErrNotConfigured = errors.New("tlsconf: no CA/cert/key files configured and 
 // signed by the cluster CA, is not a node certificate (OU NodeOU).
 var ErrNotNode = errors.New("tlsconf: peer certificate is not a kvmesh node certificate")
 
+// ErrRefused wraps the error of Config.Check when it refuses a
+// certificate.
+var ErrRefused = errors.New("tlsconf: certificate refused")
+
 // Config names the PEM files of one process's TLS identity. It is meant to
 // be embedded in node and client configs as is.
 type Config struct {
@@ -46,6 +50,13 @@ type Config struct {
 	// Logger receives the insecure-mode warning and reload messages.
 	// Default slog.Default().
 	Logger *slog.Logger `json:"-"`
+	// Check, if set, vets this process's own certificate once it verifies
+	// against the CA: at New (prev nil) and at every Reload (prev the
+	// certificate in use). An error refuses next (wrapped in ErrRefused):
+	// New fails, Reload keeps prev. Nodes use it to hold a renewed
+	// certificate to the identity rules they start with, which a plain
+	// file swap and SIGHUP would otherwise bypass.
+	Check func(prev, next *x509.Certificate) error `json:"-"`
 }
 
 // TLS is a loaded Config. Its tls.Configs read the certificate through a
@@ -57,6 +68,8 @@ type TLS struct {
 	log  *slog.Logger
 	pool *x509.CertPool
 	cert atomic.Pointer[tls.Certificate]
+	// reloads and failures count Reload's outcomes (not New's load).
+	reloads, failures atomic.Uint64
 }
 
 // New loads cfg's files, or returns an insecure TLS (and logs a warning)
@@ -87,7 +100,7 @@ func New(cfg Config) (*TLS, error) {
 	if !t.pool.AppendCertsFromPEM(caPEM) {
 		return nil, fmt.Errorf("tlsconf: no certificate in %s", cfg.CAFile)
 	}
-	if err := t.Reload(); err != nil {
+	if err := t.load(); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -96,12 +109,33 @@ func New(cfg Config) (*TLS, error) {
 // Insecure reports whether TLS is off.
 func (t *TLS) Insecure() bool { return t.cfg.Insecure }
 
-// Reload re-reads CertFile and KeyFile. On error the previous certificate
-// stays in use.
+// Reload re-reads CertFile and KeyFile, checks them as New does (CA,
+// then Config.Check), logs the outcome and counts it (ReloadCounts). On
+// error the previous certificate stays in use.
 func (t *TLS) Reload() error {
 	if t.cfg.Insecure {
 		return nil
 	}
+	if err := t.load(); err != nil {
+		t.failures.Add(1)
+		t.log.Error("tlsconf: certificate reload refused; keeping the old certificate", "file", t.cfg.CertFile, "err", err)
+		return err
+	}
+	t.reloads.Add(1)
+	t.log.Info("tlsconf: certificate reloaded", "file", t.cfg.CertFile, "subject", t.Leaf().Subject.String())
+	return nil
+}
+
+// ReloadCounts returns how many Reloads took effect and how many were
+// refused or failed (the old certificate kept serving), for metrics.
+func (t *TLS) ReloadCounts() (reloaded, failed uint64) {
+	return t.reloads.Load(), t.failures.Load()
+}
+
+// load reads, verifies and checks the key pair and, if all pass, makes it
+// the certificate in use. Concurrent loads are not serialised: each
+// stores a pair that passed every check, and the last store wins.
+func (t *TLS) load() error {
 	pair, err := tls.LoadX509KeyPair(t.cfg.CertFile, t.cfg.KeyFile)
 	if err != nil {
 		return fmt.Errorf("tlsconf: load key pair: %w", err)
@@ -124,13 +158,18 @@ func (t *TLS) Reload() error {
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: t.pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
 		return fmt.Errorf("tlsconf: %s does not verify against %s: %w", t.cfg.CertFile, t.cfg.CAFile, err)
 	}
+	if t.cfg.Check != nil {
+		if err := t.cfg.Check(t.Leaf(), leaf); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRefused, t.cfg.CertFile, err)
+		}
+	}
 	t.cert.Store(&pair)
 	return nil
 }
 
-// ReloadOnSignal calls Reload whenever the process receives one of sigs
-// (default SIGHUP) until ctx is done. It returns at once; the goroutine it
-// starts ends with ctx.
+// ReloadOnSignal calls Reload (which logs and counts the outcome)
+// whenever the process receives one of sigs (default SIGHUP) until ctx is
+// done. It returns at once; the goroutine it starts ends with ctx.
 func (t *TLS) ReloadOnSignal(ctx context.Context, sigs ...os.Signal) {
 	if len(sigs) == 0 {
 		sigs = []os.Signal{syscall.SIGHUP}
@@ -144,11 +183,7 @@ func (t *TLS) ReloadOnSignal(ctx context.Context, sigs ...os.Signal) {
 			case <-ctx.Done():
 				return
 			case <-ch:
-				if err := t.Reload(); err != nil {
-					t.log.Error("tlsconf: reload failed; keeping the old certificate", "err", err)
-				} else {
-					t.log.Info("tlsconf: certificate reloaded", "file", t.cfg.CertFile)
-				}
+				_ = t.Reload() // logged and counted by Reload
 			}
 		}
 	}()
