@@ -25,7 +25,9 @@ import (
 // MADV_POPULATE_WRITE before the copy, instead of one page fault per 4 KiB
 // page during it. Freed pages stay resident (a free page that is allocated
 // again costs nothing) until releaseAt bytes of them accumulate; then all
-// free resident pages are punched at once. A node that runs full reuses
+// free resident pages are punched at once: the Store reserves them
+// (reserveFree) under its lock, punches them (punchRuns) without it and
+// returns them to the free set (unreserve) under it again. A node that runs full reuses
 // the pages evictions free at once, so it never reaches the threshold; a
 // node that drops data (rebalancing away a share of its keys) does, and
 // gives the memory back.
@@ -49,6 +51,11 @@ type arena struct {
 	// the cost of copying into them).
 	res       []uint64
 	releaseAt int
+	// nreserved counts pages taken out of the free set for a punch in
+	// flight (reserveFree to unreserve): their used bits are set, so no
+	// alloc hands them out while the kernel drops them, but they are no
+	// entry's and no tier is charged for them.
+	nreserved int
 	// populate is false once the kernel has refused MADV_POPULATE_WRITE
 	// (before Linux 5.14); pages then fault in as they are written.
 	populate atomic.Bool
@@ -123,7 +130,18 @@ func (a *arena) close() error {
 	return err
 }
 
-func (a *arena) freePages() int { return a.npages - a.nused }
+func (a *arena) freePages() int { return a.npages - a.nused - a.nreserved }
+
+// reservedPages is how many pages a punch in flight holds back.
+func (a *arena) reservedPages() int { return a.nreserved }
+
+// freeResidentPages is how many free pages are still resident: freed since
+// the last punch, or reserved by one in flight.
+func (a *arena) freeResidentPages() int { return a.nfreeRes + a.nreserved }
+
+// punchDue reports whether enough freed pages are resident to return them
+// to the OS.
+func (a *arena) punchDue() bool { return a.releaseAt > 0 && a.nfreeRes >= a.releaseAt }
 
 func (a *arena) pagesFor(size int) int { return (size + a.pageSize - 1) / a.pageSize }
 
@@ -226,49 +244,74 @@ func (a *arena) release(sp *pageSpan) {
 	a.freeRuns(sp.runs)
 	a.nused -= sp.pages
 	*sp = pageSpan{}
-	if a.releaseAt > 0 && a.nfreeRes >= a.releaseAt {
-		a.punchFree()
-	}
 }
 
-// punchFree returns every free resident page to the OS: each maximal run
-// of them is one fallocate(PUNCH_HOLE), so the cost is per run, not per
-// page. It runs under the Store's lock, because a punched page must not be
-// handed out (and written) while the punch is in flight.
-func (a *arena) punchFree() {
-	ps := int64(a.pageSize)
-	start := -1
-	flush := func(end int) {
-		if start < 0 {
-			return
-		}
-		// Failure (a kernel without hole punching in shmem) only leaves
-		// the pages resident; they stay usable.
-		_ = unix.Fallocate(a.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
-			int64(start)*ps, int64(end-start)*ps)
-		a.punched++
-		start = -1
-	}
+// reserveFree takes every free resident page out of the free set, as
+// maximal runs, for punchRuns to return to the OS without the Store's lock;
+// unreserve gives them back. A reserved page is neither free nor resident
+// (the next alloc of it faults it in again).
+func (a *arena) reserveFree() []run {
+	var runs []run
 	for w, word := range a.freeRes {
 		if word == 0 {
-			flush(w * 64)
 			continue
 		}
-		for b := 0; b < 64; b++ {
-			p := w*64 + b
-			if word&(1<<b) != 0 {
-				if start < 0 {
-					start = p
-				}
-			} else {
-				flush(p)
-			}
-		}
+		a.used[w] |= word
 		a.res[w] &^= word
 		a.freeRes[w] = 0
+		for word != 0 {
+			b := bits.TrailingZeros64(word)
+			l := bits.TrailingZeros64(^(word >> b))
+			if b+l > 64 {
+				l = 64 - b
+			}
+			p := uint32(w*64 + b)
+			if k := len(runs); k > 0 && runs[k-1].first+runs[k-1].n == p {
+				runs[k-1].n += uint32(l)
+			} else {
+				runs = append(runs, run{first: p, n: uint32(l)})
+			}
+			if l == 64 {
+				word = 0
+			} else {
+				word &^= (^uint64(0) >> (64 - l)) << b
+			}
+		}
 	}
-	flush(a.npages)
+	a.nreserved += a.nfreeRes
 	a.nfreeRes = 0
+	a.advanceHint()
+	return runs
+}
+
+// punchRuns returns runs to the OS, one fallocate(PUNCH_HOLE) per run, and
+// reports how many pages it released. It touches only the memfd, so it runs
+// without the Store's lock, on pages reserveFree took out of the free set.
+func (a *arena) punchRuns(runs []run) (pages int) {
+	ps := int64(a.pageSize)
+	for _, r := range runs {
+		// Failure (a kernel without hole punching in shmem) only leaves
+		// the pages resident; they stay usable.
+		if unix.Fallocate(a.fd, unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
+			int64(r.first)*ps, int64(r.n)*ps) == nil {
+			pages += int(r.n)
+		}
+	}
+	return pages
+}
+
+// unreserve returns the pages of a finished punch to the free set.
+func (a *arena) unreserve(runs []run) {
+	for _, r := range runs {
+		for p := r.first; p < r.first+r.n; p++ {
+			a.used[p/64] &^= 1 << (p % 64)
+		}
+		if w := int(r.first / 64); w < a.hint {
+			a.hint = w
+		}
+		a.nreserved -= int(r.n)
+	}
+	a.punched += len(runs)
 }
 
 // prepare faults in the pages behind view before the caller writes them:

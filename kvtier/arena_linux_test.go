@@ -5,10 +5,12 @@ package kvtier
 import (
 	"bytes"
 	"context"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/chunk"
 	"golang.org/x/sys/unix"
 )
 
@@ -253,10 +255,147 @@ func TestArenaResidency(t *testing.T) {
 			a.release(&sp)
 			big := alloc(8, tc.first, "pages never used")
 			a.release(&big) // 8 free resident pages: over the threshold
-			if tc.release > 0 && a.nfreeRes != 0 {
-				t.Fatalf("%d free resident pages left after a release", a.nfreeRes)
+			if due := a.punchDue(); due != (tc.release > 0) {
+				t.Fatalf("punch due = %v with 8 free resident pages, release at %d bytes", due, tc.release)
+			}
+			if a.punchDue() {
+				// What the Store does in unlock, here without the lock.
+				free := a.freePages()
+				runs := a.reserveFree()
+				if a.nfreeRes != 0 || a.reservedPages() != 8 || a.freePages() != free-8 || a.freeResidentPages() != 8 {
+					t.Fatalf("reserved %d pages, %d free, %d free resident (%d before); want 8 reserved, none left free-resident",
+						a.reservedPages(), a.freePages(), a.nfreeRes, free)
+				}
+				if got := a.punchRuns(runs); got != 8 {
+					t.Fatalf("punched %d pages, want 8", got)
+				}
+				a.unreserve(runs)
+				if a.reservedPages() != 0 || a.freePages() != free || a.freeResidentPages() != 0 {
+					t.Fatalf("after the punch: %d reserved, %d free (want %d), %d free resident",
+						a.reservedPages(), a.freePages(), free, a.freeResidentPages())
+				}
 			}
 			_ = alloc(2, tc.afterTheRelease, "pages released to the OS")
+		})
+	}
+}
+
+// TestReadsDuringRelease holds a release of freed pages to the OS in the
+// middle (punchHook) and checks that the store works meanwhile: a Get of
+// a live entry is served (on the shared fast path and on the exclusive
+// one), the pages being punched are neither free nor charged, and a put
+// that needs them waits for the punch (allocWaitHook) instead of evicting.
+// Were the punch run under the store's lock, the Get in the hook's window
+// would deadlock the test.
+func TestReadsDuringRelease(t *testing.T) {
+	for _, pol := range []Policy{PolicyS3FIFO, PolicyLRU} {
+		t.Run(pol.String(), func(t *testing.T) {
+			const release = 4 << 20
+			s := openTest(t, Config{DRAMBytes: 16 << 20, PageSize: 64 << 10, ReleaseBytes: release, Policy: pol})
+			ctx := context.Background()
+			blob := bigBlob(t, 8)
+			var keys []chunk.Key
+			for i := uint64(1); s.arena.freePages() >= s.arena.pagesFor(len(blob)); i++ {
+				keys = append(keys, rekey(t, blob, i))
+				if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			live := keys[len(keys)-1]
+			want, err := s.Get(ctx, live)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantBytes := bytes.Clone(want.Bytes())
+			want.Release()
+
+			started, proceed := make(chan struct{}), make(chan struct{})
+			var once sync.Once
+			s.punchHook = func() {
+				once.Do(func() {
+					close(started)
+					<-proceed
+				})
+			}
+			deleted := make(chan error, 1)
+			go func() {
+				// Delete until one of the deletes runs a release.
+				for _, k := range keys[:len(keys)-1] {
+					if err := s.Delete(k); err != nil {
+						deleted <- err
+						return
+					}
+					if s.Stats().Tiers[TierDRAM].ReleasedBytes > 0 {
+						break
+					}
+				}
+				deleted <- nil
+			}()
+			select {
+			case <-started:
+			case err := <-deleted:
+				t.Fatalf("deletes ended (err %v) without a release", err)
+			}
+
+			// The release is in flight, without the lock.
+			for range 2 {
+				h, err := s.Get(ctx, live)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Equal(h.Bytes(), wantBytes) {
+					t.Fatal("live entry changed during a release")
+				}
+				h.Release()
+			}
+			st := checkBudgets(t, s)
+			d := st.Tiers[TierDRAM]
+			s.mu.RLock()
+			reserved := int64(s.arena.reservedPages()) * int64(s.arena.pageSize)
+			free := int64(s.arena.freePages()) * int64(s.arena.pageSize)
+			s.mu.RUnlock()
+			if reserved < release || d.FreeResidentBytes < reserved || d.ReleasedBytes != 0 {
+				t.Fatalf("during the release: %d bytes reserved, %d free-resident, %d released; want >= %d reserved, none released yet",
+					reserved, d.FreeResidentBytes, d.ReleasedBytes, release)
+			}
+			if d.Bytes+reserved+free != d.Budget {
+				t.Fatalf("charged %d + reserved %d + free %d != budget %d", d.Bytes, reserved, free, d.Budget)
+			}
+
+			// A put that needs the reserved pages waits for them.
+			waiting := make(chan struct{})
+			var waitOnce sync.Once
+			s.mu.Lock()
+			s.allocWaitHook = func() { waitOnce.Do(func() { close(waiting) }) }
+			s.mu.Unlock()
+			put, extra := make(chan error, 1), bigBlob(t, 9)
+			go func() {
+				_, err := s.Put(ctx, extra, PutOptions{})
+				put <- err
+			}()
+			<-waiting
+			close(proceed)
+			if err := <-put; err != nil {
+				t.Fatal(err)
+			}
+			if err := <-deleted; err != nil {
+				t.Fatal(err)
+			}
+
+			d = checkBudgets(t, s).Tiers[TierDRAM]
+			if d.Evictions != 0 {
+				t.Fatalf("%d evictions; a put should wait for pages being released", d.Evictions)
+			}
+			if d.ReleasedBytes < release || d.FreeResidentBytes >= release {
+				t.Fatalf("after the release: %d bytes released, %d free-resident; want >= %d and < %d",
+					d.ReleasedBytes, d.FreeResidentBytes, release, release)
+			}
+			s.mu.RLock()
+			r := s.arena.reservedPages()
+			s.mu.RUnlock()
+			if r != 0 {
+				t.Fatalf("%d pages still reserved after the release", r)
+			}
 		})
 	}
 }

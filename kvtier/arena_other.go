@@ -29,5 +29,11 @@ func (a *arena) pagesFor(size int) int { return 0 }
 func (a *arena) alloc(n, size int) (pageSpan, error) {
 	return pageSpan{}, errors.New("kvtier: no arena")
 }
-func (a *arena) release(sp *pageSpan) {}
-func (a *arena) prepare(sp *pageSpan) {}
+func (a *arena) release(sp *pageSpan)   {}
+func (a *arena) reservedPages() int     { return 0 }
+func (a *arena) freeResidentPages() int { return 0 }
+func (a *arena) punchDue() bool         { return false }
+func (a *arena) reserveFree() []run     { return nil }
+func (a *arena) punchRuns([]run) int    { return 0 }
+func (a *arena) unreserve([]run)        {}
+func (a *arena) prepare(sp *pageSpan)   {}

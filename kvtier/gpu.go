@@ -21,7 +21,7 @@ type DeviceHandle struct {
 // Release unpins the device copy; calling it again does nothing.
 func (h *DeviceHandle) Release() {
 	h.s.mu.Lock()
-	defer h.s.mu.Unlock()
+	defer h.s.unlock()
 	if h.done {
 		return
 	}
@@ -38,7 +38,7 @@ func (h *DeviceHandle) Release() {
 // It is for the local engine, which injects from device memory.
 func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.cfg.GPU == nil {
 		return nil, fmt.Errorf("%w: no GPU tier", ErrNoSpace)
 	}

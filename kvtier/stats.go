@@ -21,6 +21,13 @@ type TierStats struct {
 	Evictions  uint64
 	Demotions  uint64
 	Promotions uint64
+	// FreeResidentBytes (DRAM only) is memory freed by entries that the
+	// process still holds: pages not yet returned to the OS, including
+	// those a release in flight is returning. It stays below
+	// Config.ReleaseBytes between releases. ReleasedBytes counts what
+	// releases returned to the OS.
+	FreeResidentBytes int64
+	ReleasedBytes     uint64
 }
 
 // Stats is a snapshot of the Store.
@@ -61,6 +68,10 @@ func (s *Store) Stats() Stats {
 		// which the index no longer reaches; the tiers' used bytes still
 		// count them.
 		ts.PinnedBytes = s.pinnedBytes[t].Load()
+		if Tier(t) == TierDRAM && !s.freed {
+			ts.FreeResidentBytes = int64(s.arena.freeResidentPages()) * int64(s.arena.pageSize)
+			ts.ReleasedBytes = s.released
+		}
 		st.Tiers[t] = ts
 		st.Entries += ts.Entries
 	}
@@ -84,10 +95,12 @@ var (
 	descEvictions  = prometheus.NewDesc("kvtier_evictions_total", "Entries dropped from the tier for room.", []string{"tier"}, nil)
 	descDemotions  = prometheus.NewDesc("kvtier_demotions_total", "Entries moved from the tier to the one below.", []string{"tier"}, nil)
 	descPromotions = prometheus.NewDesc("kvtier_promotions_total", "Entries moved into the tier from below.", []string{"tier"}, nil)
+	descFreeRes    = prometheus.NewDesc("kvtier_free_resident_bytes", "Freed DRAM pages the process still holds, not yet returned to the OS.", []string{"tier"}, nil)
+	descReleased   = prometheus.NewDesc("kvtier_released_bytes_total", "Freed DRAM pages returned to the OS.", []string{"tier"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions} {
+	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descFreeRes, descReleased} {
 		ch <- d
 	}
 }
@@ -115,5 +128,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		n(descEvictions, t.Evictions)
 		n(descDemotions, t.Demotions)
 		n(descPromotions, t.Promotions)
+		if t.Tier == TierDRAM {
+			g(descFreeRes, float64(t.FreeResidentBytes))
+			n(descReleased, t.ReleasedBytes)
+		}
 	}
 }

@@ -52,6 +52,8 @@ func TestCollector(t *testing.T) {
 		{"kvtier_misses_total/dram", 2},
 		{"kvtier_promotions_total/dram", 1},
 		{"kvtier_demotions_total/dram", float64(st.Tiers[TierDRAM].Demotions)},
+		{"kvtier_free_resident_bytes/dram", float64(st.Tiers[TierDRAM].FreeResidentBytes)},
+		{"kvtier_released_bytes_total/dram", float64(st.Tiers[TierDRAM].ReleasedBytes)},
 	} {
 		if v, ok := got[c.name]; !ok || v != c.want {
 			t.Errorf("%s = %v (present %v), want %v", c.name, v, ok, c.want)
@@ -59,6 +61,9 @@ func TestCollector(t *testing.T) {
 	}
 	if st.Tiers[TierDRAM].Demotions < 2 || st.Entries != len(bs) {
 		t.Fatalf("stats: %+v", st)
+	}
+	if _, ok := got["kvtier_free_resident_bytes/disk"]; ok {
+		t.Error("free-resident bytes exported for the disk tier")
 	}
 	if _, ok := got["kvtier_bytes/gpu"]; ok {
 		t.Error("disabled GPU tier exported")

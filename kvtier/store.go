@@ -69,9 +69,11 @@ type Config struct {
 	// before all free pages are returned to the OS (holes punched in the
 	// memfd). Pages freed and soon reused, as in a full tier that evicts
 	// to make room, never count against it; a node that drops a share of
-	// its data gets its memory back. The punch runs under the store's
-	// lock and takes about 0.4 CPU-s per GiB, so this also bounds that
-	// stall (some 25 ms at the default). Default min(DRAMBytes/8, 64 MiB);
+	// its data gets its memory back. The punch takes about 0.4 CPU-s per
+	// GiB (some 25 ms at the default) and runs without the store's lock, in
+	// the call that freed the last pages; the pages being punched are
+	// neither free nor charged to the tier meanwhile, and a put that needs
+	// them waits for the punch rather than evict. Default min(DRAMBytes/8, 64 MiB);
 	// negative means never (RSS stays at its peak, no put refaults a page).
 	ReleaseBytes int64
 	// PageSize is the DRAM page size, a multiple of the OS page size.
@@ -229,6 +231,14 @@ type Store struct {
 	// sharedHits: the policy records hits under the read lock, so DRAM
 	// hits need no exclusive lock (S3-FIFO; LRU moves its list).
 	sharedHits bool
+	// punching: a goroutine is returning reserved DRAM pages to the OS
+	// without the lock (unlock); released counts the bytes returned.
+	punching bool
+	released uint64
+	// punchHook, when set (by tests), runs without the lock just before a
+	// punch; allocWaitHook runs under it when a put waits for one.
+	punchHook     func()
+	allocWaitHook func()
 }
 
 // Open creates a store; with a disk tier it rebuilds the index from the
@@ -355,6 +365,32 @@ func (s *Store) unlocked(fn func()) {
 		s.moved.Broadcast()
 	}()
 	fn()
+}
+
+// unlock releases mu. When enough freed DRAM pages have piled up it first
+// returns them to the OS: it reserves them under mu, so that no put is
+// handed a page being punched, punches them without mu, so that reads and
+// puts proceed meanwhile, and frees them again under mu. Every exclusive
+// section that can free DRAM pages ends with it (Close aside: a closed
+// store keeps its pages until it unmaps them).
+func (s *Store) unlock() {
+	if s.punching || s.closed || !s.arena.punchDue() {
+		s.mu.Unlock()
+		return
+	}
+	s.punching = true
+	runs := s.arena.reserveFree()
+	var pages int
+	s.unlocked(func() {
+		if s.punchHook != nil {
+			s.punchHook()
+		}
+		pages = s.arena.punchRuns(runs)
+	})
+	s.arena.unreserve(runs)
+	s.released += uint64(pages) * uint64(s.arena.pageSize)
+	s.punching = false
+	s.mu.Unlock()
 }
 
 // idle ends a move of e and wakes whoever waits for it.
@@ -531,7 +567,7 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 		expires = s.now() + int64(opts.TTL)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.closed {
 		return hd, ErrClosed
 	}
@@ -663,6 +699,15 @@ func (s *Store) allocDRAM(ctx context.Context, size int) (*dramCopy, error) {
 		}
 		if s.closed {
 			return nil, ErrClosed
+		}
+		if r := s.arena.reservedPages(); r > 0 && s.arena.freePages()+r >= n {
+			// Pages being returned to the OS will do: wait for them
+			// rather than evict (the punch is bounded by ReleaseBytes).
+			if s.allocWaitHook != nil {
+				s.allocWaitHook()
+			}
+			s.moved.Wait()
+			continue
 		}
 		v := ts.pol.victim(func(p *pnode) bool {
 			o := p.owner
@@ -812,7 +857,7 @@ func (h *Handle) Release() {
 		// mid-copy) can have changed; maybeFreeDRAM checks it again.
 		s.mu.Lock()
 		s.maybeFreeDRAM(c)
-		s.mu.Unlock()
+		s.unlock()
 	}
 }
 
@@ -873,7 +918,7 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 		}
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	for {
 		if s.closed {
 			return nil, ErrClosed
@@ -1066,7 +1111,7 @@ func (s *Store) Contains(key chunk.Key) bool {
 		return has
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	return !s.closed && s.lookup(key) != nil
 }
 
@@ -1074,7 +1119,7 @@ func (s *Store) Contains(key chunk.Key) bool {
 // their Handles and are freed at the last Release.
 func (s *Store) Delete(key chunk.Key) error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.closed {
 		return ErrClosed
 	}
@@ -1112,7 +1157,7 @@ func (s *Store) Scan(fn func(key chunk.Key, checksum uint64, size int) bool) {
 		}
 		items = append(items, item{e.key, e.checksum, e.size})
 	}
-	s.mu.Unlock()
+	s.unlock()
 	for _, it := range items {
 		if !fn(it.k, it.sum, it.size) {
 			return

@@ -39,6 +39,9 @@ type FileConfig struct {
 	// it is back in the ring after a start.
 	AntiEntropy string `json:"anti_entropy"`
 	StartupPull *bool  `json:"startup_pull,omitempty"`
+	// DRAMRelease is how many bytes of freed DRAM pages stay resident
+	// before they go back to the OS ("off": never; "": the default).
+	DRAMRelease string `json:"dram_release"`
 	// RebalanceRate limits what this node sends to new owners on a ring
 	// change (bytes/s, "off": unlimited). RebalanceRecvStreams,
 	// RebalanceRecvRate ("off": uncapped) and RebalanceYield ("off": no
@@ -103,6 +106,7 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	join := fs.String("join", "", "comma-separated gossip addresses of existing members")
 	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, "servers that bootstrap a new cluster together (default 1 without -join, else 0)")
 	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget")
+	fs.StringVar(&fc.DRAMRelease, "dram-release", "", "bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M; \"off\": never)")
 	fs.StringVar(&fc.Disk, "disk", "0", "disk tier budget under data-dir/tier (0: no disk tier)")
 	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring")
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
@@ -180,6 +184,7 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("gossip", &fc.Gossip, file.Gossip)
 	str("raft", &fc.Raft, file.Raft)
 	str("dram", &fc.DRAM, file.DRAM)
+	str("dram-release", &fc.DRAMRelease, file.DRAMRelease)
 	str("disk", &fc.Disk, file.Disk)
 	str("dead-grace", &fc.DeadGrace, file.DeadGrace)
 	str("rpc-timeout", &fc.RPCTimeout, file.RPCTimeout)
@@ -229,6 +234,16 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -dram: %w", err)
 	}
+	var dramRelease int64
+	switch v := strings.TrimSpace(fc.DRAMRelease); v {
+	case "":
+	case "off":
+		dramRelease = -1
+	default:
+		if dramRelease, err = ParseBytes(v); err != nil || dramRelease == 0 {
+			return cfg, fmt.Errorf("kvmeshd: -dram-release %q: a positive byte size or \"off\"", fc.DRAMRelease)
+		}
+	}
 	disk, err := ParseBytes(fc.Disk)
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -disk: %w", err)
@@ -264,7 +279,7 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 	}
 	cfg = Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: fc.GRPC, HTTPAddr: fc.HTTP, GossipAddr: fc.Gossip, RaftAddr: fc.Raft,
-		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DiskBytes: disk, DeadGrace: grace,
+		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
 		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
 		Replication:   rcfg,

@@ -53,6 +53,10 @@ type Config struct {
 	BootstrapExpect int
 	// DRAMBytes is the DRAM tier budget. Default 1 GiB.
 	DRAMBytes int64
+	// DRAMReleaseBytes is how many bytes of freed DRAM pages stay resident
+	// before they go back to the OS (kvtier.Config.ReleaseBytes). Default
+	// (0) kvtier's, min(DRAMBytes/8, 64 MiB); negative: never.
+	DRAMReleaseBytes int64
 	// DiskBytes enables the disk tier under DataDir/tier with that budget;
 	// 0 means no disk tier.
 	DiskBytes int64
@@ -236,7 +240,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		}
 	}
 
-	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
+	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, ReleaseBytes: cfg.DRAMReleaseBytes, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
 	if cfg.DiskBytes > 0 {
 		tcfg.DiskDir, tcfg.DiskBytes = filepath.Join(cfg.DataDir, "tier"), cfg.DiskBytes
 	}
