@@ -5,6 +5,7 @@ package kvtier
 import (
 	"bytes"
 	"context"
+	"slices"
 	"sync"
 	"syscall"
 	"testing"
@@ -398,4 +399,67 @@ func TestReadsDuringRelease(t *testing.T) {
 			}
 		})
 	}
+}
+
+// BenchmarkGetDuringRelease times Gets of a live entry while another
+// goroutine deletes and re-puts 64 MiB of entries in a loop, so that the
+// freed pages cross ReleaseBytes (32 MiB) and go back to the OS over and
+// over. The tail (p99.9, max) is what a punch under the store's lock
+// would stall.
+func BenchmarkGetDuringRelease(b *testing.B) {
+	s := openTest(b, Config{DRAMBytes: 192 << 20, PageSize: 64 << 10, ReleaseBytes: 32 << 20})
+	ctx := context.Background()
+	blob := bigBlob(b, 8)
+	var keys []chunk.Key
+	for i := uint64(1); i <= 160; i++ {
+		keys = append(keys, rekey(b, blob, i))
+		if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	live := keys[len(keys)-1]
+	stop, done := make(chan struct{}), make(chan error, 1)
+	go func() {
+		own := bytes.Clone(blob)
+		for {
+			select {
+			case <-stop:
+				done <- nil
+				return
+			default:
+			}
+			for _, k := range keys[:64] {
+				if err := s.Delete(k); err != nil {
+					done <- err
+					return
+				}
+			}
+			for i := range uint64(64) {
+				rekey(b, own, i+1)
+				if _, err := s.Put(ctx, own, PutOptions{}); err != nil {
+					done <- err
+					return
+				}
+			}
+		}
+	}()
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for range b.N {
+		t0 := time.Now()
+		h, err := s.Get(ctx, live)
+		if err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+		h.Release()
+	}
+	b.StopTimer()
+	close(stop)
+	if err := <-done; err != nil {
+		b.Fatal(err)
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)*999/1000].Nanoseconds()), "p99.9-ns")
+	b.ReportMetric(float64(lat[len(lat)-1].Nanoseconds()), "max-ns")
 }
