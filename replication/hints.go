@@ -466,12 +466,7 @@ func (r *Replicator) redirectHint(ctx context.Context, rg *ring.Ring, n int, key
 	var errs []error
 	for _, m := range rg.Replicas(key.Content, n) {
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
-		var err error
-		if m.ID == r.cfg.NodeID {
-			err = r.storeLocal(cctx, blob, key, opts)
-		} else {
-			err = r.cfg.Transport.Replicate(cctx, m.ID, blob, opts)
-		}
+		err := r.push(cctx, m.ID, key, blob, opts)
 		cancel()
 		if err != nil && !errors.Is(err, ErrRejected) {
 			errs = append(errs, fmt.Errorf("%s: %w", m.ID, err))

@@ -222,13 +222,16 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, n int, old *ring.R
 // replica back from an absence) is refused rather than taken for live
 // data. Every old replica holding a tombstone sends it: a few bytes, so no
 // single sender is designated. It returns the sends that failed; the pass
-// counts them pending and runs again.
+// counts them pending and runs again. A target that fails once is skipped
+// for the rest of the pass (each of its sends counts failed), so one
+// unreachable owner costs one CallTimeout per pass, not one per tombstone.
 func (r *Replicator) forwardTombstones(ctx context.Context, rg *ring.Ring, n int, old *ring.Ring, oldN int) int {
 	if old.Epoch() == rg.Epoch() && oldN == n {
 		return 0
 	}
 	self := r.cfg.NodeID
 	failed := 0
+	down := make(map[string]bool)
 	var buf, obuf [8]ring.Member
 	for _, it := range r.tombs.list() {
 		if !it.deleted {
@@ -242,11 +245,16 @@ func (r *Replicator) forwardTombstones(ctx context.Context, rg *ring.Ring, n int
 			if m.ID == self || isMember(oreps, m.ID) {
 				continue
 			}
+			if down[m.ID] {
+				failed++
+				continue
+			}
 			cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
 			err := r.cfg.Transport.Delete(cctx, m.ID, it.key, it.at)
 			cancel()
 			if err != nil {
 				failed++
+				down[m.ID] = true
 				r.log.Debug("forwarding tombstone", "to", m.ID, "key", it.key, "err", err)
 			}
 		}
