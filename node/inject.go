@@ -145,38 +145,7 @@ func (r replicaRemote) others(content chunk.ID) []string {
 }
 
 func (r replicaRemote) Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, inject.Match, error) {
-	addrs := r.others(content)
-	if len(addrs) == 0 {
-		return chunk.Key{}, inject.Miss, nil
-	}
-	answers := make([]*api.LookupResult, len(addrs))
-	errs := make([]error, len(addrs))
-	var wg sync.WaitGroup
-	for i, addr := range addrs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res, err := r.n.remoteLookup(ctx, addr, client.ProtoFingerprint(fp), []lookupItem{{content: content, want: want}})
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			answers[i] = res[0]
-		}()
-	}
-	wg.Wait()
-	var best *api.LookupResult
-	answered := false
-	for _, a := range answers {
-		if a == nil {
-			continue
-		}
-		answered = true
-		if a.Key != nil && (best == nil || rank(a.Status) > rank(best.Status)) {
-			best = a
-		}
-	}
-	f := r.pick(true, answered, best, errs)
+	f := r.BestBatch(ctx, []chunk.Key{{Fingerprint: fp, Content: content, Context: want}})[0]
 	return f.Key, f.Match, f.Err
 }
 
