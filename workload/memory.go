@@ -172,5 +172,5 @@ func EncodeFact(ctx context.Context, e *engine.Engine, system, conv []uint32, w 
 		return e.EncodeWindow(ctx, win, w, fact)
 	}
 	before := append(append(make([]uint32, 0, len(system)+len(win)), system...), win...)
-	return e.Encode(ctx, before, fact, chunk.WindowContext(e.Fingerprint(), len(before), before), engine.EncodeOptions{})
+	return e.EncodeWindow(ctx, before, len(before), fact)
 }
