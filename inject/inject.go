@@ -259,6 +259,12 @@ func (r *request) fetch(req *Request, results []Result) error {
 	hits := make([]*hit, len(req.Chunks))
 	// Each index is written by one call (the flag drops a fetcher's
 	// second answer), and the calls end before fetch reads: no lock.
+	// Content IDs hash every token: compute each key once, for the fetch
+	// and for verification.
+	keys := make([]chunk.Key, len(req.Chunks))
+	for i := range req.Chunks {
+		keys[i] = r.key(&req.Chunks[i])
+	}
 	seen := make([]atomic.Bool, len(req.Chunks))
 	settle := func(i int, f Fetched, err error) {
 		if i < 0 || i >= len(seen) || seen[i].Swap(true) {
@@ -267,17 +273,13 @@ func (r *request) fetch(req *Request, results []Result) error {
 			}
 			return
 		}
-		hits[i], results[i] = r.accept(i, &req.Chunks[i], f, err)
+		hits[i], results[i] = r.accept(i, &req.Chunks[i], keys[i].Content, f, err)
 	}
 	var err error
 	if bf, ok := r.s.cfg.Fetcher.(BatchFetcher); ok {
-		keys := make([]chunk.Key, len(req.Chunks))
-		for i := range req.Chunks {
-			keys[i] = r.key(&req.Chunks[i])
-		}
 		bf.FetchBatch(r.ctx, keys, settle)
 	} else {
-		err = r.fetchEach(req, settle)
+		err = r.fetchEach(keys, settle)
 	}
 	for _, h := range hits {
 		if h != nil {
@@ -290,15 +292,15 @@ func (r *request) fetch(req *Request, results []Result) error {
 	return err
 }
 
-// fetchEach calls Fetch for every chunk, at most FetchParallel at once.
-func (r *request) fetchEach(req *Request, settle func(int, Fetched, error)) error {
+// fetchEach calls Fetch for every key, at most FetchParallel at once.
+func (r *request) fetchEach(keys []chunk.Key, settle func(int, Fetched, error)) error {
 	var (
 		wg  sync.WaitGroup
 		sem = make(chan struct{}, r.s.cfg.FetchParallel)
 		err error
 	)
 loop:
-	for i := range req.Chunks {
+	for i := range keys {
 		select {
 		case sem <- struct{}{}:
 		case <-r.ctx.Done():
@@ -309,7 +311,7 @@ loop:
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			f, err := r.s.cfg.Fetcher.Fetch(r.ctx, r.key(&req.Chunks[i]))
+			f, err := r.s.cfg.Fetcher.Fetch(r.ctx, keys[i])
 			settle(i, f, err)
 		}()
 	}
@@ -327,10 +329,9 @@ func (r *request) key(ch *Chunk) chunk.Key {
 	return chunk.Key{Fingerprint: fp, Content: content, Context: ch.Context}
 }
 
-// accept verifies chunk i's fetched entry; a nil hit is a MISS (and f is
-// released).
-func (r *request) accept(i int, ch *Chunk, f Fetched, err error) (*hit, Result) {
-	content := r.key(ch).Content
+// accept verifies chunk i's fetched entry for content; a nil hit is a MISS
+// (and f is released).
+func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err error) (*hit, Result) {
 	if err != nil || f.Match == Miss || len(f.Blob) == 0 {
 		if f.Release != nil {
 			f.Release()
