@@ -151,6 +151,12 @@ func WriteFile(path string, primary []byte, others ...[]byte) error {
 		_ = f.Close()
 		return fmt.Errorf("gossipkey: write %s: %w", path, err)
 	}
+	// Synced, so a caller that renames the file into place after a crash
+	// finds either the old keyring or this one whole.
+	if err := f.Sync(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("gossipkey: sync %s: %w", path, err)
+	}
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("gossipkey: write %s: %w", path, err)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -216,7 +217,16 @@ func writeKeyring(path string, primary []byte, others [][]byte) error {
 	if err := gossipkey.WriteFile(tmp, primary, others...); err != nil {
 		return err
 	}
-	return os.Rename(tmp, path)
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	// The rename is durable once the directory is synced.
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // GossipKey is the per-node step of Admin.GossipKeys.
