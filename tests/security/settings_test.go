@@ -96,7 +96,10 @@ func TestSettingsAPI(t *testing.T) {
 		s.ReplicationFactor != 2 || s.WriteQuorum != 1 || s.Codec != "int8" {
 		t.Errorf("SetSettings answered %v", resp)
 	}
-	// A partial change keeps the other fields.
+	// A partial change keeps the other fields: the fields this node has
+	// applied, so it must have applied the first change (made through
+	// another node, perhaps not yet applied here) before it merges.
+	eventually(t, "the first change on "+nodes[2].ID(), func() bool { return nodes[2].Meta().Settings() == want })
 	want.WriteQuorum = 2
 	if _, err := admin(nodes[2], root).SetSettings(ctx, &api.SetSettingsRequest{WriteQuorum: 2}); err != nil {
 		t.Fatal(err)
