@@ -232,6 +232,8 @@ type Gossip struct {
 	cfg GossipConfig
 	log *slog.Logger
 	ml  *memberlist.Memberlist
+	// addr is the advertised host:port, fixed once memberlist started.
+	addr string
 
 	metaMu sync.Mutex
 	meta   NodeMeta // what we announce
@@ -354,6 +356,10 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	g.ml = ml
+	// Read once: memberlist rewrites its local node (the same address)
+	// under its own lock on every metadata update, so reading LocalNode
+	// later races with UpdateMeta.
+	g.addr = ml.LocalNode().Address()
 	g.keyring = mc.Keyring
 
 	if cfg.ReconnectInterval > 0 {
@@ -371,10 +377,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 }
 
 // Addr is the host:port this node gossips on (the advertised address).
-func (g *Gossip) Addr() string {
-	n := g.ml.LocalNode()
-	return n.Address()
-}
+func (g *Gossip) Addr() string { return g.addr }
 
 // LocalID is the node's ID.
 func (g *Gossip) LocalID() string { return g.cfg.NodeID }
@@ -609,13 +612,14 @@ const msgLeaving byte = 1
 // a long pause), while they are alive and may lead the cluster's metadata.
 func (g *Gossip) sendLeaveNotices() {
 	msg := append([]byte{msgLeaving}, g.cfg.NodeID...)
+	// The addresses come from members (copies made by drain), not from
+	// ml.Members(): those are pointers into memberlist's own state, which
+	// its packet handler rewrites under a lock we cannot take (a data race
+	// -race reported while a metadata update was being gossiped).
 	to := make(map[string]memberlist.Node)
-	for _, n := range g.ml.Members() {
-		to[n.Name] = memberlist.Node{Name: n.Name, Addr: n.Addr, Port: n.Port}
-	}
 	g.mu.Lock()
 	for id, st := range g.members {
-		if _, ok := to[id]; ok || st.State != StateFailed {
+		if st.State != StateAlive && st.State != StateFailed {
 			continue
 		}
 		host, port, err := net.SplitHostPort(st.Meta.GossipAddr)
