@@ -85,6 +85,12 @@ type plan struct {
 	wideN     int
 	narrowN   int
 	scalar    rotScalar
+	fp8K      fp8Path // single-pass kernel for K, if any (see pickFP8)
+	fp8V      fp8Path // and for V
+	kArg      float32 // the scale argument of the fp8 kernels for K
+	vArg      float32 // and for V
+	kDiv      int     // nonzero: the fp8 K store divides by kArg
+	vDiv      int     // and the V store by vArg
 	dstHead   int // bytes between the heads of one slot in Dst
 	kvBytes   int // offset of V in a destination layer
 	slotBytes int // NHD: bytes of one slot (all heads)

@@ -169,3 +169,35 @@ func rotGPTJBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, ds
 
 //go:noescape
 func rotGPTJBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
+
+// The single-pass fp8 kernels (kernel_fp8_amd64.s). A nonzero nt stores
+// non-temporally: 64-byte aligned dst for the flat conversions, 32-byte
+// aligned halves for the rotations (16 where the rotation's n is an odd
+// multiple of 16, bf16 -> fp8).
+
+// fp8ToBF16AVX512 writes bf16(fp8(src[i]) * scale) for i < n, a positive
+// multiple of 32 (needs AVX512-BF16).
+//
+//go:noescape
+func fp8ToBF16AVX512(dst, src *byte, n int, scale float32, nt int)
+
+// rotNeoXFP8BF16AVX512 rotates NeoX pairs i < n (a positive multiple of 16)
+// of count fp8 head vectors, dequantized with scale, into bf16 head vectors
+// (needs AVX512-BF16); strides are in bytes, as for the other rotations.
+//
+//go:noescape
+func rotNeoXFP8BF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, nt int)
+
+// bf16ToFP8AVX512 writes fp8(bf16(src[i]) / scale) for i < n, a positive
+// multiple of 16: a division where div is nonzero, else a multiplication by
+// scale, which the caller makes an exact reciprocal (see exactRecip).
+//
+//go:noescape
+func bf16ToFP8AVX512(dst, src *byte, n int, scale float32, div, nt int)
+
+// rotNeoXBF16FP8AVX512 rotates NeoX pairs i < n (a positive multiple of 16)
+// of count bf16 head vectors into fp8 head vectors, scaled as in
+// bf16ToFP8AVX512.
+//
+//go:noescape
+func rotNeoXBF16FP8AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, div, nt int)

@@ -90,3 +90,15 @@ func rotGPTJBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, ds
 func rotGPTJBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int) {
 	panic("cudakern: no SIMD")
 }
+
+func fp8ToBF16AVX512(dst, src *byte, n int, scale float32, nt int) { panic("cudakern: no SIMD") }
+
+func rotNeoXFP8BF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, nt int) {
+	panic("cudakern: no SIMD")
+}
+
+func bf16ToFP8AVX512(dst, src *byte, n int, scale float32, div, nt int) { panic("cudakern: no SIMD") }
+
+func rotNeoXBF16FP8AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, div, nt int) {
+	panic("cudakern: no SIMD")
+}

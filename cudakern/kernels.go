@@ -34,6 +34,7 @@ type rotScalar func(dst, src []byte, c, s []float32, half, from int)
 // narrowN), Go the rest. Every one gives the same bits.
 func (p *plan) pick() {
 	p.wide, p.narrow, p.wideN, p.narrowN, p.scalar = nil, nil, 0, 0, nil
+	p.pickFP8()
 	var avx2, avx2NT, avx512, avx512NT rotAsm
 	switch p.kernel {
 	case kernelBF16NeoX:
@@ -89,6 +90,15 @@ func (p *plan) rotHeads(dst, src []byte, c, s, x []float32, count, dstStride int
 	// One bounds check for the token; the kernels stay inside these.
 	dst = dst[:(count-1)*dstStride+row]
 	src = src[:count*sr]
+	if p.fp8K != fp8None {
+		nt := b2i(p.nt)
+		if p.fp8K == fp8ToBF16 {
+			rotNeoXFP8BF16AVX512(&dst[0], &src[0], &c[0], &s[0], t.half, t.half, count, dstStride, sr, p.kArg, nt)
+		} else {
+			rotNeoXBF16FP8AVX512(&dst[0], &src[0], &c[0], &s[0], t.half, t.half, count, dstStride, sr, p.kArg, p.kDiv, nt)
+		}
+		return
+	}
 	if p.scalar == nil {
 		p.rotGeneric(dst, src, c, s, x, count, dstStride)
 		return
@@ -112,6 +122,77 @@ func (p *plan) rotHeads(dst, src []byte, c, s, x []float32, count, dstStride int
 		// Same dtype: the dims beyond the rotary ones pass through as bytes.
 		copy(d[rot*es:], v[rot*es:])
 	}
+}
+
+// fp8Path names a single-pass fp8 kernel pair (kernel_fp8_amd64.s).
+type fp8Path uint8
+
+const (
+	fp8None   fp8Path = iota
+	fp8ToBF16         // fp8 source, bf16 cache (needs AVX512-BF16)
+	bf16ToFP8         // bf16 source, fp8 cache
+)
+
+// pickFP8 chooses the single-pass kernels of an fp8 <-> bf16 plan: one
+// read of the source and one write of the destination, in registers,
+// instead of widening into the scratch vector, rotating it and rounding it
+// in three calls. K needs a fully rotary NeoX head with half a multiple of
+// 16, V a head dim that is a multiple of 32 (fp8 -> bf16) or 16; other
+// shapes, GPT-J and CPUs without AVX-512 take the generic path (same bits).
+func (p *plan) pickFP8() {
+	p.fp8K, p.fp8V = fp8None, fp8None
+	if !p.simd || !p.avx512 {
+		return
+	}
+	t, hd := p.Rope, p.Layout.HeadDim
+	kOK := t.neox && t.rotary == hd && t.half%16 == 0
+	switch {
+	case p.SrcDType == chunk.FP8E4M3 && p.Layout.DType == chunk.BF16 && p.bf16:
+		p.kArg, p.vArg, p.kDiv, p.vDiv = p.srcKScale, p.srcVScale, 0, 0
+		if kOK {
+			p.fp8K = fp8ToBF16
+		}
+		if hd%32 == 0 {
+			p.fp8V = fp8ToBF16
+		}
+	case p.SrcDType == chunk.BF16 && p.Layout.DType == chunk.FP8E4M3:
+		p.kArg, p.kDiv = fp8StoreArg(p.dstKScale)
+		p.vArg, p.vDiv = fp8StoreArg(p.dstVScale)
+		if kOK {
+			p.fp8K = bf16ToFP8
+		}
+		if hd%16 == 0 {
+			p.fp8V = bf16ToFP8
+		}
+	}
+}
+
+// fp8StoreArg is the scale argument of the fp8-storing kernels: an exact
+// reciprocal to multiply by where there is one (the bits of the division),
+// else the scale itself with the division flag set.
+func fp8StoreArg(scale float32) (arg float32, div int) {
+	if r, ok := exactRecip(scale); ok {
+		return r, 0
+	}
+	return scale, 1
+}
+
+// convV converts n values of V from src into dst with the plan's fp8 V
+// kernel.
+func (p *plan) convV(dst, src []byte, n int) {
+	dst, src = dst[:n*p.dstES], src[:n*p.srcES]
+	if p.fp8V == fp8ToBF16 {
+		fp8ToBF16AVX512(&dst[0], &src[0], n, p.vArg, b2i(p.nt))
+	} else {
+		bf16ToFP8AVX512(&dst[0], &src[0], n, p.vArg, p.vDiv, b2i(p.nt))
+	}
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // isa is the kernel set of the plan's flags.
@@ -156,6 +237,17 @@ func (p *plan) putV(dst, src []byte, x []float32, count, dstStride int) {
 	sr, row := p.srcRow, p.Layout.HeadDim*p.dstES
 	dst = dst[:(count-1)*dstStride+row]
 	src = src[:count*sr]
+	if p.fp8V != fp8None {
+		hd := p.Layout.HeadDim
+		if dstStride == row { // NHD: the heads are one run in source and destination
+			p.convV(dst, src, count*hd)
+			return
+		}
+		for k := 0; k < count; k++ {
+			p.convV(dst[k*dstStride:], src[k*sr:], hd)
+		}
+		return
+	}
 	if !p.copyV {
 		k := p.isa()
 		hd := p.Layout.HeadDim

@@ -1,0 +1,499 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// Single-pass AVX-512 kernels for the fp8 <-> bf16 jobs (see kernels.go):
+// each reads the source dtype, works in float32 registers and writes the
+// destination dtype, with no float32 scratch vector in between. They give
+// the bits of the Go path (loadF32, rotNeoX, storeF32):
+//
+//   - fp8 -> float32 (x = fp8 * scale) is arithmetic: a normal code's bits
+//     are (b&0x7f)<<20 + 120<<23; zero, subnormal and NaN codes take their
+//     float32 bits from a 16-entry table (VPERMD on the low 4 bits: codes
+//     0-7 are m * 2^-9, code 0x7f is NaN), so no float32 subnormal is ever
+//     an input (a subnormal operand costs this CPU a microcode assist).
+//   - float32 -> bf16 is VCVTNE2PS2BF16, whose subnormal inputs are fixed
+//     up with integer rounding (as in rotNeoXBF16AVX512BF16).
+//   - float32 -> e4m3 is the integer rounding of storeFP8AVX512: rebias,
+//     round the 20 dropped bits to even, saturate at 448; subnormal results
+//     by VCVTPS2DQ of x * 2^9; NaN to 0x7f.
+//
+// The rotation is the NeoX one of the other kernels (each product rounded
+// to float32, no fused multiply-add), over count head vectors sharing a
+// cos/sin row. A nonzero nt stores non-temporally (the caller checks the
+// alignment the vector stores need).
+
+// fp8Special is the float32 bits of the e4m3 codes without an implicit
+// one, by their low 4 bits: m * 2^-9 for codes 0-7, NaN for 0x7f.
+DATA fp8Special<>+0(SB)/4, $0x00000000
+DATA fp8Special<>+4(SB)/4, $0x3b000000
+DATA fp8Special<>+8(SB)/4, $0x3b800000
+DATA fp8Special<>+12(SB)/4, $0x3bc00000
+DATA fp8Special<>+16(SB)/4, $0x3c000000
+DATA fp8Special<>+20(SB)/4, $0x3c200000
+DATA fp8Special<>+24(SB)/4, $0x3c400000
+DATA fp8Special<>+28(SB)/4, $0x3c600000
+DATA fp8Special<>+32(SB)/4, $0
+DATA fp8Special<>+36(SB)/4, $0
+DATA fp8Special<>+40(SB)/4, $0
+DATA fp8Special<>+44(SB)/4, $0
+DATA fp8Special<>+48(SB)/4, $0
+DATA fp8Special<>+52(SB)/4, $0
+DATA fp8Special<>+56(SB)/4, $0
+DATA fp8Special<>+60(SB)/4, $0x7fc00000
+GLOBL fp8Special<>(SB), RODATA|NOPTR, $64
+
+// fp8Order undoes the lane interleaving of VPACKUSDW + VPACKUSWB.
+DATA fp8Order<>+0(SB)/4, $0
+DATA fp8Order<>+4(SB)/4, $4
+DATA fp8Order<>+8(SB)/4, $8
+DATA fp8Order<>+12(SB)/4, $12
+DATA fp8Order<>+16(SB)/4, $1
+DATA fp8Order<>+20(SB)/4, $5
+DATA fp8Order<>+24(SB)/4, $9
+DATA fp8Order<>+28(SB)/4, $13
+DATA fp8Order<>+32(SB)/4, $2
+DATA fp8Order<>+36(SB)/4, $6
+DATA fp8Order<>+40(SB)/4, $10
+DATA fp8Order<>+44(SB)/4, $14
+DATA fp8Order<>+48(SB)/4, $3
+DATA fp8Order<>+52(SB)/4, $7
+DATA fp8Order<>+56(SB)/4, $11
+DATA fp8Order<>+60(SB)/4, $15
+GLOBL fp8Order<>(SB), RODATA|NOPTR, $64
+
+// The widening kernels keep Z18 0x78 (exponent field), Z19 120<<23, Z20
+// 0x7f, Z21 the sign bit, Z22 the scale and Z23 fp8Special.
+
+// WIDEN turns the zero-extended e4m3 codes in b into float32 values times
+// the scale in r; t is a temporary; K1 and K2 are clobbered.
+#define WIDEN(b, r, t) \
+	VPANDD     Z20, b, t; \
+	VPSLLD     $20, t, r; \
+	VPADDD     Z19, r, r; \
+	VPTESTNMD  Z18, b, K1; \
+	VPCMPEQD   Z20, t, K2; \
+	KORW       K1, K2, K1; \
+	VPERMD     Z23, t, K1, r; \
+	VPSLLD     $24, b, t; \
+	VPTERNLOGD $0xF8, Z21, t, r; \
+	VMULPS     Z22, r, r
+
+// Encoding constants: Z24 2^9, Z25 0x7e, Z26 0x7f800000, Z27 0xc407ffff
+// (rebias and the rounding half), Z28 0x80, Z29 0x3c7fffff (below 2^-6),
+// Z30 1, Z31 the magnitude mask, Z23 0x7f, Z22 the scale or its
+// reciprocal, Z21 fp8Order.
+#define ENCODE_CONSTS \
+	MOVL $0x44000000, AX; VPBROADCASTD AX, Z24; \
+	MOVL $0x7e, AX; VPBROADCASTD AX, Z25; \
+	MOVL $0x7f800000, AX; VPBROADCASTD AX, Z26; \
+	MOVL $0xc407ffff, AX; VPBROADCASTD AX, Z27; \
+	MOVL $0x80, AX; VPBROADCASTD AX, Z28; \
+	MOVL $0x3c7fffff, AX; VPBROADCASTD AX, Z29; \
+	MOVL $1, AX; VPBROADCASTD AX, Z30; \
+	MOVL $0x7fffffff, AX; VPBROADCASTD AX, Z31; \
+	MOVL $0x7f, AX; VPBROADCASTD AX, Z23; \
+	VMOVDQU32 fp8Order<>(SB), Z21
+
+// ENCODE rounds the float32 values in x to e4m3 codes (one per dword) in
+// r; t1-t3 are temporaries; K1 and K3 are clobbered.
+#define ENCODE(x, r, t1, t2, t3) \
+	VPANDD     Z31, x, t1; \
+	VPSRLD     $24, x, t2; \
+	VPSRLD     $20, t1, t3; \
+	VPANDD     Z30, t3, t3; \
+	VPADDD     Z27, t1, r; \
+	VPADDD     t3, r, r; \
+	VPSRLD     $20, r, r; \
+	VPMINUD    Z25, r, r; \
+	VPCMPUD    $2, Z29, t1, K1; \
+	VMULPS     Z24, t1, t3; \
+	VCVTPS2DQ  t3, K1, r; \
+	VPCMPUD    $6, Z26, t1, K3; \
+	VMOVDQA32  Z23, K3, r; \
+	VPTERNLOGD $0xF8, Z28, t2, r
+
+// BF16FIX rewrites the lanes of the bf16 pair a (low 16) and b (high 16)
+// in out whose float32 source is subnormal (K1 for a, K2 for b), with
+// integer round-to-nearest-even; Z14 is 1, Z15 0x7fff.
+#define BF16FIX(a, b, out) \
+	VPSRLD       $16, a, Z24; \
+	VPANDD       Z14, Z24, Z24; \
+	VPADDD       Z15, a, Z25; \
+	VPADDD       Z24, Z25, Z25; \
+	VPSRLD       $16, Z25, Z25; \
+	VPMOVDW      Z25, Y26; \
+	VPSRLD       $16, b, Z24; \
+	VPANDD       Z14, Z24, Z24; \
+	VPADDD       Z15, b, Z25; \
+	VPADDD       Z24, Z25, Z25; \
+	VPSRLD       $16, Z25, Z25; \
+	VPMOVDW      Z25, Y27; \
+	VINSERTI64X4 $1, Y27, Z26, Z26; \
+	KUNPCKWD     K1, K2, K7; \
+	VMOVDQU16    Z26, K7, out
+
+// func fp8ToBF16AVX512(dst, src *byte, n int, scale float32, nt int)
+// dst[i] = bf16(fp8(src[i]) * scale) for i < n, a positive multiple of 32.
+TEXT ·fp8ToBF16AVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ nt+32(FP), R14
+	MOVL $0x78, AX; VPBROADCASTD AX, Z18
+	MOVL $0x3c000000, AX; VPBROADCASTD AX, Z19
+	MOVL $0x7f, AX; VPBROADCASTD AX, Z20
+	MOVL $0x80000000, AX; VPBROADCASTD AX, Z21
+	VBROADCASTSS scale+24(FP), Z22
+	VMOVDQU32 fp8Special<>(SB), Z23
+	MOVL $0x7fff, AX; VPBROADCASTD AX, Z15
+	MOVL $1, AX; VPBROADCASTD AX, Z14
+
+fp8ToBF16loop:
+	VPMOVZXBD (SI), Z0
+	VPMOVZXBD 16(SI), Z1
+	WIDEN(Z0, Z8, Z2)
+	WIDEN(Z1, Z9, Z3)
+	// VCVTNE2PS2BF16 Z8, Z9, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x37; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z9, K2
+	KORTESTW  K1, K2
+	JNZ       fp8ToBF16fix
+
+fp8ToBF16store:
+	TESTQ     R14, R14
+	JNZ       fp8ToBF16nt
+	VMOVDQU32 Z16, (DI)
+	JMP       fp8ToBF16next
+
+fp8ToBF16nt:
+	VMOVNTDQ  Z16, (DI)
+
+fp8ToBF16next:
+	ADDQ      $32, SI
+	ADDQ      $64, DI
+	SUBQ      $32, CX
+	JNZ       fp8ToBF16loop
+	VZEROUPPER
+	RET
+
+fp8ToBF16fix:
+	BF16FIX(Z8, Z9, Z16)
+	JMP       fp8ToBF16store
+
+// func rotNeoXFP8BF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, nt int)
+// Rotates NeoX pairs i < n (a positive multiple of 16) of count fp8 head
+// vectors (dequantized with scale) into bf16 head vectors.
+TEXT ·rotNeoXFP8BF16AVX512(SB), NOSPLIT, $0-88
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ half+40(FP), DX
+	MOVQ count+48(FP), BX
+	MOVQ nt+80(FP), R14
+	MOVL $0x78, AX; VPBROADCASTD AX, Z18
+	MOVL $0x3c000000, AX; VPBROADCASTD AX, Z19
+	MOVL $0x7f, AX; VPBROADCASTD AX, Z20
+	MOVL $0x80000000, AX; VPBROADCASTD AX, Z21
+	VBROADCASTSS scale+72(FP), Z22
+	VMOVDQU32 fp8Special<>(SB), Z23
+	MOVL $0x7fff, AX; VPBROADCASTD AX, Z15
+	MOVL $1, AX; VPBROADCASTD AX, Z14
+
+rotFP8BF16head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*1), R10
+	LEAQ (DI)(DX*2), R11
+
+rotFP8BF16loop:
+	VPMOVZXBD (SI), Z0
+	VPMOVZXBD (R10), Z1
+	WIDEN(Z0, Z2, Z3)
+	WIDEN(Z1, Z4, Z5)
+	VMOVUPS   (R8), Z6
+	VMOVUPS   (R9), Z7
+	VMULPS    Z6, Z2, Z8
+	VMULPS    Z7, Z4, Z9
+	VSUBPS    Z9, Z8, Z8
+	VMULPS    Z6, Z4, Z10
+	VMULPS    Z7, Z2, Z11
+	VADDPS    Z11, Z10, Z10
+	// VCVTNE2PS2BF16 Z8, Z10, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x2f; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z10, K2
+	KORTESTW  K1, K2
+	JNZ       rotFP8BF16fix
+
+rotFP8BF16store:
+	VEXTRACTI64X4 $1, Z16, Y17
+	TESTQ     R14, R14
+	JNZ       rotFP8BF16nt
+	VMOVDQU32 Y16, (DI)
+	VMOVDQU32 Y17, (R11)
+	JMP       rotFP8BF16next
+
+rotFP8BF16nt:
+	VMOVNTDQ  Y16, (DI)
+	VMOVNTDQ  Y17, (R11)
+
+rotFP8BF16next:
+	ADDQ      $16, SI
+	ADDQ      $16, R10
+	ADDQ      $32, DI
+	ADDQ      $32, R11
+	ADDQ      $64, R8
+	ADDQ      $64, R9
+	SUBQ      $16, CX
+	JNZ       rotFP8BF16loop
+	ADDQ      dstStride+56(FP), R12
+	ADDQ      srcStride+64(FP), R13
+	DECQ      BX
+	JNZ       rotFP8BF16head
+	VZEROUPPER
+	RET
+
+rotFP8BF16fix:
+	BF16FIX(Z8, Z10, Z16)
+	JMP       rotFP8BF16store
+
+// func bf16ToFP8AVX512(dst, src *byte, n int, scale float32, div, nt int)
+// dst[i] = fp8(bf16(src[i]) / scale) for i < n, a positive multiple of 16:
+// a division where div is nonzero, else a multiplication by scale (the
+// caller passes an exact reciprocal).
+TEXT ·bf16ToFP8AVX512(SB), NOSPLIT, $0-48
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ nt+40(FP), R14
+	VBROADCASTSS scale+24(FP), Z22
+	ENCODE_CONSTS
+	MOVQ div+32(FP), R8
+
+bf16ToFP8loop64:
+	CMPQ      CX, $64
+	JLT       bf16ToFP8tail
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	VPMOVZXWD 32(SI), Z1
+	VPSLLD    $16, Z1, Z1
+	VPMOVZXWD 64(SI), Z2
+	VPSLLD    $16, Z2, Z2
+	VPMOVZXWD 96(SI), Z3
+	VPSLLD    $16, Z3, Z3
+	TESTQ     R8, R8
+	JNZ       bf16ToFP8div64
+	VMULPS    Z22, Z0, Z0
+	VMULPS    Z22, Z1, Z1
+	VMULPS    Z22, Z2, Z2
+	VMULPS    Z22, Z3, Z3
+	JMP       bf16ToFP8enc64
+
+bf16ToFP8div64:
+	VDIVPS    Z22, Z0, Z0
+	VDIVPS    Z22, Z1, Z1
+	VDIVPS    Z22, Z2, Z2
+	VDIVPS    Z22, Z3, Z3
+
+bf16ToFP8enc64:
+	ENCODE(Z0, Z8, Z4, Z5, Z6)
+	ENCODE(Z1, Z9, Z4, Z5, Z6)
+	ENCODE(Z2, Z10, Z4, Z5, Z6)
+	ENCODE(Z3, Z11, Z4, Z5, Z6)
+	VPACKUSDW Z9, Z8, Z8
+	VPACKUSDW Z11, Z10, Z10
+	VPACKUSWB Z10, Z8, Z8
+	VPERMD    Z8, Z21, Z8
+	TESTQ     R14, R14
+	JNZ       bf16ToFP8nt64
+	VMOVDQU32 Z8, (DI)
+	JMP       bf16ToFP8next64
+
+bf16ToFP8nt64:
+	VMOVNTDQ  Z8, (DI)
+
+bf16ToFP8next64:
+	ADDQ      $128, SI
+	ADDQ      $64, DI
+	SUBQ      $64, CX
+	JMP       bf16ToFP8loop64
+
+bf16ToFP8tail:
+	TESTQ     CX, CX
+	JZ        bf16ToFP8done
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	TESTQ     R8, R8
+	JNZ       bf16ToFP8div16
+	VMULPS    Z22, Z0, Z0
+	JMP       bf16ToFP8enc16
+
+bf16ToFP8div16:
+	VDIVPS    Z22, Z0, Z0
+
+bf16ToFP8enc16:
+	ENCODE(Z0, Z8, Z4, Z5, Z6)
+	VPMOVDB   Z8, X8
+	TESTQ     R14, R14
+	JNZ       bf16ToFP8nt16
+	VMOVDQU   X8, (DI)
+	JMP       bf16ToFP8next16
+
+bf16ToFP8nt16:
+	VMOVNTDQ  X8, (DI)
+
+bf16ToFP8next16:
+	ADDQ      $32, SI
+	ADDQ      $16, DI
+	SUBQ      $16, CX
+	JMP       bf16ToFP8tail
+
+bf16ToFP8done:
+	VZEROUPPER
+	RET
+
+// func rotNeoXBF16FP8AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, div, nt int)
+// Rotates NeoX pairs i < n (a positive multiple of 16) of count bf16 head
+// vectors into fp8 head vectors, storing fp8(x / scale) (a multiplication
+// by scale where div is zero, as in bf16ToFP8AVX512).
+TEXT ·rotNeoXBF16FP8AVX512(SB), NOSPLIT, $0-96
+	MOVQ dst+0(FP), R12
+	MOVQ src+8(FP), R13
+	MOVQ half+40(FP), DX
+	MOVQ count+48(FP), BX
+	MOVQ nt+88(FP), R14
+	VBROADCASTSS scale+72(FP), Z22
+	ENCODE_CONSTS
+	MOVQ div+80(FP), AX
+
+rotBF16FP8head:
+	MOVQ R12, DI
+	MOVQ R13, SI
+	MOVQ cos+16(FP), R8
+	MOVQ sin+24(FP), R9
+	MOVQ n+32(FP), CX
+	LEAQ (SI)(DX*2), R10
+	LEAQ (DI)(DX*1), R11
+
+rotBF16FP8loop32:
+	CMPQ      CX, $32
+	JLT       rotBF16FP8tail
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	VPMOVZXWD 32(SI), Z1
+	VPSLLD    $16, Z1, Z1
+	VPMOVZXWD (R10), Z2
+	VPSLLD    $16, Z2, Z2
+	VPMOVZXWD 32(R10), Z3
+	VPSLLD    $16, Z3, Z3
+	VMOVUPS   (R8), Z4
+	VMOVUPS   64(R8), Z5
+	VMOVUPS   (R9), Z6
+	VMOVUPS   64(R9), Z7
+	VMULPS    Z4, Z0, Z8
+	VMULPS    Z6, Z2, Z12
+	VSUBPS    Z12, Z8, Z8
+	VMULPS    Z5, Z1, Z9
+	VMULPS    Z7, Z3, Z12
+	VSUBPS    Z12, Z9, Z9
+	VMULPS    Z4, Z2, Z10
+	VMULPS    Z6, Z0, Z12
+	VADDPS    Z12, Z10, Z10
+	VMULPS    Z5, Z3, Z11
+	VMULPS    Z7, Z1, Z12
+	VADDPS    Z12, Z11, Z11
+	TESTQ     AX, AX
+	JNZ       rotBF16FP8div32
+	VMULPS    Z22, Z8, Z8
+	VMULPS    Z22, Z9, Z9
+	VMULPS    Z22, Z10, Z10
+	VMULPS    Z22, Z11, Z11
+	JMP       rotBF16FP8enc32
+
+rotBF16FP8div32:
+	VDIVPS    Z22, Z8, Z8
+	VDIVPS    Z22, Z9, Z9
+	VDIVPS    Z22, Z10, Z10
+	VDIVPS    Z22, Z11, Z11
+
+rotBF16FP8enc32:
+	ENCODE(Z8, Z12, Z0, Z1, Z2)
+	ENCODE(Z9, Z13, Z0, Z1, Z2)
+	ENCODE(Z10, Z4, Z0, Z1, Z2)
+	ENCODE(Z11, Z5, Z0, Z1, Z2)
+	VPACKUSDW Z13, Z12, Z12
+	VPACKUSDW Z5, Z4, Z4
+	VPACKUSWB Z4, Z12, Z12
+	VPERMD    Z12, Z21, Z12
+	VEXTRACTI64X4 $1, Z12, Y13
+	TESTQ     R14, R14
+	JNZ       rotBF16FP8nt32
+	VMOVDQU   Y12, (DI)
+	VMOVDQU   Y13, (R11)
+	JMP       rotBF16FP8next32
+
+rotBF16FP8nt32:
+	VMOVNTDQ  Y12, (DI)
+	VMOVNTDQ  Y13, (R11)
+
+rotBF16FP8next32:
+	ADDQ      $64, SI
+	ADDQ      $64, R10
+	ADDQ      $32, DI
+	ADDQ      $32, R11
+	ADDQ      $128, R8
+	ADDQ      $128, R9
+	SUBQ      $32, CX
+	JMP       rotBF16FP8loop32
+
+rotBF16FP8tail:
+	TESTQ     CX, CX
+	JZ        rotBF16FP8next
+	VPMOVZXWD (SI), Z0
+	VPSLLD    $16, Z0, Z0
+	VPMOVZXWD (R10), Z2
+	VPSLLD    $16, Z2, Z2
+	VMOVUPS   (R8), Z4
+	VMOVUPS   (R9), Z6
+	VMULPS    Z4, Z0, Z8
+	VMULPS    Z6, Z2, Z12
+	VSUBPS    Z12, Z8, Z8
+	VMULPS    Z4, Z2, Z10
+	VMULPS    Z6, Z0, Z12
+	VADDPS    Z12, Z10, Z10
+	TESTQ     AX, AX
+	JNZ       rotBF16FP8div16
+	VMULPS    Z22, Z8, Z8
+	VMULPS    Z22, Z10, Z10
+	JMP       rotBF16FP8enc16
+
+rotBF16FP8div16:
+	VDIVPS    Z22, Z8, Z8
+	VDIVPS    Z22, Z10, Z10
+
+rotBF16FP8enc16:
+	ENCODE(Z8, Z12, Z0, Z1, Z2)
+	ENCODE(Z10, Z4, Z0, Z1, Z2)
+	VPMOVDB   Z12, X12
+	VPMOVDB   Z4, X4
+	TESTQ     R14, R14
+	JNZ       rotBF16FP8nt16
+	VMOVDQU   X12, (DI)
+	VMOVDQU   X4, (R11)
+	JMP       rotBF16FP8next
+
+rotBF16FP8nt16:
+	VMOVNTDQ  X12, (DI)
+	VMOVNTDQ  X4, (R11)
+
+rotBF16FP8next:
+	ADDQ      dstStride+56(FP), R12
+	ADDQ      srcStride+64(FP), R13
+	DECQ      BX
+	JNZ       rotBF16FP8head
+	VZEROUPPER
+	RET
