@@ -91,12 +91,12 @@ type plan struct {
 	vArg      float32 // and for V
 	kDiv      int     // nonzero: the fp8 K store divides by kArg
 	vDiv      int     // and the V store by vArg
-	dstHead   int // bytes between the heads of one slot in Dst
-	kvBytes   int // offset of V in a destination layer
-	slotBytes int // NHD: bytes of one slot (all heads)
-	blkBytes  int // HND: bytes of one block of K or V
-	tiles     int // token tiles per layer
-	items     int // layers * tiles
+	dstHead   int     // bytes between the heads of one slot in Dst
+	kvBytes   int     // offset of V in a destination layer
+	slotBytes int     // NHD: bytes of one slot (all heads)
+	blkBytes  int     // HND: bytes of one block of K or V
+	tiles     int     // token tiles per layer
+	items     int     // layers * tiles
 	cancel    <-chan struct{}
 }
 
