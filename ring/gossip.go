@@ -345,12 +345,23 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	mc.Delegate = (*metaDelegate)(g)
 	mc.Events = &g.queue
 	mc.Logger = log.New(&slogWriter{log: g.log}, "", 0)
+	tr, err := newStoppableTransport(cfg.BindAddr, cfg.BindPort, mc.Logger)
+	if err != nil {
+		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+	}
+	mc.Transport = tr
+	if mc.BindPort == 0 {
+		// What memberlist.Create does with a port it picked itself.
+		mc.BindPort = tr.GetAutoBindPort()
+		mc.AdvertisePort = mc.BindPort
+	}
 
 	g.wg.Add(1)
 	go g.drain()
 
 	ml, err := memberlist.Create(mc)
 	if err != nil {
+		_ = tr.Shutdown()
 		close(g.stop)
 		g.wg.Wait()
 		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
@@ -472,8 +483,9 @@ func (g *Gossip) reconnectLoop() {
 		if len(addrs) == 0 {
 			continue
 		}
-		// memberlist's Join is a push/pull per address, each bounded by
-		// Timing.TCPTimeout; it blocks only this loop.
+		// memberlist's Join is a push/pull per address, one after
+		// another, each bounded by Timing.TCPTimeout; it blocks only this
+		// loop, and Shutdown cuts it short (stoppableTransport).
 		if n, err := g.ml.Join(addrs); n > 0 {
 			g.log.Info("reconnected to members held failed", "tried", len(addrs), "answered", n)
 		} else if err != nil {
@@ -646,6 +658,12 @@ func (g *Gossip) sendLeaveNotices() {
 // Shutdown stops gossip without announcing anything (the others will
 // detect a failure unless Leave was called first), stops the goroutines and
 // closes every subscription channel. It is idempotent.
+//
+// It does not wait for unreachable members: the TCP exchanges in progress
+// (a reconnect to members held failed, a join retry, a leave notice) are
+// cancelled, so Shutdown takes about as long as memberlist's own teardown
+// and the drain of queued events, whatever the number of dead members,
+// never a TCPTimeout per member.
 func (g *Gossip) Shutdown() error {
 	var err error
 	g.shutOnce.Do(func() {
@@ -716,7 +734,7 @@ func (g *Gossip) Subscribe() (<-chan Event, func()) {
 // drain applies memberlist's events in order until stop.
 func (g *Gossip) drain() {
 	defer g.wg.Done()
-	var batch []memberlist.NodeEvent
+	var batch []queuedEvent
 	for {
 		select {
 		case <-g.stop:
@@ -726,12 +744,16 @@ func (g *Gossip) drain() {
 		batch = g.queue.take(batch[:0])
 		for i := range batch {
 			g.apply(batch[i])
-			batch[i] = memberlist.NodeEvent{}
+			batch[i] = queuedEvent{}
 		}
 	}
 }
 
-func (g *Gossip) apply(ev memberlist.NodeEvent) {
+func (g *Gossip) apply(ev queuedEvent) {
+	if ev.notice != "" {
+		g.applyLeaveNotice(ev.notice)
+		return
+	}
 	var meta NodeMeta
 	if err := meta.UnmarshalBinary(ev.Node.Meta); err != nil {
 		g.log.Warn("ignoring member with bad metadata", "member", ev.Node.Name, "addr", ev.Node.Address(), "err", err)
@@ -743,34 +765,61 @@ func (g *Gossip) apply(ev memberlist.NodeEvent) {
 	}
 	meta.GossipAddr = ev.Node.Address()
 	now := time.Now()
-	out := Event{Node: meta, At: now}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	st := g.members[meta.ID]
 	switch ev.Event {
 	case memberlist.NodeJoin:
 		delete(g.leaving, meta.ID)
-		out.Kind = EventJoin
-		st = &MemberStatus{Meta: meta, State: StateAlive, Since: now}
+		g.record(EventJoin, meta, StateAlive, now)
 	case memberlist.NodeUpdate:
-		out.Kind = EventUpdate
-		if st == nil || st.State != StateAlive {
-			st = &MemberStatus{State: StateAlive, Since: now}
+		if st := g.members[meta.ID]; st != nil && st.State == StateAlive {
+			now = st.Since // alive since then still
 		}
-		st.Meta = meta
+		g.record(EventUpdate, meta, StateAlive, now)
 	case memberlist.NodeLeave:
-		out.Kind, out.Node.Leaving = EventFail, false
-		state := StateFailed
-		if _, noticed := g.leaving[meta.ID]; noticed || meta.Leaving {
-			out.Kind, state = EventLeave, StateLeft
-			out.Node.Leaving = true
-		}
+		_, noticed := g.leaving[meta.ID]
 		delete(g.leaving, meta.ID)
-		st = &MemberStatus{Meta: meta, State: state, Since: now}
-	default:
+		if noticed || meta.Leaving {
+			g.record(EventLeave, meta, StateLeft, now)
+		} else {
+			g.record(EventFail, meta, StateFailed, now)
+		}
+	}
+}
+
+// applyLeaveNotice handles a leave notice (msgLeaving) from member id. A
+// notice from a member this node already holds failed turns it into a
+// member that left at once: memberlist ignores the dead message that
+// follows for a member it holds dead, so no NodeLeave would ever come for
+// it. Otherwise the notice is remembered, so that the death that follows
+// counts as a leave.
+func (g *Gossip) applyLeaveNotice(id string) {
+	now := time.Now()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if st := g.members[id]; st != nil && st.State == StateFailed {
+		g.record(EventLeave, st.Meta, StateLeft, now)
 		return
 	}
-	g.members[meta.ID] = st
+	if len(g.leaving) < 4096 { // bounded whatever peers send
+		g.leaving[id] = now
+	}
+}
+
+// record is the one place where a member's status changes: it stores the
+// member in state since since (with the Leaving flag that state implies),
+// forgets members gone for longer than DeadRetention and stale leave
+// notices, and tells the subscribers. The event carries exactly the
+// metadata that Status reports. g.mu is held.
+func (g *Gossip) record(kind EventKind, meta NodeMeta, state MemberState, since time.Time) {
+	switch state {
+	case StateLeft:
+		meta.Leaving = true
+	case StateFailed:
+		meta.Leaving = false
+	}
+	now := time.Now()
+	g.members[meta.ID] = &MemberStatus{Meta: meta, State: state, Since: since}
 	for id, m := range g.members {
 		if m.State != StateAlive && now.Sub(m.Since) > g.cfg.DeadRetention {
 			delete(g.members, id)
@@ -781,7 +830,8 @@ func (g *Gossip) apply(ev memberlist.NodeEvent) {
 			delete(g.leaving, id) // a notice whose death never came
 		}
 	}
-	g.log.Debug("membership", "event", out.Kind, "member", meta.ID, "addr", meta.GossipAddr)
+	g.log.Debug("membership", "event", kind, "member", meta.ID, "addr", meta.GossipAddr, "state", state)
+	out := Event{Kind: kind, Node: meta, At: now}
 	for s := range g.subs {
 		s.push(out)
 	}
@@ -790,11 +840,19 @@ func (g *Gossip) apply(ev memberlist.NodeEvent) {
 // eventQueue is memberlist's EventDelegate: it queues without blocking
 // (memberlist calls it holding its node lock, and a blocked send there, as
 // ChannelEventDelegate can do, would stall failure detection) and wakes
-// drain.
+// drain. Leave notices (NotifyMsg) go through it too, so that drain alone
+// changes members, in the order things arrived.
 type eventQueue struct {
 	mu   sync.Mutex
-	q    []memberlist.NodeEvent
+	q    []queuedEvent
 	wake chan struct{}
+}
+
+// queuedEvent is a memberlist event, or, when notice is set, a leave
+// notice from the member of that ID.
+type queuedEvent struct {
+	memberlist.NodeEvent
+	notice string
 }
 
 func (q *eventQueue) init() { q.wake = make(chan struct{}, 1) }
@@ -802,8 +860,12 @@ func (q *eventQueue) init() { q.wake = make(chan struct{}, 1) }
 func (q *eventQueue) put(kind memberlist.NodeEventType, n *memberlist.Node) {
 	node := *n
 	node.Meta = slices.Clone(n.Meta)
+	q.push(queuedEvent{NodeEvent: memberlist.NodeEvent{Event: kind, Node: &node}})
+}
+
+func (q *eventQueue) push(e queuedEvent) {
 	q.mu.Lock()
-	q.q = append(q.q, memberlist.NodeEvent{Event: kind, Node: &node})
+	q.q = append(q.q, e)
 	q.mu.Unlock()
 	select {
 	case q.wake <- struct{}{}:
@@ -811,7 +873,7 @@ func (q *eventQueue) put(kind memberlist.NodeEventType, n *memberlist.Node) {
 	}
 }
 
-func (q *eventQueue) take(dst []memberlist.NodeEvent) []memberlist.NodeEvent {
+func (q *eventQueue) take(dst []queuedEvent) []queuedEvent {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	dst = append(dst, q.q...)
@@ -900,33 +962,13 @@ func (d *metaDelegate) NodeMeta(limit int) []byte {
 	return slices.Clone(d.metaB)
 }
 
-// NotifyMsg implements memberlist.Delegate: it receives leave notices.
-// A notice from a member this node already holds failed turns it into a
-// member that left (EventLeave) at once: memberlist ignores the dead
-// message that follows for a member it holds dead, so no NodeLeave would
-// ever come for it.
+// NotifyMsg implements memberlist.Delegate: it queues leave notices for
+// drain (Gossip.applyLeaveNotice).
 func (d *metaDelegate) NotifyMsg(b []byte) {
 	if len(b) < 2 || b[0] != msgLeaving {
 		return
 	}
-	g := (*Gossip)(d)
-	id := string(b[1:])
-	now := time.Now()
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if st := g.members[id]; st != nil && st.State == StateFailed {
-		meta := st.Meta
-		meta.Leaving = true
-		g.members[id] = &MemberStatus{Meta: meta, State: StateLeft, Since: now}
-		g.log.Debug("membership", "event", EventLeave, "member", id, "held", "failed")
-		for s := range g.subs {
-			s.push(Event{Kind: EventLeave, Node: meta, At: now})
-		}
-		return
-	}
-	if len(g.leaving) < 4096 { // bounded whatever peers send
-		g.leaving[id] = now
-	}
+	d.queue.push(queuedEvent{notice: string(b[1:])})
 }
 
 // GetBroadcasts implements memberlist.Delegate.
