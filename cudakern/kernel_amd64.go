@@ -171,15 +171,20 @@ func rotGPTJBF16AVX512BF16(dst, src *byte, cos, sin *float32, n, half, count, ds
 func rotGPTJBF16AVX512BF16NT(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int)
 
 // The single-pass fp8 kernels (kernel_fp8_amd64.s). A nonzero nt stores
-// non-temporally: 64-byte aligned dst for the flat conversions, 32-byte
-// aligned halves for the rotations (16 where the rotation's n is an odd
-// multiple of 16, bf16 -> fp8).
+// non-temporally: it needs dst 64-byte aligned, and for the rotations both
+// halves of every head vector (useNT checks this).
 
 // fp8ToBF16AVX512 writes bf16(fp8(src[i]) * scale) for i < n, a positive
 // multiple of 32 (needs AVX512-BF16).
 //
 //go:noescape
 func fp8ToBF16AVX512(dst, src *byte, n int, scale float32, nt int)
+
+// fp8ToBF16WAVX512 is fp8ToBF16AVX512 with scale 1, in integer word
+// arithmetic (AVX-512 BW only).
+//
+//go:noescape
+func fp8ToBF16WAVX512(dst, src *byte, n int, nt int)
 
 // rotNeoXFP8BF16AVX512 rotates NeoX pairs i < n (a positive multiple of 16)
 // of count fp8 head vectors, dequantized with scale, into bf16 head vectors

@@ -43,6 +43,87 @@ DATA fp8Special<>+56(SB)/4, $0
 DATA fp8Special<>+60(SB)/4, $0x7fc00000
 GLOBL fp8Special<>(SB), RODATA|NOPTR, $64
 
+// fp8SpecialBF16 is fp8Special as bf16 bits, by the low 5 bits of the
+// code (NaN, 0x7f, at 31).
+DATA fp8SpecialBF16<>+0(SB)/8, $0x3bc03b803b000000
+DATA fp8SpecialBF16<>+8(SB)/8, $0x3c603c403c203c00
+DATA fp8SpecialBF16<>+16(SB)/8, $0
+DATA fp8SpecialBF16<>+24(SB)/8, $0
+DATA fp8SpecialBF16<>+32(SB)/8, $0
+DATA fp8SpecialBF16<>+40(SB)/8, $0
+DATA fp8SpecialBF16<>+48(SB)/8, $0
+DATA fp8SpecialBF16<>+56(SB)/8, $0x7fc0000000000000
+GLOBL fp8SpecialBF16<>(SB), RODATA|NOPTR, $64
+
+// fp8Spread holds two VPERMW indices that move words 0-15 (then 16-31)
+// into the high words of 16 dwords: with the even words zeroed, bf16 bits
+// become float32 bits.
+DATA fp8Spread<>+0(SB)/2, $0
+DATA fp8Spread<>+2(SB)/2, $0
+DATA fp8Spread<>+4(SB)/2, $1
+DATA fp8Spread<>+6(SB)/2, $1
+DATA fp8Spread<>+8(SB)/2, $2
+DATA fp8Spread<>+10(SB)/2, $2
+DATA fp8Spread<>+12(SB)/2, $3
+DATA fp8Spread<>+14(SB)/2, $3
+DATA fp8Spread<>+16(SB)/2, $4
+DATA fp8Spread<>+18(SB)/2, $4
+DATA fp8Spread<>+20(SB)/2, $5
+DATA fp8Spread<>+22(SB)/2, $5
+DATA fp8Spread<>+24(SB)/2, $6
+DATA fp8Spread<>+26(SB)/2, $6
+DATA fp8Spread<>+28(SB)/2, $7
+DATA fp8Spread<>+30(SB)/2, $7
+DATA fp8Spread<>+32(SB)/2, $8
+DATA fp8Spread<>+34(SB)/2, $8
+DATA fp8Spread<>+36(SB)/2, $9
+DATA fp8Spread<>+38(SB)/2, $9
+DATA fp8Spread<>+40(SB)/2, $10
+DATA fp8Spread<>+42(SB)/2, $10
+DATA fp8Spread<>+44(SB)/2, $11
+DATA fp8Spread<>+46(SB)/2, $11
+DATA fp8Spread<>+48(SB)/2, $12
+DATA fp8Spread<>+50(SB)/2, $12
+DATA fp8Spread<>+52(SB)/2, $13
+DATA fp8Spread<>+54(SB)/2, $13
+DATA fp8Spread<>+56(SB)/2, $14
+DATA fp8Spread<>+58(SB)/2, $14
+DATA fp8Spread<>+60(SB)/2, $15
+DATA fp8Spread<>+62(SB)/2, $15
+DATA fp8Spread<>+64(SB)/2, $16
+DATA fp8Spread<>+66(SB)/2, $16
+DATA fp8Spread<>+68(SB)/2, $17
+DATA fp8Spread<>+70(SB)/2, $17
+DATA fp8Spread<>+72(SB)/2, $18
+DATA fp8Spread<>+74(SB)/2, $18
+DATA fp8Spread<>+76(SB)/2, $19
+DATA fp8Spread<>+78(SB)/2, $19
+DATA fp8Spread<>+80(SB)/2, $20
+DATA fp8Spread<>+82(SB)/2, $20
+DATA fp8Spread<>+84(SB)/2, $21
+DATA fp8Spread<>+86(SB)/2, $21
+DATA fp8Spread<>+88(SB)/2, $22
+DATA fp8Spread<>+90(SB)/2, $22
+DATA fp8Spread<>+92(SB)/2, $23
+DATA fp8Spread<>+94(SB)/2, $23
+DATA fp8Spread<>+96(SB)/2, $24
+DATA fp8Spread<>+98(SB)/2, $24
+DATA fp8Spread<>+100(SB)/2, $25
+DATA fp8Spread<>+102(SB)/2, $25
+DATA fp8Spread<>+104(SB)/2, $26
+DATA fp8Spread<>+106(SB)/2, $26
+DATA fp8Spread<>+108(SB)/2, $27
+DATA fp8Spread<>+110(SB)/2, $27
+DATA fp8Spread<>+112(SB)/2, $28
+DATA fp8Spread<>+114(SB)/2, $28
+DATA fp8Spread<>+116(SB)/2, $29
+DATA fp8Spread<>+118(SB)/2, $29
+DATA fp8Spread<>+120(SB)/2, $30
+DATA fp8Spread<>+122(SB)/2, $30
+DATA fp8Spread<>+124(SB)/2, $31
+DATA fp8Spread<>+126(SB)/2, $31
+GLOBL fp8Spread<>(SB), RODATA|NOPTR, $128
+
 // fp8Order undoes the lane interleaving of VPACKUSDW + VPACKUSWB.
 DATA fp8Order<>+0(SB)/4, $0
 DATA fp8Order<>+4(SB)/4, $4
@@ -114,24 +195,53 @@ GLOBL fp8Order<>(SB), RODATA|NOPTR, $64
 	VPTERNLOGD $0xF8, Z28, t2, r
 
 // BF16FIX rewrites the lanes of the bf16 pair a (low 16) and b (high 16)
-// in out whose float32 source is subnormal (K1 for a, K2 for b), with
-// integer round-to-nearest-even; Z14 is 1, Z15 0x7fff.
-#define BF16FIX(a, b, out) \
-	VPSRLD       $16, a, Z24; \
-	VPANDD       Z14, Z24, Z24; \
-	VPADDD       Z15, a, Z25; \
-	VPADDD       Z24, Z25, Z25; \
-	VPSRLD       $16, Z25, Z25; \
-	VPMOVDW      Z25, Y26; \
-	VPSRLD       $16, b, Z24; \
-	VPANDD       Z14, Z24, Z24; \
-	VPADDD       Z15, b, Z25; \
-	VPADDD       Z24, Z25, Z25; \
-	VPSRLD       $16, Z25, Z25; \
-	VPMOVDW      Z25, Y27; \
-	VINSERTI64X4 $1, Y27, Z26, Z26; \
-	KUNPCKWD     K1, K2, K7; \
-	VMOVDQU16    Z26, K7, out
+// in out whose float32 source is subnormal (ka for a, kb for b), with
+// integer round-to-nearest-even; Z14 is 1, Z15 0x7fff; Z0-Z3 and K7 are
+// clobbered.
+#define BF16FIX(a, b, out, ka, kb) \
+	VPSRLD       $16, a, Z0; \
+	VPANDD       Z14, Z0, Z0; \
+	VPADDD       Z15, a, Z1; \
+	VPADDD       Z0, Z1, Z1; \
+	VPSRLD       $16, Z1, Z1; \
+	VPMOVDW      Z1, Y2; \
+	VPSRLD       $16, b, Z0; \
+	VPANDD       Z14, Z0, Z0; \
+	VPADDD       Z15, b, Z1; \
+	VPADDD       Z0, Z1, Z1; \
+	VPSRLD       $16, Z1, Z1; \
+	VPMOVDW      Z1, Y3; \
+	VINSERTI64X4 $1, Y3, Z2, Z2; \
+	KUNPCKWD     ka, kb, K7; \
+	VMOVDQU16    Z2, K7, out
+
+// The word-domain widening keeps Z28 0x7f, Z29 120<<7, Z30 0x78 and Z31
+// the sign bit in every word, Z24 fp8SpecialBF16, Z25 and Z26 the
+// fp8Spread indices and K6 the odd words.
+#define WIDENW_CONSTS \
+	MOVL $0x007f007f, AX; VPBROADCASTD AX, Z28; \
+	MOVL $0x3c003c00, AX; VPBROADCASTD AX, Z29; \
+	MOVL $0x00780078, AX; VPBROADCASTD AX, Z30; \
+	MOVL $0x80008000, AX; VPBROADCASTD AX, Z31; \
+	VMOVDQU16 fp8SpecialBF16<>(SB), Z24; \
+	VMOVDQU16 fp8Spread<>(SB), Z25; \
+	VMOVDQU16 fp8Spread<>+64(SB), Z26; \
+	MOVL $0xaaaaaaaa, AX; KMOVD AX, K6
+
+// WIDENW turns the e4m3 codes zero-extended to words in w into the bf16
+// bits of their values in r (exact: every e4m3 value is a bf16 value); t
+// is a temporary; K1 and K2 are clobbered. Normal codes are a shift and a
+// rebias; zero, subnormal and NaN codes come from fp8SpecialBF16.
+#define WIDENW(w, r, t) \
+	VPANDD     Z28, w, t; \
+	VPSLLW     $4, t, r; \
+	VPADDW     Z29, r, r; \
+	VPTESTNMW  Z30, w, K1; \
+	VPCMPEQW   Z28, t, K2; \
+	KORD       K1, K2, K1; \
+	VPERMW     Z24, t, K1, r; \
+	VPSLLW     $8, w, t; \
+	VPTERNLOGD $0xF8, Z31, t, r
 
 // func fp8ToBF16AVX512(dst, src *byte, n int, scale float32, nt int)
 // dst[i] = bf16(fp8(src[i]) * scale) for i < n, a positive multiple of 32.
@@ -179,8 +289,58 @@ fp8ToBF16next:
 	RET
 
 fp8ToBF16fix:
-	BF16FIX(Z8, Z9, Z16)
+	BF16FIX(Z8, Z9, Z16, K1, K2)
 	JMP       fp8ToBF16store
+
+// func fp8ToBF16WAVX512(dst, src *byte, n int, nt int)
+// fp8ToBF16AVX512 with scale 1, in the word domain (no float arithmetic);
+// n is a positive multiple of 32.
+TEXT ·fp8ToBF16WAVX512(SB), NOSPLIT, $0-32
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+	MOVQ nt+24(FP), R14
+	WIDENW_CONSTS
+
+fp8ToBF16Wloop64:
+	CMPQ      CX, $64
+	JLT       fp8ToBF16Wtail
+	VPMOVZXBW (SI), Z0
+	VPMOVZXBW 32(SI), Z1
+	WIDENW(Z0, Z2, Z4)
+	WIDENW(Z1, Z3, Z5)
+	TESTQ     R14, R14
+	JNZ       fp8ToBF16Wnt64
+	VMOVDQU16 Z2, (DI)
+	VMOVDQU16 Z3, 64(DI)
+	JMP       fp8ToBF16Wnext64
+
+fp8ToBF16Wnt64:
+	VMOVNTDQ  Z2, (DI)
+	VMOVNTDQ  Z3, 64(DI)
+
+fp8ToBF16Wnext64:
+	ADDQ      $64, SI
+	ADDQ      $128, DI
+	SUBQ      $64, CX
+	JMP       fp8ToBF16Wloop64
+
+fp8ToBF16Wtail:
+	TESTQ     CX, CX
+	JZ        fp8ToBF16Wdone
+	VPMOVZXBW (SI), Z0
+	WIDENW(Z0, Z2, Z4)
+	TESTQ     R14, R14
+	JNZ       fp8ToBF16Wnt32
+	VMOVDQU16 Z2, (DI)
+	JMP       fp8ToBF16Wdone
+
+fp8ToBF16Wnt32:
+	VMOVNTDQ  Z2, (DI)
+
+fp8ToBF16Wdone:
+	VZEROUPPER
+	RET
 
 // func rotNeoXFP8BF16AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, nt int)
 // Rotates NeoX pairs i < n (a positive multiple of 16) of count fp8 head
@@ -199,6 +359,7 @@ TEXT ·rotNeoXFP8BF16AVX512(SB), NOSPLIT, $0-88
 	VMOVDQU32 fp8Special<>(SB), Z23
 	MOVL $0x7fff, AX; VPBROADCASTD AX, Z15
 	MOVL $1, AX; VPBROADCASTD AX, Z14
+	WIDENW_CONSTS
 
 rotFP8BF16head:
 	MOVQ R12, DI
@@ -208,6 +369,78 @@ rotFP8BF16head:
 	MOVQ n+32(FP), CX
 	LEAQ (SI)(DX*1), R10
 	LEAQ (DI)(DX*2), R11
+
+rotFP8BF16loop32:
+	CMPQ      CX, $32
+	JLT       rotFP8BF16loop
+	VPMOVZXBW (SI), Z0
+	VPMOVZXBW (R10), Z1
+	WIDENW(Z0, Z2, Z4)
+	WIDENW(Z1, Z3, Z5)
+	// bf16 bits to float32: each word into the high half of a dword.
+	VPERMW.Z  Z2, Z25, K6, Z4
+	VPERMW.Z  Z2, Z26, K6, Z5
+	VPERMW.Z  Z3, Z25, K6, Z6
+	VPERMW.Z  Z3, Z26, K6, Z7
+	VMULPS    Z22, Z4, Z4
+	VMULPS    Z22, Z5, Z5
+	VMULPS    Z22, Z6, Z6
+	VMULPS    Z22, Z7, Z7
+	VMOVUPS   (R8), Z0
+	VMOVUPS   64(R8), Z1
+	VMOVUPS   (R9), Z2
+	VMOVUPS   64(R9), Z3
+	VMULPS    Z0, Z4, Z8
+	VMULPS    Z2, Z6, Z12
+	VSUBPS    Z12, Z8, Z8
+	VMULPS    Z1, Z5, Z9
+	VMULPS    Z3, Z7, Z12
+	VSUBPS    Z12, Z9, Z9
+	VMULPS    Z0, Z6, Z10
+	VMULPS    Z2, Z4, Z12
+	VADDPS    Z12, Z10, Z10
+	VMULPS    Z1, Z7, Z11
+	VMULPS    Z3, Z5, Z12
+	VADDPS    Z12, Z11, Z11
+	// VCVTNE2PS2BF16 Z8, Z9, Z16 (low half from Z8)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x37; BYTE $0x48; BYTE $0x72; BYTE $0xc0
+	// VCVTNE2PS2BF16 Z10, Z11, Z17 (low half from Z10)
+	BYTE $0x62; BYTE $0xc2; BYTE $0x27; BYTE $0x48; BYTE $0x72; BYTE $0xca
+	VFPCLASSPSZ $0x20, Z8, K1
+	VFPCLASSPSZ $0x20, Z9, K2
+	VFPCLASSPSZ $0x20, Z10, K3
+	VFPCLASSPSZ $0x20, Z11, K4
+	KORW      K1, K2, K5
+	KORW      K3, K4, K7
+	KORTESTW  K5, K7
+	JNZ       rotFP8BF16fix32
+
+rotFP8BF16store32:
+	TESTQ     R14, R14
+	JNZ       rotFP8BF16nt32
+	VMOVDQU16 Z16, (DI)
+	VMOVDQU16 Z17, (R11)
+	JMP       rotFP8BF16next32
+
+rotFP8BF16nt32:
+	VMOVNTDQ  Z16, (DI)
+	VMOVNTDQ  Z17, (R11)
+
+rotFP8BF16next32:
+	ADDQ      $32, SI
+	ADDQ      $32, R10
+	ADDQ      $64, DI
+	ADDQ      $64, R11
+	ADDQ      $128, R8
+	ADDQ      $128, R9
+	SUBQ      $32, CX
+	JNZ       rotFP8BF16loop32
+	JMP       rotFP8BF16headnext
+
+rotFP8BF16fix32:
+	BF16FIX(Z8, Z9, Z16, K1, K2)
+	BF16FIX(Z10, Z11, Z17, K3, K4)
+	JMP       rotFP8BF16store32
 
 rotFP8BF16loop:
 	VPMOVZXBD (SI), Z0
@@ -250,6 +483,8 @@ rotFP8BF16next:
 	ADDQ      $64, R9
 	SUBQ      $16, CX
 	JNZ       rotFP8BF16loop
+
+rotFP8BF16headnext:
 	ADDQ      dstStride+56(FP), R12
 	ADDQ      srcStride+64(FP), R13
 	DECQ      BX
@@ -258,7 +493,7 @@ rotFP8BF16next:
 	RET
 
 rotFP8BF16fix:
-	BF16FIX(Z8, Z10, Z16)
+	BF16FIX(Z8, Z10, Z16, K1, K2)
 	JMP       rotFP8BF16store
 
 // func bf16ToFP8AVX512(dst, src *byte, n int, scale float32, div, nt int)

@@ -102,3 +102,5 @@ func bf16ToFP8AVX512(dst, src *byte, n int, scale float32, div, nt int) { panic(
 func rotNeoXBF16FP8AVX512(dst, src *byte, cos, sin *float32, n, half, count, dstStride, srcStride int, scale float32, div, nt int) {
 	panic("cudakern: no SIMD")
 }
+
+func fp8ToBF16WAVX512(dst, src *byte, n int, nt int) { panic("cudakern: no SIMD") }

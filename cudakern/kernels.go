@@ -182,6 +182,10 @@ func fp8StoreArg(scale float32) (arg float32, div int) {
 func (p *plan) convV(dst, src []byte, n int) {
 	dst, src = dst[:n*p.dstES], src[:n*p.srcES]
 	if p.fp8V == fp8ToBF16 {
+		if p.vArg == 1 { // x * 1 is x: widen the bits, no float arithmetic
+			fp8ToBF16WAVX512(&dst[0], &src[0], n, b2i(p.nt))
+			return
+		}
 		fp8ToBF16AVX512(&dst[0], &src[0], n, p.vArg, b2i(p.nt))
 	} else {
 		bf16ToFP8AVX512(&dst[0], &src[0], n, p.vArg, p.vDiv, b2i(p.nt))
