@@ -275,6 +275,33 @@ func (c *cluster) follower() *Store {
 	return nil
 }
 
+// withRoles runs step with the leader and a follower and fails the test
+// with step's error. With these short raft timeouts an ordinary election
+// on a busy machine can move leadership while step runs (a leader also
+// steps down, in the same term, when its lease runs out); a failure then
+// says nothing about the roles step was given, and step runs again with
+// the roles of the moment. Steps must be safe to repeat.
+func (c *cluster) withRoles(step func(l, f *Store) error) {
+	c.t.Helper()
+	var err error
+	for range 10 {
+		l := c.leader()
+		f := c.follower()
+		term := l.Stats().Term
+		if f.Stats().Term != term {
+			continue // f has not heard of l's term yet
+		}
+		if err = step(l, f); err == nil {
+			return
+		}
+		if l.IsLeader() && l.Stats().Term == term && f.Stats().Term == term {
+			c.t.Fatal(err) // l led and f followed for the whole step
+		}
+		c.t.Logf("leadership moved during a step that failed (%v); again with the new roles", err)
+	}
+	c.t.Fatalf("leadership kept moving; last step: %v", err)
+}
+
 // ringIDs is the sorted member IDs of s's ring.
 func ringIDs(s *Store) []string {
 	var ids []string

@@ -89,9 +89,13 @@ func TestLeaveNeedsCommit(t *testing.T) {
 	}
 	c.waitAgree(ids(3))
 	f := c.follower()
-	// The forwarder cannot reach the leader any more.
 	l := c.leader()
-	c.fwd.set("grpc-"+l.NodeID(), nil)
+	// The forwarder reaches no node any more: not the leader, nor another
+	// node that an ordinary election on a busy machine could make leader
+	// during the wait (it would commit the leave).
+	for _, id := range c.running() {
+		c.fwd.set("grpc-"+id, nil)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
 	err := f.Leave(ctx)
