@@ -23,6 +23,36 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	}
 }
 
+// waitLeader waits until one of nodes is the raft leader and every one of
+// them names it as such, and returns it. Right after a cluster forms, or
+// on a loaded machine, there may be no leader for a moment, or a deposed
+// one that has not yet stepped down.
+func waitLeader(t testing.TB, nodes []*Node) *Node {
+	t.Helper()
+	var leader *Node
+	waitForTB(t, 30*time.Second, "a leader all nodes agree on", func() bool {
+		leader = nil
+		for _, nd := range nodes {
+			if nd.meta.IsLeader() {
+				if leader != nil {
+					return false
+				}
+				leader = nd
+			}
+		}
+		if leader == nil {
+			return false
+		}
+		for _, nd := range nodes {
+			if id, _ := nd.meta.Leader(); id != leader.ID() {
+				return false
+			}
+		}
+		return true
+	})
+	return leader
+}
+
 func startNode(t *testing.T, id string, seeds []string, expect int) *Node {
 	t.Helper()
 	nd, err := New(Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
@@ -48,7 +78,7 @@ func TestCluster5(t *testing.T) {
 	}
 	nodes := startCluster(t, 5)
 	c := newClient(t, nodes...)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(5, 5))
 	spec := testSpec()
@@ -65,15 +95,7 @@ func TestCluster5(t *testing.T) {
 	}
 
 	// Kill the leader.
-	var leader *Node
-	for _, nd := range nodes {
-		if nd.meta.IsLeader() {
-			leader = nd
-		}
-	}
-	if leader == nil {
-		t.Fatal("no leader")
-	}
+	leader := waitLeader(t, nodes)
 	old := leader.ID()
 	if err := leader.Close(); err != nil {
 		t.Fatal(err)
@@ -103,7 +125,7 @@ func TestCluster5(t *testing.T) {
 	if _, err := follower.meta.RegisterModel(ctx, spec2); err != nil {
 		t.Fatalf("register through follower %s: %v", follower.ID(), err)
 	}
-	waitFor(t, 15*time.Second, "metadata agreement", func() bool {
+	waitFor(t, 30*time.Second, "metadata agreement", func() bool {
 		for _, nd := range live {
 			if _, ok := nd.meta.Model(spec2.Fingerprint()); !ok || nd.meta.Ring().Epoch() != live[0].meta.Ring().Epoch() {
 				return false
@@ -122,7 +144,7 @@ func TestCluster5(t *testing.T) {
 	// A sixth node joins: it lands in the ring and can serve.
 	n6 := startNode(t, "n6", []string{live[0].GossipAddr()}, 0)
 	waitFor(t, 30*time.Second, "n6 in the ring", func() bool { return n6.Ready() == nil && live[0].meta.Ring().Contains("n6") })
-	waitFor(t, 15*time.Second, "n6 knows the models", func() bool { _, ok := n6.meta.Model(spec2.Fingerprint()); return ok })
+	waitFor(t, 30*time.Second, "n6 knows the models", func() bool { _, ok := n6.meta.Model(spec2.Fingerprint()); return ok })
 
 	// A graceful leave takes a node out of the ring without DeadGrace.
 	leaving := live[len(live)-1]
@@ -130,7 +152,7 @@ func TestCluster5(t *testing.T) {
 		leaving = live[len(live)-2]
 	}
 	epoch := live[0].meta.Ring().Epoch()
-	lctx, lcancel := context.WithTimeout(ctx, 10*time.Second)
+	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := leaving.Leave(lctx); err != nil {
 		t.Fatalf("leave: %v", err)
 	}

@@ -334,7 +334,7 @@ func TestCluster3(t *testing.T) {
 	})
 
 	t.Run("metadata agrees", func(t *testing.T) {
-		deadline := time.Now().Add(10 * time.Second)
+		deadline := time.Now().Add(30 * time.Second)
 		for {
 			agree := true
 			for _, nd := range nodes[1:] {
@@ -364,6 +364,11 @@ func TestCluster3(t *testing.T) {
 	})
 
 	t.Run("digest pages", func(t *testing.T) {
+		// R=3 of 3 nodes: n1 holds every stored entry (24 and the window
+		// encoding) once the writes' stragglers, acknowledged at W=2 and
+		// still in flight, are done. The store must not change while it
+		// is paged.
+		waitFor(t, 30*time.Second, "every entry on n1", func() bool { return nodes[0].store.Stats().Entries == len(all)+1 })
 		pc, err := nodes[1].peers.peer(nodes[0].GRPCAddr())
 		if err != nil {
 			t.Fatal(err)

@@ -23,16 +23,10 @@ import (
 // reports success, and nothing it held may be lost.
 func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	nodes, _ := startReplCluster(t, 4)
-	var leader, drained *Node
-	for _, nd := range nodes {
-		if nd.meta.IsLeader() {
-			leader = nd
-		} else if drained == nil {
-			drained = nd
-		}
-	}
-	if leader == nil || drained == nil {
-		t.Fatal("no leader or follower")
+	leader := waitLeader(t, nodes)
+	drained := nodes[0]
+	if drained == leader {
+		drained = nodes[1]
 	}
 	var rest []*Node
 	for _, nd := range nodes {
