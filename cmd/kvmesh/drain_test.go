@@ -11,6 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/node"
@@ -70,6 +74,7 @@ func TestDrainCommand(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 3))
 	fp := spec.Fingerprint()
+	var keys []chunk.Key
 	for i := range 8 {
 		tokens := []uint32{uint32(i), rng.Uint32N(1000), rng.Uint32N(1000)}
 		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
@@ -81,6 +86,31 @@ func TestDrainCommand(t *testing.T) {
 		}
 		if _, err := c.Put(ctx, blob); err != nil {
 			t.Fatal(err)
+		}
+		keys = append(keys, e.Key)
+	}
+	// R=3 of 3 nodes: n3 holds all 8 keys once the writes' stragglers
+	// (acknowledged at W=2, the third replica still in flight) are done;
+	// the drain below reports how many it holds.
+	cc, err := grpc.NewClient(nodes[2].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for _, k := range keys {
+		for {
+			st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(k), Format: api.Format_FORMAT_ENTRY, Direct: true})
+			if err == nil {
+				_, err = st.Recv()
+			}
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%v never reached n3: %v", k, err)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 
