@@ -21,6 +21,11 @@ import (
 // lost and wrong reads, lookups, metadata, and growth of goroutines and
 // heap against base.
 func (r *run) final(ctx context.Context, base map[string]usage) {
+	if ctx.Err() != nil {
+		// Say so first: every check below then fails on the deadline
+		// (reads "lost", nodes "not converged"), not on the cluster.
+		r.finding("the run took longer than runBound (%v) before its final checks: the machine is far slower than the bounds assume; the findings below are the deadline's", runBound)
+	}
 	r.healAll(ctx)
 	r.settle(ctx, "final")
 
