@@ -330,15 +330,18 @@ func TestEpochRefresh(t *testing.T) {
 	cl.epoch = 2
 	cl.members = append(cl.members, &api.Member{Id: nodes[3].id, GrpcAddr: nodes[3].addr})
 	cl.mu.Unlock()
-	if _, err := c.Lookup(context.Background(), chunk.Fingerprint{Lo: 1}, []LookupItem{{Content: chunk.ID{Lo: 2}, Want: chunk.StandaloneContext()}}); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(5 * time.Second)
+	// The refresh runs in the background, one try per answer that shows
+	// the newer epoch (bounded by RPCTimeout, which a loaded machine may
+	// exceed): ask again until it took.
+	deadline := time.Now().Add(30 * time.Second)
 	for c.Ring().Epoch() != 2 {
 		if time.Now().After(deadline) {
 			t.Fatal("ring not refreshed after a newer epoch was seen")
 		}
-		time.Sleep(5 * time.Millisecond)
+		if _, err := c.Lookup(context.Background(), chunk.Fingerprint{Lo: 1}, []LookupItem{{Content: chunk.ID{Lo: 2}, Want: chunk.StandaloneContext()}}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	if c.Ring().Len() != 4 {
 		t.Fatalf("ring has %d members", c.Ring().Len())
