@@ -30,9 +30,12 @@ import (
 )
 
 // Bounds of a run. The whole test stays well under the 8 minutes the
-// issue allows on 2 cores (about 4 minutes, build included, on 2 busy
-// cores). buildBound and runBound are failure bounds: together they stay
-// under the 10 minutes `go test -timeout` gives the package in the Makefile.
+// issue allows on 2 cores (3.5 to 5 minutes, build included, on 2 cores
+// shared with other tests). runBound is a failure bound, not a speed
+// target: it covers the kvmeshd build too, which takes from seconds (warm
+// cache) to 2 minutes (cold, on busy cores), and stays under the 10
+// minutes of `go test -timeout` (the Makefile's and the default) with room
+// for the teardown.
 const (
 	nodes          = 5
 	maxKeys        = 500   // puts stop after this many keys
@@ -43,8 +46,7 @@ const (
 	convergeBound  = 45 * time.Second // healing to agreement and readability
 	refillBound    = 8 * time.Second  // rolling restart: waiting for a node to be refilled
 	electionBound  = 20 * time.Second
-	buildBound     = 3 * time.Minute // compiling kvmeshd, before the run's clock starts
-	runBound       = 6 * time.Minute // the run itself, from the first node's start
+	runBound       = 9 * time.Minute // build and run
 	faultHold      = 3 * time.Second // how long a partition or stop lasts (plus up to 2 s)
 	goroutineSlack = 200
 	heapSlack      = 96 << 20
@@ -80,26 +82,19 @@ func TestChaos(t *testing.T) {
 	sd := seed(t)
 	t.Logf("chaos: seed %d (replay with KVMESH_CHAOS_SEED=%d)", sd, sd)
 
+	ctx, cancel := context.WithTimeout(context.Background(), runBound)
+	defer cancel()
 	dir, err := os.MkdirTemp("", fmt.Sprintf("kvmesh-chaos-%d-", sd))
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The build has its own bound: on a busy machine (CI runs other
-	// packages' tests alongside) compiling kvmeshd can take minutes, and
-	// that time must not be taken from the run, whose last steps (the
-	// final reads and injections) would then fail on the run's deadline
-	// and be reported as lost keys.
-	bctx, bcancel := context.WithTimeout(context.Background(), buildBound)
-	bin, err := harness.Build(bctx, dir)
-	bcancel()
+	bin, err := harness.Build(ctx, dir)
 	if errors.Is(err, harness.ErrNoGo) {
 		t.Skip(err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), runBound)
-	defer cancel()
 
 	r := &run{t: t, seed: sd, dir: dir, bin: bin, h: NewHistory(time.Now()), gone: make(map[string]bool)}
 	// Firewall: pick a backend, sweep rules of dead runs, and heal on every
