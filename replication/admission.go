@@ -132,55 +132,59 @@ func waitLimiter(ctx context.Context, l *rate.Limiter, n int) error {
 
 // servingGate counts the serving calls in flight on this node (reads,
 // writes, fetches by peers), so that background work can wait for a gap.
+// begin and end are on every read's path: two atomic adds, no allocation;
+// only a waiter (background work, rare) takes the mutex and makes the
+// channel it waits on.
 type servingGate struct {
-	mu   sync.Mutex
-	n    int
-	idle chan struct{} // closed while n == 0
+	n       atomic.Int64
+	waiters atomic.Int32 // goroutines in wait; end looks for them only when non-zero
+	mu      sync.Mutex
+	idle    chan struct{} // made by the first waiter, closed (and cleared) when n reaches 0
 }
 
-func newServingGate() *servingGate {
-	g := &servingGate{idle: make(chan struct{})}
-	close(g.idle)
-	return g
-}
+func newServingGate() *servingGate { return &servingGate{} }
 
-// begin counts a serving call; the returned func (idempotent) ends it.
-func (g *servingGate) begin() func() {
-	g.mu.Lock()
-	if g.n == 0 {
-		g.idle = make(chan struct{})
-	}
-	g.n++
-	g.mu.Unlock()
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			g.mu.Lock()
-			g.n--
-			if g.n == 0 {
-				close(g.idle)
-			}
-			g.mu.Unlock()
-		})
+// begin counts a serving call; end must be called once for it.
+func (g *servingGate) begin() { g.n.Add(1) }
+
+// end ends a serving call counted by begin.
+func (g *servingGate) end() {
+	if g.n.Add(-1) == 0 && g.waiters.Load() > 0 {
+		g.mu.Lock()
+		// A call that began since finds n > 0 here: its own end wakes
+		// the waiters.
+		if g.idle != nil && g.n.Load() == 0 {
+			close(g.idle)
+			g.idle = nil
+		}
+		g.mu.Unlock()
 	}
 }
 
 // inFlight is the number of serving calls in flight.
-func (g *servingGate) inFlight() int {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return g.n
-}
+func (g *servingGate) inFlight() int { return int(g.n.Load()) }
 
 // wait returns once no serving call is in flight, at most after d (or
 // when ctx ends); it reports whether it had to wait.
 func (g *servingGate) wait(ctx context.Context, d time.Duration) bool {
-	g.mu.Lock()
-	n, idle := g.n, g.idle
-	g.mu.Unlock()
-	if n == 0 || d <= 0 {
+	if g.n.Load() == 0 || d <= 0 {
 		return false
 	}
+	// Counted before n is read again: an end that brings n to 0 after
+	// that read sees the waiter and closes idle (both atomics are
+	// sequentially consistent).
+	g.waiters.Add(1)
+	defer g.waiters.Add(-1)
+	g.mu.Lock()
+	if g.n.Load() == 0 {
+		g.mu.Unlock()
+		return false
+	}
+	if g.idle == nil {
+		g.idle = make(chan struct{})
+	}
+	idle := g.idle
+	g.mu.Unlock()
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
@@ -201,7 +205,9 @@ const (
 )
 
 // sendBusy calls send until it returns something other than ErrBusy,
-// backing off between refusals.
+// backing off between refusals. send is called afresh for each attempt
+// and must hold nothing (a store pin) across calls: the back-off may last
+// busyGiveUp.
 func (r *Replicator) sendBusy(ctx context.Context, send func() error) error {
 	backoff := busyBackoffMin
 	deadline := time.Now().Add(busyGiveUp)

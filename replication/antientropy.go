@@ -164,7 +164,9 @@ func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) 
 // peer, the keys it should replicate and lacks (and their tombstones),
 // instead of waiting for each peer's own round to push them: it is what a
 // node that restarted with an empty tier runs (StartupPull). Transfers
-// share the rebalance rate limit; progress shows in the pull metrics.
+// share the rebalance rate limit, and each store takes the receiver's
+// budget (storeAdmitted), so a refill yields to this node's serving;
+// progress shows in the pull metrics.
 func (r *Replicator) Pull(ctx context.Context) (AntiEntropyStats, error) {
 	return r.antiEntropy(ctx, true)
 }
@@ -323,7 +325,7 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 			return err
 		}
 		st.Fetched++
-		return r.storeLocal(ctx, blob, a.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
+		return r.storeAdmitted(ctx, blob, a.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
 	case b != nil && b.Deleted:
 		if a.At > b.At {
 			return r.pushItem(ctx, p, a, st) // our write is newer than their delete
@@ -358,7 +360,7 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}
-	err = r.storeLocal(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
+	err = r.storeAdmitted(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
 	if isRejected(err) {
 		st.Refused++
 		return nil
@@ -371,6 +373,21 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	r.metrics.pullKeys.Add(1)
 	r.metrics.pullBytes.Add(int64(len(blob)))
 	return nil
+}
+
+// storeAdmitted stores blob, fetched from a peer by this node's own
+// anti-entropy or pull, within the receiver's budget (admission.go), as
+// incoming rebalance blobs and read repairs are: a node refilling itself
+// after a restart stores at most IncomingRebalanceStreams blobs at once,
+// yields to its serving calls and keeps to the incoming byte rate. Its
+// own work is not refusable: it waits as long as ctx allows.
+func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) error {
+	release, err := r.admit(ctx, len(blob), false)
+	if err != nil {
+		return err
+	}
+	defer release()
+	return r.storeLocal(ctx, blob, key, opts)
 }
 
 func (r *Replicator) pushItem(ctx context.Context, p string, a *DigestItem, st *AntiEntropyStats) error {

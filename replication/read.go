@@ -18,6 +18,9 @@ type ReadResult struct {
 	// From is the node it came from (this node's ID for a local hit).
 	From    string
 	release func()
+	// gate, when set, is the serving gate Release ends the read's call on
+	// (a field, not a closure: a read allocates nothing for it).
+	gate *servingGate
 }
 
 // Release frees Blob (a local store's pin). Calling it again does nothing.
@@ -25,6 +28,10 @@ func (rr *ReadResult) Release() {
 	if rr.release != nil {
 		rr.release()
 		rr.release = nil
+	}
+	if rr.gate != nil {
+		rr.gate.end()
+		rr.gate = nil
 	}
 	rr.Blob = nil
 }
@@ -42,19 +49,13 @@ func (rr *ReadResult) Release() {
 // counts as serving (incoming rebalance work yields to it) until its
 // result is released.
 func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error) {
-	end := r.serving.begin()
+	r.serving.begin()
 	rr, err := r.read(ctx, key)
 	if err != nil {
-		end()
+		r.serving.end()
 		return rr, err
 	}
-	release := rr.release
-	rr.release = func() {
-		if release != nil {
-			release()
-		}
-		end()
-	}
+	rr.gate = r.serving
 	return rr, nil
 }
 
@@ -298,12 +299,7 @@ func (r *Replicator) repair(ctx context.Context, key chunk.Key, source, target s
 // this node: as costly as a rebalance store, so it takes the receiver's
 // budget and yields to serving too.
 func (r *Replicator) repairHere(ctx context.Context, key chunk.Key, blob []byte) error {
-	release, err := r.admit(ctx, len(blob), false)
-	if err != nil {
-		return err
-	}
-	defer release()
-	if err := r.storeLocal(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}); err != nil {
+	if err := r.storeAdmitted(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}); err != nil {
 		return err
 	}
 	r.metrics.repairsDone.Add(1)

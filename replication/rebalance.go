@@ -351,7 +351,7 @@ func (r *Replicator) runBatch(ctx context.Context, batch []*job, st *RebalanceSt
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			n, err := r.transfer(ctx, p.target, p.j.key)
+			n, err := r.transfer(ctx, p.target, p.j.localKey)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -376,31 +376,59 @@ func (r *Replicator) runBatch(ctx context.Context, batch []*job, st *RebalanceSt
 	return errors.Join(errs...)
 }
 
-// transfer streams the local copy of key to target, rate-limited, sending
-// it again while the target answers ErrBusy, and returns the bytes sent (0 when the key is gone here: nothing to move,
-// which counts as done).
-func (r *Replicator) transfer(ctx context.Context, target string, key chunk.Key) (int, error) {
-	blob, release, err := r.cfg.Store.Get(ctx, key)
-	if errors.Is(err, ErrNotFound) {
-		return 0, nil
-	}
-	if err != nil {
+// errChanged: a key's local bytes changed while its transfer backed off
+// from a busy receiver; the key stays pending and the next pass, which
+// digests the target again, sends the bytes held then.
+var errChanged = errors.New("replication: local copy changed during the busy back-off")
+
+// transfer streams the local copy of lk to target, rate-limited, sending
+// it again while the target answers ErrBusy, and returns the bytes sent (0
+// when the key is gone here: nothing to move, which counts as done). The
+// copy is pinned (read from the store) only for each send: a slow receiver
+// that pushes back for up to busyGiveUp must not hold the sender's memory,
+// so each attempt reads the key again and stops if it is gone, or keeps it
+// pending if its bytes changed since the first attempt.
+func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (int, error) {
+	// The rate limit is taken before the first read, on the size the
+	// scan saw, so that no pin is held while waiting for it either.
+	if err := r.waitBytes(ctx, lk.size); err != nil {
 		return 0, err
 	}
-	defer release()
-	if err := r.waitBytes(ctx, len(blob)); err != nil {
-		return 0, err
-	}
-	// A busy receiver (its budget spent) pushes back: send again later.
-	opts := ReplicateOptions{Kind: KindRebalance, At: r.liveAt(key)}
-	err = r.sendBusy(ctx, func() error { return r.cfg.Transport.Replicate(ctx, target, blob, opts) })
-	if errors.Is(err, ErrTombstoned) {
+	opts := ReplicateOptions{Kind: KindRebalance, At: r.liveAt(lk.key)}
+	var sum uint64
+	sent, attempts, gone := 0, 0, false
+	err := r.sendBusy(ctx, func() error {
+		blob, release, err := r.cfg.Store.Get(ctx, lk.key)
+		if errors.Is(err, ErrNotFound) {
+			gone = true
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		defer release()
+		hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
+		if err != nil {
+			return fmt.Errorf("local copy of %v: %w", lk.key, err)
+		}
+		attempts++
+		if attempts == 1 {
+			sum = hd.Checksum
+		} else if hd.Checksum != sum {
+			return errChanged
+		}
+		sent = len(blob)
+		return r.cfg.Transport.Replicate(ctx, target, blob, opts)
+	})
+	switch {
+	case gone && err == nil:
+		return 0, nil // gone here (evicted, deleted): nothing to hand over
+	case errors.Is(err, ErrTombstoned):
 		return 0, nil // deleted there: nothing to hand over
-	}
-	if err != nil {
+	case err != nil:
 		return 0, err
 	}
-	return len(blob), nil
+	return sent, nil
 }
 
 // waitBytes takes n bytes from the transfer rate limit.

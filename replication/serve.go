@@ -59,13 +59,13 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 // It counts as serving (incoming rebalance work yields to it) until
 // release.
 func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error) {
-	end := r.serving.begin()
+	r.serving.begin()
 	blob, free, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
-		end()
+		r.serving.end()
 		return nil, nil, err
 	}
-	return blob, func() { free(); end() }, nil
+	return blob, func() { free(); r.serving.end() }, nil
 }
 
 // ServeDelete records a delete of key at time at and removes the local

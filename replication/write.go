@@ -27,7 +27,8 @@ type WriteResult struct {
 // gets a hint on this node. With fewer than W acknowledgements the error
 // wraps ErrQuorum (the replicas that did store the chunk keep it).
 func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error) {
-	defer r.serving.begin()()
+	r.serving.begin()
+	defer r.serving.end()
 	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("replication: write: %w", err)
