@@ -56,6 +56,10 @@ func cluster3(t *testing.T, p pki, mod func(*node.Config)) []*node.Node {
 		}
 		cfg := nodeConfig(t, id, seeds)
 		cfg.TLS = files(p.dir, id)
+		// Calls between members (a gossip key step on each, which
+		// syncs a keyring file; forwarded raft writes) get more than
+		// nodeConfig's 3 s: a loaded 2-core machine exceeds that.
+		cfg.RPCTimeout = 15 * time.Second
 		if mod != nil {
 			mod(&cfg)
 		}
@@ -85,7 +89,7 @@ func TestTokenAPI(t *testing.T) {
 	n1, n3 := nodes[0], nodes[2]
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	creds := tlsCreds(t, files(p.dir, "app"))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	admin := api.NewAdminClient(conn(t, n1.GRPCAddr(), creds, root))
 
@@ -216,7 +220,7 @@ func TestGossipKeyRotationLive(t *testing.T) {
 		}
 	})
 	n1 := nodes[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Tokens are off: the client certificate is the authorisation.
 	admin := api.NewAdminClient(conn(t, nodes[1].GRPCAddr(), tlsCreds(t, files(p.dir, "app")), ""))
