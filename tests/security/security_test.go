@@ -97,10 +97,12 @@ func start(t *testing.T, cfg node.Config) *node.Node {
 	return n
 }
 
-// eventually polls cond until it holds or 30 s pass.
+// eventually polls cond until it holds or a minute passes: generous,
+// since a loaded 2-core machine forms a cluster many times slower than an
+// idle one, and only a failing test waits that long.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -132,7 +134,7 @@ func call(t *testing.T, addr string, creds credentials.TransportCredentials, tok
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
 	if peer {
 		_, err = api.NewPeerClient(cc).Digest(ctx, &api.DigestRequest{})
@@ -178,7 +180,8 @@ func newToken(t *testing.T, n *node.Node, name string, scopes auth.Scope, ns aut
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A raft write, perhaps forwarded or waiting out an election.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := n.Meta().PutToken(ctx, rec); err != nil {
 		t.Fatal(err)
@@ -189,7 +192,7 @@ func newToken(t *testing.T, n *node.Node, name string, scopes auth.Scope, ns aut
 func dial(t *testing.T, n *node.Node, cfg client.Config) *client.Client {
 	t.Helper()
 	cfg.Seeds, cfg.Logger, cfg.Attempts = []string{n.GRPCAddr()}, quiet(), 1
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, cfg)
 	if err != nil {
