@@ -247,6 +247,20 @@ func TestInjectFP8SinglePassMatchesGo(t *testing.T) {
 								j.Src[i] = byte(rng.Uint32()) // arbitrary bits too
 							}
 						}
+						// The shapes the single-pass kernels take must reach them.
+						p, err := j.plan()
+						if err != nil {
+							t.Fatal(err)
+						}
+						p.simd, p.avx512, p.bf16 = fast.simd, fast.avx512, fast.bf16
+						p.pick()
+						full := fast.avx512 && (pr.dst == chunk.FP8E4M3 || fast.bf16)
+						if wantK := full && style == chunk.RopeNeoX && shape.rot == shape.hd && shape.hd%32 == 0; wantK != (p.fp8K != fp8None) {
+							t.Fatalf("%v->%v hd %d rot %d %v: single-pass K kernel %v, want %v", pr.src, pr.dst, shape.hd, shape.rot, style, p.fp8K != fp8None, wantK)
+						}
+						if full && shape.hd%32 == 0 && p.fp8V == fp8None {
+							t.Fatalf("%v->%v hd %d: no single-pass V kernel", pr.src, pr.dst, shape.hd)
+						}
 						want := make([][]byte, len(j.Dst))
 						for i := range j.Dst {
 							want[i] = append([]byte(nil), j.Dst[i]...)
