@@ -42,10 +42,12 @@
 // Config.ReleaseBytes of them accumulate, every free resident page goes
 // back to the OS with fallocate(PUNCH_HOLE), so a node that drops data,
 // as an old owner does in a rebalance, does not keep its peak RSS. The
-// punch (about 25 ms per 64 MiB) runs without the Store's lock: the pages
-// are taken out of the free set under it, punched, and freed again, so
-// reads and puts go on meanwhile and a put that needs those very pages
-// waits for them rather than evict. Stats reports the freed pages still
+// punch (about 25 ms per 64 MiB) runs in a background releaser owned by
+// the Store (woken by the call that crosses the threshold, stopped by
+// Close) and without the Store's lock: the pages are taken out of the free
+// set under it, punched, and freed again, so reads and puts go on
+// meanwhile and a put that needs those very pages waits for them rather
+// than evict. Stats reports the freed pages still
 // resident and the bytes released (kvtier_free_resident_bytes,
 // kvtier_released_bytes_total).
 //

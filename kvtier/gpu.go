@@ -26,11 +26,26 @@ func (h *DeviceHandle) Release() {
 		return
 	}
 	h.done = true
-	h.c.pins--
-	if h.c.pins == 0 {
-		h.s.pinnedBytes[TierGPU].Add(-h.Size)
+	h.s.unpinDev(h.c)
+}
+
+// pinDev pins a device copy: it stays in device memory, and counts as
+// pinned, until unpinDev. mu held.
+func (s *Store) pinDev(c *devCopy) {
+	if c.pins == 0 {
+		s.pinnedBytes[TierGPU].Add(c.size)
 	}
-	h.s.maybeFreeDev(h.c)
+	c.pins++
+}
+
+// unpinDev undoes pinDev, freeing the copy if it was the last pin of a
+// detached one. mu held.
+func (s *Store) unpinDev(c *devCopy) {
+	c.pins--
+	if c.pins == 0 {
+		s.pinnedBytes[TierGPU].Add(-c.size)
+	}
+	s.maybeFreeDev(c)
 }
 
 // GetDevice returns the entry under key pinned in device memory, promoting
@@ -57,10 +72,7 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 			if e.pol != nil {
 				e.pol.touch(&e.pn)
 			}
-			if e.dev.pins == 0 {
-				s.pinnedBytes[TierGPU].Add(e.dev.size)
-			}
-			e.dev.pins++
+			s.pinDev(e.dev)
 			return &DeviceHandle{s: s, c: e.dev, Ptr: e.dev.ptr, Size: e.dev.size}, nil
 		}
 		if e.busy {
@@ -175,12 +187,10 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 	s.leavePolicy(e, false)
 	s.dropDRAM(e)
 	s.dropDisk(e)
-	e.dev = c
-	s.recount(e)
+	s.setDev(e, c)
 	s.admit(TierGPU, e, need)
 	ts.stats.Promotions++
-	c.pins++
-	s.pinnedBytes[TierGPU].Add(need)
+	s.pinDev(c)
 	return &DeviceHandle{s: s, c: c, Ptr: ptr, Size: need}, nil
 }
 
@@ -223,8 +233,7 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 		return
 	}
 	s.dropDev(e)
-	e.dram = c
-	s.recount(e)
+	s.setDRAM(e, c)
 	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	ts.stats.Demotions++
 }

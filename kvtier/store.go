@@ -70,10 +70,11 @@ type Config struct {
 	// memfd). Pages freed and soon reused, as in a full tier that evicts
 	// to make room, never count against it; a node that drops a share of
 	// its data gets its memory back. The punch takes about 0.4 CPU-s per
-	// GiB (some 25 ms at the default) and runs without the store's lock, in
-	// the call that freed the last pages; the pages being punched are
-	// neither free nor charged to the tier meanwhile, and a put that needs
-	// them waits for the punch rather than evict. Default min(DRAMBytes/8, 64 MiB);
+	// GiB (some 25 ms at the default) and runs in the Store's releaser
+	// goroutine, without the store's lock: the call that freed the last
+	// pages only wakes it. The pages being punched are neither free nor
+	// charged to the tier meanwhile, and a put that needs them waits for
+	// the punch rather than evict. Default min(DRAMBytes/8, 64 MiB);
 	// negative means never (RSS stays at its peak, no put refaults a page).
 	ReleaseBytes int64
 	// PageSize is the DRAM page size, a multiple of the OS page size.
@@ -231,12 +232,19 @@ type Store struct {
 	// sharedHits: the policy records hits under the read lock, so DRAM
 	// hits need no exclusive lock (S3-FIFO; LRU moves its list).
 	sharedHits bool
-	// punching: a goroutine is returning reserved DRAM pages to the OS
-	// without the lock (unlock); released counts the bytes returned.
+	// punching: the releaser is returning reserved DRAM pages to the OS
+	// without the lock; released counts the bytes returned.
 	punching bool
 	released uint64
-	// punchHook, when set (by tests), runs without the lock just before a
-	// punch; allocWaitHook runs under it when a put waits for one.
+	// The releaser (releaseLoop) owns the punches: unlock kicks it when
+	// one is due, Close stops it (releaseStop) and waits for it
+	// (releaseDone). All nil when pages are never released.
+	releaseKick chan struct{}
+	releaseStop chan struct{}
+	releaseDone chan struct{}
+	// punchHook, when set (by tests), runs in the releaser without the
+	// lock just before a punch; allocWaitHook runs under it when a put
+	// waits for one.
 	punchHook     func()
 	allocWaitHook func()
 }
@@ -300,6 +308,12 @@ func Open(cfg Config) (*Store, error) {
 			return nil, err
 		}
 	}
+	if cfg.ReleaseBytes > 0 {
+		s.releaseKick = make(chan struct{}, 1)
+		s.releaseStop = make(chan struct{})
+		s.releaseDone = make(chan struct{})
+		go s.releaseLoop()
+	}
 	return s, nil
 }
 
@@ -316,9 +330,9 @@ func (s *Store) recoverDisk() error {
 			_ = s.disk.remove(f.rel)
 			continue
 		}
-		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec, diskRel: f.rel, diskSize: f.stored}
+		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec}
+		s.setDisk(e, f.rel, f.stored)
 		s.link(e)
-		s.recount(e)
 		ts.used += f.stored
 		s.admit(TierDisk, e, f.stored)
 	}
@@ -331,12 +345,22 @@ func (s *Store) recoverDisk() error {
 // error; call it again once they are released.
 func (s *Store) Close() error {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if !s.closed {
 		s.closed = true
-		for s.inflight > 0 {
-			s.moved.Wait()
+		if s.releaseStop != nil {
+			close(s.releaseStop)
 		}
+	}
+	s.mu.Unlock()
+	if s.releaseDone != nil {
+		// At most one punch (ReleaseBytes of pages) is in flight; the
+		// releaser starts no other once the store is closed.
+		<-s.releaseDone
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.inflight > 0 {
+		s.moved.Wait()
 	}
 	if s.freed {
 		return nil
@@ -367,17 +391,45 @@ func (s *Store) unlocked(fn func()) {
 	fn()
 }
 
-// unlock releases mu. When enough freed DRAM pages have piled up it first
-// returns them to the OS: it reserves them under mu, so that no put is
-// handed a page being punched, punches them without mu, so that reads and
-// puts proceed meanwhile, and frees them again under mu. Every exclusive
-// section that can free DRAM pages ends with it (Close aside: a closed
-// store keeps its pages until it unmaps them).
+// unlock releases mu, first waking the releaser when enough freed DRAM
+// pages have piled up to return them to the OS. Every exclusive section
+// that can free DRAM pages ends with it (Close aside: a closed store keeps
+// its pages until it unmaps them), so the caller that crosses ReleaseBytes
+// pays a channel send, not the punch.
 func (s *Store) unlock() {
-	if s.punching || s.closed || !s.arena.punchDue() {
-		s.mu.Unlock()
-		return
+	if !s.closed && s.arena.punchDue() {
+		select {
+		case s.releaseKick <- struct{}{}:
+		default: // already kicked
+		}
 	}
+	s.mu.Unlock()
+}
+
+// releaseLoop is the releaser: it returns freed pages to the OS whenever
+// unlock finds a release due, until Close.
+func (s *Store) releaseLoop() {
+	defer close(s.releaseDone)
+	for {
+		select {
+		case <-s.releaseStop:
+			return
+		case <-s.releaseKick:
+		}
+		s.mu.Lock()
+		// Pages freed during a punch may make another one due.
+		for !s.closed && s.arena.punchDue() {
+			s.releasePages()
+		}
+		s.mu.Unlock()
+	}
+}
+
+// releasePages returns every free resident page to the OS: it reserves
+// them under mu, so that no put is handed a page being punched, punches
+// them without mu, so that reads and puts proceed meanwhile, and frees
+// them again under mu. mu held; released around the punch.
+func (s *Store) releasePages() {
 	s.punching = true
 	runs := s.arena.reserveFree()
 	var pages int
@@ -390,7 +442,7 @@ func (s *Store) unlock() {
 	s.arena.unreserve(runs)
 	s.released += uint64(pages) * uint64(s.arena.pageSize)
 	s.punching = false
-	s.mu.Unlock()
+	s.moved.Broadcast() // puts waiting for the reserved pages
 }
 
 // idle ends a move of e and wakes whoever waits for it.
@@ -403,6 +455,7 @@ func (s *Store) link(e *entry) {
 	s.index[e.key] = e
 	g := groupKey{e.key.Fingerprint, e.key.Content}
 	s.groups[g] = append(s.groups[g], e)
+	s.recount(e)
 }
 
 func (s *Store) unlink(e *entry) {
@@ -429,8 +482,10 @@ func (s *Store) unlink(e *entry) {
 
 // recount keeps the per-tier entry and byte counts that Stats reports: an
 // entry counts, in the tier it lives in, while it is the index's entry for
-// its key and not loading. Every change to those, or to where an entry
-// lives, calls it; calling it when nothing changed is harmless.
+// its key and not loading. Nothing else calls it: the index changes (link,
+// unlink) and the setters below, the only writers of where an entry lives
+// (dram, diskRel, dev) and of loading, do, so the counts cannot drift from
+// the fields. Calling it when nothing changed is harmless.
 func (s *Store) recount(e *entry) {
 	want := !e.loading && s.index[e.key] == e
 	if e.counted && (!want || e.ct != e.tier()) {
@@ -444,6 +499,30 @@ func (s *Store) recount(e *entry) {
 		s.tiers[e.ct].stored += int64(e.size)
 		e.counted = true
 	}
+}
+
+// setDRAM makes c (nil: none) e's DRAM copy.
+func (s *Store) setDRAM(e *entry, c *dramCopy) {
+	e.dram = c
+	s.recount(e)
+}
+
+// setDisk makes the file rel of size bytes ("" and 0: none) e's disk copy.
+func (s *Store) setDisk(e *entry, rel string, size int64) {
+	e.diskRel, e.diskSize = rel, size
+	s.recount(e)
+}
+
+// setDev makes c (nil: none) e's device copy.
+func (s *Store) setDev(e *entry, c *devCopy) {
+	e.dev = c
+	s.recount(e)
+}
+
+// loaded ends e's put: it becomes visible, and counts.
+func (s *Store) loaded(e *entry) {
+	e.loading = false
+	s.recount(e)
 }
 
 // admit puts e in tier t's policy, charged cost bytes (already in used).
@@ -472,8 +551,7 @@ func (s *Store) dropDRAM(e *entry) {
 	if c == nil {
 		return
 	}
-	e.dram = nil
-	s.recount(e)
+	s.setDRAM(e, nil)
 	c.detached = true
 	s.maybeFreeDRAM(c)
 }
@@ -495,8 +573,7 @@ func (s *Store) dropDisk(e *entry) {
 		s.log.Warn("kvtier: removing disk entry", "err", err)
 	}
 	s.tiers[TierDisk].used -= e.diskSize
-	e.diskRel, e.diskSize = "", 0
-	s.recount(e)
+	s.setDisk(e, "", 0)
 }
 
 func (s *Store) dropDev(e *entry) {
@@ -504,8 +581,7 @@ func (s *Store) dropDev(e *entry) {
 	if c == nil {
 		return
 	}
-	e.dev = nil
-	s.recount(e)
+	s.setDev(e, nil)
 	c.detached = true
 	s.maybeFreeDev(c)
 }
@@ -590,8 +666,7 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true}
 	s.link(e)
 	err = s.place(ctx, e, blob, &hd)
-	e.loading = false
-	s.recount(e)
+	s.loaded(e)
 	if err != nil {
 		if !e.dead {
 			s.remove(e)
@@ -622,8 +697,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Head
 			s.maybeFreeDRAM(c)
 			return verr
 		}
-		e.dram = c
-		s.recount(e)
+		s.setDRAM(e, c)
 		if e.dead {
 			return nil
 		}
@@ -647,8 +721,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Head
 	if err != nil {
 		return err
 	}
-	e.diskRel, e.diskSize = rel, size
-	s.recount(e)
+	s.setDisk(e, rel, size)
 	if e.dead {
 		return nil
 	}
@@ -758,8 +831,7 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 	case e.dead:
 		_ = s.disk.remove(rel)
 		s.tiers[TierDisk].used -= size
-		e.dram = nil
-		s.recount(e)
+		s.setDRAM(e, nil)
 		c.detached = true
 		s.maybeFreeDRAM(c)
 	case c.pins.Load() > 0:
@@ -769,8 +841,7 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 		s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	default:
 		s.dropDRAM(e)
-		e.diskRel, e.diskSize = rel, size
-		s.recount(e)
+		s.setDisk(e, rel, size)
 		s.admit(TierDisk, e, size)
 		ts.stats.Demotions++
 	}
@@ -939,18 +1010,11 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 			// Pin the device copy and read it without the lock: a
 			// device-to-host copy of a large entry takes milliseconds.
 			c := e.dev
-			if c.pins == 0 {
-				s.pinnedBytes[TierGPU].Add(c.size)
-			}
-			c.pins++
+			s.pinDev(c)
 			b := make([]byte, e.size)
 			var err error
 			s.unlocked(func() { err = s.cfg.GPU.Read(c.ptr, 0, b) })
-			c.pins--
-			if c.pins == 0 {
-				s.pinnedBytes[TierGPU].Add(-c.size)
-			}
-			s.maybeFreeDev(c)
+			s.unpinDev(c)
 			if err != nil {
 				return nil, fmt.Errorf("kvtier: reading device copy: %w", err)
 			}
@@ -1015,8 +1079,7 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 	}
 	s.leavePolicy(e, false)
 	s.dropDisk(e)
-	e.dram = c
-	s.recount(e)
+	s.setDRAM(e, c)
 	e.codec = chunk.Codec(0)
 	if hd, err := chunk.ParseHeader(c.span.view, s.cfg.Limits); err == nil {
 		e.codec = hd.Codec

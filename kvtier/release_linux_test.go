@@ -1,0 +1,104 @@
+//go:build linux
+
+package kvtier
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// TestReleaseInBackground: the call that makes a release of freed pages
+// due does not punch them itself; the Store's releaser does, without the
+// lock, and Close waits for a punch in flight and stops the releaser. The
+// punch is held (punchHook) until the deletes have returned and Close has
+// begun: a delete that punched itself would never return.
+func TestReleaseInBackground(t *testing.T) {
+	const release = 4 << 20
+	s := openTest(t, Config{DRAMBytes: 16 << 20, PageSize: 64 << 10, ReleaseBytes: release})
+	ctx := context.Background()
+	blob := bigBlob(t, 8)
+	var keys []chunk.Key
+	for i := uint64(1); s.arena.freePages() >= s.arena.pagesFor(len(blob)); i++ {
+		keys = append(keys, rekey(t, blob, i))
+		if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started, proceed := make(chan struct{}), make(chan struct{})
+	var once, proceedOnce sync.Once
+	letGo := func() { proceedOnce.Do(func() { close(proceed) }) }
+	defer letGo()
+	s.punchHook = func() {
+		once.Do(func() {
+			close(started)
+			<-proceed
+		})
+	}
+
+	deleted := make(chan error, 1)
+	go func() {
+		for _, k := range keys[:len(keys)-1] {
+			if err := s.Delete(k); err != nil {
+				deleted <- err
+				return
+			}
+			if releasing(s) {
+				break
+			}
+		}
+		deleted <- nil
+	}()
+	select {
+	case err := <-deleted:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(20 * time.Second):
+		letGo()
+		t.Fatal("the delete that made a release due did not return: it runs the punch itself")
+	}
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the releaser did not start the release")
+	}
+
+	closed := make(chan error, 1)
+	go func() { closed <- s.Close() }()
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		s.mu.RLock()
+		c := s.closed
+		s.mu.RUnlock()
+		if c {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("Close did not begin")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) with a punch in flight", err)
+	default:
+	}
+	letGo()
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.releaseDone:
+	default:
+		t.Fatal("the releaser still runs after Close")
+	}
+	s.mu.RLock()
+	released, reserved := s.released, s.arena.reservedPages()
+	s.mu.RUnlock()
+	if released < release || reserved != 0 {
+		t.Fatalf("after Close: %d bytes released, %d pages reserved; want >= %d and 0", released, reserved, release)
+	}
+}
