@@ -226,6 +226,9 @@ func TestInjectFP8SinglePassMatchesGo(t *testing.T) {
 	for _, pr := range []pair{{chunk.FP8E4M3, chunk.BF16}, {chunk.BF16, chunk.FP8E4M3}} {
 		for _, shape := range []struct{ hd, rot int }{{128, 128}, {64, 64}, {96, 96}, {80, 80}, {128, 64}} {
 			for _, style := range []chunk.RopeStyle{chunk.RopeNeoX, chunk.RopeGPTJ} {
+				if style == chunk.RopeGPTJ && shape.hd != 128 {
+					continue // the generic path, covered elsewhere
+				}
 				for _, order := range []Order{NHD, HND} {
 					for _, ntMin := range []int{0, ntMinBytes} {
 						spec := testSpec(style, shape.hd, shape.rot, chunk.RopeScaling{})
@@ -240,7 +243,7 @@ func TestInjectFP8SinglePassMatchesGo(t *testing.T) {
 						} else {
 							srcScale = 1.9
 						}
-						jc := jobCase{spec: spec, srcDT: pr.src, srcScale: srcScale, layout: lay, tokens: 40, srcHeads: 6, lo: 1, hi: 5, pos: 1000, layers: 2, skipEvery: 7}
+						jc := jobCase{spec: spec, srcDT: pr.src, srcScale: srcScale, layout: lay, tokens: 33, srcHeads: 6, lo: 1, hi: 5, pos: 1000, layers: 1, skipEvery: 7}
 						j, _ := buildJob(t, rng, jc, tab)
 						for i := range j.Src {
 							if i%3 == 0 {
