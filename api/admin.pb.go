@@ -743,7 +743,11 @@ type GetSettingsResponse struct {
 	// settings: as the answering node has applied them.
 	Settings *ClusterSettings `protobuf:"bytes,1,opt,name=settings,proto3" json:"settings,omitempty"`
 	// node_id: the node that answered.
-	NodeId        string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	NodeId string `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// version: the raft log index of the command that last changed the
+	// settings (0: never changed, or changed before versions were kept);
+	// SetSettingsRequest.expected_version compares against it.
+	Version       uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -792,6 +796,13 @@ func (x *GetSettingsResponse) GetNodeId() string {
 	return ""
 }
 
+func (x *GetSettingsResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 // SetSettingsRequest changes the settings; a field left at zero (empty
 // codec) keeps its current value.
 type SetSettingsRequest struct {
@@ -799,8 +810,13 @@ type SetSettingsRequest struct {
 	ReplicationFactor uint32                 `protobuf:"varint,1,opt,name=replication_factor,json=replicationFactor,proto3" json:"replication_factor,omitempty"`
 	WriteQuorum       uint32                 `protobuf:"varint,2,opt,name=write_quorum,json=writeQuorum,proto3" json:"write_quorum,omitempty"`
 	Codec             string                 `protobuf:"bytes,3,opt,name=codec,proto3" json:"codec,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// expected_version, when set, makes the change conditional: it commits
+	// only if the settings are still at that version when raft applies it
+	// (compare and set), else FailedPrecondition and nothing changes. Read
+	// it from GetSettingsResponse.version; without it the last writer wins.
+	ExpectedVersion *uint64 `protobuf:"varint,4,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *SetSettingsRequest) Reset() {
@@ -854,12 +870,22 @@ func (x *SetSettingsRequest) GetCodec() string {
 	return ""
 }
 
+func (x *SetSettingsRequest) GetExpectedVersion() uint64 {
+	if x != nil && x.ExpectedVersion != nil {
+		return *x.ExpectedVersion
+	}
+	return 0
+}
+
 type SetSettingsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// previous: the settings the change replaced; settings: the new ones,
 	// committed through raft and applied on the answering node.
-	Previous      *ClusterSettings `protobuf:"bytes,1,opt,name=previous,proto3" json:"previous,omitempty"`
-	Settings      *ClusterSettings `protobuf:"bytes,2,opt,name=settings,proto3" json:"settings,omitempty"`
+	Previous *ClusterSettings `protobuf:"bytes,1,opt,name=previous,proto3" json:"previous,omitempty"`
+	Settings *ClusterSettings `protobuf:"bytes,2,opt,name=settings,proto3" json:"settings,omitempty"`
+	// version: the version of settings as the answering node applied them
+	// (0 when another change replaced them before it answered).
+	Version       uint64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -908,6 +934,13 @@ func (x *SetSettingsResponse) GetSettings() *ClusterSettings {
 	return nil
 }
 
+func (x *SetSettingsResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
 var File_admin_proto protoreflect.FileDescriptor
 
 const file_admin_proto_rawDesc = "" +
@@ -950,17 +983,21 @@ const file_admin_proto_rawDesc = "" +
 	"\x12replication_factor\x18\x01 \x01(\rR\x11replicationFactor\x12!\n" +
 	"\fwrite_quorum\x18\x02 \x01(\rR\vwriteQuorum\x12\x14\n" +
 	"\x05codec\x18\x03 \x01(\tR\x05codec\"\x14\n" +
-	"\x12GetSettingsRequest\"f\n" +
+	"\x12GetSettingsRequest\"\x80\x01\n" +
 	"\x13GetSettingsResponse\x126\n" +
 	"\bsettings\x18\x01 \x01(\v2\x1a.kvmesh.v1.ClusterSettingsR\bsettings\x12\x17\n" +
-	"\anode_id\x18\x02 \x01(\tR\x06nodeId\"|\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion\"\xc1\x01\n" +
 	"\x12SetSettingsRequest\x12-\n" +
 	"\x12replication_factor\x18\x01 \x01(\rR\x11replicationFactor\x12!\n" +
 	"\fwrite_quorum\x18\x02 \x01(\rR\vwriteQuorum\x12\x14\n" +
-	"\x05codec\x18\x03 \x01(\tR\x05codec\"\x85\x01\n" +
+	"\x05codec\x18\x03 \x01(\tR\x05codec\x12.\n" +
+	"\x10expected_version\x18\x04 \x01(\x04H\x00R\x0fexpectedVersion\x88\x01\x01B\x13\n" +
+	"\x11_expected_version\"\x9f\x01\n" +
 	"\x13SetSettingsResponse\x126\n" +
 	"\bprevious\x18\x01 \x01(\v2\x1a.kvmesh.v1.ClusterSettingsR\bprevious\x126\n" +
-	"\bsettings\x18\x02 \x01(\v2\x1a.kvmesh.v1.ClusterSettingsR\bsettings*\x90\x01\n" +
+	"\bsettings\x18\x02 \x01(\v2\x1a.kvmesh.v1.ClusterSettingsR\bsettings\x12\x18\n" +
+	"\aversion\x18\x03 \x01(\x04R\aversion*\x90\x01\n" +
 	"\vGossipKeyOp\x12\x1d\n" +
 	"\x19GOSSIP_KEY_OP_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12GOSSIP_KEY_OP_LIST\x10\x01\x12\x19\n" +
@@ -1041,6 +1078,7 @@ func file_admin_proto_init() {
 	if File_admin_proto != nil {
 		return
 	}
+	file_admin_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

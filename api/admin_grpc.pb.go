@@ -48,7 +48,8 @@ type AdminClient interface {
 	GetSettings(ctx context.Context, in *GetSettingsRequest, opts ...grpc.CallOption) (*GetSettingsResponse, error)
 	// SetSettings validates the merged settings (1 <= W <= R <= 16, a known
 	// codec; InvalidArgument otherwise) and commits them through raft; every
-	// node applies them. Changing R moves no data by itself (docs/SECURITY.md,
+	// node applies them. With expected_version, a change made meanwhile by
+	// someone else fails it with FailedPrecondition. Changing R moves no data by itself (docs/SECURITY.md,
 	// docs/ARCHITECTURE.md).
 	SetSettings(ctx context.Context, in *SetSettingsRequest, opts ...grpc.CallOption) (*SetSettingsResponse, error)
 }
@@ -139,7 +140,8 @@ type AdminServer interface {
 	GetSettings(context.Context, *GetSettingsRequest) (*GetSettingsResponse, error)
 	// SetSettings validates the merged settings (1 <= W <= R <= 16, a known
 	// codec; InvalidArgument otherwise) and commits them through raft; every
-	// node applies them. Changing R moves no data by itself (docs/SECURITY.md,
+	// node applies them. With expected_version, a change made meanwhile by
+	// someone else fails it with FailedPrecondition. Changing R moves no data by itself (docs/SECURITY.md,
 	// docs/ARCHITECTURE.md).
 	SetSettings(context.Context, *SetSettingsRequest) (*SetSettingsResponse, error)
 	mustEmbedUnimplementedAdminServer()

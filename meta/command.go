@@ -32,6 +32,10 @@ var (
 	// voter: nobody would be left to run the cluster. It is wrapped with
 	// ErrInvalidCommand, so that a forwarded leave is not retried.
 	ErrLastVoter = errors.New("meta: the last raft voter cannot leave")
+	// ErrSettingsVersion is returned by SetSettingsIf when the settings
+	// are no longer at the version the caller expected: someone else
+	// changed them meanwhile, and nothing was changed.
+	ErrSettingsVersion = errors.New("meta: settings changed since the expected version")
 )
 
 // Settings are the cluster-wide knobs every node reads from the metadata.
@@ -117,6 +121,20 @@ type ringChange struct {
 	Epoch  uint64        `json:"epoch"`
 	Upsert []ring.Member `json:"upsert,omitempty"`
 	Remove []string      `json:"remove,omitempty"`
+	// At is the leader's clock when it proposed the change (Unix
+	// nanoseconds); the FSM expires tombstones by it (DepartedTTL). Zero
+	// in changes written before it existed: no expiry.
+	At int64 `json:"at,omitempty"`
+}
+
+// setSettings replaces the settings. Its JSON is Settings' own fields (all
+// the command held before conditional changes existed) and, for a
+// conditional change (SetSettingsIf), if_version: the FSM refuses the
+// command with ErrSettingsVersion unless the settings are still at that
+// version (the log index of their last change).
+type setSettings struct {
+	Settings
+	IfVersion *uint64 `json:"if_version,omitempty"`
 }
 
 type registerModel struct {
@@ -142,16 +160,21 @@ type deleteToken struct {
 // the leader that it left). It comes back only with another incarnation
 // (a new process). The leader also removes it from raft before it
 // acknowledges the command (Store.Leave).
+//
+// At is the proposer's clock (Unix nanoseconds): the tombstone expires
+// DepartedTTL after it, unless a later leave of the same incarnation (the
+// leader's refresh) moves it on. Zero in leaves written before it existed.
 type leave struct {
 	ID          string `json:"id"`
 	Incarnation uint64 `json:"incarnation"`
+	At          int64  `json:"at,omitempty"`
 }
 
 // command is a decoded log entry; exactly one payload field is set.
 type command struct {
 	kind     cmdKind
 	model    *registerModel
-	settings *Settings
+	settings *setSettings
 	ring     *ringChange
 	putTok   *putToken
 	delTok   *deleteToken
@@ -190,7 +213,7 @@ func decodeCommand(b []byte) (command, error) {
 		c.model = new(registerModel)
 		target = c.model
 	case kindSetSettings:
-		c.settings = new(Settings)
+		c.settings = new(setSettings)
 		target = c.settings
 	case kindRingChange:
 		c.ring = new(ringChange)
@@ -224,6 +247,9 @@ func decodeCommand(b []byte) (command, error) {
 		err = validateTokenID(c.delTok.ID)
 	case kindLeave:
 		err = validateMemberID(c.leave.ID)
+		if err == nil && c.leave.At < 0 {
+			err = fmt.Errorf("%w: leave at %d", ErrInvalidCommand, c.leave.At)
+		}
 	}
 	if err != nil {
 		return command{}, err
@@ -253,6 +279,9 @@ func validateMember(m ring.Member) error {
 }
 
 func (rc *ringChange) validate() error {
+	if rc.At < 0 {
+		return fmt.Errorf("%w: ring change at %d", ErrInvalidCommand, rc.At)
+	}
 	if len(rc.Upsert)+len(rc.Remove) == 0 {
 		return fmt.Errorf("%w: empty ring change", ErrInvalidCommand)
 	}

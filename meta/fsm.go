@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sync/atomic"
+	"time"
 
 	"github.com/hashicorp/raft"
 
@@ -33,14 +34,20 @@ type fsm struct {
 type fsmState struct {
 	models   *modelTable
 	settings Settings
-	epoch    uint64
-	members  map[string]ring.Member
-	ring     *ring.Ring
-	tokens   map[string]auth.Record // by ID; records are never mutated
-	// left tombstones the nodes that left explicitly: ID -> the
-	// incarnation that left. A ring change that adds the ID back (the
-	// leader does so only for another incarnation) clears it.
-	left map[string]uint64
+	// settingsVersion is the log index of the command that last changed
+	// settings: every replica reaches the same value at the same index,
+	// whether it replayed the log or restored a snapshot (0: defaults, or
+	// a snapshot from before versions were kept).
+	settingsVersion uint64
+	epoch           uint64
+	members         map[string]ring.Member
+	ring            *ring.Ring
+	tokens          map[string]auth.Record // by ID; records are never mutated
+	// left tombstones the nodes that left explicitly, by ID: the
+	// incarnation that left and when (departure). A ring change that adds
+	// the ID back (the leader does so only for another incarnation) clears
+	// it; so does expiry (expireDepartures).
+	left map[string]departure
 }
 
 func newFSM(onChange func()) *fsm {
@@ -57,9 +64,11 @@ type snapshotState struct {
 	Version  int               `json:"version"`
 	Models   []chunk.ModelSpec `json:"models"`
 	Settings Settings          `json:"settings"`
-	Epoch    uint64            `json:"epoch"`
-	Members  []ring.Member     `json:"members"`
-	Tokens   []auth.Record     `json:"tokens,omitempty"`
+	// SettingsVersion was added like Tokens: absent, it is 0.
+	SettingsVersion uint64        `json:"settings_version,omitempty"`
+	Epoch           uint64        `json:"epoch"`
+	Members         []ring.Member `json:"members"`
+	Tokens          []auth.Record `json:"tokens,omitempty"`
 	// Left was added like Tokens: a snapshot without it has no
 	// tombstones.
 	Left []departure `json:"left,omitempty"`
@@ -69,15 +78,74 @@ type snapshotState struct {
 type departure struct {
 	ID          string `json:"id"`
 	Incarnation uint64 `json:"incarnation"`
+	// At is the time (Unix nanoseconds) carried by the last leave command
+	// for this incarnation, or, for a tombstone written before commands
+	// carried one, by the first command after it that did. Zero: not
+	// stamped yet. The tombstone expires DepartedTTL after it.
+	At int64 `json:"at,omitempty"`
 }
 
-func sortedDepartures(m map[string]uint64) []departure {
+// DepartedTTL is how long a tombstone outlives the last leave command for
+// its incarnation. Expiry is decided in the FSM from times carried in the
+// log (a leave's or a ring change's At, set by whoever proposed it), never
+// from the clock of the replica that applies it, so every replica drops a
+// tombstone at the same log index. Why a day is long enough that a stale
+// gossip view of the departed incarnation cannot bring it back:
+//   - the departing node sets Leaving in its own gossip metadata before its
+//     gossip leave, so whatever gossip still carries of it says Leaving,
+//     which reconcile honours without any tombstone;
+//   - memberlist cannot revive a dead member: only the member itself can
+//     refute its death, so once the process stops, no member holds that
+//     incarnation alive for longer than failure detection (seconds) and
+//     memberlist forgets it after GossipToTheDeadTime (30 s); an
+//     incarnation is a process start time and never comes back;
+//   - while the leader still sees that incarnation alive in gossip (a
+//     drained node left running whose gossip leave failed), reconcile
+//     re-commits the leave once the tombstone is half expired
+//     (Store.refreshDepartures), so it expires only after the incarnation
+//     has been out of the leader's sight for at least DepartedTTL/2: twelve
+//     hours, against seconds of failure detection, the one-hour DeadGrace
+//     ceiling anyone configures, and any clock skew between leaders.
+const DepartedTTL = 24 * time.Hour
+
+// expireDepartures applies the command time now (Unix nanoseconds; 0 for
+// a command without one) to the tombstones: unstamped ones are stamped
+// with it, and those whose At is DepartedTTL or more before it are
+// dropped. It returns left itself when nothing changes, else a new map
+// (the state is copy on write).
+func expireDepartures(left map[string]departure, now int64) (map[string]departure, bool) {
+	if now <= 0 {
+		return left, false
+	}
+	var next map[string]departure
+	for id, d := range left {
+		expired := d.At != 0 && now-d.At >= int64(DepartedTTL)
+		if d.At != 0 && !expired {
+			continue
+		}
+		if next == nil {
+			next = maps.Clone(left)
+		}
+		if expired {
+			delete(next, id)
+		} else {
+			d.At = now
+			next[id] = d
+		}
+	}
+	if next == nil {
+		return left, false
+	}
+	return next, true
+}
+
+func sortedDepartures(m map[string]departure) []departure {
 	if len(m) == 0 {
 		return nil
 	}
 	out := make([]departure, 0, len(m))
-	for id, inc := range m {
-		out = append(out, departure{ID: id, Incarnation: inc})
+	for _, d := range m {
+		out = append(out, d)
 	}
 	slices.SortFunc(out, func(a, b departure) int { return cmp.Compare(a.ID, b.ID) })
 	return out
@@ -99,12 +167,14 @@ func (f *fsm) reset(s snapshotState) {
 		models:   &modelTable{},
 		settings: s.Settings,
 		epoch:    s.Epoch,
-		members:  make(map[string]ring.Member, len(s.Members)),
-		tokens:   make(map[string]auth.Record, len(s.Tokens)),
-		left:     make(map[string]uint64, len(s.Left)),
+
+		settingsVersion: s.SettingsVersion,
+		members:         make(map[string]ring.Member, len(s.Members)),
+		tokens:          make(map[string]auth.Record, len(s.Tokens)),
+		left:            make(map[string]departure, len(s.Left)),
 	}
 	for _, d := range s.Left {
-		st.left[d.ID] = d.Incarnation
+		st.left[d.ID] = d
 	}
 	for _, spec := range s.Models {
 		st.models = st.models.with(spec.Fingerprint(), spec)
@@ -130,7 +200,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if err != nil {
 		return err
 	}
-	changed, err := f.apply(c)
+	changed, err := f.apply(c, l.Index)
 	if err != nil {
 		return err
 	}
@@ -140,7 +210,8 @@ func (f *fsm) Apply(l *raft.Log) any {
 	return nil
 }
 
-func (f *fsm) apply(c command) (changed bool, err error) {
+// apply applies c, the log entry at index.
+func (f *fsm) apply(c command, index uint64) (changed bool, err error) {
 	cur := f.cur.Load()
 	next := *cur
 	switch c.kind {
@@ -154,10 +225,15 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 		}
 		next.models = cur.models.with(fp, c.model.Spec)
 	case kindSetSettings:
-		if cur.settings == *c.settings {
+		ss := c.settings
+		if ss.IfVersion != nil && *ss.IfVersion != cur.settingsVersion {
+			return false, fmt.Errorf("%w: settings are at version %d, not %d", ErrSettingsVersion, cur.settingsVersion, *ss.IfVersion)
+		}
+		if cur.settings == ss.Settings {
 			return false, nil
 		}
-		next.settings = *c.settings
+		next.settings = ss.Settings
+		next.settingsVersion = index
 	case kindRingChange:
 		rc := c.ring
 		if rc.Epoch != cur.epoch {
@@ -166,17 +242,20 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 		if len(cur.members)+len(rc.Upsert) > maxMembers {
 			return false, fmt.Errorf("%w: ring would exceed %d members", ErrInvalidCommand, maxMembers)
 		}
+		var expired bool
+		next.left, expired = expireDepartures(cur.left, rc.At)
+		leftCloned := expired
 		next.members = maps.Clone(cur.members)
-		diff, leftCloned := false, false
+		diff := false
 		for _, m := range rc.Upsert {
 			if old, ok := next.members[m.ID]; !ok || old != m {
 				diff = true
 			}
 			next.members[m.ID] = m
-			if _, ok := cur.left[m.ID]; ok {
+			if _, ok := next.left[m.ID]; ok {
 				// Back with another incarnation: the leader saw to that.
 				if !leftCloned {
-					next.left, leftCloned = maps.Clone(cur.left), true
+					next.left, leftCloned = maps.Clone(next.left), true
 				}
 				delete(next.left, m.ID)
 				diff = true
@@ -191,22 +270,38 @@ func (f *fsm) apply(c command) (changed bool, err error) {
 		if !diff {
 			// Nothing moves, so the epoch stays: an epoch always
 			// means a different ring.
-			return false, nil
+			if !expired {
+				return false, nil
+			}
+			next.members = cur.members
+			break
 		}
 		next.epoch++
 		next.ring = ring.New(next.epoch, sortedMembers(next.members))
 	case kindLeave:
 		lv := c.leave
-		inc, tomb := cur.left[lv.ID]
+		left, expired := expireDepartures(cur.left, lv.At)
+		d, tomb := left[lv.ID]
 		_, member := cur.members[lv.ID]
-		if tomb && inc == lv.Incarnation && !member {
-			return false, nil // a retried leave
+		if tomb && d.Incarnation == lv.Incarnation && !member && lv.At <= d.At {
+			// A retried leave (or an older refresh): only expiry may
+			// have changed.
+			if !expired {
+				return false, nil
+			}
+			next.left = left
+			break
 		}
-		if !tomb && len(cur.left) >= maxMembers {
+		if !tomb && len(left) >= maxMembers {
 			return false, fmt.Errorf("%w: %d departed nodes remembered, the most allowed", ErrInvalidCommand, maxMembers)
 		}
-		next.left = maps.Clone(cur.left)
-		next.left[lv.ID] = lv.Incarnation
+		if !expired {
+			left = maps.Clone(left)
+		}
+		// A leave without a time (an old log) is stamped by the next
+		// command that carries one.
+		left[lv.ID] = departure{ID: lv.ID, Incarnation: lv.Incarnation, At: lv.At}
+		next.left = left
 		if member {
 			next.members = maps.Clone(cur.members)
 			delete(next.members, lv.ID)
@@ -247,6 +342,13 @@ func (f *fsm) modelList() []chunk.ModelSpec {
 
 func (f *fsm) currentSettings() Settings { return f.cur.Load().settings }
 
+// versionedSettings returns the settings and their version, from one
+// state.
+func (f *fsm) versionedSettings() (Settings, uint64) {
+	st := f.cur.Load()
+	return st.settings, st.settingsVersion
+}
+
 func (f *fsm) currentRing() *ring.Ring { return f.cur.Load().ring }
 
 func (f *fsm) member(id string) (ring.Member, bool) {
@@ -255,15 +357,15 @@ func (f *fsm) member(id string) (ring.Member, bool) {
 }
 
 // departed returns the incarnation with which id left explicitly, if it
-// did and has not come back since.
+// did and has not come back since (nor expired).
 func (f *fsm) departed(id string) (incarnation uint64, ok bool) {
-	inc, ok := f.cur.Load().left[id]
-	return inc, ok
+	d, ok := f.cur.Load().left[id]
+	return d.Incarnation, ok
 }
 
-// departedAll returns every tombstone, ID -> incarnation. The map is
-// part of the immutable state: callers must not modify it.
-func (f *fsm) departedAll() map[string]uint64 { return f.cur.Load().left }
+// departedAll returns every tombstone, by ID. The map is part of the
+// immutable state: callers must not modify it.
+func (f *fsm) departedAll() map[string]departure { return f.cur.Load().left }
 
 func (f *fsm) counts() (models, members, tokens int) {
 	st := f.cur.Load()
@@ -307,9 +409,11 @@ func (f *fsm) state() snapshotState {
 		Models:   st.models.sorted(),
 		Settings: st.settings,
 		Epoch:    st.epoch,
-		Members:  sortedMembers(st.members),
-		Tokens:   sortedTokens(st.tokens),
-		Left:     sortedDepartures(st.left),
+
+		SettingsVersion: st.settingsVersion,
+		Members:         sortedMembers(st.members),
+		Tokens:          sortedTokens(st.tokens),
+		Left:            sortedDepartures(st.left),
 	}
 }
 
@@ -391,6 +495,9 @@ func decodeSnapshot(r io.Reader) (snapshotState, error) {
 		}
 		if seen[d.ID] {
 			return snapshotState{}, fmt.Errorf("meta: snapshot departed node %q twice", d.ID)
+		}
+		if d.At < 0 {
+			return snapshotState{}, fmt.Errorf("meta: snapshot departed node %q at %d", d.ID, d.At)
 		}
 		seen[d.ID] = true
 	}

@@ -122,13 +122,13 @@ func TestFSMLeave(t *testing.T) {
 	}{
 		{"ring", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a"), member("b"), member("c")}}),
 			want{nil, 1, []string{"a", "b", "c"}, nil}},
-		{"leave b", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5}}}},
-		{"leave b again", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5}}}},
-		{"leave b other run", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 6}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6}}}},
-		{"leave non-member", mustEncode(t, kindLeave, leave{ID: "x", Incarnation: 1}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6}, {"x", 1}}}},
-		{"leave empty id", mustEncode(t, kindLeave, leave{}), want{ErrInvalidCommand, 2, []string{"a", "c"}, []departure{{"b", 6}, {"x", 1}}}},
+		{"leave b", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5, 0}}}},
+		{"leave b again", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5, 0}}}},
+		{"leave b other run", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 6}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6, 0}}}},
+		{"leave non-member", mustEncode(t, kindLeave, leave{ID: "x", Incarnation: 1}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6, 0}, {"x", 1, 0}}}},
+		{"leave empty id", mustEncode(t, kindLeave, leave{}), want{ErrInvalidCommand, 2, []string{"a", "c"}, []departure{{"b", 6, 0}, {"x", 1, 0}}}},
 		{"b back", mustEncode(t, kindRingChange, ringChange{Epoch: 2, Upsert: []ring.Member{member("b")}}),
-			want{nil, 3, []string{"a", "b", "c"}, []departure{{"x", 1}}}},
+			want{nil, 3, []string{"a", "b", "c"}, []departure{{"x", 1, 0}}}},
 		{"x back without ring change", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("x")}, Remove: []string{"c"}}),
 			want{nil, 4, []string{"a", "b", "x"}, nil}},
 	}
@@ -231,7 +231,7 @@ func TestCommandRoundTrip(t *testing.T) {
 		{kindRegisterModel, registerModel{spec}, func(c command) bool {
 			return reflect.DeepEqual(c.model.Spec, spec) && c.model.Spec.Fingerprint() == spec.Fingerprint()
 		}},
-		{kindSetSettings, Settings{4, 2, chunk.CodecInt4}, func(c command) bool { return *c.settings == Settings{4, 2, chunk.CodecInt4} }},
+		{kindSetSettings, Settings{4, 2, chunk.CodecInt4}, func(c command) bool { return c.settings.Settings == Settings{4, 2, chunk.CodecInt4} && c.settings.IfVersion == nil }},
 		{kindRingChange, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}, func(c command) bool {
 			return reflect.DeepEqual(*c.ring, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}})
 		}},
@@ -262,6 +262,10 @@ func FuzzDecodeCommand(f *testing.F) {
 	f.Add(mustEncode(f, kindPutToken, putToken{rec}))
 	f.Add(mustEncode(f, kindDeleteToken, deleteToken{rec.ID}))
 	f.Add(mustEncode(f, kindLeave, leave{ID: "a", Incarnation: 7}))
+	v := uint64(12)
+	f.Add(mustEncode(f, kindSetSettings, setSettings{Settings: DefaultSettings(), IfVersion: &v}))
+	f.Add(mustEncode(f, kindLeave, leave{ID: "a", Incarnation: 7, At: 1 << 60}))
+	f.Add(mustEncode(f, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("a")}, At: 1 << 60}))
 	f.Add([]byte{1, 6, '{', '"', 'i', 'd', '"', ':', '"', '"', '}'})
 	f.Add([]byte{})
 	f.Add([]byte{1, 3, 'n', 'u', 'l', 'l'})

@@ -205,7 +205,7 @@ func (s *Store) reconcile() error {
 	}
 
 	cur := s.fsm.currentRing()
-	change := ringChange{Epoch: cur.Epoch()}
+	change := ringChange{Epoch: cur.Epoch(), At: now.UnixNano()}
 	for _, id := range slices.Sorted(maps.Keys(alive)) {
 		if refused[id] {
 			continue
@@ -230,6 +230,10 @@ func (s *Store) reconcile() error {
 		} else {
 			s.log.Info("meta: ring change", "epoch", change.Epoch+1, "upsert", len(change.Upsert), "remove", change.Remove)
 		}
+	}
+
+	if err := s.refreshDepartures(ctx, now); err != nil {
+		errs = append(errs, err)
 	}
 
 	// Forget nodes that are in neither raft nor the ring any more.
@@ -282,4 +286,36 @@ func (s *Store) checkAdmission(alive map[string]ring.Member, inRaft map[string]r
 	}
 	s.refusedN.Store(int64(len(s.refused)))
 	return out
+}
+
+// refreshDepartures re-commits the leave of every departed incarnation
+// that gossip still shows alive once its tombstone is half expired
+// (DepartedTTL), so that a tombstone expires only after its incarnation
+// has been out of sight for at least DepartedTTL/2.
+func (s *Store) refreshDepartures(ctx context.Context, now time.Time) error {
+	departed := s.fsm.departedAll()
+	if len(departed) == 0 {
+		return nil
+	}
+	p := s.peers.Load().p
+	if p == nil {
+		return nil
+	}
+	var errs []error
+	for _, nm := range p.Members() {
+		d, ok := departed[nm.ID]
+		if !ok || d.Incarnation != nm.Incarnation || d.At != 0 && now.UnixNano()-d.At < int64(DepartedTTL/2) {
+			continue
+		}
+		cmd, err := encodeCommand(kindLeave, leave{ID: d.ID, Incarnation: d.Incarnation, At: now.UnixNano()})
+		if err == nil {
+			err = s.applyLocal(ctx, cmd)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("refresh the tombstone of %s: %w", d.ID, err))
+			continue
+		}
+		s.log.Info("meta: departed node still in gossip; tombstone refreshed", "node", d.ID, "incarnation", d.Incarnation)
+	}
+	return errors.Join(errs...)
 }

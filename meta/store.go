@@ -242,7 +242,7 @@ func (s *Store) close(snapshot bool) error {
 // ApplyTimeout. Call Close afterwards; the node may serve reads until
 // then.
 func (s *Store) Leave(ctx context.Context) error {
-	cmd, err := encodeCommand(kindLeave, leave{ID: s.cfg.NodeID, Incarnation: s.cfg.Incarnation})
+	cmd, err := encodeCommand(kindLeave, leave{ID: s.cfg.NodeID, Incarnation: s.cfg.Incarnation, At: time.Now().UnixNano()})
 	if err != nil {
 		return err
 	}
@@ -446,7 +446,8 @@ func (s *Store) RegisterModel(ctx context.Context, spec chunk.ModelSpec) (chunk.
 }
 
 // SetSettings replaces the cluster settings. Invalid settings fail with an
-// error wrapping ErrInvalidCommand.
+// error wrapping ErrInvalidCommand. The last writer wins; SetSettingsIf
+// is the conditional form.
 func (s *Store) SetSettings(ctx context.Context, set Settings) error {
 	if err := set.Validate(); err != nil {
 		return err
@@ -454,7 +455,47 @@ func (s *Store) SetSettings(ctx context.Context, set Settings) error {
 	if s.fsm.currentSettings() == set {
 		return nil
 	}
-	cmd, err := encodeCommand(kindSetSettings, set)
+	return s.setSettings(ctx, setSettings{Settings: set})
+}
+
+// VersionedSettings returns the cluster settings and their version: the
+// log index of the command that last changed them (0 until then, or when
+// they were last changed before versions were kept).
+func (s *Store) VersionedSettings() (Settings, uint64) { return s.fsm.versionedSettings() }
+
+// WaitSettingsVersion waits until this node has applied settings of at
+// least version, or ctx ends, and returns the settings it holds then.
+func (s *Store) WaitSettingsVersion(ctx context.Context, version uint64) (Settings, uint64) {
+	s.waitFor(ctx, func() bool {
+		_, v := s.fsm.versionedSettings()
+		return v >= version
+	})
+	return s.fsm.versionedSettings()
+}
+
+// SetSettingsIf replaces the cluster settings only if they are still at
+// version (VersionedSettings) when raft applies the change: a compare and
+// set, so that two admins changing the settings at once cannot silently
+// overwrite each other. A mismatch fails with ErrSettingsVersion and
+// changes nothing.
+func (s *Store) SetSettingsIf(ctx context.Context, set Settings, version uint64) error {
+	if err := set.Validate(); err != nil {
+		return err
+	}
+	cur, v := s.fsm.versionedSettings()
+	if v > version {
+		// Versions only grow: no need to ask the leader.
+		return fmt.Errorf("%w: settings are at version %d, not %d", ErrSettingsVersion, v, version)
+	}
+	if v == version && cur == set {
+		return nil
+	}
+	return s.setSettings(ctx, setSettings{Settings: set, IfVersion: &version})
+}
+
+func (s *Store) setSettings(ctx context.Context, ss setSettings) error {
+	set := ss.Settings
+	cmd, err := encodeCommand(kindSetSettings, ss)
 	if err != nil {
 		return err
 	}
@@ -576,7 +617,7 @@ func (s *Store) write(ctx context.Context, cmd []byte) error {
 		} else {
 			err = s.cfg.Forward.Apply(ctx, addr, cmd)
 		}
-		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) {
+		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrSettingsVersion) {
 			return err
 		}
 		last = err
@@ -767,7 +808,7 @@ func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) 
 			if nm.ID == "" {
 				continue
 			}
-			if inc, ok := departed[nm.ID]; nm.Leaving || ok && inc == nm.Incarnation {
+			if d, ok := departed[nm.ID]; nm.Leaving || ok && d.Incarnation == nm.Incarnation {
 				leaving[nm.ID] = true
 				continue
 			}
@@ -785,8 +826,8 @@ func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) 
 			}
 		}
 	}
-	inc, selfLeft := departed[s.cfg.NodeID]
-	selfLeft = selfLeft && inc == s.cfg.Incarnation
+	d, selfLeft := departed[s.cfg.NodeID]
+	selfLeft = selfLeft && d.Incarnation == s.cfg.Incarnation
 	if self, ok := alive[s.cfg.NodeID]; !ok && !leaving[s.cfg.NodeID] && !selfLeft {
 		self = ring.Member{ID: s.cfg.NodeID, GRPCAddr: s.cfg.GRPCAddr, RaftAddr: s.raftAddr, Weight: s.cfg.Weight}
 		if !(self.Weight >= 0) || math.IsInf(self.Weight, 0) {

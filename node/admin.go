@@ -379,31 +379,70 @@ func mergeSettings(cur meta.Settings, req *api.SetSettingsRequest) (meta.Setting
 	return next, nil
 }
 
-// GetSettings returns the cluster settings as this node has applied them.
+// GetSettings returns the cluster settings as this node has applied them,
+// with their version.
 func (s *adminService) GetSettings(context.Context, *api.GetSettingsRequest) (*api.GetSettingsResponse, error) {
-	return &api.GetSettingsResponse{Settings: settingsProto(s.n.meta.Settings()), NodeId: s.n.cfg.NodeID}, nil
+	set, v := s.n.meta.VersionedSettings()
+	return &api.GetSettingsResponse{Settings: settingsProto(set), NodeId: s.n.cfg.NodeID, Version: v}, nil
 }
 
 // SetSettings merges the request into the current settings, validates
 // them and commits them through raft (forwarded to the leader from a
-// follower). Fields left at zero keep the values this node has applied,
-// so two concurrent partial changes may overwrite each other's fields;
-// the last commit wins whole. Changing R moves no data at once: new
-// replicas fill by anti-entropy and copies beyond R are dropped at the
-// next rebalance (a ring epoch change).
+// follower). Fields left at zero keep the values this node has applied.
+// Without expected_version two concurrent changes may overwrite each
+// other; the last commit wins whole. With it, the merge is made onto the
+// settings of that version (this node first catches up to it when it
+// lags), and the commit is conditional on it (meta.SetSettingsIf): a
+// change made meanwhile fails the request with FailedPrecondition.
+// Changing R moves no data at once: new replicas fill by anti-entropy
+// and copies beyond R are dropped at the next rebalance (a ring epoch
+// change).
 func (s *adminService) SetSettings(ctx context.Context, req *api.SetSettingsRequest) (*api.SetSettingsResponse, error) {
 	p, err := caller(ctx)
 	if err != nil {
 		return nil, err
 	}
-	prev := s.n.meta.Settings()
+	prev, v := s.n.meta.VersionedSettings()
+	if req.ExpectedVersion != nil && v < *req.ExpectedVersion {
+		// The caller read the version from a node ahead of this one.
+		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
+		prev, v = s.n.meta.WaitSettingsVersion(wctx, *req.ExpectedVersion)
+		cancel()
+	}
+	if req.ExpectedVersion != nil && v != *req.ExpectedVersion {
+		return nil, settingsConflict(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
+	}
 	next, err := mergeSettings(prev, req)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.n.meta.SetSettings(ctx, next); err != nil {
-		return nil, toStatus(err)
+	if req.ExpectedVersion != nil {
+		err = s.n.meta.SetSettingsIf(ctx, next, *req.ExpectedVersion)
+	} else {
+		err = s.n.meta.SetSettings(ctx, next)
 	}
-	s.n.log.Info("node: cluster settings changed", "previous", fmt.Sprintf("%+v", prev), "settings", fmt.Sprintf("%+v", next), "by", p.Key())
-	return &api.SetSettingsResponse{Previous: settingsProto(prev), Settings: settingsProto(next)}, nil
+	if err != nil {
+		return nil, settingsConflict(err)
+	}
+	resp := &api.SetSettingsResponse{Previous: settingsProto(prev), Settings: settingsProto(next)}
+	if cur, nv := s.n.meta.VersionedSettings(); cur == next {
+		resp.Version = nv
+	}
+	s.n.log.Info("node: cluster settings changed", "previous", fmt.Sprintf("%+v", prev), "settings", fmt.Sprintf("%+v", next),
+		"version", resp.Version, "by", p.Key())
+	return resp, nil
+}
+
+// settingsCatchUp bounds how long SetSettings waits for this node to
+// apply the settings version a request expects.
+const settingsCatchUp = 5 * time.Second
+
+// settingsConflict is FailedPrecondition for meta.ErrSettingsVersion (the
+// settings changed since the version the caller read), toStatus for the
+// rest.
+func settingsConflict(err error) error {
+	if errors.Is(err, meta.ErrSettingsVersion) {
+		return status.Error(codes.FailedPrecondition, err.Error())
+	}
+	return toStatus(err)
 }

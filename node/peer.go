@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -117,6 +118,11 @@ func (f forwarder) Apply(ctx context.Context, leaderGRPCAddr string, cmd []byte)
 	case codes.InvalidArgument:
 		return fmt.Errorf("%w: %s", meta.ErrInvalidCommand, st.Message())
 	case codes.Aborted:
+		// Two conditional writes fail Aborted (metaApplyStatus); the
+		// sentinel's text in the message tells them apart.
+		if strings.Contains(st.Message(), meta.ErrSettingsVersion.Error()) {
+			return fmt.Errorf("%w: %s", meta.ErrSettingsVersion, st.Message())
+		}
 		return fmt.Errorf("%w: %s", meta.ErrStaleEpoch, st.Message())
 	case codes.FailedPrecondition:
 		return fmt.Errorf("%w: %s", meta.ErrNotLeader, st.Message())

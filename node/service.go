@@ -19,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -569,7 +570,20 @@ func (s *peerService) MetaApply(ctx context.Context, req *api.MetaApplyRequest) 
 		return nil, err
 	}
 	if err := s.n.meta.ApplyForwarded(ctx, req.Command); err != nil {
-		return nil, err
+		return nil, metaApplyStatus(err)
 	}
 	return &api.MetaApplyResponse{}, nil
+}
+
+// metaApplyStatus is the answer to a forwarded command that failed: a
+// conditional settings change whose version no longer holds is Aborted
+// (as a stale ring epoch is), carrying meta.ErrSettingsVersion's text,
+// which the forwarder maps back to the sentinel; anything else goes
+// through toStatus. Not FailedPrecondition, which the forwarder reads as
+// "not the leader" and retries.
+func metaApplyStatus(err error) error {
+	if errors.Is(err, meta.ErrSettingsVersion) {
+		return status.Error(codes.Aborted, err.Error())
+	}
+	return err
 }

@@ -11,10 +11,13 @@ import (
 )
 
 const settingsUsage = `usage:
-  kvmesh [-addr A] settings [get]                      the cluster settings (R, W, codec)
-  kvmesh [-addr A] settings set [-r R] [-w W] [-codec C]
+  kvmesh [-addr A] settings [get]                      the cluster settings (R, W, codec) and their version
+  kvmesh [-addr A] settings set [-r R] [-w W] [-codec C] [-if-version V]
                                                        change them through raft (admin); flags not
-                                                       given keep their value; 1 <= W <= R <= 16`
+                                                       given keep their value; 1 <= W <= R <= 16;
+                                                       with -if-version, only if they are still at
+                                                       version V (as get showed it), else
+                                                       FailedPrecondition and nothing changes`
 
 // settingsCmd is `kvmesh settings [get]` and `kvmesh settings set`: the
 // cluster settings over Admin.GetSettings and Admin.SetSettings.
@@ -37,7 +40,7 @@ func settingsCmd(ctx context.Context, args []string, dial adminDialer, stdout, s
 		if err != nil {
 			return fmt.Errorf("settings get: %w", err)
 		}
-		printSettings(stdout, "", resp.Settings)
+		printSettings(stdout, "", resp.Settings, resp.Version)
 		return nil
 	case "set":
 		fs := flag.NewFlagSet("settings set", flag.ContinueOnError)
@@ -45,9 +48,12 @@ func settingsCmd(ctx context.Context, args []string, dial adminDialer, stdout, s
 		r := fs.Uint("r", 0, "replication factor R (0: keep)")
 		w := fs.Uint("w", 0, "write quorum W (0: keep)")
 		codec := fs.String("codec", "", "codec of new entries: raw, lossless, int8, int4, fp8 (empty: keep)")
+		ifVersion := fs.Uint64("if-version", 0, "change only if the settings are still at this version (from settings get)")
 		if err := fs.Parse(args); err != nil {
 			return err
 		}
+		conditional := false
+		fs.Visit(func(f *flag.Flag) { conditional = conditional || f.Name == "if-version" })
 		if fs.NArg() != 0 {
 			return errors.New(settingsUsage)
 		}
@@ -62,17 +68,21 @@ func settingsCmd(ctx context.Context, args []string, dial adminDialer, stdout, s
 			return err
 		}
 		defer done()
-		resp, err := ac.SetSettings(ctx, &api.SetSettingsRequest{ReplicationFactor: uint32(*r), WriteQuorum: uint32(*w), Codec: *codec})
+		req := &api.SetSettingsRequest{ReplicationFactor: uint32(*r), WriteQuorum: uint32(*w), Codec: *codec}
+		if conditional {
+			req.ExpectedVersion = ifVersion
+		}
+		resp, err := ac.SetSettings(ctx, req)
 		if err != nil {
 			return fmt.Errorf("settings set: %w", err)
 		}
-		printSettings(stdout, "was ", resp.Previous)
-		printSettings(stdout, "now ", resp.Settings)
+		fmt.Fprintf(stdout, "was R=%d W=%d codec=%s\n", resp.Previous.GetReplicationFactor(), resp.Previous.GetWriteQuorum(), resp.Previous.GetCodec())
+		printSettings(stdout, "now ", resp.Settings, resp.Version)
 		return nil
 	}
 	return errors.New(settingsUsage)
 }
 
-func printSettings(w io.Writer, prefix string, s *api.ClusterSettings) {
-	fmt.Fprintf(w, "%sR=%d W=%d codec=%s\n", prefix, s.GetReplicationFactor(), s.GetWriteQuorum(), s.GetCodec())
+func printSettings(w io.Writer, prefix string, s *api.ClusterSettings, version uint64) {
+	fmt.Fprintf(w, "%sR=%d W=%d codec=%s version=%d\n", prefix, s.GetReplicationFactor(), s.GetWriteQuorum(), s.GetCodec(), version)
 }

@@ -1,0 +1,133 @@
+package meta
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"reflect"
+	"testing"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// TestFSMSettingsVersion: the settings version is the log index of the
+// last change; a conditional change applies only at the version it
+// expects (else ErrSettingsVersion and nothing changes); an unconditional
+// one always applies; the version survives a snapshot.
+func TestFSMSettingsVersion(t *testing.T) {
+	ver := func(v uint64) *uint64 { return &v }
+	s1 := Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
+	s2 := Settings{ReplicationFactor: 3, WriteQuorum: 2, Codec: chunk.CodecLossless}
+	s3 := Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecInt8}
+	steps := []struct {
+		name     string
+		index    uint64
+		cmd      setSettings
+		err      error
+		settings Settings
+		version  uint64
+	}{
+		{"conditional on the defaults", 3, setSettings{s1, ver(0)}, nil, s1, 3},
+		{"stale: another admin's version 0", 5, setSettings{s2, ver(0)}, ErrSettingsVersion, s1, 3},
+		{"conditional on version 3", 6, setSettings{s2, ver(3)}, nil, s2, 6},
+		{"same settings, right version: no change", 8, setSettings{s2, ver(6)}, nil, s2, 6},
+		{"same settings, wrong version: refused", 9, setSettings{s2, ver(3)}, ErrSettingsVersion, s2, 6},
+		{"unconditional wins whatever the version", 10, setSettings{s3, nil}, nil, s3, 10},
+		{"a version from the future is refused", 11, setSettings{s1, ver(99)}, ErrSettingsVersion, s3, 10},
+	}
+	f := newFSM(nil)
+	for _, st := range steps {
+		res := f.Apply(&raft.Log{Index: st.index, Type: raft.LogCommand, Data: mustEncode(t, kindSetSettings, st.cmd)})
+		err, _ := res.(error)
+		if st.err == nil && err != nil || st.err != nil && !errors.Is(err, st.err) {
+			t.Fatalf("%s: Apply = %v, want %v", st.name, res, st.err)
+		}
+		if s, v := f.versionedSettings(); s != st.settings || v != st.version {
+			t.Fatalf("%s: settings %+v version %d, want %+v %d", st.name, s, v, st.settings, st.version)
+		}
+	}
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sk sink
+	if err := snap.Persist(&sk); err != nil {
+		t.Fatal(err)
+	}
+	g := newFSM(nil)
+	if err := g.Restore(io.NopCloser(bytes.NewReader(sk.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(f.state(), g.state()) {
+		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
+	}
+	if _, v := g.versionedSettings(); v != 10 {
+		t.Fatalf("restored version %d, want 10", v)
+	}
+	// A command written before conditional changes existed is the bare
+	// settings; it still decodes, unconditional.
+	old := append([]byte{cmdVersion, byte(kindSetSettings)}, `{"replication_factor":2,"write_quorum":2,"codec":1}`...)
+	c, err := decodeCommand(old)
+	if err != nil || c.settings.IfVersion != nil || c.settings.Settings != (Settings{2, 2, chunk.CodecRaw}) {
+		t.Fatalf("old command: %+v %v", c.settings, err)
+	}
+}
+
+// TestSetSettingsIf: two admins read the same version through different
+// nodes and both change the settings conditionally: the first commit
+// wins, the second fails with ErrSettingsVersion whichever node it went
+// through (the follower forwards it to the leader) and changes nothing.
+func TestSetSettingsIf(t *testing.T) {
+	c := newCluster(t, 3)
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.waitAgree(ids(3))
+	a := Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
+	b := Settings{ReplicationFactor: 3, WriteQuorum: 3, Codec: chunk.CodecLossless}
+	c.withRoles(func(l, f *Store) error {
+		ctx := ctxT(t)
+		_, v := l.VersionedSettings()
+		if _, fv := f.WaitSettingsVersion(ctx, v); fv != v {
+			return errors.New("follower did not reach the leader's settings version")
+		}
+		// Admin 1, through the follower; admin 2, through the leader,
+		// with the version both read.
+		first, second := a, b
+		if cur := l.Settings(); cur == a {
+			first, second = b, a // a repeated step: change something
+		}
+		if err := f.SetSettingsIf(ctx, first, v); err != nil {
+			return err
+		}
+		if err := l.SetSettingsIf(ctx, second, v); !errors.Is(err, ErrSettingsVersion) {
+			t.Fatalf("second admin through the leader: %v, want ErrSettingsVersion", err)
+		}
+		nv := uint64(0)
+		for _, s := range []*Store{l, f} {
+			got, sv := s.WaitSettingsVersion(ctx, v+1)
+			if got != first || sv <= v {
+				t.Fatalf("%s holds %+v at version %d, want %+v after %d", s.NodeID(), got, sv, first, v)
+			}
+			nv = sv
+		}
+		// The stale version through the follower too: forwarded to the
+		// leader, or refused at once since the follower holds a newer one.
+		if err := f.SetSettingsIf(ctx, second, v); !errors.Is(err, ErrSettingsVersion) {
+			t.Fatalf("second admin through the follower: %v, want ErrSettingsVersion", err)
+		}
+		if got, sv := l.VersionedSettings(); got != first || sv != nv {
+			t.Fatalf("after refused changes: %+v at %d, want %+v at %d", got, sv, first, nv)
+		}
+		// With the new version the change goes through.
+		if err := f.SetSettingsIf(ctx, second, nv); err != nil {
+			return err
+		}
+		if got, _ := f.WaitSettingsVersion(ctx, nv+1); got != second {
+			t.Fatalf("follower holds %+v, want %+v", got, second)
+		}
+		return nil
+	})
+}

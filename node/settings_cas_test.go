@@ -1,0 +1,99 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/meta"
+)
+
+// TestSettingsCompareAndSet: two admins read the same settings version
+// and change the settings conditionally through different nodes: the
+// first wins, the second gets FailedPrecondition and changes nothing; an
+// unconditional change still wins whole. A conditional command that the
+// leader refuses after a follower forwarded it comes back to the
+// follower as meta.ErrSettingsVersion at once (not retried as "not the
+// leader" until the deadline).
+func TestSettingsCompareAndSet(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	admins := make([]api.AdminClient, len(nodes))
+	for i, nd := range nodes {
+		cc, err := grpc.NewClient(nd.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		admins[i] = api.NewAdminClient(cc)
+	}
+	got, err := admins[0].GetSettings(ctx, &api.GetSettingsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := got.Version
+	for i, nd := range nodes {
+		// Everyone has applied the same settings (the defaults): a node
+		// that lags would catch up first anyway.
+		if _, nv := nd.meta.WaitSettingsVersion(ctx, v); nv != v {
+			t.Fatalf("n%d at settings version %d, want %d", i+1, nv, v)
+		}
+	}
+
+	// Admin 1 through n2, admin 2 through n3, both from version v.
+	resp, err := admins[1].SetSettings(ctx, &api.SetSettingsRequest{ReplicationFactor: 2, WriteQuorum: 1, ExpectedVersion: &v})
+	if err != nil {
+		t.Fatalf("first conditional change: %v", err)
+	}
+	if resp.Version <= v || resp.Settings.ReplicationFactor != 2 || resp.Settings.WriteQuorum != 1 {
+		t.Fatalf("first change answered %v", resp)
+	}
+	_, err = admins[2].SetSettings(ctx, &api.SetSettingsRequest{Codec: "lossless", ExpectedVersion: &v})
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("second conditional change: %v, want FailedPrecondition", err)
+	}
+	want := meta.Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: meta.DefaultSettings().Codec}
+	for i, nd := range nodes {
+		if s, nv := nd.meta.WaitSettingsVersion(ctx, resp.Version); s != want || nv != resp.Version {
+			t.Fatalf("n%d holds %+v at %d, want %+v at %d", i+1, s, nv, want, resp.Version)
+		}
+	}
+
+	// A version no node holds yet, through a follower's meta: the leader
+	// refuses the forwarded command, and the follower learns why.
+	var follower *Node
+	for _, nd := range nodes {
+		if !nd.meta.IsLeader() {
+			follower = nd
+			break
+		}
+	}
+	future := resp.Version + 1000
+	err = follower.meta.SetSettingsIf(ctx, meta.DefaultSettings(), future)
+	if !errors.Is(err, meta.ErrSettingsVersion) {
+		t.Fatalf("forwarded stale change: %v, want ErrSettingsVersion", err)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("the refused forwarded change was retried until the deadline")
+	}
+
+	// Unconditional: the last writer wins, as before.
+	if _, err := admins[2].SetSettings(ctx, &api.SetSettingsRequest{Codec: "lossless"}); err != nil {
+		t.Fatal(err)
+	}
+	got, err = admins[2].GetSettings(ctx, &api.GetSettingsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Settings.Codec != "lossless" || got.Version <= resp.Version {
+		t.Fatalf("after the unconditional change: %v", got)
+	}
+}
