@@ -25,10 +25,15 @@
 // which the tests check on arbitrary bit patterns. Same-dtype NeoX jobs
 // (and bf16 GPT-J jobs, with AVX512-BF16) rotate in registers, one kernel
 // call per token covering all its heads with one cos/sin row (kept in L1);
-// values of the same dtype are copied. Other pairs (fp8 in either
-// direction, dtype changes, other GPT-J jobs) go through a float32 scratch
-// vector per token: widen all heads, rotate them with one call, round them
-// with one call. Jobs over 4 MiB store
+// values of the same dtype are copied. fp8 <-> bf16 jobs (vLLM's fp8 KV
+// cache; fp8 entries) run single-pass AVX-512 kernels (kernel_fp8_amd64.s):
+// read the source, widen, rotate (NeoX K), scale and round in registers,
+// store, with fp8 widening by integer rebias plus a 16-entry table for
+// zero, subnormal and NaN codes and e4m3 rounding by integer
+// round-to-nearest-even. Other pairs (other dtype changes, GPT-J fp8 jobs,
+// partial rotary fp8 keys, CPUs without AVX-512) go through a float32
+// scratch vector per token: widen all heads, rotate them with one call,
+// round them with one call. Jobs over 4 MiB store
 // non-temporally (whole aligned lines), so the cache lines they overwrite
 // are not read first. The build tag purego, or another architecture, gives
 // the portable Go path.
