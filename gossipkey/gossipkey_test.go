@@ -24,8 +24,12 @@ func member(t *testing.T, name string, kr *memberlist.Keyring) *memberlist.Membe
 	c.BindPort = 0
 	c.AdvertiseAddr = "127.0.0.1"
 	c.Keyring = kr
-	c.ProbeInterval = 100 * time.Millisecond
-	c.ProbeTimeout = 50 * time.Millisecond
+	// Failure detection is not under test, and converge wants every
+	// member alive at once: probes loose enough that a member starved of
+	// CPU (-race on 2 busy cores) is not declared dead and left to refute.
+	c.ProbeInterval = 500 * time.Millisecond
+	c.ProbeTimeout = 300 * time.Millisecond
+	c.SuspicionMult = 4
 	c.GossipInterval = 20 * time.Millisecond
 	c.PushPullInterval = 500 * time.Millisecond
 	c.TCPTimeout = time.Second
