@@ -24,9 +24,10 @@ import (
 //
 //	go test -run '^$' -bench TTFT -benchtime 10x ./tests/inject
 func BenchmarkTTFT(b *testing.B) {
+	bin := buildKvmeshd(b)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c := startCluster(b, ctx)
+	c := startCluster(b, ctx, bin)
 	mc := engine.ModelConfig{
 		ModelType: "llama", HiddenSize: 256, IntermediateSize: 768, NumLayers: 4,
 		NumHeads: 4, NumKVHeads: 2, HeadDim: 64, VocabSize: 2048, RMSNormEps: 1e-5,

@@ -39,21 +39,33 @@ type cluster struct {
 	cl    *client.Client
 }
 
-// startCluster runs three kvmeshd processes (R=3: every node holds every
-// entry written through the client) and waits until they agree.
-func startCluster(t testing.TB, ctx context.Context) *cluster {
+// buildKvmeshd compiles kvmeshd into a test directory. The build has its
+// own bound, outside the test's: on a busy machine (CI runs other
+// packages' tests alongside) it can take minutes, which must not be taken
+// from the cluster's steps.
+func buildKvmeshd(t testing.TB) string {
 	t.Helper()
 	if err := harness.Bindable(hosts...); err != nil {
 		t.Skip(err)
 	}
-	dir := t.TempDir()
-	bin, err := harness.Build(ctx, dir)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	bin, err := harness.Build(ctx, t.TempDir())
 	if errors.Is(err, harness.ErrNoGo) {
 		t.Skip(err)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
+	return bin
+}
+
+// startCluster runs three kvmeshd processes of bin (R=3: every node holds
+// every entry written through the client) and waits until they agree.
+func startCluster(t testing.TB, ctx context.Context, bin string) *cluster {
+	t.Helper()
+	dir := t.TempDir()
+	var err error
 	c := &cluster{}
 	t.Cleanup(func() {
 		for _, p := range c.procs {
@@ -201,9 +213,10 @@ func maxAbsDiff(a, b []float32) float64 {
 // mid-request makes the node use another replica or answer MISS, and the
 // logits stay prefill's.
 func TestInjectEndToEnd(t *testing.T) {
+	bin := buildKvmeshd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c := startCluster(t, ctx)
+	c := startCluster(t, ctx, bin)
 	e, shm := newEngine(t, tinyModel(), chunk.F32)
 	spec, fp := e.Spec(), e.Fingerprint()
 	if _, err := c.cl.RegisterModel(ctx, spec); err != nil {
