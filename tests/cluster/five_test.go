@@ -61,7 +61,7 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 		}
 		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	byID := make(map[string]*proc)
 	var seeds []string

@@ -66,7 +66,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		}
 		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].addrs["grpc"], procs[1].addrs["grpc"]}, RPCTimeout: 3 * time.Second})
 	if err != nil {
