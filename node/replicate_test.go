@@ -214,7 +214,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "the model on n3", func() bool {
+	waitFor(t, 30*time.Second, "the model on n3", func() bool {
 		_, ok := nodes[2].Meta().Model(testSpec().Fingerprint())
 		return ok
 	})
@@ -233,7 +233,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	}
 	// Writes return at their quorum; the failed call to n3 may add its
 	// hint a moment later.
-	waitFor(t, 10*time.Second, "a hint per write that missed n3", func() bool {
+	waitFor(t, 30*time.Second, "a hint per write that missed n3", func() bool {
 		pending := 0
 		for _, nd := range nodes[:2] {
 			p, _ := nd.repl.HintsPending()
@@ -253,7 +253,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, 10*time.Second, "no hints pending", func() bool {
+	waitFor(t, 30*time.Second, "no hints pending", func() bool {
 		for _, nd := range nodes[:2] {
 			if p, _ := nd.repl.HintsPending(); p > 0 {
 				return false
