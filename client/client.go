@@ -73,8 +73,9 @@ var (
 
 // Client is safe for concurrent use. Close it when done.
 type Client struct {
-	cfg Config
-	log *slog.Logger
+	cfg  Config
+	log  *slog.Logger
+	dial []grpc.DialOption // DialOptions(cfg)
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
@@ -121,12 +122,11 @@ func New(ctx context.Context, cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	sec, err := securityOptions(cfg)
+	dial, err := DialOptions(cfg)
 	if err != nil {
 		return nil, err
 	}
-	cfg.DialOptions = append(sec, cfg.DialOptions...)
-	c := &Client{cfg: cfg, log: cfg.Logger, conns: make(map[string]*grpc.ClientConn)}
+	c := &Client{cfg: cfg, log: cfg.Logger, dial: dial, conns: make(map[string]*grpc.ClientConn)}
 	c.bgCtx, c.bgCancel = context.WithCancel(context.Background())
 	c.view.Store(&view{ring: ring.New(0, nil), info: &api.ClusterInfoResponse{}, rf: 1})
 	if err := c.Refresh(ctx); err != nil {
@@ -159,10 +159,7 @@ func (c *Client) conn(addr string) (*grpc.ClientConn, error) {
 	if cc := c.conns[addr]; cc != nil {
 		return cc, nil
 	}
-	opts := append([]grpc.DialOption{
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(8<<20)),
-	}, c.cfg.DialOptions...)
-	cc, err := grpc.NewClient(addr, opts...)
+	cc, err := grpc.NewClient(addr, c.dial...)
 	if err != nil {
 		return nil, fmt.Errorf("client: %s: %w", addr, err)
 	}

@@ -6,9 +6,30 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
+
+// DialOptions are the gRPC dial options the Client dials every node
+// with: the security of cfg (securityOptions), the api codec and the
+// largest message a call receives, then cfg.DialOptions. Tools that call
+// a node service the Client does not wrap (the Admin API of `kvmesh
+// token`, `gossip-key`, `settings`) dial with them too, so they speak to
+// a node exactly as the Client does.
+func DialOptions(cfg Config) ([]grpc.DialOption, error) {
+	sec, err := securityOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	opts := append(sec, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(maxRecvBytes)))
+	return append(opts, cfg.DialOptions...), nil
+}
+
+// maxRecvBytes bounds one received message (a Get data frame is
+// api.DefaultFrameBytes; Lookup answers of MaxLookupBatch items are far
+// smaller).
+const maxRecvBytes = 8 << 20
 
 // securityOptions are the dial options of cfg's TLS identity and token:
 // mutual TLS when cfg.TLS names files, plaintext otherwise (a node in

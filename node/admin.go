@@ -23,7 +23,6 @@ import (
 	"github.com/kvmesh/kvmesh/gossipkey"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // adminService is the Admin API: API tokens (records in the raft
@@ -44,18 +43,6 @@ func caller(ctx context.Context) (*auth.Principal, error) {
 		return nil, status.Error(codes.PermissionDenied, "no authenticated caller")
 	}
 	return p, nil
-}
-
-// authStatus maps auth's errors to statuses: auth's own status errors
-// pass, a malformed token request is InvalidArgument.
-func authStatus(err error) error {
-	if _, ok := status.FromError(err); ok {
-		return err
-	}
-	if errors.Is(err, auth.ErrInvalidToken) {
-		return status.Error(codes.InvalidArgument, err.Error())
-	}
-	return err
 }
 
 // tokenInfo describes rec without its salt and hash.
@@ -84,7 +71,7 @@ func (s *adminService) CreateToken(ctx context.Context, req *api.CreateTokenRequ
 	}
 	scopes, err := auth.ParseScopes(req.Scopes)
 	if err != nil {
-		return nil, authStatus(err)
+		return nil, toStatus(err)
 	}
 	if req.TtlSeconds < 0 || time.Duration(req.TtlSeconds) > maxTokenTTL/time.Second {
 		return nil, status.Errorf(codes.InvalidArgument, "create token: ttl of %d seconds", req.TtlSeconds)
@@ -97,7 +84,7 @@ func (s *adminService) CreateToken(ctx context.Context, req *api.CreateTokenRequ
 	}
 	ns, err := p.Grant(scopes, auth.Namespace(req.Namespace))
 	if err != nil {
-		return nil, authStatus(err)
+		return nil, toStatus(err)
 	}
 	var exp time.Time
 	if req.TtlSeconds > 0 {
@@ -105,10 +92,10 @@ func (s *adminService) CreateToken(ctx context.Context, req *api.CreateTokenRequ
 	}
 	tok, rec, err := auth.NewToken(req.Name, scopes, ns, exp)
 	if err != nil {
-		return nil, authStatus(err)
+		return nil, toStatus(err)
 	}
 	if err := s.n.meta.PutToken(ctx, rec); err != nil {
-		return nil, authStatus(err)
+		return nil, toStatus(err)
 	}
 	s.n.log.Info("node: token created", "id", rec.ID, "name", rec.Name, "scopes", rec.Scopes.String(), "by", p.Key())
 	return &api.CreateTokenResponse{Token: tok.String(), Info: tokenInfo(rec)}, nil
@@ -148,11 +135,16 @@ func (s *adminService) RevokeToken(ctx context.Context, req *api.RevokeTokenRequ
 		return nil, status.Errorf(codes.NotFound, "no token %s", req.Id)
 	}
 	if err := s.n.meta.DeleteToken(ctx, req.Id); err != nil {
-		return nil, err
+		return nil, toStatus(err)
 	}
 	s.n.log.Info("node: token revoked", "id", req.Id, "by", p.Key())
 	return &api.RevokeTokenResponse{}, nil
 }
+
+// errKeyRefused wraps whatever a keyring refuses a rotation step with
+// (a key not installed, the primary removed): the member's keyring is
+// not in the state the step needs, FailedPrecondition (toStatus).
+var errKeyRefused = errors.New("gossip keyring refused the change")
 
 // keyFingerprint names a gossip key without revealing it.
 func keyFingerprint(key []byte) string {
@@ -181,15 +173,8 @@ func (n *Node) gossipKeyLocal(op api.GossipKeyOp, key []byte) (*api.GossipKeyNod
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "gossip key operation %v", op)
 	}
-	switch {
-	case errors.Is(err, gossipkey.ErrInvalidKey):
-		return nil, status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, ring.ErrNotEncrypted):
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, ring.ErrShutdown):
-		return nil, status.Error(codes.Unavailable, err.Error())
-	case err != nil:
-		return nil, status.Error(codes.FailedPrecondition, err.Error())
+	if err != nil {
+		return nil, toStatus(fmt.Errorf("%w: %w", errKeyRefused, err))
 	}
 	primary, all := n.gossip.Keys()
 	if op != api.GossipKeyOp_GOSSIP_KEY_OP_LIST && n.cfg.GossipKeyringFile != "" && primary != nil {
@@ -314,7 +299,7 @@ func (s *adminService) GossipKeys(ctx context.Context, req *api.GossipKeyRequest
 		return nil, status.Errorf(codes.InvalidArgument, "gossip key operation %v", req.Op)
 	}
 	if _, err := gossipkey.Parse(gossipkey.Encode(req.Key)); err != nil {
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, toStatus(err)
 	}
 	fp := keyFingerprint(req.Key)
 	pre := n.gossipKeyAll(ctx, api.GossipKeyOp_GOSSIP_KEY_OP_LIST, nil)

@@ -167,9 +167,8 @@ func TestCertReloadRules(t *testing.T) {
 // errAny stands for "some error" in TestCertReloadRules.
 var errAny = errors.New("any error")
 
-// TestCertStartRules: at start the common name must be the node ID; a
-// certificate without the node role still starts (its peers keep it out
-// of raft and the peer API), as before.
+// TestCertStartRules: at start, as on reload, the common name must be the
+// node ID and the certificate a node certificate.
 func TestCertStartRules(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -179,7 +178,9 @@ func TestCertStartRules(t *testing.T) {
 	}{
 		{name: "node certificate", cn: "n1", usage: tlsconf.UsageNode},
 		{name: "another node's certificate", cn: "n2", usage: tlsconf.UsageNode, want: ErrCertName},
-		{name: "client certificate named n1", cn: "n1", usage: tlsconf.UsageClient},
+		{name: "client certificate named n1", cn: "n1", usage: tlsconf.UsageClient, want: ErrCertRole},
+		{name: "server certificate named n1", cn: "n1", usage: tlsconf.UsageServer, want: ErrCertRole},
+		{name: "client certificate of another name", cn: "app", usage: tlsconf.UsageClient, want: ErrCertName},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newCertPKI(t, "n1")

@@ -3,16 +3,14 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -138,6 +136,11 @@ type drainState struct {
 // ErrDraining answers a Drain while another one runs on the node.
 var ErrDraining = errors.New("node: a drain is already running")
 
+// ErrNoDrainTarget is why a drain of the cluster's only member fails:
+// there is no other member to copy its chunks to. It wraps replication's
+// ErrNoReplicas.
+var ErrNoDrainTarget = errors.New("node: no other member to drain to")
+
 // drainProgressEvery is how often a running drain reports progress.
 const drainProgressEvery = time.Second
 
@@ -202,6 +205,9 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 	}
 	n.log.Info("node: drain started", "keep_membership", keepMembership)
 	st, err := pass("draining")
+	if errors.Is(err, replication.ErrNoReplicas) {
+		return out, fmt.Errorf("%w: %w", ErrNoDrainTarget, err)
+	}
 	if err != nil {
 		return out, err
 	}
@@ -285,17 +291,8 @@ func (s *clientService) Drain(req *api.DrainRequest, st grpc.ServerStreamingServ
 			sendErr = st.Send(p)
 		}
 	})
-	switch {
-	case errors.Is(err, ErrDraining):
-		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, replication.ErrNoReplicas):
-		return status.Error(codes.FailedPrecondition, "node: no other member to drain to")
-	case errors.Is(err, meta.ErrLastVoter):
-		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, meta.ErrNoLeader):
-		return status.Error(codes.DeadlineExceeded, err.Error())
-	case err != nil:
-		return err
+	if err != nil {
+		return toStatus(err)
 	}
-	return sendErr
+	return toStatus(sendErr)
 }

@@ -14,15 +14,34 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
-// toStatus maps an error to the gRPC status a caller can branch on. Errors
-// that already are statuses pass through.
+// toStatus is the node's one mapping from errors to the gRPC statuses
+// callers branch on: every handler's error passes through it (the
+// interceptors apply it to whatever a handler returns; handlers whose
+// answers tests read without the interceptors call it themselves, which
+// is harmless: a status passes through unchanged). Sentinels of the
+// packages a handler calls (chunk, kvtier, meta, replication, auth,
+// inject, gossipkey, ring) and of node itself (drain, gossip key changes)
+// each have one code; anything else is Internal. The cases run in order,
+// so an error wrapping two sentinels gets the first one's code (a drain
+// with no other member wraps ErrNoDrainTarget and replication's
+// ErrNoReplicas: FailedPrecondition, not Unavailable).
+//
+// Not here: the Peer service's replication seam (Replicate, Fetch,
+// Delete, Digest) answers through replication.ToStatus, whose codes and
+// message tags are the protocol replication.FromStatus decodes on the
+// sending node; and a handler's own refusal of a request it parsed (a
+// status built where the reason is known, as invalid does).
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -36,6 +55,43 @@ func toStatus(err error) error {
 		code = codes.DeadlineExceeded
 	case errors.Is(err, context.Canceled):
 		code = codes.Canceled
+
+	// Node's own sentinels come before the ones they wrap.
+	case errors.Is(err, ErrNoDrainTarget), errors.Is(err, ErrDraining), errors.Is(err, meta.ErrLastVoter):
+		code = codes.FailedPrecondition
+	case errors.Is(err, gossipkey.ErrInvalidKey):
+		code = codes.InvalidArgument
+	case errors.Is(err, ring.ErrShutdown):
+		code = codes.Unavailable
+	case errors.Is(err, ring.ErrNotEncrypted), errors.Is(err, errKeyRefused):
+		code = codes.FailedPrecondition
+
+	case errors.Is(err, auth.ErrInvalidToken):
+		code = codes.InvalidArgument
+	case errors.Is(err, auth.ErrUnauthenticated):
+		code = codes.Unauthenticated
+	case errors.Is(err, auth.ErrPermissionDenied):
+		code = codes.PermissionDenied
+	case errors.Is(err, auth.ErrUnknownToken):
+		// A token record looked up by ID (Admin.RevokeToken); the Guard
+		// answers an unknown bearer token Unauthenticated itself.
+		code = codes.NotFound
+	case errors.Is(err, auth.ErrTooManyStreams):
+		code = codes.ResourceExhausted
+
+	case errors.Is(err, inject.ErrInvalidCache), errors.Is(err, inject.ErrInvalidRequest):
+		code = codes.InvalidArgument
+	case errors.Is(err, inject.ErrUnsupported):
+		code = codes.Unimplemented
+	case errors.Is(err, inject.ErrTooManyCaches):
+		code = codes.ResourceExhausted
+	case errors.Is(err, inject.ErrUnknownCache):
+		code = codes.NotFound
+	case errors.Is(err, inject.ErrFault):
+		code = codes.DataLoss
+	case errors.Is(err, inject.ErrClosed):
+		code = codes.Unavailable
+
 	case errors.Is(err, chunk.ErrTooLarge), errors.Is(err, kvtier.ErrNoSpace):
 		code = codes.ResourceExhausted
 	case errors.Is(err, chunk.ErrCorrupt), errors.Is(err, chunk.ErrInvalidEntry), errors.Is(err, chunk.ErrInvalidSpec),

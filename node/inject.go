@@ -277,30 +277,6 @@ func localPeer(ctx context.Context) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// injectStatus maps the inject package's sentinels to gRPC codes.
-func injectStatus(err error) error {
-	var code codes.Code
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, inject.ErrInvalidCache), errors.Is(err, inject.ErrInvalidRequest):
-		code = codes.InvalidArgument
-	case errors.Is(err, inject.ErrUnsupported):
-		code = codes.Unimplemented
-	case errors.Is(err, inject.ErrTooManyCaches):
-		code = codes.ResourceExhausted
-	case errors.Is(err, inject.ErrUnknownCache):
-		code = codes.NotFound
-	case errors.Is(err, inject.ErrFault):
-		code = codes.DataLoss
-	case errors.Is(err, inject.ErrClosed):
-		code = codes.Unavailable
-	default:
-		return err
-	}
-	return status.Error(code, err.Error())
-}
-
 func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheRequest) (*api.RegisterCacheResponse, error) {
 	if req.GetFingerprint() == nil {
 		return nil, status.Error(codes.InvalidArgument, "register cache without a model fingerprint")
@@ -337,7 +313,7 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 	}
 	id, err := in.svc.Register(ctx, d)
 	if err != nil {
-		return nil, injectStatus(err)
+		return nil, toStatus(err)
 	}
 	in.n.sec.rememberCache(ctx, uint64(id), d.Fingerprint)
 	return &api.RegisterCacheResponse{CacheId: uint64(id)}, nil
@@ -348,7 +324,7 @@ func (in *injector) UnregisterCache(ctx context.Context, req *api.UnregisterCach
 		return nil, err
 	}
 	if err := in.svc.Unregister(inject.CacheID(req.CacheId)); err != nil {
-		return nil, injectStatus(err)
+		return nil, toStatus(err)
 	}
 	in.n.sec.forgetCache(req.CacheId)
 	return &api.UnregisterCacheResponse{}, nil
@@ -391,7 +367,7 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 	}
 	resp, err := in.svc.Inject(st.Context(), r)
 	if err != nil {
-		return injectStatus(err)
+		return toStatus(err)
 	}
 	if sendErr != nil {
 		return sendErr

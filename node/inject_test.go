@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"fmt"
 	"math/rand/v2"
 	"net"
 	"testing"
@@ -151,26 +150,6 @@ func TestLocalPeer(t *testing.T) {
 		}
 		if got := localPeer(ctx); got != tc.want {
 			t.Errorf("%v: %v, want %v", tc.addr, got, tc.want)
-		}
-	}
-}
-
-func TestInjectStatus(t *testing.T) {
-	for _, tc := range []struct {
-		err  error
-		code codes.Code
-	}{
-		{fmt.Errorf("x: %w", inject.ErrInvalidCache), codes.InvalidArgument},
-		{fmt.Errorf("x: %w", inject.ErrInvalidRequest), codes.InvalidArgument},
-		{inject.ErrUnsupported, codes.Unimplemented},
-		{inject.ErrTooManyCaches, codes.ResourceExhausted},
-		{inject.ErrUnknownCache, codes.NotFound},
-		{inject.ErrFault, codes.DataLoss},
-		{inject.ErrClosed, codes.Unavailable},
-		{context.Canceled, codes.Canceled},
-	} {
-		if got := status.Code(toStatus(injectStatus(tc.err))); got != tc.code {
-			t.Errorf("%v: %v, want %v", tc.err, got, tc.code)
 		}
 	}
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -10,10 +11,14 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
 // headerOnlyStream is a ServerStream on which only SetHeader works.
@@ -39,7 +44,33 @@ func TestInterceptorRecoversPanics(t *testing.T) {
 	}
 }
 
+// authErr is a malformed token request as auth reports it.
+func authErr(t *testing.T) error {
+	t.Helper()
+	_, err := auth.ParseScopes("read,fly")
+	if err == nil {
+		t.Fatal("ParseScopes accepted an unknown scope")
+	}
+	return err
+}
+
+// grantErr is auth's refusal (a status error) of a grant beyond the
+// caller's own scopes.
+func grantErr(t *testing.T) error {
+	t.Helper()
+	p := &auth.Principal{Scopes: auth.ScopeRead}
+	_, err := p.Grant(auth.ScopeAdmin, nil)
+	if err == nil {
+		t.Fatal("a read-only caller granted admin")
+	}
+	return err
+}
+
+// TestToStatus: every sentinel a handler may return, bare or wrapped,
+// gets its one code; an error wrapping two sentinels gets the code of the
+// one the node branches on first.
 func TestToStatus(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("handler: %w", err) }
 	tests := []struct {
 		err  error
 		want codes.Code
@@ -51,18 +82,63 @@ func TestToStatus(t *testing.T) {
 		{kvtier.ErrNotFound, codes.NotFound},
 		{replication.ErrNotFound, codes.NotFound},
 		{replication.ErrQuorum, codes.Unavailable},
+		{replication.ErrNoReplicas, codes.Unavailable},
 		{replication.ErrRejected, codes.FailedPrecondition},
 		{meta.ErrInvalidCommand, codes.InvalidArgument},
 		{meta.ErrNotLeader, codes.FailedPrecondition},
 		{meta.ErrStaleEpoch, codes.Aborted},
 		{meta.ErrNoLeader, codes.Unavailable},
+		{meta.ErrLastVoter, codes.FailedPrecondition},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
+		{context.Canceled, codes.Canceled},
 		{errors.New("other"), codes.Internal},
 		{status.Error(codes.PermissionDenied, "kept"), codes.PermissionDenied},
+
+		// Auth (Admin token handlers); auth's own status errors pass.
+		{auth.ErrInvalidToken, codes.InvalidArgument},
+		{auth.ErrUnauthenticated, codes.Unauthenticated},
+		{auth.ErrPermissionDenied, codes.PermissionDenied},
+		{auth.ErrUnknownToken, codes.NotFound},
+		{auth.ErrTooManyStreams, codes.ResourceExhausted},
+		{authErr(t), codes.InvalidArgument},
+		{grantErr(t), codes.PermissionDenied},
+
+		// Drain.
+		{ErrDraining, codes.FailedPrecondition},
+		{fmt.Errorf("%w: %w", ErrNoDrainTarget, replication.ErrNoReplicas), codes.FailedPrecondition},
+
+		// Gossip key rotation (Admin.GossipKeys, Peer.GossipKey).
+		{gossipkey.ErrInvalidKey, codes.InvalidArgument},
+		{fmt.Errorf("%w: %w", errKeyRefused, gossipkey.ErrInvalidKey), codes.InvalidArgument},
+		{fmt.Errorf("%w: %w", errKeyRefused, errors.New("key is not in the keyring")), codes.FailedPrecondition},
+		{fmt.Errorf("%w: %w", errKeyRefused, ring.ErrNotEncrypted), codes.FailedPrecondition},
+		{fmt.Errorf("%w: %w", errKeyRefused, ring.ErrShutdown), codes.Unavailable},
+
+		// Injection.
+		{inject.ErrInvalidCache, codes.InvalidArgument},
+		{inject.ErrInvalidRequest, codes.InvalidArgument},
+		{inject.ErrUnsupported, codes.Unimplemented},
+		{inject.ErrTooManyCaches, codes.ResourceExhausted},
+		{inject.ErrUnknownCache, codes.NotFound},
+		{inject.ErrFault, codes.DataLoss},
+		{inject.ErrClosed, codes.Unavailable},
 	}
 	for _, tt := range tests {
 		if got := status.Code(toStatus(tt.err)); got != tt.want {
 			t.Errorf("toStatus(%v) = %v, want %v", tt.err, got, tt.want)
+		}
+		if tt.err == nil {
+			continue
+		}
+		if got := status.Code(toStatus(wrap(tt.err))); got != tt.want {
+			t.Errorf("toStatus(%v) = %v, want %v", wrap(tt.err), got, tt.want)
+		}
+		// A status passes through unchanged: handlers that call
+		// toStatus themselves and the interceptor that calls it again
+		// agree.
+		once := toStatus(tt.err)
+		if twice := toStatus(once); twice != once {
+			t.Errorf("toStatus(toStatus(%v)) = %v, want %v", tt.err, twice, once)
 		}
 	}
 	// The forwarder turns statuses back into meta's sentinels, and the

@@ -39,9 +39,11 @@ var ErrNoTLS = errors.New("node: no TLS configured: give CA, certificate and key
 // certificate).
 var ErrCertName = errors.New("node: the node certificate's common name is not the node ID")
 
-// ErrCertRole is the reason a reloaded certificate that is not a node
-// certificate (OU tlsconf.NodeOU) is refused: the node keeps serving with
-// the one it has.
+// ErrCertRole is returned by New, and by a certificate reload (which then
+// keeps the old certificate), when the node certificate is not a node
+// certificate (OU tlsconf.NodeOU): every peer would refuse it on Raft and
+// the peer API, so a node holding one could never join (kvmesh certs -node
+// ID=HOST makes a node certificate; -client makes the other kind).
 var ErrCertRole = errors.New("node: the certificate is not a node certificate (OU " + tlsconf.NodeOU + ")")
 
 // security is the node's transport security and authorisation: the TLS
@@ -87,21 +89,20 @@ func newSecurity(cfg Config) (security, error) {
 	return security{tls: t, caches: new(sync.Map), keyMu: new(sync.Mutex)}, nil
 }
 
-// certCheck is the tlsconf.Config.Check of node id: its certificate's
-// common name must be id, at start and at every reload (SIGHUP), since a
-// forwarded leave is accepted only from the leaving node's own
-// certificate; a reloaded certificate must also be a node certificate,
-// without which peers refuse the node's Raft and peer connections. A
-// node may start with a non-node certificate (peers keep it out; see
-// docs/SECURITY.md), but a reload never turns a serving node into one.
-// next, if set, runs after these checks.
+// certCheck is the tlsconf.Config.Check of node id, the one rule for the
+// certificate at start (prev nil) and at every reload (SIGHUP): its
+// common name must be id, since a forwarded leave is accepted only from
+// the leaving node's own certificate, and it must be a node certificate,
+// without which peers refuse the node's Raft and peer connections (a node
+// that started with one would serve clients but never join). next, if
+// set, runs after these checks.
 func certCheck(id string, next func(prev, cur *x509.Certificate) error) func(prev, cur *x509.Certificate) error {
 	return func(prev, cur *x509.Certificate) error {
 		if cur.Subject.CommonName != id {
-			return fmt.Errorf("%w: certificate %q, node %q", ErrCertName, cur.Subject.CommonName, id)
+			return fmt.Errorf("%w: certificate %q, node %q (kvmesh certs -node %s=HOST makes one)", ErrCertName, cur.Subject.CommonName, id, id)
 		}
-		if prev != nil && !tlsconf.IsNodeCert(cur) {
-			return fmt.Errorf("%w: certificate %q has OU %q", ErrCertRole, cur.Subject.CommonName, cur.Subject.OrganizationalUnit)
+		if !tlsconf.IsNodeCert(cur) {
+			return fmt.Errorf("%w: certificate %q has OU %q (kvmesh certs -node %s=HOST makes one)", ErrCertRole, cur.Subject.CommonName, cur.Subject.OrganizationalUnit, id)
 		}
 		if next != nil {
 			return next(prev, cur)

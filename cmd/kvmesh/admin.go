@@ -10,12 +10,10 @@ import (
 	"text/tabwriter"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossipkey"
-	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // adminDialer connects to the Admin API of one node; done closes the
@@ -23,30 +21,18 @@ import (
 type adminDialer func() (ac api.AdminClient, done func(), err error)
 
 // adminDial returns an adminDialer for the first address of addrs with
-// the TLS identity and token of sec (as client.Config dials: mutual TLS
-// when files are named, the token only over TLS unless -insecure).
+// the TLS identity and token of sec, dialing as the client library does
+// (client.DialOptions: mutual TLS when files are named, the token only
+// over TLS unless -insecure, the api codec).
 func adminDial(addrs string, sec *secFlags) adminDialer {
 	return func() (api.AdminClient, func(), error) {
 		addr, _, _ := strings.Cut(addrs, ",")
 		if addr == "" {
 			return nil, nil, errors.New("no cluster address: set -addr or KVMESH_ADDR")
 		}
-		var opts []grpc.DialOption
-		tc := sec.tls
-		if tc.CAFile == "" && tc.CertFile == "" && tc.KeyFile == "" {
-			opts = append(opts, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		} else {
-			t, err := tlsconf.New(tc)
-			if err != nil {
-				return nil, nil, fmt.Errorf("TLS: %w", err)
-			}
-			opts = append(opts, grpc.WithTransportCredentials(t.ClientCredentials()))
-		}
-		if sec.token != "" {
-			if _, err := auth.ParseToken(sec.token); err != nil {
-				return nil, nil, fmt.Errorf("token: %w", err)
-			}
-			opts = append(opts, grpc.WithPerRPCCredentials(auth.TokenCredentials(sec.token, tc.Insecure)))
+		opts, err := client.DialOptions(sec.config(client.Config{}))
+		if err != nil {
+			return nil, nil, err
 		}
 		cc, err := grpc.NewClient(addr, opts...)
 		if err != nil {
