@@ -205,7 +205,7 @@ func (s *Store) close(snapshot bool) error {
 			}
 		}
 		s.raft.DeregisterObserver(s.observer)
-		err := s.raft.Shutdown().Error()
+		err := s.shutdownRaft()
 		s.trans.fence()
 		s.wg.Wait()
 		if werr := s.wal.Close(); err == nil {
@@ -225,6 +225,34 @@ func (s *Store) close(snapshot bool) error {
 		s.closeErr = err
 	})
 	return s.closeErr
+}
+
+// raftShutdownWait bounds the wait for raft's goroutines on Close; a
+// healthy shutdown takes milliseconds.
+const raftShutdownWait = 30 * time.Second
+
+// shutdownRaft shuts raft down and waits, at most raftShutdownWait, for
+// its goroutines. hashicorp/raft can leave a pipeline replication
+// goroutine blocked for good on a stepped-down leader (its decoder gone,
+// both pipeline channels full; seen in TestLeaderLeave on a loaded
+// machine: Shutdown then waits forever and so would Close). Past the
+// bound the node closes anyway: the stuck goroutines block on channels
+// nothing will ever serve, touch neither the log nor the snapshots, and
+// the transport, which Shutdown would have closed last, is closed here.
+func (s *Store) shutdownRaft() error {
+	f := s.raft.Shutdown()
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	t := time.NewTimer(raftShutdownWait)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		s.log.Error("meta: raft shutdown did not finish; closing without its stuck replication goroutines", "waited", raftShutdownWait)
+		_ = s.trans.Close()
+		return nil
+	}
 }
 
 // Leave removes this node from the cluster for good (a drain's last step):
