@@ -231,7 +231,9 @@ func TestCommandRoundTrip(t *testing.T) {
 		{kindRegisterModel, registerModel{spec}, func(c command) bool {
 			return reflect.DeepEqual(c.model.Spec, spec) && c.model.Spec.Fingerprint() == spec.Fingerprint()
 		}},
-		{kindSetSettings, Settings{4, 2, chunk.CodecInt4}, func(c command) bool { return c.settings.Settings == Settings{4, 2, chunk.CodecInt4} && c.settings.IfVersion == nil }},
+		{kindSetSettings, Settings{4, 2, chunk.CodecInt4}, func(c command) bool {
+			return c.settings.Settings == Settings{4, 2, chunk.CodecInt4} && c.settings.IfVersion == nil
+		}},
 		{kindRingChange, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}, func(c command) bool {
 			return reflect.DeepEqual(*c.ring, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}})
 		}},
