@@ -16,9 +16,26 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// waitLimit bounds every wait for gossip to converge: LocalTiming notices a
-// failure in about a second; the margin is for -race on a loaded machine.
-const waitLimit = 20 * time.Second
+// waitLimit bounds every wait for gossip to converge: testTiming notices a
+// crash within about 15 s at worst (a lone survivor gets no suspicion
+// confirmations); the margin is for -race on a loaded machine.
+const waitLimit = 45 * time.Second
+
+// testTiming is LocalTiming with looser failure detection: a member that
+// is starved of CPU (-race on 2 busy cores) must not be declared failed.
+// With LocalTiming's 200 ms probes and x3 suspicion a stall of about half
+// a second did it, and the tests that assert which members are alive, or
+// that a graceful leave is a leave and not a failure, failed for reasons
+// of the machine. A stall now has to last about 2 s (the suspicion
+// timeout with confirmations, 4 x 500 ms); a real crash is still seen
+// within seconds.
+func testTiming() Timing {
+	tm := LocalTiming()
+	tm.ProbeInterval = 500 * time.Millisecond
+	tm.ProbeTimeout = 300 * time.Millisecond
+	tm.SuspicionMult = 4
+	return tm
+}
 
 func testConfig(id string, seeds ...string) GossipConfig {
 	return GossipConfig{
@@ -30,7 +47,7 @@ func testConfig(id string, seeds ...string) GossipConfig {
 		},
 		Seeds:  seeds,
 		Logger: slog.New(slog.DiscardHandler),
-		Timing: LocalTiming(),
+		Timing: testTiming(),
 	}
 }
 
@@ -113,13 +130,28 @@ func TestGossipClusters(t *testing.T) {
 				eventually(t, g.LocalID()+" to see everyone", func() bool { return slices.Equal(memberIDs(g), want) })
 			}
 			// Everyone holds everyone's metadata, with the gossip address
-			// each node really bound.
+			// each node really bound. (Read again until it holds: a member
+			// starved of CPU may be held failed for a moment, and refute.)
 			for _, g := range gs {
-				for i, m := range g.Members() {
-					src := gs[i]
-					if wantMeta := src.LocalMeta(); m != wantMeta || m.GossipAddr != src.Addr() {
-						t.Fatalf("%s sees %+v, want %+v", g.LocalID(), m, wantMeta)
+				var last string
+				ok := func() bool {
+					ms := g.Members()
+					if len(ms) != n {
+						last = fmt.Sprintf("%s sees %v", g.LocalID(), memberIDs(g))
+						return false
 					}
+					for i, m := range ms {
+						src := gs[i]
+						if wantMeta := src.LocalMeta(); m != wantMeta || m.GossipAddr != src.Addr() {
+							last = fmt.Sprintf("%s sees %+v, want %+v", g.LocalID(), m, wantMeta)
+							return false
+						}
+					}
+					return true
+				}
+				if !ok() {
+					eventually(t, "everyone's metadata", ok)
+					t.Logf("metadata right on a second look; first: %s", last)
 				}
 			}
 
@@ -141,8 +173,9 @@ func TestGossipClusters(t *testing.T) {
 			if err := gs[1].UpdateMeta(ctx, upd); err != nil {
 				t.Fatal(err)
 			}
+			// An update, or a join if n0 held n1 failed for a moment.
 			waitEvent(t, sub, "update", func(e Event) bool {
-				return e.Kind == EventUpdate && e.Node.ID == "n1" && e.Node.Capacity.GPUBytes == 80*GiB
+				return (e.Kind == EventUpdate || e.Kind == EventJoin) && e.Node.ID == "n1" && e.Node.Capacity.GPUBytes == 80*GiB
 			})
 			for _, g := range gs {
 				eventually(t, g.LocalID()+" to see the update", func() bool {
@@ -151,25 +184,23 @@ func TestGossipClusters(t *testing.T) {
 				})
 			}
 
-			// A graceful leave is seen as a leave.
+			// A graceful leave is seen as a leave: an EventLeave comes (a
+			// leave reported as a failure only never does) and Status says
+			// left at the end. Not "the first event about it": on a starved
+			// machine n0 may hold it failed for a moment before the leave
+			// (EventFail, then EventJoin when it refutes).
 			if err := gs[n-1].Leave(ctx); err != nil {
 				t.Fatal(err)
 			}
 			if err := gs[n-1].Shutdown(); err != nil {
 				t.Fatal(err)
 			}
-			e := waitEvent(t, sub, "leave", func(e Event) bool { return e.Node.ID == want[n-1] && e.Kind != EventUpdate })
-			if e.Kind != EventLeave {
-				t.Fatalf("graceful leave reported as %v", e.Kind)
-			}
+			waitEvent(t, sub, "leave", func(e Event) bool { return e.Node.ID == want[n-1] && e.Kind == EventLeave })
 			// A crash (shutdown without leave) is seen as a failure.
 			if err := gs[n-2].Shutdown(); err != nil {
 				t.Fatal(err)
 			}
-			e = waitEvent(t, sub, "failure", func(e Event) bool { return e.Node.ID == want[n-2] })
-			if e.Kind != EventFail {
-				t.Fatalf("crash reported as %v", e.Kind)
-			}
+			waitEvent(t, sub, "failure", func(e Event) bool { return e.Node.ID == want[n-2] && e.Kind == EventFail })
 			for _, g := range gs[:n-2] {
 				eventually(t, g.LocalID()+" to drop the gone", func() bool { return slices.Equal(memberIDs(g), want[:n-2]) })
 			}
@@ -462,7 +493,9 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 			cfg.BindPort, _ = strconv.Atoi(portStr)
 			cfg.ReconnectInterval = -1
 			g1 := start(t, cfg)
-			eventually(t, "n1 to see itself", func() bool { return len(g1.Members()) == 1 })
+			// Not "only itself": with reconnect on, n0 may already have
+			// joined it by the time its own join event is applied.
+			eventually(t, "n1 to see itself", func() bool { return slices.Contains(memberIDs(g1), "n1") })
 			if !tc.wantBack {
 				// Bounded look for a join that must not happen: longer
 				// than several probe and push/pull rounds of LocalTiming.
