@@ -106,18 +106,18 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	join := fs.String("join", "", "comma-separated gossip addresses of existing members")
 	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, "servers that bootstrap a new cluster together (default 1 without -join, else 0)")
 	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget")
-	fs.StringVar(&fc.DRAMRelease, "dram-release", "", "bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M; \"off\": never)")
+	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
 	fs.StringVar(&fc.Disk, "disk", "0", "disk tier budget under data-dir/tier (0: no disk tier)")
 	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring")
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", "period of anti-entropy rounds between replicas (\"off\" disables them)")
+	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
-	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", "bytes/s this node sends to new owners on a ring change (\"off\": unlimited)")
+	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))
 	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
-	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", "bytes/s of incoming rebalance blobs stored, over all senders (\"off\": uncapped)")
-	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", "how long an incoming rebalance blob waits for serving calls in flight to finish (\"off\": no waiting)")
+	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", rebalanceRecvRateFlag().usage("bytes/s of incoming rebalance blobs stored, over all senders"))
+	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
 	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -234,15 +234,9 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -dram: %w", err)
 	}
-	var dramRelease int64
-	switch v := strings.TrimSpace(fc.DRAMRelease); v {
-	case "":
-	case "off":
-		dramRelease = -1
-	default:
-		if dramRelease, err = ParseBytes(v); err != nil || dramRelease == 0 {
-			return cfg, fmt.Errorf("kvmeshd: -dram-release %q: a positive byte size or \"off\"", fc.DRAMRelease)
-		}
+	dramRelease, err := dramReleaseFlag().parse(fc.DRAMRelease)
+	if err != nil {
+		return cfg, err
 	}
 	disk, err := ParseBytes(fc.Disk)
 	if err != nil {
@@ -256,15 +250,9 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -rpc-timeout: %w", err)
 	}
-	var antiEntropy time.Duration
-	switch fc.AntiEntropy {
-	case "", "0":
-	case "off":
-		antiEntropy = -1
-	default:
-		if antiEntropy, err = time.ParseDuration(fc.AntiEntropy); err != nil || antiEntropy <= 0 {
-			return cfg, fmt.Errorf("kvmeshd: -anti-entropy %q: a positive duration or \"off\"", fc.AntiEntropy)
-		}
+	antiEntropy, err := antiEntropyFlag().duration(fc.AntiEntropy)
+	if err != nil {
+		return cfg, err
 	}
 	rcfg, err := fc.rebalanceConfig()
 	if err != nil {
@@ -295,41 +283,19 @@ const maxRecvStreams = 1024
 // ("" keeps replication's default).
 func (fc FileConfig) rebalanceConfig() (replication.Config, error) {
 	var rc replication.Config
-	rate := func(name, v string, offValue int64, dst *int64) error {
-		switch strings.TrimSpace(v) {
-		case "":
-			return nil
-		case "off":
-			*dst = offValue
-			return nil
-		}
-		b, err := ParseBytes(v)
-		if err != nil || b == 0 {
-			return fmt.Errorf("kvmeshd: -%s %q: a positive byte size per second or \"off\"", name, v)
-		}
-		*dst = b
-		return nil
-	}
-	if err := rate("rebalance-rate", fc.RebalanceRate, -1, &rc.RebalanceBytesPerSec); err != nil {
+	var err error
+	if rc.RebalanceBytesPerSec, err = rebalanceRateFlag().parse(fc.RebalanceRate); err != nil {
 		return rc, err
 	}
-	if err := rate("rebalance-recv-rate", fc.RebalanceRecvRate, 0, &rc.IncomingRebalanceBytesPerSec); err != nil {
+	if rc.IncomingRebalanceBytesPerSec, err = rebalanceRecvRateFlag().parse(fc.RebalanceRecvRate); err != nil {
 		return rc, err
 	}
 	if fc.RebalanceRecvStreams < 0 || fc.RebalanceRecvStreams > maxRecvStreams {
 		return rc, fmt.Errorf("kvmeshd: -rebalance-recv-streams %d: 1 to %d", fc.RebalanceRecvStreams, maxRecvStreams)
 	}
 	rc.IncomingRebalanceStreams = fc.RebalanceRecvStreams
-	switch y := strings.TrimSpace(fc.RebalanceYield); y {
-	case "":
-	case "off", "0":
-		rc.ServingYield = -1
-	default:
-		d, err := time.ParseDuration(y)
-		if err != nil || d <= 0 {
-			return rc, fmt.Errorf("kvmeshd: -rebalance-yield %q: a positive duration or \"off\"", y)
-		}
-		rc.ServingYield = d
+	if rc.ServingYield, err = rebalanceYieldFlag().duration(fc.RebalanceYield); err != nil {
+		return rc, err
 	}
 	return rc, nil
 }

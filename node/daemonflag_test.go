@@ -1,0 +1,104 @@
+package node
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestOffFlags: every kvmeshd setting that takes a quantity or "off"
+// reads "", "off", "0", a value and garbage as its help text says.
+func TestOffFlags(t *testing.T) {
+	const refused = int64(-999) // want: an error
+	for _, tc := range []struct {
+		flag offFlag
+		in   string
+		want int64
+	}{
+		// -dram-release: off is -1 (kvtier: never release); 0 refused.
+		{dramReleaseFlag(), "", 0},
+		{dramReleaseFlag(), "off", -1},
+		{dramReleaseFlag(), " off ", -1},
+		{dramReleaseFlag(), "0", refused},
+		{dramReleaseFlag(), "16M", 16 << 20},
+		{dramReleaseFlag(), "-1", refused},
+		{dramReleaseFlag(), "1s", refused},
+		{dramReleaseFlag(), "OFF", refused},
+
+		// -anti-entropy: off is -1 (no rounds); 0 is the default.
+		{antiEntropyFlag(), "", 0},
+		{antiEntropyFlag(), "0", 0},
+		{antiEntropyFlag(), "off", -1},
+		{antiEntropyFlag(), "30s", int64(30 * time.Second)},
+		{antiEntropyFlag(), "-1s", refused},
+		{antiEntropyFlag(), "30", refused},
+		{antiEntropyFlag(), "soon", refused},
+
+		// -rebalance-rate: off is -1 (unlimited); 0 refused.
+		{rebalanceRateFlag(), "", 0},
+		{rebalanceRateFlag(), "off", -1},
+		{rebalanceRateFlag(), "0", refused},
+		{rebalanceRateFlag(), "64M", 64 << 20},
+		{rebalanceRateFlag(), "fast", refused},
+
+		// -rebalance-recv-rate: off is 0 (replication: uncapped); 0 refused.
+		{rebalanceRecvRateFlag(), "", 0},
+		{rebalanceRecvRateFlag(), "off", 0},
+		{rebalanceRecvRateFlag(), "0", refused},
+		{rebalanceRecvRateFlag(), "200M", 200 << 20},
+		{rebalanceRecvRateFlag(), "-1M", refused},
+
+		// -rebalance-yield: off is -1 (no waiting); 0 is off.
+		{rebalanceYieldFlag(), "", 0},
+		{rebalanceYieldFlag(), "off", -1},
+		{rebalanceYieldFlag(), "0", -1},
+		{rebalanceYieldFlag(), "100ms", int64(100 * time.Millisecond)},
+		{rebalanceYieldFlag(), "-5ms", refused},
+	} {
+		t.Run(tc.flag.name+"="+tc.in, func(t *testing.T) {
+			got, err := tc.flag.parse(tc.in)
+			if tc.want == refused {
+				if err == nil || !errors.Is(err, errOffFlag) || !strings.Contains(err.Error(), "-"+tc.flag.name) {
+					t.Fatalf("parse(%q) = %d, %v; want an errOffFlag naming -%s", tc.in, got, err, tc.flag.name)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("parse(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestOffFlagsHelp: kvmeshd's help text states, for each such flag, what
+// "off" and "0" mean.
+func TestOffFlagsHelp(t *testing.T) {
+	var help strings.Builder
+	err := RunDaemon(t.Context(), []string{"-h"}, io.Discard, &help)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, tc := range []struct {
+		flag      offFlag
+		off, zero string
+	}{
+		{dramReleaseFlag(), `"off": never`, `"0" is refused`},
+		{antiEntropyFlag(), `"off": no rounds`, `"0" is the default`},
+		{rebalanceRateFlag(), `"off": unlimited`, `"0" is refused`},
+		{rebalanceRecvRateFlag(), `"off": uncapped`, `"0" is refused`},
+		{rebalanceYieldFlag(), `"off": no waiting`, `"0" is "off"`},
+	} {
+		// flag prints "  -name value\n    \tusage (default ...)".
+		_, text, ok := strings.Cut(help.String(), "  -"+tc.flag.name+" ")
+		if !ok {
+			t.Fatalf("-%s missing from the help:\n%s", tc.flag.name, help.String())
+		}
+		text, _, _ = strings.Cut(text, "\n  -")
+		if !strings.Contains(text, tc.off) || !strings.Contains(text, tc.zero) {
+			t.Errorf("-%s help %q lacks %q or %q", tc.flag.name, text, tc.off, tc.zero)
+		}
+	}
+}
