@@ -109,7 +109,7 @@ func fastConfig(id, dir string) Config {
 
 // waitTimeout bounds every wait of these tests; it is a failure bound, not
 // a timing assertion.
-const waitTimeout = 30 * time.Second
+const waitTimeout = 60 * time.Second
 
 func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
