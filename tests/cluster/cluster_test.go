@@ -60,56 +60,65 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func buildKvmeshd(t *testing.T) string {
-	t.Helper()
+// buildKvmeshd returns the kvmeshd TestMain built; it skips when there
+// was no go command to build it.
+func buildKvmeshd(tb testing.TB) string {
+	tb.Helper()
 	if kvmeshdErr != nil {
 		if kvmeshdBin == "" {
-			t.Skip(kvmeshdErr)
+			tb.Skip(kvmeshdErr)
 		}
-		t.Fatal(kvmeshdErr)
+		tb.Fatal(kvmeshdErr)
 	}
 	return kvmeshdBin
 }
 
-func checkBindable(t *testing.T, hosts ...string) {
-	t.Helper()
+// checkBindable skips unless every host can be bound (loopback aliases
+// beyond 127.0.0.1 are missing on some systems).
+func checkBindable(tb testing.TB, hosts ...string) {
+	tb.Helper()
 	for _, h := range hosts {
 		l, err := net.Listen("tcp", net.JoinHostPort(h, "0"))
 		if err != nil {
-			t.Skipf("cannot bind %s (loopback aliases needed): %v", h, err)
+			tb.Skipf("cannot bind %s (loopback aliases needed): %v", h, err)
 		}
 		l.Close()
 	}
 }
 
-// start runs kvmeshd with args and waits for its ready line.
-func start(t *testing.T, bin, id string, args ...string) *proc {
-	t.Helper()
-	logPath := filepath.Join(t.TempDir(), id+".log")
+// start runs kvmeshd with args and waits for its ready line. The process
+// is killed when the test or benchmark ends (and, on Linux, when its
+// binary dies first, so that a test killed by its timeout leaves no node
+// behind); its log goes to a file whose tail is logged on failure. The
+// tests and BenchmarkRebalance10G share it.
+func start(tb testing.TB, bin, id string, args ...string) *proc {
+	tb.Helper()
+	logPath := filepath.Join(tb.TempDir(), id+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	cmd := exec.Command(bin, append([]string{"-id", id, "-insecure"}, args...)...)
 	cmd.Stderr = logf
+	cmd.SysProcAttr = procAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
 	p := &proc{id: id, cmd: cmd, log: logPath, done: make(chan error, 1)}
-	t.Cleanup(func() {
+	tb.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-p.done
 		logf.Close()
-		if t.Failed() {
+		if tb.Failed() {
 			b, _ := os.ReadFile(logPath)
 			if len(b) > 4000 {
 				b = b[len(b)-4000:]
 			}
-			t.Logf("log of %s (tail):\n%s", id, b)
+			tb.Logf("log of %s (tail):\n%s", id, b)
 		}
 	})
 	ready := make(chan map[string]string, 1)
@@ -132,9 +141,9 @@ func start(t *testing.T, bin, id string, args ...string) *proc {
 	case p.addrs = <-ready:
 	case err := <-p.done:
 		p.done <- err
-		t.Fatalf("%s exited before ready: %v", id, err)
+		tb.Fatalf("%s exited before ready: %v", id, err)
 	case <-time.After(60 * time.Second):
-		t.Fatalf("%s: no ready line in 60s", id)
+		tb.Fatalf("%s: no ready line in 60s", id)
 	}
 	return p
 }

@@ -3,17 +3,14 @@
 package cluster
 
 import (
-	"bufio"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -21,7 +18,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -82,18 +78,18 @@ func BenchmarkRebalance10G(b *testing.B) {
 	}
 
 	hosts := []string{"127.0.0.41", "127.0.0.42", "127.0.0.43", "127.0.0.44"}
-	checkBindableTB(b, hosts...)
-	bin := buildKvmeshdTB(b)
+	checkBindable(b, hosts...)
+	bin := buildKvmeshd(b)
 	common := append([]string{"-bootstrap-expect", "3", "-dead-grace", "1h", "-rpc-timeout", "30s"}, tierArgs...)
 	// Extra kvmeshd flags, to benchmark variants (e.g. "-rebalance-recv-streams 2").
 	common = append(common, strings.Fields(os.Getenv("KVMESH_REBALANCE_ARGS"))...)
-	var nodes []*benchProc
+	var nodes []*proc
 	for i, h := range hosts[:3] {
 		args := append([]string{"-data-dir", b.TempDir(), "-grpc", h + ":0"}, common...)
 		if i > 0 {
 			args = append(args, "-join", nodes[0].addrs["gossip"])
 		}
-		nodes = append(nodes, startBenchProc(b, bin, fmt.Sprintf("r%d", i+1), args...))
+		nodes = append(nodes, start(b, bin, fmt.Sprintf("r%d", i+1), args...))
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), envDuration(b, "KVMESH_REBALANCE_TIMEOUT", 50*time.Minute))
@@ -175,7 +171,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 	time.Sleep(baseline)
 
 	tJoin := time.Now()
-	n4 := startBenchProc(b, bin, "r4", append([]string{"-data-dir", b.TempDir(), "-grpc", hosts[3] + ":0",
+	n4 := start(b, bin, "r4", append([]string{"-data-dir", b.TempDir(), "-grpc", hosts[3] + ":0",
 		"-join", nodes[0].addrs["gossip"]}, common[2:]...)...)
 	nodes = append(nodes, n4)
 
@@ -226,7 +222,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 		if ringOK && tRing.IsZero() {
 			tRing, atRing = time.Now(), ms
 			if dir := os.Getenv("KVMESH_REBALANCE_PPROF"); dir != "" {
-				for _, n := range []*benchProc{nodes[0], n4} {
+				for _, n := range []*proc{nodes[0], n4} {
 					profWG.Add(1)
 					go func() {
 						defer profWG.Done()
@@ -355,88 +351,6 @@ func BenchmarkRebalance10G(b *testing.B) {
 	b.Log(sb.String())
 }
 
-// benchProc is one kvmeshd process of the benchmark.
-type benchProc struct {
-	id    string
-	cmd   *exec.Cmd
-	addrs map[string]string
-}
-
-// startBenchProc starts kvmeshd (killed with the benchmark: Pdeathsig)
-// and waits for its ready line; its log goes to a file kept on failure.
-func startBenchProc(tb testing.TB, bin, id string, args ...string) *benchProc {
-	tb.Helper()
-	logPath := filepath.Join(tb.TempDir(), id+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cmd := exec.Command(bin, append([]string{"-id", id, "-insecure"}, args...)...)
-	cmd.Stderr = logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	done := make(chan error, 1)
-	ready := make(chan map[string]string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "kvmeshd ready ") {
-				m := make(map[string]string)
-				for _, f := range strings.Fields(line)[2:] {
-					k, v, _ := strings.Cut(f, "=")
-					m[k] = v
-				}
-				ready <- m
-			}
-		}
-		done <- cmd.Wait()
-	}()
-	tb.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
-		if tb.Failed() {
-			b, _ := os.ReadFile(logPath)
-			if len(b) > 4000 {
-				b = b[len(b)-4000:]
-			}
-			tb.Logf("log of %s (tail):\n%s", id, b)
-		}
-	})
-	select {
-	case m := <-ready:
-		return &benchProc{id: id, cmd: cmd, addrs: m}
-	case err := <-done:
-		done <- err
-		tb.Fatalf("%s exited before ready: %v", id, err)
-	case <-time.After(60 * time.Second):
-		tb.Fatalf("%s: no ready line in 60s", id)
-	}
-	return nil
-}
-
-func buildKvmeshdTB(tb testing.TB) string {
-	tb.Helper()
-	if kvmeshdErr != nil {
-		if kvmeshdBin == "" {
-			tb.Skip(kvmeshdErr)
-		}
-		tb.Fatal(kvmeshdErr)
-	}
-	return kvmeshdBin
-}
-
 func waitMembers(ctx context.Context, tb testing.TB, c *client.Client, n int) *api.ClusterInfoResponse {
 	tb.Helper()
 	for {
@@ -514,17 +428,6 @@ func probeBlobSize(tb testing.TB, spec chunk.ModelSpec, ntok int) int {
 		tb.Fatal(err)
 	}
 	return len(blob)
-}
-
-func checkBindableTB(tb testing.TB, hosts ...string) {
-	tb.Helper()
-	for _, h := range hosts {
-		l, err := net.Listen("tcp", net.JoinHostPort(h, "0"))
-		if err != nil {
-			tb.Skipf("cannot bind %s (loopback aliases needed): %v", h, err)
-		}
-		l.Close()
-	}
 }
 
 // reader Gets random keys, one at a time, and records every result.
@@ -618,7 +521,7 @@ func (m metricSet) tiers(name string) float64 {
 	return m[name+`{tier="dram"}`] + m[name+`{tier="disk"}`]
 }
 
-func scrapeAll(ctx context.Context, tb testing.TB, nodes []*benchProc) []metricSet {
+func scrapeAll(ctx context.Context, tb testing.TB, nodes []*proc) []metricSet {
 	tb.Helper()
 	out := make([]metricSet, len(nodes))
 	for i, n := range nodes {
