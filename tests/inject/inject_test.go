@@ -136,6 +136,24 @@ func putDirect(ctx context.Context, addr string, blob []byte, key chunk.Key) err
 	return err
 }
 
+// heldDirect reports whether the node at addr holds key in its own store.
+func heldDirect(ctx context.Context, addr string, key chunk.Key) bool {
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
+	if err != nil {
+		return false
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
+	if err != nil {
+		return false
+	}
+	_, err = st.Recv()
+	return err == nil
+}
+
 // fetchedBytes scrapes kvmesh_inject_fetched_bytes_total of a node.
 func fetchedBytes(t testing.TB, httpAddr, source string) float64 {
 	t.Helper()
@@ -264,10 +282,23 @@ func TestInjectEndToEnd(t *testing.T) {
 		}
 		return ent, blob
 	}
+	var stored []chunk.Key
 	for _, i := range []int{1, 2, 3, 4} {
-		_, blob := encode(i, i == 3)
+		ent, blob := encode(i, i == 3)
 		if _, err := c.cl.Put(ctx, blob); err != nil {
 			t.Fatal(err)
+		}
+		stored = append(stored, ent.Key)
+	}
+	// Puts return at W=2; "exact" below checks that n1 read from its own
+	// store, so wait for n1's copies (the third replica write, or its
+	// hint, may still be on the way).
+	for _, k := range stored {
+		for !heldDirect(ctx, local.Addr("grpc"), k) {
+			if ctx.Err() != nil {
+				t.Fatalf("%v never reached n1", k)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 
