@@ -33,6 +33,7 @@ type FileConfig struct {
 	DeadGrace       string   `json:"dead_grace"`
 	RPCTimeout      string   `json:"rpc_timeout"`
 	LocalTiming     bool     `json:"local_timing"`
+	Rejoin          bool     `json:"rejoin,omitempty"`
 	LogLevel        string   `json:"log_level"`
 	// AntiEntropy is the period of anti-entropy rounds ("off" disables
 	// them); StartupPull (default true) refills a node from its peers once
@@ -111,6 +112,7 @@ func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring")
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
+	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
@@ -208,6 +210,9 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	if !set["local-timing"] && file.LocalTiming {
 		fc.LocalTiming = true
 	}
+	if !set["rejoin"] && file.Rejoin {
+		fc.Rejoin = true
+	}
 	fc.mergeSecurity(&file, set)
 	return nil
 }
@@ -268,7 +273,7 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 	cfg = Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: fc.GRPC, HTTPAddr: fc.HTTP, GossipAddr: fc.Gossip, RaftAddr: fc.Raft,
 		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
-		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming,
+		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
 		Replication:   rcfg,
 		Logger:        slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),

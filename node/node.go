@@ -75,6 +75,10 @@ type Config struct {
 	// LocalTiming tunes gossip and raft for nodes on one machine (tests,
 	// `kvmesh local-cluster`): failures are noticed in about a second.
 	LocalTiming bool
+	// Rejoin lets a node whose data directory records that it left the
+	// cluster (Leave, a drain) start and join again; without it Start
+	// fails with ErrLeftCluster.
+	Rejoin bool
 	// NoStartupPull turns off the pull pass a node runs once it is back in
 	// the ring after a start (replication.StartupPull): a DRAM-only node
 	// comes back empty, and without it waits for the others' anti-entropy
@@ -229,6 +233,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	cfg := n.cfg
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
+	}
+	if left, err := checkLeftMarker(cfg.DataDir, cfg.Rejoin); err != nil {
+		return err
+	} else if left != nil {
+		n.log.Warn("node: rejoining the cluster after a leave (-rejoin)", "left_at", left.At, "left_incarnation", left.Incarnation)
 	}
 	var lc net.ListenConfig
 	if n.grpcLis, err = lc.Listen(ctx, "tcp", cfg.GRPCAddr); err != nil {
@@ -426,13 +435,17 @@ func (n *Node) Meta() *meta.Store { return n.meta }
 // tombstones this incarnation) and then through gossip, which only tells
 // the others sooner. It fails, and the node stays a member, when the
 // removal is not committed before ctx ends. It moves no data: Drain does.
-// A node restarted afterwards (a new incarnation) joins again.
+// Once committed, the leave is recorded in the data directory: a later
+// Start on it fails with ErrLeftCluster unless Config.Rejoin.
 func (n *Node) Leave(ctx context.Context) error {
 	if n.meta == nil || n.gossip == nil {
 		return nil
 	}
 	if err := n.meta.Leave(ctx); err != nil {
 		return fmt.Errorf("node: leave: %w", err)
+	}
+	if err := writeLeftMarker(n.cfg.DataDir, leftMarker{NodeID: n.cfg.NodeID, Incarnation: n.incarnation, At: time.Now()}); err != nil {
+		n.log.Warn("node: left the cluster, but a restart on this data directory will not know it", "err", err)
 	}
 	gctx, cancel := context.WithTimeout(ctx, gossipLeaveTimeout)
 	defer cancel()
