@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -141,6 +142,12 @@ var ErrDraining = errors.New("node: a drain is already running")
 // ErrNoReplicas.
 var ErrNoDrainTarget = errors.New("node: no other member to drain to")
 
+// ErrCannotLeave is why a drain that copied this node's chunks still
+// fails: the node may not leave the cluster, being its last raft voter.
+// It wraps meta's ErrLastVoter (itself an ErrInvalidCommand, as a
+// forwarded leave of the last voter is refused).
+var ErrCannotLeave = errors.New("node: drained, but the last raft voter cannot leave")
+
 // drainProgressEvery is how often a running drain reports progress.
 const drainProgressEvery = time.Second
 
@@ -219,7 +226,9 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 	report("leaving", &st)
 	// Committed through raft when it returns nil; an error (no leader
 	// reachable, ctx over) leaves the node a member, and the drain fails.
-	if err := n.Leave(ctx); err != nil {
+	if err := n.Leave(ctx); errors.Is(err, meta.ErrLastVoter) {
+		return out, fmt.Errorf("%w: %w", ErrCannotLeave, err)
+	} else if err != nil {
 		return out, err
 	}
 	out.Left = true

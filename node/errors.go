@@ -35,7 +35,10 @@ import (
 // each have one code; anything else is Internal. The cases run in order,
 // so an error wrapping two sentinels gets the first one's code (a drain
 // with no other member wraps ErrNoDrainTarget and replication's
-// ErrNoReplicas: FailedPrecondition, not Unavailable).
+// ErrNoReplicas: FailedPrecondition, not Unavailable). meta's sentinels
+// keep the codes the forwarder (forwarder.Apply) maps back: a refused
+// command, ErrLastVoter included, is InvalidArgument, never
+// FailedPrecondition, which it reads as "not the leader" and retries.
 //
 // Not here: the Peer service's replication seam (Replicate, Fetch,
 // Delete, Digest) answers through replication.ToStatus, whose codes and
@@ -57,7 +60,7 @@ func toStatus(err error) error {
 		code = codes.Canceled
 
 	// Node's own sentinels come before the ones they wrap.
-	case errors.Is(err, ErrNoDrainTarget), errors.Is(err, ErrDraining), errors.Is(err, meta.ErrLastVoter):
+	case errors.Is(err, ErrNoDrainTarget), errors.Is(err, ErrDraining), errors.Is(err, ErrCannotLeave):
 		code = codes.FailedPrecondition
 	case errors.Is(err, gossipkey.ErrInvalidKey):
 		code = codes.InvalidArgument

@@ -132,6 +132,29 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	return e
 }
 
+// unrestrictedAdmin stores a token with every scope and no namespace and
+// returns an Admin client that calls with it, and the token's ID.
+func (e *fuzzEnv) unrestrictedAdmin(f *testing.F) (api.AdminClient, string) {
+	f.Helper()
+	tok, rec, err := auth.NewToken("root", auth.TokenScopes, nil, time.Time{})
+	if err != nil {
+		f.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := e.n.meta.PutToken(ctx, rec); err != nil {
+		f.Fatal(err)
+	}
+	cc, err := grpc.NewClient(e.n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(auth.TokenCredentials(tok.String(), true)),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Cleanup(func() { _ = cc.Close() })
+	return api.NewAdminClient(cc), rec.ID
+}
+
 // withCache registers a shared-memory cache for the model (Linux only).
 func (e *fuzzEnv) withCache(f *testing.F) {
 	f.Helper()
@@ -273,10 +296,13 @@ func FuzzClientService(f *testing.F) {
 	e := newFuzzEnv(f)
 	pk := client.ProtoKey(e.keys[0])
 	fp := client.ProtoFingerprint(e.spec.Fingerprint())
+	// Message i is sent with body i%3 (addSeeds): each Put header names
+	// the key of its body, so the seeds get past the entry checks to the
+	// store.
 	addSeeds(f, 8, []proto.Message{
 		&api.RegisterModelRequest{Spec: client.ProtoSpec(e.spec)},
-		&api.PutHeader{Key: pk, BlobBytes: uint64(len(e.blobs[0]))},
-		&api.PutHeader{Key: pk, BlobBytes: uint64(len(e.blobs[0])), Direct: true, Kind: 2, At: 1},
+		&api.PutHeader{Key: client.ProtoKey(e.keys[1]), BlobBytes: uint64(len(e.blobs[1]))},
+		&api.PutHeader{Key: client.ProtoKey(e.keys[2]), BlobBytes: uint64(len(e.blobs[2])), Direct: true, Kind: 2, At: 1},
 		&api.GetRequest{Key: pk, Format: api.Format_FORMAT_RAW, LayerHi: 1, HeadLo: 1},
 		&api.LookupRequest{Fingerprint: fp, Items: []*api.LookupItem{{Content: pk.Content, Want: pk.Context}}},
 		&api.DeleteRequest{Key: client.ProtoKey(e.keys[2]), At: 5},
@@ -338,7 +364,8 @@ func FuzzPeerService(f *testing.F) {
 	e.timeout = 300 * time.Millisecond
 	pk := client.ProtoKey(e.keys[1])
 	addSeeds(f, 6, []proto.Message{
-		&api.PutHeader{Key: pk, BlobBytes: uint64(len(e.blobs[1])), Direct: true, Kind: 3},
+		// Sent with body 0 (addSeeds): its own key.
+		&api.PutHeader{Key: client.ProtoKey(e.keys[0]), BlobBytes: uint64(len(e.blobs[0])), Direct: true, Kind: 3},
 		&api.GetRequest{Key: pk, Direct: true},
 		&api.DigestRequest{Limit: 2},
 		&api.DigestRequest{From: "fz", Epoch: e.n.meta.Ring().Epoch(), Replicas: 1, Keys: []*api.Key{pk}},
@@ -452,11 +479,24 @@ func FuzzInjectorService(f *testing.F) {
 }
 
 // FuzzAdminService fuzzes the token, gossip key and settings RPCs.
+// RevokeToken goes, for every other selector value past the first six,
+// through an unrestricted admin: the namespaced caller's revoke of a
+// token this node does not know ends at NotFound in the handler, and only
+// an unrestricted one reaches the metadata's own checks (the ID's form)
+// and the raft write.
 func FuzzAdminService(f *testing.F) {
 	e := newFuzzEnv(f)
 	fp := e.spec.Fingerprint().String()
 	id, _, _ := strings.Cut(e.token, ".")
-	addSeeds(f, 4, []proto.Message{
+	rootAC, rootID := e.unrestrictedAdmin(f)
+	for _, rid := range []string{"0123456789abcdef", "not a token id", strings.Repeat("A", 16), id} {
+		b, err := proto.Marshal(&api.RevokeTokenRequest{Id: rid})
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(uint8(6+2), b, []byte(nil))
+	}
+	addSeeds(f, 6, []proto.Message{
 		&api.CreateTokenRequest{Name: "x", Scopes: "read,write", Namespace: []string{fp}, TtlSeconds: 60},
 		&api.CreateTokenRequest{Scopes: "admin", Namespace: []string{fp[:4]}},
 		&api.RevokeTokenRequest{Id: "0123456789abcdef"},
@@ -486,8 +526,12 @@ func FuzzAdminService(f *testing.F) {
 			e.call(t, "ListTokens", false, func(ctx context.Context) error { _, err := ac.ListTokens(ctx, &api.ListTokensRequest{}); return err })
 		case 2:
 			var req api.RevokeTokenRequest
-			if proto.Unmarshal(msg, &req) == nil && req.Id != id {
-				e.call(t, "RevokeToken", true, func(ctx context.Context) error { _, err := ac.RevokeToken(ctx, &req); return err })
+			if proto.Unmarshal(msg, &req) == nil && req.Id != id && req.Id != rootID {
+				caller := ac
+				if sel/6%2 == 1 {
+					caller = rootAC
+				}
+				e.call(t, "RevokeToken", true, func(ctx context.Context) error { _, err := caller.RevokeToken(ctx, &req); return err })
 			}
 		case 3:
 			var req api.GossipKeyRequest

@@ -88,7 +88,10 @@ func TestToStatus(t *testing.T) {
 		{meta.ErrNotLeader, codes.FailedPrecondition},
 		{meta.ErrStaleEpoch, codes.Aborted},
 		{meta.ErrNoLeader, codes.Unavailable},
-		{meta.ErrLastVoter, codes.FailedPrecondition},
+		// A refused raft command (a forwarded leave of the last voter) is
+		// InvalidArgument: the forwarder reads FailedPrecondition as "not
+		// the leader" and would retry it.
+		{fmt.Errorf("%w: %w: n1", meta.ErrInvalidCommand, meta.ErrLastVoter), codes.InvalidArgument},
 		{context.DeadlineExceeded, codes.DeadlineExceeded},
 		{context.Canceled, codes.Canceled},
 		{errors.New("other"), codes.Internal},
@@ -106,6 +109,7 @@ func TestToStatus(t *testing.T) {
 		// Drain.
 		{ErrDraining, codes.FailedPrecondition},
 		{fmt.Errorf("%w: %w", ErrNoDrainTarget, replication.ErrNoReplicas), codes.FailedPrecondition},
+		{fmt.Errorf("%w: %w", ErrCannotLeave, fmt.Errorf("%w: %w: n1", meta.ErrInvalidCommand, meta.ErrLastVoter)), codes.FailedPrecondition},
 
 		// Gossip key rotation (Admin.GossipKeys, Peer.GossipKey).
 		{gossipkey.ErrInvalidKey, codes.InvalidArgument},
