@@ -3,8 +3,10 @@ package meta
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -402,15 +404,36 @@ func TestLateJoinerDoesNotBootstrap(t *testing.T) {
 // TestRestartOnNewPort restarts a follower on another raft port: the
 // leader updates its address in raft and the ring, and it catches up.
 func TestRestartOnNewPort(t *testing.T) {
+	var logs syncBuffer
 	c := newCluster(t, 3)
+	c.tweak = func(cfg *Config) {
+		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
 	for _, id := range ids(3) {
 		c.start(id)
 	}
 	c.waitAgree(ids(3))
 	f := c.follower()
 	id, oldAddr := f.NodeID(), f.RaftAddr()
+	from := len(logs.String())
 	c.stop(id)
 	delete(c.addrs, id)
+	// hashicorp/raft v1.8.0 reads a follower's address without its lock
+	// when a pipelined send fails (replication.go:521) and writes it under
+	// the lock when the address changes (raft.go:625). Were the leader's
+	// pipeline to the old address still running when the node comes back
+	// on a new port, its failure then would be a data race that -race
+	// reports (seen with GOMAXPROCS=1). Wait until replication to the old
+	// address has failed: the pipeline ends on its first failure.
+	eventually(t, "the leader to give up replicating to "+oldAddr, func() bool {
+		for _, line := range strings.Split(logs.String()[from:], "\n") {
+			if strings.Contains(line, "Address:"+oldAddr) &&
+				(strings.Contains(line, "aborting pipeline replication") || strings.Contains(line, "failed to appendEntries to")) {
+				return true
+			}
+		}
+		return false
+	})
 	if _, err := c.leader().RegisterModel(ctxT(t), testSpec(7)); err != nil {
 		t.Fatal(err)
 	}
