@@ -274,7 +274,17 @@ func (s *Store) Leave(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.write(ctx, cmd); err != nil {
+	// The leader acknowledges only after it also removed this node from
+	// raft; when that acknowledgement is lost (a forward that timed out
+	// on a loaded leader), this node, no longer in raft, knows no leader
+	// to retry with. Its own FSM then tells: the tombstone of this
+	// incarnation is there once the leave committed (the leader's
+	// reconcile finishes a removal left undone).
+	committed := func() bool {
+		inc, ok := s.fsm.departed(s.cfg.NodeID)
+		return ok && inc == s.cfg.Incarnation
+	}
+	if err := s.writeUntil(ctx, cmd, committed); err != nil {
 		return fmt.Errorf("meta: leave of %s not committed: %w", s.cfg.NodeID, err)
 	}
 	s.log.Info("meta: left the cluster", "incarnation", s.cfg.Incarnation)
@@ -621,6 +631,12 @@ func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
 // setting the same settings, a ring change conditional on its epoch), so a
 // retry after an ambiguous failure is safe.
 func (s *Store) write(ctx context.Context, cmd []byte) error {
+	return s.writeUntil(ctx, cmd, nil)
+}
+
+// writeUntil is write that also ends, successfully, before a retry once
+// done (if not nil) reports that cmd has taken effect.
+func (s *Store) writeUntil(ctx context.Context, cmd []byte, done func() bool) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.ApplyTimeout)
@@ -648,11 +664,17 @@ func (s *Store) write(ctx context.Context, cmd []byte) error {
 		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrSettingsVersion) {
 			return err
 		}
+		if done != nil && done() {
+			return nil
+		}
 		last = err
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if done != nil && done() {
+				return nil
+			}
 			return fmt.Errorf("meta: write not applied before %w: %w", context.Cause(ctx), last)
 		case <-s.ctx.Done():
 			t.Stop()
