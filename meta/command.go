@@ -131,10 +131,13 @@ type ringChange struct {
 // the command held before conditional changes existed) and, for a
 // conditional change (SetSettingsIf), if_version: the FSM refuses the
 // command with ErrSettingsVersion unless the settings are still at that
-// version (the log index of their last change).
+// version (the log index of their last change); for a change merged
+// from settings read earlier (SetSettingsFrom), if_settings: refused the
+// same way unless the settings are still those.
 type setSettings struct {
 	Settings
-	IfVersion *uint64 `json:"if_version,omitempty"`
+	IfVersion  *uint64   `json:"if_version,omitempty"`
+	IfSettings *Settings `json:"if_settings,omitempty"`
 }
 
 type registerModel struct {

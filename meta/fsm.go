@@ -229,6 +229,9 @@ func (f *fsm) apply(c command, index uint64) (changed bool, err error) {
 		if ss.IfVersion != nil && *ss.IfVersion != cur.settingsVersion {
 			return false, fmt.Errorf("%w: settings are at version %d, not %d", ErrSettingsVersion, cur.settingsVersion, *ss.IfVersion)
 		}
+		if ss.IfSettings != nil && *ss.IfSettings != cur.settings {
+			return false, fmt.Errorf("%w: settings changed since they were read", ErrSettingsVersion)
+		}
 		if cur.settings == ss.Settings {
 			return false, nil
 		}

@@ -15,7 +15,8 @@ import (
 // TestFSMSettingsVersion: the settings version is the log index of the
 // last change; a conditional change applies only at the version it
 // expects (else ErrSettingsVersion and nothing changes); an unconditional
-// one always applies; the version survives a snapshot.
+// one always applies; one merged from settings read earlier applies only
+// if they are still those; the version survives a snapshot.
 func TestFSMSettingsVersion(t *testing.T) {
 	ver := func(v uint64) *uint64 { return &v }
 	s1 := Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
@@ -29,13 +30,15 @@ func TestFSMSettingsVersion(t *testing.T) {
 		settings Settings
 		version  uint64
 	}{
-		{"conditional on the defaults", 3, setSettings{s1, ver(0)}, nil, s1, 3},
-		{"stale: another admin's version 0", 5, setSettings{s2, ver(0)}, ErrSettingsVersion, s1, 3},
-		{"conditional on version 3", 6, setSettings{s2, ver(3)}, nil, s2, 6},
-		{"same settings, right version: no change", 8, setSettings{s2, ver(6)}, nil, s2, 6},
-		{"same settings, wrong version: refused", 9, setSettings{s2, ver(3)}, ErrSettingsVersion, s2, 6},
-		{"unconditional wins whatever the version", 10, setSettings{s3, nil}, nil, s3, 10},
-		{"a version from the future is refused", 11, setSettings{s1, ver(99)}, ErrSettingsVersion, s3, 10},
+		{"conditional on the defaults", 3, setSettings{Settings: s1, IfVersion: ver(0)}, nil, s1, 3},
+		{"stale: another admin's version 0", 5, setSettings{Settings: s2, IfVersion: ver(0)}, ErrSettingsVersion, s1, 3},
+		{"conditional on version 3", 6, setSettings{Settings: s2, IfVersion: ver(3)}, nil, s2, 6},
+		{"same settings, right version: no change", 8, setSettings{Settings: s2, IfVersion: ver(6)}, nil, s2, 6},
+		{"same settings, wrong version: refused", 9, setSettings{Settings: s2, IfVersion: ver(3)}, ErrSettingsVersion, s2, 6},
+		{"unconditional wins whatever the version", 10, setSettings{Settings: s3, IfVersion: nil}, nil, s3, 10},
+		{"a version from the future is refused", 11, setSettings{Settings: s1, IfVersion: ver(99)}, ErrSettingsVersion, s3, 10},
+		{"merged from other settings: refused", 12, setSettings{Settings: s1, IfSettings: &s2}, ErrSettingsVersion, s3, 10},
+		{"merged from the settings held", 13, setSettings{Settings: s1, IfSettings: &s3}, nil, s1, 13},
 	}
 	f := newFSM(nil)
 	for _, st := range steps {
@@ -63,8 +66,8 @@ func TestFSMSettingsVersion(t *testing.T) {
 	if !reflect.DeepEqual(f.state(), g.state()) {
 		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
 	}
-	if _, v := g.versionedSettings(); v != 10 {
-		t.Fatalf("restored version %d, want 10", v)
+	if _, v := g.versionedSettings(); v != 13 {
+		t.Fatalf("restored version %d, want 13", v)
 	}
 	// A command written before conditional changes existed is the bare
 	// settings; it still decodes, unconditional.

@@ -531,6 +531,25 @@ func (s *Store) SetSettingsIf(ctx context.Context, set Settings, version uint64)
 	return s.setSettings(ctx, setSettings{Settings: set, IfVersion: &version})
 }
 
+// SetSettingsFrom replaces the cluster settings with set only if they are
+// still from when raft applies the change: the compare and set for a
+// change merged from settings read earlier. It compares the settings
+// themselves, so every replica decides alike even where a version is not
+// known (a replica restored from a snapshot written before versions were
+// kept). A mismatch fails with ErrSettingsVersion and changes nothing.
+func (s *Store) SetSettingsFrom(ctx context.Context, from, set Settings) error {
+	if err := set.Validate(); err != nil {
+		return err
+	}
+	if set == from {
+		return nil
+	}
+	if s.fsm.currentSettings() != from {
+		return fmt.Errorf("%w: settings changed since they were read", ErrSettingsVersion)
+	}
+	return s.setSettings(ctx, setSettings{Settings: set, IfSettings: &from})
+}
+
 func (s *Store) setSettings(ctx context.Context, ss setSettings) error {
 	set := ss.Settings
 	cmd, err := encodeCommand(kindSetSettings, ss)

@@ -387,27 +387,9 @@ func (s *adminService) SetSettings(ctx context.Context, req *api.SetSettingsRequ
 	if err != nil {
 		return nil, err
 	}
-	prev, v := s.n.meta.VersionedSettings()
-	if req.ExpectedVersion != nil && v < *req.ExpectedVersion {
-		// The caller read the version from a node ahead of this one.
-		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
-		prev, v = s.n.meta.WaitSettingsVersion(wctx, *req.ExpectedVersion)
-		cancel()
-	}
-	if req.ExpectedVersion != nil && v != *req.ExpectedVersion {
-		return nil, settingsConflict(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
-	}
-	next, err := mergeSettings(prev, req)
+	prev, next, err := s.setSettings(ctx, req)
 	if err != nil {
 		return nil, err
-	}
-	if req.ExpectedVersion != nil {
-		err = s.n.meta.SetSettingsIf(ctx, next, *req.ExpectedVersion)
-	} else {
-		err = s.n.meta.SetSettings(ctx, next)
-	}
-	if err != nil {
-		return nil, settingsConflict(err)
 	}
 	resp := &api.SetSettingsResponse{Previous: settingsProto(prev), Settings: settingsProto(next)}
 	if cur, nv := s.n.meta.VersionedSettings(); cur == next {
@@ -419,8 +401,54 @@ func (s *adminService) SetSettings(ctx context.Context, req *api.SetSettingsRequ
 }
 
 // settingsCatchUp bounds how long SetSettings waits for this node to
-// apply the settings version a request expects.
+// apply the settings version a request expects, or the change that beat
+// its own.
 const settingsCatchUp = 5 * time.Second
+
+// settingsMergeTries bounds how often SetSettings merges a partial request
+// again after another change committed first.
+const settingsMergeTries = 16
+
+// setSettings merges req into the settings this node holds and commits
+// the result conditionally on the version it merged from, so a partial
+// change never overwrites the fields another admin changed meanwhile (a
+// change committed through another node that this one has not applied
+// yet). With an expected version in req the condition is that version
+// and a lost race is the caller's conflict; without one it is the
+// settings merged from (meta.SetSettingsFrom), and a lost race is merged
+// again once this node has applied the winner.
+func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequest) (prev, next meta.Settings, err error) {
+	prev, v := s.n.meta.VersionedSettings()
+	if req.ExpectedVersion != nil && v < *req.ExpectedVersion {
+		// The caller read the version from a node ahead of this one.
+		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
+		prev, v = s.n.meta.WaitSettingsVersion(wctx, *req.ExpectedVersion)
+		cancel()
+	}
+	if req.ExpectedVersion != nil && v != *req.ExpectedVersion {
+		return prev, next, settingsConflict(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
+	}
+	for try := 1; ; try++ {
+		if next, err = mergeSettings(prev, req); err != nil {
+			return prev, next, err
+		}
+		if req.ExpectedVersion != nil {
+			err = s.n.meta.SetSettingsIf(ctx, next, v)
+			break
+		}
+		err = s.n.meta.SetSettingsFrom(ctx, prev, next)
+		if err == nil || !errors.Is(err, meta.ErrSettingsVersion) || try == settingsMergeTries {
+			break
+		}
+		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
+		prev, v = s.n.meta.WaitSettingsVersion(wctx, v+1)
+		cancel()
+	}
+	if err != nil {
+		return prev, next, settingsConflict(err)
+	}
+	return prev, next, nil
+}
 
 // settingsConflict is FailedPrecondition for meta.ErrSettingsVersion (the
 // settings changed since the version the caller read), toStatus for the

@@ -97,3 +97,59 @@ func TestSettingsCompareAndSet(t *testing.T) {
 		t.Fatalf("after the unconditional change: %v", got)
 	}
 }
+
+// TestSettingsPartialChangesKeepEachOther: two admins change different
+// fields through different nodes at once, without versions. Each request
+// is merged into the settings its node holds, which may lag a change
+// committed through the other node; the commit is conditional on the
+// settings merged from, so neither admin's field is reverted: the end
+// state has the last value each admin set.
+func TestSettingsPartialChangesKeepEachOther(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	admin := func(nd *Node) api.AdminClient {
+		cc, err := grpc.NewClient(nd.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return api.NewAdminClient(cc)
+	}
+	codecs, quorums := admin(nodes[1]), admin(nodes[2])
+	const rounds = 6
+	errs := make(chan error, 2)
+	go func() {
+		for i := range rounds {
+			codec := []string{"raw", "lossless"}[i%2]
+			if _, err := codecs.SetSettings(ctx, &api.SetSettingsRequest{Codec: codec}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	go func() {
+		for i := range rounds {
+			if _, err := quorums.SetSettings(ctx, &api.SetSettingsRequest{ReplicationFactor: 3, WriteQuorum: uint32(1 + i%2)}); err != nil {
+				errs <- err
+				return
+			}
+		}
+		errs <- nil
+	}()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := codecs.GetSettings(ctx, &api.GetSettingsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, nd := range nodes {
+		if s, _ := nd.meta.WaitSettingsVersion(ctx, got.Version); s.ReplicationFactor != 3 || s.WriteQuorum != 2 || s.Codec.String() != "lossless" {
+			t.Fatalf("n%d holds %+v, want R=3 W=2 codec lossless", i+1, s)
+		}
+	}
+}
