@@ -426,7 +426,7 @@ func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequ
 		cancel()
 	}
 	if req.ExpectedVersion != nil && v != *req.ExpectedVersion {
-		return prev, next, settingsConflict(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
+		return prev, next, toStatus(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
 	}
 	for try := 1; ; try++ {
 		if next, err = mergeSettings(prev, req); err != nil {
@@ -445,17 +445,7 @@ func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequ
 		cancel()
 	}
 	if err != nil {
-		return prev, next, settingsConflict(err)
+		return prev, next, toStatus(err)
 	}
 	return prev, next, nil
-}
-
-// settingsConflict is FailedPrecondition for meta.ErrSettingsVersion (the
-// settings changed since the version the caller read), toStatus for the
-// rest.
-func settingsConflict(err error) error {
-	if errors.Is(err, meta.ErrSettingsVersion) {
-		return status.Error(codes.FailedPrecondition, err.Error())
-	}
-	return toStatus(err)
 }

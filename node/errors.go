@@ -95,6 +95,8 @@ func toStatus(err error) error {
 	case errors.Is(err, inject.ErrClosed):
 		code = codes.Unavailable
 
+	case errors.Is(err, meta.ErrSettingsVersion):
+		code = codes.FailedPrecondition
 	case errors.Is(err, chunk.ErrTooLarge), errors.Is(err, kvtier.ErrNoSpace):
 		code = codes.ResourceExhausted
 	case errors.Is(err, chunk.ErrCorrupt), errors.Is(err, chunk.ErrInvalidEntry), errors.Is(err, chunk.ErrInvalidSpec),

@@ -87,6 +87,7 @@ func TestToStatus(t *testing.T) {
 		{meta.ErrInvalidCommand, codes.InvalidArgument},
 		{meta.ErrNotLeader, codes.FailedPrecondition},
 		{meta.ErrStaleEpoch, codes.Aborted},
+		{meta.ErrSettingsVersion, codes.FailedPrecondition},
 		{meta.ErrNoLeader, codes.Unavailable},
 		// A refused raft command (a forwarded leave of the last voter) is
 		// InvalidArgument: the forwarder reads FailedPrecondition as "not

@@ -118,37 +118,40 @@ func TestSettingsPartialChangesKeepEachOther(t *testing.T) {
 	}
 	codecs, quorums := admin(nodes[1]), admin(nodes[2])
 	const rounds = 6
-	errs := make(chan error, 2)
-	go func() {
-		for i := range rounds {
-			codec := []string{"raw", "lossless"}[i%2]
-			if _, err := codecs.SetSettings(ctx, &api.SetSettingsRequest{Codec: codec}); err != nil {
-				errs <- err
-				return
-			}
-		}
-		errs <- nil
-	}()
-	go func() {
-		for i := range rounds {
-			if _, err := quorums.SetSettings(ctx, &api.SetSettingsRequest{ReplicationFactor: 3, WriteQuorum: uint32(1 + i%2)}); err != nil {
-				errs <- err
-				return
-			}
-		}
-		errs <- nil
-	}()
-	for range 2 {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
+	type result struct {
+		version uint64 // of the admin's last change
+		err     error
 	}
-	got, err := codecs.GetSettings(ctx, &api.GetSettingsRequest{})
-	if err != nil {
-		t.Fatal(err)
+	results := make(chan result, 2)
+	change := func(ac api.AdminClient, req func(i int) *api.SetSettingsRequest) {
+		var last uint64
+		for i := range rounds {
+			resp, err := ac.SetSettings(ctx, req(i))
+			if err != nil {
+				results <- result{err: err}
+				return
+			}
+			last = resp.Version
+		}
+		results <- result{version: last}
+	}
+	go change(codecs, func(i int) *api.SetSettingsRequest {
+		return &api.SetSettingsRequest{Codec: []string{"raw", "lossless"}[i%2]}
+	})
+	go change(quorums, func(i int) *api.SetSettingsRequest {
+		return &api.SetSettingsRequest{ReplicationFactor: 3, WriteQuorum: uint32(1 + i%2)}
+	})
+	// Each node's settings at the later of the two last changes.
+	var final uint64
+	for range 2 {
+		r := <-results
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		final = max(final, r.version)
 	}
 	for i, nd := range nodes {
-		if s, _ := nd.meta.WaitSettingsVersion(ctx, got.Version); s.ReplicationFactor != 3 || s.WriteQuorum != 2 || s.Codec.String() != "lossless" {
+		if s, _ := nd.meta.WaitSettingsVersion(ctx, final); s.ReplicationFactor != 3 || s.WriteQuorum != 2 || s.Codec.String() != "lossless" {
 			t.Fatalf("n%d holds %+v, want R=3 W=2 codec lossless", i+1, s)
 		}
 	}
