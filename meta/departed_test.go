@@ -88,21 +88,7 @@ func TestFSMDepartureExpiry(t *testing.T) {
 			t.Fatalf("%s: restored replica diverged: %+v, want %+v", st.name, g.state(), f.state())
 		}
 		if i == snapAfter {
-			snap, err := f.Snapshot()
-			if err != nil {
-				t.Fatal(err)
-			}
-			var sk sink
-			if err := snap.Persist(&sk); err != nil {
-				t.Fatal(err)
-			}
-			g = newFSM(nil)
-			if err := g.Restore(io.NopCloser(bytes.NewReader(sk.Bytes()))); err != nil {
-				t.Fatal(err)
-			}
-			if !reflect.DeepEqual(f.state(), g.state()) {
-				t.Fatalf("restored %+v, want %+v", g.state(), f.state())
-			}
+			g = restored(t, f)
 		}
 	}
 	if _, ok := f.departed("b"); ok {

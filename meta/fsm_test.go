@@ -161,6 +161,46 @@ func (s *sink) ID() string    { return "test" }
 func (s *sink) Cancel() error { s.canceled = true; return nil }
 func (s *sink) Close() error  { return nil }
 
+// snapshotBytes persists f's snapshot into a sink, as raft does, and
+// releases it.
+func snapshotBytes(t testing.TB, f *fsm) []byte {
+	t.Helper()
+	snap, err := f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	var sk sink
+	if err := snap.Persist(&sk); err != nil {
+		t.Fatal(err)
+	}
+	if sk.canceled {
+		t.Fatal("Persist canceled the sink")
+	}
+	return sk.Bytes()
+}
+
+// restoreFSM restores a new fsm, notifying onChange, from snapshot bytes.
+func restoreFSM(t testing.TB, b []byte, onChange func()) *fsm {
+	t.Helper()
+	g := newFSM(onChange)
+	if err := g.Restore(io.NopCloser(bytes.NewReader(b))); err != nil {
+		t.Fatal(err)
+	}
+	return g
+}
+
+// restored round-trips f through a snapshot into a new fsm and fails
+// unless the new one holds the same state.
+func restored(t testing.TB, f *fsm) *fsm {
+	t.Helper()
+	g := restoreFSM(t, snapshotBytes(t, f), nil)
+	if !reflect.DeepEqual(f.state(), g.state()) {
+		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
+	}
+	return g
+}
+
 func TestSnapshotRoundTrip(t *testing.T) {
 	changes := 0
 	f := newFSM(func() { changes++ })
@@ -178,22 +218,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if changes != 5 {
 		t.Fatalf("%d change notifications, want 5", changes)
 	}
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
+	b := snapshotBytes(t, f)
+	if len(b) > 4096 {
+		t.Fatalf("snapshot of 2 models and 2 members is %d bytes", len(b))
 	}
-	var sk sink
-	if err := snap.Persist(&sk); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-	if sk.Len() > 4096 {
-		t.Fatalf("snapshot of 2 models and 2 members is %d bytes", sk.Len())
-	}
-	g := newFSM(func() { changes++ })
-	if err := g.Restore(io.NopCloser(bytes.NewReader(sk.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	g := restoreFSM(t, b, func() { changes++ })
 	if !reflect.DeepEqual(f.state(), g.state()) {
 		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
 	}
@@ -335,12 +364,7 @@ func FuzzRestore(f *testing.F) {
 	_, rec := newRecord(f, "seed", auth.ScopeRead, "0a")
 	g.reset(snapshotState{Version: snapshotVersion, Models: []chunk.ModelSpec{testSpec(1)}, Settings: DefaultSettings(), Epoch: 3,
 		Members: []ring.Member{member("a")}, Tokens: []auth.Record{rec}, Left: []departure{{ID: "b", Incarnation: 9}}})
-	snap, _ := g.Snapshot()
-	var sk sink
-	if err := snap.Persist(&sk); err != nil {
-		f.Fatal(err)
-	}
-	f.Add(sk.Bytes())
+	f.Add(snapshotBytes(f, g))
 	f.Add([]byte(`{"version":1,"settings":{"replication_factor":1,"write_quorum":1,"codec":1}}`))
 	f.Add([]byte("{}"))
 	f.Fuzz(func(t *testing.T, b []byte) {

@@ -1,10 +1,7 @@
 package meta
 
 import (
-	"bytes"
 	"errors"
-	"io"
-	"reflect"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -51,21 +48,7 @@ func TestFSMSettingsVersion(t *testing.T) {
 			t.Fatalf("%s: settings %+v version %d, want %+v %d", st.name, s, v, st.settings, st.version)
 		}
 	}
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sk sink
-	if err := snap.Persist(&sk); err != nil {
-		t.Fatal(err)
-	}
-	g := newFSM(nil)
-	if err := g.Restore(io.NopCloser(bytes.NewReader(sk.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(f.state(), g.state()) {
-		t.Fatalf("restored %+v, want %+v", g.state(), f.state())
-	}
+	g := restored(t, f)
 	if _, v := g.versionedSettings(); v != 13 {
 		t.Fatalf("restored version %d, want 13", v)
 	}

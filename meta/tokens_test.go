@@ -140,22 +140,12 @@ func TestTokenSnapshot(t *testing.T) {
 			t.Fatal(res)
 		}
 	}
-	snap, err := f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sk sink
-	if err := snap.Persist(&sk); err != nil {
-		t.Fatal(err)
-	}
+	b := snapshotBytes(t, f)
 	secret := strings.SplitN(tok.String(), ".", 2)[1]
-	if bytes.Contains(sk.Bytes(), []byte(secret)) {
+	if bytes.Contains(b, []byte(secret)) {
 		t.Fatal("snapshot holds the token secret")
 	}
-	g := newFSM(nil)
-	if err := g.Restore(io.NopCloser(bytes.NewReader(sk.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	g := restoreFSM(t, b, nil)
 	if !reflect.DeepEqual(tokenIDs(f.tokenList()), tokenIDs(g.tokenList())) {
 		t.Fatalf("restored %v, want %v", tokenIDs(g.tokenList()), tokenIDs(f.tokenList()))
 	}
