@@ -3,8 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,21 +35,7 @@ func TestAdminCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nd, err := node.New(node.Config{NodeID: "n1", DataDir: t.TempDir(), DRAMBytes: 16 << 20, HTTPAddr: "off", LocalTiming: true,
-		Insecure: true, Tokens: true, GossipKeyring: kr, GossipKeyringFile: keys, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nd.Close() })
-	for nd.Ready() != nil {
-		if ctx.Err() != nil {
-			t.Fatal("node not ready")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	nd := startNode(ctx, t, node.Config{Tokens: true, GossipKeyring: kr, GossipKeyringFile: keys})
 
 	records := filepath.Join(dir, "tokens.jsonl")
 	out, err := run1("token", "create", "-records", records, "-name", "root", "-scopes", "read,write,admin")

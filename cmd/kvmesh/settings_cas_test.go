@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"strconv"
 	"strings"
 	"testing"
@@ -22,21 +21,7 @@ import (
 func TestSettingsIfVersion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nd, err := node.New(node.Config{NodeID: "n1", DataDir: t.TempDir(), DRAMBytes: 16 << 20, HTTPAddr: "off", LocalTiming: true,
-		Insecure: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nd.Close() })
-	for nd.Ready() != nil {
-		if ctx.Err() != nil {
-			t.Fatal("node not ready")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	nd := startNode(ctx, t, node.Config{})
 	run1 := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := run(ctx, append([]string{"-addr", nd.GRPCAddr(), "-insecure"}, args...), &out, io.Discard)
@@ -68,7 +53,7 @@ func TestSettingsIfVersion(t *testing.T) {
 		t.Fatalf("version %d after a change, was %d", v1, v0)
 	}
 	want := meta.Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
-	_, err = run1("settings", "set", "-codec", "lossless", "-if-version", fmt.Sprint(v0))
+	_, err := run1("settings", "set", "-codec", "lossless", "-if-version", fmt.Sprint(v0))
 	if err == nil || !strings.Contains(err.Error(), "FailedPrecondition") {
 		t.Fatalf("set at a stale version: %v, want FailedPrecondition", err)
 	}

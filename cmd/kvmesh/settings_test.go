@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -22,21 +21,7 @@ import (
 func TestSettingsCommand(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nd, err := node.New(node.Config{NodeID: "n1", DataDir: t.TempDir(), DRAMBytes: 16 << 20, HTTPAddr: "off", LocalTiming: true,
-		Insecure: true, Tokens: true, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := nd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nd.Close() })
-	for nd.Ready() != nil {
-		if ctx.Err() != nil {
-			t.Fatal("node not ready")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	nd := startNode(ctx, t, node.Config{Tokens: true})
 	token := func(name string, scopes auth.Scope) string {
 		tok, rec, err := auth.NewToken(name, scopes, nil, time.Time{})
 		if err != nil {
