@@ -46,6 +46,59 @@ func releasing(s *Store) bool {
 	return s.punching || s.arena.punchDue()
 }
 
+// fillStore puts copies of blob under fresh keys until the DRAM arena has
+// no room for another, and returns their keys in the order put.
+func fillStore(t testing.TB, s *Store, blob []byte) []chunk.Key {
+	t.Helper()
+	var keys []chunk.Key
+	for i := uint64(1); s.arena.freePages() >= s.arena.pagesFor(len(blob)); i++ {
+		keys = append(keys, rekey(t, blob, i))
+		if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return keys
+}
+
+// heldPunch holds the releaser's first punch of freed pages (punchHook)
+// until the test lets it go on.
+type heldPunch struct {
+	started chan struct{} // closed when the punch begins
+	proceed chan struct{} // closed by letGo
+	once    sync.Once
+}
+
+// holdPunch makes s's next punch wait for letGo. Callers defer letGo, so
+// that a failing test does not leave the releaser, and Close, blocked.
+func holdPunch(s *Store) *heldPunch {
+	h := &heldPunch{started: make(chan struct{}), proceed: make(chan struct{})}
+	var hold sync.Once
+	s.punchHook = func() {
+		hold.Do(func() {
+			close(h.started)
+			<-h.proceed
+		})
+	}
+	return h
+}
+
+// letGo lets the held punch go on; it may be called more than once.
+func (h *heldPunch) letGo() { h.once.Do(func() { close(h.proceed) }) }
+
+// deleteUntilRelease deletes keys in order until one of the deletes makes
+// a release of freed pages due (the releaser runs it).
+func deleteUntilRelease(s *Store, keys []chunk.Key) error {
+	for _, k := range keys {
+		if err := s.Delete(k); err != nil {
+			return err
+		}
+		if releasing(s) {
+			break
+		}
+	}
+	return nil
+}
+
 // TestReleaseToOS fills the DRAM tier, deletes a share of the entries in
 // two steps and checks when the memfd's resident memory drops: only once
 // the freed bytes reach ReleaseBytes, and then to less than the live pages
@@ -313,14 +366,7 @@ func TestReadsDuringRelease(t *testing.T) {
 			const release = 4 << 20
 			s := openTest(t, Config{DRAMBytes: 16 << 20, PageSize: 64 << 10, ReleaseBytes: release, Policy: pol})
 			ctx := context.Background()
-			blob := bigBlob(t, 8)
-			var keys []chunk.Key
-			for i := uint64(1); s.arena.freePages() >= s.arena.pagesFor(len(blob)); i++ {
-				keys = append(keys, rekey(t, blob, i))
-				if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
-					t.Fatal(err)
-				}
-			}
+			keys := fillStore(t, s, bigBlob(t, 8))
 			live := keys[len(keys)-1]
 			want, err := s.Get(ctx, live)
 			if err != nil {
@@ -329,39 +375,28 @@ func TestReadsDuringRelease(t *testing.T) {
 			wantBytes := bytes.Clone(want.Bytes())
 			want.Release()
 
-			started, proceed := make(chan struct{}), make(chan struct{})
-			var once sync.Once
-			s.punchHook = func() {
-				once.Do(func() {
-					close(started)
-					<-proceed
-				})
-			}
+			held := holdPunch(s)
+			defer held.letGo()
 			deleted := make(chan error, 1)
 			go func() {
-				// Delete until one of the deletes makes a release due
-				// (the releaser runs it), then wait for it to start. It
-				// reports nil only after the test lets the punch go on.
-				for _, k := range keys[:len(keys)-1] {
-					if err := s.Delete(k); err != nil {
-						deleted <- err
-						return
-					}
-					if releasing(s) {
-						break
-					}
+				// Delete until one of the deletes makes a release due,
+				// then wait for it to start. It reports nil only after
+				// the test lets the punch go on.
+				if err := deleteUntilRelease(s, keys[:len(keys)-1]); err != nil {
+					deleted <- err
+					return
 				}
 				select {
-				case <-started:
+				case <-held.started:
 				case <-time.After(20 * time.Second):
 					deleted <- errors.New("no release started")
 					return
 				}
-				<-proceed
+				<-held.proceed
 				deleted <- nil
 			}()
 			select {
-			case <-started:
+			case <-held.started:
 			case err := <-deleted:
 				t.Fatalf("deletes ended (err %v) without a release", err)
 			}
@@ -403,7 +438,7 @@ func TestReadsDuringRelease(t *testing.T) {
 				put <- err
 			}()
 			<-waiting
-			close(proceed)
+			held.letGo()
 			if err := <-put; err != nil {
 				t.Fatal(err)
 			}

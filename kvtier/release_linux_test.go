@@ -3,12 +3,8 @@
 package kvtier
 
 import (
-	"context"
-	"sync"
 	"testing"
 	"time"
-
-	"github.com/kvmesh/kvmesh/chunk"
 )
 
 // TestReleaseInBackground: the call that makes a release of freed pages
@@ -19,50 +15,23 @@ import (
 func TestReleaseInBackground(t *testing.T) {
 	const release = 4 << 20
 	s := openTest(t, Config{DRAMBytes: 16 << 20, PageSize: 64 << 10, ReleaseBytes: release})
-	ctx := context.Background()
-	blob := bigBlob(t, 8)
-	var keys []chunk.Key
-	for i := uint64(1); s.arena.freePages() >= s.arena.pagesFor(len(blob)); i++ {
-		keys = append(keys, rekey(t, blob, i))
-		if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	started, proceed := make(chan struct{}), make(chan struct{})
-	var once, proceedOnce sync.Once
-	letGo := func() { proceedOnce.Do(func() { close(proceed) }) }
-	defer letGo()
-	s.punchHook = func() {
-		once.Do(func() {
-			close(started)
-			<-proceed
-		})
-	}
+	keys := fillStore(t, s, bigBlob(t, 8))
+	held := holdPunch(s)
+	defer held.letGo()
 
 	deleted := make(chan error, 1)
-	go func() {
-		for _, k := range keys[:len(keys)-1] {
-			if err := s.Delete(k); err != nil {
-				deleted <- err
-				return
-			}
-			if releasing(s) {
-				break
-			}
-		}
-		deleted <- nil
-	}()
+	go func() { deleted <- deleteUntilRelease(s, keys[:len(keys)-1]) }()
 	select {
 	case err := <-deleted:
 		if err != nil {
 			t.Fatal(err)
 		}
 	case <-time.After(20 * time.Second):
-		letGo()
+		held.letGo()
 		t.Fatal("the delete that made a release due did not return: it runs the punch itself")
 	}
 	select {
-	case <-started:
+	case <-held.started:
 	case <-time.After(20 * time.Second):
 		t.Fatal("the releaser did not start the release")
 	}
@@ -86,7 +55,7 @@ func TestReleaseInBackground(t *testing.T) {
 		t.Fatalf("Close returned (%v) with a punch in flight", err)
 	default:
 	}
-	letGo()
+	held.letGo()
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
