@@ -1,6 +1,9 @@
 // Package cluster holds real-process tests: it builds kvmeshd, starts
-// nodes on their own loopback addresses (127.0.0.11, .12, ...), and drives
-// them with the Go client.
+// nodes on their own loopback addresses, and drives them with the Go
+// client. The addresses (127.0.0.21-25, .31-33; the rebalance benchmark
+// .51-54) are apart from tests/chaos (.11-15), whose partitions drop
+// whole address pairs, and tests/inject (.41-43): go test runs packages
+// in parallel.
 package cluster
 
 import (
@@ -176,7 +179,7 @@ func TestThreeProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts processes")
 	}
-	hosts := []string{"127.0.0.11", "127.0.0.12", "127.0.0.13"}
+	hosts := []string{"127.0.0.31", "127.0.0.32", "127.0.0.33"}
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
 

@@ -77,7 +77,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 		tierDesc = fmt.Sprintf("disk tier (budget %d MiB/node) behind %d MiB of DRAM", disk>>20, dram>>20)
 	}
 
-	hosts := []string{"127.0.0.41", "127.0.0.42", "127.0.0.43", "127.0.0.44"}
+	hosts := []string{"127.0.0.51", "127.0.0.52", "127.0.0.53", "127.0.0.54"}
 	checkBindable(b, hosts...)
 	bin := buildKvmeshd(b)
 	common := append([]string{"-bootstrap-expect", "3", "-dead-grace", "1h", "-rpc-timeout", "30s"}, tierArgs...)
