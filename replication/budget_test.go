@@ -110,12 +110,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 			c.stores["d"], c.dirs["d"] = recv.memStore, t.TempDir()
 			d := c.start("d")
 
-			// Another sender's blob holds d's only slot.
-			recv.close()
-			other, _ := makeBlob(t, 100000, 0)
-			held := make(chan error, 1)
-			go func() { held <- d.ServeReplicate(context.Background(), other, ReplicateOptions{Kind: KindRebalance}) }()
-			waitFor(t, func() bool { return recv.blocked.Load() == 1 })
+			held := holdOnlySlot(t, d, recv)
 
 			type result struct {
 				st  RebalanceStats
@@ -166,6 +161,19 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 	}
 }
 
+// holdOnlySlot has another sender's rebalance blob take r's only incoming
+// slot, its store held closed in gs, and returns that ServeReplicate's
+// result, which comes once gs is released.
+func holdOnlySlot(t *testing.T, r *Replicator, gs *gatedStore) <-chan error {
+	t.Helper()
+	gs.close()
+	other, _ := makeBlob(t, 100000, 0)
+	held := make(chan error, 1)
+	go func() { held <- r.ServeReplicate(context.Background(), other, ReplicateOptions{Kind: KindRebalance}) }()
+	waitFor(t, func() bool { return gs.blocked.Load() == 1 })
+	return held
+}
+
 // A restarted node's pull stores within its receiver budget, as rebalance
 // and repair stores do: with its only slot held, the pull waits for the
 // slot (it counts as waiting) instead of storing beside it, and completes
@@ -187,11 +195,7 @@ func TestStartupPullTakesReceiverBudget(t *testing.T) {
 	c.net.setDown("b", false)
 	b := c.start("b")
 
-	gs.close()
-	other, _ := makeBlob(t, 100000, 0)
-	held := make(chan error, 1)
-	go func() { held <- b.ServeReplicate(context.Background(), other, ReplicateOptions{Kind: KindRebalance}) }()
-	waitFor(t, func() bool { return gs.blocked.Load() == 1 })
+	held := holdOnlySlot(t, b, gs)
 
 	type result struct {
 		st  AntiEntropyStats

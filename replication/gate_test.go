@@ -6,19 +6,27 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
 )
 
-// BenchmarkReadLocal: a Read served from this node's store and released
-// (the serving gate's begin and end included): the hot path of a node
-// that holds what it is asked for. -benchmem shows what a read allocates.
-func BenchmarkReadLocal(b *testing.B) {
+// oneLocalChunk starts a one-node cluster (R=W=1) holding one chunk and
+// returns its replicator and the chunk's key.
+func oneLocalChunk(b *testing.B) (*Replicator, chunk.Key) {
 	c := newCluster(b, []string{"a"}, nil)
 	c.r, c.w = 1, 1
 	blob, key := makeBlob(b, 1, 0)
 	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
 		b.Fatal(err)
 	}
-	r := c.reps["a"]
+	return c.reps["a"], key
+}
+
+// BenchmarkReadLocal: a Read served from this node's store and released
+// (the serving gate's begin and end included): the hot path of a node
+// that holds what it is asked for. -benchmem shows what a read allocates.
+func BenchmarkReadLocal(b *testing.B) {
+	r, key := oneLocalChunk(b)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
@@ -32,13 +40,7 @@ func BenchmarkReadLocal(b *testing.B) {
 
 // BenchmarkServeFetch: a peer's fetch of a local chunk, released.
 func BenchmarkServeFetch(b *testing.B) {
-	c := newCluster(b, []string{"a"}, nil)
-	c.r, c.w = 1, 1
-	blob, key := makeBlob(b, 1, 0)
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
-		b.Fatal(err)
-	}
-	r := c.reps["a"]
+	r, key := oneLocalChunk(b)
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
