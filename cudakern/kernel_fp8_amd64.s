@@ -1,6 +1,7 @@
 //go:build !purego
 
 #include "textflag.h"
+#include "bf16_amd64.h"
 
 // Single-pass AVX-512 kernels for the fp8 <-> bf16 jobs (see kernels.go):
 // each reads the source dtype, works in float32 registers and writes the
@@ -194,6 +195,13 @@ GLOBL fp8Order<>(SB), RODATA|NOPTR, $64
 	VMOVDQA32  Z23, K3, r; \
 	VPTERNLOGD $0xF8, Z28, t2, r
 
+// SCALE4 applies op (VMULPS or VDIVPS) by the scale in Z22 to a-d.
+#define SCALE4(op, a, b, c, d) \
+	op Z22, a, a; \
+	op Z22, b, b; \
+	op Z22, c, c; \
+	op Z22, d, d
+
 // BF16FIX rewrites the lanes of the bf16 pair a (low 16) and b (high 16)
 // in out whose float32 source is subnormal (ka for a, kb for b), with
 // integer round-to-nearest-even; Z14 is 1, Z15 0x7fff; Z0-Z3 and K7 are
@@ -382,10 +390,7 @@ rotFP8BF16loop32:
 	VPERMW.Z  Z2, Z26, K6, Z5
 	VPERMW.Z  Z3, Z25, K6, Z6
 	VPERMW.Z  Z3, Z26, K6, Z7
-	VMULPS    Z22, Z4, Z4
-	VMULPS    Z22, Z5, Z5
-	VMULPS    Z22, Z6, Z6
-	VMULPS    Z22, Z7, Z7
+	SCALE4(VMULPS, Z4, Z5, Z6, Z7)
 	VMOVUPS   (R8), Z0
 	VMOVUPS   64(R8), Z1
 	VMOVUPS   (R9), Z2
@@ -512,27 +517,17 @@ TEXT ·bf16ToFP8AVX512(SB), NOSPLIT, $0-48
 bf16ToFP8loop64:
 	CMPQ      CX, $64
 	JLT       bf16ToFP8tail
-	VPMOVZXWD (SI), Z0
-	VPSLLD    $16, Z0, Z0
-	VPMOVZXWD 32(SI), Z1
-	VPSLLD    $16, Z1, Z1
-	VPMOVZXWD 64(SI), Z2
-	VPSLLD    $16, Z2, Z2
-	VPMOVZXWD 96(SI), Z3
-	VPSLLD    $16, Z3, Z3
+	BF16LOAD((SI), Z0)
+	BF16LOAD(32(SI), Z1)
+	BF16LOAD(64(SI), Z2)
+	BF16LOAD(96(SI), Z3)
 	TESTQ     R8, R8
 	JNZ       bf16ToFP8div64
-	VMULPS    Z22, Z0, Z0
-	VMULPS    Z22, Z1, Z1
-	VMULPS    Z22, Z2, Z2
-	VMULPS    Z22, Z3, Z3
+	SCALE4(VMULPS, Z0, Z1, Z2, Z3)
 	JMP       bf16ToFP8enc64
 
 bf16ToFP8div64:
-	VDIVPS    Z22, Z0, Z0
-	VDIVPS    Z22, Z1, Z1
-	VDIVPS    Z22, Z2, Z2
-	VDIVPS    Z22, Z3, Z3
+	SCALE4(VDIVPS, Z0, Z1, Z2, Z3)
 
 bf16ToFP8enc64:
 	ENCODE(Z0, Z8, Z4, Z5, Z6)
@@ -560,8 +555,7 @@ bf16ToFP8next64:
 bf16ToFP8tail:
 	TESTQ     CX, CX
 	JZ        bf16ToFP8done
-	VPMOVZXWD (SI), Z0
-	VPSLLD    $16, Z0, Z0
+	BF16LOAD((SI), Z0)
 	TESTQ     R8, R8
 	JNZ       bf16ToFP8div16
 	VMULPS    Z22, Z0, Z0
@@ -617,14 +611,10 @@ rotBF16FP8head:
 rotBF16FP8loop32:
 	CMPQ      CX, $32
 	JLT       rotBF16FP8tail
-	VPMOVZXWD (SI), Z0
-	VPSLLD    $16, Z0, Z0
-	VPMOVZXWD 32(SI), Z1
-	VPSLLD    $16, Z1, Z1
-	VPMOVZXWD (R10), Z2
-	VPSLLD    $16, Z2, Z2
-	VPMOVZXWD 32(R10), Z3
-	VPSLLD    $16, Z3, Z3
+	BF16LOAD((SI), Z0)
+	BF16LOAD(32(SI), Z1)
+	BF16LOAD((R10), Z2)
+	BF16LOAD(32(R10), Z3)
 	VMOVUPS   (R8), Z4
 	VMOVUPS   64(R8), Z5
 	VMOVUPS   (R9), Z6
@@ -643,17 +633,11 @@ rotBF16FP8loop32:
 	VADDPS    Z12, Z11, Z11
 	TESTQ     AX, AX
 	JNZ       rotBF16FP8div32
-	VMULPS    Z22, Z8, Z8
-	VMULPS    Z22, Z9, Z9
-	VMULPS    Z22, Z10, Z10
-	VMULPS    Z22, Z11, Z11
+	SCALE4(VMULPS, Z8, Z9, Z10, Z11)
 	JMP       rotBF16FP8enc32
 
 rotBF16FP8div32:
-	VDIVPS    Z22, Z8, Z8
-	VDIVPS    Z22, Z9, Z9
-	VDIVPS    Z22, Z10, Z10
-	VDIVPS    Z22, Z11, Z11
+	SCALE4(VDIVPS, Z8, Z9, Z10, Z11)
 
 rotBF16FP8enc32:
 	ENCODE(Z8, Z12, Z0, Z1, Z2)
@@ -688,10 +672,8 @@ rotBF16FP8next32:
 rotBF16FP8tail:
 	TESTQ     CX, CX
 	JZ        rotBF16FP8next
-	VPMOVZXWD (SI), Z0
-	VPSLLD    $16, Z0, Z0
-	VPMOVZXWD (R10), Z2
-	VPSLLD    $16, Z2, Z2
+	BF16LOAD((SI), Z0)
+	BF16LOAD((R10), Z2)
 	VMOVUPS   (R8), Z4
 	VMOVUPS   (R9), Z6
 	VMULPS    Z4, Z0, Z8
