@@ -68,7 +68,13 @@ func TestServingGateWait(t *testing.T) {
 	g.begin()
 	woke := make(chan bool, 1)
 	go func() { woke <- g.wait(ctx, time.Hour) }()
-	waitFor(t, func() bool { return g.waiters.Load() == 1 })
+	// Parked: the waiter has read n under mu and made idle (waiters alone
+	// counts it before that read, and both ends could land in between).
+	waitFor(t, func() bool {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		return g.idle != nil
+	})
 	g.end()
 	select {
 	case <-woke:
