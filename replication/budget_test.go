@@ -127,11 +127,16 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 				t.Fatalf("%d pins held when a retry read the key: the back-off kept its pin", maxAtGet)
 			}
 			tc.change(t, c.stores["a"], key, i)
+			// The slot stays held until the pass has ended by itself (the
+			// next retry reads the key: gone, nil; changed, errChanged): a
+			// retry that read the old bytes before the change would
+			// otherwise reach d's admit after the slot frees, and d would
+			// take them.
+			res := <-done
 			recv.release()
 			if err := <-held; err != nil {
 				t.Fatal(err)
 			}
-			res := <-done
 			if _, pins, _ := ps.stats(key); pins != 0 {
 				t.Fatalf("%d pins left after the pass", pins)
 			}
