@@ -376,9 +376,10 @@ func (r *Replicator) runBatch(ctx context.Context, batch []*job, st *RebalanceSt
 	return errors.Join(errs...)
 }
 
-// errChanged: a key's local bytes changed while its transfer backed off
-// from a busy receiver; the key stays pending and the next pass, which
-// digests the target again, sends the bytes held then.
+// errChanged: a key's local bytes changed since the pass's scan (between
+// the scan and a send, or while the transfer backed off from a busy
+// receiver); the key stays pending and the next pass, which digests the
+// target again, sends the bytes held then.
 var errChanged = errors.New("replication: local copy changed during the busy back-off")
 
 // transfer streams the local copy of lk to target, rate-limited, sending
@@ -387,7 +388,7 @@ var errChanged = errors.New("replication: local copy changed during the busy bac
 // copy is pinned (read from the store) only for each send: a slow receiver
 // that pushes back for up to busyGiveUp must not hold the sender's memory,
 // so each attempt reads the key again and stops if it is gone, or keeps it
-// pending if its bytes changed since the first attempt.
+// pending if its bytes differ from those the scan saw (lk.sum).
 func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (int, error) {
 	// The rate limit is taken before the first read, on the size the
 	// scan saw, so that no pin is held while waiting for it either.
@@ -395,8 +396,7 @@ func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (
 		return 0, err
 	}
 	opts := ReplicateOptions{Kind: KindRebalance, At: r.liveAt(lk.key)}
-	var sum uint64
-	sent, attempts, gone := 0, 0, false
+	sent, gone := 0, false
 	err := r.sendBusy(ctx, func() error {
 		blob, release, err := r.cfg.Store.Get(ctx, lk.key)
 		if errors.Is(err, ErrNotFound) {
@@ -411,11 +411,8 @@ func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (
 		if err != nil {
 			return fmt.Errorf("local copy of %v: %w", lk.key, err)
 		}
-		attempts++
-		if attempts == 1 {
-			sum = hd.Checksum
-		} else if hd.Checksum != sum {
-			return errChanged
+		if hd.Checksum != lk.sum {
+			return errChanged // changed since the scan: the next pass digests again
 		}
 		sent = len(blob)
 		return r.cfg.Transport.Replicate(ctx, target, blob, opts)
