@@ -247,7 +247,15 @@ func (f *fsm) apply(c command, index uint64) (changed bool, err error) {
 		}
 		var expired bool
 		next.left, expired = expireDepartures(cur.left, rc.At)
-		leftCloned := expired
+		back := slices.ContainsFunc(rc.Upsert, func(m ring.Member) bool {
+			_, ok := next.left[m.ID]
+			return ok
+		})
+		if back && !expired {
+			// expireDepartures returned cur.left itself: copy it once
+			// before the deletions below.
+			next.left = maps.Clone(next.left)
+		}
 		next.members = maps.Clone(cur.members)
 		diff := false
 		for _, m := range rc.Upsert {
@@ -257,9 +265,6 @@ func (f *fsm) apply(c command, index uint64) (changed bool, err error) {
 			next.members[m.ID] = m
 			if _, ok := next.left[m.ID]; ok {
 				// Back with another incarnation: the leader saw to that.
-				if !leftCloned {
-					next.left, leftCloned = maps.Clone(next.left), true
-				}
 				delete(next.left, m.ID)
 				diff = true
 			}
