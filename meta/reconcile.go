@@ -204,6 +204,14 @@ func (s *Store) reconcile() error {
 		}
 	}
 
+	// Refresh tombstones before the ring change: that change carries
+	// now, and a tombstone exactly DepartedTTL old would expire on it
+	// before this pass refreshed it, letting the departed incarnation
+	// back in on the next pass.
+	if err := s.refreshDepartures(ctx, now); err != nil {
+		errs = append(errs, err)
+	}
+
 	cur := s.fsm.currentRing()
 	change := ringChange{Epoch: cur.Epoch(), At: now.UnixNano()}
 	for _, id := range slices.Sorted(maps.Keys(alive)) {
@@ -230,10 +238,6 @@ func (s *Store) reconcile() error {
 		} else {
 			s.log.Info("meta: ring change", "epoch", change.Epoch+1, "upsert", len(change.Upsert), "remove", change.Remove)
 		}
-	}
-
-	if err := s.refreshDepartures(ctx, now); err != nil {
-		errs = append(errs, err)
 	}
 
 	// Forget nodes that are in neither raft nor the ring any more.
