@@ -1194,6 +1194,28 @@ func (s *Store) Delete(key chunk.Key) error {
 	return nil
 }
 
+// DeleteIf removes key from every tier only while the checksum of its
+// stored blob is checksum, checked and removed under the store lock: a
+// caller that handed a copy on can drop its own without dropping bytes
+// stored since. Other bytes fail with ErrConflict, an absent key with
+// ErrNotFound.
+func (s *Store) DeleteIf(key chunk.Key, checksum uint64) error {
+	s.mu.Lock()
+	defer s.unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	e := s.lookup(key)
+	if e == nil {
+		return ErrNotFound
+	}
+	if e.checksum != checksum {
+		return ErrConflict
+	}
+	s.remove(e)
+	return nil
+}
+
 // Scan calls fn for every stored entry (in no particular order) until fn
 // returns false: its key (whose Content is what the ring places), the
 // checksum of its blob and the blob's size. It drops expired entries as it

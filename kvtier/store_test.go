@@ -188,3 +188,43 @@ func TestCloseAndCancel(t *testing.T) {
 		t.Fatal("arena kept after the last handle was released and Close called again")
 	}
 }
+
+// DeleteIf drops the key only while it holds the bytes the caller names:
+// other bytes and an absent key are refused and leave the store as it is.
+func TestDeleteIf(t *testing.T) {
+	ctx := context.Background()
+	blob := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
+	hd, err := chunk.ParseHeader(blob, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name   string
+		stored bool
+		sum    uint64
+		want   error
+		kept   bool
+	}{
+		{"same bytes", true, hd.Checksum, nil, false},
+		{"other bytes", true, hd.Checksum ^ 1, ErrConflict, true},
+		{"absent", false, hd.Checksum, ErrNotFound, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := openTest(t, Config{DRAMBytes: 1 << 20})
+			if tc.stored {
+				if _, err := s.Put(ctx, blob, PutOptions{}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := s.DeleteIf(hd.Key, tc.sum); !errors.Is(err, tc.want) {
+				t.Fatalf("DeleteIf: %v, want %v", err, tc.want)
+			}
+			if got := s.Contains(hd.Key); got != tc.kept {
+				t.Fatalf("contains %v after DeleteIf, want %v", got, tc.kept)
+			}
+			if st := checkBudgets(t, s); !tc.kept && (st.Entries != 0 || st.Tiers[TierDRAM].Bytes != 0) {
+				t.Fatalf("stats after DeleteIf: %+v", st.Tiers[TierDRAM])
+			}
+		})
+	}
+}
