@@ -205,16 +205,26 @@ func (s *Store) close(snapshot bool) error {
 			}
 		}
 		s.raft.DeregisterObserver(s.observer)
-		err := s.shutdownRaft()
+		stuck, err := s.shutdownRaft()
 		s.trans.fence()
 		s.wg.Wait()
-		if werr := s.wal.Close(); err == nil {
-			err = werr
+		if stuck {
+			// Raft goroutines may still run and touch the log store:
+			// closing it under them could corrupt it. Leave the WAL,
+			// its meta store and the directory lock open (leaked until
+			// the process exits); a reopen of this directory in this
+			// process then fails on the lock instead of sharing files
+			// with a live raft.
+			s.log.Error("meta: raft log, snapshot store and data directory lock left open after the stuck raft shutdown", "dir", s.cfg.DataDir)
+		} else {
+			if werr := s.wal.Close(); err == nil {
+				err = werr
+			}
+			if merr := s.walMeta.Close(); err == nil {
+				err = merr
+			}
+			_ = s.lock.Close() // releases the flock
 		}
-		if merr := s.walMeta.Close(); err == nil {
-			err = merr
-		}
-		_ = s.lock.Close() // releases the flock
 		s.watchMu.Lock()
 		for id, ch := range s.watchers {
 			close(ch)
@@ -236,10 +246,11 @@ const raftShutdownWait = 30 * time.Second
 // goroutine blocked for good on a stepped-down leader (its decoder gone,
 // both pipeline channels full; seen in TestLeaderLeave on a loaded
 // machine: Shutdown then waits forever and so would Close). Past the
-// bound the node closes anyway: the stuck goroutines block on channels
-// nothing will ever serve, touch neither the log nor the snapshots, and
-// the transport, which Shutdown would have closed last, is closed here.
-func (s *Store) shutdownRaft() error {
+// bound the node closes anyway, and the transport, which Shutdown would
+// have closed last, is closed here. stuck reports that bound: which raft
+// goroutines still run is not known then, so the caller must not close
+// the log or snapshot store under them.
+func (s *Store) shutdownRaft() (stuck bool, err error) {
 	f := s.raft.Shutdown()
 	done := make(chan error, 1)
 	go func() { done <- f.Error() }()
@@ -247,11 +258,11 @@ func (s *Store) shutdownRaft() error {
 	defer t.Stop()
 	select {
 	case err := <-done:
-		return err
+		return false, err
 	case <-t.C:
 		s.log.Error("meta: raft shutdown did not finish; closing without its stuck replication goroutines", "waited", raftShutdownWait)
 		_ = s.trans.Close()
-		return nil
+		return true, nil
 	}
 }
 
