@@ -74,6 +74,21 @@ func (s *memStore) Delete(key chunk.Key) error {
 	return nil
 }
 
+func (s *memStore) DeleteIf(key chunk.Key, checksum uint64) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[key]
+	if !ok {
+		return ErrNotFound
+	}
+	if e.sum != checksum {
+		return ErrConflict
+	}
+	delete(s.m, key)
+	s.used -= len(e.blob)
+	return nil
+}
+
 func (s *memStore) Scan(fn func(chunk.Key, uint64, int) bool) {
 	s.mu.Lock()
 	type it struct {

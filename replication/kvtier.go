@@ -51,6 +51,11 @@ func (k *KVTierStore) Get(ctx context.Context, key chunk.Key) ([]byte, func(), e
 // Delete implements Store.
 func (k *KVTierStore) Delete(key chunk.Key) error { return mapKVTierErr(k.S.Delete(key)) }
 
+// DeleteIf implements Store.
+func (k *KVTierStore) DeleteIf(key chunk.Key, checksum uint64) error {
+	return mapKVTierErr(k.S.DeleteIf(key, checksum))
+}
+
 // Contains implements Container.
 func (k *KVTierStore) Contains(key chunk.Key) bool { return k.S.Contains(key) }
 

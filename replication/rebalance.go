@@ -201,7 +201,10 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, n int, old *ring.R
 				continue
 			}
 			if j.handoff && r.stillForeign(rg, j.key, n) {
-				if err := r.cfg.Store.Delete(j.key); err == nil {
+				// Only the bytes sent (the scan's, which every attempt
+				// checked): bytes stored here since are not on the
+				// targets, and are kept for the next pass.
+				if err := r.cfg.Store.DeleteIf(j.key, j.sum); err == nil {
 					st.KeysDropped++
 					r.metrics.rebalanceDropped.Add(1)
 				}

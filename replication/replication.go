@@ -55,6 +55,11 @@ type Store interface {
 	Get(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error)
 	// Delete removes the key; an absent key wraps ErrNotFound.
 	Delete(key chunk.Key) error
+	// DeleteIf removes the key only while its stored blob's checksum is
+	// checksum (checked and removed atomically); other bytes wrap
+	// ErrConflict, an absent key ErrNotFound. A handoff drops its copy
+	// with it, so that bytes stored after the send are kept.
+	DeleteIf(key chunk.Key, checksum uint64) error
 	// Scan calls fn for every stored entry until fn returns false. fn may
 	// call the Store.
 	Scan(fn func(key chunk.Key, checksum uint64, size int) bool)

@@ -904,3 +904,85 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 		}
 	}
 }
+
+// putHookStore runs after once a Put has stored its blob.
+type putHookStore struct {
+	*memStore
+	after func()
+}
+
+func (s *putHookStore) Put(ctx context.Context, blob []byte) (chunk.Header, error) {
+	hd, err := s.memStore.Put(ctx, blob)
+	if err == nil && s.after != nil {
+		s.after()
+	}
+	return hd, err
+}
+
+// A handoff drops its copy once the target acked it, but only the bytes it
+// sent: a key whose bytes change here after the target stored it (before
+// the drop) keeps the new bytes, which the target does not hold.
+func TestHandoffKeepsBytesChangedAfterAck(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change bool
+	}{
+		{"unchanged", false},
+		{"changed after the ack", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			recv := &putHookStore{}
+			c := newCluster(t, []string{"a"}, func(id string, conf *Config) {
+				if id == "d" {
+					conf.Store = recv
+				}
+			})
+			c.r, c.w = 1, 1
+			// One chunk that d alone owns once it joins: a hands it off.
+			c.setRing("a", "d")
+			i := 0
+			for ; !c.ring().IsReplica(func() chunk.Key { _, k := makeBlob(t, i, 0); return k }().Content, "d", 1); i++ {
+			}
+			c.setRing("a")
+			blob, key := makeBlob(t, i, 0)
+			if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := c.reps["a"].Rebalance(context.Background()); err != nil {
+				t.Fatal(err) // records the one-member ring
+			}
+			newer, _ := makeBlob(t, i, 1) // same key, other bytes
+			nhd, err := chunk.ParseHeader(newer, chunk.Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.change {
+				a := c.stores["a"]
+				recv.after = func() {
+					a.mu.Lock() // in one step, as a re-put after a delete
+					a.m[key] = memEntry{newer, nhd.Checksum}
+					a.mu.Unlock()
+				}
+			}
+			c.setRing("a", "d")
+			recv.memStore = newMemStore()
+			c.stores["d"], c.dirs["d"] = recv.memStore, t.TempDir()
+			c.start("d")
+
+			st, err := c.reps["a"].Rebalance(context.Background())
+			if err != nil || st.KeysMoved != 1 || st.Pending != 0 {
+				t.Fatalf("pass %+v, %v: want the key moved", st, err)
+			}
+			if !recv.has(key) {
+				t.Fatal("d does not hold the key")
+			}
+			sum, ok := c.stores["a"].checksum(key)
+			switch {
+			case !tc.change && (ok || st.KeysDropped != 1):
+				t.Fatalf("a still holds it (%v), %d dropped: want the handoff dropped", ok, st.KeysDropped)
+			case tc.change && (!ok || sum != nhd.Checksum || st.KeysDropped != 0):
+				t.Fatalf("a holds %v (%x, want %x), %d dropped: want the new bytes kept", ok, sum, nhd.Checksum, st.KeysDropped)
+			}
+		})
+	}
+}
