@@ -127,3 +127,27 @@ func TestServingGateAllocFree(t *testing.T) {
 		t.Fatalf("begin+end allocates %.1f times", n)
 	}
 }
+
+// A ReadResult released twice ends its serving call once: the second
+// Release finds nothing to free.
+func TestReadReleaseTwice(t *testing.T) {
+	c := newCluster(t, []string{"a"}, nil)
+	c.r, c.w = 1, 1
+	blob, key := makeBlob(t, 1, 0)
+	r := c.reps["a"]
+	if _, err := r.Write(context.Background(), blob); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := r.Read(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := r.serving.inFlight(); n != 1 {
+		t.Fatalf("%d serving calls in flight during the read, want 1", n)
+	}
+	rr.Release()
+	rr.Release()
+	if n := r.serving.inFlight(); n != 0 || rr.Blob != nil {
+		t.Fatalf("%d serving calls in flight after two releases (blob kept: %v), want 0", n, rr.Blob != nil)
+	}
+}

@@ -23,7 +23,9 @@ type ReadResult struct {
 	gate *servingGate
 }
 
-// Release frees Blob (a local store's pin). Calling it again does nothing.
+// Release frees Blob (a local store's pin). Calling it again on the same
+// ReadResult does nothing (it clears what it released); copies of a
+// ReadResult share the pin, so release through one of them only.
 func (rr *ReadResult) Release() {
 	if rr.release != nil {
 		rr.release()

@@ -57,7 +57,9 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 // ServeFetch returns this node's blob for key (Peer.Fetch with direct
 // set); release frees it once sent. Absent keys wrap ErrNotFound.
 // It counts as serving (incoming rebalance work yields to it) until
-// release.
+// release. Call release exactly once: a second call would end the serving
+// count twice (making release harmless to repeat costs an allocation per
+// fetch, as it needs state beside the closure).
 func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error) {
 	r.serving.begin()
 	blob, free, err := r.cfg.Store.Get(ctx, key)
