@@ -79,7 +79,8 @@ type departure struct {
 	ID          string `json:"id"`
 	Incarnation uint64 `json:"incarnation"`
 	// At is the time (Unix nanoseconds) carried by the last leave command
-	// for this incarnation, or, for a tombstone written before commands
+	// for this incarnation (stamped by the leader that proposed it, never
+	// earlier than the leaver's own time), or, for a tombstone written before commands
 	// carried one, by the first command after it that did. Zero: not
 	// stamped yet. The tombstone expires DepartedTTL after it.
 	At int64 `json:"at,omitempty"`
@@ -87,9 +88,10 @@ type departure struct {
 
 // DepartedTTL is how long a tombstone outlives the last leave command for
 // its incarnation. Expiry is decided in the FSM from times carried in the
-// log (a leave's or a ring change's At, set by whoever proposed it), never
-// from the clock of the replica that applies it, so every replica drops a
-// tombstone at the same log index. Why a day is long enough that a stale
+// log (a leave's or a ring change's At, stamped by the leader that
+// proposed it: Store.applyLeave, reconcile), never from the clock of the
+// replica that applies it, so every replica drops a tombstone at the same
+// log index. Why a day is long enough that a stale
 // gossip view of the departed incarnation cannot bring it back:
 //   - the departing node sets Leaving in its own gossip metadata before its
 //     gossip leave, so whatever gossip still carries of it says Leaving,

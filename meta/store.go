@@ -637,8 +637,24 @@ func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
 		}
 		return fmt.Errorf("%w: %s hands leadership over before it leaves", ErrNotLeader, s.cfg.NodeID)
 	}
-	if err := s.applyLocal(ctx, cmd); err != nil {
-		return err
+	// A retry of a leave this leader has applied has only the raft
+	// removal left: restamping it would rewrite the tombstone for nothing.
+	d, tomb := s.fsm.departedAll()[lv.ID]
+	if retry := tomb && d.Incarnation == lv.Incarnation && !s.fsm.currentRing().Contains(lv.ID); !retry {
+		// The leader stamps the time: DepartedTTL's reasoning is about
+		// leader clocks, and the leaver's may be off. Decided here,
+		// before the entry is written, so every replica applies the
+		// same At.
+		if now := time.Now().UnixNano(); now > lv.At {
+			st := *lv
+			st.At = now
+			if cmd, err = encodeCommand(kindLeave, st); err != nil {
+				return err
+			}
+		}
+		if err := s.applyLocal(ctx, cmd); err != nil {
+			return err
+		}
 	}
 	if !member {
 		return nil
