@@ -34,7 +34,7 @@ func residentBytes(t testing.TB, s *Store) int64 {
 func settleRelease(s *Store) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for s.punching || (!s.closed && s.arena.punchDue()) {
+	for s.arena.reservedPages() > 0 || (!s.closed && s.arena.punchDue()) {
 		s.moved.Wait()
 	}
 }
@@ -43,7 +43,7 @@ func settleRelease(s *Store) {
 func releasing(s *Store) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.punching || s.arena.punchDue()
+	return s.arena.reservedPages() > 0 || s.arena.punchDue()
 }
 
 // fillStore puts copies of blob under fresh keys until the DRAM arena has

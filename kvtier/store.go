@@ -232,9 +232,8 @@ type Store struct {
 	// sharedHits: the policy records hits under the read lock, so DRAM
 	// hits need no exclusive lock (S3-FIFO; LRU moves its list).
 	sharedHits bool
-	// punching: the releaser is returning reserved DRAM pages to the OS
-	// without the lock; released counts the bytes returned.
-	punching bool
+	// released counts the DRAM bytes the releaser returned to the OS (a
+	// punch in flight shows as arena.reservedPages() > 0).
 	released uint64
 	// The releaser (releaseLoop) owns the punches: unlock kicks it when
 	// one is due, Close stops it (releaseStop) and waits for it
@@ -430,7 +429,6 @@ func (s *Store) releaseLoop() {
 // them without mu, so that reads and puts proceed meanwhile, and frees
 // them again under mu. mu held; released around the punch.
 func (s *Store) releasePages() {
-	s.punching = true
 	runs := s.arena.reserveFree()
 	var pages int
 	s.unlocked(func() {
@@ -441,7 +439,6 @@ func (s *Store) releasePages() {
 	})
 	s.arena.unreserve(runs)
 	s.released += uint64(pages) * uint64(s.arena.pageSize)
-	s.punching = false
 	s.moved.Broadcast() // puts waiting for the reserved pages
 }
 
