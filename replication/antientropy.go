@@ -325,7 +325,7 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 			return err
 		}
 		st.Fetched++
-		return r.storeAdmitted(ctx, blob, a.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
+		return r.storeAdmitted(ctx, blob, a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
 	case b != nil && b.Deleted:
 		if a.At > b.At {
 			return r.pushItem(ctx, p, a, st) // our write is newer than their delete
@@ -360,7 +360,7 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}
-	err = r.storeAdmitted(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At})
+	err = r.storeAdmitted(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
 	if isRejected(err) {
 		st.Refused++
 		return nil
@@ -375,14 +375,15 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	return nil
 }
 
-// storeAdmitted stores blob, fetched from a peer by this node's own
-// anti-entropy or pull, within the receiver's budget (admission.go), as
-// incoming rebalance blobs and read repairs are: a node refilling itself
-// after a restart stores at most IncomingRebalanceStreams blobs at once,
-// yields to its serving calls and keeps to the incoming byte rate. Its
-// own work is not refusable: it waits as long as ctx allows.
-func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) error {
-	release, err := r.admit(ctx, len(blob), false)
+// storeAdmitted stores blob within the receiver's budget (admission.go):
+// incoming rebalance blobs, read repairs, and blobs fetched from a peer by
+// this node's own anti-entropy or pull: a node refilling itself after a
+// restart stores at most IncomingRebalanceStreams blobs at once, yields to
+// its serving calls and keeps to the incoming byte rate. refusable: other
+// nodes' work, refused with ErrBusy when the budget stays spent; this
+// node's own work is not refusable: it waits as long as ctx allows.
+func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions, refusable bool) error {
+	release, err := r.admit(ctx, len(blob), refusable)
 	if err != nil {
 		return err
 	}

@@ -41,13 +41,10 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 		// The receiver's budget (admission.go): a slot, a gap in serving,
 		// the byte rate; ErrBusy tells the sender to come back later.
 		r.rebalanceSeen.Store(r.cfg.Now().UnixNano())
-		release, err := r.admit(ctx, len(blob), true)
-		if err != nil {
-			return err
-		}
-		defer release()
+		err = r.storeAdmitted(ctx, blob, hd.Key, opts, true)
+	} else {
+		err = r.storeLocal(ctx, blob, hd.Key, opts)
 	}
-	err = r.storeLocal(ctx, blob, hd.Key, opts)
 	if err == nil {
 		r.metrics.served.Add(1)
 	}
