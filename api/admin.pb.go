@@ -813,7 +813,11 @@ type SetSettingsRequest struct {
 	// expected_version, when set, makes the change conditional: it commits
 	// only if the settings are still at that version when raft applies it
 	// (compare and set), else FailedPrecondition and nothing changes. Read
-	// it from GetSettingsResponse.version; without it the last writer wins.
+	// it from GetSettingsResponse.version. Without it the fields given are
+	// merged into the current settings, and fields not given are never
+	// reverted by a change another admin made meanwhile. Unavailable: the
+	// answering node has not yet applied that version (or a change that
+	// beat this one); ask again.
 	ExpectedVersion *uint64 `protobuf:"varint,4,opt,name=expected_version,json=expectedVersion,proto3,oneof" json:"expected_version,omitempty"`
 	unknownFields   protoimpl.UnknownFields
 	sizeCache       protoimpl.SizeCache

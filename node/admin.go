@@ -387,13 +387,21 @@ func (s *adminService) SetSettings(ctx context.Context, req *api.SetSettingsRequ
 	if err != nil {
 		return nil, err
 	}
-	prev, next, err := s.setSettings(ctx, req)
+	prev, next, from, err := s.setSettings(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	resp := &api.SetSettingsResponse{Previous: settingsProto(prev), Settings: settingsProto(next)}
-	if cur, nv := s.n.meta.VersionedSettings(); cur == next {
-		resp.Version = nv
+	resp := &api.SetSettingsResponse{Previous: settingsProto(prev), Settings: settingsProto(next), Version: from}
+	if next != prev {
+		// The version of this change once this node has applied it; 0
+		// if a later change replaced it first.
+		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
+		cur, nv := s.n.meta.WaitSettingsVersion(wctx, from+1)
+		cancel()
+		resp.Version = 0
+		if cur == next && nv > from {
+			resp.Version = nv
+		}
 	}
 	s.n.log.Info("node: cluster settings changed", "previous", fmt.Sprintf("%+v", prev), "settings", fmt.Sprintf("%+v", next),
 		"version", resp.Version, "by", p.Key())
@@ -417,20 +425,26 @@ const settingsMergeTries = 16
 // and a lost race is the caller's conflict; without one it is the
 // settings merged from (meta.SetSettingsFrom), and a lost race is merged
 // again once this node has applied the winner.
-func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequest) (prev, next meta.Settings, err error) {
-	prev, v := s.n.meta.VersionedSettings()
+// It returns the version prev had.
+func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequest) (prev, next meta.Settings, v uint64, err error) {
+	prev, v = s.n.meta.VersionedSettings()
 	if req.ExpectedVersion != nil && v < *req.ExpectedVersion {
 		// The caller read the version from a node ahead of this one.
 		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
 		prev, v = s.n.meta.WaitSettingsVersion(wctx, *req.ExpectedVersion)
 		cancel()
 	}
+	if req.ExpectedVersion != nil && v < *req.ExpectedVersion {
+		// Behind, not a conflict: the caller may ask again (here or
+		// elsewhere) and succeed.
+		return prev, next, v, status.Errorf(codes.Unavailable, "node: this node has applied settings version %d, not yet %d; try again", v, *req.ExpectedVersion)
+	}
 	if req.ExpectedVersion != nil && v != *req.ExpectedVersion {
-		return prev, next, toStatus(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
+		return prev, next, v, toStatus(fmt.Errorf("%w: this node holds version %d, not %d", meta.ErrSettingsVersion, v, *req.ExpectedVersion))
 	}
 	for try := 1; ; try++ {
 		if next, err = mergeSettings(prev, req); err != nil {
-			return prev, next, err
+			return prev, next, v, err
 		}
 		if req.ExpectedVersion != nil {
 			err = s.n.meta.SetSettingsIf(ctx, next, v)
@@ -440,12 +454,18 @@ func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequ
 		if err == nil || !errors.Is(err, meta.ErrSettingsVersion) || try == settingsMergeTries {
 			break
 		}
+		// Another change won: merge again once this node has applied it.
 		wctx, cancel := context.WithTimeout(ctx, settingsCatchUp)
-		prev, v = s.n.meta.WaitSettingsVersion(wctx, v+1)
+		var nv uint64
+		prev, nv = s.n.meta.WaitSettingsVersion(wctx, v+1)
 		cancel()
+		if nv == v {
+			return prev, next, v, status.Errorf(codes.Unavailable, "node: another settings change committed first and this node has not applied it within %v; try again", settingsCatchUp)
+		}
+		v = nv
 	}
 	if err != nil {
-		return prev, next, toStatus(err)
+		return prev, next, v, toStatus(err)
 	}
-	return prev, next, nil
+	return prev, next, v, nil
 }

@@ -64,8 +64,9 @@ func writeLeftMarker(dir string, m leftMarker) error {
 }
 
 // checkLeftMarker refuses to start on the data directory of a node that
-// left, unless rejoin; with rejoin it removes the marker (the node is a
-// member again once it starts) and reports the leave it cleared.
+// left, unless rejoin; with rejoin it reports the leave, whose marker
+// clearLeftMarker removes once the start has succeeded (a rejoin whose
+// start fails keeps it, so the next start without -rejoin still refuses).
 func checkLeftMarker(dir string, rejoin bool) (*leftMarker, error) {
 	path := filepath.Join(dir, leftMarkerName)
 	b, err := os.ReadFile(path)
@@ -88,13 +89,18 @@ func checkLeftMarker(dir string, rejoin bool) (*leftMarker, error) {
 		return &m, fmt.Errorf("%w (node %q left %s; %s exists): start with -rejoin (Config.Rejoin) to make it a member again, or use a fresh data directory",
 			ErrLeftCluster, m.NodeID, when, path)
 	}
-	if err := os.Remove(path); err != nil {
-		return &m, fmt.Errorf("node: remove leave marker: %w", err)
+	return &m, nil
+}
+
+// clearLeftMarker removes the leave marker of a node that rejoined.
+func clearLeftMarker(dir string) error {
+	if err := os.Remove(filepath.Join(dir, leftMarkerName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("node: remove leave marker: %w", err)
 	}
 	if err := syncDir(dir); err != nil {
-		return &m, fmt.Errorf("node: remove leave marker: %w", err)
+		return fmt.Errorf("node: remove leave marker: %w", err)
 	}
-	return &m, nil
+	return nil
 }
 
 func syncDir(dir string) error {

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +14,8 @@ import (
 // TestDrainedNodeRestart: a node that left the cluster refuses to start
 // again on its data directory (ErrLeftCluster, saying why and what to
 // do), rather than rejoining silently; with Rejoin it starts, joins the
-// ring again, and the record of the leave is gone.
+// ring again, and the record of the leave is gone (but not after a
+// rejoin whose start failed).
 func TestDrainedNodeRestart(t *testing.T) {
 	var nodes []*Node
 	var cfgs []Config
@@ -50,6 +52,28 @@ func TestDrainedNodeRestart(t *testing.T) {
 		t.Fatal("the refused start still reached the cluster")
 	}
 
+	// A rejoin whose start fails (its gRPC address is taken) keeps the
+	// marker: the next start without Rejoin still refuses.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	failing := cfg
+	failing.Rejoin, failing.GRPCAddr = true, taken.Addr().String()
+	nd, err = New(failing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = nd.Start(ctx)
+	_ = nd.Close()
+	if err == nil {
+		t.Fatal("a start on a taken gRPC address succeeded")
+	}
+	if _, err := os.Stat(filepath.Join(cfg.DataDir, leftMarkerName)); err != nil {
+		t.Fatalf("leave marker after a failed rejoin: %v", err)
+	}
+
 	cfg.Rejoin = true
 	back := startConfigured(t, cfg)
 	waitRing(t, []*Node{nodes[0], nodes[1], back}, 3)
@@ -59,8 +83,8 @@ func TestDrainedNodeRestart(t *testing.T) {
 }
 
 // TestLeftMarker: the marker refuses a start whatever its content (it
-// exists only because a leave committed), Rejoin clears it, and a
-// directory without it starts.
+// exists only because a leave committed), Rejoin lets the start go on
+// and clearLeftMarker removes it, and a directory without it starts.
 func TestLeftMarker(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -88,9 +112,16 @@ func TestLeftMarker(t *testing.T) {
 			if (m != nil) != (tc.content != "") {
 				t.Fatalf("marker %+v for content %q", m, tc.content)
 			}
+			// Only a successful start clears the marker.
 			_, statErr := os.Stat(filepath.Join(dir, leftMarkerName))
-			if kept := statErr == nil; kept != tc.wantErr {
-				t.Fatalf("marker kept %v, want %v", kept, tc.wantErr)
+			if kept := statErr == nil; kept != (tc.content != "") {
+				t.Fatalf("marker kept %v after the check, want %v", kept, tc.content != "")
+			}
+			if err := clearLeftMarker(dir); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, leftMarkerName)); !errors.Is(err, os.ErrNotExist) {
+				t.Fatalf("marker after clearLeftMarker: %v", err)
 			}
 		})
 	}

@@ -234,9 +234,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
 	}
-	if left, err := checkLeftMarker(cfg.DataDir, cfg.Rejoin); err != nil {
+	left, err := checkLeftMarker(cfg.DataDir, cfg.Rejoin)
+	if err != nil {
 		return err
-	} else if left != nil {
+	}
+	if left != nil {
 		n.log.Warn("node: rejoining the cluster after a leave (-rejoin)", "left_at", left.At, "left_incarnation", left.Incarnation)
 	}
 	var lc net.ListenConfig
@@ -362,6 +364,11 @@ func (n *Node) Start(ctx context.Context) (err error) {
 				n.log.Error("node: HTTP server stopped", "err", err)
 			}
 		}()
+	}
+	if left != nil {
+		if err := clearLeftMarker(cfg.DataDir); err != nil {
+			return err
+		}
 	}
 	n.log.Info("node: started", "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "gossip", n.GossipAddr(), "raft", n.RaftAddr())
 	return nil
