@@ -1,7 +1,10 @@
 package meta
 
 import (
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/raft"
@@ -116,4 +119,108 @@ func TestSetSettingsIf(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// unclearForwarder forwards every command, but once armed it gives the
+// next settings change no clear answer: it forwards instead (nil: the
+// change itself) and reports a timeout, as a forward to a loaded leader
+// can after the leader committed.
+type unclearForwarder struct {
+	inner Forwarder
+	mu    sync.Mutex
+	armed bool
+	fired bool
+	// instead is what the armed forward commits in place of the change
+	// (nil: the change itself), e.g. another admin's change.
+	instead []byte
+}
+
+func (f *unclearForwarder) arm(instead []byte) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.armed, f.fired, f.instead = true, false, instead
+}
+
+func (f *unclearForwarder) didFire() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.fired
+}
+
+func (f *unclearForwarder) Apply(ctx context.Context, addr string, cmd []byte) error {
+	f.mu.Lock()
+	lose := f.armed
+	instead := f.instead
+	if c, err := decodeCommand(cmd); err != nil || c.kind != kindSetSettings {
+		lose = false
+	}
+	if lose {
+		f.armed, f.fired = false, true
+	}
+	f.mu.Unlock()
+	if !lose {
+		return f.inner.Apply(ctx, addr, cmd)
+	}
+	if instead != nil {
+		cmd = instead
+	}
+	if err := f.inner.Apply(ctx, addr, cmd); err != nil {
+		return err
+	}
+	return fmt.Errorf("forward to %s: %w", addr, context.DeadlineExceeded)
+}
+
+// TestSetSettingsIfUnclearFirstTry: a conditional change whose first
+// forward committed but answered with a timeout succeeds (its retry is
+// refused by its own condition, and the node's state shows the change
+// landed); when what committed meanwhile was another admin's change, the
+// conflict is still reported.
+func TestSetSettingsIfUnclearFirstTry(t *testing.T) {
+	c := newCluster(t, 3)
+	fwd := &unclearForwarder{inner: c.fwd}
+	c.tweak = func(cfg *Config) { cfg.Forward = fwd }
+	for _, id := range ids(3) {
+		c.start(id)
+	}
+	c.waitAgree(ids(3))
+	a := Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
+	b := Settings{ReplicationFactor: 3, WriteQuorum: 2, Codec: chunk.CodecLossless}
+	d := Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecInt8}
+	ctx := ctxT(t)
+	tests := []struct {
+		name    string
+		set     func(f *Store, from Settings, v uint64) error
+		to      Settings
+		instead *Settings // another admin's change committed by the lost forward
+	}{
+		{"if version, landed", func(f *Store, _ Settings, v uint64) error { return f.SetSettingsIf(ctx, a, v) }, a, nil},
+		{"from settings, landed", func(f *Store, from Settings, _ uint64) error { return f.SetSettingsFrom(ctx, from, b) }, b, nil},
+		{"if version, another admin won", func(f *Store, _ Settings, v uint64) error { return f.SetSettingsIf(ctx, a, v) }, d, &d},
+	}
+	for _, tc := range tests {
+		f := c.follower()
+		from, v := c.leader().VersionedSettings()
+		if got, fv := f.WaitSettingsVersion(ctx, v); fv != v {
+			t.Fatalf("%s: follower at %+v version %d, want version %d", tc.name, got, fv, v)
+		}
+		var instead []byte
+		if tc.instead != nil {
+			instead = mustEncode(t, kindSetSettings, setSettings{Settings: *tc.instead})
+		}
+		fwd.arm(instead)
+		err := tc.set(f, from, v)
+		if !fwd.didFire() {
+			t.Skipf("%s: %s led by the time it wrote (leadership moved): the forward under test was not taken", tc.name, f.NodeID())
+		}
+		if tc.instead != nil {
+			if !errors.Is(err, ErrSettingsVersion) {
+				t.Fatalf("%s: %v, want ErrSettingsVersion", tc.name, err)
+			}
+		} else if err != nil {
+			t.Fatalf("%s: %v, want nil (the first try committed)", tc.name, err)
+		}
+		if got, sv := f.WaitSettingsVersion(ctx, v+1); got != tc.to || sv <= v {
+			t.Fatalf("%s: follower holds %+v at version %d, want %+v after %d", tc.name, got, sv, tc.to, v)
+		}
+	}
 }

@@ -295,7 +295,7 @@ func (s *Store) Leave(ctx context.Context) error {
 		inc, ok := s.fsm.departed(s.cfg.NodeID)
 		return ok && inc == s.cfg.Incarnation
 	}
-	if err := s.writeUntil(ctx, cmd, committed); err != nil {
+	if err := s.writeUntil(ctx, cmd, committed, nil); err != nil {
 		return fmt.Errorf("meta: leave of %s not committed: %w", s.cfg.NodeID, err)
 	}
 	s.log.Info("meta: left the cluster", "incarnation", s.cfg.Incarnation)
@@ -567,7 +567,28 @@ func (s *Store) setSettings(ctx context.Context, ss setSettings) error {
 	if err != nil {
 		return err
 	}
-	if err := s.write(ctx, cmd); err != nil {
+	var applied func() bool
+	var landed func(context.Context) bool
+	if ss.IfVersion != nil || ss.IfSettings != nil {
+		// A conditional change whose first try got no clear answer may
+		// have committed; its retry is then refused by its own
+		// condition. It did land if this node's state shows set at a
+		// version past the expected one (for SetSettingsFrom: shows
+		// set). A concurrent admin who wrote the very same settings
+		// reads the same way, which leaves the cluster as asked.
+		applied = func() bool {
+			cur, v := s.fsm.versionedSettings()
+			return cur == set && (ss.IfVersion == nil || v > *ss.IfVersion)
+		}
+		landed = func(ctx context.Context) bool {
+			// The leader that refused the retry has applied the first
+			// try if it committed; wait, bounded, for this node to.
+			wctx, cancel := context.WithTimeout(ctx, s.cfg.ApplyTimeout)
+			defer cancel()
+			return s.waitFor(wctx, applied)
+		}
+	}
+	if err := s.writeUntil(ctx, cmd, applied, landed); err != nil {
 		return err
 	}
 	// Best effort read-your-write: a concurrent SetSettings may win, in
@@ -677,12 +698,16 @@ func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
 // setting the same settings, a ring change conditional on its epoch), so a
 // retry after an ambiguous failure is safe.
 func (s *Store) write(ctx context.Context, cmd []byte) error {
-	return s.writeUntil(ctx, cmd, nil)
+	return s.writeUntil(ctx, cmd, nil, nil)
 }
 
 // writeUntil is write that also ends, successfully, before a retry once
-// done (if not nil) reports that cmd has taken effect.
-func (s *Store) writeUntil(ctx context.Context, cmd []byte, done func() bool) error {
+// done (if not nil) reports that cmd has taken effect. landed (if not nil)
+// settles an ErrSettingsVersion that follows a try without a clear answer
+// (a timeout, a lost reply): that try may have committed, and the retry
+// is then refused by its own condition; landed reports whether it did
+// commit, which makes the write a success.
+func (s *Store) writeUntil(ctx context.Context, cmd []byte, done func() bool, landed func(context.Context) bool) error {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, s.cfg.ApplyTimeout)
@@ -706,6 +731,9 @@ func (s *Store) writeUntil(ctx context.Context, cmd []byte, done func() bool) er
 			return fmt.Errorf("%w: %s has no forwarder (leader %s)", ErrNotLeader, s.cfg.NodeID, id)
 		} else {
 			err = s.cfg.Forward.Apply(ctx, addr, cmd)
+		}
+		if errors.Is(err, ErrSettingsVersion) && last != nil && landed != nil && landed(ctx) {
+			return nil
 		}
 		if err == nil || errors.Is(err, ErrInvalidCommand) || errors.Is(err, ErrStaleEpoch) || errors.Is(err, ErrSettingsVersion) {
 			return err
