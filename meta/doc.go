@@ -50,4 +50,17 @@
 // (and its file lock) open, so the Store owns and closes it; and raft runs
 // heartbeats on transport goroutines that can outlive Raft.Shutdown, so the
 // transport is fenced before the log closes (see guardedTransport).
+//
+// # Upgrades
+//
+// Every node of a cluster must run the same kvmesh version: mixed-version
+// clusters are not supported, so upgrade by stopping the whole cluster (or
+// by replacing it), not node by node. Newer fields ride on the existing
+// command kinds without a command version bump (a settings change's
+// if_version and if_settings, a leave's and a ring change's at), and a
+// replica running an older binary decodes such a command and ignores
+// them: it would apply a conditional settings change unconditionally and
+// never expire tombstones, so its state would part from the others' at
+// the same log index. Gating them on a cluster-wide version would take a
+// version handshake the cluster does not have.
 package meta
