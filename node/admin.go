@@ -373,12 +373,7 @@ func (s *adminService) GetSettings(context.Context, *api.GetSettingsRequest) (*a
 
 // SetSettings merges the request into the current settings, validates
 // them and commits them through raft (forwarded to the leader from a
-// follower). Fields left at zero keep the values this node has applied.
-// Without expected_version two concurrent changes may overwrite each
-// other; the last commit wins whole. With it, the merge is made onto the
-// settings of that version (this node first catches up to it when it
-// lags), and the commit is conditional on it (meta.SetSettingsIf): a
-// change made meanwhile fails the request with FailedPrecondition.
+// follower); setSettings says how concurrent changes are kept apart.
 // Changing R moves no data at once: new replicas fill by anti-entropy
 // and copies beyond R are dropped at the next rebalance (a ring epoch
 // change).
@@ -424,8 +419,8 @@ const settingsMergeTries = 16
 // yet). With an expected version in req the condition is that version
 // and a lost race is the caller's conflict; without one it is the
 // settings merged from (meta.SetSettingsFrom), and a lost race is merged
-// again once this node has applied the winner.
-// It returns the version prev had.
+// again once this node has applied the winner. Fields left at zero keep
+// their values. It returns the version prev had.
 func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequest) (prev, next meta.Settings, v uint64, err error) {
 	prev, v = s.n.meta.VersionedSettings()
 	if req.ExpectedVersion != nil && v < *req.ExpectedVersion {
