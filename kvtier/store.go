@@ -1177,26 +1177,17 @@ func (s *Store) Contains(key chunk.Key) bool {
 
 // Delete removes key from every tier. Pinned bytes stay readable through
 // their Handles and are freed at the last Release.
-func (s *Store) Delete(key chunk.Key) error {
-	s.mu.Lock()
-	defer s.unlock()
-	if s.closed {
-		return ErrClosed
-	}
-	e := s.lookup(key)
-	if e == nil {
-		return ErrNotFound
-	}
-	s.remove(e)
-	return nil
-}
+func (s *Store) Delete(key chunk.Key) error { return s.delete(key, 0, false) }
 
 // DeleteIf removes key from every tier only while the checksum of its
 // stored blob is checksum, checked and removed under the store lock: a
 // caller that handed a copy on can drop its own without dropping bytes
 // stored since. Other bytes fail with ErrConflict, an absent key with
 // ErrNotFound.
-func (s *Store) DeleteIf(key chunk.Key, checksum uint64) error {
+func (s *Store) DeleteIf(key chunk.Key, checksum uint64) error { return s.delete(key, checksum, true) }
+
+// delete removes key's entry; with check, only if its checksum matches.
+func (s *Store) delete(key chunk.Key, checksum uint64, check bool) error {
 	s.mu.Lock()
 	defer s.unlock()
 	if s.closed {
@@ -1206,7 +1197,7 @@ func (s *Store) DeleteIf(key chunk.Key, checksum uint64) error {
 	if e == nil {
 		return ErrNotFound
 	}
-	if e.checksum != checksum {
+	if check && e.checksum != checksum {
 		return ErrConflict
 	}
 	s.remove(e)
