@@ -93,19 +93,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 				}
 			})
 			c.r, c.w = 1, 1
-			// One chunk that moves to d once it joins.
-			c.setRing("a", "d")
-			i := 0
-			for ; !c.ring().IsReplica(func() chunk.Key { _, k := makeBlob(t, i, 0); return k }().Content, "d", 1); i++ {
-			}
-			c.setRing("a")
-			blob, key := makeBlob(t, i, 0)
-			if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := c.reps["a"].Rebalance(context.Background()); err != nil {
-				t.Fatal(err) // records the one-member ring
-			}
+			i, key := writeChunkMovingTo(t, c, "d")
 			c.setRing("a", "d")
 			c.stores["d"], c.dirs["d"] = recv.memStore, t.TempDir()
 			d := c.start("d")

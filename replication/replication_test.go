@@ -919,6 +919,26 @@ func (s *putHookStore) Put(ctx context.Context, blob []byte) (chunk.Header, erro
 	return hd, err
 }
 
+// writeChunkMovingTo writes, through a on a one-member ring (recorded by a
+// rebalance pass), the first test chunk that to alone owns once the ring
+// is {a, to} at R=1; it returns the chunk's makeBlob index and key.
+func writeChunkMovingTo(t *testing.T, c *cluster, to string) (int, chunk.Key) {
+	t.Helper()
+	c.setRing("a", to)
+	i := 0
+	for ; !c.ring().IsReplica(func() chunk.Key { _, k := makeBlob(t, i, 0); return k }().Content, to, 1); i++ {
+	}
+	c.setRing("a")
+	blob, key := makeBlob(t, i, 0)
+	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.reps["a"].Rebalance(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return i, key
+}
+
 // A handoff drops its copy once the target acked it, but only the bytes it
 // sent: a key whose bytes change here after the target stored it (before
 // the drop) keeps the new bytes, which the target does not hold.
@@ -938,19 +958,7 @@ func TestHandoffKeepsBytesChangedAfterAck(t *testing.T) {
 				}
 			})
 			c.r, c.w = 1, 1
-			// One chunk that d alone owns once it joins: a hands it off.
-			c.setRing("a", "d")
-			i := 0
-			for ; !c.ring().IsReplica(func() chunk.Key { _, k := makeBlob(t, i, 0); return k }().Content, "d", 1); i++ {
-			}
-			c.setRing("a")
-			blob, key := makeBlob(t, i, 0)
-			if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := c.reps["a"].Rebalance(context.Background()); err != nil {
-				t.Fatal(err) // records the one-member ring
-			}
+			i, key := writeChunkMovingTo(t, c, "d")
 			newer, _ := makeBlob(t, i, 1) // same key, other bytes
 			nhd, err := chunk.ParseHeader(newer, chunk.Limits{})
 			if err != nil {
