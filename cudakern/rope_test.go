@@ -120,7 +120,7 @@ func TestInvFreqGolden(t *testing.T) {
 }
 
 // refRotate64 rotates x to pos in float64 with the table's own float32
-// angle (the reference the issue names), and returns the exact result
+// angle (the reference for the error bound), and returns the exact result
 // before any rounding.
 func refRotate64(tab *RopeTable, x []float64, pos int) []float64 {
 	out := append([]float64(nil), x...)

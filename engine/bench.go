@@ -12,7 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
-// BenchModel is the benchmark's model shape (issue 4): 8 layers, hidden
+// BenchModel is the TTFT benchmark's model shape: 8 layers, hidden
 // 512, 8 heads, 2 KV heads, head dim 64.
 func BenchModel() ModelConfig {
 	return ModelConfig{

@@ -266,8 +266,8 @@ type InjectResult struct {
 	Context chunk.Context // of the entry written (zero on a miss)
 }
 
-// CacheInjector fills the engine's paged KV cache itself: the node-side
-// injection of DESIGN.md section 4, where the node that holds the chunks
+// CacheInjector fills the engine's paged KV cache itself: node-side
+// injection, where the node that holds the chunks
 // fetches, decodes, rotates and scatters them into cache memory the engine
 // registered with it (see CacheMemory). For each chunk it writes post-RoPE K
 // and V into exactly the given slots and answers EXACT, APPROXIMATE or MISS;

@@ -30,7 +30,7 @@
 // injected KV followed by a prefill of the rest gives the logits of a full
 // prefill to float32 rounding of RoPE angles.
 //
-// RunBench is the issue-4 benchmark (TTFT of prompt injection against KV
+// RunBench is the TTFT benchmark (TTFT of prompt injection against KV
 // injection, fidelity of approximate encodings, codecs on exact entries),
 // reusable with any ChunkStore; cmd/kvmesh-engine-bench runs it.
 //

@@ -423,7 +423,7 @@ func TestMemStorePrefersExactThenWindow(t *testing.T) {
 	}
 }
 
-// storeInjector plays the node of DESIGN.md section 4: it holds a store and
+// storeInjector plays the node in node-side injection: it holds a store and
 // writes the engine's registered cache memory itself through cudakern.
 type storeInjector struct {
 	t      *testing.T

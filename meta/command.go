@@ -49,7 +49,7 @@ type Settings struct {
 	Codec chunk.Codec `json:"codec"`
 }
 
-// Default settings until the first SetSettings (DESIGN.md section 6).
+// Default settings until the first SetSettings.
 const (
 	DefaultReplicationFactor = 3
 	DefaultWriteQuorum       = 2

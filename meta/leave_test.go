@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestLeaveWithoutGossip reproduces the drain bug of issue 7: a node that
+// TestLeaveWithoutGossip reproduces a drain bug: a node that
 // leaves (the last step of `kvmesh drain`) while its gossip leave never
 // reaches the leader. The leader's gossip view either still shows it alive
 // (the leave broadcast was lost) or holds it failed since a partition

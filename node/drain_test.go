@@ -14,8 +14,8 @@ import (
 	"github.com/kvmesh/kvmesh/ring"
 )
 
-// TestDrainWhenGossipLeaveIsLost reproduces the drain bug of issue 7 in
-// process: the node being drained has lost touch with the others in
+// TestDrainWhenGossipLeaveIsLost reproduces the lost-gossip-leave drain
+// bug in process: the node being drained has lost touch with the others in
 // gossip (here its gossip is stopped, so the leader holds it failed, as
 // after a partition), so no gossip leave can reach the leader, and with
 // DeadGrace at 1 h nothing else would remove it. The drain must still

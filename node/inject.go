@@ -20,7 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/kvtier"
 )
 
-// injector is the node's injection path (DESIGN.md section 4): the inject
+// injector is the node's injection path: the inject
 // Service with the node's TierFetcher (local tier, then the replicas over
 // the Peer service), served as api.Injector.
 type injector struct {

@@ -120,7 +120,7 @@ func joinWithoutHistory(t *testing.T, rf int, emptyFirst bool, cfg func(c *Confi
 	return c, keys
 }
 
-// Issue 7's gap: a node that joins with the ring already including it (it
+// A node that joins with the ring already including it (it
 // never saw the earlier ring, e.g. it got the ring from a Raft snapshot)
 // must still answer reads of the chunks it now owns but has not received
 // yet, from their previous owners. Without the fall-back past the replicas

@@ -1,4 +1,4 @@
-// Package workload runs kvmesh's workload benchmarks (issue 11): a RAG
+// Package workload runs kvmesh's workload benchmarks: a RAG
 // workload whose requests retrieve k passages in reranker-varying orders, a
 // multi-turn chat workload whose turns append to a history and quote earlier
 // documents, and InferScale's memory-fact workload, all through the

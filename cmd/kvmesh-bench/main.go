@@ -1,5 +1,5 @@
-// Command kvmesh-bench runs the workload benchmarks of issue 11 against a
-// local cluster: RAG with reordered chunks (full prefill, prefix caching and
+// Command kvmesh-bench runs the workload benchmarks (package workload)
+// against a local cluster: RAG with reordered chunks (full prefill, prefix caching and
 // kvmesh chunk reuse on the same requests), multi-turn chat, and
 // InferScale's memory-fact workload. It starts a 3-node cluster in this
 // process, builds a random-weight model of workload.Model's shape, and

@@ -1,6 +1,6 @@
 // Command kvmesh-engine-bench measures time to first token for prompt
 // injection against KV injection from an in-memory chunk store on the
-// reference engine, and the fidelity of approximate encodings (issue 4). It
+// reference engine, and the fidelity of approximate encodings. It
 // writes a random-weight model (or loads -model), runs engine.RunBench and
 // prints markdown tables.
 package main

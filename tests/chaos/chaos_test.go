@@ -1,4 +1,4 @@
-// Package chaos is the chaos suite (DESIGN.md section 8): five real
+// Package chaos is the chaos suite: five real
 // kvmeshd processes on 127.0.0.11-15 under a client workload (puts, gets,
 // lookups, model registrations, and injections into an engine cache in
 // shared memory registered with each node: see inject_test.go), with faults
@@ -203,7 +203,7 @@ func (r *run) finding(format string, args ...any) {
 	r.t.Errorf("chaos finding: %s", msg)
 }
 
-// note records a weakness that the promises allow (a replica that
+// note records a weakness that kvmesh's promises allow (a replica that
 // a restart emptied and nothing refilled): logged, kept in the summary,
 // and a failure only with KVMESH_CHAOS_STRICT=1.
 func (r *run) note(format string, args ...any) {

@@ -32,7 +32,7 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 )
 
-// BenchmarkRebalance10G measures issue 7's rebalance: three kvmeshd
+// BenchmarkRebalance10G measures a rebalance: three kvmeshd
 // processes on loopback hold KVMESH_REBALANCE_BYTES of distinct raw chunks
 // (R=1, DRAM tier), then a fourth joins. It reports the wall time until the
 // rebalance is complete by the nodes' own metrics (every node holds exactly
