@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 func ids(n int) []string {
@@ -362,7 +362,7 @@ func TestReconcileVotersAndRing(t *testing.T) {
 
 	// A graceful leave: gossip still lists the node, flagged Leaving.
 	leaver := nodeID(6)
-	c.peers.set(ring.NodeMeta{ID: leaver, GRPCAddr: "grpc-" + leaver, RaftAddr: c.node(leaver).RaftAddr(), Leaving: true})
+	c.peers.set(gossip.NodeMeta{ID: leaver, GRPCAddr: "grpc-" + leaver, RaftAddr: c.node(leaver).RaftAddr(), Leaving: true})
 	want = slices.DeleteFunc(want, func(id string) bool { return id == leaver })
 	e = c.waitAgree(want)
 	if e <= last {

@@ -6,22 +6,22 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Peers is the membership source the leader reconciles raft and the ring
-// with. *ring.Gossip implements it.
+// with. *gossip.Gossip implements it.
 type Peers interface {
 	// Members returns the nodes gossip considers alive, this one included.
-	Members() []ring.NodeMeta
+	Members() []gossip.NodeMeta
 }
 
-// PeerStatus may also be implemented by Peers (*ring.Gossip does it): a
-// member it reports in ring.StateLeft left gracefully and is removed at
+// PeerStatus may also be implemented by Peers (*gossip.Gossip does it): a
+// member it reports in gossip.StateLeft left gracefully and is removed at
 // once instead of after DeadGrace.
 type PeerStatus interface {
-	Status() []ring.MemberStatus
+	Status() []gossip.MemberStatus
 }
 
 // Forwarder carries a write from a follower to the leader. node implements

@@ -17,7 +17,7 @@
 // Consul and Nomad reconcile serf with raft: alive nodes are added as
 // voters up to MaxVoters (5) and as non-voters beyond, and put in the ring
 // (a new epoch); nodes that left gracefully (NodeMeta.Leaving, or
-// ring.StateLeft through PeerStatus), or are dead for longer than
+// gossip.StateLeft through PeerStatus), or are dead for longer than
 // DeadGrace, are removed from both. A ring change is conditional on the
 // epoch it was computed from, so a deposed leader cannot undo a newer one.
 //

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/meta"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // The wiring a node does: raft first, since gossip announces its address;
@@ -27,9 +27,9 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer store.Close()
-	g, err := ring.StartGossip(ring.GossipConfig{
+	g, err := gossip.Start(gossip.Config{
 		NodeID: "n1", BindAddr: "127.0.0.1",
-		Meta:  ring.NodeMeta{ID: "n1", GRPCAddr: "10.0.0.1:7070", RaftAddr: store.RaftAddr()},
+		Meta:  gossip.NodeMeta{ID: "n1", GRPCAddr: "10.0.0.1:7070", RaftAddr: store.RaftAddr()},
 		Seeds: []string{"10.0.0.2:7946"},
 	})
 	if err != nil {

@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
 var (
-	_ Peers      = (*ring.Gossip)(nil)
-	_ PeerStatus = (*ring.Gossip)(nil)
+	_ Peers      = (*gossip.Gossip)(nil)
+	_ PeerStatus = (*gossip.Gossip)(nil)
 )
 
 // TestWithGossip wires Stores to real memberlist gossip the way node does:
@@ -22,7 +23,7 @@ var (
 func TestWithGossip(t *testing.T) {
 	type member struct {
 		s    *Store
-		g    *ring.Gossip
+		g    *gossip.Gossip
 		stop func()
 	}
 	var seed string
@@ -37,16 +38,16 @@ func TestWithGossip(t *testing.T) {
 		// Failure detection looser than LocalTiming's: no member fails
 		// here, and one starved of CPU (-race on 2 busy cores) held failed
 		// for a moment makes every node reconcile again.
-		tm := ring.LocalTiming()
+		tm := gossip.LocalTiming()
 		tm.ProbeInterval, tm.ProbeTimeout, tm.SuspicionMult = 500*time.Millisecond, 300*time.Millisecond, 4
-		gc := ring.GossipConfig{
+		gc := gossip.Config{
 			NodeID: id, BindAddr: "127.0.0.1", Timing: tm, Logger: testLogger(),
-			Meta: ring.NodeMeta{ID: id, GRPCAddr: "grpc-" + id, RaftAddr: s.RaftAddr(), Capacity: ring.Capacity{DRAMBytes: 4 << 30}},
+			Meta: gossip.NodeMeta{ID: id, GRPCAddr: "grpc-" + id, RaftAddr: s.RaftAddr(), Capacity: gossip.Capacity{DRAMBytes: 4 << 30}},
 		}
 		if seed != "" {
 			gc.Seeds = []string{seed}
 		}
-		g, err := ring.StartGossip(gc)
+		g, err := gossip.Start(gc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -122,5 +123,16 @@ func TestWithGossip(t *testing.T) {
 	e3 := agree(rest, want)
 	if e3 <= e2 {
 		t.Fatalf("leave: epoch %d, was %d", e3, e2)
+	}
+}
+
+func TestMemberOf(t *testing.T) {
+	m := gossip.NodeMeta{ID: "a", GRPCAddr: "g", RaftAddr: "r", GossipAddr: "s"}
+	if got := memberOf(m); got != (ring.Member{ID: "a", GRPCAddr: "g", RaftAddr: "r", GossipAddr: "s"}) {
+		t.Fatalf("%+v", got)
+	}
+	m.Capacity = gossip.Capacity{GPUBytes: 16 * ring.GiB, DRAMBytes: 48 * ring.GiB}
+	if w := memberOf(m).Weight; w != 64 {
+		t.Fatalf("weight %v, want 64", w)
 	}
 }

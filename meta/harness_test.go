@@ -13,25 +13,25 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/gossip"
 )
 
 // fakePeers is a gossip view shared by every node of a test cluster: a node
 // is alive while it is in the map.
 type fakePeers struct {
 	mu    sync.Mutex
-	nodes map[string]ring.NodeMeta
+	nodes map[string]gossip.NodeMeta
 }
 
-func newFakePeers() *fakePeers { return &fakePeers{nodes: make(map[string]ring.NodeMeta)} }
+func newFakePeers() *fakePeers { return &fakePeers{nodes: make(map[string]gossip.NodeMeta)} }
 
-func (p *fakePeers) Members() []ring.NodeMeta {
+func (p *fakePeers) Members() []gossip.NodeMeta {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return slices.Collect(maps.Values(p.nodes))
 }
 
-func (p *fakePeers) set(m ring.NodeMeta) {
+func (p *fakePeers) set(m gossip.NodeMeta) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.nodes[m.ID] = m
@@ -187,7 +187,7 @@ func (c *cluster) start(id string) *Store {
 	c.addrs[id] = s.RaftAddr()
 	c.mu.Unlock()
 	c.fwd.set(cfg.GRPCAddr, s)
-	c.peers.set(ring.NodeMeta{ID: id, GRPCAddr: cfg.GRPCAddr, RaftAddr: s.RaftAddr(), Incarnation: cfg.Incarnation})
+	c.peers.set(gossip.NodeMeta{ID: id, GRPCAddr: cfg.GRPCAddr, RaftAddr: s.RaftAddr(), Incarnation: cfg.Incarnation})
 	return s
 }
 

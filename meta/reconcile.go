@@ -11,8 +11,19 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ring"
 )
+
+// memberOf is the ring member for a node gossip announced, weighted by its
+// total capacity (weight 1 when it announced none).
+func memberOf(m gossip.NodeMeta) ring.Member {
+	mb := ring.Member{ID: m.ID, GRPCAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, GossipAddr: m.GossipAddr}
+	if t := m.Capacity.Total(); t > 0 {
+		mb.Weight = ring.CapacityWeight(t)
+	}
+	return mb
+}
 
 // tryBootstrap bootstraps a new cluster once gossip shows BootstrapExpect
 // nodes. Every node that sees the same alive set picks the same servers

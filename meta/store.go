@@ -18,6 +18,7 @@ import (
 	"github.com/hashicorp/raft-wal/metadb"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ring"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
@@ -936,7 +937,7 @@ func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) 
 				leaving[nm.ID] = true
 				continue
 			}
-			m := nm.Member()
+			m := memberOf(nm)
 			if !(m.Weight >= 0) || math.IsInf(m.Weight, 0) {
 				m.Weight = 0 // JSON cannot carry it; ring reads 0 as 1
 			}
@@ -944,7 +945,7 @@ func (s *Store) alive() (alive map[string]ring.Member, leaving map[string]bool) 
 		}
 		if ps, ok := p.(PeerStatus); ok {
 			for _, st := range ps.Status() {
-				if _, up := alive[st.Meta.ID]; !up && st.State == ring.StateLeft {
+				if _, up := alive[st.Meta.ID]; !up && st.State == gossip.StateLeft {
 					leaving[st.Meta.ID] = true
 				}
 			}

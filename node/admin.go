@@ -20,7 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 )

@@ -1,5 +1,5 @@
 // Package node is a kvmesh server process's wiring: it owns the node's
-// chunk store (kvtier), its gossip membership (ring), its Raft metadata
+// chunk store (kvtier), its gossip membership (gossip), its Raft metadata
 // (meta), and serves the Client and Peer gRPC services on one listener and
 // HTTP (/metrics, /healthz, /readyz, /debug/pprof) on another.
 //

@@ -11,9 +11,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // background runs the node's event loops: meta changes kick replication
@@ -61,7 +61,7 @@ func (n *Node) startBackground() *background {
 					return
 				}
 				n.meta.Reconcile()
-				if ev.Kind == ring.EventJoin && ev.Node.ID != n.cfg.NodeID {
+				if ev.Kind == gossip.EventJoin && ev.Node.ID != n.cfg.NodeID {
 					n.repl.NodeUp(ev.Node.ID)
 				}
 			}

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/meta"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // TestDrainWhenGossipLeaveIsLost reproduces the lost-gossip-leave drain
@@ -55,7 +55,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	waitForTB(t, 30*time.Second, "the leader to hold "+drained.ID()+" failed", func() bool {
 		for _, st := range leader.gossip.Status() {
 			if st.Meta.ID == drained.ID() {
-				return st.State == ring.StateFailed
+				return st.State == gossip.StateFailed
 			}
 		}
 		return false

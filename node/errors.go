@@ -17,12 +17,12 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // toStatus is the node's one mapping from errors to the gRPC statuses
@@ -64,9 +64,9 @@ func toStatus(err error) error {
 		code = codes.FailedPrecondition
 	case errors.Is(err, gossipkey.ErrInvalidKey):
 		code = codes.InvalidArgument
-	case errors.Is(err, ring.ErrShutdown):
+	case errors.Is(err, gossip.ErrShutdown):
 		code = codes.Unavailable
-	case errors.Is(err, ring.ErrNotEncrypted), errors.Is(err, errKeyRefused):
+	case errors.Is(err, gossip.ErrNotEncrypted), errors.Is(err, errKeyRefused):
 		code = codes.FailedPrecondition
 
 	case errors.Is(err, auth.ErrInvalidToken):

@@ -13,12 +13,12 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // headerOnlyStream is a ServerStream on which only SetHeader works.
@@ -116,8 +116,8 @@ func TestToStatus(t *testing.T) {
 		{gossipkey.ErrInvalidKey, codes.InvalidArgument},
 		{fmt.Errorf("%w: %w", errKeyRefused, gossipkey.ErrInvalidKey), codes.InvalidArgument},
 		{fmt.Errorf("%w: %w", errKeyRefused, errors.New("key is not in the keyring")), codes.FailedPrecondition},
-		{fmt.Errorf("%w: %w", errKeyRefused, ring.ErrNotEncrypted), codes.FailedPrecondition},
-		{fmt.Errorf("%w: %w", errKeyRefused, ring.ErrShutdown), codes.Unavailable},
+		{fmt.Errorf("%w: %w", errKeyRefused, gossip.ErrNotEncrypted), codes.FailedPrecondition},
+		{fmt.Errorf("%w: %w", errKeyRefused, gossip.ErrShutdown), codes.Unavailable},
 
 		// Injection.
 		{inject.ErrInvalidCache, codes.InvalidArgument},

@@ -20,10 +20,10 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
-	"github.com/kvmesh/kvmesh/ring"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -182,7 +182,7 @@ type Node struct {
 
 	store  *kvtier.Store
 	meta   *meta.Store
-	gossip *ring.Gossip
+	gossip *gossip.Gossip
 	peers  *peerPool
 	repl   *replication.Replicator
 	bg     *background // meta watch, gossip events; stopped first on close
@@ -293,13 +293,13 @@ func (n *Node) Start(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("node: gossip address: %w", err)
 	}
-	gcfg := ring.GossipConfig{
+	gcfg := gossip.Config{
 		NodeID:   cfg.NodeID,
 		BindAddr: ghost,
 		BindPort: gport,
-		Meta: ring.NodeMeta{
+		Meta: gossip.NodeMeta{
 			ID: cfg.NodeID, GRPCAddr: n.GRPCAddr(), RaftAddr: n.meta.RaftAddr(), HTTPAddr: n.HTTPAddr(),
-			Capacity:    ring.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
+			Capacity:    gossip.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
 			Incarnation: n.incarnation,
 		},
 		Seeds:   cfg.Seeds,
@@ -307,10 +307,10 @@ func (n *Node) Start(ctx context.Context) (err error) {
 		Keyring: cfg.GossipKeyring,
 	}
 	if cfg.LocalTiming {
-		gcfg.Timing = ring.LocalTiming()
+		gcfg.Timing = gossip.LocalTiming()
 		gcfg.JoinRetryMax = time.Second
 	}
-	if n.gossip, err = ring.StartGossip(gcfg); err != nil {
+	if n.gossip, err = gossip.Start(gcfg); err != nil {
 		return fmt.Errorf("node: start gossip: %w", err)
 	}
 	n.meta.SetPeers(n.gossip)

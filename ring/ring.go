@@ -1,5 +1,4 @@
-// Package ring places chunks on the nodes of a kvmesh cluster and keeps
-// track of which nodes are alive.
+// Package ring places chunks on the nodes of a kvmesh cluster.
 //
 // Placement (Ring) is pure: weighted rendezvous hashing of a chunk's content
 // ID over the members of one epoch. Every node that holds the same epoch and
@@ -9,13 +8,9 @@
 // member moves only the keys that must move: about weight/total of them, and
 // a key's replica set changes only by the member that joined or left.
 //
-// Membership (Gossip) wraps hashicorp/memberlist: each node gossips a small
-// NodeMeta (its ID, gRPC and Raft addresses and tier capacities), and
-// subscribers get join, update, leave and failure events. Gossip is
-// encrypted with a shared key or keyring (GossipConfig.SecretKey, Keyring),
-// and a running node rotates keys with InstallKey, UseKey and RemoveKey
-// (the three steps of package gossipkey). Turning gossip into ring epochs
-// is the metadata layer's job (package meta), not this one's.
+// Which nodes are alive is package gossip's job; turning gossip into ring
+// epochs is the metadata layer's (package meta). This package imports
+// neither, so a client that only routes requests links no membership code.
 package ring
 
 import (

@@ -13,7 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 )
 
 // adminDialer connects to the Admin API of one node; done closes the

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/node"
 )
 

@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )

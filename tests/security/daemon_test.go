@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/node"
 )
 

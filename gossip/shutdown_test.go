@@ -1,4 +1,4 @@
-package ring
+package gossip
 
 import (
 	"fmt"
@@ -71,7 +71,7 @@ func TestGossipShutdownDuringReconnect(t *testing.T) {
 	cfg := testConfig("n0")
 	cfg.Timing.TCPTimeout = 5 * time.Second
 	cfg.ReconnectInterval = 50 * time.Millisecond
-	g, err := StartGossip(cfg)
+	g, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

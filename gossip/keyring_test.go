@@ -1,4 +1,4 @@
-package ring
+package gossip
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 )
 
 func genKey(t *testing.T) []byte {
@@ -42,7 +42,7 @@ func keyringFile(t *testing.T, keys ...[]byte) func() *memberlist.Keyring {
 }
 
 // joinRefused checks that a node started with mod cannot join through seed.
-func joinRefused(t *testing.T, id, seed string, mod func(*GossipConfig)) {
+func joinRefused(t *testing.T, id, seed string, mod func(*Config)) {
 	t.Helper()
 	cfg := testConfig(id)
 	mod(&cfg)
@@ -89,7 +89,7 @@ func spread(t *testing.T, gs []*Gossip, i int, v uint64) {
 func TestGossipKeyringRotation(t *testing.T) {
 	oldKey, newKey := genKey(t), genKey(t)
 	load := keyringFile(t, oldKey)
-	gs := cluster(t, 3, func(c *GossipConfig) {
+	gs := cluster(t, 3, func(c *Config) {
 		c.Keyring = load()
 		c.SecretKey = genKey(t) // overridden by Keyring
 		// The test asserts that no member fails during the rotation: with
@@ -105,8 +105,8 @@ func TestGossipKeyringRotation(t *testing.T) {
 		eventually(t, "convergence under the keyring", func() bool { return len(g.Members()) == 3 })
 	}
 	seed := gs[0].Addr()
-	joinRefused(t, "nokey", seed, func(*GossipConfig) {})
-	joinRefused(t, "otherkey", seed, func(c *GossipConfig) { c.Keyring = keyringFile(t, genKey(t))() })
+	joinRefused(t, "nokey", seed, func(*Config) {})
+	joinRefused(t, "otherkey", seed, func(c *Config) { c.Keyring = keyringFile(t, genKey(t))() })
 
 	var subs []<-chan Event
 	for _, g := range gs {
@@ -156,8 +156,8 @@ func TestGossipKeyringRotation(t *testing.T) {
 		}
 	}
 
-	joinRefused(t, "oldkey", seed, func(c *GossipConfig) { c.Keyring = load() })
-	joinRefused(t, "oldsecret", seed, func(c *GossipConfig) { c.SecretKey = oldKey })
+	joinRefused(t, "oldkey", seed, func(c *Config) { c.Keyring = load() })
+	joinRefused(t, "oldsecret", seed, func(c *Config) { c.SecretKey = oldKey })
 	cfg := testConfig("newkey", seed)
 	cfg.Keyring = keyringFile(t, newKey)()
 	nk := start(t, cfg)
@@ -224,7 +224,7 @@ func TestGossipKeyringSecretKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	empty.Keyring = kr
-	if g, err := StartGossip(empty); err == nil {
+	if g, err := Start(empty); err == nil {
 		_ = g.Shutdown()
 		t.Fatal("started with an empty keyring")
 	}

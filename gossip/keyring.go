@@ -1,16 +1,16 @@
-package ring
+package gossip
 
 import (
 	"errors"
 	"slices"
 
-	"github.com/kvmesh/kvmesh/gossipkey"
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 )
 
 // ErrNotEncrypted is returned by the key rotation methods of a Gossip
 // started without SecretKey or Keyring: encryption cannot be turned on in
 // a running cluster.
-var ErrNotEncrypted = errors.New("ring: gossip is not encrypted")
+var ErrNotEncrypted = errors.New("gossip: gossip is not encrypted")
 
 // Key rotation on a running node. Each is one step of gossipkey's
 // three-step rotation and must be finished on every node before the next

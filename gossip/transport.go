@@ -1,4 +1,4 @@
-package ring
+package gossip
 
 import (
 	"context"
@@ -52,7 +52,7 @@ func newStoppableTransport(addr string, port int, logger *log.Logger) (*stoppabl
 		}
 	}
 	if err != nil {
-		return nil, fmt.Errorf("ring: gossip transport: %w", err)
+		return nil, fmt.Errorf("gossip: gossip transport: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &stoppableTransport{NetTransport: nt, ctx: ctx, cancel: cancel, conns: make(map[*trackedConn]struct{})}, nil

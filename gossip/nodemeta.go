@@ -1,4 +1,4 @@
-package ring
+package gossip
 
 import (
 	"encoding/binary"
@@ -19,8 +19,8 @@ const flagLeaving = 1 << 0
 
 // Sentinel errors of NodeMeta encoding.
 var (
-	ErrMetaTooLarge = errors.New("ring: node meta exceeds 512 bytes")
-	ErrMetaInvalid  = errors.New("ring: invalid node meta")
+	ErrMetaTooLarge = errors.New("gossip: node meta exceeds 512 bytes")
+	ErrMetaInvalid  = errors.New("gossip: invalid node meta")
 )
 
 // Capacity is a node's storage budget per tier, in bytes.
@@ -45,7 +45,7 @@ func (c Capacity) Total() uint64 {
 // NodeMeta is what a node tells the cluster about itself through gossip.
 type NodeMeta struct {
 	// ID is the node's name, unique in the cluster; it must equal
-	// GossipConfig.NodeID.
+	// Config.NodeID.
 	ID       string `json:"id"`
 	GRPCAddr string `json:"grpc_addr,omitempty"`
 	RaftAddr string `json:"raft_addr,omitempty"`
@@ -64,16 +64,6 @@ type NodeMeta struct {
 	// explicitly out of raft and the ring until it comes back with another
 	// incarnation. 0 means unknown (metadata of an older version).
 	Incarnation uint64 `json:"incarnation,omitempty"`
-}
-
-// Member is the ring member for this node, weighted by its total capacity
-// (weight 1 when it announced none).
-func (m NodeMeta) Member() Member {
-	mb := Member{ID: m.ID, GRPCAddr: m.GRPCAddr, RaftAddr: m.RaftAddr, GossipAddr: m.GossipAddr}
-	if t := m.Capacity.Total(); t > 0 {
-		mb.Weight = CapacityWeight(t)
-	}
-	return mb
 }
 
 // MarshalBinary encodes m compactly: a version byte, a flags byte, the

@@ -1,4 +1,4 @@
-package ring
+package gossip
 
 import (
 	"errors"
@@ -115,15 +115,7 @@ func TestNodeMetaErrors(t *testing.T) {
 	}
 }
 
-func TestNodeMetaMember(t *testing.T) {
-	m := NodeMeta{ID: "a", GRPCAddr: "g", RaftAddr: "r", GossipAddr: "s"}
-	if got := m.Member(); got != (Member{ID: "a", GRPCAddr: "g", RaftAddr: "r", GossipAddr: "s"}) {
-		t.Fatalf("%+v", got)
-	}
-	m.Capacity = Capacity{GPUBytes: 16 * GiB, DRAMBytes: 48 * GiB}
-	if w := m.Member().Weight; w != 64 {
-		t.Fatalf("weight %v, want 64", w)
-	}
+func TestCapacityTotalSaturates(t *testing.T) {
 	if tot := (Capacity{^uint64(0), 5, 0}).Total(); tot != ^uint64(0) {
 		t.Fatalf("Total does not saturate: %d", tot)
 	}

@@ -1,4 +1,4 @@
-package ring
+package gossip
 
 import (
 	"context"
@@ -37,13 +37,13 @@ func testTiming() Timing {
 	return tm
 }
 
-func testConfig(id string, seeds ...string) GossipConfig {
-	return GossipConfig{
+func testConfig(id string, seeds ...string) Config {
+	return Config{
 		NodeID:   id,
 		BindAddr: "127.0.0.1",
 		Meta: NodeMeta{
 			ID: id, GRPCAddr: "127.0.0.1:1" + id[len(id)-1:], RaftAddr: "127.0.0.1:2" + id[len(id)-1:],
-			Capacity: Capacity{DRAMBytes: 8 * GiB},
+			Capacity: Capacity{DRAMBytes: 8 << 30},
 		},
 		Seeds:  seeds,
 		Logger: slog.New(slog.DiscardHandler),
@@ -51,9 +51,9 @@ func testConfig(id string, seeds ...string) GossipConfig {
 	}
 }
 
-func start(t *testing.T, cfg GossipConfig) *Gossip {
+func start(t *testing.T, cfg Config) *Gossip {
 	t.Helper()
-	g, err := StartGossip(cfg)
+	g, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,7 +62,7 @@ func start(t *testing.T, cfg GossipConfig) *Gossip {
 }
 
 // cluster starts n nodes n0..n{n-1}, all seeded with n0.
-func cluster(t *testing.T, n int, mod func(*GossipConfig)) []*Gossip {
+func cluster(t *testing.T, n int, mod func(*Config)) []*Gossip {
 	t.Helper()
 	gs := make([]*Gossip, n)
 	for i := range gs {
@@ -167,7 +167,7 @@ func TestGossipClusters(t *testing.T) {
 
 			// A metadata update reaches everyone.
 			upd := gs[1].LocalMeta()
-			upd.Capacity.GPUBytes = 80 * GiB
+			upd.Capacity.GPUBytes = 80 << 30
 			ctx, done := context.WithTimeout(context.Background(), waitLimit)
 			defer done()
 			if err := gs[1].UpdateMeta(ctx, upd); err != nil {
@@ -175,12 +175,12 @@ func TestGossipClusters(t *testing.T) {
 			}
 			// An update, or a join if n0 held n1 failed for a moment.
 			waitEvent(t, sub, "update", func(e Event) bool {
-				return (e.Kind == EventUpdate || e.Kind == EventJoin) && e.Node.ID == "n1" && e.Node.Capacity.GPUBytes == 80*GiB
+				return (e.Kind == EventUpdate || e.Kind == EventJoin) && e.Node.ID == "n1" && e.Node.Capacity.GPUBytes == 80<<30
 			})
 			for _, g := range gs {
 				eventually(t, g.LocalID()+" to see the update", func() bool {
 					ms := g.Members()
-					return len(ms) == n && ms[1].Capacity.GPUBytes == 80*GiB
+					return len(ms) == n && ms[1].Capacity.GPUBytes == 80<<30
 				})
 			}
 
@@ -311,7 +311,7 @@ func TestGossipOwnAddressNotASeed(t *testing.T) {
 
 func TestGossipEncryption(t *testing.T) {
 	key := []byte("0123456789abcdef")
-	gs := cluster(t, 3, func(c *GossipConfig) { c.SecretKey = key })
+	gs := cluster(t, 3, func(c *Config) { c.SecretKey = key })
 	for _, g := range gs {
 		eventually(t, "encrypted convergence", func() bool { return len(g.Members()) == 3 })
 	}
@@ -366,21 +366,21 @@ func TestGossipSubscriptionLifecycle(t *testing.T) {
 func TestGossipConfigErrors(t *testing.T) {
 	tests := []struct {
 		name string
-		mod  func(*GossipConfig)
+		mod  func(*Config)
 	}{
-		{"no node id", func(c *GossipConfig) { c.NodeID = "" }},
-		{"meta id differs", func(c *GossipConfig) { c.Meta.ID = "other" }},
-		{"bad key", func(c *GossipConfig) { c.SecretKey = []byte("short") }},
-		{"meta too large", func(c *GossipConfig) { c.Meta.GRPCAddr = string(make([]byte, 600)) }},
-		{"bad bind address", func(c *GossipConfig) { c.BindAddr = "256.0.0.1" }},
-		{"hostname bind address", func(c *GossipConfig) { c.BindAddr = "localhost" }},
-		{"advertise port with port 0", func(c *GossipConfig) { c.AdvertisePort = 7946 }},
+		{"no node id", func(c *Config) { c.NodeID = "" }},
+		{"meta id differs", func(c *Config) { c.Meta.ID = "other" }},
+		{"bad key", func(c *Config) { c.SecretKey = []byte("short") }},
+		{"meta too large", func(c *Config) { c.Meta.GRPCAddr = string(make([]byte, 600)) }},
+		{"bad bind address", func(c *Config) { c.BindAddr = "256.0.0.1" }},
+		{"hostname bind address", func(c *Config) { c.BindAddr = "localhost" }},
+		{"advertise port with port 0", func(c *Config) { c.AdvertisePort = 7946 }},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig("n0")
 			tc.mod(&cfg)
-			if g, err := StartGossip(cfg); err == nil {
+			if g, err := Start(cfg); err == nil {
 				_ = g.Shutdown()
 				t.Fatal("started")
 			}
@@ -444,7 +444,7 @@ func TestGossipShutdownStopsEverything(t *testing.T) {
 		if i > 0 {
 			cfg.Seeds = []string{gs[0].Addr()}
 		}
-		g, err := StartGossip(cfg)
+		g, err := Start(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -477,7 +477,7 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			gs := cluster(t, 2, func(c *GossipConfig) { c.ReconnectInterval = tc.reconnect })
+			gs := cluster(t, 2, func(c *Config) { c.ReconnectInterval = tc.reconnect })
 			eventually(t, "convergence", func() bool { return len(gs[0].Members()) == 2 })
 			sub, cancel := gs[0].Subscribe()
 			defer cancel()
@@ -519,7 +519,7 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 // leave notice; memberlist would send it no NodeLeave for a member it
 // holds dead.
 func TestGossipLeaveNoticeToFailedHolder(t *testing.T) {
-	gs := cluster(t, 2, func(c *GossipConfig) { c.ReconnectInterval = -1 })
+	gs := cluster(t, 2, func(c *Config) { c.ReconnectInterval = -1 })
 	eventually(t, "convergence", func() bool { return len(gs[0].Members()) == 2 && len(gs[1].Members()) == 2 })
 	// Make each hold the other failed, as a partition would, by feeding
 	// memberlist's own event path.

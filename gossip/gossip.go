@@ -1,4 +1,20 @@
-package ring
+// Package gossip keeps track of which nodes of a kvmesh cluster are alive.
+//
+// Gossip wraps hashicorp/memberlist: each node gossips a small NodeMeta
+// (its ID, gRPC and Raft addresses and tier capacities), and subscribers
+// get join, update, leave and failure events. Gossip is encrypted with a
+// shared key or keyring (Config.SecretKey, Keyring), and a running node
+// rotates keys with InstallKey, UseKey and RemoveKey (the three steps of
+// package gossip/gossipkey). Turning gossip into ring epochs is the
+// metadata layer's job (package meta), not this one's; placement is
+// package ring's.
+//
+// The keys themselves (generating them, the keyring file format, the
+// rotation steps on a memberlist keyring) live in the subpackage gossipkey:
+// the operator CLI and the daemon's config handle key files without a
+// running Gossip, and names such as gossipkey.Generate and
+// gossipkey.LoadFile say what they are about.
+package gossip
 
 import (
 	"bytes"
@@ -18,7 +34,7 @@ import (
 )
 
 // ErrShutdown is returned by the methods of a Gossip that was shut down.
-var ErrShutdown = errors.New("ring: gossip shut down")
+var ErrShutdown = errors.New("gossip: gossip shut down")
 
 // Timing is memberlist's failure-detection and dissemination timing. Zero
 // fields take the value of LANTiming.
@@ -107,8 +123,8 @@ func (t Timing) withDefaults() Timing {
 	return t
 }
 
-// GossipConfig configures StartGossip.
-type GossipConfig struct {
+// Config configures Start.
+type Config struct {
 	// NodeID is the node's unique name (required).
 	NodeID string
 	// BindAddr is the address to listen on (default "0.0.0.0"); BindPort
@@ -118,14 +134,14 @@ type GossipConfig struct {
 	// AdvertiseAddr and AdvertisePort are what others should dial, when
 	// that is not the bound address (default: the bound address).
 	// AdvertisePort defaults to the bound port; memberlist ignores it when
-	// BindPort is 0, so StartGossip refuses that combination.
+	// BindPort is 0, so Start refuses that combination.
 	AdvertiseAddr string
 	AdvertisePort int
 	// Meta is what the node announces; its ID defaults to NodeID and must
 	// equal it.
 	Meta NodeMeta
 	// Seeds are host:port gossip addresses of existing members. When none
-	// answers, StartGossip still succeeds and keeps retrying in the
+	// answers, Start still succeeds and keeps retrying in the
 	// background until one does (as Consul's retry_join).
 	Seeds []string
 	// Logger defaults to slog.Default(); memberlist's own log lines go to
@@ -229,7 +245,7 @@ type MemberStatus struct {
 // Gossip is this node's membership in the cluster. Its methods are safe
 // for concurrent use.
 type Gossip struct {
-	cfg GossipConfig
+	cfg Config
 	log *slog.Logger
 	ml  *memberlist.Memberlist
 	// addr is the advertised host:port, fixed once memberlist started.
@@ -260,17 +276,17 @@ type Gossip struct {
 	shutOnce sync.Once
 }
 
-// StartGossip creates the node's memberlist, starts draining its events
+// Start creates the node's memberlist, starts draining its events
 // and joins cfg.Seeds (retrying in the background if none answers).
-func StartGossip(cfg GossipConfig) (*Gossip, error) {
+func Start(cfg Config) (*Gossip, error) {
 	if cfg.NodeID == "" {
-		return nil, errors.New("ring: GossipConfig.NodeID is required")
+		return nil, errors.New("gossip: Config.NodeID is required")
 	}
 	if cfg.Meta.ID == "" {
 		cfg.Meta.ID = cfg.NodeID
 	}
 	if cfg.Meta.ID != cfg.NodeID {
-		return nil, fmt.Errorf("ring: Meta.ID %q differs from NodeID %q", cfg.Meta.ID, cfg.NodeID)
+		return nil, fmt.Errorf("gossip: Meta.ID %q differs from NodeID %q", cfg.Meta.ID, cfg.NodeID)
 	}
 	if cfg.BindAddr == "" {
 		cfg.BindAddr = "0.0.0.0"
@@ -289,24 +305,24 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	}
 	if net.ParseIP(cfg.BindAddr) == nil {
 		// memberlist would silently bind every interface.
-		return nil, fmt.Errorf("ring: BindAddr %q is not an IP address", cfg.BindAddr)
+		return nil, fmt.Errorf("gossip: BindAddr %q is not an IP address", cfg.BindAddr)
 	}
 	if cfg.AdvertisePort != 0 && cfg.BindPort == 0 {
-		return nil, errors.New("ring: AdvertisePort needs a fixed BindPort")
+		return nil, errors.New("gossip: AdvertisePort needs a fixed BindPort")
 	}
 	if cfg.AdvertiseAddr != "" && cfg.AdvertisePort == 0 {
 		cfg.AdvertisePort = cfg.BindPort
 	}
 	if cfg.Keyring != nil {
 		if len(cfg.Keyring.GetPrimaryKey()) == 0 {
-			return nil, errors.New("ring: Keyring has no primary key")
+			return nil, errors.New("gossip: Keyring has no primary key")
 		}
 		cfg.SecretKey = nil
 	}
 	switch len(cfg.SecretKey) {
 	case 0, 16, 24, 32:
 	default:
-		return nil, fmt.Errorf("ring: SecretKey must be 16, 24 or 32 bytes, not %d", len(cfg.SecretKey))
+		return nil, fmt.Errorf("gossip: SecretKey must be 16, 24 or 32 bytes, not %d", len(cfg.SecretKey))
 	}
 	cfg.Meta.Leaving, cfg.Meta.GossipAddr = false, ""
 	metaB, err := cfg.Meta.MarshalBinary()
@@ -347,7 +363,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 	mc.Logger = log.New(&slogWriter{log: g.log}, "", 0)
 	tr, err := newStoppableTransport(cfg.BindAddr, cfg.BindPort, mc.Logger)
 	if err != nil {
-		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+		return nil, fmt.Errorf("gossip: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	mc.Transport = tr
 	if mc.BindPort == 0 {
@@ -364,7 +380,7 @@ func StartGossip(cfg GossipConfig) (*Gossip, error) {
 		_ = tr.Shutdown()
 		close(g.stop)
 		g.wg.Wait()
-		return nil, fmt.Errorf("ring: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
+		return nil, fmt.Errorf("gossip: start gossip on %s:%d: %w", cfg.BindAddr, cfg.BindPort, err)
 	}
 	g.ml = ml
 	// Read once: memberlist rewrites its local node (the same address)
@@ -416,7 +432,7 @@ func (g *Gossip) join(seeds []string) (int, error) {
 	if err == nil {
 		err = errors.New("no seed answered")
 	}
-	return 0, fmt.Errorf("ring: join %v: %w", seeds, err)
+	return 0, fmt.Errorf("gossip: join %v: %w", seeds, err)
 }
 
 // otherSeeds drops this node's own address from seeds: joining oneself
@@ -582,7 +598,7 @@ func (g *Gossip) broadcastMeta(ctx context.Context) error {
 		return ErrShutdown
 	}
 	if err := g.ml.UpdateNode(timeoutOf(ctx, 10*time.Second)); err != nil {
-		return fmt.Errorf("ring: broadcast meta: %w", err)
+		return fmt.Errorf("gossip: broadcast meta: %w", err)
 	}
 	return ctx.Err()
 }
@@ -610,7 +626,7 @@ func (g *Gossip) Leave(ctx context.Context) error {
 	}
 	g.sendLeaveNotices()
 	if err := g.ml.Leave(timeoutOf(ctx, 10*time.Second)); err != nil {
-		return fmt.Errorf("ring: leave: %w", err)
+		return fmt.Errorf("gossip: leave: %w", err)
 	}
 	return nil
 }
