@@ -118,7 +118,7 @@ func TestClusterWrites(t *testing.T) {
 			// (an invalid one is refused before the leadership check).
 			// Were the roles to change under it, the follower of the
 			// moment would apply it: the models are counted after it.
-			cmd, err := encodeCommand(kindRegisterModel, registerModel{Spec: testSpec(4)})
+			cmd, err := encodeCommand(registerModel{Spec: testSpec(4)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -129,7 +129,7 @@ func TestClusterWrites(t *testing.T) {
 				return nil
 			})
 			models := len(c.leader().Models())
-			ringCmd, err := encodeCommand(kindRingChange, ringChange{Epoch: l.Ring().Epoch(), Remove: []string{nodeID(0)}})
+			ringCmd, err := encodeCommand(ringChange{Epoch: l.Ring().Epoch(), Remove: []string{nodeID(0)}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -140,7 +140,7 @@ func TestClusterWrites(t *testing.T) {
 			}
 			// The FSM itself refuses what slips past ApplyForwarded: put an
 			// invalid spec in the log directly.
-			raw, err := encodeCommand(kindRegisterModel, registerModel{Spec: bad})
+			raw, err := encodeCommand(registerModel{Spec: bad})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -28,7 +28,7 @@ func TestFSMDepartureExpiry(t *testing.T) {
 		for _, id := range ids {
 			rc.Upsert = append(rc.Upsert, member(id))
 		}
-		return mustEncode(t, kindRingChange, rc)
+		return mustEncode(t, rc)
 	}
 	type want struct {
 		epoch uint64
@@ -40,22 +40,22 @@ func TestFSMDepartureExpiry(t *testing.T) {
 		want want
 	}{
 		{"ring", ringAt(0, t0, "a", "b", "c", "d"), want{1, nil}},
-		{"b leaves", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5, At: t0}),
+		{"b leaves", mustEncode(t, leave{ID: "b", Incarnation: 5, At: t0}),
 			want{2, []departure{{"b", 5, t0}}}},
-		{"c leaves without a time (an old log)", mustEncode(t, kindLeave, leave{ID: "c", Incarnation: 7}),
+		{"c leaves without a time (an old log)", mustEncode(t, leave{ID: "c", Incarnation: 7}),
 			want{3, []departure{{"b", 5, t0}, {"c", 7, 0}}}},
-		{"d leaves later", mustEncode(t, kindLeave, leave{ID: "d", Incarnation: 9, At: t0 + ttl/2}),
+		{"d leaves later", mustEncode(t, leave{ID: "d", Incarnation: 9, At: t0 + ttl/2}),
 			want{4, []departure{{"b", 5, t0}, {"c", 7, t0 + ttl/2}, {"d", 9, t0 + ttl/2}}}},
-		{"b's retried leave changes nothing", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5, At: t0}),
+		{"b's retried leave changes nothing", mustEncode(t, leave{ID: "b", Incarnation: 5, At: t0}),
 			want{4, []departure{{"b", 5, t0}, {"c", 7, t0 + ttl/2}, {"d", 9, t0 + ttl/2}}}},
 		{"a ring change just before b's expiry", ringAt(4, t0+ttl-1, "e"),
 			want{5, []departure{{"b", 5, t0}, {"c", 7, t0 + ttl/2}, {"d", 9, t0 + ttl/2}}}},
 		// The snapshot is taken here (see below).
 		{"b expires with a ring change that moves nothing", ringAt(5, t0+ttl, "a"),
 			want{5, []departure{{"c", 7, t0 + ttl/2}, {"d", 9, t0 + ttl/2}}}},
-		{"the leader refreshes d", mustEncode(t, kindLeave, leave{ID: "d", Incarnation: 9, At: t0 + ttl}),
+		{"the leader refreshes d", mustEncode(t, leave{ID: "d", Incarnation: 9, At: t0 + ttl}),
 			want{5, []departure{{"c", 7, t0 + ttl/2}, {"d", 9, t0 + ttl}}}},
-		{"c expires, d does not", mustEncode(t, kindLeave, leave{ID: "x", Incarnation: 1, At: t0 + ttl + ttl/2}),
+		{"c expires, d does not", mustEncode(t, leave{ID: "x", Incarnation: 1, At: t0 + ttl + ttl/2}),
 			want{5, []departure{{"d", 9, t0 + ttl}, {"x", 1, t0 + ttl + ttl/2}}}},
 		{"a ring change without a time expires nothing", ringAt(5, 0, "f"),
 			want{6, []departure{{"d", 9, t0 + ttl}, {"x", 1, t0 + ttl + ttl/2}}}},
@@ -103,8 +103,8 @@ func TestFSMDepartureExpiry(t *testing.T) {
 // snapshot is a bug or an attack; either would make expiry misbehave.
 func TestDecodeRefusesNegativeTimes(t *testing.T) {
 	for _, cmd := range [][]byte{
-		mustEncode(t, kindLeave, leave{ID: "a", Incarnation: 1, At: -1}),
-		mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a")}, At: -1}),
+		mustEncode(t, leave{ID: "a", Incarnation: 1, At: -1}),
+		mustEncode(t, ringChange{Epoch: 0, Upsert: []ring.Member{member("a")}, At: -1}),
 	} {
 		if _, err := decodeCommand(cmd); err == nil {
 			t.Fatalf("decodeCommand(%q) accepted", cmd)

@@ -9,8 +9,11 @@
 // Writes (RegisterModel, SetSettings, PutToken, DeleteToken) are applied
 // on the leader: on a follower they go through the Forwarder, which node
 // implements over gRPC by calling ApplyForwarded on the leader. Commands are one version byte,
-// one kind byte and a JSON payload; the FSM validates every one of them and
-// refuses an invalid one with an error, never a panic.
+// one kind byte and a JSON payload. Each kind is a type of its own
+// (cmd_<kind>.go) that validates itself and applies itself to an immutable
+// state; commandKinds ties each kind byte to its type. Every command is
+// validated when it is decoded and an invalid one is refused with an error,
+// never a panic.
 //
 // A new cluster bootstraps once gossip (Peers) shows BootstrapExpect nodes.
 // From then on the leader reconciles gossip with raft and the ring, as

@@ -164,7 +164,10 @@ func sortedMembers(m map[string]ring.Member) []ring.Member {
 	return out
 }
 
-func (f *fsm) reset(s snapshotState) {
+func (f *fsm) reset(s snapshotState) { f.cur.Store(newState(s)) }
+
+// newState builds the state a snapshot holds.
+func newState(s snapshotState) *fsmState {
 	st := &fsmState{
 		models:   &modelTable{},
 		settings: s.Settings,
@@ -188,7 +191,7 @@ func (f *fsm) reset(s snapshotState) {
 		st.tokens[r.ID] = r
 	}
 	st.ring = ring.New(s.Epoch, sortedMembers(st.members))
-	f.cur.Store(st)
+	return st
 }
 
 // Apply implements raft.FSM. It returns nil or an error; an invalid
@@ -202,144 +205,18 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if err != nil {
 		return err
 	}
-	changed, err := f.apply(c, l.Index)
+	cur := f.cur.Load()
+	next, err := c.apply(cur, l.Index)
 	if err != nil {
 		return err
 	}
-	if changed && f.onChange != nil {
-		f.onChange()
+	if next != cur {
+		f.cur.Store(next)
+		if f.onChange != nil {
+			f.onChange()
+		}
 	}
 	return nil
-}
-
-// apply applies c, the log entry at index.
-func (f *fsm) apply(c command, index uint64) (changed bool, err error) {
-	cur := f.cur.Load()
-	next := *cur
-	switch c.kind {
-	case kindRegisterModel:
-		fp := c.model.Spec.Fingerprint()
-		if _, ok := cur.models.get(fp); ok {
-			return false, nil
-		}
-		if cur.models.n >= MaxModels {
-			return false, fmt.Errorf("%w: registry holds %d models, the most allowed", ErrInvalidCommand, MaxModels)
-		}
-		next.models = cur.models.with(fp, c.model.Spec)
-	case kindSetSettings:
-		ss := c.settings
-		if ss.IfVersion != nil && *ss.IfVersion != cur.settingsVersion {
-			return false, fmt.Errorf("%w: settings are at version %d, not %d", ErrSettingsVersion, cur.settingsVersion, *ss.IfVersion)
-		}
-		if ss.IfSettings != nil && *ss.IfSettings != cur.settings {
-			return false, fmt.Errorf("%w: settings changed since they were read", ErrSettingsVersion)
-		}
-		if cur.settings == ss.Settings {
-			return false, nil
-		}
-		next.settings = ss.Settings
-		next.settingsVersion = index
-	case kindRingChange:
-		rc := c.ring
-		if rc.Epoch != cur.epoch {
-			return false, fmt.Errorf("%w: change for epoch %d, ring is at %d", ErrStaleEpoch, rc.Epoch, cur.epoch)
-		}
-		if len(cur.members)+len(rc.Upsert) > maxMembers {
-			return false, fmt.Errorf("%w: ring would exceed %d members", ErrInvalidCommand, maxMembers)
-		}
-		var expired bool
-		next.left, expired = expireDepartures(cur.left, rc.At)
-		back := slices.ContainsFunc(rc.Upsert, func(m ring.Member) bool {
-			_, ok := next.left[m.ID]
-			return ok
-		})
-		if back && !expired {
-			// expireDepartures returned cur.left itself: copy it once
-			// before the deletions below.
-			next.left = maps.Clone(next.left)
-		}
-		next.members = maps.Clone(cur.members)
-		diff := false
-		for _, m := range rc.Upsert {
-			if old, ok := next.members[m.ID]; !ok || old != m {
-				diff = true
-			}
-			next.members[m.ID] = m
-			if _, ok := next.left[m.ID]; ok {
-				// Back with another incarnation: the leader saw to that.
-				delete(next.left, m.ID)
-				diff = true
-			}
-		}
-		for _, id := range rc.Remove {
-			if _, ok := next.members[id]; ok {
-				diff = true
-				delete(next.members, id)
-			}
-		}
-		if !diff {
-			// Nothing moves, so the epoch stays: an epoch always
-			// means a different ring.
-			if !expired {
-				return false, nil
-			}
-			next.members = cur.members
-			break
-		}
-		next.epoch++
-		next.ring = ring.New(next.epoch, sortedMembers(next.members))
-	case kindLeave:
-		lv := c.leave
-		left, expired := expireDepartures(cur.left, lv.At)
-		d, tomb := left[lv.ID]
-		_, member := cur.members[lv.ID]
-		if tomb && d.Incarnation == lv.Incarnation && !member && lv.At <= d.At {
-			// A retried leave (or an older refresh): only expiry may
-			// have changed.
-			if !expired {
-				return false, nil
-			}
-			next.left = left
-			break
-		}
-		if !tomb && len(left) >= maxMembers {
-			return false, fmt.Errorf("%w: %d departed nodes remembered, the most allowed", ErrInvalidCommand, maxMembers)
-		}
-		if !expired {
-			left = maps.Clone(left)
-		}
-		// A leave without a time (an old log) is stamped by the next
-		// command that carries one.
-		left[lv.ID] = departure{ID: lv.ID, Incarnation: lv.Incarnation, At: lv.At}
-		next.left = left
-		if member {
-			next.members = maps.Clone(cur.members)
-			delete(next.members, lv.ID)
-			next.epoch++
-			next.ring = ring.New(next.epoch, sortedMembers(next.members))
-		}
-	case kindPutToken:
-		rec := c.putTok.Record
-		old, ok := cur.tokens[rec.ID]
-		if ok && recordsEqual(old, rec) {
-			return false, nil
-		}
-		if !ok && len(cur.tokens) >= MaxTokens {
-			return false, fmt.Errorf("%w: %d token records, the most allowed", ErrInvalidCommand, MaxTokens)
-		}
-		next.tokens = maps.Clone(cur.tokens)
-		next.tokens[rec.ID] = rec
-	case kindDeleteToken:
-		if _, ok := cur.tokens[c.delTok.ID]; !ok {
-			return false, nil
-		}
-		next.tokens = maps.Clone(cur.tokens)
-		delete(next.tokens, c.delTok.ID)
-	default:
-		return false, fmt.Errorf("%w: kind %v", ErrInvalidCommand, c.kind)
-	}
-	f.cur.Store(&next)
-	return true, nil
 }
 
 func (f *fsm) model(fp chunk.Fingerprint) (chunk.ModelSpec, bool) {
@@ -412,8 +289,10 @@ func recordsEqual(a, b auth.Record) bool {
 		a.Created.Equal(b.Created) && a.Expires.Equal(b.Expires)
 }
 
-func (f *fsm) state() snapshotState {
-	st := f.cur.Load()
+func (f *fsm) state() snapshotState { return f.cur.Load().snapshot() }
+
+// snapshot is st in the snapshot format.
+func (st *fsmState) snapshot() snapshotState {
 	return snapshotState{
 		Version:  snapshotVersion,
 		Models:   st.models.sorted(),

@@ -18,9 +18,9 @@ import (
 	"github.com/kvmesh/kvmesh/ring"
 )
 
-func mustEncode(t testing.TB, kind cmdKind, payload any) []byte {
+func mustEncode(t testing.TB, c command) []byte {
 	t.Helper()
-	b, err := encodeCommand(kind, payload)
+	b, err := encodeCommand(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,24 +53,24 @@ func TestFSMApply(t *testing.T) {
 		cmd  []byte
 		want want
 	}{
-		{"register", mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
-		{"register again", mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
-		{"register other", mustEncode(t, kindRegisterModel, registerModel{testSpec(2)}), want{nil, 2, 0, nil, def}},
-		{"invalid spec", mustEncode(t, kindRegisterModel, registerModel{badSpec}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
-		{"long salt", mustEncode(t, kindRegisterModel, registerModel{longSalt}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
-		{"settings", mustEncode(t, kindSetSettings, custom), want{nil, 2, 0, nil, custom}},
-		{"settings W>R", mustEncode(t, kindSetSettings, Settings{2, 3, chunk.CodecRaw}), want{ErrInvalidCommand, 2, 0, nil, custom}},
-		{"settings R=0", mustEncode(t, kindSetSettings, Settings{0, 0, chunk.CodecRaw}), want{ErrInvalidCommand, 2, 0, nil, custom}},
-		{"settings codec", mustEncode(t, kindSetSettings, Settings{1, 1, chunk.Codec(77)}), want{ErrInvalidCommand, 2, 0, nil, custom}},
-		{"ring add", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("b"), member("a")}}), want{nil, 2, 1, []string{"a", "b"}, custom}},
-		{"ring stale", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("c")}}), want{ErrStaleEpoch, 2, 1, []string{"a", "b"}, custom}},
-		{"ring no-op", mustEncode(t, kindRingChange, ringChange{Epoch: 1, Upsert: []ring.Member{member("a")}, Remove: []string{"zz"}}), want{nil, 2, 1, []string{"a", "b"}, custom}},
-		{"ring add+remove", mustEncode(t, kindRingChange, ringChange{Epoch: 1, Upsert: []ring.Member{member("c")}, Remove: []string{"a"}}), want{nil, 2, 2, []string{"b", "c"}, custom}},
-		{"ring readdress", mustEncode(t, kindRingChange, ringChange{Epoch: 2, Upsert: []ring.Member{{ID: "b", GRPCAddr: "new"}}}), want{nil, 2, 3, []string{"b", "c"}, custom}},
-		{"ring empty", mustEncode(t, kindRingChange, ringChange{Epoch: 3}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
-		{"ring dup", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("d")}, Remove: []string{"d"}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
-		{"ring empty id", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{{}}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
-		{"ring neg weight", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{{ID: "e", Weight: -1}}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"register", mustEncode(t, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
+		{"register again", mustEncode(t, registerModel{testSpec(1)}), want{nil, 1, 0, nil, def}},
+		{"register other", mustEncode(t, registerModel{testSpec(2)}), want{nil, 2, 0, nil, def}},
+		{"invalid spec", mustEncode(t, registerModel{badSpec}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
+		{"long salt", mustEncode(t, registerModel{longSalt}), want{chunk.ErrInvalidSpec, 2, 0, nil, def}},
+		{"settings", mustEncode(t, setSettings{Settings: custom}), want{nil, 2, 0, nil, custom}},
+		{"settings W>R", mustEncode(t, setSettings{Settings: Settings{2, 3, chunk.CodecRaw}}), want{ErrInvalidCommand, 2, 0, nil, custom}},
+		{"settings R=0", mustEncode(t, setSettings{Settings: Settings{0, 0, chunk.CodecRaw}}), want{ErrInvalidCommand, 2, 0, nil, custom}},
+		{"settings codec", mustEncode(t, setSettings{Settings: Settings{1, 1, chunk.Codec(77)}}), want{ErrInvalidCommand, 2, 0, nil, custom}},
+		{"ring add", mustEncode(t, ringChange{Epoch: 0, Upsert: []ring.Member{member("b"), member("a")}}), want{nil, 2, 1, []string{"a", "b"}, custom}},
+		{"ring stale", mustEncode(t, ringChange{Epoch: 0, Upsert: []ring.Member{member("c")}}), want{ErrStaleEpoch, 2, 1, []string{"a", "b"}, custom}},
+		{"ring no-op", mustEncode(t, ringChange{Epoch: 1, Upsert: []ring.Member{member("a")}, Remove: []string{"zz"}}), want{nil, 2, 1, []string{"a", "b"}, custom}},
+		{"ring add+remove", mustEncode(t, ringChange{Epoch: 1, Upsert: []ring.Member{member("c")}, Remove: []string{"a"}}), want{nil, 2, 2, []string{"b", "c"}, custom}},
+		{"ring readdress", mustEncode(t, ringChange{Epoch: 2, Upsert: []ring.Member{{ID: "b", GRPCAddr: "new"}}}), want{nil, 2, 3, []string{"b", "c"}, custom}},
+		{"ring empty", mustEncode(t, ringChange{Epoch: 3}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"ring dup", mustEncode(t, ringChange{Epoch: 3, Upsert: []ring.Member{member("d")}, Remove: []string{"d"}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"ring empty id", mustEncode(t, ringChange{Epoch: 3, Upsert: []ring.Member{{}}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
+		{"ring neg weight", mustEncode(t, ringChange{Epoch: 3, Upsert: []ring.Member{{ID: "e", Weight: -1}}}), want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
 		{"empty", nil, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
 		{"version", []byte{9, 1, '{', '}'}, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
 		{"kind", []byte{1, 0, '{', '}'}, want{ErrInvalidCommand, 2, 3, []string{"b", "c"}, custom}},
@@ -120,16 +120,16 @@ func TestFSMLeave(t *testing.T) {
 		cmd  []byte
 		want want
 	}{
-		{"ring", mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a"), member("b"), member("c")}}),
+		{"ring", mustEncode(t, ringChange{Epoch: 0, Upsert: []ring.Member{member("a"), member("b"), member("c")}}),
 			want{nil, 1, []string{"a", "b", "c"}, nil}},
-		{"leave b", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5, 0}}}},
-		{"leave b again", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5, 0}}}},
-		{"leave b other run", mustEncode(t, kindLeave, leave{ID: "b", Incarnation: 6}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6, 0}}}},
-		{"leave non-member", mustEncode(t, kindLeave, leave{ID: "x", Incarnation: 1}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6, 0}, {"x", 1, 0}}}},
-		{"leave empty id", mustEncode(t, kindLeave, leave{}), want{ErrInvalidCommand, 2, []string{"a", "c"}, []departure{{"b", 6, 0}, {"x", 1, 0}}}},
-		{"b back", mustEncode(t, kindRingChange, ringChange{Epoch: 2, Upsert: []ring.Member{member("b")}}),
+		{"leave b", mustEncode(t, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5, 0}}}},
+		{"leave b again", mustEncode(t, leave{ID: "b", Incarnation: 5}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 5, 0}}}},
+		{"leave b other run", mustEncode(t, leave{ID: "b", Incarnation: 6}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6, 0}}}},
+		{"leave non-member", mustEncode(t, leave{ID: "x", Incarnation: 1}), want{nil, 2, []string{"a", "c"}, []departure{{"b", 6, 0}, {"x", 1, 0}}}},
+		{"leave empty id", mustEncode(t, leave{}), want{ErrInvalidCommand, 2, []string{"a", "c"}, []departure{{"b", 6, 0}, {"x", 1, 0}}}},
+		{"b back", mustEncode(t, ringChange{Epoch: 2, Upsert: []ring.Member{member("b")}}),
 			want{nil, 3, []string{"a", "b", "c"}, []departure{{"x", 1, 0}}}},
-		{"x back without ring change", mustEncode(t, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("x")}, Remove: []string{"c"}}),
+		{"x back without ring change", mustEncode(t, ringChange{Epoch: 3, Upsert: []ring.Member{member("x")}, Remove: []string{"c"}}),
 			want{nil, 4, []string{"a", "b", "x"}, nil}},
 	}
 	for i, st := range steps {
@@ -205,11 +205,11 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	changes := 0
 	f := newFSM(func() { changes++ })
 	for _, cmd := range [][]byte{
-		mustEncode(t, kindRegisterModel, registerModel{testSpec(1)}),
-		mustEncode(t, kindRegisterModel, registerModel{testSpec(2)}),
-		mustEncode(t, kindSetSettings, Settings{2, 1, chunk.CodecLossless}),
-		mustEncode(t, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("x"), member("y"), member("z")}}),
-		mustEncode(t, kindLeave, leave{ID: "z", Incarnation: 3}),
+		mustEncode(t, registerModel{testSpec(1)}),
+		mustEncode(t, registerModel{testSpec(2)}),
+		mustEncode(t, setSettings{Settings: Settings{2, 1, chunk.CodecLossless}}),
+		mustEncode(t, ringChange{Epoch: 0, Upsert: []ring.Member{member("x"), member("y"), member("z")}}),
+		mustEncode(t, leave{ID: "z", Incarnation: 3}),
 	} {
 		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: cmd}); res != nil {
 			t.Fatal(res)
@@ -252,32 +252,24 @@ func TestCommandRoundTrip(t *testing.T) {
 	spec.RotaryDim = 64
 	spec.Salt = "tenant\x00é"
 	_, rec := newRecord(t, "tenant é", auth.ScopeAdmin, "0123456789abcdef0123456789abcdef")
-	cases := []struct {
-		kind    cmdKind
-		payload any
-		check   func(command) bool
-	}{
-		{kindRegisterModel, registerModel{spec}, func(c command) bool {
-			return reflect.DeepEqual(c.model.Spec, spec) && c.model.Spec.Fingerprint() == spec.Fingerprint()
-		}},
-		{kindSetSettings, Settings{4, 2, chunk.CodecInt4}, func(c command) bool {
-			return c.settings.Settings == Settings{4, 2, chunk.CodecInt4} && c.settings.IfVersion == nil
-		}},
-		{kindRingChange, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}, func(c command) bool {
-			return reflect.DeepEqual(*c.ring, ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}})
-		}},
-		{kindPutToken, putToken{rec}, func(c command) bool { return recordsEqual(c.putTok.Record, rec) }},
-		{kindDeleteToken, deleteToken{rec.ID}, func(c command) bool { return c.delTok.ID == rec.ID }},
-		{kindLeave, leave{ID: "n3", Incarnation: 1 << 62}, func(c command) bool { return *c.leave == leave{ID: "n3", Incarnation: 1 << 62} }},
+	cases := []command{
+		registerModel{spec},
+		setSettings{Settings: Settings{4, 2, chunk.CodecInt4}},
+		ringChange{Epoch: 7, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}},
+		putToken{rec},
+		deleteToken{rec.ID},
+		leave{ID: "n3", Incarnation: 1 << 62},
 	}
-	for _, tc := range cases {
-		b := mustEncode(t, tc.kind, tc.payload)
-		c, err := decodeCommand(b)
-		if err != nil || c.kind != tc.kind || !tc.check(c) {
-			t.Fatalf("%v: decoded %+v, %v", tc.kind, c, err)
+	for _, want := range cases {
+		c, err := decodeCommand(mustEncode(t, want))
+		if err != nil || !reflect.DeepEqual(c, want) {
+			t.Fatalf("%v: decoded %+v, %v; want %+v", want.kind(), c, err, want)
 		}
 	}
-	if _, err := encodeCommand(kindRingChange, ringChange{Upsert: []ring.Member{{ID: "n", Weight: math.NaN()}}}); !errors.Is(err, ErrInvalidCommand) {
+	if got := cases[0].(registerModel).Spec.Fingerprint(); got != spec.Fingerprint() {
+		t.Fatalf("decoded spec fingerprint %v, want %v", got, spec.Fingerprint())
+	}
+	if _, err := encodeCommand(ringChange{Upsert: []ring.Member{{ID: "n", Weight: math.NaN()}}}); !errors.Is(err, ErrInvalidCommand) {
 		t.Fatalf("NaN weight encoded: %v", err)
 	}
 }
@@ -286,17 +278,17 @@ func TestCommandRoundTrip(t *testing.T) {
 // re-encodes to a command whose encoding is a fixpoint, and applies without
 // panic.
 func FuzzDecodeCommand(f *testing.F) {
-	f.Add(mustEncode(f, kindRegisterModel, registerModel{testSpec(1)}))
-	f.Add(mustEncode(f, kindSetSettings, DefaultSettings()))
-	f.Add(mustEncode(f, kindRingChange, ringChange{Epoch: 0, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}))
+	f.Add(mustEncode(f, registerModel{testSpec(1)}))
+	f.Add(mustEncode(f, setSettings{Settings: DefaultSettings()}))
+	f.Add(mustEncode(f, ringChange{Epoch: 0, Upsert: []ring.Member{member("a")}, Remove: []string{"b"}}))
 	_, rec := newRecord(f, "seed", auth.ScopeRead|auth.ScopeWrite, "a1", "ff00")
-	f.Add(mustEncode(f, kindPutToken, putToken{rec}))
-	f.Add(mustEncode(f, kindDeleteToken, deleteToken{rec.ID}))
-	f.Add(mustEncode(f, kindLeave, leave{ID: "a", Incarnation: 7}))
+	f.Add(mustEncode(f, putToken{rec}))
+	f.Add(mustEncode(f, deleteToken{rec.ID}))
+	f.Add(mustEncode(f, leave{ID: "a", Incarnation: 7}))
 	v := uint64(12)
-	f.Add(mustEncode(f, kindSetSettings, setSettings{Settings: DefaultSettings(), IfVersion: &v}))
-	f.Add(mustEncode(f, kindLeave, leave{ID: "a", Incarnation: 7, At: 1 << 60}))
-	f.Add(mustEncode(f, kindRingChange, ringChange{Epoch: 3, Upsert: []ring.Member{member("a")}, At: 1 << 60}))
+	f.Add(mustEncode(f, setSettings{Settings: DefaultSettings(), IfVersion: &v}))
+	f.Add(mustEncode(f, leave{ID: "a", Incarnation: 7, At: 1 << 60}))
+	f.Add(mustEncode(f, ringChange{Epoch: 3, Upsert: []ring.Member{member("a")}, At: 1 << 60}))
 	f.Add([]byte{1, 6, '{', '"', 'i', 'd', '"', ':', '"', '"', '}'})
 	f.Add([]byte{})
 	f.Add([]byte{1, 3, 'n', 'u', 'l', 'l'})
@@ -310,46 +302,16 @@ func FuzzDecodeCommand(f *testing.F) {
 			}
 			return
 		}
-		var payload any
-		switch c.kind {
-		case kindRegisterModel:
-			payload = c.model
-		case kindSetSettings:
-			payload = c.settings
-		case kindRingChange:
-			payload = c.ring
-		case kindPutToken:
-			payload = c.putTok
-		case kindDeleteToken:
-			payload = c.delTok
-		case kindLeave:
-			payload = c.leave
-		}
-		b2, err := encodeCommand(c.kind, payload)
+		b2, err := encodeCommand(c)
 		if err != nil {
 			t.Fatalf("re-encode: %v", err)
 		}
 		c2, err := decodeCommand(b2)
-		if err != nil || c2.kind != c.kind {
+		if err != nil || c2.kind() != c.kind() {
 			t.Fatalf("re-decode %+v, %v; want %+v", c2, err, c)
 		}
 		// Empty and nil slices encode alike, so compare encodings.
-		var payload2 any
-		switch c2.kind {
-		case kindRegisterModel:
-			payload2 = c2.model
-		case kindSetSettings:
-			payload2 = c2.settings
-		case kindRingChange:
-			payload2 = c2.ring
-		case kindPutToken:
-			payload2 = c2.putTok
-		case kindDeleteToken:
-			payload2 = c2.delTok
-		case kindLeave:
-			payload2 = c2.leave
-		}
-		if b3, err := encodeCommand(c2.kind, payload2); err != nil || !bytes.Equal(b2, b3) {
+		if b3, err := encodeCommand(c2); err != nil || !bytes.Equal(b2, b3) {
 			t.Fatalf("encoding not a fixpoint: %q then %q (%v)", b2, b3, err)
 		}
 		fsm := newFSM(nil)
@@ -438,7 +400,7 @@ func TestFSMRegistryFull(t *testing.T) {
 	full.n = MaxModels // as if that many were registered
 	st.models = &full
 	f.cur.Store(&st)
-	res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, kindRegisterModel, registerModel{testSpec(1)})})
+	res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, registerModel{testSpec(1)})})
 	if err, _ := res.(error); !errors.Is(err, ErrInvalidCommand) {
 		t.Fatalf("registration into a full registry: %v", res)
 	}

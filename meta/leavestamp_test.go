@@ -11,11 +11,12 @@ import (
 type skewedLeaver struct{ inner Forwarder }
 
 func (f skewedLeaver) Apply(ctx context.Context, addr string, cmd []byte) error {
-	if c, err := decodeCommand(cmd); err == nil && c.kind == kindLeave {
-		lv := *c.leave
-		lv.At = 1
-		if cmd, err = encodeCommand(kindLeave, lv); err != nil {
-			return err
+	if c, err := decodeCommand(cmd); err == nil {
+		if lv, ok := c.(leave); ok {
+			lv.At = 1
+			if cmd, err = encodeCommand(lv); err != nil {
+				return err
+			}
 		}
 	}
 	return f.inner.Apply(ctx, addr, cmd)

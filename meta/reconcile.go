@@ -240,7 +240,7 @@ func (s *Store) reconcile() error {
 	}
 	if len(change.Upsert)+len(change.Remove) > 0 {
 		slices.SortFunc(change.Upsert, func(a, b ring.Member) int { return cmp.Compare(a.ID, b.ID) })
-		cmd, err := encodeCommand(kindRingChange, &change)
+		cmd, err := encodeCommand(change)
 		if err == nil {
 			err = s.applyLocal(ctx, cmd)
 		}
@@ -322,7 +322,7 @@ func (s *Store) refreshDepartures(ctx context.Context, now time.Time) error {
 		if !ok || d.Incarnation != nm.Incarnation || d.At != 0 && now.UnixNano()-d.At < int64(DepartedTTL/2) {
 			continue
 		}
-		cmd, err := encodeCommand(kindLeave, leave{ID: d.ID, Incarnation: d.Incarnation, At: now.UnixNano()})
+		cmd, err := encodeCommand(leave{ID: d.ID, Incarnation: d.Incarnation, At: now.UnixNano()})
 		if err == nil {
 			err = s.applyLocal(ctx, cmd)
 		}

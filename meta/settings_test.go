@@ -42,7 +42,7 @@ func TestFSMSettingsVersion(t *testing.T) {
 	}
 	f := newFSM(nil)
 	for _, st := range steps {
-		res := f.Apply(&raft.Log{Index: st.index, Type: raft.LogCommand, Data: mustEncode(t, kindSetSettings, st.cmd)})
+		res := f.Apply(&raft.Log{Index: st.index, Type: raft.LogCommand, Data: mustEncode(t, st.cmd)})
 		err, _ := res.(error)
 		if st.err == nil && err != nil || st.err != nil && !errors.Is(err, st.err) {
 			t.Fatalf("%s: Apply = %v, want %v", st.name, res, st.err)
@@ -59,8 +59,8 @@ func TestFSMSettingsVersion(t *testing.T) {
 	// settings; it still decodes, unconditional.
 	old := append([]byte{cmdVersion, byte(kindSetSettings)}, `{"replication_factor":2,"write_quorum":2,"codec":1}`...)
 	c, err := decodeCommand(old)
-	if err != nil || c.settings.IfVersion != nil || c.settings.Settings != (Settings{2, 2, chunk.CodecRaw}) {
-		t.Fatalf("old command: %+v %v", c.settings, err)
+	if want := (setSettings{Settings: Settings{2, 2, chunk.CodecRaw}}); err != nil || c != want {
+		t.Fatalf("old command: %+v %v", c, err)
 	}
 }
 
@@ -151,7 +151,7 @@ func (f *unclearForwarder) Apply(ctx context.Context, addr string, cmd []byte) e
 	f.mu.Lock()
 	lose := f.armed
 	instead := f.instead
-	if c, err := decodeCommand(cmd); err != nil || c.kind != kindSetSettings {
+	if c, err := decodeCommand(cmd); err != nil || c.kind() != kindSetSettings {
 		lose = false
 	}
 	if lose {
@@ -205,7 +205,7 @@ func TestSetSettingsIfUnclearFirstTry(t *testing.T) {
 		}
 		var instead []byte
 		if tc.instead != nil {
-			instead = mustEncode(t, kindSetSettings, setSettings{Settings: *tc.instead})
+			instead = mustEncode(t, setSettings{Settings: *tc.instead})
 		}
 		fwd.arm(instead)
 		err := tc.set(f, from, v)

@@ -282,7 +282,7 @@ func (s *Store) shutdownRaft() (stuck bool, err error) {
 // ApplyTimeout. Call Close afterwards; the node may serve reads until
 // then.
 func (s *Store) Leave(ctx context.Context) error {
-	cmd, err := encodeCommand(kindLeave, leave{ID: s.cfg.NodeID, Incarnation: s.cfg.Incarnation, At: time.Now().UnixNano()})
+	cmd, err := encodeCommand(leave{ID: s.cfg.NodeID, Incarnation: s.cfg.Incarnation, At: time.Now().UnixNano()})
 	if err != nil {
 		return err
 	}
@@ -480,7 +480,7 @@ func (s *Store) RegisterModel(ctx context.Context, spec chunk.ModelSpec) (chunk.
 	if _, ok := s.fsm.model(fp); ok {
 		return fp, nil
 	}
-	cmd, err := encodeCommand(kindRegisterModel, registerModel{Spec: spec})
+	cmd, err := encodeCommand(registerModel{Spec: spec})
 	if err != nil {
 		return chunk.Fingerprint{}, err
 	}
@@ -564,7 +564,7 @@ func (s *Store) SetSettingsFrom(ctx context.Context, from, set Settings) error {
 
 func (s *Store) setSettings(ctx context.Context, ss setSettings) error {
 	set := ss.Settings
-	cmd, err := encodeCommand(kindSetSettings, ss)
+	cmd, err := encodeCommand(ss)
 	if err != nil {
 		return err
 	}
@@ -611,7 +611,7 @@ func (s *Store) ApplyForwarded(ctx context.Context, cmd []byte) error {
 	if err != nil {
 		return err
 	}
-	if c.kind == kindRingChange {
+	if _, ok := c.(ringChange); ok {
 		// Only the leader's reconcile loop changes the ring; a peer
 		// has no business sending one.
 		return fmt.Errorf("%w: ring changes are not forwarded", ErrInvalidCommand)
@@ -625,8 +625,8 @@ func (s *Store) ApplyForwarded(ctx context.Context, cmd []byte) error {
 // applyHere applies a decoded command on the leader: a leave also removes
 // the node from the raft configuration before it is acknowledged.
 func (s *Store) applyHere(ctx context.Context, c command, cmd []byte) error {
-	if c.kind == kindLeave {
-		return s.applyLeave(ctx, c.leave, cmd)
+	if lv, ok := c.(leave); ok {
+		return s.applyLeave(ctx, lv, cmd)
 	}
 	return s.applyLocal(ctx, cmd)
 }
@@ -634,7 +634,7 @@ func (s *Store) applyHere(ctx context.Context, c command, cmd []byte) error {
 // applyLeave commits lv (ring removal and tombstone), then removes the
 // node from raft. A retry after an ambiguous failure finds the first step
 // done (the FSM ignores a repeated leave) and does the second.
-func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
+func (s *Store) applyLeave(ctx context.Context, lv leave, cmd []byte) error {
 	servers, err := s.Servers()
 	if err != nil {
 		return err
@@ -668,9 +668,9 @@ func (s *Store) applyLeave(ctx context.Context, lv *leave, cmd []byte) error {
 		// before the entry is written, so every replica applies the
 		// same At.
 		if now := time.Now().UnixNano(); now > lv.At {
-			st := *lv
+			st := lv
 			st.At = now
-			if cmd, err = encodeCommand(kindLeave, st); err != nil {
+			if cmd, err = encodeCommand(st); err != nil {
 				return err
 			}
 		}

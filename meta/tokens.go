@@ -50,7 +50,7 @@ func (s *Store) PutToken(ctx context.Context, rec auth.Record) error {
 	}
 	// No shortcut when this node already holds rec: it may lag behind a
 	// delete of it, and writing an idempotent command again is cheap.
-	cmd, err := encodeCommand(kindPutToken, putToken{Record: rec})
+	cmd, err := encodeCommand(putToken{Record: rec})
 	if err != nil {
 		return err
 	}
@@ -77,7 +77,7 @@ func (s *Store) DeleteToken(ctx context.Context, id string) error {
 	// Always written, even when this node knows no such token: it may
 	// lag behind the put, and a delete skipped for that would leave the
 	// token working.
-	cmd, err := encodeCommand(kindDeleteToken, deleteToken{ID: id})
+	cmd, err := encodeCommand(deleteToken{ID: id})
 	if err != nil {
 		return err
 	}

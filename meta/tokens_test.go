@@ -60,20 +60,20 @@ func TestFSMTokens(t *testing.T) {
 		changed bool
 		want    []auth.Record
 	}{
-		{"put a", mustEncode(t, kindPutToken, putToken{a}), nil, true, []auth.Record{a}},
-		{"put a again", mustEncode(t, kindPutToken, putToken{a}), nil, false, []auth.Record{a}},
-		{"put b", mustEncode(t, kindPutToken, putToken{b}), nil, true, sortRecs(a, b)},
-		{"replace a", mustEncode(t, kindPutToken, putToken{a2}), nil, true, sortRecs(a2, b)},
-		{"no scope", mustEncode(t, kindPutToken, putToken{noScope}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
-		{"short salt", mustEncode(t, kindPutToken, putToken{shortSalt}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
-		{"bad namespace", mustEncode(t, kindPutToken, putToken{badNS}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
-		{"long name", mustEncode(t, kindPutToken, putToken{longName}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
-		{"empty record", mustEncode(t, kindPutToken, putToken{}), ErrInvalidCommand, false, sortRecs(a2, b)},
-		{"delete a", mustEncode(t, kindDeleteToken, deleteToken{a.ID}), nil, true, []auth.Record{b}},
-		{"delete a again", mustEncode(t, kindDeleteToken, deleteToken{a.ID}), nil, false, []auth.Record{b}},
-		{"delete bad id", mustEncode(t, kindDeleteToken, deleteToken{"B0B0B0B0B0B0B0B0"}), auth.ErrInvalidToken, false, []auth.Record{b}},
-		{"delete empty id", mustEncode(t, kindDeleteToken, deleteToken{}), ErrInvalidCommand, false, []auth.Record{b}},
-		{"delete b", mustEncode(t, kindDeleteToken, deleteToken{b.ID}), nil, true, nil},
+		{"put a", mustEncode(t, putToken{a}), nil, true, []auth.Record{a}},
+		{"put a again", mustEncode(t, putToken{a}), nil, false, []auth.Record{a}},
+		{"put b", mustEncode(t, putToken{b}), nil, true, sortRecs(a, b)},
+		{"replace a", mustEncode(t, putToken{a2}), nil, true, sortRecs(a2, b)},
+		{"no scope", mustEncode(t, putToken{noScope}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
+		{"short salt", mustEncode(t, putToken{shortSalt}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
+		{"bad namespace", mustEncode(t, putToken{badNS}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
+		{"long name", mustEncode(t, putToken{longName}), auth.ErrInvalidToken, false, sortRecs(a2, b)},
+		{"empty record", mustEncode(t, putToken{}), ErrInvalidCommand, false, sortRecs(a2, b)},
+		{"delete a", mustEncode(t, deleteToken{a.ID}), nil, true, []auth.Record{b}},
+		{"delete a again", mustEncode(t, deleteToken{a.ID}), nil, false, []auth.Record{b}},
+		{"delete bad id", mustEncode(t, deleteToken{"B0B0B0B0B0B0B0B0"}), auth.ErrInvalidToken, false, []auth.Record{b}},
+		{"delete empty id", mustEncode(t, deleteToken{}), ErrInvalidCommand, false, []auth.Record{b}},
+		{"delete b", mustEncode(t, deleteToken{b.ID}), nil, true, nil},
 	}
 	for _, st := range steps {
 		changes := 0
@@ -118,13 +118,13 @@ func TestFSMTokensFull(t *testing.T) {
 	}
 	f.cur.Store(&st)
 	_, rec := newRecord(t, "one too many", auth.ScopeRead)
-	res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, kindPutToken, putToken{rec})})
+	res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, putToken{rec})})
 	if err, _ := res.(error); !errors.Is(err, ErrInvalidCommand) {
 		t.Fatalf("put into a full table: %v", res)
 	}
 	// Replacing a record that exists is still allowed.
 	rec.ID = fmt.Sprintf("%016x", 7)
-	if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, kindPutToken, putToken{rec})}); res != nil {
+	if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, putToken{rec})}); res != nil {
 		t.Fatalf("replace in a full table: %v", res)
 	}
 }
@@ -136,7 +136,7 @@ func TestTokenSnapshot(t *testing.T) {
 	_, rec2 := newRecord(t, "reader", auth.ScopeRead)
 	f := newFSM(nil)
 	for _, r := range []auth.Record{rec, rec2} {
-		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, kindPutToken, putToken{r})}); res != nil {
+		if res := f.Apply(&raft.Log{Type: raft.LogCommand, Data: mustEncode(t, putToken{r})}); res != nil {
 			t.Fatal(res)
 		}
 	}
