@@ -8,6 +8,8 @@ import (
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // split cuts b into a BufferSlice of pieces no longer than piece, as the
@@ -134,7 +136,7 @@ func TestPinnedBufferReleasesOnce(t *testing.T) {
 	for _, size := range []int{10, 1 << 20} {
 		released := 0
 		data := make([]byte, size)
-		b := PinnedBuffer(data, func() { released++ })
+		b := PinnedBuffer(pinned.NewFunc(data, func() { released++ }))
 		parts := []mem.Buffer{b.Slice(0, size/2), b.Slice(size/2, size)}
 		b.Free()
 		if size > 1024 && released != 0 {

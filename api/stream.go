@@ -10,6 +10,8 @@ import (
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // DefaultFrameBytes is the data frame size senders use unless told
@@ -130,27 +132,29 @@ func RecvBodyGrow(r MsgReceiver, total, initial int) ([]byte, error) {
 	return buf, nil
 }
 
-// PinnedBuffer wraps data, which someone else owns until release is called,
-// as a mem.Buffer that calls release once gRPC and every holder of a slice
-// of it are done. That lets a store hand a pinned, zero-copy view of a blob
-// to the transport and unpin it exactly when the last frame was written.
-// Tiny data (at most 1 KiB, below gRPC's pooling threshold) is copied and
-// released at once.
-func PinnedBuffer(data []byte, release func()) mem.Buffer {
-	if mem.IsBelowBufferPoolingThreshold(cap(data)) || release == nil {
+// PinnedBuffer hands lent bytes to gRPC as a mem.Buffer that releases them
+// once gRPC and every holder of a slice of it are done. That lets a store
+// hand a pinned, zero-copy view of a blob to the transport and unpin it
+// exactly when the last frame was written. Tiny data (at most 1 KiB, below
+// gRPC's pooling threshold) is copied and released at once; Owned bytes
+// (nothing to release) are sent as they are.
+func PinnedBuffer(p pinned.Bytes) mem.Buffer {
+	data := p.Bytes()
+	if !p.Held() {
+		return mem.SliceBuffer(data)
+	}
+	if mem.IsBelowBufferPoolingThreshold(cap(data)) {
 		cp := append([]byte(nil), data...)
-		if release != nil {
-			release()
-		}
+		p.Release()
 		return mem.SliceBuffer(cp)
 	}
-	return mem.NewBuffer(&data, &releaser{release: release})
+	return mem.NewBuffer(&data, &releaser{p: p})
 }
 
-// releaser is a one-shot mem.BufferPool whose Put runs a release function.
+// releaser is a one-shot mem.BufferPool whose Put releases the lent bytes.
 type releaser struct {
-	once    sync.Once
-	release func()
+	once sync.Once
+	p    pinned.Bytes
 }
 
 func (r *releaser) Get(length int) *[]byte {
@@ -158,7 +162,7 @@ func (r *releaser) Get(length int) *[]byte {
 	return &b
 }
 
-func (r *releaser) Put(*[]byte) { r.once.Do(r.release) }
+func (r *releaser) Put(*[]byte) { r.once.Do(r.p.Release) }
 
 // Transport tuning for tensor streams, for both ends of a connection: large
 // fixed HTTP/2 windows (which turn off gRPC's BDP estimation, so a

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -119,7 +120,7 @@ func (f *fakeNode) Get(req *api.GetRequest, st grpc.ServerStreamingServer[api.Ge
 	if err := api.SendHeader(st, &api.GetHeader{Key: req.Key, TotalBytes: uint64(len(blob))}); err != nil {
 		return err
 	}
-	return api.SendBody(st, api.PinnedBuffer(blob, nil), 4096)
+	return api.SendBody(st, api.PinnedBuffer(pinned.Owned(blob)), 4096)
 }
 
 func (f *fakeNode) Lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupResponse, error) {

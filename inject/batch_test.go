@@ -139,19 +139,16 @@ func TestFetchBatch(t *testing.T) {
 				} else if errs[i] != nil {
 					t.Errorf("key %d: %v", i, errs[i])
 				}
-				if got[i].Match != wantMatch || (from == "local") != (got[i].Release != nil) || (from == "") != (len(got[i].Blob) == 0) {
-					t.Errorf("key %d: %v from local %v (%d bytes), want %v from %q", i, got[i].Match, got[i].Release != nil, len(got[i].Blob), wantMatch, from)
+				if got[i].Match != wantMatch || (from == "local") != got[i].Local || (from == "") != (got[i].Blob.Len() == 0) {
+					t.Errorf("key %d: %v from local %v (%d bytes), want %v from %q", i, got[i].Match, got[i].Local, got[i].Blob.Len(), wantMatch, from)
 				}
 				// The same answer as Fetch.
 				one, err := f.Fetch(ctx, keys[i])
-				if (err != nil) != (errs[i] != nil) || one.Match != got[i].Match || !bytes.Equal(one.Blob, got[i].Blob) {
+				if (err != nil) != (errs[i] != nil) || one.Match != got[i].Match || !bytes.Equal(one.Blob.Bytes(), got[i].Blob.Bytes()) {
 					t.Errorf("key %d: Fetch answers %v (%v), FetchBatch %v (%v)", i, one.Match, err, got[i].Match, errs[i])
 				}
-				for _, r := range []func(){one.Release, got[i].Release} {
-					if r != nil {
-						r()
-					}
-				}
+				one.Blob.Release()
+				got[i].Blob.Release()
 			}
 			// Keys 0 and 5 are local exact: the other four go to the replicas.
 			if tc.batch {

@@ -120,14 +120,14 @@ func BenchmarkInject50x24(b *testing.B) {
 			measure(b, st.written, func() {
 				for i, e := range st.entries {
 					got, _ := f.Fetch(ctx, e.Key)
-					hd, err := chunk.Verify(got.Blob, chunk.Limits{})
+					hd, err := chunk.Verify(got.Blob.Bytes(), chunk.Limits{})
 					if err != nil {
 						b.Fatal(err)
 					}
-					if err := chunk.DecodeRange(raw, got.Blob, &hd, chunk.Range{}, nil); err != nil {
+					if err := chunk.DecodeRange(raw, got.Blob.Bytes(), &hd, chunk.Range{}, nil); err != nil {
 						b.Fatal(err)
 					}
-					got.Release()
+					got.Blob.Release()
 					ch := &st.chunks[i]
 					j := cudakern.Job{Rope: rope, Src: raw, SrcDType: e.DType, Tokens: len(e.Tokens), SrcHeads: e.KVHeads,
 						Pos: ch.Pos, Slots: ch.Slots, Layout: st.lay, Dst: st.mem}

@@ -22,10 +22,8 @@ func (s fetcherSource) Lookup(ctx context.Context, reqs []engine.LookupRequest) 
 		if err != nil || got.Match == Miss {
 			continue
 		}
-		out[i], err = chunk.Decode(got.Blob, chunk.Limits{})
-		if got.Release != nil {
-			got.Release()
-		}
+		out[i], err = chunk.Decode(got.Blob.Bytes(), chunk.Limits{})
+		got.Blob.Release()
 		if err != nil {
 			return nil, err
 		}
@@ -153,8 +151,8 @@ func TestEngineCacheBytes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			directInject(t, direct, rope, got.Blob, lay, 0, spec.KVHeads, ch.Pos, ch.Slots, want)
-			got.Release()
+			directInject(t, direct, rope, got.Blob.Bytes(), lay, 0, spec.KVHeads, ch.Pos, ch.Slots, want)
+			got.Blob.Release()
 		}
 		at += n
 	}

@@ -7,12 +7,13 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // Local is the node's own store; *kvtier.Store implements it.
 type Local interface {
 	Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, kvtier.Match, error)
-	Get(ctx context.Context, key chunk.Key) (*kvtier.Handle, error)
+	Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error)
 }
 
 // Remote reaches the other replicas of a content ID; the node implements
@@ -209,7 +210,7 @@ func (f TierFetcher) resolve(ctx context.Context, la localAnswer, rf Found) (Fet
 	if f.Remote != nil && rerr == nil && (rf.Match == Exact || (rf.Match == Approximate && lm == kvtier.Miss)) {
 		blob, err := f.Remote.Get(ctx, rf.Key)
 		if err == nil {
-			return Fetched{Blob: blob, Match: rf.Match}, nil
+			return Fetched{Blob: pinned.Owned(blob), Match: rf.Match}, nil
 		}
 		rerr = err
 	}
@@ -225,9 +226,9 @@ func (f TierFetcher) resolve(ctx context.Context, la localAnswer, rf Found) (Fet
 }
 
 func (f TierFetcher) local(ctx context.Context, key chunk.Key, m Match) (Fetched, error) {
-	h, err := f.Local.Get(ctx, key)
+	b, err := f.Local.Get(ctx, key)
 	if err != nil {
 		return Fetched{}, err
 	}
-	return Fetched{Blob: h.Bytes(), Release: h.Release, Match: m}, nil
+	return Fetched{Blob: b, Local: true, Match: m}, nil
 }

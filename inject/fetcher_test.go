@@ -100,12 +100,10 @@ func TestTierFetcher(t *testing.T) {
 			if (err != nil) != tc.err {
 				t.Fatalf("err %v, want error %v", err, tc.err)
 			}
-			if got.Match != tc.match || !bytes.Equal(got.Blob, tc.want) {
-				t.Fatalf("got %v (%d bytes), want %v (%d bytes)", got.Match, len(got.Blob), tc.match, len(tc.want))
+			if got.Match != tc.match || !bytes.Equal(got.Blob.Bytes(), tc.want) {
+				t.Fatalf("got %v (%d bytes), want %v (%d bytes)", got.Match, got.Blob.Len(), tc.match, len(tc.want))
 			}
-			if got.Release != nil {
-				got.Release()
-			}
+			got.Blob.Release()
 		})
 	}
 }

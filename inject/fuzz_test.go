@@ -13,13 +13,14 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // blobFetcher answers every key with one blob.
 type blobFetcher struct{ blob []byte }
 
 func (f *blobFetcher) Fetch(context.Context, chunk.Key) (Fetched, error) {
-	return Fetched{Blob: f.blob, Match: Exact}, nil
+	return Fetched{Blob: pinned.Owned(f.blob), Match: Exact}, nil
 }
 
 // reseal rewrites the layer and header checksums of blob where its header

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // testSpec is a small GQA model: 3 layers, 4 KV heads of 16 dims.
@@ -131,7 +132,7 @@ func (f *memFetcher) Fetch(ctx context.Context, key chunk.Key) (Fetched, error) 
 	}
 	f.out.Add(1)
 	var once sync.Once
-	return Fetched{Blob: b, Match: match, Release: func() { once.Do(func() { f.out.Add(-1) }) }}, nil
+	return Fetched{Blob: pinned.NewFunc(b, func() { once.Do(func() { f.out.Add(-1) }) }), Match: match}, nil
 }
 
 // fixedModels resolves one spec.

@@ -147,9 +147,7 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 	resp := &Response{Results: make([]Result, len(req.Chunks))}
 	defer func() {
 		for _, h := range r.hits {
-			if h.f.Release != nil {
-				h.f.Release()
-			}
+			h.f.Blob.Release()
 		}
 	}()
 	if err := r.fetch(req, resp.Results); err != nil {
@@ -268,9 +266,7 @@ func (r *request) fetch(req *Request, results []Result) error {
 	seen := make([]atomic.Bool, len(req.Chunks))
 	settle := func(i int, f Fetched, err error) {
 		if i < 0 || i >= len(seen) || seen[i].Swap(true) {
-			if f.Release != nil {
-				f.Release()
-			}
+			f.Blob.Release()
 			return
 		}
 		hits[i], results[i] = r.accept(i, &req.Chunks[i], keys[i].Content, f, err)
@@ -332,10 +328,8 @@ func (r *request) key(ch *Chunk) chunk.Key {
 // accept verifies chunk i's fetched entry for content; a nil hit is a MISS
 // (and f is released).
 func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err error) (*hit, Result) {
-	if err != nil || f.Match == Miss || len(f.Blob) == 0 {
-		if f.Release != nil {
-			f.Release()
-		}
+	if err != nil || f.Match == Miss || f.Blob.Len() == 0 {
+		f.Blob.Release()
 		if err != nil && r.ctx.Err() == nil {
 			r.s.log.Debug("inject: fetch failed; chunk is a miss", "content", content, "err", err)
 		}
@@ -343,9 +337,7 @@ func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err erro
 	}
 	h := &hit{idx: i, f: f, pos: ch.Pos, slots: ch.Slots}
 	if err := r.verify(h, content, ch); err != nil {
-		if f.Release != nil {
-			f.Release()
-		}
+		f.Blob.Release()
 		r.s.log.Warn("inject: entry failed verification; chunk is a miss", "content", content, "err", err)
 		return nil, Result{Reason: err}
 	}
@@ -368,7 +360,7 @@ func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", errVerify, fmt.Sprintf(format, a...))
 	}
-	hd, err := chunk.ParseHeader(h.f.Blob, r.s.cfg.Limits)
+	hd, err := chunk.ParseHeader(h.f.Blob.Bytes(), r.s.cfg.Limits)
 	if err != nil {
 		return err
 	}
@@ -388,7 +380,7 @@ func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 		return bad("tokens differ from the chunk's")
 	}
 	for l := range hd.Layers {
-		if _, err := hd.LayerPayload(h.f.Blob, l); err != nil {
+		if _, err := hd.LayerPayload(h.f.Blob.Bytes(), l); err != nil {
 			return err
 		}
 		if hd.Codec == chunk.CodecRaw && hd.Layers[l].Length != uint64(sh.LayerBytes()) {
@@ -539,7 +531,7 @@ func (r *request) process(w *worker, layer, i int) {
 	if h.raw {
 		ref := h.hd.Layers[layer]
 		at := h.hd.PayloadStart + int(ref.Offset)
-		src = h.f.Blob[at : at+int(ref.Length)]
+		src = h.f.Blob.Bytes()[at : at+int(ref.Length)]
 	} else {
 		if cap(w.buf) < h.dec {
 			w.buf = make([]byte, h.dec)
@@ -551,7 +543,7 @@ func (r *request) process(w *worker, layer, i int) {
 			}
 		}
 		rg := chunk.Range{LayerLo: layer, LayerHi: layer + 1, HeadLo: c.headLo, HeadHi: c.headHi}
-		if err := chunk.DecodeRange(src, h.f.Blob, &h.hd, rg, w.scratch); err != nil {
+		if err := chunk.DecodeRange(src, h.f.Blob.Bytes(), &h.hd, rg, w.scratch); err != nil {
 			h.fail(fmt.Errorf("%w: layer %d: %w", errVerify, layer, err))
 			r.s.log.Warn("inject: entry failed to decode; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
 			return

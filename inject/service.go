@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // Match is how a stored entry fits a wanted chunk.
@@ -40,12 +41,14 @@ func (m Match) String() string {
 
 // Fetched is a Fetcher's answer for one chunk.
 type Fetched struct {
-	// Blob is the encoded entry (chunk.Encode's format). The Service only
-	// reads it, until it calls Release.
-	Blob []byte
-	// Release, if not nil, is called exactly once when the Service is done
-	// with Blob (a kvtier Handle's Release, a pooled buffer's return).
-	Release func()
+	// Blob is the encoded entry (chunk.Encode's format), lent to the
+	// Service: it only reads it and releases it exactly once when done (a
+	// local tier's pin, a pooled buffer's return; pinned.Owned for bytes
+	// nobody else holds).
+	Blob pinned.Bytes
+	// Local is true when Blob came from this node's own store (else from
+	// a peer).
+	Local bool
 	// Match is Exact when Blob's context is the wanted one, Approximate
 	// for another encoding of the content, Miss when nothing was found
 	// (Blob empty). The Service re-derives it from Blob's header, which is

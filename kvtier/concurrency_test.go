@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // TestConcurrentHits races the read-locked hit path (Get, Release,
@@ -51,7 +52,7 @@ func TestConcurrentHits(t *testing.T) {
 				go func(g int) {
 					defer wg.Done()
 					rng := rand.New(rand.NewPCG(uint64(g), 5))
-					var held []*Handle
+					var held []pinned.Bytes
 					for op := 0; op < ops; op++ {
 						b := bs[rng.IntN(4)] // a hot set the writer keeps disturbing
 						k := keyOf(t, b)

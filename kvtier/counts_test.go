@@ -97,9 +97,9 @@ func TestCountsAfterMixedMoves(t *testing.T) {
 	}
 	// A read of a disk entry promotes it (and demotes a DRAM victim).
 	d := find(TierDisk)
-	h, err := s.Get(ctx, keys[d])
-	if err != nil || h.Tier() != TierDisk {
-		t.Fatalf("get of a disk entry: %v, tier %v", err, h.Tier())
+	h, tier, err := s.get(ctx, keys[d])
+	if err != nil || tier != TierDisk {
+		t.Fatalf("get of a disk entry: %v, tier %v", err, tier)
 	}
 	h.Release()
 	check("promote from disk", keys[d], TierDRAM)
@@ -119,9 +119,9 @@ func TestCountsAfterMixedMoves(t *testing.T) {
 	}
 	check("demoted from the device", keys[onDev[0]], TierDRAM)
 	// A host read of a device entry copies it and leaves it there.
-	h, err = s.Get(ctx, keys[9])
-	if err != nil || h.Tier() != TierGPU {
-		t.Fatalf("host read of a device entry: %v, tier %v", err, h.Tier())
+	h, tier, err = s.get(ctx, keys[9])
+	if err != nil || tier != TierGPU {
+		t.Fatalf("host read of a device entry: %v, tier %v", err, tier)
 	}
 	h.Release()
 	check("host read of a device entry", keys[9], TierGPU)

@@ -59,9 +59,10 @@
 // package supports it and it shrinks them; promotion restores the exact
 // bytes that were put.
 //
-// Handles. Get returns a Handle whose Bytes stay valid, and whose entry
-// stays put, until Release; a disk hit that cannot be promoted, and a GPU
-// hit, return a private copy instead. Delete of a pinned entry hides it at
+// Pins. Get lends the entry as a pinned.Bytes: a DRAM hit is a view of the
+// arena whose pages stay valid, and whose entry stays put, until Release;
+// a disk hit that cannot be promoted, and a GPU hit, are a private copy
+// (pinned.Owned) instead. Delete of a pinned entry hides it at
 // once and frees its pages at the last Release.
 //
 // Locking. One RWMutex guards the index, the policies and the budgets.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // DeviceHandle is a pinned entry in device memory: the GPU tier keeps it
@@ -84,7 +85,7 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 			continue
 		}
 		// Pin a host copy (promoting from disk to DRAM on the way).
-		h, err := s.getLocked(ctx, e)
+		b, err := s.getLocked(ctx, e)
 		if errors.Is(err, errMoved) {
 			continue
 		}
@@ -95,28 +96,28 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 			// getLocked released the lock (a disk read), and another
 			// goroutine started moving e, deleted it or put it on the GPU
 			// meanwhile: look again rather than move it twice.
-			s.unlocked(h.Release)
+			s.unlocked(b.Release)
 			continue
 		}
-		dh, err := s.promoteGPU(ctx, e, h.b)
-		s.unlocked(h.Release)
+		dh, err := s.promoteGPU(ctx, e, b.Bytes())
+		s.unlocked(b.Release)
 		return dh, err
 	}
 }
 
 // getLocked is Get for an entry already looked up.
-func (s *Store) getLocked(ctx context.Context, e *entry) (*Handle, error) {
+func (s *Store) getLocked(ctx context.Context, e *entry) (pinned.Bytes, error) {
 	switch e.tier() {
 	case TierGPU:
 		b := make([]byte, e.size)
 		if err := s.cfg.GPU.Read(e.dev.ptr, 0, b); err != nil {
-			return nil, err
+			return pinned.Bytes{}, err
 		}
-		return &Handle{s: s, b: b, tier: TierGPU}, nil
+		return pinned.Owned(b), nil
 	case TierDRAM:
 		s.countMisses(TierDRAM)
 		s.tiers[TierDRAM].hits.Add(1)
-		return s.pinDRAM(e, TierDRAM), nil
+		return s.pinDRAM(e), nil
 	}
 	s.countMisses(TierDisk)
 	s.tiers[TierDisk].hits.Add(1)

@@ -96,8 +96,8 @@ func testGPUTier(t *testing.T, dev testDevice) {
 	}
 	// A host read of a GPU entry is a copy; a second GetDevice is a hit.
 	last := bs[len(bs)-1]
-	if h := mustGet(t, s, last); h.Tier() != TierGPU {
-		t.Fatalf("tier %v", h.Tier())
+	if got, tier, err := s.get(ctx, keyOf(t, last)); err != nil || tier != TierGPU || !bytes.Equal(got.Bytes(), last) {
+		t.Fatalf("host read: tier %v, %v", tier, err)
 	}
 	h, err := s.GetDevice(ctx, keyOf(t, last))
 	if err != nil {
@@ -117,7 +117,8 @@ func testGPUTier(t *testing.T, dev testDevice) {
 	h.Release()
 	// Every entry still reads back exactly, wherever it went.
 	for _, b := range bs {
-		mustGet(t, s, b).Release()
+		h := mustGet(t, s, b)
+		h.Release()
 	}
 	h0, err := s.GetDevice(ctx, keyOf(t, bs[0]))
 	if err != nil {

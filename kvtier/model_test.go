@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // variant returns blob with the same key and other KV bytes.
@@ -270,7 +271,7 @@ func testConcurrentBudgets(t *testing.T, dev testDevice) {
 		go func(g int) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(g), 99))
-			var held []*Handle
+			var held []pinned.Bytes
 			for op := 0; op < 250; op++ {
 				b := bs[rng.IntN(len(bs))]
 				k := keyOf(t, b)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // Errors callers branch on.
@@ -166,8 +167,8 @@ func (e *entry) tier() Tier {
 	return TierDisk
 }
 
-// dramCopy is an entry's pages in the arena. pins are Handles; io counts
-// the Store's own unlocked reads and writes of the view. The pages go back
+// dramCopy is an entry's pages in the arena. pins counts the Gets whose
+// Bytes are not yet released; io counts the Store's own unlocked reads and writes of the view. The pages go back
 // to the arena once the copy is detached from its entry and both are zero.
 // pins is atomic because Get and Release change it under the read lock;
 // everything that decides on it (eviction, freeing) holds the write lock,
@@ -339,7 +340,7 @@ func (s *Store) recoverDisk() error {
 }
 
 // Close stops the store and releases its DRAM arena and device memory.
-// Handles must be released first: with pins outstanding, Close stops the
+// Bytes lent by Get must be released first: with pins outstanding, Close stops the
 // store but keeps the memory (so their bytes stay valid) and returns an
 // error; call it again once they are released.
 func (s *Store) Close() error {
@@ -882,35 +883,21 @@ func (s *Store) writeDisk(ctx context.Context, e *entry, blob []byte) (string, i
 	return rel, size, nil
 }
 
-// Handle is a pinned read of an entry. Bytes stays valid, and the entry
-// stays in its tier, until Release.
-type Handle struct {
+// dramPin is the pin a DRAM read holds on an entry's pages: Release of
+// the Bytes that Get lends drops it. A pin is released at most once even
+// if a holder releases copies of the Bytes.
+type dramPin struct {
 	s    *Store
-	c    *dramCopy // nil for a heap copy
-	b    []byte
-	tier Tier
+	c    *dramCopy
 	done atomic.Bool
 }
 
-// Bytes is the encoded entry: for DRAM hits a view of the arena (do not
-// write to it), otherwise a private copy.
-func (h *Handle) Bytes() []byte { return h.b }
-
-// Tier is where the entry was found.
-func (h *Handle) Tier() Tier { return h.tier }
-
-// Release unpins the entry. Bytes must not be used after; calling Release
-// again does nothing.
-func (h *Handle) Release() {
-	if h.c == nil {
-		h.b = nil
+// Release unpins the pages.
+func (p *dramPin) Release() {
+	if !p.done.CompareAndSwap(false, true) {
 		return
 	}
-	if !h.done.CompareAndSwap(false, true) {
-		return
-	}
-	h.b = nil
-	s, c := h.s, h.c
+	s, c := p.s, p.c
 	// The read lock orders this against the writers that detach c and
 	// decide on its pins: whichever comes second frees the pages.
 	s.mu.RLock()
@@ -930,12 +917,12 @@ func (h *Handle) Release() {
 }
 
 // pinDRAM pins e's pages. mu held, shared or exclusive.
-func (s *Store) pinDRAM(e *entry, t Tier) *Handle {
+func (s *Store) pinDRAM(e *entry) pinned.Bytes {
 	c := e.dram
 	if c.pins.Add(1) == 1 {
 		s.pinnedBytes[TierDRAM].Add(int64(e.size))
 	}
-	return &Handle{s: s, c: c, b: c.span.view, tier: t}
+	return pinned.New(c.span.view, &dramPin{s: s, c: c})
 }
 
 func (s *Store) countMisses(upTo Tier) {
@@ -951,50 +938,58 @@ func (s *Store) countMisses(upTo Tier) {
 // miss) with a policy that records hits without the write lock. ok is
 // false when the slow path must decide (another tier, an expired entry,
 // a closed store).
-func (s *Store) getShared(key chunk.Key) (h *Handle, ok bool) {
+func (s *Store) getShared(key chunk.Key) (b pinned.Bytes, found, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return nil, false
+		return b, false, false
 	}
 	e := s.index[key]
 	if e == nil {
 		s.countMisses(numTiers)
-		return nil, true
+		return b, false, true
 	}
 	if e.loading || e.dram == nil || e.dev != nil || (e.expires != 0 && e.expires <= s.now()) {
-		return nil, false
+		return b, false, false
 	}
 	s.countMisses(TierDRAM)
 	s.tiers[TierDRAM].hits.Add(1)
 	if e.pol != nil {
 		e.pol.touchShared(&e.pn)
 	}
-	return s.pinDRAM(e, TierDRAM), true
+	return s.pinDRAM(e), true, true
 }
 
-// Get returns a pinned read of the entry under key. A hit on disk promotes
-// the entry to DRAM when DRAM can make room (else it is read into a private
-// buffer); a hit on the GPU tier is copied out of device memory.
-func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
+// Get lends the encoded entry under key; the holder must Release it. A
+// DRAM hit is a view of the arena, pinned (the pages stay, and the entry
+// stays in DRAM) until Release. A hit on disk promotes the entry to DRAM
+// when DRAM can make room (else it is read into a private, Owned buffer);
+// a hit on the GPU tier is copied out of device memory (Owned).
+func (s *Store) Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
+	b, _, err := s.get(ctx, key)
+	return b, err
+}
+
+// get is Get that also tells the tier the entry was found in.
+func (s *Store) get(ctx context.Context, key chunk.Key) (pinned.Bytes, Tier, error) {
 	if s.sharedHits {
-		if h, ok := s.getShared(key); ok {
-			if h == nil {
-				return nil, ErrNotFound
+		if b, found, ok := s.getShared(key); ok {
+			if !found {
+				return b, 0, ErrNotFound
 			}
-			return h, nil
+			return b, TierDRAM, nil
 		}
 	}
 	s.mu.Lock()
 	defer s.unlock()
 	for {
 		if s.closed {
-			return nil, ErrClosed
+			return pinned.Bytes{}, 0, ErrClosed
 		}
 		e := s.lookup(key)
 		if e == nil {
 			s.countMisses(numTiers)
-			return nil, ErrNotFound
+			return pinned.Bytes{}, 0, ErrNotFound
 		}
 		t := e.tier()
 		switch t {
@@ -1013,22 +1008,22 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 			s.unlocked(func() { err = s.cfg.GPU.Read(c.ptr, 0, b) })
 			s.unpinDev(c)
 			if err != nil {
-				return nil, fmt.Errorf("kvtier: reading device copy: %w", err)
+				return pinned.Bytes{}, 0, fmt.Errorf("kvtier: reading device copy: %w", err)
 			}
-			return &Handle{s: s, b: b, tier: TierGPU}, nil
+			return pinned.Owned(b), TierGPU, nil
 		case TierDRAM:
 			s.countMisses(TierDRAM)
 			s.tiers[TierDRAM].hits.Add(1)
 			if e.pol != nil {
 				e.pol.touch(&e.pn)
 			}
-			return s.pinDRAM(e, TierDRAM), nil
+			return s.pinDRAM(e), TierDRAM, nil
 		}
 		s.countMisses(TierDisk)
 		s.tiers[TierDisk].hits.Add(1)
-		h, err := s.promote(ctx, e)
+		b, err := s.promote(ctx, e)
 		if !errors.Is(err, errMoved) {
-			return h, err
+			return b, TierDisk, err
 		}
 		// The file went away under a concurrent move: look again.
 	}
@@ -1037,7 +1032,7 @@ func (s *Store) Get(ctx context.Context, key chunk.Key) (*Handle, error) {
 // promote reads a disk entry into DRAM (or a private buffer when DRAM has
 // no room or another goroutine is already promoting it). mu held; released
 // around I/O.
-func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
+func (s *Store) promote(ctx context.Context, e *entry) (pinned.Bytes, error) {
 	if e.busy {
 		return s.readDiskHeap(e)
 	}
@@ -1047,10 +1042,10 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 		s.idle(e)
 		if e.dead {
 			s.dropDisk(e)
-			return nil, ErrNotFound
+			return pinned.Bytes{}, ErrNotFound
 		}
 		if ctx.Err() != nil {
-			return nil, ctx.Err()
+			return pinned.Bytes{}, ctx.Err()
 		}
 		return s.readDiskHeap(e)
 	}
@@ -1068,11 +1063,11 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 		s.maybeFreeDRAM(c)
 		if e.dead {
 			s.dropDisk(e)
-			return nil, ErrNotFound
+			return pinned.Bytes{}, ErrNotFound
 		}
 		s.log.Warn("kvtier: dropping unreadable disk entry", "key", e.key, "err", rerr)
 		s.remove(e)
-		return nil, fmt.Errorf("kvtier: get %v: %w", e.key, rerr)
+		return pinned.Bytes{}, fmt.Errorf("kvtier: get %v: %w", e.key, rerr)
 	}
 	s.leavePolicy(e, false)
 	s.dropDisk(e)
@@ -1083,21 +1078,21 @@ func (s *Store) promote(ctx context.Context, e *entry) (*Handle, error) {
 	}
 	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	s.tiers[TierDRAM].stats.Promotions++
-	return s.pinDRAM(e, TierDisk), nil
+	return s.pinDRAM(e), nil
 }
 
-func (s *Store) readDiskHeap(e *entry) (*Handle, error) {
+func (s *Store) readDiskHeap(e *entry) (pinned.Bytes, error) {
 	rel, sum, size := e.diskRel, e.checksum, e.size
 	var b []byte
 	var err error
 	s.unlocked(func() { b, err = s.disk.read(rel, sum, size, nil) })
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, errMoved
+		return pinned.Bytes{}, errMoved
 	}
 	if err != nil {
-		return nil, err
+		return pinned.Bytes{}, err
 	}
-	return &Handle{s: s, b: b, tier: TierDisk}, nil
+	return pinned.Owned(b), nil
 }
 
 // Best returns the best stored encoding of content for a chunk wanted in
@@ -1176,7 +1171,7 @@ func (s *Store) Contains(key chunk.Key) bool {
 }
 
 // Delete removes key from every tier. Pinned bytes stay readable through
-// their Handles and are freed at the last Release.
+// the Bytes Get lent and are freed at the last Release.
 func (s *Store) Delete(key chunk.Key) error { return s.delete(key, 0, false) }
 
 // DeleteIf removes key from every tier only while the checksum of its

@@ -28,11 +28,11 @@ func TestPutGetDeleteDRAM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := s.Get(ctx, hd.Key)
+	h, tier, err := s.get(ctx, hd.Key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(h.Bytes(), blob) || h.Tier() != TierDRAM {
+	if !bytes.Equal(h.Bytes(), blob) || tier != TierDRAM || !h.Held() {
 		t.Fatal("get returned other bytes")
 	}
 	h.Release()

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // blobs makes n distinct standalone entries of the given token count.
@@ -22,7 +23,7 @@ func blobs(t testing.TB, n, tokens int) [][]byte {
 	return out
 }
 
-func mustGet(t *testing.T, s *Store, blob []byte) *Handle {
+func mustGet(t *testing.T, s *Store, blob []byte) pinned.Bytes {
 	t.Helper()
 	h, err := s.Get(context.Background(), keyOf(t, blob))
 	if err != nil {
@@ -68,7 +69,8 @@ func TestScatteredPagesGetOneView(t *testing.T) {
 	}
 	h.Release()
 	for i := 1; i < len(small); i += 2 {
-		mustGet(t, s, small[i]).Release()
+		h := mustGet(t, s, small[i])
+		h.Release()
 	}
 	if err := s.Delete(keyOf(t, big)); err != nil {
 		t.Fatal(err)
@@ -113,13 +115,13 @@ func TestPinnedSurvivesPressure(t *testing.T) {
 	if _, err := s.Put(ctx, bs[0], PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	pinned := mustGet(t, s, bs[0])
+	held := mustGet(t, s, bs[0])
 	for _, b := range bs[1:] {
 		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if !s.Contains(keyOf(t, bs[0])) || !bytes.Equal(pinned.Bytes(), bs[0]) {
+	if !s.Contains(keyOf(t, bs[0])) || !bytes.Equal(held.Bytes(), bs[0]) {
 		t.Fatal("pinned entry evicted")
 	}
 	st := checkBudgets(t, s)
@@ -127,7 +129,7 @@ func TestPinnedSurvivesPressure(t *testing.T) {
 		t.Fatalf("stats: %+v", st.Tiers[TierDRAM])
 	}
 	// With every page pinned, a put has nowhere to go.
-	var hs []*Handle
+	var hs []pinned.Bytes
 	for _, b := range bs {
 		if h, err := s.Get(ctx, keyOf(t, b)); err == nil {
 			hs = append(hs, h)
@@ -141,10 +143,10 @@ func TestPinnedSurvivesPressure(t *testing.T) {
 	if err := s.Delete(keyOf(t, bs[0])); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(pinned.Bytes(), bs[0]) {
+	if !bytes.Equal(held.Bytes(), bs[0]) {
 		t.Fatal("deleted pinned bytes changed")
 	}
-	pinned.Release()
+	held.Release()
 	for _, h := range hs {
 		h.Release()
 	}
@@ -168,9 +170,9 @@ func TestOversizedGoesToDisk(t *testing.T) {
 	if _, err := s.Put(ctx, big, PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	h := mustGet(t, s, big) // cannot be promoted: a private copy
-	if h.Tier() != TierDisk {
-		t.Fatalf("tier %v", h.Tier())
+	h, tier, err := s.get(ctx, keyOf(t, big)) // cannot be promoted: a private copy
+	if err != nil || tier != TierDisk || h.Held() {
+		t.Fatalf("get: tier %v, pinned %v, %v", tier, h.Held(), err)
 	}
 	h.Release()
 	s2 := openTest(t, Config{DRAMBytes: 2 * 4096})

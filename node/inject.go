@@ -87,8 +87,7 @@ func (m nodeModels) Model(ctx context.Context, fp chunk.Fingerprint) (chunk.Mode
 }
 
 // countingFetcher counts the bytes a Fetcher returns by where they came
-// from: a blob with a Release is pinned in the local tier, one without came
-// from a peer.
+// from: the local tier or a peer.
 type countingFetcher struct {
 	f inject.Fetcher
 	c *prometheus.CounterVec
@@ -118,12 +117,12 @@ func (f countingFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found
 }
 
 func (f countingFetcher) count(got inject.Fetched, err error) {
-	if err == nil && len(got.Blob) > 0 {
+	if err == nil && got.Blob.Len() > 0 {
 		src := "peer"
-		if got.Release != nil {
+		if got.Local {
 			src = "local"
 		}
-		f.c.WithLabelValues(src).Add(float64(len(got.Blob)))
+		f.c.WithLabelValues(src).Add(float64(got.Blob.Len()))
 	}
 }
 

@@ -141,8 +141,8 @@ func checkReadable(t *testing.T, ctx context.Context, nd *Node, chunks []testChu
 		if err != nil {
 			t.Fatalf("chunk %d (%v) lost: %v", i, c.key, err)
 		}
-		same := bytes.Equal(rr.Blob, c.blob)
-		rr.Release()
+		same := bytes.Equal(rr.Blob.Bytes(), c.blob)
+		rr.Blob.Release()
 		if !same {
 			t.Fatalf("chunk %d (%v): bytes differ", i, c.key)
 		}
@@ -266,12 +266,12 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 		t.Fatalf("%d hints delivered, want at least %d", delivered, len(chunks))
 	}
 	for _, ch := range chunks {
-		got, release, err := back.repl.ServeFetch(ctx, ch.key)
+		got, err := back.repl.ServeFetch(ctx, ch.key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		same := bytes.Equal(got, ch.blob)
-		release()
+		same := bytes.Equal(got.Bytes(), ch.blob)
+		got.Release()
 		if !same {
 			t.Fatalf("%v: hinted bytes differ", ch.key)
 		}

@@ -20,6 +20,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -199,10 +200,9 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	}
 	// Here first (a pinned zero-copy view), then the replicas in ring
 	// order, repairing those found lacking (replication.Read).
-	var data []byte
-	var release func()
+	var blob pinned.Bytes
 	if direct {
-		if data, release, err = n.repl.ServeFetch(ctx, key); err != nil {
+		if blob, err = n.repl.ServeFetch(ctx, key); err != nil {
 			return replication.ToStatus(err)
 		}
 	} else {
@@ -210,14 +210,15 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 		if err != nil {
 			return err
 		}
-		data, release = rr.Blob, rr.Release
+		blob = rr.Blob
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			release()
+			blob.Release()
 		}
 	}()
+	data := blob.Bytes()
 	hd, err := chunk.ParseHeader(data, n.cfg.Limits)
 	if err != nil {
 		return status.Errorf(codes.DataLoss, "stored entry %v: %v", key, err)
@@ -227,8 +228,8 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	var body mem.Buffer
 	if req.Format == api.Format_FORMAT_ENTRY {
 		gh.TotalBytes = uint64(len(data))
-		ok = true // the buffer owns release now
-		body = api.PinnedBuffer(data, release)
+		ok = true // the buffer releases blob now
+		body = api.PinnedBuffer(blob)
 	} else {
 		r, err := chunk.Range{LayerLo: int(req.LayerLo), LayerHi: int(req.LayerHi), HeadLo: int(req.HeadLo), HeadHi: int(req.HeadHi)}.Resolve(hd.Shape)
 		if err != nil {

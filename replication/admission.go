@@ -147,6 +147,14 @@ func newServingGate() *servingGate { return &servingGate{} }
 // begin counts a serving call; end must be called once for it.
 func (g *servingGate) begin() { g.n.Add(1) }
 
+// endServing is a servingGate as the pinned.Releaser that ends one
+// serving call: a lent blob ends its read's call when released (a
+// conversion, not a closure: it allocates nothing).
+type endServing servingGate
+
+// Release ends the serving call.
+func (e *endServing) Release() { (*servingGate)(e).end() }
+
 // end ends a serving call counted by begin.
 func (g *servingGate) end() {
 	if g.n.Add(-1) == 0 && g.waiters.Load() > 0 {

@@ -320,12 +320,13 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 			return nil
 		}
 		// They hold a write newer than our delete: take it.
-		blob, _, err := r.fetchFrom(ctx, p, a.Key)
+		got, err := r.fetchFrom(ctx, p, a.Key)
 		if err != nil {
 			return err
 		}
+		defer got.Release()
 		st.Fetched++
-		return r.storeAdmitted(ctx, blob, a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
+		return r.storeAdmitted(ctx, got.Bytes(), a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
 	case b != nil && b.Deleted:
 		if a.At > b.At {
 			return r.pushItem(ctx, p, a, st) // our write is newer than their delete
@@ -350,13 +351,15 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 		st.Deletes++
 		return r.applyDelete(b.Key, b.At)
 	}
-	blob, _, err := r.fetchFrom(ctx, p, b.Key)
+	got, err := r.fetchFrom(ctx, p, b.Key)
 	if errors.Is(err, ErrNotFound) {
 		return nil // evicted or deleted there since it listed it
 	}
 	if err != nil {
 		return err
 	}
+	defer got.Release()
+	blob := got.Bytes()
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}
@@ -392,14 +395,15 @@ func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.K
 }
 
 func (r *Replicator) pushItem(ctx context.Context, p string, a *DigestItem, st *AntiEntropyStats) error {
-	blob, release, err := r.cfg.Store.Get(ctx, a.Key)
+	got, err := r.cfg.Store.Get(ctx, a.Key)
 	if errors.Is(err, ErrNotFound) {
 		return nil // evicted since the scan
 	}
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer got.Release()
+	blob := got.Bytes()
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}

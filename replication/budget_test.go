@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // pinStore is a memStore that counts the pins its Gets hand out (a Get's
@@ -20,27 +21,26 @@ type pinStore struct {
 	gets     map[chunk.Key]int
 }
 
-func (s *pinStore) Get(ctx context.Context, key chunk.Key) ([]byte, func(), error) {
+func (s *pinStore) Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
 	s.mu.Lock()
 	s.maxAtGet = max(s.maxAtGet, s.held)
 	s.gets[key]++
 	s.mu.Unlock()
-	b, free, err := s.memStore.Get(ctx, key)
+	b, err := s.memStore.Get(ctx, key)
 	if err != nil {
-		return nil, nil, err
+		return pinned.Bytes{}, err
 	}
 	s.mu.Lock()
 	s.held++
 	s.mu.Unlock()
 	var once sync.Once
-	return b, func() {
+	return b.Then(pinned.ReleaseFunc(func() {
 		once.Do(func() {
-			free()
 			s.mu.Lock()
 			s.held--
 			s.mu.Unlock()
 		})
-	}, nil
+	})), nil
 }
 
 func (s *pinStore) stats(key chunk.Key) (gets, held, maxAtGet int) {

@@ -34,7 +34,7 @@ func BenchmarkReadLocal(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		rr.Release()
+		rr.Blob.Release()
 	}
 }
 
@@ -44,11 +44,11 @@ func BenchmarkServeFetch(b *testing.B) {
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {
-		_, release, err := r.ServeFetch(ctx, key)
+		got, err := r.ServeFetch(ctx, key)
 		if err != nil {
 			b.Fatal(err)
 		}
-		release()
+		got.Release()
 	}
 }
 
@@ -145,9 +145,9 @@ func TestReadReleaseTwice(t *testing.T) {
 	if n := r.serving.inFlight(); n != 1 {
 		t.Fatalf("%d serving calls in flight during the read, want 1", n)
 	}
-	rr.Release()
-	rr.Release()
-	if n := r.serving.inFlight(); n != 0 || rr.Blob != nil {
-		t.Fatalf("%d serving calls in flight after two releases (blob kept: %v), want 0", n, rr.Blob != nil)
+	rr.Blob.Release()
+	rr.Blob.Release()
+	if n := r.serving.inFlight(); n != 0 || rr.Blob.Bytes() != nil {
+		t.Fatalf("%d serving calls in flight after two releases (blob kept: %v), want 0", n, rr.Blob.Bytes() != nil)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -52,14 +53,14 @@ func (s *memStore) Put(_ context.Context, blob []byte) (chunk.Header, error) {
 	return hd, nil
 }
 
-func (s *memStore) Get(_ context.Context, key chunk.Key) ([]byte, func(), error) {
+func (s *memStore) Get(_ context.Context, key chunk.Key) (pinned.Bytes, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e, ok := s.m[key]
 	if !ok {
-		return nil, nil, fmt.Errorf("%w: %v", ErrNotFound, key)
+		return pinned.Bytes{}, fmt.Errorf("%w: %v", ErrNotFound, key)
 	}
-	return e.blob, func() {}, nil
+	return pinned.Owned(e.blob), nil
 }
 
 func (s *memStore) Delete(key chunk.Key) error {
@@ -254,13 +255,13 @@ func (t *transport) Fetch(ctx context.Context, node string, key chunk.Key) ([]by
 	if err != nil {
 		return nil, err
 	}
-	b, release, err := r.ServeFetch(ctx, key)
+	b, err := r.ServeFetch(ctx, key)
 	if err != nil {
 		return nil, err
 	}
-	defer release()
-	t.n.bytes.Add(int64(len(b)))
-	return slices.Clone(b), nil
+	defer b.Release()
+	t.n.bytes.Add(int64(b.Len()))
+	return slices.Clone(b.Bytes()), nil
 }
 
 func (t *transport) Digest(ctx context.Context, node string, req DigestRequest) (DigestResponse, error) {

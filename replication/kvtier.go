@@ -7,6 +7,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // KVTierStore adapts a *kvtier.Store to Store, RoomChecker and Container: it maps
@@ -39,13 +40,10 @@ func (k *KVTierStore) Put(ctx context.Context, blob []byte) (chunk.Header, error
 	return hd, mapKVTierErr(err)
 }
 
-// Get implements Store; the blob is a pinned view until release.
-func (k *KVTierStore) Get(ctx context.Context, key chunk.Key) ([]byte, func(), error) {
-	h, err := k.S.Get(ctx, key)
-	if err != nil {
-		return nil, nil, mapKVTierErr(err)
-	}
-	return h.Bytes(), h.Release, nil
+// Get implements Store; the blob is kvtier's pinned view.
+func (k *KVTierStore) Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
+	b, err := k.S.Get(ctx, key)
+	return b, mapKVTierErr(err)
 }
 
 // Delete implements Store.

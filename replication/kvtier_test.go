@@ -69,10 +69,10 @@ func TestOverKVTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	rr, err := reps["b"].Read(ctx, key)
-	if err != nil || !bytes.Equal(rr.Blob, blob) {
+	if err != nil || !bytes.Equal(rr.Blob.Bytes(), blob) {
 		t.Fatalf("read after eviction: %v", err)
 	}
-	rr.Release()
+	rr.Blob.Release()
 	waitFor(t, func() bool { return stores["b"].Contains(key) })
 
 	other, _ := makeSizedBlob(t, 1, 1, 64, 4)

@@ -8,34 +8,18 @@ import (
 	"slices"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
 // ReadResult is a chunk as Read found it.
 type ReadResult struct {
-	// Blob is the encoded entry, verified; valid until Release.
-	Blob []byte
+	// Blob is the encoded entry, verified, lent to the caller: release it
+	// exactly once (it holds a local store's pin and the read's serving
+	// call).
+	Blob pinned.Bytes
 	// From is the node it came from (this node's ID for a local hit).
-	From    string
-	release func()
-	// gate, when set, is the serving gate Release ends the read's call on
-	// (a field, not a closure: a read allocates nothing for it).
-	gate *servingGate
-}
-
-// Release frees Blob (a local store's pin). Calling it again on the same
-// ReadResult does nothing (it clears what it released); copies of a
-// ReadResult share the pin, so release through one of them only.
-func (rr *ReadResult) Release() {
-	if rr.release != nil {
-		rr.release()
-		rr.release = nil
-	}
-	if rr.gate != nil {
-		rr.gate.end()
-		rr.gate = nil
-	}
-	rr.Blob = nil
+	From string
 }
 
 // Read returns the chunk under key: from this node's store when it holds
@@ -49,7 +33,7 @@ func (rr *ReadResult) Release() {
 // when it is a replica) or serves a corrupt copy is repaired in the
 // background. The error wraps ErrNotFound when no node has it. A read
 // counts as serving (incoming rebalance work yields to it) until its
-// result is released.
+// Blob is released.
 func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error) {
 	r.serving.begin()
 	rr, err := r.read(ctx, key)
@@ -57,7 +41,7 @@ func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error
 		r.serving.end()
 		return rr, err
 	}
-	rr.gate = r.serving
+	rr.Blob = rr.Blob.Then((*endServing)(r.serving))
 	return rr, nil
 }
 
@@ -67,13 +51,13 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	r.noteEpoch(rg)
 	reps := rg.Replicas(key.Content, n)
 	self := r.cfg.NodeID
-	blob, release, err := r.cfg.Store.Get(ctx, key)
+	blob, err := r.cfg.Store.Get(ctx, key)
 	if err == nil {
 		r.metrics.readsLocal.Add(1)
 		if isMember(reps, self) && r.chance() {
 			r.enqueue(repairTask{key: key, check: true})
 		}
-		return ReadResult{Blob: blob, From: self, release: release}, nil
+		return ReadResult{Blob: blob, From: self}, nil
 	}
 	if !errors.Is(err, ErrNotFound) {
 		r.log.Warn("local read failed", "key", key, "err", err)
@@ -138,7 +122,7 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 			if r.chance() && i+1 < nReps {
 				r.enqueue(repairTask{key: key, check: true})
 			}
-			return ReadResult{Blob: b, From: node}, nil
+			return ReadResult{Blob: pinned.Owned(b), From: node}, nil
 		}
 		if errors.Is(err, ErrNotFound) {
 			if i < nReps {
@@ -154,9 +138,9 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	if selfLacks && len(order) > 0 {
 		// A rebalance may have handed the key over to this node (and the
 		// old owner dropped it) while the fetches ran.
-		if blob, release, err := r.cfg.Store.Get(ctx, key); err == nil {
+		if blob, err := r.cfg.Store.Get(ctx, key); err == nil {
 			r.metrics.readsLocal.Add(1)
-			return ReadResult{Blob: blob, From: self, release: release}, nil
+			return ReadResult{Blob: blob, From: self}, nil
 		}
 	}
 	r.metrics.readsMissed.Add(1)
@@ -285,12 +269,12 @@ func (r *Replicator) RepairsPending() int { return len(r.repairs) }
 // repair copies key from source to target (either may be this node) with
 // KindRepair: the source's copy replaces other bytes on the target.
 func (r *Replicator) repair(ctx context.Context, key chunk.Key, source, target string) error {
-	blob, release, err := r.fetchFrom(ctx, source, key)
+	blob, err := r.fetchFrom(ctx, source, key)
 	if err != nil {
 		return err
 	}
-	defer release()
-	if err := r.push(ctx, target, key, blob, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}); err != nil {
+	defer blob.Release()
+	if err := r.push(ctx, target, key, blob.Bytes(), ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}); err != nil {
 		return err
 	}
 	r.metrics.repairsDone.Add(1)
@@ -317,18 +301,18 @@ func (r *Replicator) liveAt(key chunk.Key) int64 {
 }
 
 // fetchFrom returns node's copy of key, verified when it is remote.
-func (r *Replicator) fetchFrom(ctx context.Context, node string, key chunk.Key) ([]byte, func(), error) {
+func (r *Replicator) fetchFrom(ctx context.Context, node string, key chunk.Key) (pinned.Bytes, error) {
 	if node == r.cfg.NodeID {
 		return r.cfg.Store.Get(ctx, key)
 	}
 	b, err := r.cfg.Transport.Fetch(ctx, node, key)
 	if err != nil {
-		return nil, nil, err
+		return pinned.Bytes{}, err
 	}
 	if hd, err := chunk.Verify(b, r.cfg.Limits); err != nil || hd.Key != key {
-		return nil, nil, fmt.Errorf("%w: %s served a bad copy of %v: %v", chunk.ErrCorrupt, node, key, err)
+		return pinned.Bytes{}, fmt.Errorf("%w: %s served a bad copy of %v: %v", chunk.ErrCorrupt, node, key, err)
 	}
-	return b, func() {}, nil
+	return pinned.Owned(b), nil
 }
 
 // push stores blob on node (this node included).

@@ -401,7 +401,7 @@ func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (
 	opts := ReplicateOptions{Kind: KindRebalance, At: r.liveAt(lk.key)}
 	sent, gone := 0, false
 	err := r.sendBusy(ctx, func() error {
-		blob, release, err := r.cfg.Store.Get(ctx, lk.key)
+		got, err := r.cfg.Store.Get(ctx, lk.key)
 		if errors.Is(err, ErrNotFound) {
 			gone = true
 			return nil
@@ -409,7 +409,8 @@ func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (
 		if err != nil {
 			return err
 		}
-		defer release()
+		defer got.Release()
+		blob := got.Bytes()
 		hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
 		if err != nil {
 			return fmt.Errorf("local copy of %v: %w", lk.key, err)

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -50,9 +51,9 @@ type Store interface {
 	// no-op; other bytes under a stored key fail with an error wrapping
 	// ErrConflict.
 	Put(ctx context.Context, blob []byte) (chunk.Header, error)
-	// Get returns the stored blob and a func that releases it; errors wrap
-	// ErrNotFound when the key is absent.
-	Get(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error)
+	// Get lends the stored blob (the Replicator releases it exactly
+	// once); errors wrap ErrNotFound when the key is absent.
+	Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error)
 	// Delete removes the key; an absent key wraps ErrNotFound.
 	Delete(key chunk.Key) error
 	// DeleteIf removes the key only while its stored blob's checksum is

@@ -125,10 +125,10 @@ func TestKillReplicaDuringWriteStream(t *testing.T) {
 			if err != nil {
 				t.Fatalf("acknowledged %v lost: %v", a.key, err)
 			}
-			if !bytes.Equal(rr.Blob, a.blob) {
+			if !bytes.Equal(rr.Blob.Bytes(), a.blob) {
 				t.Fatalf("read of %v via %s returned other bytes", a.key, via)
 			}
-			rr.Release()
+			rr.Blob.Release()
 		}
 	}
 	// c returns empty; hints and anti-entropy bring it back to 3 copies.
@@ -428,7 +428,7 @@ func TestEvictionAndDeletes(t *testing.T) {
 		if err != nil || rr.From == "b" {
 			t.Fatalf("read after eviction: from %q, %v", rr.From, err)
 		}
-		rr.Release()
+		rr.Blob.Release()
 		c.waitRepairs()
 		if !c.stores["b"].has(k) {
 			t.Fatal("evicted replica not repaired after a read")
@@ -531,7 +531,7 @@ func TestReadRepairChecksumMismatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr.Release()
+	rr.Blob.Release()
 	c.waitRepairs()
 	want, _ := c.stores[reps[0].ID].checksum(k)
 	for _, id := range []string{"a", "b", "c"} {
@@ -632,10 +632,10 @@ func TestFlakyNetworkNoAckedLoss(t *testing.T) {
 	for k, blob := range acked {
 		for _, id := range c.replicaIDs(k) {
 			rr, err := c.reps[id].Read(context.Background(), k)
-			if err != nil || rr.From != id || !bytes.Equal(rr.Blob, blob) {
+			if err != nil || rr.From != id || !bytes.Equal(rr.Blob.Bytes(), blob) {
 				t.Fatalf("%v on replica %s: from %q, %v", k, id, rr.From, err)
 			}
-			rr.Release()
+			rr.Blob.Release()
 		}
 	}
 	t.Logf("%d of 240 writes acknowledged at 30%% drops", len(acked))
@@ -855,7 +855,7 @@ func TestReadFromPreviousRing(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%v unreadable mid-rebalance: %v", k, err)
 		}
-		rr.Release()
+		rr.Blob.Release()
 	}
 	if found == 0 {
 		t.Fatal("no chunk waiting to move to d; the test proves nothing")
@@ -898,7 +898,7 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		rr.Release()
+		rr.Blob.Release()
 		if got := c.net.fetches.Load() - before; got != wantFetches {
 			t.Fatalf("%d fetches, want %d", got, wantFetches)
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // ServeReplicate handles a blob sent by another node (Peer.Replicate):
@@ -51,20 +52,18 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 	return err
 }
 
-// ServeFetch returns this node's blob for key (Peer.Fetch with direct
-// set); release frees it once sent. Absent keys wrap ErrNotFound.
+// ServeFetch lends this node's blob for key (Peer.Fetch with direct
+// set); the caller releases it once sent. Absent keys wrap ErrNotFound.
 // It counts as serving (incoming rebalance work yields to it) until
-// release. Call release exactly once: a second call would end the serving
-// count twice (making release harmless to repeat costs an allocation per
-// fetch, as it needs state beside the closure).
-func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (blob []byte, release func(), err error) {
+// released.
+func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
 	r.serving.begin()
-	blob, free, err := r.cfg.Store.Get(ctx, key)
+	b, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
 		r.serving.end()
-		return nil, nil, err
+		return pinned.Bytes{}, err
 	}
-	return blob, func() { free(); r.serving.end() }, nil
+	return b.Then((*endServing)(r.serving)), nil
 }
 
 // ServeDelete records a delete of key at time at and removes the local
@@ -158,13 +157,13 @@ func (r *Replicator) keyItems(keys []chunk.Key) []DigestItem {
 				it.Checksum, it.Size = sum, size
 			case len(keys) <= 4:
 				// Few keys (a read-repair check): read the header.
-				b, release, err := r.cfg.Store.Get(context.Background(), k)
+				b, err := r.cfg.Store.Get(context.Background(), k)
 				if err != nil {
 					continue
 				}
-				hd, err := chunk.ParseHeader(b, r.cfg.Limits)
-				it.Checksum, it.Size = hd.Checksum, len(b)
-				release()
+				hd, err := chunk.ParseHeader(b.Bytes(), r.cfg.Limits)
+				it.Checksum, it.Size = hd.Checksum, b.Len()
+				b.Release()
 				if err != nil {
 					continue
 				}

@@ -163,7 +163,7 @@ func TestNewOwnerWithoutEarlierRingReadsPreviousOwners(t *testing.T) {
 					if err != nil {
 						t.Fatalf("%v unreadable on its new owner mid-rebalance: %v", k, err)
 					}
-					rr.Release()
+					rr.Blob.Release()
 				} else if !errors.Is(err, ErrNotFound) {
 					t.Fatalf("%v: got %v, want ErrNotFound without the fall-back", k, err)
 				}
@@ -236,12 +236,12 @@ func TestReadRechecksLocalAfterHandoff(t *testing.T) {
 			}
 			// The old owner's rebalance completes now: d gets the key,
 			// the old owner deletes it.
-			blob, release, err := c.stores[node].Get(context.Background(), key)
+			blob, err := c.stores[node].Get(context.Background(), key)
 			if err != nil {
 				return
 			}
-			_, perr := c.stores["d"].Put(context.Background(), blob)
-			release()
+			_, perr := c.stores["d"].Put(context.Background(), blob.Bytes())
+			blob.Release()
 			if perr == nil {
 				c.stores[node].Delete(key)
 			}
@@ -269,7 +269,7 @@ func TestReadRechecksLocalAfterHandoff(t *testing.T) {
 		if rr.From != "d" {
 			t.Fatalf("%v served by %s, want d's own copy", k, rr.From)
 		}
-		rr.Release()
+		rr.Blob.Release()
 	}
 	if n == 0 {
 		t.Fatal("d owns no key")
@@ -291,7 +291,7 @@ func TestReadRepairHereUsesFetchedBlob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rr.Release()
+	rr.Blob.Release()
 	c.waitRepairs()
 	if !c.stores["b"].has(key) {
 		t.Fatal("b not repaired")
@@ -460,7 +460,7 @@ func TestRebalanceYieldsToServing(t *testing.T) {
 	if st.has(key) {
 		t.Fatal("rebalance store ran while a read was in flight")
 	}
-	rr.Release()
+	rr.Blob.Release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
