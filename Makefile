@@ -18,7 +18,7 @@ NORACE_PKGS = $(shell $(GO) list ./... | grep -E '$(NORACE_RE)')
 FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSafetensors \
 	./meta:FuzzDecodeCommand ./kvtier:FuzzDiskRead ./inject:FuzzDescriptorMemory \
 	./auth:FuzzAuthorizationHeader ./node:FuzzClientService ./node:FuzzPeerService \
-	./node:FuzzInjectorService ./node:FuzzAdminService ./node:FuzzDaemonConfig \
+	./node:FuzzInjectorService ./node:FuzzAdminService ./daemon:FuzzDaemonConfig \
 	./kvtier:FuzzExtentAllocator ./client:FuzzInjectResults
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)

@@ -2,9 +2,6 @@ package node
 
 import (
 	"context"
-	"io"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -95,59 +92,6 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkReadable(t, ctx, rest[0], chunks)
-}
-
-// TestDaemonRefillFlags: -anti-entropy and -startup-pull (or the file's
-// anti_entropy and startup_pull) reach the node configuration.
-func TestDaemonRefillFlags(t *testing.T) {
-	dir := t.TempDir()
-	no, yes := false, true
-	base := FileConfig{ID: "x", DataDir: dir, LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}
-	tests := []struct {
-		name        string
-		ae          string
-		pull        *bool
-		wantAE      time.Duration
-		wantNoPull  bool
-		wantFailure bool
-	}{
-		{"defaults", "", nil, 0, false, false},
-		{"interval", "30s", &yes, 30 * time.Second, false, false},
-		{"off", "off", &no, -1, true, false},
-		{"negative", "-1s", nil, 0, false, true},
-		{"garbage", "soon", nil, 0, false, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			fc := base
-			fc.AntiEntropy, fc.StartupPull = tc.ae, tc.pull
-			cfg, err := fc.Config(io.Discard)
-			if tc.wantFailure {
-				if err == nil {
-					t.Fatal("accepted")
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if cfg.Replication.AntiEntropyInterval != tc.wantAE || cfg.NoStartupPull != tc.wantNoPull {
-				t.Fatalf("anti-entropy %v, no startup pull %v", cfg.Replication.AntiEntropyInterval, cfg.NoStartupPull)
-			}
-		})
-	}
-	path := filepath.Join(dir, "kvmeshd.json")
-	if err := os.WriteFile(path, []byte(`{"anti_entropy": "1m", "startup_pull": false}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	fc := base
-	fc.AntiEntropy, fc.StartupPull = "5m", &yes
-	if err := mergeFile(path, &fc, map[string]bool{"anti-entropy": true}); err != nil {
-		t.Fatal(err)
-	}
-	if fc.AntiEntropy != "5m" || fc.StartupPull == nil || *fc.StartupPull {
-		t.Fatalf("merged anti-entropy %q startup pull %v", fc.AntiEntropy, fc.StartupPull)
-	}
 }
 
 // TestRestartedNodeRefills: a DRAM-only node that restarts comes back

@@ -1,19 +1,12 @@
 package node
 
 import (
-	"bufio"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"log/slog"
-	"os"
-	"strings"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -22,7 +15,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
@@ -266,156 +258,11 @@ func (c *Config) securityDefaults() {
 	}
 }
 
-// SecurityFileConfig is the security part of kvmeshd's configuration (see
-// docs/SECURITY.md).
-type SecurityFileConfig struct {
-	// TLS names the CA, certificate and key files.
-	TLS tlsconf.Config `json:"tls"`
-	// Insecure runs without TLS (plaintext, unauthenticated); the daemon
-	// refuses to start with neither TLS files nor this.
-	Insecure bool `json:"insecure"`
-	// GossipKeyringFile is a gossipkey keyring file (one base64 key a
-	// line, primary first); without it gossip is not encrypted.
-	GossipKeyringFile string `json:"gossip_keyring_file"`
-	// Auth configures API tokens and per-client limits.
-	Auth AuthFileConfig `json:"auth"`
-}
-
-// AuthFileConfig is the "auth" object of kvmeshd's configuration.
-type AuthFileConfig struct {
-	Tokens              bool `json:"tokens"`
-	MaxStreamsPerClient int  `json:"max_streams_per_client"`
-	MaxChunksPerRequest int  `json:"max_chunks_per_request"`
-	// TokensFile holds token records (auth.Record as JSON, one a line, as
-	// `kvmesh token create` appends them) that kvmeshd puts into the
-	// metadata once it serves: the way to bootstrap the first tokens.
-	TokensFile string `json:"tokens_file"`
-}
-
-// securityFlags registers the security flags of kvmeshd.
-func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
-	fs.StringVar(&fc.TLS.CAFile, "tls-ca", "", "cluster CA certificate (PEM)")
-	fs.StringVar(&fc.TLS.CertFile, "tls-cert", "", "this node's certificate (PEM; a node certificate, as kvmesh certs -node makes)")
-	fs.StringVar(&fc.TLS.KeyFile, "tls-key", "", "this node's private key (PEM)")
-	fs.StringVar(&fc.TLS.ServerName, "tls-server-name", "", "name checked in peers' certificates instead of the dialed host")
-	fs.BoolVar(&fc.Insecure, "insecure", false, "run WITHOUT TLS: plaintext and unauthenticated (single machine and tests only)")
-	fs.StringVar(&fc.GossipKeyringFile, "gossip-keyring", "", "gossip keyring file (base64 keys, primary first, mode 0600)")
-	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
-	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", 0, "concurrent streams per client (default 64; negative: no limit)")
-	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", 0, "chunks one Lookup or Inject may name (default 4096)")
-	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines, as kvmesh token create appends)")
-}
-
-// mergeSecurity fills the security fields of fc whose flags were not set
-// from file.
-func (fc *FileConfig) mergeSecurity(file *FileConfig, set map[string]bool) {
-	str := func(name string, dst *string, v string) {
-		if !set[name] && v != "" {
-			*dst = v
-		}
-	}
-	str("tls-ca", &fc.TLS.CAFile, file.TLS.CAFile)
-	str("tls-cert", &fc.TLS.CertFile, file.TLS.CertFile)
-	str("tls-key", &fc.TLS.KeyFile, file.TLS.KeyFile)
-	str("tls-server-name", &fc.TLS.ServerName, file.TLS.ServerName)
-	str("gossip-keyring", &fc.GossipKeyringFile, file.GossipKeyringFile)
-	str("tokens-file", &fc.Auth.TokensFile, file.Auth.TokensFile)
-	if !set["insecure"] && (file.Insecure || file.TLS.Insecure) {
-		fc.Insecure = true
-	}
-	if !set["tokens"] && file.Auth.Tokens {
-		fc.Auth.Tokens = true
-	}
-	if !set["max-streams-per-client"] && file.Auth.MaxStreamsPerClient != 0 {
-		fc.Auth.MaxStreamsPerClient = file.Auth.MaxStreamsPerClient
-	}
-	if !set["max-chunks-per-request"] && file.Auth.MaxChunksPerRequest != 0 {
-		fc.Auth.MaxChunksPerRequest = file.Auth.MaxChunksPerRequest
-	}
-}
-
-// securityConfig copies the security settings into cfg, loading the
-// gossip keyring file.
-func (fc *FileConfig) securityConfig(cfg *Config) error {
-	cfg.TLS = fc.TLS
-	cfg.TLS.Insecure = false
-	cfg.Insecure = fc.Insecure || fc.TLS.Insecure
-	cfg.Tokens = fc.Auth.Tokens
-	cfg.MaxStreamsPerClient = fc.Auth.MaxStreamsPerClient
-	cfg.MaxChunksPerRequest = fc.Auth.MaxChunksPerRequest
-	cfg.GossipKeyringFile = fc.GossipKeyringFile
-	if fc.GossipKeyringFile != "" {
-		kr, err := gossipkey.LoadFile(fc.GossipKeyringFile)
-		if err != nil {
-			return fmt.Errorf("kvmeshd: gossip keyring: %w", err)
-		}
-		cfg.GossipKeyring = kr
-	}
-	return nil
-}
-
-// ReadTokenRecords reads token records, one JSON auth.Record a line
-// (blank lines and lines starting with # skipped), each validated.
-func ReadTokenRecords(r io.Reader) ([]auth.Record, error) {
-	var recs []auth.Record
-	sc := bufio.NewScanner(r)
-	for line := 1; sc.Scan(); line++ {
-		t := strings.TrimSpace(sc.Text())
-		if t == "" || strings.HasPrefix(t, "#") {
-			continue
-		}
-		var rec auth.Record
-		if err := json.Unmarshal([]byte(t), &rec); err != nil {
-			return nil, fmt.Errorf("token record line %d: %w", line, err)
-		}
-		if err := rec.Validate(); err != nil {
-			return nil, fmt.Errorf("token record line %d: %w", line, err)
-		}
-		recs = append(recs, rec)
-	}
-	return recs, sc.Err()
-}
-
-// tokenRecords reads the daemon's tokens file, if any.
-func (fc *FileConfig) tokenRecords() ([]auth.Record, error) {
-	if fc.Auth.TokensFile == "" {
-		return nil, nil
-	}
-	f, err := os.Open(fc.Auth.TokensFile)
-	if err != nil {
-		return nil, fmt.Errorf("kvmeshd: tokens file: %w", err)
-	}
-	defer f.Close()
-	recs, err := ReadTokenRecords(f)
-	if err != nil {
-		return nil, fmt.Errorf("kvmeshd: %s: %w", fc.Auth.TokensFile, err)
-	}
-	return recs, nil
-}
-
-// daemonSecurity is what kvmeshd does once its node serves: reload the
-// certificate on SIGHUP, and store the tokens file's records, retrying
-// until the cluster has a leader or ctx ends (writing a record again is
-// idempotent).
-func (n *Node) daemonSecurity(ctx context.Context, recs []auth.Record) {
-	if !n.sec.tls.Insecure() {
-		n.sec.tls.ReloadOnSignal(ctx)
-	}
-	for _, rec := range recs {
-		for {
-			wctx, cancel := context.WithTimeout(ctx, n.cfg.RPCTimeout)
-			err := n.meta.PutToken(wctx, rec)
-			cancel()
-			if err == nil {
-				n.log.Info("kvmeshd: token record stored", "id", rec.ID, "name", rec.Name, "scopes", rec.Scopes.String())
-				break
-			}
-			n.log.Debug("kvmeshd: storing token record", "id", rec.ID, "err", err)
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-		}
-	}
+// ReloadTLS reads the node's certificate and key files again (what
+// kvmeshd does on SIGHUP). A certificate that fails the node's checks
+// (ErrCertName, ErrCertRole) or another CA's is refused and the old one
+// keeps serving; either way the outcome is logged and counted in
+// kvmesh_tls_reload*_total. Without TLS it does nothing.
+func (n *Node) ReloadTLS() error {
+	return n.sec.tls.Reload()
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/node"
 )
@@ -47,7 +48,7 @@ func TestAdminCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recs, err := node.ReadTokenRecords(f)
+	recs, err := daemon.ReadTokenRecords(f)
 	_ = f.Close()
 	if err != nil || len(recs) != 1 {
 		t.Fatalf("records: %v %v", recs, err)

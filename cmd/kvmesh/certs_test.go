@@ -9,8 +9,8 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
-	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -91,7 +91,7 @@ func TestTokenCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	got, err := node.ReadTokenRecords(f)
+	got, err := daemon.ReadTokenRecords(f)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/daemon"
 )
 
 const usage = `usage: kvmesh [-addr HOST:PORT[,...]] [-timeout D] [-ca F -cert F -key F] [-token T] COMMAND [ARGS]
@@ -105,7 +105,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cmd, rest := fs.Arg(0), fs.Args()[1:]
 	switch cmd {
 	case "kvmeshd": // local-cluster runs itself as the daemon when no kvmeshd binary is at hand
-		return node.RunDaemon(ctx, rest, stdout, stderr)
+		return daemon.Run(ctx, rest, stdout, stderr)
 	case "local-cluster":
 		return localCluster(ctx, rest, stdout, stderr)
 	case "demo":

@@ -15,13 +15,13 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/daemon"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := node.RunDaemon(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	if err := daemon.Run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}

@@ -29,7 +29,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/daemon"
 )
 
 // BenchmarkRebalance10G measures a rebalance: three kvmeshd
@@ -645,14 +645,14 @@ func machine() string {
 	return fmt.Sprintf("%s, %d CPUs, %s RAM, loadavg %s", cpu, runtime.NumCPU(), mem, strings.TrimSpace(string(load)))
 }
 
-// envBytes reads a size like kvmeshd's flags do (node.ParseBytes: "10G",
+// envBytes reads a size like kvmeshd's flags do (daemon.ParseBytes: "10G",
 // "512MiB").
 func envBytes(tb testing.TB, name string, def int64) int64 {
 	s := os.Getenv(name)
 	if s == "" {
 		return def
 	}
-	v, err := node.ParseBytes(s)
+	v, err := daemon.ParseBytes(s)
 	if err != nil || v < 0 {
 		tb.Fatalf("%s=%q: not a size", name, s)
 	}

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
-	"github.com/kvmesh/kvmesh/node"
 )
 
 // TestDaemonConfigFile runs kvmeshd from a JSON config naming TLS files, a
@@ -66,7 +66,7 @@ func TestDaemonConfigFile(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- node.RunDaemon(ctx, []string{"-config", confFile}, pw, io.Discard)
+		done <- daemon.Run(ctx, []string{"-config", confFile}, pw, io.Discard)
 		_ = pw.Close()
 	}()
 	defer func() {

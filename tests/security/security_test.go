@@ -31,6 +31,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
@@ -218,7 +219,7 @@ func TestNoTLSRefused(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	err := node.RunDaemon(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-log-level", "error"}, io.Discard, io.Discard)
+	err := daemon.Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-log-level", "error"}, io.Discard, io.Discard)
 	if !errors.Is(err, node.ErrNoTLS) {
 		t.Fatalf("kvmeshd without TLS: %v, want ErrNoTLS", err)
 	}
@@ -372,7 +373,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 		t.Fatalf("node.New with a client certificate: %v, want ErrCertRole", err)
 	}
 	var out strings.Builder
-	err := node.RunDaemon(context.Background(), []string{"-id", "app", "-data-dir", t.TempDir(), "-http", "off", "-log-level", "error",
+	err := daemon.Run(context.Background(), []string{"-id", "app", "-data-dir", t.TempDir(), "-http", "off", "-log-level", "error",
 		"-tls-ca", app.TLS.CAFile, "-tls-cert", app.TLS.CertFile, "-tls-key", app.TLS.KeyFile}, &out, io.Discard)
 	if !errors.Is(err, node.ErrCertRole) || out.Len() != 0 {
 		t.Fatalf("kvmeshd with a client certificate: %v (printed %q), want ErrCertRole before it listens", err, out.String())

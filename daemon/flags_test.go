@@ -1,4 +1,4 @@
-package node
+package daemon
 
 import (
 	"errors"
@@ -77,7 +77,7 @@ func TestOffFlags(t *testing.T) {
 // "off" and "0" mean.
 func TestOffFlagsHelp(t *testing.T) {
 	var help strings.Builder
-	err := RunDaemon(t.Context(), []string{"-h"}, io.Discard, &help)
+	err := Run(t.Context(), []string{"-h"}, io.Discard, &help)
 	if !errors.Is(err, flag.ErrHelp) {
 		t.Fatalf("-h: %v", err)
 	}

@@ -1,19 +1,19 @@
-package node
+package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
+	"github.com/kvmesh/kvmesh/gossip/gossipkey"
+	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // FileConfig is the JSON configuration file of kvmeshd (-config). Every
@@ -54,111 +54,34 @@ type FileConfig struct {
 	RebalanceRecvRate    string `json:"rebalance_recv_rate"`
 	RebalanceYield       string `json:"rebalance_yield"`
 	// SecurityFileConfig holds tls, insecure, gossip_keyring_file and
-	// auth (security.go).
+	// auth (below).
 	SecurityFileConfig
 }
 
-// ParseBytes parses a byte size: a number with an optional K, M, G or T
-// suffix (powers of 1024; "KiB", "MB" and the like are read the same).
-func ParseBytes(s string) (int64, error) {
-	t := strings.TrimSpace(strings.ToUpper(s))
-	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
-	mult := int64(1)
-	if t != "" {
-		switch t[len(t)-1] {
-		case 'K':
-			mult = 1 << 10
-		case 'M':
-			mult = 1 << 20
-		case 'G':
-			mult = 1 << 30
-		case 'T':
-			mult = 1 << 40
-		}
-		if mult != 1 {
-			t = t[:len(t)-1]
-		}
-	}
-	v, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
-	if err != nil || v < 0 {
-		return 0, fmt.Errorf("bad byte size %q", s)
-	}
-	return v * mult, nil
+// SecurityFileConfig is the security part of kvmeshd's configuration (see
+// docs/SECURITY.md).
+type SecurityFileConfig struct {
+	// TLS names the CA, certificate and key files.
+	TLS tlsconf.Config `json:"tls"`
+	// Insecure runs without TLS (plaintext, unauthenticated); the daemon
+	// refuses to start with neither TLS files nor this.
+	Insecure bool `json:"insecure"`
+	// GossipKeyringFile is a gossipkey keyring file (one base64 key a
+	// line, primary first); without it gossip is not encrypted.
+	GossipKeyringFile string `json:"gossip_keyring_file"`
+	// Auth configures API tokens and per-client limits.
+	Auth AuthFileConfig `json:"auth"`
 }
 
-// RunDaemon is kvmeshd: it parses args (flags and an optional -config
-// file), starts a node, prints one line
-//
-//	kvmeshd ready node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
-//
-// to stdout once everything listens, and serves until ctx ends (the caller
-// cancels it on SIGTERM), then shuts down cleanly. Logs go to stderr.
-func RunDaemon(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kvmeshd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var fc FileConfig
-	configPath := fs.String("config", "", "JSON configuration file (flags override it)")
-	fs.StringVar(&fc.ID, "id", "", "node ID, unique in the cluster and stable across restarts (default: the host name)")
-	fs.StringVar(&fc.DataDir, "data-dir", "", "data directory: raft log, snapshots, disk tier (required)")
-	fs.StringVar(&fc.GRPC, "grpc", DefaultGRPCAddr, "gRPC listen address (port 0: any free port)")
-	fs.StringVar(&fc.HTTP, "http", "", "HTTP listen address for /metrics, /healthz, /readyz, /debug/pprof (default: gRPC host, port 0; \"off\" disables)")
-	fs.StringVar(&fc.Gossip, "gossip", "", "gossip bind address (default: gRPC host, port 0)")
-	fs.StringVar(&fc.Raft, "raft", "", "raft bind address (default: gRPC host, port 0)")
-	join := fs.String("join", "", "comma-separated gossip addresses of existing members")
-	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, "servers that bootstrap a new cluster together (default 1 without -join, else 0)")
-	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget")
-	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
-	fs.StringVar(&fc.Disk, "disk", "0", "disk tier budget under data-dir/tier (0: no disk tier)")
-	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring")
-	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
-	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
-	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")
-	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
-	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
-	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))
-	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
-	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", rebalanceRecvRateFlag().usage("bytes/s of incoming rebalance blobs stored, over all senders"))
-	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
-	fc.securityFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if *join != "" {
-		fc.Join = strings.Split(*join, ",")
-	}
-	fc.StartupPull = startupPull
-	if *configPath != "" {
-		set := make(map[string]bool)
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-		if err := mergeFile(*configPath, &fc, set); err != nil {
-			return err
-		}
-	}
-	cfg, err := fc.Config(stderr)
-	if err != nil {
-		return err
-	}
-	tokens, err := fc.tokenRecords()
-	if err != nil {
-		return err
-	}
-	n, err := New(cfg)
-	if err != nil {
-		return err
-	}
-	sctx, cancel := context.WithTimeout(ctx, time.Minute)
-	err = n.Start(sctx)
-	cancel()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "kvmeshd ready node=%s grpc=%s gossip=%s raft=%s http=%s\n",
-		n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
-	n.daemonSecurity(ctx, tokens)
-	<-ctx.Done()
-	cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
-	return n.Close()
+// AuthFileConfig is the "auth" object of kvmeshd's configuration.
+type AuthFileConfig struct {
+	Tokens              bool `json:"tokens"`
+	MaxStreamsPerClient int  `json:"max_streams_per_client"`
+	MaxChunksPerRequest int  `json:"max_chunks_per_request"`
+	// TokensFile holds token records (auth.Record as JSON, one a line, as
+	// `kvmesh token create` appends them) that kvmeshd puts into the
+	// metadata once it serves: the way to bootstrap the first tokens.
+	TokensFile string `json:"tokens_file"`
 }
 
 // mergeFile fills the fields of fc whose flags were not set from the JSON
@@ -219,8 +142,8 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 
 // Config turns the file/flag configuration into a node Config, logging
 // to logOut.
-func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
-	var cfg Config
+func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
+	var cfg node.Config
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(fc.LogLevel)); err != nil {
 		return cfg, fmt.Errorf("kvmeshd: log level: %w", err)
@@ -270,7 +193,7 @@ func (fc FileConfig) Config(logOut io.Writer) (Config, error) {
 			seeds = append(seeds, s)
 		}
 	}
-	cfg = Config{
+	cfg = node.Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: fc.GRPC, HTTPAddr: fc.HTTP, GossipAddr: fc.Gossip, RaftAddr: fc.Raft,
 		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
 		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
@@ -303,4 +226,52 @@ func (fc FileConfig) rebalanceConfig() (replication.Config, error) {
 		return rc, err
 	}
 	return rc, nil
+}
+
+// mergeSecurity fills the security fields of fc whose flags were not set
+// from file.
+func (fc *FileConfig) mergeSecurity(file *FileConfig, set map[string]bool) {
+	str := func(name string, dst *string, v string) {
+		if !set[name] && v != "" {
+			*dst = v
+		}
+	}
+	str("tls-ca", &fc.TLS.CAFile, file.TLS.CAFile)
+	str("tls-cert", &fc.TLS.CertFile, file.TLS.CertFile)
+	str("tls-key", &fc.TLS.KeyFile, file.TLS.KeyFile)
+	str("tls-server-name", &fc.TLS.ServerName, file.TLS.ServerName)
+	str("gossip-keyring", &fc.GossipKeyringFile, file.GossipKeyringFile)
+	str("tokens-file", &fc.Auth.TokensFile, file.Auth.TokensFile)
+	if !set["insecure"] && (file.Insecure || file.TLS.Insecure) {
+		fc.Insecure = true
+	}
+	if !set["tokens"] && file.Auth.Tokens {
+		fc.Auth.Tokens = true
+	}
+	if !set["max-streams-per-client"] && file.Auth.MaxStreamsPerClient != 0 {
+		fc.Auth.MaxStreamsPerClient = file.Auth.MaxStreamsPerClient
+	}
+	if !set["max-chunks-per-request"] && file.Auth.MaxChunksPerRequest != 0 {
+		fc.Auth.MaxChunksPerRequest = file.Auth.MaxChunksPerRequest
+	}
+}
+
+// securityConfig copies the security settings into cfg, loading the
+// gossip keyring file.
+func (fc *FileConfig) securityConfig(cfg *node.Config) error {
+	cfg.TLS = fc.TLS
+	cfg.TLS.Insecure = false
+	cfg.Insecure = fc.Insecure || fc.TLS.Insecure
+	cfg.Tokens = fc.Auth.Tokens
+	cfg.MaxStreamsPerClient = fc.Auth.MaxStreamsPerClient
+	cfg.MaxChunksPerRequest = fc.Auth.MaxChunksPerRequest
+	cfg.GossipKeyringFile = fc.GossipKeyringFile
+	if fc.GossipKeyringFile != "" {
+		kr, err := gossipkey.LoadFile(fc.GossipKeyringFile)
+		if err != nil {
+			return fmt.Errorf("kvmeshd: gossip keyring: %w", err)
+		}
+		cfg.GossipKeyring = kr
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package node
+package daemon
 
 import (
 	"bufio"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/node"
 )
 
 func TestParseBytes(t *testing.T) {
@@ -35,7 +37,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	fc := FileConfig{ID: "from-flag", GRPC: DefaultGRPCAddr, DRAM: "1G", Disk: "0", DeadGrace: "30s", RPCTimeout: "10s", LogLevel: "info"}
+	fc := FileConfig{ID: "from-flag", GRPC: node.DefaultGRPCAddr, DRAM: "1G", Disk: "0", DeadGrace: "30s", RPCTimeout: "10s", LogLevel: "info"}
 	if err := mergeFile(path, &fc, map[string]bool{"id": true}); err != nil {
 		t.Fatal(err)
 	}
@@ -114,15 +116,68 @@ func TestRebalanceFlags(t *testing.T) {
 	}
 }
 
-// TestRunDaemon starts the daemon as kvmeshd does, reads its ready line and
+// TestDaemonRefillFlags: -anti-entropy and -startup-pull (or the file's
+// anti_entropy and startup_pull) reach the node configuration.
+func TestDaemonRefillFlags(t *testing.T) {
+	dir := t.TempDir()
+	no, yes := false, true
+	base := FileConfig{ID: "x", DataDir: dir, LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}
+	tests := []struct {
+		name        string
+		ae          string
+		pull        *bool
+		wantAE      time.Duration
+		wantNoPull  bool
+		wantFailure bool
+	}{
+		{"defaults", "", nil, 0, false, false},
+		{"interval", "30s", &yes, 30 * time.Second, false, false},
+		{"off", "off", &no, -1, true, false},
+		{"negative", "-1s", nil, 0, false, true},
+		{"garbage", "soon", nil, 0, false, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fc := base
+			fc.AntiEntropy, fc.StartupPull = tc.ae, tc.pull
+			cfg, err := fc.Config(io.Discard)
+			if tc.wantFailure {
+				if err == nil {
+					t.Fatal("accepted")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.Replication.AntiEntropyInterval != tc.wantAE || cfg.NoStartupPull != tc.wantNoPull {
+				t.Fatalf("anti-entropy %v, no startup pull %v", cfg.Replication.AntiEntropyInterval, cfg.NoStartupPull)
+			}
+		})
+	}
+	path := filepath.Join(dir, "kvmeshd.json")
+	if err := os.WriteFile(path, []byte(`{"anti_entropy": "1m", "startup_pull": false}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fc := base
+	fc.AntiEntropy, fc.StartupPull = "5m", &yes
+	if err := mergeFile(path, &fc, map[string]bool{"anti-entropy": true}); err != nil {
+		t.Fatal(err)
+	}
+	if fc.AntiEntropy != "5m" || fc.StartupPull == nil || *fc.StartupPull {
+		t.Fatalf("merged anti-entropy %q startup pull %v", fc.AntiEntropy, fc.StartupPull)
+	}
+}
+
+// TestRun starts the daemon as kvmeshd does, reads its ready line and
 // stops it by cancelling (what SIGTERM does in main).
-func TestRunDaemon(t *testing.T) {
+func TestRun(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- RunDaemon(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-local-timing", "-dram", "16M", "-log-level", "error", "-insecure"}, pw, io.Discard)
+		done <- Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-local-timing", "-dram", "16M", "-log-level", "error", "-insecure"}, pw, io.Discard)
 		pw.Close()
 	}()
 	line, err := bufio.NewReader(pr).ReadString('\n')

@@ -1,0 +1,109 @@
+package daemon
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/node"
+)
+
+// startTimeout bounds Node.Start: binding, opening the store and the
+// metadata, joining gossip.
+const startTimeout = time.Minute
+
+// Run is kvmeshd: it parses args (flags and an optional -config file),
+// starts a node, prints one line
+//
+//	kvmeshd ready node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
+//
+// to stdout once everything listens, and serves until ctx ends (the caller
+// cancels it on SIGTERM), then shuts down cleanly. Logs go to stderr. -h
+// prints the flags to stderr and returns flag.ErrHelp.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fc, err := parseArgs(args, stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := fc.Config(stderr)
+	if err != nil {
+		return err
+	}
+	tokens, err := fc.tokenRecords()
+	if err != nil {
+		return err
+	}
+	n, err := node.New(cfg)
+	if err != nil {
+		return err
+	}
+	sctx, cancel := context.WithTimeout(ctx, startTimeout)
+	err = n.Start(sctx)
+	cancel()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "kvmeshd ready node=%s grpc=%s gossip=%s raft=%s http=%s\n",
+		n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
+	if !cfg.Insecure {
+		// Without TLS there is nothing to reload, and SIGHUP keeps its
+		// default action.
+		reloaded := make(chan struct{})
+		go func() { defer close(reloaded); reloadOnSIGHUP(ctx, n) }()
+		defer func() { <-reloaded }()
+	}
+	rpcTimeout := cfg.RPCTimeout
+	if rpcTimeout <= 0 {
+		rpcTimeout = node.DefaultRPCTimeout
+	}
+	storeTokens(ctx, n, tokens, rpcTimeout, cfg.Logger)
+	<-ctx.Done()
+	cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
+	return n.Close()
+}
+
+// reloadOnSIGHUP reloads the node's certificate on every SIGHUP until
+// ctx ends. A refused reload keeps the old certificate; node logs and
+// counts it.
+func reloadOnSIGHUP(ctx context.Context, n *node.Node) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			_ = n.ReloadTLS()
+		}
+	}
+}
+
+// storeTokens puts the tokens file's records into the cluster metadata
+// once the node serves, retrying each until the cluster has a leader or
+// ctx ends (writing a record again is idempotent).
+func storeTokens(ctx context.Context, n *node.Node, recs []auth.Record, timeout time.Duration, log *slog.Logger) {
+	for _, rec := range recs {
+		for {
+			wctx, cancel := context.WithTimeout(ctx, timeout)
+			err := n.Meta().PutToken(wctx, rec)
+			cancel()
+			if err == nil {
+				log.Info("kvmeshd: token record stored", "node", n.ID(), "id", rec.ID, "name", rec.Name, "scopes", rec.Scopes.String())
+				break
+			}
+			log.Debug("kvmeshd: storing token record", "node", n.ID(), "id", rec.ID, "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}
+}

@@ -1,0 +1,230 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/node"
+)
+
+// parseArgs reads kvmeshd's command line into a FileConfig: the flags,
+// then the -config file for every setting whose flag was not given.
+func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
+	fs := flag.NewFlagSet("kvmeshd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var fc FileConfig
+	configPath := fs.String("config", "", "JSON configuration file (flags override it)")
+	fs.StringVar(&fc.ID, "id", "", "node ID, unique in the cluster and stable across restarts (default: the host name)")
+	fs.StringVar(&fc.DataDir, "data-dir", "", "data directory: raft log, snapshots, disk tier (required)")
+	fs.StringVar(&fc.GRPC, "grpc", node.DefaultGRPCAddr, "gRPC listen address (port 0: any free port)")
+	fs.StringVar(&fc.HTTP, "http", "", "HTTP listen address for /metrics, /healthz, /readyz, /debug/pprof (default: gRPC host, port 0; \"off\" disables)")
+	fs.StringVar(&fc.Gossip, "gossip", "", "gossip bind address (default: gRPC host, port 0)")
+	fs.StringVar(&fc.Raft, "raft", "", "raft bind address (default: gRPC host, port 0)")
+	join := fs.String("join", "", "comma-separated gossip addresses of existing members")
+	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, "servers that bootstrap a new cluster together (default 1 without -join, else 0)")
+	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget")
+	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
+	fs.StringVar(&fc.Disk, "disk", "0", "disk tier budget under data-dir/tier (0: no disk tier)")
+	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring")
+	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
+	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
+	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")
+	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
+	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
+	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))
+	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
+	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", rebalanceRecvRateFlag().usage("bytes/s of incoming rebalance blobs stored, over all senders"))
+	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
+	fc.securityFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return fc, err
+	}
+	if *join != "" {
+		fc.Join = strings.Split(*join, ",")
+	}
+	fc.StartupPull = startupPull
+	if *configPath != "" {
+		set := make(map[string]bool)
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if err := mergeFile(*configPath, &fc, set); err != nil {
+			return fc, err
+		}
+	}
+	return fc, nil
+}
+
+// securityFlags registers the security flags of kvmeshd.
+func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
+	fs.StringVar(&fc.TLS.CAFile, "tls-ca", "", "cluster CA certificate (PEM)")
+	fs.StringVar(&fc.TLS.CertFile, "tls-cert", "", "this node's certificate (PEM; a node certificate, as kvmesh certs -node makes)")
+	fs.StringVar(&fc.TLS.KeyFile, "tls-key", "", "this node's private key (PEM)")
+	fs.StringVar(&fc.TLS.ServerName, "tls-server-name", "", "name checked in peers' certificates instead of the dialed host")
+	fs.BoolVar(&fc.Insecure, "insecure", false, "run WITHOUT TLS: plaintext and unauthenticated (single machine and tests only)")
+	fs.StringVar(&fc.GossipKeyringFile, "gossip-keyring", "", "gossip keyring file (base64 keys, primary first, mode 0600)")
+	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
+	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", 0, "concurrent streams per client (default 64; negative: no limit)")
+	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", 0, "chunks one Lookup or Inject may name (default 4096)")
+	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines, as kvmesh token create appends)")
+}
+
+// ParseBytes parses a byte size: a number with an optional K, M, G or T
+// suffix (powers of 1024; "KiB", "MB" and the like are read the same).
+func ParseBytes(s string) (int64, error) {
+	t := strings.TrimSpace(strings.ToUpper(s))
+	t = strings.TrimSuffix(strings.TrimSuffix(t, "B"), "I")
+	mult := int64(1)
+	if t != "" {
+		switch t[len(t)-1] {
+		case 'K':
+			mult = 1 << 10
+		case 'M':
+			mult = 1 << 20
+		case 'G':
+			mult = 1 << 30
+		case 'T':
+			mult = 1 << 40
+		}
+		if mult != 1 {
+			t = t[:len(t)-1]
+		}
+	}
+	v, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
+	if err != nil || v < 0 {
+		return 0, fmt.Errorf("bad byte size %q", s)
+	}
+	return v * mult, nil
+}
+
+// zeroMeans is what an offFlag makes of "0". It differs by flag, on
+// purpose: a zero yield is no waiting, but a zero rate or a zero release
+// budget would be a setting nobody wants, and "0" for the anti-entropy
+// period has always meant the default. The help text of each flag says
+// which.
+type zeroMeans int
+
+const (
+	// zeroRefused: "0" is an error; the flag takes a positive value,
+	// "off" or "".
+	zeroRefused zeroMeans = iota
+	// zeroIsOff: "0" is the same as "off".
+	zeroIsOff
+	// zeroIsDefault: "0" is the same as "" (the default).
+	zeroIsDefault
+)
+
+// offFlag is a kvmeshd setting that takes a positive quantity (a byte
+// size, a rate or a duration), "off", or "" for the default, in flags and
+// in the JSON file alike. Every such setting is parsed here so the words
+// mean the same everywhere; what "off" gives, and what "0" means, is per
+// flag (off, zero) and stated in its help text (usage).
+type offFlag struct {
+	name string
+	// kind is how a value is read: offBytes or offDuration.
+	kind offKind
+	// off is the configuration value "off" stands for: -1 where the
+	// consumer reads a negative value as off, 0 where zero is its off.
+	off int64
+	// offDoc says what "off" does, for the help text.
+	offDoc string
+	zero   zeroMeans
+}
+
+// offKind is how an offFlag reads a positive value.
+type offKind int
+
+const (
+	offBytes    offKind = iota // ParseBytes (a size, or bytes per second)
+	offDuration                // time.ParseDuration
+)
+
+// errOffFlag is wrapped by every offFlag parse error.
+var errOffFlag = errors.New("kvmeshd: bad setting")
+
+// parse reads s: "" (and "0" for zeroIsDefault) gives 0, the consumer's
+// default; "off" (and "0" for zeroIsOff) gives f.off; else a positive
+// value.
+func (f offFlag) parse(s string) (int64, error) {
+	v := strings.TrimSpace(s)
+	switch {
+	case v == "":
+		return 0, nil
+	case v == "off":
+		return f.off, nil
+	case v == "0" && f.zero == zeroIsOff:
+		return f.off, nil
+	case v == "0" && f.zero == zeroIsDefault:
+		return 0, nil
+	}
+	var n int64
+	var err error
+	switch f.kind {
+	case offDuration:
+		var d time.Duration
+		d, err = time.ParseDuration(v)
+		n = int64(d)
+	default:
+		n, err = ParseBytes(v)
+	}
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%w: -%s %q: %s", errOffFlag, f.name, s, f.want())
+	}
+	return n, nil
+}
+
+// duration is parse for a duration setting.
+func (f offFlag) duration(s string) (time.Duration, error) {
+	n, err := f.parse(s)
+	return time.Duration(n), err
+}
+
+// want says what the flag accepts, for errors.
+func (f offFlag) want() string {
+	unit := "a positive byte size"
+	if f.kind == offDuration {
+		unit = "a positive duration"
+	}
+	return unit + ` or "off"`
+}
+
+// usage is the help text of the flag: what, then what "off" and "0" do.
+func (f offFlag) usage(what string) string {
+	var zero string
+	switch f.zero {
+	case zeroIsOff:
+		zero = `"0" is "off"`
+	case zeroIsDefault:
+		zero = `"0" is the default`
+	default:
+		zero = `"0" is refused`
+	}
+	return fmt.Sprintf(`%s; "off": %s; %s`, what, f.offDoc, zero)
+}
+
+// The offFlags of kvmeshd. Functions, not variables: the package keeps no
+// globals.
+
+func dramReleaseFlag() offFlag {
+	return offFlag{name: "dram-release", kind: offBytes, off: -1, offDoc: "never (freed pages stay resident)", zero: zeroRefused}
+}
+
+func antiEntropyFlag() offFlag {
+	return offFlag{name: "anti-entropy", kind: offDuration, off: -1, offDoc: "no rounds", zero: zeroIsDefault}
+}
+
+func rebalanceRateFlag() offFlag {
+	return offFlag{name: "rebalance-rate", kind: offBytes, off: -1, offDoc: "unlimited", zero: zeroRefused}
+}
+
+func rebalanceRecvRateFlag() offFlag {
+	return offFlag{name: "rebalance-recv-rate", kind: offBytes, off: 0, offDoc: "uncapped", zero: zeroRefused}
+}
+
+func rebalanceYieldFlag() offFlag {
+	return offFlag{name: "rebalance-yield", kind: offDuration, off: -1, offDoc: "no waiting", zero: zeroIsOff}
+}
