@@ -47,7 +47,7 @@ type Config struct {
 	// RaftAdvertise is the address other nodes dial; default the bound
 	// address, which must then not be unspecified (0.0.0.0).
 	RaftAdvertise string
-	// TLS, if set, carries raft over mutual TLS (tlsconf.NewStreamLayer):
+	// TLS, if set, carries raft over mutual TLS (newStreamLayer):
 	// both ends must hold a node certificate of the cluster CA, so a peer
 	// with another CA's certificate, a client certificate or none cannot
 	// exchange a single raft RPC with this node. A TLS in insecure mode is

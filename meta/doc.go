@@ -31,8 +31,8 @@
 // # Transport
 //
 // Raft runs over plain TCP, or over mutual TLS when Config.TLS is set
-// (tlsconf.NewStreamLayer): every raft connection then needs a node
-// certificate of the cluster CA at both ends. Gossip membership alone
+// (a stream layer over tlsconf's node configurations): every raft
+// connection then needs a node certificate of the cluster CA at both ends. Gossip membership alone
 // does not make a node a server then: before the leader adds a node to
 // raft or the ring (or moves it to a new raft address) it dials the node's
 // raft address and needs a completed handshake with a node certificate,

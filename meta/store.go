@@ -20,7 +20,6 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/ring"
-	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Store is one node's view of the cluster metadata and its raft server.
@@ -36,7 +35,7 @@ type Store struct {
 	lock     *os.File           // flock on DataDir/raft/LOCK
 	raftAddr string
 	trans    *guardedTransport
-	admit    *tlsconf.StreamLayer // nil without TLS; see admissible
+	admit    *streamLayer // nil without TLS; see admissible
 	peers    atomic.Pointer[peersBox]
 
 	watchMu     sync.Mutex

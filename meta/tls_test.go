@@ -63,7 +63,7 @@ func (p *testPKI) tls(name string, usage tlsconf.Usage) *tlsconf.TLS {
 // node directly, as an intruder would.
 func rawTransport(t *testing.T, tl *tlsconf.TLS) *raft.NetworkTransport {
 	t.Helper()
-	sl, err := tlsconf.NewStreamLayer("127.0.0.1:0", nil, tl)
+	sl, err := newStreamLayer("127.0.0.1:0", nil, tl)
 	if err != nil {
 		t.Fatal(err)
 	}

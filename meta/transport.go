@@ -7,8 +7,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
-
-	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
 // Raft transport settings: a connection pool of 3 per peer and a 10 s
@@ -23,7 +21,7 @@ const (
 // *raft.NetworkTransport, so guardedTransport fences either. The stream
 // layer is returned too when it checks certificates (TLS not insecure),
 // for admission checks; nil otherwise.
-func newTransport(cfg Config, advertise net.Addr, logger hclog.Logger) (*raft.NetworkTransport, *tlsconf.StreamLayer, error) {
+func newTransport(cfg Config, advertise net.Addr, logger hclog.Logger) (*raft.NetworkTransport, *streamLayer, error) {
 	if cfg.TLS == nil {
 		tr, err := raft.NewTCPTransportWithConfig(cfg.RaftBind, advertise, &raft.NetworkTransportConfig{
 			MaxPool: raftMaxPool,
@@ -32,7 +30,7 @@ func newTransport(cfg Config, advertise net.Addr, logger hclog.Logger) (*raft.Ne
 		})
 		return tr, nil, err
 	}
-	sl, err := tlsconf.NewStreamLayer(cfg.RaftBind, advertise, cfg.TLS)
+	sl, err := newStreamLayer(cfg.RaftBind, advertise, cfg.TLS)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -2,7 +2,8 @@
 // configurations kvmesh needs: gRPC servers that require and verify client
 // certificates, gRPC clients that verify the server and present their own
 // certificate, node-to-node links that do both and accept only node
-// certificates, and a hashicorp/raft StreamLayer over the same mutual TLS.
+// certificates (gRPC, and raft through package meta's stream layer, which
+// lives there so that the client does not link hashicorp/raft).
 // It also makes a throwaway CA and certificates for trying a secure
 // cluster out (`kvmesh certs`).
 //

@@ -2,9 +2,7 @@ package tlsconf_test
 
 import (
 	"log"
-	"time"
 
-	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 
 	"github.com/kvmesh/kvmesh/tlsconf"
@@ -32,15 +30,5 @@ func Example() {
 	}
 	defer cc.Close()
 
-	// Raft: replaces raft.NewTCPTransportWithConfig(bind, advertise, cfg).
-	sl, err := tlsconf.NewStreamLayer("10.0.0.11:7001", nil, tl)
-	if err != nil {
-		log.Fatal(err)
-	}
-	trans := raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  sl,
-		MaxPool: 3,
-		Timeout: 10 * time.Second,
-	})
-	defer trans.Close()
+	// Raft: meta.Config.TLS = tl carries raft over the same identity.
 }

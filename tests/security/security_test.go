@@ -361,7 +361,7 @@ func TestClientAccess(t *testing.T) {
 // of raft and the ring, and neither certificate can use the peer API; a
 // node with a proper certificate joins. That peers refuse a client
 // certificate on Raft as well (a node built without the start check) is
-// tlsconf's TestRaftStreamLayer ("client cert of the cluster").
+// meta's TestRaftStreamLayer ("client cert of the cluster").
 func TestNodeNeedsNodeCertificate(t *testing.T) {
 	p := newPKI(t)
 	app := nodeConfig(t, "app", nil)

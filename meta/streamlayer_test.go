@@ -1,6 +1,7 @@
-package tlsconf
+package meta
 
 import (
+	"errors"
 	"net"
 	"sync"
 	"testing"
@@ -8,9 +9,11 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
-// raftNode is a raft NetworkTransport over a StreamLayer whose consumer
+// raftNode is a raft NetworkTransport over a streamLayer whose consumer
 // acknowledges every AppendEntries and counts them.
 type raftNode struct {
 	trans *raft.NetworkTransport
@@ -19,9 +22,9 @@ type raftNode struct {
 	done  chan struct{}
 }
 
-func newRaftNode(t *testing.T, tl *TLS) *raftNode {
+func newRaftNode(t *testing.T, tl *tlsconf.TLS) *raftNode {
 	t.Helper()
-	sl, err := NewStreamLayer("127.0.0.1:0", nil, tl)
+	sl, err := newStreamLayer("127.0.0.1:0", nil, tl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,18 +84,18 @@ func appendTo(from, to *raftNode) error {
 	return nil
 }
 
-type constErr string
+var errBadResponse = errors.New("unexpected AppendEntries response")
 
-func (e constErr) Error() string { return string(e) }
-
-const errBadResponse = constErr("unexpected AppendEntries response")
-
+// TestRaftStreamLayer: two nodes of the cluster CA exchange raft RPCs; a
+// node of another CA, a client certificate of the cluster and plaintext
+// get none through in either direction. (A certificate that tlsconf.New
+// refuses to load, expired or not of the CA it trusts, is refused by the
+// same node configurations: tlsconf's TestNodeLink.)
 func TestRaftStreamLayer(t *testing.T) {
-	good := newPKI(t, "cluster")
-	evil := newPKI(t, "evil")
-	n1cfg := good.issue("n1", UsageNode, time.Time{})
-	n1 := newRaftNode(t, load(t, n1cfg))
-	n2 := newRaftNode(t, load(t, good.issue("n2", UsageNode, time.Time{})))
+	good := newTestPKI(t, "cluster")
+	evil := newTestPKI(t, "evil")
+	n1 := newRaftNode(t, good.tls("n1", tlsconf.UsageNode))
+	n2 := newRaftNode(t, good.tls("n2", tlsconf.UsageNode))
 
 	if err := appendTo(n1, n2); err != nil {
 		t.Fatalf("n1 -> n2: %v", err)
@@ -104,18 +107,19 @@ func TestRaftStreamLayer(t *testing.T) {
 		t.Fatalf("received %d, %d", n1.received(), n2.received())
 	}
 
+	plain, err := tlsconf.New(tlsconf.Config{Insecure: true, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	intruders := []struct {
 		name string
-		tl   *TLS
+		tl   *tlsconf.TLS
 	}{
 		// Trusts its own CA: refuses n2 and is refused.
-		{"node of another CA", load(t, evil.issue("x1", UsageNode, time.Time{}))},
-		// Trusts the cluster CA, presents another CA's node certificate.
-		{"cert from another CA", crossTLS(t, n1cfg, evil.issue("x2", UsageNode, time.Time{}))},
+		{"node of another CA", evil.tls("x1", tlsconf.UsageNode)},
 		// A valid client certificate of the cluster is not a node.
-		{"client cert of the cluster", load(t, good.issue("alice", UsageClient, time.Time{}))},
-		{"expired node cert", crossTLS(t, n1cfg, good.issue("x3", UsageNode, time.Now().Add(-time.Hour)))},
-		{"plaintext", load(t, Config{Insecure: true, Logger: discard()})},
+		{"client cert of the cluster", good.tls("alice", tlsconf.UsageClient)},
+		{"plaintext", plain},
 	}
 	for _, in := range intruders {
 		t.Run(in.name, func(t *testing.T) {
@@ -137,12 +141,15 @@ func TestRaftStreamLayer(t *testing.T) {
 }
 
 func TestStreamLayerAddr(t *testing.T) {
-	tl := load(t, Config{Insecure: true, Logger: discard()})
-	if _, err := NewStreamLayer("0.0.0.0:0", nil, tl); err == nil {
+	tl, err := tlsconf.New(tlsconf.Config{Insecure: true, Logger: testLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := newStreamLayer("0.0.0.0:0", nil, tl); err == nil {
 		t.Fatal("unspecified advertise address accepted")
 	}
 	adv := &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 7000}
-	sl, err := NewStreamLayer("127.0.0.1:0", adv, tl)
+	sl, err := newStreamLayer("127.0.0.1:0", adv, tl)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,10 +165,10 @@ func TestStreamLayerAddr(t *testing.T) {
 // TestStreamLayerSilentPeer: an accepted connection whose peer leaves
 // before the handshake fails raft's reads and writes with the handshake
 // error (a peer that stays silent fails the same way after
-// HandshakeTimeout; the test does not wait for that).
+// raftHandshakeTimeout; the test does not wait for that).
 func TestStreamLayerSilentPeer(t *testing.T) {
-	p := newPKI(t, "cluster")
-	sl, err := NewStreamLayer("127.0.0.1:0", nil, load(t, p.issue("n1", UsageNode, time.Time{})))
+	p := newTestPKI(t, "cluster")
+	sl, err := newStreamLayer("127.0.0.1:0", nil, p.tls("n1", tlsconf.UsageNode))
 	if err != nil {
 		t.Fatal(err)
 	}

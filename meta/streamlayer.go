@@ -1,4 +1,4 @@
-package tlsconf
+package meta
 
 import (
 	"context"
@@ -9,41 +9,44 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
-// StreamLayer is a raft.StreamLayer over mutual TLS: both ends present
-// node certificates from the cluster CA, and a peer without one (no
-// certificate, another CA, a client certificate, expired) fails the
-// handshake. Use it with raft.NewNetworkTransportWithConfig. In insecure
-// mode it is plain TCP.
-type StreamLayer struct {
+// streamLayer is a raft.StreamLayer over mutual TLS: both ends present
+// node certificates from the cluster CA (tlsconf's NodeServerConfig and
+// NodeClientConfig), and a peer without one (no certificate, another CA,
+// a client certificate, expired) fails the handshake. In insecure mode it
+// is plain TCP. It lives in meta, raft's only user, rather than in tlsconf,
+// so that the client, which imports tlsconf, does not link hashicorp/raft.
+type streamLayer struct {
 	ln        net.Listener
 	advertise net.Addr
 	dialCfg   *tls.Config
 }
 
-// HandshakeTimeout bounds the TLS handshake of an accepted raft
+// raftHandshakeTimeout bounds the TLS handshake of an accepted raft
 // connection, so a peer that connects and says nothing does not hold a
 // raft connection goroutine forever.
-const HandshakeTimeout = 10 * time.Second
+const raftHandshakeTimeout = 10 * time.Second
 
-var _ raft.StreamLayer = (*StreamLayer)(nil)
+var _ raft.StreamLayer = (*streamLayer)(nil)
 
-// NewStreamLayer listens on bind (host:port; port 0 picks one). advertise
+// newStreamLayer listens on bind (host:port; port 0 picks one). advertise
 // is the address other nodes dial; nil means the bound address, which must
 // then not be unspecified (0.0.0.0), as raft.NewTCPTransport requires.
-func NewStreamLayer(bind string, advertise net.Addr, t *TLS) (*StreamLayer, error) {
+func newStreamLayer(bind string, advertise net.Addr, t *tlsconf.TLS) (*streamLayer, error) {
 	ln, err := net.Listen("tcp", bind)
 	if err != nil {
-		return nil, fmt.Errorf("tlsconf: raft listen %s: %w", bind, err)
+		return nil, fmt.Errorf("meta: raft listen %s: %w", bind, err)
 	}
-	s := &StreamLayer{ln: ln, advertise: advertise}
+	s := &streamLayer{ln: ln, advertise: advertise}
 	if s.advertise == nil {
 		s.advertise = ln.Addr()
 	}
 	if a, ok := s.advertise.(*net.TCPAddr); !ok || a.IP == nil || a.IP.IsUnspecified() {
 		_ = ln.Close()
-		return nil, fmt.Errorf("tlsconf: raft advertise address %v is not a dialable IP address", s.advertise)
+		return nil, fmt.Errorf("meta: raft advertise address %v is not a dialable IP address", s.advertise)
 	}
 	if !t.Insecure() {
 		s.ln = tls.NewListener(ln, t.NodeServerConfig())
@@ -54,9 +57,9 @@ func NewStreamLayer(bind string, advertise net.Addr, t *TLS) (*StreamLayer, erro
 
 // Accept waits for the next connection. Its TLS handshake runs on first
 // read or write, in raft's connection goroutine and within
-// HandshakeTimeout, so a slow peer does not stall the accept loop; a failed
+// raftHandshakeTimeout, so a slow peer does not stall the accept loop; a failed
 // handshake ends that connection only.
-func (s *StreamLayer) Accept() (net.Conn, error) {
+func (s *streamLayer) Accept() (net.Conn, error) {
 	c, err := s.ln.Accept()
 	if err != nil {
 		return nil, err
@@ -76,7 +79,7 @@ type handshakeConn struct {
 
 func (c *handshakeConn) handshake() error {
 	c.once.Do(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), raftHandshakeTimeout)
 		defer cancel()
 		c.err = c.Conn.HandshakeContext(ctx)
 	})
@@ -98,13 +101,13 @@ func (c *handshakeConn) Write(b []byte) (int, error) {
 }
 
 // Close stops listening.
-func (s *StreamLayer) Close() error { return s.ln.Close() }
+func (s *streamLayer) Close() error { return s.ln.Close() }
 
 // Addr is the advertised address.
-func (s *StreamLayer) Addr() net.Addr { return s.advertise }
+func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
 // Dial connects to a peer and completes the TLS handshake within timeout.
-func (s *StreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+func (s *streamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	ctx := context.Background()
 	if timeout > 0 {
 		var cancel context.CancelFunc
@@ -119,14 +122,14 @@ func (s *StreamLayer) Dial(address raft.ServerAddress, timeout time.Duration) (n
 	if cfg.ServerName == "" {
 		host, _, err := net.SplitHostPort(string(address))
 		if err != nil {
-			return nil, fmt.Errorf("tlsconf: raft address %q: %w", address, err)
+			return nil, fmt.Errorf("meta: raft address %q: %w", address, err)
 		}
 		cfg.ServerName = host
 	}
 	d := &tls.Dialer{NetDialer: nd, Config: cfg}
 	c, err := d.DialContext(ctx, "tcp", string(address))
 	if err != nil {
-		return nil, fmt.Errorf("tlsconf: raft dial %s: %w", address, err)
+		return nil, fmt.Errorf("meta: raft dial %s: %w", address, err)
 	}
 	return c, nil
 }
