@@ -24,7 +24,7 @@ FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f;
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
 
-.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-rebalance run proto tools clean
+.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-rebalance run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -68,7 +68,7 @@ fuzz-run:
 		done; \
 	done
 
-test: tools fmt-check vet unit fuzz
+test: tools fmt-check vet unit fuzz test-python
 
 # What the tests need from Debian: iptables for the chaos suite's partitions
 # (without it, or without root, those scenarios SKIP and say why).
@@ -78,6 +78,21 @@ tools:
 		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null) || \
 		echo "warning: iptables could not be installed; partition scenarios will SKIP"; }
+
+# The Python package (python/) runs on Debian's python3 and packages, not on
+# whatever python3 comes first on PATH (a pyenv one lacks them).
+PYTHON := /usr/bin/python3
+PY_DEBS := python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-torch \
+	libopenblas0-pthread
+python-deps:
+	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, torch' 2>/dev/null || { \
+		echo "installing the Python suite's Debian packages"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PY_DEBS) >/dev/null; }
+
+# The Python suite, against kvmeshd processes it starts (bin/kvmeshd).
+test-python: python-deps build
+	timeout 600 $(PYTHON) -m pytest -q -p no:cacheprovider python/tests
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./...
@@ -103,9 +118,13 @@ bench-workloads-quick:
 run:
 	$(GO) run ./cmd/kvmesh demo
 
-# Regenerates the committed protobuf code (installs protoc and pinned plugins).
-proto:
+# Regenerates the committed protobuf code (installs protoc and pinned plugins),
+# Go's and the Python package's.
+proto: proto-python
 	./api/gen.sh
+
+proto-python:
+	./python/gen.sh
 
 clean:
 	rm -rf $(BIN)

@@ -1,0 +1,285 @@
+package chunk
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+// Shared vectors: keys and encoded entries that every client of the format
+// (the Python package in python/ reads the same files) must reproduce byte
+// for byte. `go test ./chunk -run TestSharedVectors -update` rewrites them;
+// without -update the test checks the committed files against this code.
+var update = flag.Bool("update", false, "rewrite the shared vectors under testdata/vectors")
+
+const vectorsDir = "testdata/vectors"
+
+// specVector is a ModelSpec in the JSON form the Python tests read: the
+// canonical encoding and fingerprint are what they must compute.
+type specVector struct {
+	Name      string    `json:"name"`
+	Spec      ModelSpec `json:"spec"`
+	Canonical string    `json:"canonical_hex"`
+	FP        string    `json:"fingerprint"`
+}
+
+type idVector struct {
+	What   string   `json:"what"` // "content", "window" or "prefix_chain"
+	Spec   string   `json:"spec"`
+	Tokens []uint32 `json:"tokens,omitempty"`
+	// Chunks and W: prefix chains are cut into chunks; windows have a w.
+	Chunks [][]uint32 `json:"chunks,omitempty"`
+	W      int        `json:"w,omitempty"`
+	// IDs: one for content and window; for a chain, each chunk's context
+	// then the chain end.
+	IDs []string `json:"ids"`
+}
+
+type entryVector struct {
+	File    string   `json:"file"`
+	Codec   string   `json:"codec"`
+	DType   string   `json:"dtype"`
+	Tokens  []uint32 `json:"tokens"`
+	Layers  int      `json:"layers"`
+	KVHeads int      `json:"kv_heads"`
+	HeadDim int      `json:"head_dim"`
+	FP      string   `json:"fingerprint"`
+	Content string   `json:"content"`
+	Kind    int      `json:"context_kind"`
+	Window  uint32   `json:"context_window"`
+	Context string   `json:"context_id"`
+	// KVHash is XXH64 (seed 0) of the decoded tensor in the canonical
+	// layout; Checksum is the entry's header checksum.
+	KVHash   string `json:"kv_xxh64"`
+	Checksum string `json:"checksum"`
+	// Writer is "go" for entries chunk.Encode wrote, "python" for the
+	// ones the Python encoder wrote (Go must decode those).
+	Writer string `json:"writer"`
+}
+
+type vectorFile struct {
+	Comment string        `json:"comment"`
+	Specs   []specVector  `json:"specs"`
+	IDs     []idVector    `json:"ids"`
+	Entries []entryVector `json:"entries"`
+}
+
+func vectorSpecs() []specVector {
+	yarn := ModelSpec{Family: "qwen2", Layers: 28, KVHeads: 4, HeadDim: 128, DType: BF16, RopeStyle: RopeNeoX,
+		RopeTheta: 1e6, Scaling: RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, BetaFast: 32, BetaSlow: 1},
+		WeightsRevision: "Qwen/Qwen2.5-7B-Instruct@a09a354", TokenizerID: "Qwen/Qwen2.5-7B-Instruct", Salt: "lora:ünïcode"}
+	small := ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: F32, RopeStyle: RopeNeoX, RopeTheta: 10000}
+	out := []specVector{{Name: "tiny", Spec: tinySpec}, {Name: "llama", Spec: llamaSpec}, {Name: "yarn", Spec: yarn}, {Name: "small", Spec: small}}
+	for i := range out {
+		out[i].Canonical = fmt.Sprintf("%x", out[i].Spec.CanonicalEncoding())
+		out[i].FP = out[i].Spec.Fingerprint().String()
+	}
+	return out
+}
+
+func vectorIDs(specs []specVector) []idVector {
+	fps := map[string]Fingerprint{}
+	for _, s := range specs {
+		fps[s.Name] = s.Spec.Fingerprint()
+	}
+	t300 := make([]uint32, 300)
+	for i := range t300 {
+		t300[i] = uint32(i) * 2654435761
+	}
+	var out []idVector
+	for _, name := range []string{"llama", "tiny"} {
+		fp := fps[name]
+		for _, toks := range [][]uint32{{}, {0}, {128000, 9906, 1917, 0, 4294967295}, t300} {
+			out = append(out, idVector{What: "content", Spec: name, Tokens: toks, IDs: []string{ContentID(fp, toks).String()}})
+		}
+		for _, w := range []struct {
+			w    int
+			toks []uint32
+		}{{4, []uint32{11, 12, 13, 14}}, {20, []uint32{7, 8, 9}}, {8, nil}} {
+			out = append(out, idVector{What: "window", Spec: name, Tokens: w.toks, W: w.w, IDs: []string{WindowContext(fp, w.w, w.toks).ID.String()}})
+		}
+		chunks := [][]uint32{{128000, 882, 25}, {9906, 1917}, {0, 1, 2, 3, 4}, t300[:37]}
+		ctxs, end := PrefixChain(fp, chunks)
+		v := idVector{What: "prefix_chain", Spec: name, Chunks: chunks}
+		for _, c := range ctxs {
+			v.IDs = append(v.IDs, c.ID.String())
+		}
+		v.IDs = append(v.IDs, end.String())
+		out = append(out, v)
+	}
+	return out
+}
+
+// vectorEntries are the Go-written entries: every dtype raw and lossless,
+// a layer long enough for two lossless blocks and huff0's four-stream
+// format, and a constant layer (run-length planes).
+func vectorEntries() []*Entry {
+	rng := rand.New(rand.NewPCG(20, 26))
+	var out []*Entry
+	mk := func(dt DType, tokens, layers, heads, dim int, ctx func(Fingerprint, []uint32) Context) *Entry {
+		e := synthEntry(rng, dt, tokens, layers, heads, dim)
+		e.Key.Context = ctx(e.Key.Fingerprint, e.Tokens)
+		return e
+	}
+	standalone := func(Fingerprint, []uint32) Context { return StandaloneContext() }
+	window := func(fp Fingerprint, t []uint32) Context { return WindowContext(fp, 16, []uint32{1, 2, 3}) }
+	prefix := func(fp Fingerprint, t []uint32) Context { return PrefixContext(NextPrefix(PrefixRoot(fp), []uint32{5, 6})) }
+	out = append(out,
+		mk(F32, 5, 2, 2, 8, standalone),
+		mk(F16, 7, 3, 1, 4, window),
+		mk(BF16, 9, 2, 2, 16, prefix),
+		mk(BF16, 130, 1, 8, 64, prefix), // 66560 elements per half: blocks of 65536 and 1024
+		mk(F32, 40, 1, 4, 32, window),   // 5120 elements per half: four streams
+	)
+	zero := mk(F16, 16, 2, 2, 8, standalone)
+	clear(zero.KV[:zero.LayerBytes()]) // layer 0: every plane one repeated byte
+	return append(out, zero)
+}
+
+func entryVectorOf(e *Entry, c Codec, file string, blob []byte) entryVector {
+	hd, err := ParseHeader(blob, Limits{})
+	if err != nil {
+		panic(err)
+	}
+	return entryVector{File: file, Codec: c.String(), DType: e.DType.String(), Tokens: e.Tokens, Layers: e.Layers,
+		KVHeads: e.KVHeads, HeadDim: e.HeadDim, FP: e.Key.Fingerprint.String(), Content: e.Key.Content.String(),
+		Kind: int(e.Key.Context.Kind), Window: e.Key.Context.Window, Context: e.Key.Context.ID.String(),
+		KVHash: fmt.Sprintf("%016x", xxhash.Sum64(e.KV)), Checksum: fmt.Sprintf("%016x", hd.Checksum), Writer: "go"}
+}
+
+func writeVectors(t *testing.T) {
+	path := filepath.Join(vectorsDir, "vectors.json")
+	var old vectorFile
+	if b, err := os.ReadFile(path); err == nil {
+		_ = json.Unmarshal(b, &old)
+	}
+	specs := vectorSpecs()
+	vf := vectorFile{
+		Comment: "Written by `go test ./chunk -run TestSharedVectors -update`; read by chunk/vectors_test.go and python/tests/test_vectors.py.",
+		Specs:   specs, IDs: vectorIDs(specs),
+	}
+	for i, e := range vectorEntries() {
+		for _, c := range []Codec{CodecRaw, CodecLossless} {
+			blob, err := Encode(nil, e, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := fmt.Sprintf("go_%d_%s_%s.kvmc", i, e.DType, c)
+			if err := os.WriteFile(filepath.Join(vectorsDir, file), blob, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			vf.Entries = append(vf.Entries, entryVectorOf(e, c, file, blob))
+		}
+	}
+	// The Python-written entries are kept: their writer regenerates them.
+	for _, ev := range old.Entries {
+		if ev.Writer == "python" {
+			vf.Entries = append(vf.Entries, ev)
+		}
+	}
+	b, err := json.MarshalIndent(vf, "", " ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestSharedVectors(t *testing.T) {
+	if *update {
+		if err := os.MkdirAll(vectorsDir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeVectors(t)
+	}
+	b, err := os.ReadFile(filepath.Join(vectorsDir, "vectors.json"))
+	if err != nil {
+		t.Fatalf("%v (run go test ./chunk -run TestSharedVectors -update to create)", err)
+	}
+	var vf vectorFile
+	if err := json.Unmarshal(b, &vf); err != nil {
+		t.Fatal(err)
+	}
+	fps := map[string]Fingerprint{}
+	for _, sv := range vf.Specs {
+		fps[sv.Name] = sv.Spec.Fingerprint()
+		if got := fmt.Sprintf("%x", sv.Spec.CanonicalEncoding()); got != sv.Canonical {
+			t.Errorf("spec %s: canonical encoding\n got %s\nwant %s", sv.Name, got, sv.Canonical)
+		}
+		if got := sv.Spec.Fingerprint().String(); got != sv.FP {
+			t.Errorf("spec %s: fingerprint %s, want %s", sv.Name, got, sv.FP)
+		}
+	}
+	if len(vf.IDs) == 0 || len(vf.Entries) == 0 {
+		t.Fatal("vectors.json has no IDs or entries")
+	}
+	for _, iv := range vf.IDs {
+		fp, ok := fps[iv.Spec]
+		if !ok {
+			t.Fatalf("id vector names unknown spec %q", iv.Spec)
+		}
+		var got []string
+		switch iv.What {
+		case "content":
+			got = []string{ContentID(fp, iv.Tokens).String()}
+		case "window":
+			got = []string{WindowContext(fp, iv.W, iv.Tokens).ID.String()}
+		case "prefix_chain":
+			ctxs, end := PrefixChain(fp, iv.Chunks)
+			for _, c := range ctxs {
+				got = append(got, c.ID.String())
+			}
+			got = append(got, end.String())
+		default:
+			t.Fatalf("unknown id vector %q", iv.What)
+		}
+		if fmt.Sprint(got) != fmt.Sprint(iv.IDs) {
+			t.Errorf("%s of %s %v %v: %v, want %v", iv.What, iv.Spec, iv.Tokens, iv.Chunks, got, iv.IDs)
+		}
+	}
+	for _, ev := range vf.Entries {
+		t.Run(ev.File, func(t *testing.T) { checkEntryVector(t, ev) })
+	}
+}
+
+func checkEntryVector(t *testing.T, ev entryVector) {
+	blob, err := os.ReadFile(filepath.Join(vectorsDir, ev.File))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := Decode(blob, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := ParseCodec(ev.Codec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd, _ := ParseHeader(blob, Limits{})
+	want := entryVector{File: ev.File, Codec: ev.Codec, DType: ev.DType, Tokens: ev.Tokens, Layers: ev.Layers,
+		KVHeads: ev.KVHeads, HeadDim: ev.HeadDim, FP: ev.FP, Content: ev.Content, Kind: ev.Kind, Window: ev.Window,
+		Context: ev.Context, KVHash: ev.KVHash, Checksum: ev.Checksum, Writer: ev.Writer}
+	got := entryVectorOf(e, hd.Codec, ev.File, blob)
+	got.Writer = ev.Writer
+	if hd.Codec != c || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("decoded\n got %+v\nwant %+v", got, want)
+	}
+	if ev.Writer != "go" {
+		return
+	}
+	again, err := Encode(nil, e, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(again, blob) {
+		t.Fatalf("Encode writes %d bytes that differ from the committed %d", len(again), len(blob))
+	}
+}

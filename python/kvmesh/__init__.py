@@ -1,0 +1,22 @@
+"""kvmesh: the Python client of a kvmesh KV-cache cluster.
+
+- keys: model fingerprints, content IDs and contexts (docs/KEYS.md);
+- entry: encoded chunk entries, raw and lossless (docs/KEYS.md section 6);
+- placement: which nodes hold a chunk (docs/PLACEMENT.md);
+- client: the cluster client (Put, Get, Lookup, Delete, models, settings);
+- inject: a paged KV cache in shared memory that a local node fills;
+- torch (optional, needs PyTorch): capture of pre-RoPE K and V.
+
+Everything here is byte-identical to the Go implementation; the shared
+vectors under chunk/testdata/vectors and ring/testdata check that.
+"""
+
+from .client import (Client, ClusterInfo, LookupItem, LookupResult, Match, PutResult, RangeResult, Settings,
+                     TLSConfig)
+from .entry import Codec, Entry, Header, Limits, Range, Shape, decode, decode_range, encode, parse_header, verify
+from .errors import (CorruptEntry, DeadlineExceeded, EntryError, InvalidArgument, KvmeshError, NoNodes, NotFound,
+                     PermissionDenied, ResourceExhausted, Unavailable, UnknownModel)
+from .keys import (ID, Context, ContextKind, DType, Fingerprint, Key, ModelSpec, RopeScaling, RopeStyle, content_id,
+                   next_prefix, prefix_chain, prefix_context, prefix_root, standalone_context, window_context,
+                   window_id)
+from .placement import Member, Ring

@@ -1,0 +1,272 @@
+"""Model fingerprints, content IDs and contexts, byte for byte as Go's chunk
+package computes them (docs/KEYS.md is the specification)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import struct
+from typing import Iterable, Sequence
+
+import numpy as np
+import xxhash
+
+M64 = (1 << 64) - 1
+
+# Lane seeds and domain tags: ASCII strings read as big-endian u64.
+_SEED_FP_LO = 0x6B766D6573682D30  # "kvmesh-0"
+_SEED_FP_HI = 0x6B766D6573682D31  # "kvmesh-1"
+_DOM_CONTENT = (0x636F6E74656E742E, 0x2E636F6E74656E74)  # "content." ".content"
+_DOM_WINDOW = (0x77696E646F772E2E, 0x2E2E77696E646F77)  # "window.." "..window"
+_DOM_PREFIX = (0x7072656669782E2E, 0x2E2E707265666978)  # "prefix.." "..prefix"
+
+
+def xxh64(data: bytes, seed: int = 0) -> int:
+    """Standard XXH64 of data with a 64-bit seed."""
+    return xxhash.xxh64_intdigest(data, seed=seed & M64)
+
+
+class DType(enum.IntEnum):
+    """Element type of stored K and V (chunk.DType numbering)."""
+
+    F32 = 1
+    F16 = 2
+    BF16 = 3
+
+    @property
+    def size(self) -> int:
+        return 4 if self is DType.F32 else 2
+
+    @classmethod
+    def parse(cls, name: "str | DType | int") -> "DType":
+        if isinstance(name, (DType, int)):
+            return cls(int(name))
+        n = str(name).lower().removeprefix("torch.")
+        for d, names in ((cls.F32, ("f32", "float32")), (cls.F16, ("f16", "float16", "half")),
+                         (cls.BF16, ("bf16", "bfloat16"))):
+            if n in names:
+                return d
+        raise ValueError(f"unknown dtype {name!r}: want f32, f16 or bf16")
+
+
+class RopeStyle(enum.IntEnum):
+    """How rotary embedding pairs dimensions (chunk.RopeStyle numbering)."""
+
+    NEOX = 1  # rotate_half: dims i and i + rotary/2 (Llama, Qwen2, Mistral)
+    GPTJ = 2  # interleaved: dims 2i and 2i + 1
+
+
+class ContextKind(enum.IntEnum):
+    STANDALONE = 1
+    WINDOW = 2
+    PREFIX = 3
+
+
+@dataclasses.dataclass(frozen=True, order=True)
+class ID:
+    """A 128-bit content ID, context ID or model fingerprint: two u64 lanes.
+
+    str() prints Hi then Lo as 32 lowercase hex digits, as Go's ID.String."""
+
+    lo: int = 0
+    hi: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.hi:016x}{self.lo:016x}"
+
+    def __repr__(self) -> str:
+        return f"ID({self})"
+
+    @classmethod
+    def parse(cls, s: str) -> "ID":
+        if len(s) != 32:
+            raise ValueError(f"ID {s!r}: want 32 hex digits")
+        return cls(lo=int(s[16:], 16), hi=int(s[:16], 16))
+
+    def is_zero(self) -> bool:
+        return self.lo == 0 and self.hi == 0
+
+    def to_bytes(self) -> bytes:
+        return struct.pack("<QQ", self.lo, self.hi)
+
+    @classmethod
+    def from_bytes(cls, b: bytes) -> "ID":
+        lo, hi = struct.unpack("<QQ", b[:16])
+        return cls(lo, hi)
+
+
+# A fingerprint is an ID that names a model.
+Fingerprint = ID
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """A transformers rope_type and its parameters; unused fields stay 0."""
+
+    type: str = ""
+    factor: float = 0.0
+    low_freq_factor: float = 0.0
+    high_freq_factor: float = 0.0
+    original_max_positions: int = 0
+    beta_fast: float = 0.0
+    beta_slow: float = 0.0
+    attention_factor: float = 0.0
+    max_positions: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Everything that changes a model's KV bytes (chunk.ModelSpec)."""
+
+    family: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: DType
+    rope_style: RopeStyle
+    rope_theta: float
+    rotary_dim: int = 0  # 0: head_dim
+    scaling: RopeScaling = RopeScaling()
+    weights_revision: str = ""
+    tokenizer_id: str = ""
+    salt: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        object.__setattr__(self, "rope_style", RopeStyle(int(self.rope_style)))
+
+    @property
+    def rotary(self) -> int:
+        return self.rotary_dim or self.head_dim
+
+    def validate(self) -> None:
+        """Raises ValueError with the first reason the spec is invalid, as
+        Go's ModelSpec.Validate."""
+        bad = []
+        if not self.family:
+            bad.append("family is empty")
+        elif not 0 < self.layers <= 1024:
+            bad.append(f"layers {self.layers} out of range 1..1024")
+        elif not 0 < self.kv_heads <= 1024:
+            bad.append(f"kv heads {self.kv_heads} out of range 1..1024")
+        elif not (0 < self.head_dim <= 4096 and self.head_dim % 2 == 0):
+            bad.append(f"head dim {self.head_dim} must be even and in 2..4096")
+        elif not (self.rope_theta > 1 and math.isfinite(self.rope_theta)):
+            bad.append(f"rope theta {self.rope_theta} must be finite and > 1")
+        elif not (0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
+            bad.append(f"rotary dim {self.rotary_dim} must be even and at most head dim {self.head_dim}")
+        if bad:
+            raise ValueError("invalid model spec: " + bad[0])
+
+    def canonical_encoding(self) -> bytes:
+        """The bytes the fingerprint hashes (docs/KEYS.md section 1)."""
+        sc = self.scaling
+
+        def s(v: str) -> bytes:
+            b = v.encode()
+            return struct.pack("<I", len(b)) + b
+
+        u32 = lambda v: struct.pack("<I", v & 0xFFFFFFFF)
+        f64 = lambda v: struct.pack("<d", float(v))
+        return b"".join([
+            s("kvmesh-spec-v1"), s(self.family), u32(self.layers), u32(self.kv_heads), u32(self.head_dim),
+            bytes([int(self.dtype), int(self.rope_style)]), f64(self.rope_theta), u32(self.rotary),
+            s(sc.type or "default"), f64(sc.factor), f64(sc.low_freq_factor), f64(sc.high_freq_factor),
+            u32(sc.original_max_positions), f64(sc.beta_fast), f64(sc.beta_slow), f64(sc.attention_factor),
+            u32(sc.max_positions), s(self.weights_revision), s(self.tokenizer_id), s(self.salt),
+        ])
+
+    def fingerprint(self) -> Fingerprint:
+        e = self.canonical_encoding()
+        return ID(xxh64(e, _SEED_FP_LO), xxh64(e, _SEED_FP_HI))
+
+    def kv_bytes_per_token(self) -> int:
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype.size
+
+
+def token_bytes(tokens: "Sequence[int] | np.ndarray") -> bytes:
+    """Token IDs as consecutive u32 LE (no length prefix)."""
+    a = np.asarray(tokens, dtype=np.int64)
+    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
+        raise ValueError("token IDs must fit in uint32")
+    return a.astype("<u4").tobytes()
+
+
+def _lanes(lo: int, hi: int, tokens) -> ID:
+    b = token_bytes(tokens)
+    return ID(xxh64(b, lo), xxh64(b, hi))
+
+
+def content_id(fp: Fingerprint, tokens) -> ID:
+    """Names a chunk's tokens for one model, wherever they appear."""
+    return _lanes(fp.lo ^ _DOM_CONTENT[0], fp.hi ^ _DOM_CONTENT[1], tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    """What a chunk was encoded after: standalone, a window of w tokens, or
+    its whole prefix (EXACT for that prefix)."""
+
+    kind: ContextKind
+    window: int = 0
+    id: ID = ID()
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", ContextKind(int(self.kind)))
+
+    def __str__(self) -> str:
+        if self.kind is ContextKind.STANDALONE:
+            return "standalone"
+        if self.kind is ContextKind.WINDOW:
+            return f"window({self.window}):{self.id}"
+        return f"prefix:{self.id}"
+
+
+def standalone_context() -> Context:
+    return Context(ContextKind.STANDALONE)
+
+
+def window_id(fp: Fingerprint, window_tokens) -> ID:
+    return _lanes(fp.lo ^ _DOM_WINDOW[0], fp.hi ^ _DOM_WINDOW[1], window_tokens)
+
+
+def window_context(fp: Fingerprint, w: int, window_tokens) -> Context:
+    """The context of a chunk encoded after window_tokens (the at most w
+    tokens before it)."""
+    return Context(ContextKind.WINDOW, w, window_id(fp, window_tokens))
+
+
+def prefix_root(fp: Fingerprint) -> ID:
+    return ID(fp.lo ^ _DOM_PREFIX[0], fp.hi ^ _DOM_PREFIX[1])
+
+
+def next_prefix(prev: ID, tokens) -> ID:
+    return _lanes(prev.lo ^ _DOM_PREFIX[0], prev.hi ^ _DOM_PREFIX[1], tokens)
+
+
+def prefix_context(prefix: ID) -> Context:
+    return Context(ContextKind.PREFIX, 0, prefix)
+
+
+def prefix_chain(fp: Fingerprint, chunks: Iterable) -> "tuple[list[Context], ID]":
+    """The prefix context of each chunk of a prompt cut into chunks, and the
+    chain ID after the last one."""
+    p = prefix_root(fp)
+    out = []
+    for c in chunks:
+        out.append(prefix_context(p))
+        p = next_prefix(p, c)
+    return out, p
+
+
+@dataclasses.dataclass(frozen=True)
+class Key:
+    """Names one stored encoding of a chunk."""
+
+    fingerprint: Fingerprint
+    content: ID
+    context: Context
+
+    def __str__(self) -> str:
+        return f"{self.fingerprint}/{self.content}/{self.context}"

@@ -1,0 +1,154 @@
+"""The shared vectors: every key, entry byte and placement that Go's tests
+pin (chunk/testdata/vectors, ring/testdata/placement_vectors.json) and the
+vectors printed in docs/KEYS.md."""
+
+import json
+import re
+import struct
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+import kvmesh
+from kvmesh import entry as entrylib
+from kvmesh.keys import ID, Context, ContextKind, DType, Key, ModelSpec, RopeScaling, RopeStyle, xxh64
+from kvmesh.placement import Member, Ring, det_log
+
+VEC = ROOT / "chunk" / "testdata" / "vectors"
+
+
+def load():
+    return json.loads((VEC / "vectors.json").read_text())
+
+
+def spec_of(j) -> ModelSpec:
+    sc = j["Scaling"]
+    return ModelSpec(family=j["Family"], layers=j["Layers"], kv_heads=j["KVHeads"], head_dim=j["HeadDim"],
+                     dtype=DType(j["DType"]), rope_style=RopeStyle(j["RopeStyle"]), rope_theta=j["RopeTheta"],
+                     rotary_dim=j["RotaryDim"],
+                     scaling=RopeScaling(type=sc["Type"], factor=sc["Factor"], low_freq_factor=sc["LowFreqFactor"],
+                                         high_freq_factor=sc["HighFreqFactor"],
+                                         original_max_positions=sc["OriginalMaxPositions"],
+                                         beta_fast=sc["BetaFast"], beta_slow=sc["BetaSlow"],
+                                         attention_factor=sc["AttentionFactor"], max_positions=sc["MaxPositions"]),
+                     weights_revision=j["WeightsRevision"], tokenizer_id=j["TokenizerID"], salt=j["Salt"])
+
+
+def test_keys_md_vectors():
+    """The table of docs/KEYS.md section 5, read from the document."""
+    doc = (ROOT / "docs" / "KEYS.md").read_text()
+    tiny = ModelSpec("qwen2", 2, 1, 4, DType.F16, RopeStyle.GPTJ, 10000, rotary_dim=2, salt="tenant-a")
+    llama = ModelSpec("llama", 32, 8, 128, DType.BF16, RopeStyle.NEOX, 500000,
+                      scaling=RopeScaling("llama3", 8, 1, 4, 8192),
+                      weights_revision="meta-llama/Llama-3.1-8B-Instruct@0e9e39f",
+                      tokenizer_id="meta-llama/Llama-3.1-8B-Instruct")
+    block = re.search(r"CanonicalEncoding\(tiny\), 140 bytes.*?```\n(.*?)```", doc, re.S).group(1)
+    assert tiny.canonical_encoding().hex() == "".join(block.split())
+    assert len(llama.canonical_encoding()) == 203
+    table = dict(re.findall(r"^\| (.+?) \| `([0-9a-f]{32})` \|$", doc, re.M))
+    fp = llama.fingerprint()
+    t300 = [(i * 2654435761) % (1 << 32) for i in range(300)]
+    got = {
+        "Fingerprint(tiny)": tiny.fingerprint(),
+        "Fingerprint(llama) = fp": fp,
+        "ContentID(fp, [])": kvmesh.content_id(fp, []),
+        "ContentID(fp, [128000, 9906, 1917, 0, 4294967295])": kvmesh.content_id(fp, [128000, 9906, 1917, 0, 4294967295]),
+        "ContentID(fp, t300), t300[i] = i*2654435761 mod 2^32, i < 300": kvmesh.content_id(fp, t300),
+        "WindowID(fp, [11, 12, 13, 14]) (w = 4)": kvmesh.window_id(fp, [11, 12, 13, 14]),
+        "WindowID(fp, [7, 8, 9]) (w = 20, near the prompt start)": kvmesh.window_id(fp, [7, 8, 9]),
+        "PrefixRoot(fp) = context of chunk 0": kvmesh.prefix_root(fp),
+    }
+    ctxs, end = kvmesh.prefix_chain(fp, [[128000, 882, 25], [9906, 1917], [0, 1, 2, 3, 4]])
+    got["after [128000, 882, 25] = context of chunk 1"] = ctxs[1].id
+    got["after [9906, 1917] = context of chunk 2"] = ctxs[2].id
+    got["after [0, 1, 2, 3, 4] (chain end)"] = end
+    assert set(got) == set(table), set(table) ^ set(got)
+    for what, want in table.items():
+        assert str(got[what]) == want, what
+    assert xxh64(b"", 0) == 0xEF46DB3751D8E999
+
+
+def test_go_specs_and_ids():
+    v = load()
+    fps = {}
+    for sv in v["specs"]:
+        s = spec_of(sv["spec"])
+        s.validate()
+        assert s.canonical_encoding().hex() == sv["canonical_hex"], sv["name"]
+        assert str(s.fingerprint()) == sv["fingerprint"], sv["name"]
+        fps[sv["name"]] = s.fingerprint()
+    assert v["ids"]
+    for iv in v["ids"]:
+        fp = fps[iv["spec"]]
+        if iv["what"] == "content":
+            got = [kvmesh.content_id(fp, iv.get("tokens") or [])]
+        elif iv["what"] == "window":
+            got = [kvmesh.window_context(fp, iv["w"], iv.get("tokens") or []).id]
+        else:
+            ctxs, end = kvmesh.prefix_chain(fp, iv["chunks"])
+            got = [c.id for c in ctxs] + [end]
+        assert [str(g) for g in got] == iv["ids"], iv
+
+
+def entry_cases():
+    return [pytest.param(ev, id=ev["file"]) for ev in load()["entries"]]
+
+
+@pytest.mark.parametrize("ev", entry_cases())
+def test_go_entries(ev):
+    blob = (VEC / ev["file"]).read_bytes()
+    e = entrylib.decode(blob)
+    hd = entrylib.parse_header(blob)
+    assert hd.codec.name.lower() == ev["codec"]
+    assert e.dtype.name.lower() == ev["dtype"]
+    assert e.tokens.tolist() == ev["tokens"]
+    assert e.kv.shape == (ev["layers"], 2, len(ev["tokens"]), ev["kv_heads"], ev["head_dim"])
+    assert str(e.key.fingerprint) == ev["fingerprint"] and str(e.key.content) == ev["content"]
+    assert (int(e.key.context.kind), e.key.context.window, str(e.key.context.id)) == (
+        ev["context_kind"], ev["context_window"], ev["context_id"])
+    assert f"{xxh64(e.kv.tobytes()):016x}" == ev["kv_xxh64"]
+    assert f"{hd.checksum:016x}" == ev["checksum"]
+    if ev["codec"] == "raw" or ev["writer"] == "python":
+        # Raw: byte-identical to Go. Lossless: Python's own encoding (Go's
+        # huff0 planes are not reproduced), which Go's test decodes.
+        assert entrylib.encode(e, ev["codec"]) == blob
+    # Python's lossless encoding decodes to the same tensor.
+    assert np.array_equal(entrylib.decode(entrylib.encode(e, "lossless")).kv, e.kv)
+    # A layer and head range equals the slice of the whole.
+    L, H = e.kv.shape[0], e.kv.shape[3]
+    _, part = entrylib.decode_range(blob, entrylib.Range(L - 1, L, H - 1, H))
+    assert np.array_equal(part, e.kv[L - 1:L, :, :, H - 1:H])
+
+
+def test_corrupt_entries_are_refused():
+    blob = bytearray((VEC / "go_0_f32_raw.kvmc").read_bytes())
+    for i in (0, 5, 70, len(blob) - 1):
+        bad = bytearray(blob)
+        bad[i] ^= 1
+        with pytest.raises(kvmesh.EntryError):
+            entrylib.decode(bytes(bad))
+    with pytest.raises(kvmesh.CorruptEntry):
+        entrylib.decode(bytes(blob[:-1]))
+    with pytest.raises(kvmesh.EntryError):
+        entrylib.decode(bytes(blob), entrylib.Limits(max_tokens=2))
+
+
+def test_placement_vectors():
+    v = json.loads((ROOT / "ring" / "testdata" / "placement_vectors.json").read_text())
+    assert v["rings"]
+    for rv in v["rings"]:
+        ms = [Member(m["id"], weight=struct.unpack("<d", int(m["weight_bits"], 16).to_bytes(8, "little"))[0])
+              for m in rv["members"]]
+        ring = Ring(1, ms)
+        for k in rv["keys"]:
+            got = [m.id for m in ring.replicas(ID.parse(k["content"]), rv["r"])]
+            assert got == k["replicas"], (rv["name"], k["content"])
+
+
+def test_det_log_close_to_math_log():
+    import math
+    rng = np.random.default_rng(1)
+    for u in rng.random(1000):
+        u = float(u) or 0.5
+        assert abs(det_log(u) - math.log(u)) <= math.ulp(math.log(u))  # < 1 ulp, as Go's math.Log
