@@ -130,7 +130,9 @@ func vectorEntries() []*Entry {
 	}
 	standalone := func(Fingerprint, []uint32) Context { return StandaloneContext() }
 	window := func(fp Fingerprint, t []uint32) Context { return WindowContext(fp, 16, []uint32{1, 2, 3}) }
-	prefix := func(fp Fingerprint, t []uint32) Context { return PrefixContext(NextPrefix(PrefixRoot(fp), []uint32{5, 6})) }
+	prefix := func(fp Fingerprint, t []uint32) Context {
+		return PrefixContext(NextPrefix(PrefixRoot(fp), []uint32{5, 6}))
+	}
 	out = append(out,
 		mk(F32, 5, 2, 2, 8, standalone),
 		mk(F16, 7, 3, 1, 4, window),
