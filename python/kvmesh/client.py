@@ -557,3 +557,12 @@ class Client:
                                           timeout=timeout or self.rpc_timeout)
         except grpc.RpcError as e:
             raise translate(e, "Stats", addr) from None
+
+    # -- injection ---------------------------------------------------------
+
+    def register_cache(self, addr: str, fingerprint: Fingerprint, cache, head_lo: int = 0, head_hi: int = 0,
+                       max_positions: int = 0):
+        """Registers a kvmesh.inject.PagedCache with the node at addr (the
+        node on this machine) and returns the Injector that fills it."""
+        from .inject import register_cache
+        return register_cache(self, addr, fingerprint, cache, head_lo, head_hi, max_positions)

@@ -12,31 +12,46 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
-@pytest.fixture(scope="session")
-def cluster(tmp_path_factory):
-    """Three kvmeshd nodes on loopback for the whole session."""
+def start_cluster(base, n=3, replication=2, quorum=2):
+    """n kvmeshd nodes on loopback that form one ring, with the settings
+    R = replication, W = quorum (R < n makes routing pick a proper
+    subset). The caller stops it."""
+    import grpc
     import harness
     import kvmesh
+    from kvmesh._pb import admin_pb2, admin_pb2_grpc
 
-    c = harness.Cluster(tmp_path_factory.mktemp("cluster"), 3)
+    c = harness.Cluster(base, n)
     try:
-        # The ring forms once the three have joined and raft has a leader.
         def formed():
             with kvmesh.Client(c.seeds, deadline=5) as cl:
                 info = cl.cluster_info()
-                return len(info.members) == 3 and info.leader_id
-        harness.wait_for(formed, 60, "a 3-node ring")
-        # R = 2 of 3 nodes, so that routing picks a proper subset.
-        from kvmesh._pb import admin_pb2, admin_pb2_grpc
-        import grpc
+                return len(info.members) == n and info.leader_id
+        harness.wait_for(formed, 60, f"a {n}-node ring")
         with grpc.insecure_channel(c.seeds[0]) as ch:
             admin_pb2_grpc.AdminStub(ch).SetSettings(
-                admin_pb2.SetSettingsRequest(replication_factor=2, write_quorum=2), timeout=10)
-        harness.wait_for(lambda: all(kvmesh.Client([s]).settings().replication_factor == 2 for s in c.seeds),
-                         30, "R = 2 on every node")
-        yield c
-    finally:
+                admin_pb2.SetSettingsRequest(replication_factor=replication, write_quorum=quorum), timeout=10)
+
+        def applied():
+            for s in c.seeds:
+                with kvmesh.Client([s], deadline=5) as cl:
+                    if cl.settings().replication_factor != replication:
+                        return False
+            return True
+        harness.wait_for(applied, 30, f"R = {replication} on every node")
+        return c
+    except BaseException:
         c.stop()
+        raise
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Three kvmeshd nodes on loopback for the whole session (R = 2, W = 2);
+    no test stops its nodes."""
+    c = start_cluster(tmp_path_factory.mktemp("cluster"))
+    yield c
+    c.stop()
 
 
 @pytest.fixture

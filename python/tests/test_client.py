@@ -95,12 +95,21 @@ def test_unknown_model_is_a_clear_error(client):
     assert "Traceback" not in str(ei.value) and "grpc" not in str(ei.value).lower()
 
 
-def test_node_down_fails_over(cluster, tmp_path):
-    """Kills the owner of a chunk: with R >= 2 the client reads it from the
-    next replica; with every seed dead it says no node answered."""
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A cluster of its own, for a test that kills nodes (R = 2, W = 1)."""
+    from conftest import start_cluster
+    c = start_cluster(tmp_path, 3, replication=2, quorum=1)
+    yield c
+    c.stop()
+
+
+def test_node_down_fails_over(own_cluster):
+    """Kills the owner of a chunk: the client reads it from the next
+    replica and still writes (W = 1); with every seed dead it says no node
+    answered."""
+    cluster = own_cluster
     with kvmesh.Client(cluster.seeds, deadline=20, rpc_timeout=3) as c:
-        if c.replication_factor < 2:
-            pytest.skip("needs R >= 2")
         fp = c.register_model(SPEC)
         e = make_entry(fp, [424242, 1, 2, 3])
         c.put(e)
@@ -108,5 +117,7 @@ def test_node_down_fails_over(cluster, tmp_path):
         node = next(n for n in cluster.nodes if n.id == owner.id)
         node.kill()
         assert np.array_equal(c.get_entry(e.key).kv, e.kv)
+        e2 = make_entry(fp, [424242, 4, 5, 6])
+        assert c.put(e2).stored_on
     with pytest.raises(kvmesh.NoNodes, match="no cluster node answered"):
         kvmesh.Client([node.grpc], deadline=2, rpc_timeout=0.5)

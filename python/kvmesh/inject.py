@@ -1,0 +1,212 @@
+"""A paged KV cache in shared memory that the local kvmesh node fills
+(the Injector service, api/inject.proto).
+
+The engine allocates its cache in a memfd (or a file under /dev/shm),
+registers it once with the node on its own machine, and then asks that node
+to inject stored chunks at positions of a new prompt: the node fetches each
+chunk's best entry (its own tier first, then a replica), rotates the
+pre-RoPE keys to the target positions and writes post-RoPE K and V into the
+given slots, layer by layer, and answers EXACT, APPROXIMATE or MISS per
+chunk. The layout is cudakern's: per layer, K then V, each
+[num_blocks][block_size][kv_heads][head_dim] (NHD, vLLM FlashAttention's)
+or [num_blocks][kv_heads][block_size][head_dim] (HND).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import mmap
+import os
+from typing import Callable, Sequence
+
+import grpc
+import numpy as np
+
+from ._pb import inject_pb2, inject_pb2_grpc
+from .errors import KvmeshError
+from .keys import ID, Context, DType, Key
+
+NHD, HND = 1, 2
+ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
+
+
+def _np_dtype(d: DType) -> np.dtype:
+    return {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}[d]
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """One layer of the cache (cudakern.CacheLayout)."""
+
+    num_blocks: int
+    block_size: int
+    kv_heads: int
+    head_dim: int
+    dtype: DType = DType.F32
+    order: int = NHD
+
+    @property
+    def slots(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def layer_bytes(self) -> int:
+        return 2 * self.slots * self.kv_heads * self.head_dim * DType(self.dtype).size
+
+    @property
+    def shape(self) -> tuple:
+        if self.order == HND:
+            return (2, self.num_blocks, self.kv_heads, self.block_size, self.head_dim)
+        return (2, self.num_blocks, self.block_size, self.kv_heads, self.head_dim)
+
+    def proto(self) -> inject_pb2.CacheLayout:
+        return inject_pb2.CacheLayout(order=self.order, num_blocks=self.num_blocks, block_size=self.block_size,
+                                      kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=int(self.dtype))
+
+
+class PagedCache:
+    """A paged KV cache of `layers` layers in one shared-memory file, each
+    layer page-aligned. layer(l) is a writable numpy view of layer l (shape
+    CacheLayout.shape; bf16 as uint16); kvmesh.torch.cache_tensor gives a
+    torch tensor over the same memory. By default the file is a memfd,
+    registered as /proc/<pid>/fd/<n>, so nothing is left behind."""
+
+    def __init__(self, layers: int, layout: CacheLayout, shm_dir: "str | None" = None, name: str = "kvmesh-cache"):
+        self.layers, self.layout = layers, layout
+        per = -(-layout.layer_bytes // ALIGNMENT) * ALIGNMENT
+        self.offsets = [l * per for l in range(layers)]
+        self.size = per * layers
+        self._remove = None
+        if shm_dir is None:
+            self._fd = os.memfd_create(name, os.MFD_CLOEXEC)
+            self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+        else:
+            import tempfile
+            self._fd, self.path = tempfile.mkstemp(prefix=name + "-", dir=shm_dir)
+            self._remove = self.path
+        os.ftruncate(self._fd, self.size)
+        self._mm = mmap.mmap(self._fd, self.size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        nd = _np_dtype(DType(layout.dtype))
+        n = layout.layer_bytes // nd.itemsize
+        self._layers = [np.frombuffer(self._mm, dtype=nd, count=n, offset=o).reshape(layout.shape)
+                        for o in self.offsets]
+
+    def layer(self, l: int) -> np.ndarray:
+        return self._layers[l]
+
+    def close(self) -> None:
+        """Unmaps the cache (unregister it first) and closes the file."""
+        self._layers = []
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # views (arrays, tensors) are still alive: unmapped when the last goes
+        os.close(self._fd)
+        if self._remove:
+            os.unlink(self._remove)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class InjectChunk:
+    """Place the chunk `tokens` (content ID content) at absolute position
+    pos, token i in cache slot slots[i] (-1: skip it). want is the context
+    that makes an entry EXACT (the prompt's prefix chain, usually)."""
+
+    content: ID
+    tokens: Sequence[int]
+    want: Context
+    pos: int
+    slots: Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True)
+class InjectResult:
+    """match per chunk (Match.EXACT / APPROXIMATE / MISS) and the key of the
+    entry written (None on a miss); what the node wrote and decoded."""
+
+    matches: "list[str]"
+    keys: "list[Key | None]"
+    layers: int
+    written_bytes: int
+    decoded_bytes: int
+
+
+class Injector:
+    """Injects chunks into a cache registered with one node (the node on
+    the engine's machine: it writes the engine's memory). Made by
+    Client.register_cache; close() unregisters."""
+
+    def __init__(self, client, addr: str, cache_id: int):
+        self._client, self.addr, self.cache_id = client, addr, cache_id
+        self._stub = inject_pb2_grpc.InjectorStub(client._channel(addr))
+
+    def inject(self, chunks: "Sequence[InjectChunk]", on_layer: "Callable[[int], None] | None" = None,
+               on_plan: "Callable[[list], None] | None" = None, timeout: "float | None" = None) -> InjectResult:
+        """Injects chunks; on_layer(l) is called as the node reports layer l
+        written for every hit (so a model may start layer l early), and
+        on_plan(matches) once every entry is fetched and verified, before
+        anything is written."""
+        from .client import _MATCH_OF, _key, _pcontext, _pid, translate
+        req = inject_pb2.InjectRequest(cache_id=self.cache_id, plan=on_plan is not None, chunks=[
+            inject_pb2.InjectChunk(content=_pid(c.content), tokens=list(c.tokens), want=_pcontext(c.want),
+                                   pos=c.pos, slots=list(c.slots)) for c in chunks])
+        layers = 0
+        try:
+            for ev in self._stub.Inject(req, metadata=self._client._metadata,
+                                        timeout=timeout or self._client.rpc_timeout):
+                kind = ev.WhichOneof("event")
+                if kind == "layer_written":
+                    layers += 1
+                    if on_layer:
+                        on_layer(ev.layer_written)
+                elif kind == "plan" and on_plan:
+                    on_plan([_MATCH_OF.get(r.status, "MISS") for r in ev.plan.results])
+                elif kind == "done":
+                    d = ev.done
+                    if len(d.results) != len(chunks):
+                        raise KvmeshError(f"Inject: {len(d.results)} results for {len(chunks)} chunks")
+                    matches = [_MATCH_OF.get(r.status, "MISS") for r in d.results]
+                    keys = [_key(r.key) if m != "MISS" else None for m, r in zip(matches, d.results)]
+                    return InjectResult(matches, keys, layers, d.written_bytes, d.decoded_bytes)
+        except grpc.RpcError as e:
+            raise translate(e, "Inject", self.addr) from None
+        raise KvmeshError(f"Inject on {self.addr}: the stream ended without results")
+
+    def close(self) -> None:
+        from ._pb import inject_pb2 as pb
+        from .client import translate
+        try:
+            self._stub.UnregisterCache(pb.UnregisterCacheRequest(cache_id=self.cache_id),
+                                       metadata=self._client._metadata, timeout=self._client.rpc_timeout)
+        except grpc.RpcError as e:
+            raise translate(e, "UnregisterCache", self.addr) from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_lo: int = 0, head_hi: int = 0,
+                   max_positions: int = 0) -> Injector:
+    """Registers cache with the node at addr (on this machine) for the model
+    fingerprint; head_lo/head_hi: the model KV heads the cache holds (both
+    0: all)."""
+    from .client import _pid, translate
+    req = inject_pb2.RegisterCacheRequest(
+        fingerprint=_pid(fingerprint), layers=cache.layers, layouts=[cache.layout.proto()], head_lo=head_lo,
+        head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_SHM, path=cache.path,
+        offsets=cache.offsets)
+    try:
+        resp = inject_pb2_grpc.InjectorStub(client._channel(addr)).RegisterCache(
+            req, metadata=client._metadata, timeout=client.rpc_timeout)
+    except grpc.RpcError as e:
+        raise translate(e, "RegisterCache", addr) from None
+    return Injector(client, addr, resp.cache_id)

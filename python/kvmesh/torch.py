@@ -1,0 +1,108 @@
+"""PyTorch integration (needs torch): capture of pre-RoPE K and V during a
+model's forward pass, chunk entries from the capture, and torch tensors over
+a shared-memory PagedCache.
+
+Capture hooks the modules whose outputs are the keys and values before
+rotary embedding: in Hugging Face Llama, Mistral and Qwen2 attention these
+are `self_attn.k_proj` and `self_attn.v_proj` (Qwen3 normalises keys after
+k_proj: hook `self_attn.k_norm` instead). Their outputs are
+[batch, tokens, kv_heads * head_dim]; RoPE is applied later, inside
+attention, so what the hooks see is exactly what kvmesh stores.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from .entry import Entry
+from .inject import PagedCache
+from .keys import Context, DType, Fingerprint, Key, ModelSpec, content_id
+
+_TORCH_DTYPE = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
+
+
+def cache_tensor(cache: PagedCache, layer: int) -> torch.Tensor:
+    """Layer `layer` of a shared-memory cache as a torch tensor over the same
+    memory (shape CacheLayout.shape); what the node writes shows up in it."""
+    a = cache.layer(layer)
+    t = torch.from_numpy(a)
+    if cache.layout.dtype == DType.BF16:
+        t = t.view(torch.bfloat16)
+    return t
+
+
+class KVCapture:
+    """Records pre-RoPE K and V per layer while active (a context manager).
+
+    with KVCapture(model, spec) as cap:
+        model(input_ids)
+    kv = cap.kv()   # [layers, 2, tokens, kv_heads, head_dim] of batch row 0
+
+    k_pattern and v_pattern match module names (regular expressions); the
+    matches, in module order, are layers 0, 1, ... Several forward calls
+    append along the token axis (prefill, then decode steps).
+    """
+
+    def __init__(self, model: torch.nn.Module, spec: ModelSpec, k_pattern: str = r"(^|\.)k_proj$",
+                 v_pattern: str = r"(^|\.)v_proj$", batch_row: int = 0):
+        self.spec, self.row = spec, batch_row
+        ks = [m for n, m in model.named_modules() if re.search(k_pattern, n)]
+        vs = [m for n, m in model.named_modules() if re.search(v_pattern, n)]
+        if len(ks) != spec.layers or len(vs) != spec.layers:
+            raise ValueError(f"found {len(ks)} key and {len(vs)} value modules for a {spec.layers}-layer spec "
+                             f"(patterns {k_pattern!r}, {v_pattern!r})")
+        self._mods = list(zip(ks, vs))
+        self._k: list = [[] for _ in ks]
+        self._v: list = [[] for _ in vs]
+        self._hooks: list = []
+
+    def _hook(self, store, layer):
+        def fn(_mod, _inp, out):
+            o = out[self.row] if out.dim() == 3 else out
+            store[layer].append(o.detach().reshape(o.shape[0], self.spec.kv_heads, self.spec.head_dim).clone())
+        return fn
+
+    def __enter__(self):
+        for l, (k, v) in enumerate(self._mods):
+            self._hooks.append(k.register_forward_hook(self._hook(self._k, l)))
+            self._hooks.append(v.register_forward_hook(self._hook(self._v, l)))
+        return self
+
+    def __exit__(self, *exc):
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+    def clear(self) -> None:
+        self._k = [[] for _ in self._k]
+        self._v = [[] for _ in self._v]
+
+    def kv(self) -> torch.Tensor:
+        """[layers, 2, tokens, kv_heads, head_dim] in the model's dtype."""
+        return torch.stack([torch.stack([torch.cat(k), torch.cat(v)]) for k, v in zip(self._k, self._v)])
+
+
+def to_numpy_kv(kv: torch.Tensor, dtype: DType) -> np.ndarray:
+    """A KV tensor in the entry dtype as numpy (bf16 as uint16 bits)."""
+    t = kv.detach().to("cpu", _TORCH_DTYPE[DType(dtype)]).contiguous()
+    if DType(dtype) == DType.BF16:
+        return t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def chunk_entries(kv: torch.Tensor, spec: ModelSpec, tokens: Sequence[int], bounds: "Iterable[tuple[int, int]]",
+                  contexts: "Sequence[Context]") -> "list[Entry]":
+    """Entries of the chunks tokens[a:b] for (a, b) in bounds, from a captured
+    kv ([layers, 2, len(tokens), kv_heads, head_dim]), each with its
+    context."""
+    fp: Fingerprint = spec.fingerprint()
+    kvn = to_numpy_kv(kv, spec.dtype)
+    out = []
+    for (a, b), ctx in zip(bounds, contexts):
+        t = list(tokens[a:b])
+        out.append(Entry.from_kv(Key(fp, content_id(fp, t), ctx), t, kvn[:, :, a:b], spec.dtype))
+    return out

@@ -1,0 +1,148 @@
+"""PyTorch path: capture pre-RoPE K and V from a small Llama, store chunks
+with their contexts, let the local node inject them into a paged cache in
+shared memory, and continue the model from it. EXACT hits must give the
+logits of a full prefill; APPROXIMATE and MISS are reported as such."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import kvmesh  # noqa: E402
+from kvmesh import Match  # noqa: E402
+from kvmesh.inject import CacheLayout, InjectChunk, PagedCache  # noqa: E402
+from kvmesh.torch import KVCapture, cache_tensor, chunk_entries  # noqa: E402
+from tinyllama import TinyLlama  # noqa: E402
+
+CHUNK, SUFFIX, BLOCK = 64, 8, 16
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.set_num_threads(2)
+    return TinyLlama(seed=7)
+
+
+@pytest.fixture(scope="module")
+def setup(cluster, model):
+    with kvmesh.Client(cluster.seeds) as c:
+        c.register_model(model.spec)
+    return model
+
+
+def new_cache(model, tokens):
+    blocks = -(-tokens // BLOCK)
+    s = model.spec
+    return PagedCache(s.layers, CacheLayout(blocks, BLOCK, s.kv_heads, s.head_dim, s.dtype))
+
+
+def prompt(offset, seed):
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 512, offset + CHUNK + SUFFIX).tolist()
+
+
+def run_full(model, tokens, capture=False):
+    """A full prefill into a fresh cache; returns logits (and the captured
+    pre-RoPE KV)."""
+    n = len(tokens)
+    with new_cache(model, n) as cache:
+        caches = [cache_tensor(cache, l) for l in range(model.spec.layers)]
+        pos = list(range(n))
+        if capture:
+            with KVCapture(model, model.spec) as cap:
+                logits = model(tokens, pos, caches, pos, pos)
+            out = logits, cap.kv()
+        else:
+            out = model(tokens, pos, caches, pos, pos)
+        del caches
+    return out
+
+
+def run_injected(model, client, node, tokens, offset, want, content=None):
+    """Prefills tokens[:offset], has the node inject the chunk at offset,
+    then computes the suffix from the cache. Returns (suffix logits, the
+    inject result, the chunk's K slots after injection)."""
+    fp = model.spec.fingerprint()
+    n = len(tokens)
+    chunk = tokens[offset:offset + CHUNK]
+    with new_cache(model, n) as cache:
+        caches = [cache_tensor(cache, l) for l in range(model.spec.layers)]
+        seq = list(range(n))
+        if offset:
+            model(tokens[:offset], seq[:offset], caches, seq[:offset], seq[:offset])
+        layers = []
+        with client.register_cache(node, fp, cache) as inj:
+            res = inj.inject([InjectChunk(content or kvmesh.content_id(fp, chunk), chunk, want, offset,
+                                          seq[offset:offset + CHUNK])], on_layer=layers.append)
+        assert layers == (list(range(model.spec.layers)) if res.matches[0] != Match.MISS else [])
+        written = caches[0].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[0, offset:offset + CHUNK].clone()
+        logits = model(tokens[offset + CHUNK:], seq[offset + CHUNK:], caches, seq[offset + CHUNK:], seq)
+        del caches
+    return logits, res, written
+
+
+@pytest.mark.parametrize("offset", [0, 300, 1500])
+def test_exact_hit_equals_prefill(setup, cluster, offset):
+    model = setup
+    fp = model.spec.fingerprint()
+    tokens = prompt(offset, offset)
+    ref, kv = run_full(model, tokens, capture=True)
+    # The prompt as chunks: its prefix (one chunk, if any), the chunk, the
+    # suffix. The chunk's context is the prefix chain up to it: EXACT.
+    cuts = ([(0, offset)] if offset else []) + [(offset, offset + CHUNK)]
+    ctxs, _ = kvmesh.prefix_chain(fp, [tokens[a:b] for a, b in cuts])
+    with kvmesh.Client(cluster.seeds) as c:
+        (e,) = chunk_entries(kv, model.spec, tokens, cuts[-1:], ctxs[-1:])
+        c.put(e)
+        got, res, _ = run_injected(model, c, cluster.nodes[0].grpc, tokens, offset, ctxs[-1])
+    assert res.matches == [Match.EXACT]
+    assert (res.keys[0].content, res.keys[0].context) == (e.key.content, e.key.context)
+    diff = (got - ref[offset + CHUNK:]).abs().max().item()
+    print(f"offset {offset}: max |logit diff| {diff:.3g}")
+    assert diff <= TOL
+
+
+def test_approximate_and_miss(setup, cluster):
+    model = setup
+    fp = model.spec.fingerprint()
+    offset = 200
+    tokens = prompt(offset, 99)
+    chunk = tokens[offset:offset + CHUNK]
+    ref = run_full(model, tokens)
+    # The chunk encoded alone (standalone) is another encoding of the same
+    # content: injected after a different prefix it is APPROXIMATE.
+    _, kv_alone = run_full(model, chunk + [0] * SUFFIX, capture=True)
+    (e,) = chunk_entries(kv_alone, model.spec, chunk, [(0, CHUNK)], [kvmesh.standalone_context()])
+    want = kvmesh.prefix_chain(fp, [tokens[:offset], chunk])[0][1]
+    with kvmesh.Client(cluster.seeds) as c:
+        c.put(e)
+        got, res, written = run_injected(model, c, cluster.nodes[1].grpc, tokens, offset, want)
+        assert res.matches == [Match.APPROXIMATE] and res.keys[0].context == kvmesh.standalone_context()
+        assert written.abs().sum() > 0
+        # Approximate KV changes the answer: the EXACT check is not vacuous.
+        assert (got - ref[offset + CHUNK:]).abs().max().item() > 10 * TOL
+        # A chunk nothing stored: MISS, and its slots are left alone.
+        other = [t ^ 1 for t in chunk]
+        _, res, written = run_injected(model, c, cluster.nodes[2].grpc, tokens[:offset] + other + tokens[-SUFFIX:],
+                                       offset, want)
+        assert res.matches == [Match.MISS] and res.keys == [None]
+        assert written.abs().sum() == 0
+
+
+def test_capture_matches_pre_rope_keys(setup):
+    """The capture holds k_proj's output: rotating it gives the cache's K."""
+    model = setup
+    tokens = prompt(0, 5)[:40]
+    n = len(tokens)
+    with new_cache(model, n) as cache:
+        caches = [cache_tensor(cache, l) for l in range(model.spec.layers)]
+        pos = list(range(n))
+        with KVCapture(model, model.spec) as cap:
+            model(tokens, pos, caches, pos, pos)
+        kv = cap.kv()
+        from tinyllama import rotate
+        k_cache = caches[1].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[0, :n]
+        assert torch.equal(rotate(kv[1, 0], model.cos[:n], model.sin[:n]), k_cache)
+        assert torch.equal(kv[1, 1], caches[1].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[1, :n])
+        del caches
