@@ -85,7 +85,7 @@ func TestClusterWrites(t *testing.T) {
 				t.Fatalf("register on leader: %v", err)
 			}
 			set := Settings{ReplicationFactor: 3, WriteQuorum: 3, Codec: chunk.CodecLossless}
-			if err := f.SetSettings(ctxT(t), set); err != nil {
+			if err := f.SetSettings(ctxT(t), set, AnyVersion()); err != nil {
 				t.Fatal(err)
 			}
 			eventually(t, "every node has both models and the settings", func() bool {
@@ -111,7 +111,7 @@ func TestClusterWrites(t *testing.T) {
 			if _, err := f.RegisterModel(ctxT(t), bad); !errors.Is(err, ErrInvalidCommand) {
 				t.Fatalf("invalid spec on follower: %v", err)
 			}
-			if err := f.SetSettings(ctxT(t), Settings{ReplicationFactor: 2, WriteQuorum: 3, Codec: chunk.CodecRaw}); !errors.Is(err, ErrInvalidCommand) {
+			if err := f.SetSettings(ctxT(t), Settings{ReplicationFactor: 2, WriteQuorum: 3, Codec: chunk.CodecRaw}, AnyVersion()); !errors.Is(err, ErrInvalidCommand) {
 				t.Fatalf("W > R: %v", err)
 			}
 			// A valid command sent to a follower is refused, not applied
@@ -179,7 +179,7 @@ func testLeaderLossAndRestart(t *testing.T, n int) {
 		t.Fatal(err)
 	}
 	set := Settings{ReplicationFactor: 2, WriteQuorum: 2, Codec: chunk.CodecRaw}
-	if err := l.SetSettings(ctxT(t), set); err != nil {
+	if err := l.SetSettings(ctxT(t), set, AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "replicated", func() bool {
@@ -259,7 +259,7 @@ func TestWholeClusterRestart(t *testing.T) {
 		fps = append(fps, fp)
 	}
 	set := Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecFP8}
-	if err := l.SetSettings(ctxT(t), set); err != nil {
+	if err := l.SetSettings(ctxT(t), set, AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
 	for round, graceful := range []bool{false, true} {
@@ -508,7 +508,7 @@ func TestChurnAgreement(t *testing.T) {
 		}
 		fps = append(fps, fp)
 		set = Settings{ReplicationFactor: 1 + round, WriteQuorum: 1, Codec: chunk.CodecRaw}
-		if err := w.SetSettings(ctxT(t), set); err != nil {
+		if err := w.SetSettings(ctxT(t), set, AnyVersion()); err != nil {
 			t.Fatalf("round %d: settings: %v", round, err)
 		}
 		c.start(victim)

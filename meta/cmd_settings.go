@@ -1,55 +1,14 @@
 package meta
 
-import (
-	"fmt"
-
-	"github.com/kvmesh/kvmesh/chunk"
-)
-
-// Settings are the cluster-wide knobs every node reads from the metadata.
-type Settings struct {
-	// ReplicationFactor is R, the number of replicas of each chunk.
-	ReplicationFactor int `json:"replication_factor"`
-	// WriteQuorum is W, the replicas that must hold a chunk before a put is
-	// acknowledged; 1 <= W <= R.
-	WriteQuorum int `json:"write_quorum"`
-	// Codec is the codec new entries are encoded with.
-	Codec chunk.Codec `json:"codec"`
-}
-
-// Default settings until the first SetSettings.
-const (
-	DefaultReplicationFactor = 3
-	DefaultWriteQuorum       = 2
-	// MaxReplicationFactor bounds R; more replicas than this is a typo.
-	MaxReplicationFactor = 16
-)
-
-// DefaultSettings returns R=3, W=2, raw codec.
-func DefaultSettings() Settings {
-	return Settings{ReplicationFactor: DefaultReplicationFactor, WriteQuorum: DefaultWriteQuorum, Codec: chunk.CodecRaw}
-}
-
-// Validate reports why s cannot be the cluster's settings.
-func (s Settings) Validate() error {
-	switch {
-	case s.ReplicationFactor < 1 || s.ReplicationFactor > MaxReplicationFactor:
-		return fmt.Errorf("%w: replication factor %d out of range 1..%d", ErrInvalidCommand, s.ReplicationFactor, MaxReplicationFactor)
-	case s.WriteQuorum < 1 || s.WriteQuorum > s.ReplicationFactor:
-		return fmt.Errorf("%w: write quorum %d out of range 1..%d", ErrInvalidCommand, s.WriteQuorum, s.ReplicationFactor)
-	case s.Codec < chunk.CodecRaw || s.Codec > chunk.CodecFP8:
-		return fmt.Errorf("%w: unknown codec %v", ErrInvalidCommand, s.Codec)
-	}
-	return nil
-}
+import "fmt"
 
 // setSettings replaces the settings. Its JSON is Settings' own fields (all
-// the command held before conditional changes existed) and, for a
-// conditional change (SetSettingsIf), if_version: the FSM refuses the
-// command with ErrSettingsVersion unless the settings are still at that
-// version (the log index of their last change); for a change merged
-// from settings read earlier (SetSettingsFrom), if_settings: refused the
-// same way unless the settings are still those.
+// the command held before conditional changes existed) and the write's
+// Precondition: if_version for AtVersion (the FSM refuses the command with
+// ErrSettingsVersion unless the settings are still at that version, the
+// log index of their last change), if_settings for AtSettings (refused
+// the same way unless the settings are still those); neither for
+// AnyVersion.
 type setSettings struct {
 	Settings
 	IfVersion  *uint64   `json:"if_version,omitempty"`

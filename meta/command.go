@@ -27,9 +27,9 @@ var (
 	// voter: nobody would be left to run the cluster. It is wrapped with
 	// ErrInvalidCommand, so that a forwarded leave is not retried.
 	ErrLastVoter = errors.New("meta: the last raft voter cannot leave")
-	// ErrSettingsVersion is returned by SetSettingsIf when the settings
-	// are no longer at the version the caller expected: someone else
-	// changed them meanwhile, and nothing was changed.
+	// ErrSettingsVersion is returned by SetSettings when its
+	// Precondition no longer holds: someone else changed the settings
+	// meanwhile, and nothing was changed.
 	ErrSettingsVersion = errors.New("meta: settings changed since the expected version")
 )
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 
@@ -64,11 +65,11 @@ func TestFSMSettingsVersion(t *testing.T) {
 	}
 }
 
-// TestSetSettingsIf: two admins read the same version through different
+// TestSetSettingsAtVersion: two admins read the same version through different
 // nodes and both change the settings conditionally: the first commit
 // wins, the second fails with ErrSettingsVersion whichever node it went
 // through (the follower forwards it to the leader) and changes nothing.
-func TestSetSettingsIf(t *testing.T) {
+func TestSetSettingsAtVersion(t *testing.T) {
 	c := newCluster(t, 3)
 	for _, id := range ids(3) {
 		c.start(id)
@@ -88,10 +89,10 @@ func TestSetSettingsIf(t *testing.T) {
 		if cur := l.Settings(); cur == a {
 			first, second = b, a // a repeated step: change something
 		}
-		if err := f.SetSettingsIf(ctx, first, v); err != nil {
+		if err := f.SetSettings(ctx, first, AtVersion(v)); err != nil {
 			return err
 		}
-		if err := l.SetSettingsIf(ctx, second, v); !errors.Is(err, ErrSettingsVersion) {
+		if err := l.SetSettings(ctx, second, AtVersion(v)); !errors.Is(err, ErrSettingsVersion) {
 			t.Fatalf("second admin through the leader: %v, want ErrSettingsVersion", err)
 		}
 		nv := uint64(0)
@@ -104,14 +105,14 @@ func TestSetSettingsIf(t *testing.T) {
 		}
 		// The stale version through the follower too: forwarded to the
 		// leader, or refused at once since the follower holds a newer one.
-		if err := f.SetSettingsIf(ctx, second, v); !errors.Is(err, ErrSettingsVersion) {
+		if err := f.SetSettings(ctx, second, AtVersion(v)); !errors.Is(err, ErrSettingsVersion) {
 			t.Fatalf("second admin through the follower: %v, want ErrSettingsVersion", err)
 		}
 		if got, sv := l.VersionedSettings(); got != first || sv != nv {
 			t.Fatalf("after refused changes: %+v at %d, want %+v at %d", got, sv, first, nv)
 		}
 		// With the new version the change goes through.
-		if err := f.SetSettingsIf(ctx, second, nv); err != nil {
+		if err := f.SetSettings(ctx, second, AtVersion(nv)); err != nil {
 			return err
 		}
 		if got, _ := f.WaitSettingsVersion(ctx, nv+1); got != second {
@@ -170,12 +171,12 @@ func (f *unclearForwarder) Apply(ctx context.Context, addr string, cmd []byte) e
 	return fmt.Errorf("forward to %s: %w", addr, context.DeadlineExceeded)
 }
 
-// TestSetSettingsIfUnclearFirstTry: a conditional change whose first
+// TestSetSettingsUnclearFirstTry: a conditional change whose first
 // forward committed but answered with a timeout succeeds (its retry is
 // refused by its own condition, and the node's state shows the change
 // landed); when what committed meanwhile was another admin's change, the
 // conflict is still reported.
-func TestSetSettingsIfUnclearFirstTry(t *testing.T) {
+func TestSetSettingsUnclearFirstTry(t *testing.T) {
 	c := newCluster(t, 3)
 	fwd := &unclearForwarder{inner: c.fwd}
 	c.tweak = func(cfg *Config) { cfg.Forward = fwd }
@@ -193,9 +194,9 @@ func TestSetSettingsIfUnclearFirstTry(t *testing.T) {
 		to      Settings
 		instead *Settings // another admin's change committed by the lost forward
 	}{
-		{"if version, landed", func(f *Store, _ Settings, v uint64) error { return f.SetSettingsIf(ctx, a, v) }, a, nil},
-		{"from settings, landed", func(f *Store, from Settings, _ uint64) error { return f.SetSettingsFrom(ctx, from, b) }, b, nil},
-		{"if version, another admin won", func(f *Store, _ Settings, v uint64) error { return f.SetSettingsIf(ctx, a, v) }, d, &d},
+		{"if version, landed", func(f *Store, _ Settings, v uint64) error { return f.SetSettings(ctx, a, AtVersion(v)) }, a, nil},
+		{"from settings, landed", func(f *Store, from Settings, _ uint64) error { return f.SetSettings(ctx, b, AtSettings(from)) }, b, nil},
+		{"if version, another admin won", func(f *Store, _ Settings, v uint64) error { return f.SetSettings(ctx, a, AtVersion(v)) }, d, &d},
 	}
 	for _, tc := range tests {
 		f := c.follower()
@@ -221,6 +222,27 @@ func TestSetSettingsIfUnclearFirstTry(t *testing.T) {
 		}
 		if got, sv := f.WaitSettingsVersion(ctx, v+1); got != tc.to || sv <= v {
 			t.Fatalf("%s: follower holds %+v at version %d, want %+v after %d", tc.name, got, sv, tc.to, v)
+		}
+	}
+}
+
+// TestPreconditionCommand: each precondition writes the condition the FSM
+// checks (the command fields of testdata/commands.golden).
+func TestPreconditionCommand(t *testing.T) {
+	set := Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecLossless}
+	from := DefaultSettings()
+	v := uint64(12)
+	for _, tc := range []struct {
+		pre  Precondition
+		want setSettings
+	}{
+		{AnyVersion(), setSettings{Settings: set}},
+		{Precondition{}, setSettings{Settings: set}},
+		{AtVersion(12), setSettings{Settings: set, IfVersion: &v}},
+		{AtSettings(from), setSettings{Settings: set, IfSettings: &from}},
+	} {
+		if got := tc.pre.command(set); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%v: command %+v, want %+v", tc.pre, got, tc.want)
 		}
 	}
 }

@@ -32,7 +32,7 @@ func TestSingleNodeRestart(t *testing.T) {
 		t.Fatalf("invalid spec: err %v", err)
 	}
 	want := Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
-	if err := s.SetSettings(ctxT(t), want); err != nil {
+	if err := s.SetSettings(ctxT(t), want, AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "self in ring", func() bool { return len(ringIDs(s)) == 1 })

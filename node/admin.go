@@ -418,7 +418,7 @@ const settingsMergeTries = 16
 // change committed through another node that this one has not applied
 // yet). With an expected version in req the condition is that version
 // and a lost race is the caller's conflict; without one it is the
-// settings merged from (meta.SetSettingsFrom), and a lost race is merged
+// settings merged from (meta.AtSettings), and a lost race is merged
 // again once this node has applied the winner. Fields left at zero keep
 // their values. It returns the version prev had.
 func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequest) (prev, next meta.Settings, v uint64, err error) {
@@ -441,12 +441,12 @@ func (s *adminService) setSettings(ctx context.Context, req *api.SetSettingsRequ
 		if next, err = mergeSettings(prev, req); err != nil {
 			return prev, next, v, err
 		}
+		pre := meta.AtSettings(prev)
 		if req.ExpectedVersion != nil {
-			err = s.n.meta.SetSettingsIf(ctx, next, v)
-			break
+			pre = meta.AtVersion(v)
 		}
-		err = s.n.meta.SetSettingsFrom(ctx, prev, next)
-		if err == nil || !errors.Is(err, meta.ErrSettingsVersion) || try == settingsMergeTries {
+		err = s.n.meta.SetSettings(ctx, next, pre)
+		if err == nil || req.ExpectedVersion != nil || !errors.Is(err, meta.ErrSettingsVersion) || try == settingsMergeTries {
 			break
 		}
 		// Another change won: merge again once this node has applied it.

@@ -43,7 +43,7 @@ func BenchmarkClusterPutGet(b *testing.B) {
 	const conc = 8
 	for _, rf := range []int{3, 1} {
 		set := meta.Settings{ReplicationFactor: rf, WriteQuorum: min(2, rf), Codec: chunk.CodecRaw}
-		if err := nodes[0].meta.SetSettings(ctx, set); err != nil {
+		if err := nodes[0].meta.SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 			b.Fatal(err)
 		}
 		for c.ReplicationFactor() != rf {

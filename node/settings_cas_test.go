@@ -80,7 +80,7 @@ func TestSettingsCompareAndSet(t *testing.T) {
 	// the leader" would end in it, not in ErrSettingsVersion.
 	future := resp.Version + 1000
 	fctx, fcancel := context.WithTimeout(ctx, 15*time.Second)
-	err = follower.meta.SetSettingsIf(fctx, meta.DefaultSettings(), future)
+	err = follower.meta.SetSettings(fctx, meta.DefaultSettings(), meta.AtVersion(future))
 	fcancel()
 	if !errors.Is(err, meta.ErrSettingsVersion) {
 		t.Fatalf("forwarded stale change: %v, want ErrSettingsVersion at once", err)

@@ -27,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -133,7 +134,7 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	}
 	set := nodes[0].Meta().Settings()
 	set.ReplicationFactor, set.WriteQuorum = cfg.Replicas, min(set.WriteQuorum, cfg.Replicas)
-	if err := nodes[0].Meta().SetSettings(ctx, set); err != nil {
+	if err := nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 		return fmt.Errorf("demo: settings: %w", err)
 	}
 	for _, n := range nodes {
