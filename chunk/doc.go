@@ -1,7 +1,9 @@
 // Package chunk defines what kvmesh stores and how it is named: the model
 // spec and its fingerprint, the 128-bit content and context IDs of a chunk of
 // tokens, the entry format that carries a chunk's pre-RoPE K and V tensors,
-// the codecs that compress them, and the float conversions they need.
+// the codecs that compress them, and the float conversions they need. It also
+// holds the shared vocabulary of lookups: how a stored encoding fits a wanted
+// chunk (Match) and which stored encoding is best (Better).
 //
 // It imports nothing else of kvmesh; every other package builds on it. The
 // key derivation is specified byte for byte in docs/KEYS.md so that clients

@@ -507,36 +507,17 @@ func (c *Client) get(ctx context.Context, cc *grpc.ClientConn, req *api.GetReque
 	return &hdr, data, nil
 }
 
-// Match is how a lookup answer relates to the wanted context.
-type Match int
-
-// Lookup answers.
-const (
-	Miss        Match = iota // no encoding of the content is stored
-	Exact                    // the wanted context itself
-	Approximate              // another encoding of the same content
-)
-
-func (m Match) String() string {
-	switch m {
-	case Exact:
-		return "EXACT"
-	case Approximate:
-		return "APPROXIMATE"
-	}
-	return "MISS"
-}
-
 // LookupItem asks for the best encoding of Content for use after Want.
 type LookupItem struct {
 	Content chunk.ID
 	Want    chunk.Context
 }
 
-// LookupResult answers one LookupItem: the key found (unless Miss) and the
-// replicas of the content, those that hold the key first.
+// LookupResult answers one LookupItem: the key found (unless
+// chunk.MatchMiss) and the replicas of the content, those that hold the key
+// first.
 type LookupResult struct {
-	Match   Match
+	Match   chunk.Match
 	Key     chunk.Key
 	Holders []ring.Member
 }
@@ -606,14 +587,8 @@ func (c *Client) lookupBatch(ctx context.Context, fp chunk.Fingerprint, items []
 	}
 	for j, i := range idx {
 		r := resp.Results[j]
-		res := LookupResult{}
-		switch r.Status {
-		case api.LookupStatus_LOOKUP_STATUS_EXACT:
-			res.Match = Exact
-		case api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
-			res.Match = Approximate
-		}
-		if res.Match != Miss {
+		res := LookupResult{Match: api.MatchFromProto(r.Status)}
+		if res.Match != chunk.MatchMiss {
 			k, err := KeyFromProto(r.Key)
 			if err != nil {
 				return err

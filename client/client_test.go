@@ -365,11 +365,11 @@ func TestLookupBatchesByOwner(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, r := range res {
-		want := Miss
+		want := chunk.MatchMiss
 		if i%2 == 0 {
-			want = Exact
+			want = chunk.MatchExact
 		}
-		if r.Match != want || (want == Exact && r.Key.Content != items[i].Content) {
+		if r.Match != want || (want == chunk.MatchExact && r.Key.Content != items[i].Content) {
 			t.Fatalf("item %d: %v %v, want %v", i, r.Match, r.Key, want)
 		}
 	}

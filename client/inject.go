@@ -167,17 +167,15 @@ func injectResults(rs []*api.LookupResult, chunks int) ([]engine.InjectResult, e
 	}
 	out := make([]engine.InjectResult, chunks)
 	for i, r := range rs {
-		switch r.Status {
-		case api.LookupStatus_LOOKUP_STATUS_EXACT, api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
-			cx, err := ContextFromProto(r.GetKey().GetContext())
-			if err != nil {
-				return nil, fmt.Errorf("result %d: %w", i, err)
-			}
-			out[i] = engine.InjectResult{Match: engine.MatchApproximate, Context: cx}
-			if r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
-				out[i].Match = engine.MatchExact
-			}
+		m := api.MatchFromProto(r.Status)
+		if m == chunk.MatchMiss {
+			continue
 		}
+		cx, err := ContextFromProto(r.GetKey().GetContext())
+		if err != nil {
+			return nil, fmt.Errorf("result %d: %w", i, err)
+		}
+		out[i] = engine.InjectResult{Match: m, Context: cx}
 	}
 	return out, nil
 }

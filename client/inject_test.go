@@ -118,7 +118,7 @@ func TestInjectorOverRPC(t *testing.T) {
 		plan    []engine.InjectResult
 	}{
 		{name: "layers then results", events: []*api.InjectEvent{layerEv(0), layerEv(1), layerEv(2), layerEv(3), doneEv(exact, approx, miss)},
-			want:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {}},
+			want:   []engine.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {}},
 			layers: []int{0, 1, 2, 3}},
 		{name: "all miss, no layers", events: []*api.InjectEvent{doneEv(miss, miss, miss)}, want: make([]engine.InjectResult, 3)},
 		{name: "stream ends without results", events: []*api.InjectEvent{layerEv(0)}, fails: true},
@@ -128,11 +128,11 @@ func TestInjectorOverRPC(t *testing.T) {
 		{name: "server error", err: status.Error(codes.NotFound, "unknown cache"), fails: true},
 		{name: "plan, layers, results", planned: true,
 			events: []*api.InjectEvent{planEv(exact, approx, exact), layerEv(0), layerEv(1), doneEv(exact, approx, miss)},
-			plan:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {Match: engine.MatchExact, Context: cx1}},
-			want:   []engine.InjectResult{{Match: engine.MatchExact, Context: cx1}, {Match: engine.MatchApproximate, Context: cx2}, {}},
+			plan:   []engine.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {Match: chunk.MatchExact, Context: cx1}},
+			want:   []engine.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {}},
 			layers: []int{0, 1}},
 		{name: "node without plans", planned: true, events: []*api.InjectEvent{layerEv(0), doneEv(miss, miss, exact)},
-			want: []engine.InjectResult{{}, {}, {Match: engine.MatchExact, Context: cx1}}, layers: []int{0}},
+			want: []engine.InjectResult{{}, {}, {Match: chunk.MatchExact, Context: cx1}}, layers: []int{0}},
 		{name: "plan after a layer", planned: true, events: []*api.InjectEvent{layerEv(0), planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
 		{name: "two plans", planned: true, events: []*api.InjectEvent{planEv(miss, miss, miss), planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
 		{name: "plan of the wrong count", planned: true, events: []*api.InjectEvent{planEv(miss), doneEv(miss, miss, miss)}, fails: true},
@@ -251,7 +251,7 @@ func FuzzInjectResults(f *testing.F) {
 		}
 		for i, r := range p.Results {
 			hit := r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT || r.Status == api.LookupStatus_LOOKUP_STATUS_APPROXIMATE
-			if hit != (out[i].Match != engine.MatchMiss) || (out[i].Match == engine.MatchExact) != (r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT) {
+			if hit != (out[i].Match != chunk.MatchMiss) || (out[i].Match == chunk.MatchExact) != (r.Status == api.LookupStatus_LOOKUP_STATUS_EXACT) {
 				t.Fatalf("result %d: status %v gave %v", i, r.Status, out[i].Match)
 			}
 		}

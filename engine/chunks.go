@@ -41,29 +41,6 @@ type ChunkStore interface {
 	ChunkSink
 }
 
-// Match is how well a looked-up entry fits the prompt.
-type Match uint8
-
-const (
-	// MatchMiss: nothing usable was found; the chunk is prefilled.
-	MatchMiss Match = iota
-	// MatchApproximate: another encoding of the same tokens (standalone or
-	// windowed); injected, and repaired by recomputation if asked.
-	MatchApproximate
-	// MatchExact: encoded after the same prefix; identical to prefill.
-	MatchExact
-)
-
-func (m Match) String() string {
-	switch m {
-	case MatchExact:
-		return "exact"
-	case MatchApproximate:
-		return "approximate"
-	}
-	return "miss"
-}
-
 // EncodeOptions place an encoding.
 type EncodeOptions struct {
 	// StartPos is the position of the first token of the encoding run (the
@@ -229,7 +206,7 @@ type Request struct {
 // ChunkResult reports one chunk segment.
 type ChunkResult struct {
 	Segment int
-	Match   Match
+	Match   chunk.Match
 	Context chunk.Context // of the entry used (zero on a miss)
 }
 
@@ -262,7 +239,7 @@ type InjectChunk struct {
 
 // InjectResult is a CacheInjector's answer for one chunk.
 type InjectResult struct {
-	Match   Match
+	Match   chunk.Match
 	Context chunk.Context // of the entry written (zero on a miss)
 }
 
@@ -338,7 +315,7 @@ func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, re
 	}
 	resp.Tokens = len(all)
 	// cached[i]: 0 compute, 1 exact, 2 approximate.
-	state := make([]Match, len(all))
+	state := make([]chunk.Match, len(all))
 	var entries []*chunk.Entry
 	var segOf []int
 	if src != nil {
@@ -375,9 +352,9 @@ func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, re
 				r := ChunkResult{Segment: i}
 				if entries != nil && entries[j] != nil {
 					r.Context = entries[j].Key.Context
-					r.Match = MatchApproximate
+					r.Match = chunk.MatchApproximate
 					if entries[j].Key.Context == reqs[j].Key.Context {
-						r.Match = MatchExact
+						r.Match = chunk.MatchExact
 					}
 				}
 				resp.Chunks = append(resp.Chunks, r)
@@ -427,26 +404,26 @@ func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, re
 // (misses, text, approximate tokens under recomputation) and fills resp's
 // logits, work and Compute time. wait, if not nil, is called before layer
 // l reads the cache (see fwdPlan.wait). Called with e.mu held.
-func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []Match, resp *Response, wait func(int) error) error {
+func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []chunk.Match, resp *Response, wait func(int) error) error {
 	t2 := time.Now()
 	// The last token's hidden state gives the logits, so it is always
 	// computed (vLLM's connector reports one token fewer for the same reason).
-	state[len(state)-1] = MatchMiss
+	state[len(state)-1] = chunk.MatchMiss
 	plan := fwdPlan{logits: make([]float32, e.cfg.VocabSize), wait: wait}
 	var nApprox int
 	for t, m := range state {
-		if m == MatchExact || (m == MatchApproximate && req.Recompute == 0) {
+		if m == chunk.MatchExact || (m == chunk.MatchApproximate && req.Recompute == 0) {
 			continue
 		}
 		plan.active = append(plan.active, t)
-		if m == MatchApproximate {
+		if m == chunk.MatchApproximate {
 			nApprox++
 		}
 	}
 	if nApprox > 0 {
 		plan.approx = make([]bool, len(plan.active))
 		for r, t := range plan.active {
-			plan.approx[r] = state[t] == MatchApproximate
+			plan.approx[r] = state[t] == chunk.MatchApproximate
 		}
 		plan.check = req.CheckLayer
 		if plan.check <= 0 {
@@ -468,9 +445,9 @@ func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []
 
 // injectLocal writes the looked-up entries through cudakern and records
 // what it placed. Called with e.mu held and the sequence grown.
-func (e *Engine) injectLocal(ctx context.Context, req Request, starts []int, s *Sequence, state []Match, entries []*chunk.Entry, resp *Response) error {
+func (e *Engine) injectLocal(ctx context.Context, req Request, starts []int, s *Sequence, state []chunk.Match, entries []*chunk.Entry, resp *Response) error {
 	for j, cr := range resp.Chunks {
-		if cr.Match == MatchMiss {
+		if cr.Match == chunk.MatchMiss {
 			continue
 		}
 		i := cr.Segment
@@ -483,7 +460,7 @@ func (e *Engine) injectLocal(ctx context.Context, req Request, starts []int, s *
 				return err
 			}
 			e.log.Warn("engine: inject failed; prefilling the chunk", "segment", i, "err", err)
-			resp.Chunks[j].Match = MatchMiss
+			resp.Chunks[j].Match = chunk.MatchMiss
 			continue
 		}
 		for t := lo; t < lo+n; t++ {
@@ -496,7 +473,7 @@ func (e *Engine) injectLocal(ctx context.Context, req Request, starts []int, s *
 
 // injectRemote asks inj to place every chunk segment and records what it
 // placed. Called with e.mu held and the sequence grown.
-func (e *Engine) injectRemote(ctx context.Context, inj CacheInjector, req Request, starts []int, s *Sequence, state []Match, resp *Response) {
+func (e *Engine) injectRemote(ctx context.Context, inj CacheInjector, req Request, starts []int, s *Sequence, state []chunk.Match, resp *Response) {
 	chunks, segOf := e.injectChunks(req, starts, s)
 	if len(chunks) == 0 {
 		return
@@ -531,7 +508,7 @@ func (e *Engine) injectChunks(req Request, starts []int, s *Sequence) ([]InjectC
 
 // place records an injector's answers (res for the chunks of segments
 // segOf, or err) in state and resp; a failed call places nothing.
-func (e *Engine) place(req Request, starts, segOf []int, state []Match, resp *Response, res []InjectResult, err error) {
+func (e *Engine) place(req Request, starts, segOf []int, state []chunk.Match, resp *Response, res []InjectResult, err error) {
 	if err == nil && len(res) != len(segOf) {
 		err = fmt.Errorf("%d results for %d chunks", len(res), len(segOf))
 	}
@@ -541,7 +518,7 @@ func (e *Engine) place(req Request, starts, segOf []int, state []Match, resp *Re
 	}
 	for j, i := range segOf {
 		r := ChunkResult{Segment: i}
-		if res != nil && (res[j].Match == MatchExact || res[j].Match == MatchApproximate) {
+		if res != nil && (res[j].Match == chunk.MatchExact || res[j].Match == chunk.MatchApproximate) {
 			r.Match, r.Context = res[j].Match, res[j].Context
 			lo, n := starts[i], len(req.Segments[i].Tokens)
 			for t := lo; t < lo+n; t++ {

@@ -57,7 +57,7 @@ func TestExactInjection(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, cr := range got.Chunks {
-					if cr.Match != MatchExact {
+					if cr.Match != chunk.MatchExact {
 						t.Fatalf("segment %d: %v, want exact", cr.Segment, cr.Match)
 					}
 				}
@@ -123,7 +123,7 @@ func TestExactChainComposes(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, cr := range got.Chunks {
-					if cr.Match != MatchExact {
+					if cr.Match != chunk.MatchExact {
 						t.Fatalf("segment %d: %v, want exact", cr.Segment, cr.Match)
 					}
 				}
@@ -143,7 +143,7 @@ func TestExactChainComposes(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, cr := range re.Chunks {
-					if cr.Match == MatchExact {
+					if cr.Match == chunk.MatchExact {
 						t.Fatalf("reordered segment %d matched exactly", cr.Segment)
 					}
 				}
@@ -214,7 +214,7 @@ func TestApproximateRecompute(t *testing.T) {
 				t.Fatal(err)
 			}
 			for _, cr := range resp.Chunks {
-				if cr.Match != MatchApproximate {
+				if cr.Match != chunk.MatchApproximate {
 					t.Fatalf("standalone entry matched %v", cr.Match)
 				}
 			}
@@ -469,9 +469,9 @@ func (s *storeInjector) InjectChunks(ctx context.Context, chunks []InjectChunk) 
 			s.t.Errorf("inject: %v", err)
 			continue
 		}
-		out[i] = InjectResult{Match: MatchApproximate, Context: ent.Key.Context}
+		out[i] = InjectResult{Match: chunk.MatchApproximate, Context: ent.Key.Context}
 		if ent.Key.Context == c.Key.Context {
-			out[i].Match = MatchExact
+			out[i].Match = chunk.MatchExact
 		}
 	}
 	return out, nil
@@ -514,7 +514,7 @@ func TestRunInjected(t *testing.T) {
 		if d := maxAbsDiff(got.Logits, want.Logits); d != 0 || got.TokenLayers != want.TokenLayers {
 			t.Fatalf("r=%v: injector path differs from the engine's: %g, %d vs %d token-layers", rec, d, got.TokenLayers, want.TokenLayers)
 		}
-		wantMatch := []Match{MatchExact, MatchExact, MatchApproximate}
+		wantMatch := []chunk.Match{chunk.MatchExact, chunk.MatchExact, chunk.MatchApproximate}
 		for j, cr := range got.Chunks {
 			if cr.Match != wantMatch[j] {
 				t.Fatalf("chunk %d: %v, want %v", j, cr.Match, wantMatch[j])
@@ -642,7 +642,7 @@ func TestCacheOrderHND(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got.Chunks[0].Match != MatchExact {
+		if got.Chunks[0].Match != chunk.MatchExact {
 			t.Fatalf("%v: chunk %v", order, got.Chunks[0].Match)
 		}
 		want := prefill(t, e, 30, segs)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
 )
 
 // errReplan ends a forward pass whose plan the injector's final answer
@@ -106,7 +108,7 @@ func onlyLost(planned, final []InjectResult) bool {
 		return false
 	}
 	for i := range planned {
-		if final[i] != planned[i] && final[i].Match != MatchMiss {
+		if final[i] != planned[i] && final[i].Match != chunk.MatchMiss {
 			return false
 		}
 	}
@@ -123,7 +125,7 @@ func onlyLost(planned, final []InjectResult) bool {
 // slot, so the cache holds what the sequential path would read) or, when
 // it cannot tell, as a full prefill (which overwrites every slot). Called
 // with e.mu held and the sequence grown.
-func (e *Engine) runLayered(ctx context.Context, li LayeredInjector, req Request, starts []int, s *Sequence, state []Match, resp *Response, t1 time.Time) error {
+func (e *Engine) runLayered(ctx context.Context, li LayeredInjector, req Request, starts []int, s *Sequence, state []chunk.Match, resp *Response, t1 time.Time) error {
 	chunks, segOf := e.injectChunks(req, starts, s)
 	if len(chunks) == 0 {
 		return e.compute(ctx, s, req, state, resp, nil)
@@ -142,10 +144,10 @@ func (e *Engine) runLayered(ctx context.Context, li LayeredInjector, req Request
 	var wait func(int) error
 	approx := false
 	for _, r := range planned {
-		if r.Match == MatchExact || r.Match == MatchApproximate {
+		if r.Match == chunk.MatchExact || r.Match == chunk.MatchApproximate {
 			wait = c.waiter(ctx, planned)
 		}
-		approx = approx || r.Match == MatchApproximate
+		approx = approx || r.Match == chunk.MatchApproximate
 	}
 	e.place(req, starts, segOf, state, resp, planned, nil)
 	err := e.compute(ctx, s, req, state, resp, wait)

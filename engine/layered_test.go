@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"slices"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
 )
 
 // layeredInjector plays a node that plans: it computes the whole
@@ -56,7 +58,7 @@ func (li *layeredInjector) InjectPlanned(ctx context.Context, chunks []InjectChu
 			return nil, errors.New("node went away")
 		}
 		for i, c := range chunks {
-			if res[i].Match == MatchMiss || (i == li.lose && l >= 2) {
+			if res[i].Match == chunk.MatchMiss || (i == li.lose && l >= 2) {
 				continue
 			}
 			for _, sl := range c.Slots {

@@ -68,35 +68,9 @@ func (m *MemStore) Bytes() int {
 	return m.bytes
 }
 
-// rank orders the encodings of a content for a chunk wanted in context
-// want, as the node's store does (kvtier.Store.Best): want itself (EXACT),
-// else an encoding after another prefix, then a window encoding, widest
-// window first, then standalone. A prefix encoding comes first because it
-// was computed from the start of a prompt: its context holds the tokens
-// every prompt starts with (the attention sink, usually a shared system
-// prompt) and real text before the chunk, while the first token of a
-// standalone chunk or of a bare window stood at position 0 and took the
-// sink's role, which it does not have in the prompt. With a system prompt
-// a prefix encoding is about ten times closer to full prefill than a
-// standalone one, and a bare window is no better than standalone
-// (workload.BenchmarkApproxKinds). Ties go to the smaller context ID in
-// Lookup, so the choice is stable.
-func rank(want, have chunk.Context) int {
-	switch {
-	case have == want:
-		return 1 << 40
-	case have.Kind == chunk.ContextPrefix:
-		return 1 << 33
-	case have.Kind == chunk.ContextWindow:
-		return 1<<32 + int(have.Window)
-	case have.Kind == chunk.ContextStandalone:
-		return 1
-	}
-	return 0
-}
-
 // Lookup implements ChunkSource: the exact context if held, else the best
-// other encoding, checked against the request's tokens. The entries are
+// other encoding as chunk.Better ranks them (as the node's store does),
+// checked against the request's tokens. The entries are
 // shared: callers must not modify them (the engine does not).
 func (m *MemStore) Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.Entry, error) {
 	out := make([]*chunk.Entry, len(reqs))
@@ -107,15 +81,12 @@ func (m *MemStore) Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.E
 		m.mu.Lock()
 		var ent *chunk.Entry
 		var bestCx chunk.Context
-		bestRank := 0
 		for cx, me := range m.entries[memKey{r.Key.Fingerprint, r.Key.Content}] {
-			// Ties go to the smaller context ID, so the choice is stable.
-			rk := rank(r.Key.Context, cx)
-			if rk == 0 {
+			if !cx.Kind.Valid() {
 				continue // not a valid context kind: never served
 			}
-			if rk > bestRank || (rk == bestRank && cx.ID.Less(bestCx.ID)) {
-				ent, bestRank, bestCx = me.ent, rk, cx
+			if ent == nil || chunk.Better(r.Key.Context, cx, bestCx) {
+				ent, bestCx = me.ent, cx
 			}
 		}
 		m.mu.Unlock()

@@ -15,8 +15,9 @@ func rankEntry(fp chunk.Fingerprint, toks []uint32, cx chunk.Context) *chunk.Ent
 		DType: chunk.F32, Layers: 1, KVHeads: 1, HeadDim: 2, Tokens: toks, KV: make([]byte, 2*len(toks)*2*4)}
 }
 
-// The order of the encodings of one content: EXACT, then windows (widest
-// first), then other prefixes, then standalone; ties to the smaller ID.
+// MemStore picks the encoding chunk.Better ranks first: the exact one, then
+// other prefixes, then windows (widest first), then standalone; ties to the
+// smaller ID.
 func TestMemStoreRanking(t *testing.T) {
 	ctx := context.Background()
 	fp := chunk.Fingerprint{Lo: 1, Hi: 2}
@@ -108,7 +109,7 @@ func TestMemStoreRankingMatchesNode(t *testing.T) {
 		}
 		key, match, err := node.Best(fp, chunk.ContentID(fp, toks), want)
 		node.Close()
-		if err != nil || match == kvtier.Miss {
+		if err != nil || match == chunk.MatchMiss {
 			t.Fatalf("trial %d: node best %v %v", trial, match, err)
 		}
 		got, err := m.Lookup(ctx, []LookupRequest{{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: want}, Tokens: toks}})

@@ -23,7 +23,7 @@ type lockedRemote struct {
 	batches atomic.Int64 // BestBatch calls
 }
 
-func (l *lockedRemote) Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, Match, error) {
+func (l *lockedRemote) Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error) {
 	l.bests.Add(1)
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -50,8 +50,8 @@ func (b batchingRemote) BestBatch(ctx context.Context, keys []chunk.Key) []Found
 }
 
 // TestFetchBatch: FetchBatch answers every key as Fetch does (local exact
-// first, remote exact over local approximate, local approximate over
-// remote approximate, misses), once per key, with one BestBatch for all
+// first, remote exact over local approximate, the better approximate as
+// chunk.Better ranks them, misses), once per key, with one BestBatch for all
 // the keys without a local exact entry when the Remote batches, and one
 // Best per such key when it does not.
 func TestFetchBatch(t *testing.T) {
@@ -63,16 +63,17 @@ func TestFetchBatch(t *testing.T) {
 	window := chunk.WindowContext(fp, 8, []uint32{1})
 	type item struct {
 		local, remote []chunk.Context // contexts stored locally, on replicas
-		match         Match
+		match         chunk.Match
 		from          string // "local", "remote" or ""
 	}
 	items := []item{
-		{local: []chunk.Context{want}, remote: []chunk.Context{want}, match: Exact, from: "local"},
-		{local: []chunk.Context{window}, remote: []chunk.Context{want}, match: Exact, from: "remote"},
-		{local: []chunk.Context{window}, remote: []chunk.Context{chunk.StandaloneContext()}, match: Approximate, from: "local"},
-		{remote: []chunk.Context{chunk.StandaloneContext()}, match: Approximate, from: "remote"},
-		{match: Miss},
-		{local: []chunk.Context{want}, match: Exact, from: "local"},
+		{local: []chunk.Context{want}, remote: []chunk.Context{want}, match: chunk.MatchExact, from: "local"},
+		{local: []chunk.Context{window}, remote: []chunk.Context{want}, match: chunk.MatchExact, from: "remote"},
+		{local: []chunk.Context{window}, remote: []chunk.Context{chunk.StandaloneContext()}, match: chunk.MatchApproximate, from: "local"},
+		{remote: []chunk.Context{chunk.StandaloneContext()}, match: chunk.MatchApproximate, from: "remote"},
+		{local: []chunk.Context{chunk.StandaloneContext()}, remote: []chunk.Context{window}, match: chunk.MatchApproximate, from: "remote"},
+		{match: chunk.MatchMiss},
+		{local: []chunk.Context{want}, match: chunk.MatchExact, from: "local"},
 	}
 	st, err := kvtier.Open(kvtier.Config{DRAMBytes: 8 << 20, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -130,9 +131,9 @@ func TestFetchBatch(t *testing.T) {
 				}
 				wantMatch, from := it.match, it.from
 				if tc.rerr != nil && from != "local" && len(it.local) > 0 {
-					wantMatch, from = Approximate, "local" // the replicas' exact is out of reach
+					wantMatch, from = chunk.MatchApproximate, "local" // the replicas' exact is out of reach
 				} else if tc.rerr != nil && from != "local" {
-					wantMatch, from = Miss, ""
+					wantMatch, from = chunk.MatchMiss, ""
 					if errs[i] == nil {
 						t.Errorf("key %d: no error with the replicas down", i)
 					}
@@ -202,7 +203,7 @@ func TestServiceBatchFetcher(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i, r := range resp.Results {
-			if r.Match != Exact {
+			if r.Match != chunk.MatchExact {
 				t.Fatalf("chunk %d: %v (%v)", i, r.Match, r.Reason)
 			}
 		}
@@ -250,7 +251,7 @@ func TestOnPlan(t *testing.T) {
 			t.Errorf("chunk %d: planned %v, answered %v", i, plan[i].Match, resp.Results[i].Match)
 		}
 	}
-	if plan[2].Match != Miss || plan[0].Match != Exact {
+	if plan[2].Match != chunk.MatchMiss || plan[0].Match != chunk.MatchExact {
 		t.Errorf("plan %v %v", plan[0].Match, plan[2].Match)
 	}
 }

@@ -19,7 +19,7 @@ func (s fetcherSource) Lookup(ctx context.Context, reqs []engine.LookupRequest) 
 	out := make([]*chunk.Entry, len(reqs))
 	for i, r := range reqs {
 		got, err := s.f.Fetch(ctx, r.Key)
-		if err != nil || got.Match == Miss {
+		if err != nil || got.Match == chunk.MatchMiss {
 			continue
 		}
 		out[i], err = chunk.Decode(got.Blob.Bytes(), chunk.Limits{})
@@ -166,7 +166,7 @@ func TestEngineCacheBytes(t *testing.T) {
 			t.Errorf("chunk %d: service %v %v, engine %v %v", j, r.Match, r.Context, em.Match, em.Context)
 		}
 	}
-	if resp.Results[1].Match != Approximate || resp.Results[0].Match != Exact || resp.Results[2].Match != Exact {
+	if resp.Results[1].Match != chunk.MatchApproximate || resp.Results[0].Match != chunk.MatchExact || resp.Results[2].Match != chunk.MatchExact {
 		t.Errorf("matches %v %v %v, want exact approximate exact", resp.Results[0].Match, resp.Results[1].Match, resp.Results[2].Match)
 	}
 	equalLayers(t, "cache", mem, want)
@@ -194,10 +194,10 @@ func (si serviceInjector) InjectChunks(ctx context.Context, chunks []engine.Inje
 	out := make([]engine.InjectResult, len(chunks))
 	for i, r := range resp.Results {
 		switch r.Match {
-		case Exact:
-			out[i] = engine.InjectResult{Match: engine.MatchExact, Context: r.Context}
-		case Approximate:
-			out[i] = engine.InjectResult{Match: engine.MatchApproximate, Context: r.Context}
+		case chunk.MatchExact:
+			out[i] = engine.InjectResult{Match: chunk.MatchExact, Context: r.Context}
+		case chunk.MatchApproximate:
+			out[i] = engine.InjectResult{Match: chunk.MatchApproximate, Context: r.Context}
 		}
 	}
 	return out, nil
@@ -272,7 +272,7 @@ func TestEngineForwardPass(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, cr := range got.Chunks {
-			if cr.Match != engine.MatchExact {
+			if cr.Match != chunk.MatchExact {
 				t.Fatalf("start %d: segment %d %v, want exact", start, cr.Segment, cr.Match)
 			}
 		}
@@ -298,7 +298,7 @@ func TestEngineForwardPass(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []engine.Match{engine.MatchExact, engine.MatchExact, engine.MatchApproximate, engine.MatchExact, engine.MatchMiss}
+		want := []chunk.Match{chunk.MatchExact, chunk.MatchExact, chunk.MatchApproximate, chunk.MatchExact, chunk.MatchMiss}
 		for j, cr := range got.Chunks {
 			if cr.Match != want[j] {
 				t.Errorf("start %d: chunk %d %v, want %v", start, j, cr.Match, want[j])

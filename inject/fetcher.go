@@ -6,13 +6,12 @@ import (
 	"sync"
 
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // Local is the node's own store; *kvtier.Store implements it.
 type Local interface {
-	Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, kvtier.Match, error)
+	Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error)
 	Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error)
 }
 
@@ -20,8 +19,8 @@ type Local interface {
 // it over gRPC (a direct Lookup to the replica set, then a Fetch stream).
 type Remote interface {
 	// Best returns the best key the replicas hold for content wanted in
-	// context want, as kvtier's Best ranks them, or Miss.
-	Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, Match, error)
+	// context want, as chunk.Better ranks them, or chunk.MatchMiss.
+	Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error)
 	// Get reads key from a replica that holds it.
 	Get(ctx context.Context, key chunk.Key) ([]byte, error)
 }
@@ -30,7 +29,7 @@ type Remote interface {
 // how it fits, or why it could not answer.
 type Found struct {
 	Key   chunk.Key
-	Match Match
+	Match chunk.Match
 	Err   error
 }
 
@@ -44,7 +43,8 @@ type BatchRemote interface {
 }
 
 // TierFetcher is the node's Fetcher: an exact entry wherever it is, local
-// first; else an approximate one, local first (no network), then remote.
+// first; else the best approximate one as chunk.Better ranks them, local when
+// the replicas hold none better (no network).
 // Local blobs are pinned in their tier until the Service releases them.
 type TierFetcher struct {
 	Local Local
@@ -163,8 +163,9 @@ func (f TierFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found fun
 
 // localAnswer is the local tier's ranking of one key.
 type localAnswer struct {
-	key   chunk.Key
-	match kvtier.Match
+	want  chunk.Context // the wanted context
+	key   chunk.Key     // the best local key, when match is not a miss
+	match chunk.Match
 	err   error
 	got   Fetched
 }
@@ -172,22 +173,22 @@ type localAnswer struct {
 // localBest ranks key in the local tier; done means an exact entry is
 // there (not yet pinned).
 func (f TierFetcher) localBest(key chunk.Key) (localAnswer, bool) {
-	var a localAnswer
+	a := localAnswer{want: key.Context}
 	a.key, a.match, a.err = f.Local.Best(key.Fingerprint, key.Content, key.Context)
 	if a.err != nil {
-		a.match = kvtier.Miss
+		a.match = chunk.MatchMiss
 	}
-	return a, a.match == kvtier.Exact
+	return a, a.match == chunk.MatchExact
 }
 
 // localGet pins a local exact entry; on failure (evicted since Best) a
 // becomes a local miss.
 func (f TierFetcher) localGet(ctx context.Context, a *localAnswer) (Fetched, bool) {
-	got, err := f.local(ctx, a.key, Exact)
+	got, err := f.local(ctx, a.key, chunk.MatchExact)
 	if err == nil {
 		return got, true
 	}
-	a.match = kvtier.Miss
+	a.match = chunk.MatchMiss
 	return Fetched{}, false
 }
 
@@ -202,30 +203,34 @@ func (f TierFetcher) localExact(ctx context.Context, key chunk.Key) (localAnswer
 }
 
 // resolve settles a key without a local exact entry from the replicas'
-// answer rf: an exact replica entry, else an approximate one, local first
-// (no network), then remote.
+// answer rf: an exact replica entry, else the better of the local and the
+// replicas' approximate entries (chunk.Better; the local one when they are
+// the same encoding: no network). A local entry serves when the replicas'
+// read fails.
 func (f TierFetcher) resolve(ctx context.Context, la localAnswer, rf Found) (Fetched, error) {
 	lm := la.match
 	rerr := rf.Err
-	if f.Remote != nil && rerr == nil && (rf.Match == Exact || (rf.Match == Approximate && lm == kvtier.Miss)) {
+	remoteFirst := rf.Match == chunk.MatchExact ||
+		(rf.Match == chunk.MatchApproximate && (lm == chunk.MatchMiss || chunk.Better(la.want, rf.Key.Context, la.key.Context)))
+	if f.Remote != nil && rerr == nil && remoteFirst {
 		blob, err := f.Remote.Get(ctx, rf.Key)
 		if err == nil {
 			return Fetched{Blob: pinned.Owned(blob), Match: rf.Match}, nil
 		}
 		rerr = err
 	}
-	if lm == kvtier.Approximate {
-		if got, err := f.local(ctx, la.key, Approximate); err == nil {
+	if lm == chunk.MatchApproximate {
+		if got, err := f.local(ctx, la.key, chunk.MatchApproximate); err == nil {
 			return got, nil
 		}
 	}
 	if rerr != nil {
 		return Fetched{}, fmt.Errorf("inject: replicas: %w", rerr)
 	}
-	return Fetched{Match: Miss}, la.err
+	return Fetched{Match: chunk.MatchMiss}, la.err
 }
 
-func (f TierFetcher) local(ctx context.Context, key chunk.Key, m Match) (Fetched, error) {
+func (f TierFetcher) local(ctx context.Context, key chunk.Key, m chunk.Match) (Fetched, error) {
 	b, err := f.Local.Get(ctx, key)
 	if err != nil {
 		return Fetched{}, err

@@ -20,20 +20,20 @@ type fakeRemote struct {
 	gets  int
 }
 
-func (r *fakeRemote) Best(_ context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, Match, error) {
+func (r *fakeRemote) Best(_ context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error) {
 	if r.err != nil {
-		return chunk.Key{}, Miss, r.err
+		return chunk.Key{}, chunk.MatchMiss, r.err
 	}
 	k := chunk.Key{Fingerprint: fp, Content: content, Context: want}
 	if _, ok := r.blobs[k]; ok {
-		return k, Exact, nil
+		return k, chunk.MatchExact, nil
 	}
 	for k := range r.blobs {
 		if k.Fingerprint == fp && k.Content == content {
-			return k, Approximate, nil
+			return k, chunk.MatchApproximate, nil
 		}
 	}
-	return chunk.Key{}, Miss, nil
+	return chunk.Key{}, chunk.MatchMiss, nil
 }
 
 func (r *fakeRemote) Get(_ context.Context, key chunk.Key) ([]byte, error) {
@@ -45,9 +45,9 @@ func (r *fakeRemote) Get(_ context.Context, key chunk.Key) ([]byte, error) {
 	return b, nil
 }
 
-// TestTierFetcher: exact anywhere (local first), then approximate local,
-// then approximate remote; errors and misses; local blobs stay pinned
-// until released.
+// TestTierFetcher: exact anywhere (local first), then the best approximate
+// as chunk.Better ranks them, local when the replicas hold none better;
+// errors and misses; local blobs stay pinned until released.
 func TestTierFetcher(t *testing.T) {
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(4, 4))
@@ -66,19 +66,22 @@ func TestTierFetcher(t *testing.T) {
 		remote map[chunk.Key][]byte
 		rerr   error
 		noRem  bool
-		match  Match
+		match  chunk.Match
 		want   []byte
 		err    bool
+		gets   int // entries read from the replicas
 	}{
-		{name: "local-exact", local: [][]byte{bExact, bWindow}, remote: map[chunk.Key][]byte{key(exact): bExact}, match: Exact, want: bExact},
-		{name: "remote-exact-beats-local-approx", local: [][]byte{bWindow}, remote: map[chunk.Key][]byte{key(exact): bExact}, match: Exact, want: bExact},
-		{name: "local-approx-beats-remote-approx", local: [][]byte{bWindow}, remote: map[chunk.Key][]byte{key(chunk.StandaloneContext()): bStand}, match: Approximate, want: bWindow},
-		{name: "remote-approx", remote: map[chunk.Key][]byte{key(chunk.StandaloneContext()): bStand}, match: Approximate, want: bStand},
-		{name: "local-approx-remote-down", local: [][]byte{bStand}, rerr: errors.New("down"), match: Approximate, want: bStand},
+		{name: "local-exact", local: [][]byte{bExact, bWindow}, remote: map[chunk.Key][]byte{key(exact): bExact}, match: chunk.MatchExact, want: bExact},
+		{name: "remote-exact-beats-local-approx", local: [][]byte{bWindow}, remote: map[chunk.Key][]byte{key(exact): bExact}, match: chunk.MatchExact, want: bExact, gets: 1},
+		{name: "local-approx-beats-remote-approx", local: [][]byte{bWindow}, remote: map[chunk.Key][]byte{key(chunk.StandaloneContext()): bStand}, match: chunk.MatchApproximate, want: bWindow},
+		{name: "better-remote-approx-beats-local-approx", local: [][]byte{bStand}, remote: map[chunk.Key][]byte{key(window): bWindow}, match: chunk.MatchApproximate, want: bWindow, gets: 1},
+		{name: "same-approx-read-locally", local: [][]byte{bWindow}, remote: map[chunk.Key][]byte{key(window): bWindow}, match: chunk.MatchApproximate, want: bWindow},
+		{name: "remote-approx", remote: map[chunk.Key][]byte{key(chunk.StandaloneContext()): bStand}, match: chunk.MatchApproximate, want: bStand, gets: 1},
+		{name: "local-approx-remote-down", local: [][]byte{bStand}, rerr: errors.New("down"), match: chunk.MatchApproximate, want: bStand},
 		{name: "remote-down", rerr: errors.New("down"), err: true},
-		{name: "miss", remote: map[chunk.Key][]byte{}, match: Miss},
-		{name: "no-remote", local: [][]byte{bWindow}, noRem: true, match: Approximate, want: bWindow},
-		{name: "no-remote-miss", noRem: true, match: Miss},
+		{name: "miss", remote: map[chunk.Key][]byte{}, match: chunk.MatchMiss},
+		{name: "no-remote", local: [][]byte{bWindow}, noRem: true, match: chunk.MatchApproximate, want: bWindow},
+		{name: "no-remote-miss", noRem: true, match: chunk.MatchMiss},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -93,8 +96,9 @@ func TestTierFetcher(t *testing.T) {
 				}
 			}
 			f := TierFetcher{Local: st}
+			fr := &fakeRemote{blobs: tc.remote, err: tc.rerr}
 			if !tc.noRem {
-				f.Remote = &fakeRemote{blobs: tc.remote, err: tc.rerr}
+				f.Remote = fr
 			}
 			got, err := f.Fetch(ctx, key(exact))
 			if (err != nil) != tc.err {
@@ -102,6 +106,9 @@ func TestTierFetcher(t *testing.T) {
 			}
 			if got.Match != tc.match || !bytes.Equal(got.Blob.Bytes(), tc.want) {
 				t.Fatalf("got %v (%d bytes), want %v (%d bytes)", got.Match, got.Blob.Len(), tc.match, len(tc.want))
+			}
+			if fr.gets != tc.gets {
+				t.Errorf("%d reads from the replicas, want %d", fr.gets, tc.gets)
 			}
 			got.Blob.Release()
 		})
@@ -150,7 +157,7 @@ func TestServiceOverKvtier(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, r := range resp.Results {
-		if r.Match != Approximate || r.Context != chunk.StandaloneContext() {
+		if r.Match != chunk.MatchApproximate || r.Context != chunk.StandaloneContext() {
 			t.Errorf("chunk %d: %v %v (%v)", i, r.Match, r.Context, r.Reason)
 		}
 	}

@@ -20,7 +20,7 @@ import (
 type blobFetcher struct{ blob []byte }
 
 func (f *blobFetcher) Fetch(context.Context, chunk.Key) (Fetched, error) {
-	return Fetched{Blob: pinned.Owned(f.blob), Match: Exact}, nil
+	return Fetched{Blob: pinned.Owned(f.blob), Match: chunk.MatchExact}, nil
 }
 
 // reseal rewrites the layer and header checksums of blob where its header
@@ -100,7 +100,7 @@ func FuzzInjectBlob(f *testing.F) {
 			t.Fatal(err)
 		}
 		want := cloneLayers(guard)
-		if resp.Results[0].Match != Miss {
+		if resp.Results[0].Match != chunk.MatchMiss {
 			directInject(t, inj, rope, blob, lay, 1, 2, 9, slots, want)
 			equalLayers(t, "hit", mem, want)
 			return

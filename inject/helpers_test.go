@@ -115,7 +115,7 @@ func (f *memFetcher) Fetch(ctx context.Context, key chunk.Key) (Fetched, error) 
 	if err := f.errs[key.Content]; err != nil {
 		return Fetched{}, err
 	}
-	match := Exact
+	match := chunk.MatchExact
 	b, ok := f.blobs[key]
 	if !ok {
 		var others []chunk.Key
@@ -125,10 +125,10 @@ func (f *memFetcher) Fetch(ctx context.Context, key chunk.Key) (Fetched, error) 
 			}
 		}
 		if len(others) == 0 {
-			return Fetched{Match: Miss}, nil
+			return Fetched{Match: chunk.MatchMiss}, nil
 		}
 		sort.Slice(others, func(i, j int) bool { return others[i].Context.ID.Less(others[j].Context.ID) })
-		b, match = f.blobs[others[0]], Approximate
+		b, match = f.blobs[others[0]], chunk.MatchApproximate
 	}
 	f.out.Add(1)
 	var once sync.Once

@@ -62,7 +62,7 @@ type Request struct {
 
 // Result answers one chunk.
 type Result struct {
-	Match Match
+	Match chunk.Match
 	// Context is the context of the entry injected (zero on a miss).
 	Context chunk.Context
 	// Reason says why a chunk is a MISS when something was found but not
@@ -328,7 +328,7 @@ func (r *request) key(ch *Chunk) chunk.Key {
 // accept verifies chunk i's fetched entry for content; a nil hit is a MISS
 // (and f is released).
 func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err error) (*hit, Result) {
-	if err != nil || f.Match == Miss || f.Blob.Len() == 0 {
+	if err != nil || f.Match == chunk.MatchMiss || f.Blob.Len() == 0 {
 		f.Blob.Release()
 		if err != nil && r.ctx.Err() == nil {
 			r.s.log.Debug("inject: fetch failed; chunk is a miss", "content", content, "err", err)
@@ -341,11 +341,7 @@ func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err erro
 		r.s.log.Warn("inject: entry failed verification; chunk is a miss", "content", content, "err", err)
 		return nil, Result{Reason: err}
 	}
-	res := Result{Match: Approximate, Context: h.hd.Key.Context}
-	if h.hd.Key.Context == ch.Context {
-		res.Match = Exact
-	}
-	return h, res
+	return h, Result{Match: chunk.MatchOf(ch.Context, h.hd.Key.Context), Context: h.hd.Key.Context}
 }
 
 // errVerify marks verification failures in Result.Reason.

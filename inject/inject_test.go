@@ -142,14 +142,14 @@ func TestInjectMatchesDirect(t *testing.T) {
 				t.Fatal(err)
 			}
 			for i, r := range resp.Results {
-				wantM := Exact
+				wantM := chunk.MatchExact
 				if i == 5 {
-					wantM = Miss
+					wantM = chunk.MatchMiss
 				}
 				if r.Match != wantM {
 					t.Errorf("chunk %d: %v (%v), want %v", i, r.Match, r.Reason, wantM)
 				}
-				if wantM == Exact && r.Context != req.Chunks[i].Context {
+				if wantM == chunk.MatchExact && r.Context != req.Chunks[i].Context {
 					t.Errorf("chunk %d: context %v, want %v", i, r.Context, req.Chunks[i].Context)
 				}
 			}
@@ -186,48 +186,48 @@ func TestMatchAndVerification(t *testing.T) {
 		want    chunk.Context
 		tokens  bool // send tokens with the request
 		fail    error
-		match   Match
+		match   chunk.Match
 		context chunk.Context
 	}{
-		{name: "exact", stored: []stored{{cx: window}, {cx: prefix}}, want: prefix, match: Exact, context: prefix},
+		{name: "exact", stored: []stored{{cx: window}, {cx: prefix}}, want: prefix, match: chunk.MatchExact, context: prefix},
 		{name: "approximate-window", stored: []stored{{cx: window}, {cx: chunk.StandaloneContext()}}, want: prefix,
-			match: Approximate, context: chunk.StandaloneContext()},
+			match: chunk.MatchApproximate, context: chunk.StandaloneContext()},
 		{name: "approximate-standalone", stored: []stored{{cx: chunk.StandaloneContext()}}, want: prefix,
-			match: Approximate, context: chunk.StandaloneContext()},
-		{name: "miss", want: prefix, match: Miss},
-		{name: "fetch-error", stored: []stored{{cx: prefix}}, want: prefix, fail: errors.New("replica down"), match: Miss},
+			match: chunk.MatchApproximate, context: chunk.StandaloneContext()},
+		{name: "miss", want: prefix, match: chunk.MatchMiss},
+		{name: "fetch-error", stored: []stored{{cx: prefix}}, want: prefix, fail: errors.New("replica down"), match: chunk.MatchMiss},
 		{name: "corrupt-payload", stored: []stored{{cx: prefix, mutate: func(_ *chunk.Entry, b []byte) []byte {
 			b[len(b)-3] ^= 0x40 // last layer: its checksum fails, after earlier layers would have been written
 			return b
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "corrupt-header", stored: []stored{{cx: prefix, mutate: func(_ *chunk.Entry, b []byte) []byte {
 			b[70] ^= 1
 			return b
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "truncated", stored: []stored{{cx: prefix, mutate: func(_ *chunk.Entry, b []byte) []byte {
 			return b[:len(b)-1]
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "wrong-tokens", tokens: true, stored: []stored{{cx: prefix, mutate: func(e *chunk.Entry, _ []byte) []byte {
 			e.Tokens[3]++ // same content ID claimed, other tokens
 			return nil
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "wrong-token-count", stored: []stored{{cx: prefix, mutate: func(e *chunk.Entry, _ []byte) []byte {
 			e.Tokens = e.Tokens[:len(e.Tokens)-1]
 			e.KV = e.KV[:e.Shape().RawBytes()]
 			return nil
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "wrong-fingerprint", stored: []stored{{cx: prefix, mutate: func(e *chunk.Entry, _ []byte) []byte {
 			e.Key.Fingerprint.Lo++
 			return nil
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "wrong-shape", stored: []stored{{cx: prefix, mutate: func(e *chunk.Entry, _ []byte) []byte {
 			e.HeadDim, e.KVHeads = 32, 2 // same bytes, other geometry
 			return nil
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 		{name: "wrong-dtype", stored: []stored{{cx: prefix, mutate: func(e *chunk.Entry, _ []byte) []byte {
 			e.DType, e.HeadDim = chunk.F32, 8
 			return nil
-		}}}, want: prefix, match: Miss},
+		}}}, want: prefix, match: chunk.MatchMiss},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -262,7 +262,7 @@ func TestMatchAndVerification(t *testing.T) {
 					blob = encode(t, e, chunk.CodecRaw)
 				}
 				f.blobs[chunk.Key{Fingerprint: fp, Content: content, Context: st.cx}] = blob
-				if tc.match != Miss && st.cx == tc.context {
+				if tc.match != chunk.MatchMiss && st.cx == tc.context {
 					directInject(t, inj, rope, blob, lay, 0, 4, 40, slots[0], guard)
 				}
 			}
@@ -285,7 +285,7 @@ func TestMatchAndVerification(t *testing.T) {
 			if tc.fail != nil && !errors.Is(r.Reason, tc.fail) {
 				t.Errorf("reason %v, want %v", r.Reason, tc.fail)
 			}
-			if resp.Results[1].Match != Exact {
+			if resp.Results[1].Match != chunk.MatchExact {
 				t.Errorf("neighbour: %v (%v)", resp.Results[1].Match, resp.Results[1].Reason)
 			}
 			equalLayers(t, "cache", layers, guard)

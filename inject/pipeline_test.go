@@ -95,7 +95,7 @@ func TestProgressInLayerOrder(t *testing.T) {
 				t.Fatalf("%d layers reported, want 7", next)
 			}
 			for i, r := range resp.Results {
-				if r.Match != Exact {
+				if r.Match != chunk.MatchExact {
 					t.Fatalf("chunk %d: %v (%v)", i, r.Match, r.Reason)
 				}
 			}

@@ -16,29 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
-// Match is how a stored entry fits a wanted chunk.
-type Match uint8
-
-const (
-	// Miss: no usable entry; the engine prefills the chunk.
-	Miss Match = iota
-	// Approximate: another encoding of the same tokens (standalone, a
-	// window, another prefix).
-	Approximate
-	// Exact: encoded after the wanted context; identical to prefill.
-	Exact
-)
-
-func (m Match) String() string {
-	switch m {
-	case Exact:
-		return "exact"
-	case Approximate:
-		return "approximate"
-	}
-	return "miss"
-}
-
 // Fetched is a Fetcher's answer for one chunk.
 type Fetched struct {
 	// Blob is the encoded entry (chunk.Encode's format), lent to the
@@ -49,11 +26,12 @@ type Fetched struct {
 	// Local is true when Blob came from this node's own store (else from
 	// a peer).
 	Local bool
-	// Match is Exact when Blob's context is the wanted one, Approximate
-	// for another encoding of the content, Miss when nothing was found
+	// Match is MatchExact when Blob's context is the wanted one,
+	// MatchApproximate for another encoding of the content, MatchMiss when
+	// nothing was found
 	// (Blob empty). The Service re-derives it from Blob's header, which is
 	// authoritative.
-	Match Match
+	Match chunk.Match
 }
 
 // Fetcher finds the best stored entry for key (the wanted context in

@@ -59,7 +59,7 @@ func TestConcurrentHits(t *testing.T) {
 						switch rng.IntN(8) {
 						case 0:
 							_ = s.Contains(k)
-							if _, m, err := s.Best(k.Fingerprint, k.Content, k.Context); err != nil || m == Approximate {
+							if _, m, err := s.Best(k.Fingerprint, k.Content, k.Context); err != nil || m == chunk.MatchApproximate {
 								fail(fmt.Errorf("best: %v, %v", m, err))
 							}
 						case 1:

@@ -161,7 +161,7 @@ func TestModel(t *testing.T) {
 				case c < 8: // best and contains
 					_, m, _ := s.Best(k.Fingerprint, k.Content, k.Context)
 					has := s.Contains(k)
-					if has != (m == Exact) || (has && !inRef) || (!tc.pressure && has != inRef) {
+					if has != (m == chunk.MatchExact) || (has && !inRef) || (!tc.pressure && has != inRef) {
 						t.Fatalf("op %d: contains %v, best %v, map %v", op, has, m, inRef)
 					}
 				case c < 9: // device read

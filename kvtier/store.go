@@ -1,7 +1,6 @@
 package kvtier
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -111,25 +110,6 @@ type Config struct {
 type PutOptions struct {
 	// TTL, when positive, expires the entry that long after the put.
 	TTL time.Duration
-}
-
-// Match says how a Best answer relates to the wanted context.
-type Match int
-
-const (
-	Miss        Match = iota // no encoding of the content
-	Exact                    // the wanted context itself
-	Approximate              // another encoding of the same content
-)
-
-func (m Match) String() string {
-	switch m {
-	case Exact:
-		return "exact"
-	case Approximate:
-		return "approximate"
-	}
-	return "miss"
 }
 
 // entry is one stored key. Its resources (dram, diskRel, dev) say where
@@ -1096,18 +1076,14 @@ func (s *Store) readDiskHeap(e *entry) (pinned.Bytes, error) {
 }
 
 // Best returns the best stored encoding of content for a chunk wanted in
-// context want: want itself (Exact), else another encoding (Approximate):
-// another prefix, then a window encoding, widest window first, then
-// standalone; ties go to the lowest context ID so every replica answers
-// alike. Entries of other fingerprints never match. A prefix encoding comes
-// first because it saw a real prompt start (the attention sink): in the
-// memory workload it deviates ~10x less than standalone, while a bare window
-// is no better than standalone (go test -bench ApproxKinds ./workload).
-func (s *Store) Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, Match, error) {
+// context want, ranked by chunk.Better: want itself (chunk.MatchExact), else
+// another encoding (chunk.MatchApproximate), else chunk.MatchMiss. Entries of
+// other fingerprints never match.
+func (s *Store) Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
-		return chunk.Key{}, Miss, ErrClosed
+		return chunk.Key{}, chunk.MatchMiss, ErrClosed
 	}
 	now := s.now()
 	var best *entry
@@ -1116,38 +1092,16 @@ func (s *Store) Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context)
 			continue
 		}
 		if e.key.Context == want {
-			return e.key, Exact, nil
+			return e.key, chunk.MatchExact, nil
 		}
-		if best == nil || betterApprox(e.key.Context, best.key.Context) {
+		if best == nil || chunk.Better(want, e.key.Context, best.key.Context) {
 			best = e
 		}
 	}
 	if best == nil {
-		return chunk.Key{}, Miss, nil
+		return chunk.Key{}, chunk.MatchMiss, nil
 	}
-	return best.key, Approximate, nil
-}
-
-func approxRank(c chunk.Context) (int, uint32) {
-	switch c.Kind {
-	case chunk.ContextPrefix:
-		return 3, 0
-	case chunk.ContextWindow:
-		return 2, c.Window
-	}
-	return 1, 0
-}
-
-func betterApprox(a, b chunk.Context) bool {
-	ra, wa := approxRank(a)
-	rb, wb := approxRank(b)
-	if c := cmp.Compare(ra, rb); c != 0 {
-		return c > 0
-	}
-	if wa != wb {
-		return wa > wb
-	}
-	return a.ID.Less(b.ID)
+	return best.key, chunk.MatchApproximate, nil
 }
 
 // Contains reports whether key is stored (in any tier).

@@ -106,22 +106,22 @@ func TestBest(t *testing.T) {
 		name  string
 		put   func()
 		want  chunk.Context
-		match Match
+		match chunk.Match
 		got   chunk.Context
 	}{
-		{"empty", func() {}, prefix, Miss, chunk.Context{}},
-		{"other fingerprint does not shadow", func() { put(fp2, prefix) }, prefix, Miss, chunk.Context{}},
-		{"standalone only", func() { put(testFP, chunk.StandaloneContext()) }, prefix, Approximate, chunk.StandaloneContext()},
-		{"window beats standalone", func() { put(testFP, win8) }, prefix, Approximate, win8},
-		{"wider window", func() { put(testFP, win32) }, prefix, Approximate, win32},
-		{"other prefix beats windows", func() { put(testFP, otherPrefix) }, prefix, Approximate, otherPrefix},
-		{"exact", func() { put(testFP, prefix) }, prefix, Exact, prefix},
-		{"exact standalone", func() {}, chunk.StandaloneContext(), Exact, chunk.StandaloneContext()},
+		{"empty", func() {}, prefix, chunk.MatchMiss, chunk.Context{}},
+		{"other fingerprint does not shadow", func() { put(fp2, prefix) }, prefix, chunk.MatchMiss, chunk.Context{}},
+		{"standalone only", func() { put(testFP, chunk.StandaloneContext()) }, prefix, chunk.MatchApproximate, chunk.StandaloneContext()},
+		{"window beats standalone", func() { put(testFP, win8) }, prefix, chunk.MatchApproximate, win8},
+		{"wider window", func() { put(testFP, win32) }, prefix, chunk.MatchApproximate, win32},
+		{"other prefix beats windows", func() { put(testFP, otherPrefix) }, prefix, chunk.MatchApproximate, otherPrefix},
+		{"exact", func() { put(testFP, prefix) }, prefix, chunk.MatchExact, prefix},
+		{"exact standalone", func() {}, chunk.StandaloneContext(), chunk.MatchExact, chunk.StandaloneContext()},
 	}
 	for _, st := range steps {
 		st.put()
 		k, m, err := s.Best(testFP, content, st.want)
-		if err != nil || m != st.match || (m != Miss && (k.Context != st.got || k.Fingerprint != testFP || k.Content != content)) {
+		if err != nil || m != st.match || (m != chunk.MatchMiss && (k.Context != st.got || k.Fingerprint != testFP || k.Content != content)) {
 			t.Fatalf("%s: Best = %v %v %v, want %v %v", st.name, k, m, err, st.match, st.got)
 		}
 	}

@@ -242,9 +242,9 @@ func TestCluster3(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := []struct {
-			m client.Match
+			m chunk.Match
 			k chunk.Key
-		}{{client.Exact, kw}, {client.Approximate, kw}, {client.Exact, all[1].key}, {client.Miss, chunk.Key{}}}
+		}{{chunk.MatchExact, kw}, {chunk.MatchApproximate, kw}, {chunk.MatchExact, all[1].key}, {chunk.MatchMiss, chunk.Key{}}}
 		for i, w := range want {
 			if res[i].Match != w.m || res[i].Key != w.k {
 				t.Fatalf("item %d: %v %v, want %v %v", i, res[i].Match, res[i].Key, w.m, w.k)
@@ -252,7 +252,7 @@ func TestCluster3(t *testing.T) {
 		}
 		for i, s := range all[2:] {
 			r := res[4+i]
-			if r.Match != client.Exact || r.Key != s.key || len(r.Holders) != 3 {
+			if r.Match != chunk.MatchExact || r.Key != s.key || len(r.Holders) != 3 {
 				t.Fatalf("item %d: %v %v holders %d", 4+i, r.Match, r.Key, len(r.Holders))
 			}
 		}

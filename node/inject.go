@@ -143,7 +143,7 @@ func (r replicaRemote) others(content chunk.ID) []string {
 	return addrs
 }
 
-func (r replicaRemote) Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, inject.Match, error) {
+func (r replicaRemote) Best(ctx context.Context, fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error) {
 	f := r.BestBatch(ctx, []chunk.Key{{Fingerprint: fp, Content: content, Context: want}})[0]
 	return f.Key, f.Match, f.Err
 }
@@ -205,7 +205,7 @@ func (r replicaRemote) BestBatch(ctx context.Context, keys []chunk.Key) []inject
 			}
 			a := c.res[j]
 			answered[i] = true
-			if a.Key != nil && (best[i] == nil || rank(a.Status) > rank(best[i].Status)) {
+			if betterAnswer(keys[i].Context, a, best[i]) {
 				best[i] = a
 			}
 		}
@@ -220,20 +220,15 @@ func (r replicaRemote) BestBatch(ctx context.Context, keys []chunk.Key) []inject
 func (r replicaRemote) pick(asked, answered bool, best *api.LookupResult, errs []error) inject.Found {
 	switch {
 	case !asked:
-		return inject.Found{Match: inject.Miss}
+		return inject.Found{Match: chunk.MatchMiss}
 	case !answered:
 		return inject.Found{Err: fmt.Errorf("node: no replica answered: %w", errors.Join(errs...))}
-	case best == nil || best.Status == api.LookupStatus_LOOKUP_STATUS_MISS:
-		return inject.Found{Match: inject.Miss}
 	}
-	key, err := client.KeyFromProto(best.Key)
-	if err != nil {
-		return inject.Found{Err: err}
+	key, ok := hitOf(best)
+	if !ok {
+		return inject.Found{Match: chunk.MatchMiss}
 	}
-	if best.Status == api.LookupStatus_LOOKUP_STATUS_EXACT {
-		return inject.Found{Key: key, Match: inject.Exact}
-	}
-	return inject.Found{Key: key, Match: inject.Approximate}
+	return inject.Found{Key: key, Match: api.MatchFromProto(best.Status)}
 }
 
 func (r replicaRemote) Get(ctx context.Context, key chunk.Key) ([]byte, error) {
@@ -380,15 +375,11 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 func lookupResults(r *inject.Request, results []inject.Result) []*api.LookupResult {
 	out := make([]*api.LookupResult, len(results))
 	for i, res := range results {
-		lr := &api.LookupResult{}
-		if res.Match != inject.Miss {
+		lr := &api.LookupResult{Status: api.ProtoMatch(res.Match)}
+		if res.Match != chunk.MatchMiss {
 			// The cache's model is the fingerprint; the key names the
 			// content and the context of the entry written.
 			lr.Key = &api.Key{Content: client.ProtoID(r.Chunks[i].Content), Context: client.ProtoContext(res.Context)}
-			lr.Status = api.LookupStatus_LOOKUP_STATUS_APPROXIMATE
-			if res.Match == inject.Exact {
-				lr.Status = api.LookupStatus_LOOKUP_STATUS_EXACT
-			}
 		}
 		out[i] = lr
 	}

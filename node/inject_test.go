@@ -65,7 +65,7 @@ func TestInjectRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res[0].Match != engine.MatchExact || res[0].Context != key.Context || res[1].Match != engine.MatchMiss {
+	if res[0].Match != chunk.MatchExact || res[0].Context != key.Context || res[1].Match != chunk.MatchMiss {
 		t.Fatalf("results %+v", res)
 	}
 	slotBytes := spec.KVHeads * spec.HeadDim * 4
@@ -199,7 +199,7 @@ func TestReplicaBestBatch(t *testing.T) {
 				t.Errorf("%s: key %d: batch %v %v (%v), alone %v %v (%v)", name, i, got[i].Match, got[i].Key, got[i].Err, m, key, err)
 			}
 			if len(r.others(k.Content)) > 0 && got[i].Err == nil {
-				if wantM := []inject.Match{inject.Exact, inject.Approximate, inject.Miss}[i%3]; got[i].Match != wantM {
+				if wantM := []chunk.Match{chunk.MatchExact, chunk.MatchApproximate, chunk.MatchMiss}[i%3]; got[i].Match != wantM {
 					t.Errorf("%s: key %d: %v, want %v", name, i, got[i].Match, wantM)
 				}
 			}

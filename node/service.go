@@ -18,7 +18,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/replication"
@@ -302,13 +301,9 @@ func (n *Node) lookupLocal(fp chunk.Fingerprint, items []lookupItem) []*api.Look
 	for i, it := range items {
 		key, match, err := n.store.Best(fp, it.content, it.want)
 		res := &api.LookupResult{}
-		if err == nil && match != kvtier.Miss {
+		if err == nil && match != chunk.MatchMiss {
 			res.Key = client.ProtoKey(key)
-			if match == kvtier.Exact {
-				res.Status = api.LookupStatus_LOOKUP_STATUS_EXACT
-			} else {
-				res.Status = api.LookupStatus_LOOKUP_STATUS_APPROXIMATE
-			}
+			res.Status = api.ProtoMatch(match)
 		}
 		out[i] = res
 	}
@@ -316,8 +311,9 @@ func (n *Node) lookupLocal(fp chunk.Fingerprint, items []lookupItem) []*api.Look
 }
 
 // lookupCluster asks every replica of each item, one batch per node, and
-// keeps the best answer (EXACT over APPROXIMATE over MISS; ties go to the
-// replica first in ring order, so every coordinator answers alike).
+// keeps the best answer (betterAnswer: the best encoding by chunk.Better;
+// ties go to the replica first in ring order, so every coordinator answers
+// alike).
 func (n *Node) lookupCluster(ctx context.Context, pfp *api.ID, fp chunk.Fingerprint, items []lookupItem) (*api.LookupResponse, error) {
 	r := n.meta.Ring()
 	if r.Len() == 0 {
@@ -379,49 +375,54 @@ func (n *Node) lookupCluster(ctx context.Context, pfp *api.ID, fp chunk.Fingerpr
 	}
 	out := make([]*api.LookupResult, len(items))
 	for i := range items {
-		best := &api.LookupResult{}
+		var best *api.LookupResult
 		for _, m := range reps[i] {
-			a := per[i][m.ID]
-			if a != nil && rank(a.Status) > rank(best.Status) {
+			if a := per[i][m.ID]; betterAnswer(items[i].want, a, best) {
 				best = a
 			}
 		}
-		res := &api.LookupResult{Status: best.Status, Key: best.Key}
+		res := &api.LookupResult{}
+		if best != nil {
+			res.Status, res.Key = best.Status, best.Key
+		}
 		var rest []*api.Member
 		for _, m := range reps[i] {
 			a := per[i][m.ID]
 			pm := client.ProtoMember(m)
-			if a != nil && best.Key != nil && a.Status != api.LookupStatus_LOOKUP_STATUS_MISS && keyEqual(a.Key, best.Key) {
+			if a != nil && best != nil && a.Status != api.LookupStatus_LOOKUP_STATUS_MISS && keyEqual(a.Key, best.Key) {
 				res.Holders = append(res.Holders, pm)
 			} else {
 				rest = append(rest, pm)
 			}
 		}
 		res.Holders = append(res.Holders, rest...)
-		n.metrics.lookups.WithLabelValues(resultName(res.Status)).Inc()
+		n.metrics.lookups.WithLabelValues(api.MatchFromProto(res.Status).String()).Inc()
 		out[i] = res
 	}
 	return &api.LookupResponse{Results: out}, nil
 }
 
-func rank(s api.LookupStatus) int {
-	switch s {
-	case api.LookupStatus_LOOKUP_STATUS_EXACT:
-		return 2
-	case api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
-		return 1
+// hitOf is a replica's lookup answer as the key it found; false for a miss,
+// no answer, or a key that does not convert.
+func hitOf(a *api.LookupResult) (chunk.Key, bool) {
+	if a == nil || api.MatchFromProto(a.Status) == chunk.MatchMiss {
+		return chunk.Key{}, false
 	}
-	return 0
+	k, err := client.KeyFromProto(a.Key)
+	return k, err == nil
 }
 
-func resultName(s api.LookupStatus) string {
-	switch s {
-	case api.LookupStatus_LOOKUP_STATUS_EXACT:
-		return "exact"
-	case api.LookupStatus_LOOKUP_STATUS_APPROXIMATE:
-		return "approximate"
+// betterAnswer reports whether replica answer a beats b, the best so far
+// (nil: none), for a chunk wanted in context want: a hit beats a miss, and
+// of two hits the better encoding by chunk.Better wins. The same key keeps
+// b, the replica earlier in ring order.
+func betterAnswer(want chunk.Context, a, b *api.LookupResult) bool {
+	ka, ok := hitOf(a)
+	if !ok {
+		return false
 	}
-	return "miss"
+	kb, ok := hitOf(b)
+	return !ok || chunk.Better(want, ka.Context, kb.Context)
 }
 
 func keyEqual(a, b *api.Key) bool {

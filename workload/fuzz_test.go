@@ -12,7 +12,7 @@ import (
 
 // fakeCluster answers every lookup with one key and every Get with blob.
 type fakeCluster struct {
-	match client.Match
+	match chunk.Match
 	key   chunk.Key
 	blob  []byte
 }
@@ -49,7 +49,7 @@ func FuzzClusterStoreLookup(f *testing.F) {
 	}
 	f.Add([]byte{}, uint8(0))
 	f.Fuzz(func(t *testing.T, blob []byte, m uint8) {
-		fc := &fakeCluster{match: client.Match(m % 3), key: key, blob: blob}
+		fc := &fakeCluster{match: chunk.Match(m % 3), key: key, blob: blob}
 		s := NewClusterStore(fc, StoreConfig{Fingerprint: fp, Limits: chunk.Limits{MaxLayers: 4, MaxTokens: 64, MaxKVHeads: 4, MaxHeadDim: 16, MaxBlobBytes: 1 << 16, MaxRawBytes: 1 << 16}})
 		req := engine.LookupRequest{Key: key, Tokens: toks}
 		for _, src := range []engine.ChunkSource{s, PrefixOnly(s)} {
@@ -64,7 +64,7 @@ func FuzzClusterStoreLookup(f *testing.F) {
 				if e == nil {
 					continue
 				}
-				if fc.match == client.Miss || !slices.Equal(e.Tokens, toks) || e.Validate() != nil {
+				if fc.match == chunk.MatchMiss || !slices.Equal(e.Tokens, toks) || e.Validate() != nil {
 					t.Fatalf("returned entry %+v for match %v", e.Key, fc.match)
 				}
 			}

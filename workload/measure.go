@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/engine"
 )
 
@@ -112,9 +113,9 @@ func serve(ctx context.Context, e *engine.Engine, src engine.ChunkSource, req en
 	st.TokenLayers += resp.TokenLayers
 	for _, cr := range resp.Chunks {
 		switch cr.Match {
-		case engine.MatchExact:
+		case chunk.MatchExact:
 			st.Exact++
-		case engine.MatchApproximate:
+		case chunk.MatchApproximate:
 			st.Approx++
 		default:
 			st.Miss++

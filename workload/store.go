@@ -103,7 +103,7 @@ func (s *ClusterStore) lookup(ctx context.Context, reqs []engine.LookupRequest, 
 	}
 	n := len(reqs)
 	if prefix {
-		n = slices.IndexFunc(res, func(r client.LookupResult) bool { return r.Match != client.Exact })
+		n = slices.IndexFunc(res, func(r client.LookupResult) bool { return r.Match != chunk.MatchExact })
 		if n < 0 {
 			n = len(reqs)
 		}
@@ -115,7 +115,7 @@ func (s *ClusterStore) lookup(ctx context.Context, reqs []engine.LookupRequest, 
 		errs []error
 	)
 	for i := range n {
-		if res[i].Match == client.Miss {
+		if res[i].Match == chunk.MatchMiss {
 			continue
 		}
 		wg.Add(1)

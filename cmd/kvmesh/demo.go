@@ -482,9 +482,9 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 				if way != wayPrompt {
 					for _, cr := range resp.Chunks {
 						switch cr.Match {
-						case engine.MatchExact:
+						case chunk.MatchExact:
 							s.exact++
-						case engine.MatchApproximate:
+						case chunk.MatchApproximate:
 							s.approx++
 						default:
 							s.miss++

@@ -366,14 +366,14 @@ func lookup(ctx context.Context, c *client.Client, args []string, w, stderr io.W
 	fmt.Fprintln(tw, "CONTENT\tRESULT\tKEY\tHOLDERS")
 	for i, r := range res {
 		key := "-"
-		if r.Match != client.Miss {
+		if r.Match != chunk.MatchMiss {
 			key = r.Key.String()
 		}
 		var holders []string
 		for _, h := range r.Holders {
 			holders = append(holders, h.ID)
 		}
-		fmt.Fprintf(tw, "%s\t%v\t%s\t%s\n", items[i].Content, r.Match, key, strings.Join(holders, ","))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", items[i].Content, strings.ToUpper(r.Match.String()), key, strings.Join(holders, ","))
 	}
 	return tw.Flush()
 }

@@ -193,9 +193,9 @@ func TestCheckInjection(t *testing.T) {
 	variantWanted.key = own(variantBase + 3).key // wants the window context
 	ghost := own(-5)
 
-	E, A, M := engine.MatchExact, engine.MatchApproximate, engine.MatchMiss
+	E, A, M := chunk.MatchExact, chunk.MatchApproximate, chunk.MatchMiss
 	type answer struct {
-		m  engine.Match
+		m  chunk.Match
 		cx chunk.Context
 	}
 	for _, tc := range []struct {

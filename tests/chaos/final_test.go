@@ -90,7 +90,7 @@ func (r *run) final(ctx context.Context, base map[string]usage) {
 			break
 		}
 		for j, lr := range res {
-			if lr.Match != client.Exact || lr.Key != want[lo+j] {
+			if lr.Match != chunk.MatchExact || lr.Key != want[lo+j] {
 				misses++
 			}
 		}

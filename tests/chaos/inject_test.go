@@ -305,20 +305,20 @@ func checkInjection(in *injection, res []engine.InjectResult, mem [][]byte, entr
 		var want [][]byte
 		var sl cudakern.CacheLayout
 		switch r.Match {
-		case engine.MatchMiss:
+		case chunk.MatchMiss:
 			t.Miss++
-		case engine.MatchExact, engine.MatchApproximate:
-			if r.Match == engine.MatchExact {
+		case chunk.MatchExact, chunk.MatchApproximate:
+			if r.Match == chunk.MatchExact {
 				t.Exact++
 			} else {
 				t.Approx++
 			}
 			got := chunk.Key{Fingerprint: c.key.Fingerprint, Content: c.key.Content, Context: r.Context}
 			switch {
-			case r.Match == engine.MatchExact && r.Context != c.key.Context:
+			case r.Match == chunk.MatchExact && r.Context != c.key.Context:
 				bad("chunk %d (%s): EXACT with context %v, wanted %v", j, c.what, r.Context, c.key.Context)
 				continue
-			case r.Match == engine.MatchApproximate && r.Context == c.key.Context:
+			case r.Match == chunk.MatchApproximate && r.Context == c.key.Context:
 				bad("chunk %d (%s): APPROXIMATE with the wanted context %v", j, c.what, r.Context)
 				continue
 			}
@@ -327,7 +327,7 @@ func checkInjection(in *injection, res []engine.InjectResult, mem [][]byte, entr
 				bad("chunk %d (%s): %v with key %v, never written", j, c.what, r.Match, got)
 				continue
 			}
-			if r.Match == engine.MatchApproximate && c.exactAcked {
+			if r.Match == chunk.MatchApproximate && c.exactAcked {
 				t.ApproxOverExact++
 			}
 			var err error
@@ -548,7 +548,7 @@ func (r *run) finalInjections(ctx context.Context, readable []KeyCheck) (failed 
 	rng := rand.New(rand.NewPCG(r.seed, 0xf1a1))
 	type want struct {
 		c     injChunk
-		match engine.Match
+		match chunk.Match
 	}
 	var todo []want
 	for _, k := range readable {
@@ -557,17 +557,17 @@ func (r *run) finalInjections(ctx context.Context, readable []KeyCheck) (failed 
 		if k.Index >= variantBase {
 			c.what = "variant"
 		}
-		todo = append(todo, want{c, engine.MatchExact})
+		todo = append(todo, want{c, chunk.MatchExact})
 		if k.Index < variantBase && rng.IntN(4) == 0 {
 			o := c
 			o.key.Context = chunk.WindowContext(o.key.Fingerprint, windowW, windowOf(rng))
 			o.what, o.exactAcked = "other-window", false
-			todo = append(todo, want{o, engine.MatchApproximate})
+			todo = append(todo, want{o, chunk.MatchApproximate})
 		}
 	}
 	for range 16 {
 		e, _ := entryOf(r.seed, -1-rng.IntN(1<<20))
-		todo = append(todo, want{injChunk{key: e.Key, tokens: e.Tokens, what: "ghost"}, engine.MatchMiss})
+		todo = append(todo, want{injChunk{key: e.Key, tokens: e.Tokens, what: "ghost"}, chunk.MatchMiss})
 	}
 	rng.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
 	var live []*engineCache

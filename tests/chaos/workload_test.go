@@ -221,7 +221,7 @@ func (w *workload) lookup(ctx context.Context, id int, rng *rand.Rand) {
 	}
 	op.OK = true
 	for j, lr := range res {
-		if lr.Match == client.Miss {
+		if lr.Match == chunk.MatchMiss {
 			continue
 		}
 		if idx[j] < 0 {
@@ -230,7 +230,7 @@ func (w *workload) lookup(ctx context.Context, id int, rng *rand.Rand) {
 			continue
 		}
 		key, _, _ := h.Key(idx[j])
-		if lr.Match == client.Exact && lr.Key != key {
+		if lr.Match == chunk.MatchExact && lr.Key != key {
 			op.Wrong = true
 			op.Detail += fmt.Sprintf("key %d: EXACT with key %v, written %v; ", idx[j], lr.Key, key)
 		}

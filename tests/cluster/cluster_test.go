@@ -276,7 +276,7 @@ func TestThreeProcesses(t *testing.T) {
 	victim.done <- nil
 	readAll("one node killed")
 	res, err := c.Lookup(ctx, spec.Fingerprint(), []client.LookupItem{{Content: keys[3].Content, Want: chunk.StandaloneContext()}})
-	if err != nil || res[0].Match != client.Exact {
+	if err != nil || res[0].Match != chunk.MatchExact {
 		t.Fatalf("lookup with a node down: %v %v", res, err)
 	}
 

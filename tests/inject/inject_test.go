@@ -304,7 +304,7 @@ func TestInjectEndToEnd(t *testing.T) {
 
 	// check runs req injected and prefilled; want nil accepts EXACT or
 	// MISS for every chunk (n of them).
-	check := func(t *testing.T, name string, req engine.Request, want []engine.Match, tol float64) *engine.Response {
+	check := func(t *testing.T, name string, req engine.Request, want []chunk.Match, tol float64) *engine.Response {
 		t.Helper()
 		pre, err := e.Run(ctx, nil, engine.Request{StartPos: req.StartPos, Segments: req.Segments})
 		if err != nil {
@@ -325,7 +325,7 @@ func TestInjectEndToEnd(t *testing.T) {
 		}
 		for j, cr := range got.Chunks {
 			if want == nil {
-				if cr.Match == engine.MatchApproximate {
+				if cr.Match == chunk.MatchApproximate {
 					t.Errorf("%s: chunk %d reported APPROXIMATE", name, j)
 				}
 				continue
@@ -351,13 +351,13 @@ func TestInjectEndToEnd(t *testing.T) {
 		}
 		return got
 	}
-	E, A, M := engine.MatchExact, engine.MatchApproximate, engine.MatchMiss
+	E, A, M := chunk.MatchExact, chunk.MatchApproximate, chunk.MatchMiss
 
 	t.Run("exact", func(t *testing.T) {
 		exact := append([]engine.Segment(nil), segs...)
 		exact[3].Chunk, exact[5].Chunk = false, false
 		for _, start := range []int{0, 45, 700} {
-			got := check(t, fmt.Sprintf("start %d", start), engine.Request{StartPos: start, Segments: exact}, []engine.Match{E, E, E}, 1e-4)
+			got := check(t, fmt.Sprintf("start %d", start), engine.Request{StartPos: start, Segments: exact}, []chunk.Match{E, E, E}, 1e-4)
 			if want := len(all[1]) + len(all[2]) + len(all[4]); got.Injected != want {
 				t.Errorf("start %d: %d tokens injected, want %d", start, got.Injected, want)
 			}
@@ -370,8 +370,8 @@ func TestInjectEndToEnd(t *testing.T) {
 	t.Run("approximate-and-miss", func(t *testing.T) {
 		// r=0: the approximate chunk is used as stored; r=1 repairs it
 		// fully, and the miss is prefilled, so the logits are prefill's.
-		check(t, "r=0", engine.Request{StartPos: 11, Segments: segs}, []engine.Match{E, E, A, E, M}, math.Inf(1))
-		check(t, "r=1", engine.Request{StartPos: 11, Segments: segs, Recompute: 1}, []engine.Match{E, E, A, E, M}, 1e-4)
+		check(t, "r=0", engine.Request{StartPos: 11, Segments: segs}, []chunk.Match{E, E, A, E, M}, math.Inf(1))
+		check(t, "r=1", engine.Request{StartPos: 11, Segments: segs, Recompute: 1}, []chunk.Match{E, E, A, E, M}, 1e-4)
 	})
 
 	// Chunks stored on n2 and n3 only: n1 fetches them from a peer.
@@ -402,8 +402,8 @@ func TestInjectEndToEnd(t *testing.T) {
 		}
 		return rs
 	}
-	exactN := func(n int) []engine.Match {
-		out := make([]engine.Match, n)
+	exactN := func(n int) []chunk.Match {
+		out := make([]chunk.Match, n)
 		for i := range out {
 			out[i] = E
 		}
