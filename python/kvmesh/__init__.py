@@ -1,7 +1,8 @@
 """kvmesh: the Python client of a kvmesh KV-cache cluster.
 
 - keys: model fingerprints, content IDs and contexts (docs/KEYS.md);
-- entry: encoded chunk entries, raw and lossless (docs/KEYS.md section 6);
+- entry: encoded chunk entries: encode raw and lossless, decode every codec
+  (docs/KEYS.md section 6);
 - placement: which nodes hold a chunk (docs/PLACEMENT.md);
 - client: the cluster client (Put, Get, Lookup, Delete, models, settings);
 - inject: a paged KV cache in shared memory that a local node fills;

@@ -484,7 +484,7 @@ class Client:
         return self._do(f"Get {key}", key.content, call, timeout)
 
     def get_entry(self, key: Key, timeout: "float | None" = None) -> entrylib.Entry:
-        """Get, decoded (raw and lossless entries; others: get_range)."""
+        """Get, decoded here (get_range has the node decode)."""
         return entrylib.decode(self.get(key, timeout), self.limits)
 
     def get_range(self, key: Key, r: entrylib.Range = entrylib.Range(), timeout: "float | None" = None) -> RangeResult:

@@ -5,7 +5,8 @@ An entry holds one chunk's key, tokens and pre-RoPE K and V in the layout
 [layer][K|V][token][kv_head][head_dim]. Python encodes raw entries byte for
 byte as Go does, and lossless entries that Go decodes (their byte planes are
 stored raw or run-length, not huff0-coded, so they are larger than Go's);
-it decodes raw and lossless entries, huff0 planes included.
+it decodes every codec (raw, lossless with its huff0 planes, int8, int4,
+fp8) to the same bits as Go.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import struct
 
 import numpy as np
 
-from . import huff0
+from . import huff0, quant
 from .errors import CorruptEntry, EntryTooLarge, InvalidEntry, UnsupportedEntry
 from .keys import ID, Context, ContextKind, DType, Key, xxh64
 
@@ -292,8 +293,7 @@ def _decode_layer(codec: Codec, s: Shape, p: memoryview) -> bytes:
         return bytes(p)
     if codec is Codec.LOSSLESS:
         return _lossless_decode(p, s)
-    raise UnsupportedEntry(f"Python decodes raw and lossless entries, not {codec.name.lower()} "
-                           "(ask the node for the decoded range instead: Client.get_range)")
+    return quant.decode_layer(p, codec.name.lower(), s.dtype, s.tokens, s.kv_heads, s.head_dim)
 
 
 # Lossless: byte planes in blocks of 65536 elements, the K half then the V
