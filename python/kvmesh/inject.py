@@ -23,15 +23,12 @@ import grpc
 import numpy as np
 
 from ._pb import inject_pb2, inject_pb2_grpc
+from .entry import _np_dtype
 from .errors import KvmeshError
 from .keys import ID, Context, DType, Key
 
 NHD, HND = 1, 2
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
-
-
-def _np_dtype(d: DType) -> np.dtype:
-    return {DType.F32: np.dtype("<f4"), DType.F16: np.dtype("<f2"), DType.BF16: np.dtype("<u2")}[d]
 
 
 @dataclasses.dataclass(frozen=True)

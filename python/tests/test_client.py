@@ -86,6 +86,12 @@ def test_lookup_batches_across_replica_sets(client, fp):
     assert all(r.match == Match.MISS for r in res[24:])
 
 
+def test_deadline(client, fp):
+    e = make_entry(fp, [31337])
+    with pytest.raises(kvmesh.DeadlineExceeded, match="deadline exceeded"):
+        client.get(e.key, timeout=1e-6)
+
+
 def test_unknown_model_is_a_clear_error(client):
     other = ModelSpec("llama", 2, 1, 4, DType.F32, RopeStyle.NEOX, 10000, salt="never registered")
     e = Entry.from_kv(Key(other.fingerprint(), kvmesh.content_id(other.fingerprint(), [1]),

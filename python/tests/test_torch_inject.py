@@ -71,10 +71,12 @@ def run_injected(model, client, node, tokens, offset, want, content=None):
         seq = list(range(n))
         if offset:
             model(tokens[:offset], seq[:offset], caches, seq[:offset], seq[:offset])
-        layers = []
+        layers, plans = [], []
         with client.register_cache(node, fp, cache) as inj:
             res = inj.inject([InjectChunk(content or kvmesh.content_id(fp, chunk), chunk, want, offset,
-                                          seq[offset:offset + CHUNK])], on_layer=layers.append)
+                                          seq[offset:offset + CHUNK])], on_layer=layers.append, on_plan=plans.append)
+        # The plan comes before any layer and agrees with the results.
+        assert plans == [res.matches]
         assert layers == (list(range(model.spec.layers)) if res.matches[0] != Match.MISS else [])
         written = caches[0].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[0, offset:offset + CHUNK].clone()
         logits = model(tokens[offset + CHUNK:], seq[offset + CHUNK:], caches, seq[offset + CHUNK:], seq)
