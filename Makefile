@@ -116,7 +116,7 @@ bench-workloads-quick:
 
 # The main job: a local cluster doing real work (see README).
 run:
-	$(GO) run ./cmd/kvmesh demo
+	$(GO) run ./cmd/kvmesh-demo
 
 # Regenerates the committed protobuf code (installs protoc and pinned plugins),
 # Go's and the Python package's.

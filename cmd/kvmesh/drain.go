@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/units"
 )
 
 // drain runs `kvmesh drain [-keep] NODE`: NODE (an ID or a gRPC address of
@@ -33,7 +34,7 @@ func drain(ctx context.Context, c *client.Client, args []string, w, stderr io.Wr
 	}
 	fmt.Fprintf(w, "draining %s (%s)\n", id, addr)
 	last, err := c.Drain(ctx, addr, *keep, func(p *api.DrainProgress) {
-		fmt.Fprintf(w, "%-9s moved %d keys (%s), %d pending\n", p.Phase, p.KeysMoved, human(p.BytesMoved), p.Pending)
+		fmt.Fprintf(w, "%-9s moved %d keys (%s), %d pending\n", p.Phase, p.KeysMoved, units.Bytes(p.BytesMoved), p.Pending)
 	})
 	if err != nil {
 		return fmt.Errorf("drain %s: %w", id, err)

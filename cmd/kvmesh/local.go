@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +15,8 @@ import (
 	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/loopback"
 )
 
 // daemonCommand returns how to run kvmeshd: the -kvmeshd flag, a kvmeshd
@@ -41,24 +42,6 @@ func daemonCommand(flagPath string) ([]string, error) {
 func isFile(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.Mode().IsRegular()
-}
-
-// localHosts returns n loopback hosts: 127.0.0.11, .12, ... when this
-// machine can bind them, else 127.0.0.1 for all.
-func localHosts(n int) []string {
-	hosts := make([]string, n)
-	for i := range hosts {
-		hosts[i] = fmt.Sprintf("127.0.0.%d", 11+i)
-		l, err := net.Listen("tcp", hosts[i]+":0")
-		if err != nil || 11+n > 255 {
-			for j := range hosts {
-				hosts[j] = "127.0.0.1"
-			}
-			return hosts
-		}
-		l.Close()
-	}
-	return hosts
 }
 
 type child struct {
@@ -95,7 +78,7 @@ func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	hosts := localHosts(n)
+	hosts := loopback.Hosts(n)
 	var children []*child
 	defer func() { stopChildren(children) }()
 	for i := range n {

@@ -1,6 +1,7 @@
 // Command kvmesh is the kvmesh command line: cluster status, the ring and
 // the models, put/get/lookup/delete of entries from files, a local cluster
-// of kvmeshd processes to try things out, and an in-process demo.
+// of kvmeshd processes to try things out. The in-process demo is
+// cmd/kvmesh-demo.
 //
 //	kvmesh [-addr HOST:PORT[,...]] status|ring|models
 //	kvmesh register SPEC.json
@@ -13,7 +14,6 @@
 //	kvmesh gossip-key new|list|install|use|remove ...
 //	kvmesh settings [get] | settings set [-r R] [-w W] [-codec C]
 //	kvmesh local-cluster [-dir D] [-kvmeshd PATH] N
-//	kvmesh demo [-facts N] [-k LIST] [-queries N] [-out DIR]
 //
 // -addr defaults to $KVMESH_ADDR. Keys print and parse as
 // FINGERPRINT/CONTENT/CONTEXT (chunk.Key.String).
@@ -37,6 +37,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/daemon"
+	"github.com/kvmesh/kvmesh/internal/units"
 )
 
 const usage = `usage: kvmesh [-addr HOST:PORT[,...]] [-timeout D] [-ca F -cert F -key F] [-token T] COMMAND [ARGS]
@@ -56,9 +57,6 @@ commands:
                           (NODE: member ID or gRPC address; not bounded by -timeout)
   local-cluster [-dir D] [-kvmeshd PATH] N
                           start N kvmeshd processes on this machine (Ctrl-C stops them)
-  demo [-facts N] [-k 5,10,20,50] [-queries N] ...
-                          3-node cluster in this process: ingest memory facts, serve queries
-                          by prompt injection and by KV injection, print TTFT and fidelity
   certs [-dir D] [-node NAME=HOST,...]... [-client NAME]...
                           make a CA (first run) and node/client certificates (docs/SECURITY.md)
   gossip-key new FILE     write a new gossip keyring file (mode 0600)
@@ -108,8 +106,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return daemon.Run(ctx, rest, stdout, stderr)
 	case "local-cluster":
 		return localCluster(ctx, rest, stdout, stderr)
-	case "demo":
-		return demo(ctx, rest, stdout, stderr)
 	case "certs":
 		return certs(rest, stdout, stderr)
 	case "gossip-key", "token", "settings":
@@ -184,23 +180,11 @@ func status(ctx context.Context, c *client.Client, w io.Writer) error {
 		}
 		var tiers []string
 		for _, t := range st.Tiers {
-			tiers = append(tiers, fmt.Sprintf("%s %d entries %s/%s evicted %d", t.Name, t.Entries, human(t.Bytes), human(t.CapacityBytes), t.Evictions))
+			tiers = append(tiers, fmt.Sprintf("%s %d entries %s/%s evicted %d", t.Name, t.Entries, units.Bytes(t.Bytes), units.Bytes(t.CapacityBytes), t.Evictions))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Id, m.GrpcAddr, m.HttpAddr, st.Entries, human(st.Bytes), strings.Join(tiers, "; "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Id, m.GrpcAddr, m.HttpAddr, st.Entries, units.Bytes(st.Bytes), strings.Join(tiers, "; "))
 	}
 	return tw.Flush()
-}
-
-func human(b uint64) string {
-	switch {
-	case b >= 1<<30:
-		return fmt.Sprintf("%.1fG", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1fM", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1fK", float64(b)/(1<<10))
-	}
-	return fmt.Sprintf("%dB", b)
 }
 
 func showRing(ctx context.Context, c *client.Client, w io.Writer) error {
@@ -285,7 +269,7 @@ func put(ctx context.Context, c *client.Client, files []string, w io.Writer) err
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		fmt.Fprintf(w, "%s %s stored on %s\n", hd.Key, human(uint64(len(blob))), strings.Join(res.StoredOn, ","))
+		fmt.Fprintf(w, "%s %s stored on %s\n", hd.Key, units.Bytes(uint64(len(blob))), strings.Join(res.StoredOn, ","))
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ import (
 // injection by the engine's node, with every fact in its own tier (local)
 // or only on the two other nodes (remote). The plain cases overlap the
 // forward pass with the injection (layer l starts once layer l is
-// written); the -wait cases wait for the whole injection first. The model is `kvmesh demo`'s
+// written); the -wait cases wait for the whole injection first. The model is kvmesh-demo's
 // (llama, 4 layers, hidden 256, 2 KV heads x 64, bf16 KV); facts are 24
 // tokens encoded after a 20-token window, the question 16 tokens.
 //

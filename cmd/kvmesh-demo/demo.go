@@ -27,12 +27,14 @@ import (
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/internal/loopback"
+	"github.com/kvmesh/kvmesh/internal/units"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
-// demoConfig is what `kvmesh demo` runs; flags change it.
+// demoConfig is what the demo runs; flags change it.
 type demoConfig struct {
 	Facts       int     // memory facts ingested
 	FactTokens  int     // tokens per fact
@@ -52,7 +54,7 @@ type demoConfig struct {
 
 func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	c := demoConfig{}
-	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs := flag.NewFlagSet("kvmesh-demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&c.Facts, "facts", 2000, "memory facts to ingest")
 	fs.IntVar(&c.FactTokens, "fact-tokens", 24, "tokens per fact")
@@ -102,7 +104,7 @@ func demoModel(c demoConfig) engine.ModelConfig {
 	}
 }
 
-// demo is `kvmesh demo` (`make run`): an embedded 3-node cluster over
+// demo is the demo (`make run`): an embedded 3-node cluster over
 // loopback gRPC, a random-weight model written and loaded through the real
 // loader, an engine whose paged KV cache lives in shared memory registered
 // with its local node, a few thousand memory facts ingested (window
@@ -200,7 +202,7 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	fmt.Fprintf(w, "model: llama %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, random bf16 weights, bf16 KV (%d bytes per token)\n",
 		mc.NumLayers, mc.HiddenSize, mc.NumHeads, mc.NumKVHeads, mc.HeadDim, mc.VocabSize, spec.KVBytesPerToken())
 	fmt.Fprintf(w, "engine cache: %d layers x %s in shared memory %s, registered with %s (its local node)\n",
-		spec.Layers, human(uint64(lay.LayerBytes())), shm.Memory.Path, local.ID())
+		spec.Layers, units.Bytes(uint64(lay.LayerBytes())), shm.Memory.Path, local.ID())
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x64656d6f))
 	facts := make([][]uint32, cfg.Facts)
@@ -212,7 +214,7 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(w, "ingested %d facts of %d tokens (window w=%d), %s of entries, %d replicas each, in %v\n",
-		len(facts), cfg.FactTokens, cfg.Window, human(uint64(stored)), cfg.Replicas, time.Since(t0).Round(time.Second))
+		len(facts), cfg.FactTokens, cfg.Window, units.Bytes(uint64(stored)), cfg.Replicas, time.Since(t0).Round(time.Second))
 
 	// Facts on the engine's node, and facts only on the others.
 	var near, far []int
@@ -252,7 +254,7 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 func startDemoCluster(ctx context.Context, dir string, log *slog.Logger, w io.Writer) ([]*node.Node, error) {
 	var nodes []*node.Node
 	var seeds []string
-	for i, h := range localHosts(3) {
+	for i, h := range loopback.Hosts(3) {
 		n, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(dir, strconv.Itoa(i)),
 			GRPCAddr: h + ":0", Seeds: seeds, BootstrapExpect: 3, DRAMBytes: 512 << 20, LocalTiming: true, Logger: log,
 			Insecure: true}) // one process on loopback
@@ -325,7 +327,7 @@ func ingest(ctx context.Context, e *engine.Engine, c *client.Client, facts [][]u
 		const width = 40
 		fill := d * width / len(facts)
 		rate := float64(d) / max(time.Since(start).Seconds(), 1e-3)
-		fmt.Fprintf(stderr, "\ringest [%s%s] %d/%d facts %s %.0f/s ", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), d, len(facts), human(uint64(b)), rate)
+		fmt.Fprintf(stderr, "\ringest [%s%s] %d/%d facts %s %.0f/s ", strings.Repeat("#", fill), strings.Repeat(" ", width-fill), d, len(facts), units.Bytes(uint64(b)), rate)
 		if final {
 			fmt.Fprintln(stderr)
 		}
@@ -562,7 +564,7 @@ func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) 
 		for _, way := range []int{wayNear, wayFar} {
 			s := &pt.ways[way]
 			fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t\n", pt.k, wayNames[way], s.exact, s.approx, s.miss, s.injected,
-				human(uint64(s.localBytes)), human(uint64(s.peerBytes)))
+				units.Bytes(uint64(s.localBytes)), units.Bytes(uint64(s.peerBytes)))
 		}
 	}
 	tw.Flush()
