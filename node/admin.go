@@ -22,7 +22,6 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/meta"
-	"github.com/kvmesh/kvmesh/replication"
 )
 
 // adminService is the Admin API: API tokens (records in the raft
@@ -227,7 +226,7 @@ func (s *peerService) Delete(ctx context.Context, req *api.DeleteRequest) (*api.
 		return nil, invalid(err)
 	}
 	if err := s.n.repl.ServeDelete(ctx, key, req.At); err != nil {
-		return nil, replication.ToStatus(err)
+		return nil, replToStatus(err)
 	}
 	return &api.DeleteResponse{Deleted: 1}, nil
 }

@@ -41,8 +41,8 @@ import (
 // FailedPrecondition, which it reads as "not the leader" and retries.
 //
 // Not here: the Peer service's replication seam (Replicate, Fetch,
-// Delete, Digest) answers through replication.ToStatus, whose codes and
-// message tags are the protocol replication.FromStatus decodes on the
+// Delete, Digest) answers through replToStatus, whose codes and
+// ErrorInfo reasons are the protocol replFromStatus decodes on the
 // sending node; and a handler's own refusal of a request it parsed (a
 // status built where the reason is known, as invalid does).
 func toStatus(err error) error {

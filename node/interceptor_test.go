@@ -155,12 +155,13 @@ func TestToStatus(t *testing.T) {
 		{status.Error(codes.NotFound, ""), replication.ErrNotFound},
 		{status.Error(codes.InvalidArgument, ""), replication.ErrRejected},
 		{status.Error(codes.Aborted, ""), replication.ErrEpochMismatch},
+		{status.Error(codes.PermissionDenied, ""), replication.ErrRejected},
 	} {
-		if got := replErr(tt.err); !errors.Is(got, tt.want) {
-			t.Errorf("replErr(%v) = %v, want %v", tt.err, got, tt.want)
+		if got := replFromStatus(tt.err); !errors.Is(got, tt.want) {
+			t.Errorf("replFromStatus(%v) = %v, want %v", tt.err, got, tt.want)
 		}
 	}
-	if err := replErr(status.Error(codes.Unavailable, "")); errors.Is(err, replication.ErrRejected) {
+	if err := replFromStatus(status.Error(codes.Unavailable, "")); errors.Is(err, replication.ErrRejected) {
 		t.Errorf("Unavailable must stay retryable, got %v", err)
 	}
 }

@@ -318,7 +318,7 @@ func (n *Node) Start(ctx context.Context) (err error) {
 
 	rcfg := cfg.Replication
 	rcfg.NodeID = cfg.NodeID
-	rcfg.Store = replication.NewKVTierStore(n.store)
+	rcfg.Store = replStore{n.store}
 	rcfg.Transport = transport{n}
 	rcfg.Placement = n.meta
 	rcfg.Quorum = n.quorum

@@ -158,7 +158,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			kind = replication.KindWrite
 		}
 		if err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At}); err != nil {
-			return replication.ToStatus(err)
+			return replToStatus(err)
 		}
 		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
 	}
@@ -202,7 +202,7 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	var blob pinned.Bytes
 	if direct {
 		if blob, err = n.repl.ServeFetch(ctx, key); err != nil {
-			return replication.ToStatus(err)
+			return replToStatus(err)
 		}
 	} else {
 		rr, err := n.repl.Read(ctx, key)
@@ -471,7 +471,7 @@ func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*ap
 	}
 	if req.Direct {
 		if err := n.repl.ServeDelete(ctx, key, req.At); err != nil {
-			return nil, replication.ToStatus(err)
+			return nil, replToStatus(err)
 		}
 		return &api.DeleteResponse{Deleted: 1}, nil
 	}

@@ -4,9 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
@@ -29,18 +26,6 @@ func (t transport) addr(id string) (string, error) {
 	return "", fmt.Errorf("node: no address known for %s", id)
 }
 
-// replErr maps a peer's gRPC status back to replication's sentinels
-// (replication.FromStatus): refusals to ErrRejected (with ErrTombstoned and
-// ErrNoRoom where the peer said so), absence to ErrNotFound, an epoch
-// mismatch to ErrEpochMismatch; anything else means "unreachable, try
-// later". PermissionDenied is a refusal too: retrying will not help.
-func replErr(err error) error {
-	if err != nil && status.Code(err) == codes.PermissionDenied {
-		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
-	}
-	return replication.FromStatus(err)
-}
-
 func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts replication.ReplicateOptions) error {
 	addr, err := t.addr(node)
 	if err != nil {
@@ -50,7 +35,7 @@ func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts
 	if err != nil {
 		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
 	}
-	return replErr(t.n.sendEntry(ctx, addr, &api.PutHeader{Key: client.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
+	return replFromStatus(t.n.sendEntry(ctx, addr, &api.PutHeader{Key: client.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
 		Direct: true, Kind: uint32(opts.Kind), At: opts.At}, blob))
 }
 
@@ -60,7 +45,7 @@ func (t transport) Fetch(ctx context.Context, node string, key chunk.Key) ([]byt
 		return nil, err
 	}
 	blob, err := t.n.fetchEntry(ctx, addr, key)
-	return blob, replErr(err)
+	return blob, replFromStatus(err)
 }
 
 func (t transport) Digest(ctx context.Context, node string, req replication.DigestRequest) (replication.DigestResponse, error) {
@@ -80,7 +65,7 @@ func (t transport) Digest(ctx context.Context, node string, req replication.Dige
 	defer cancel()
 	resp, err := pc.Digest(ctx, preq)
 	if err != nil {
-		return replication.DigestResponse{}, replErr(err)
+		return replication.DigestResponse{}, replFromStatus(err)
 	}
 	out := replication.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
 	for _, it := range resp.Items {
@@ -105,7 +90,7 @@ func (t transport) Delete(ctx context.Context, node string, key chunk.Key, at in
 	ctx, cancel := t.n.withTimeout(ctx)
 	defer cancel()
 	_, err = pc.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true, At: at})
-	return replErr(err)
+	return replFromStatus(err)
 }
 
 // serveDigest answers a replication digest request.
@@ -120,7 +105,7 @@ func (n *Node) serveDigest(ctx context.Context, req *api.DigestRequest) (*api.Di
 	}
 	resp, err := n.repl.ServeDigest(ctx, rreq)
 	if err != nil {
-		return nil, replication.ToStatus(err)
+		return nil, replToStatus(err)
 	}
 	out := &api.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
 	for _, it := range resp.Items {

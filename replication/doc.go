@@ -3,9 +3,11 @@
 //
 // A Replicator runs on every node, next to the node's store. It is a library
 // over three small interfaces it declares: Store (the node's local tiers,
-// *kvtier.Store through NewKVTierStore), Transport (calls to other nodes,
-// which package node implements with the Peer gRPC service) and Placement
-// (the current ring, which *meta.Store provides).
+// which package node adapts its kvtier store to), Transport (calls to
+// other nodes, which package node implements with the Peer gRPC service)
+// and Placement (the current ring, which *meta.Store provides). It imports
+// neither the store nor gRPC: bytes it reads are lent as pinned.Bytes, and
+// every outcome a caller branches on is a sentinel error.
 //
 //   - Writes (Write) go to the R replicas of the chunk's content ID in
 //     parallel and return once W of them stored it, naming them. A replica
@@ -49,7 +51,7 @@
 //
 // # Wiring in a node
 //
-// The node builds one Replicator with Store: NewKVTierStore(store),
+// The node builds one Replicator with Store: its kvtier store (adapted),
 // Placement: the meta store, Quorum: from meta's Settings, and a Transport
 // over its peer connections, and calls Kick when meta's Watch fires. The
 // Transport methods and the Serve* methods meet on the Peer service:
@@ -60,10 +62,11 @@
 //	                       ranges, keys)                                -> ServeDigest
 //	Transport.Delete    -> Client.Delete (direct, at)                   -> ServeDelete
 //
-// Handlers return ToStatus(err); the Transport returns FromStatus(err), so
-// that refusals (ErrRejected, ErrTombstoned, ErrNoRoom), a busy receiver's
-// ErrBusy and ErrNotFound survive the wire and every other failure counts
-// as "unreachable".
+// The node maps this package's sentinels to gRPC statuses and back (each
+// refusal carries its reason as a status detail), so that refusals
+// (ErrRejected, ErrTombstoned, ErrNoRoom), a busy receiver's ErrBusy,
+// ErrNotFound and ErrEpochMismatch survive the wire for errors.Is, and
+// every other failure counts as "unreachable".
 // Client puts go through Write (or the node stores the local copy and
 // calls Replicate for the others), client reads through Read, client
 // deletes through Delete; Drain serves `kvmesh drain`; Collector goes to

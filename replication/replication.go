@@ -43,8 +43,8 @@ var (
 	ErrClosed = errors.New("replication: closed")
 )
 
-// Store is the part of the node's store the Replicator needs.
-// *kvtier.Store satisfies it through NewKVTierStore.
+// Store is the part of the node's store the Replicator needs (package
+// node adapts its kvtier store to it).
 type Store interface {
 	// Put stores an encoded chunk entry (verifying it) and returns its
 	// header; the blob is copied. Putting the same bytes again is a

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -726,37 +725,6 @@ func TestNonMemberKeepsCopies(t *testing.T) {
 				t.Fatalf("%v missing on owner %s", k, id)
 			}
 		}
-	}
-}
-
-func TestStatusMapping(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		err  error
-		want []error
-	}{
-		{"tombstoned", fmt.Errorf("%w: %w: k", ErrRejected, ErrTombstoned), []error{ErrRejected, ErrTombstoned}},
-		{"no room", fmt.Errorf("%w: %w: k", ErrRejected, ErrNoRoom), []error{ErrRejected, ErrNoRoom}},
-		{"conflict", fmt.Errorf("%w: %w", ErrRejected, ErrConflict), []error{ErrRejected}},
-		{"not found", fmt.Errorf("%w: k", ErrNotFound), []error{ErrNotFound}},
-		{"epoch", fmt.Errorf("%w: 3 vs 4", ErrEpochMismatch), []error{ErrEpochMismatch}},
-		{"busy", fmt.Errorf("%w: no slot free", ErrBusy), []error{ErrBusy}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := FromStatus(ToStatus(tc.err))
-			for _, w := range tc.want {
-				if !errors.Is(got, w) {
-					t.Fatalf("%v does not wrap %v", got, w)
-				}
-			}
-			if errors.Is(got, ErrRejected) != errors.Is(tc.err, ErrRejected) {
-				t.Fatalf("%v: refusal %v, sent %v", got, errors.Is(got, ErrRejected), errors.Is(tc.err, ErrRejected))
-			}
-		})
-	}
-	plain := errors.New("connection refused")
-	if got := FromStatus(ToStatus(plain)); errors.Is(got, ErrRejected) {
-		t.Fatalf("a transport failure became a refusal: %v", got)
 	}
 }
 
