@@ -9,6 +9,7 @@ refresh its ring.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import threading
 import time
@@ -243,6 +244,7 @@ class Client:
         self._lock = threading.Lock()
         self._channels: dict = {}
         self._closed = False
+        self._refreshing = False
         self._ring = Ring(0, [])
         self._info = ClusterInfo("", 0, [], "", "", 1, 1, "")
         self.refresh()
@@ -329,18 +331,31 @@ class Client:
         return info
 
     def _note_epoch(self, md) -> None:
+        """Refreshes the ring in the background when a node answered with a
+        newer epoch than the client's (one refresh at a time)."""
         for k, v in md or ():
-            if k == EPOCH_HEADER:
-                try:
-                    e = int(v)
-                except ValueError:
-                    return
-                if e > self._info.epoch:
-                    try:
-                        self.refresh(timeout=self.rpc_timeout)
-                    except KvmeshError:
-                        pass
+            if k != EPOCH_HEADER:
+                continue
+            try:
+                e = int(v)
+            except ValueError:
                 return
+            with self._lock:
+                if e <= self._info.epoch or self._refreshing or self._closed:
+                    return
+                self._refreshing = True
+
+            def run():
+                try:
+                    self.refresh(timeout=self.rpc_timeout)
+                except KvmeshError:
+                    pass  # the next call's failover refreshes again
+                finally:
+                    with self._lock:
+                        self._refreshing = False
+
+            threading.Thread(target=run, name="kvmesh-refresh", daemon=True).start()
+            return
 
     def _targets(self, content: "ID | None") -> "list[str]":
         r = self._ring
@@ -523,9 +538,14 @@ class Client:
             o = r.owner(it.content) if len(r) else None
             groups.setdefault(o.id if o else "", []).append(i)
         out: list = [None] * len(items)
-        for idx in groups.values():
-            for s in range(0, len(idx), MAX_LOOKUP_BATCH):
-                self._lookup_batch(fp, items, idx[s:s + MAX_LOOKUP_BATCH], out, timeout)
+        batches = [idx[s:s + MAX_LOOKUP_BATCH] for idx in groups.values() for s in range(0, len(idx), MAX_LOOKUP_BATCH)]
+        if len(batches) == 1:
+            self._lookup_batch(fp, items, batches[0], out, timeout)
+            return out
+        # One call per replica set, all at once.
+        with concurrent.futures.ThreadPoolExecutor(min(len(batches), 16)) as ex:
+            for f in [ex.submit(self._lookup_batch, fp, items, b, out, timeout) for b in batches]:
+                f.result()
         return out
 
     def _lookup_batch(self, fp, items, idx, out, timeout):
