@@ -247,7 +247,11 @@ class Client:
         self._refreshing = False
         self._ring = Ring(0, [])
         self._info = ClusterInfo("", 0, [], "", "", 1, 1, "")
-        self.refresh()
+        try:
+            self.refresh()
+        except BaseException:
+            self.close()
+            raise
 
     # -- connections and the ring ------------------------------------------
 
