@@ -141,8 +141,8 @@ class ModelSpec:
         return self.rotary_dim or self.head_dim
 
     def validate(self) -> None:
-        """Raises ValueError with the first reason the spec is invalid, as
-        Go's ModelSpec.Validate."""
+        """Raises ValueError with the first reason the spec is invalid, by
+        the rules of Go's ModelSpec.Validate."""
         bad = []
         if not self.family:
             bad.append("family is empty")
@@ -156,6 +156,23 @@ class ModelSpec:
             bad.append(f"rope theta {self.rope_theta} must be finite and > 1")
         elif not (0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
             bad.append(f"rotary dim {self.rotary_dim} must be even and at most head dim {self.head_dim}")
+        sc = self.scaling
+        if sc.type in ("", "default"):
+            pass
+        elif sc.type in ("linear", "dynamic"):
+            if not sc.factor > 0:
+                bad.append(f"{sc.type} scaling needs factor > 0")
+            elif sc.type == "dynamic" and sc.max_positions <= 0:
+                bad.append("dynamic scaling needs max positions")
+        elif sc.type == "llama3":
+            if not (sc.factor > 0 and 0 < sc.low_freq_factor < sc.high_freq_factor and sc.original_max_positions > 0):
+                bad.append("llama3 scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor, "
+                           "original max positions")
+        elif sc.type == "yarn":
+            if not (sc.factor > 0 and sc.original_max_positions > 0):
+                bad.append("yarn scaling needs factor > 0 and original max positions")
+        else:
+            bad.append(f"unknown rope scaling type {sc.type!r}")
         if bad:
             raise ValueError("invalid model spec: " + bad[0])
 

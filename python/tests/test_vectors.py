@@ -152,3 +152,20 @@ def test_det_log_close_to_math_log():
     for u in rng.random(1000):
         u = float(u) or 0.5
         assert abs(det_log(u) - math.log(u)) <= math.ulp(math.log(u))  # < 1 ulp, as Go's math.Log
+
+
+@pytest.mark.parametrize("change,reason", [
+    (dict(family=""), "family is empty"),
+    (dict(layers=0), "layers 0"),
+    (dict(head_dim=7), "head dim 7"),
+    (dict(rope_theta=1.0), "rope theta"),
+    (dict(rotary_dim=6, head_dim=4), "rotary dim"),
+    (dict(scaling=RopeScaling("llama3", 8, 4, 1, 8192)), "llama3 scaling"),
+    (dict(scaling=RopeScaling("ntk")), "unknown rope scaling"),
+])
+def test_spec_validate(change, reason):
+    import dataclasses
+    ok = ModelSpec("llama", 2, 2, 8, DType.F16, RopeStyle.NEOX, 10000)
+    ok.validate()
+    with pytest.raises(ValueError, match=reason):
+        dataclasses.replace(ok, **change).validate()
