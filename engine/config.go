@@ -367,3 +367,16 @@ func LoadConfig(dir string) (ModelConfig, error) {
 	}
 	return ParseConfig(data)
 }
+
+// BenchModel is the model shape of the engine's benchmarks and of the TTFT
+// benchmark (internal/enginebench): 8 layers, hidden 512, 8 heads, 2 KV
+// heads, head dim 64.
+func BenchModel() ModelConfig {
+	return ModelConfig{
+		ModelType: "llama", HiddenSize: 512, IntermediateSize: 1536, NumLayers: 8,
+		NumHeads: 8, NumKVHeads: 2, HeadDim: 64, VocabSize: 4096, RMSNormEps: 1e-5,
+		RopeTheta: 500000, RopeStyle: chunk.RopeNeoX, MaxPositionEmbeddings: 8192,
+		RopeScaling: chunk.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192},
+		DType:       chunk.BF16,
+	}
+}

@@ -30,9 +30,9 @@
 // injected KV followed by a prefill of the rest gives the logits of a full
 // prefill to float32 rounding of RoPE angles.
 //
-// RunBench is the TTFT benchmark (TTFT of prompt injection against KV
-// injection, fidelity of approximate encodings, codecs on exact entries),
-// reusable with any ChunkStore; cmd/kvmesh-engine-bench runs it.
+// The TTFT benchmark harness over the engine is internal/enginebench
+// (cmd/kvmesh-engine-bench); BenchModel is the model shape it and the
+// engine's own benchmarks use.
 //
 // The engine imports neither client nor node.
 package engine

@@ -238,6 +238,10 @@ func (e *Engine) Fingerprint() chunk.Fingerprint { return e.fp }
 // Config is the model's configuration.
 func (e *Engine) Config() ModelConfig { return e.cfg }
 
+// Workers is how many goroutines a forward pass runs on (the caller
+// included).
+func (e *Engine) Workers() int { return e.pool.workers }
+
 // Layout is the geometry of one layer of the engine's paged KV cache.
 func (e *Engine) Layout() cudakern.CacheLayout { return e.layout }
 

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/cputime"
 )
 
 func naiveMatmul(x, w, bias []float32, n, in, out int) []float32 {
@@ -100,11 +102,11 @@ func benchMatmul(b *testing.B, avx bool) {
 			var mt matmulTask
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0 := processCPU()
+			cpu0 := cputime.Process()
 			for b.Loop() {
 				p.matmul(&mt, y, x, w, nil, tc.n, tc.in, tc.out)
 			}
-			cpu := processCPU() - cpu0
+			cpu := cputime.Process() - cpu0
 			flops := 2 * float64(tc.n*tc.in*tc.out) * float64(b.N)
 			b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
 			// Per CPU-second (all threads): robust on a shared machine.

@@ -1,7 +1,7 @@
 // Command kvmesh-engine-bench measures time to first token for prompt
 // injection against KV injection from an in-memory chunk store on the
 // reference engine, and the fidelity of approximate encodings. It
-// writes a random-weight model (or loads -model), runs engine.RunBench and
+// writes a random-weight model (or loads -model), runs enginebench.Run and
 // prints markdown tables.
 package main
 
@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/enginebench"
 )
 
 func main() {
@@ -40,7 +41,7 @@ func run() error {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	var cfg engine.BenchConfig
+	var cfg enginebench.Config
 	for _, s := range strings.Split(*ks, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || k <= 0 {
@@ -81,7 +82,7 @@ func run() error {
 		return err
 	}
 	defer e.Close()
-	res, err := engine.RunBench(ctx, e, engine.NewMemStore(c), cfg)
+	res, err := enginebench.Run(ctx, e, engine.NewMemStore(c), cfg)
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,8 @@
-package engine
+// Package enginebench is the reference engine's benchmark harness
+// (cmd/kvmesh-engine-bench, `make bench-engine`): time to first token for
+// prompt injection against KV injection from a chunk store, the fidelity
+// of approximate encodings and what each codec does to EXACT entries.
+package enginebench
 
 import (
 	"context"
@@ -10,22 +14,12 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/cputime"
 )
 
-// BenchModel is the TTFT benchmark's model shape: 8 layers, hidden
-// 512, 8 heads, 2 KV heads, head dim 64.
-func BenchModel() ModelConfig {
-	return ModelConfig{
-		ModelType: "llama", HiddenSize: 512, IntermediateSize: 1536, NumLayers: 8,
-		NumHeads: 8, NumKVHeads: 2, HeadDim: 64, VocabSize: 4096, RMSNormEps: 1e-5,
-		RopeTheta: 500000, RopeStyle: chunk.RopeNeoX, MaxPositionEmbeddings: 8192,
-		RopeScaling: chunk.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192},
-		DType:       chunk.BF16,
-	}
-}
-
-// BenchConfig configures RunBench. Zero fields take the defaults shown.
-type BenchConfig struct {
+// Config configures Run. Zero fields take the defaults shown.
+type Config struct {
 	Ks          []int // retrieved facts per prompt; {5, 10, 20, 50}
 	FactTokens  int   // tokens per fact; 24
 	QueryTokens int   // 16
@@ -46,7 +40,7 @@ type BenchConfig struct {
 	Progress func(string)
 }
 
-func (c *BenchConfig) defaults() {
+func (c *Config) defaults() {
 	if len(c.Ks) == 0 {
 		c.Ks = []int{5, 10, 20, 50}
 	}
@@ -100,7 +94,7 @@ type TTFTRow struct {
 type FidelityRow struct {
 	Name      string
 	Recompute float64
-	Fidelity
+	engine.Fidelity
 	// WorkFraction is the computed token-layers over a full prefill's.
 	WorkFraction float64
 }
@@ -108,16 +102,16 @@ type FidelityRow struct {
 // CodecRow is what a codec does to EXACT entries.
 type CodecRow struct {
 	Codec chunk.Codec
-	Fidelity
+	engine.Fidelity
 	// Ratio is raw KV bytes over stored bytes (entry headers included).
 	Ratio float64
 }
 
-// BenchResult is what RunBench measured.
-type BenchResult struct {
-	Model    ModelConfig
+// Result is what Run measured.
+type Result struct {
+	Model    engine.ModelConfig
 	KVDType  chunk.DType // of the stored entries
-	Config   BenchConfig
+	Config   Config
 	Workers  int
 	TTFT     []TTFTRow
 	Fidelity []FidelityRow
@@ -127,25 +121,25 @@ type BenchResult struct {
 // InjectGrowth is Inject's TTFT growth from the smallest to the largest k
 // (0.04 means 4%); PrefillGrowth likewise; Speedup is Prefill / Inject at
 // the largest k.
-func (r *BenchResult) InjectGrowth() float64 {
+func (r *Result) InjectGrowth() float64 {
 	a, b := r.TTFT[0], r.TTFT[len(r.TTFT)-1]
 	return b.Inject.Seconds()/a.Inject.Seconds() - 1
 }
 
 // PrefillGrowth: see InjectGrowth.
-func (r *BenchResult) PrefillGrowth() float64 {
+func (r *Result) PrefillGrowth() float64 {
 	a, b := r.TTFT[0], r.TTFT[len(r.TTFT)-1]
 	return b.Prefill.Seconds()/a.Prefill.Seconds() - 1
 }
 
 // Speedup: see InjectGrowth.
-func (r *BenchResult) Speedup() float64 {
+func (r *Result) Speedup() float64 {
 	b := r.TTFT[len(r.TTFT)-1]
 	return b.Prefill.Seconds() / b.Inject.Seconds()
 }
 
 // CPUGrowth is InjectGrowth and PrefillGrowth in CPU time.
-func (r *BenchResult) CPUGrowth() (inject, prefill float64) {
+func (r *Result) CPUGrowth() (inject, prefill float64) {
 	a, b := r.TTFT[0], r.TTFT[len(r.TTFT)-1]
 	return b.InjectCPU.Seconds()/a.InjectCPU.Seconds() - 1, b.PrefillCPU.Seconds()/a.PrefillCPU.Seconds() - 1
 }
@@ -165,7 +159,7 @@ func benchFacts(r *rand.Rand, n, tokens, vocab int) [][]uint32 {
 
 // storeStream encodes every fact of a stream, windowed (w > 0) or standalone
 // (w == 0), and puts it in store.
-func storeStream(ctx context.Context, e *Engine, store ChunkSink, facts [][]uint32, w int) error {
+func storeStream(ctx context.Context, e *engine.Engine, store engine.ChunkSink, facts [][]uint32, w int) error {
 	var before []uint32
 	for _, f := range facts {
 		var ent *chunk.Entry
@@ -179,30 +173,30 @@ func storeStream(ctx context.Context, e *Engine, store ChunkSink, facts [][]uint
 			return err
 		}
 		if err := store.Put(ctx, ent); err != nil {
-			return fmt.Errorf("engine: bench put: %w", err)
+			return fmt.Errorf("enginebench: put: %w", err)
 		}
 		before = append(before, f...)
 	}
 	return nil
 }
 
-func promptOf(facts [][]uint32, query []uint32) []Segment {
-	segs := make([]Segment, 0, len(facts)+1)
+func promptOf(facts [][]uint32, query []uint32) []engine.Segment {
+	segs := make([]engine.Segment, 0, len(facts)+1)
 	for _, f := range facts {
-		segs = append(segs, Segment{Tokens: f, Chunk: true})
+		segs = append(segs, engine.Segment{Tokens: f, Chunk: true})
 	}
-	return append(segs, Segment{Tokens: query})
+	return append(segs, engine.Segment{Tokens: query})
 }
 
-// RunBench measures time to first token for prompt injection against KV
+// Run measures time to first token for prompt injection against KV
 // injection from store, and the fidelity of approximate encodings, on e.
-// The store is written with the facts' encodings; any ChunkStore works (an
+// The store is written with the facts' encodings; any engine.ChunkStore works (an
 // in-memory one, or the cluster client).
-func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig) (*BenchResult, error) {
+func Run(ctx context.Context, e *engine.Engine, store engine.ChunkStore, cfg Config) (*Result, error) {
 	cfg.defaults()
-	res := &BenchResult{Model: e.cfg, KVDType: e.spec.DType, Config: cfg, Workers: e.pool.workers}
+	res := &Result{Model: e.Config(), KVDType: e.Spec().DType, Config: cfg, Workers: e.Workers()}
 	r := rand.New(rand.NewPCG(cfg.Seed, 0x62656e6368))
-	vocab := e.cfg.VocabSize
+	vocab := e.Config().VocabSize
 	maxK := slices.Max(cfg.Ks)
 	stream := benchFacts(r, maxK, cfg.FactTokens, vocab)
 	if err := storeStream(ctx, e, store, stream, cfg.Window); err != nil {
@@ -212,14 +206,14 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 	query := benchFacts(r, 1, cfg.QueryTokens, vocab)[0]
 	best := slices.Min[[]time.Duration]
 	var lastCPU time.Duration
-	timed := func(src ChunkSource, req Request) (time.Duration, *Response, error) {
+	timed := func(src engine.ChunkSource, req engine.Request) (time.Duration, *engine.Response, error) {
 		// Start from a collected heap, so no run pays for the garbage of
 		// the one before it.
 		runtime.GC()
-		c0, t0 := processCPU(), time.Now()
+		c0, t0 := cputime.Process(), time.Now()
 		resp, err := e.Run(ctx, src, req)
 		d := time.Since(t0)
-		lastCPU = processCPU() - c0
+		lastCPU = cputime.Process() - c0
 		return d, resp, err
 	}
 	for _, k := range cfg.Ks {
@@ -228,7 +222,7 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 		var pre, inj, rep, look, scat, preCPU, injCPU []time.Duration
 		// One untimed run of each path warms caches and the store.
 		for trial := -1; trial < cfg.Trials; trial++ {
-			d, resp, err := timed(nil, Request{Segments: segs})
+			d, resp, err := timed(nil, engine.Request{Segments: segs})
 			if err != nil {
 				return nil, err
 			}
@@ -236,19 +230,19 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 			if trial >= 0 {
 				pre, preCPU = append(pre, d), append(preCPU, lastCPU)
 			}
-			d, resp, err = timed(store, Request{Segments: segs})
+			d, resp, err = timed(store, engine.Request{Segments: segs})
 			if err != nil {
 				return nil, err
 			}
 			if resp.Injected != k*cfg.FactTokens {
-				return nil, fmt.Errorf("engine: bench k=%d: store injected %d of %d fact tokens", k, resp.Injected, k*cfg.FactTokens)
+				return nil, fmt.Errorf("enginebench: k=%d: store injected %d of %d fact tokens", k, resp.Injected, k*cfg.FactTokens)
 			}
 			row.InjectTL = resp.TokenLayers
 			if trial >= 0 {
 				inj, look, scat = append(inj, d), append(look, resp.Lookup), append(scat, resp.Inject)
 				injCPU = append(injCPU, lastCPU)
 			}
-			d, resp, err = timed(store, Request{Segments: segs, Recompute: cfg.Recompute})
+			d, resp, err = timed(store, engine.Request{Segments: segs, Recompute: cfg.Recompute})
 			if err != nil {
 				return nil, err
 			}
@@ -280,7 +274,7 @@ func RunBench(ctx context.Context, e *Engine, store ChunkStore, cfg BenchConfig)
 // standalone and windowed rows use two streams of fresh facts, because a
 // store returns only its best encoding of a content and would always pick
 // the window.
-func benchFidelity(ctx context.Context, e *Engine, store ChunkStore, r *rand.Rand, cfg BenchConfig) ([]FidelityRow, error) {
+func benchFidelity(ctx context.Context, e *engine.Engine, store engine.ChunkStore, r *rand.Rand, cfg Config) ([]FidelityRow, error) {
 	streamLen := cfg.FidelityK + cfg.FidelityPrompts
 	type variant struct {
 		name string
@@ -296,25 +290,25 @@ func benchFidelity(ctx context.Context, e *Engine, store ChunkStore, r *rand.Ran
 	}
 	var rows []FidelityRow
 	for _, g := range groups {
-		stream := benchFacts(r, streamLen, cfg.FactTokens, e.cfg.VocabSize)
+		stream := benchFacts(r, streamLen, cfg.FactTokens, e.Config().VocabSize)
 		if err := storeStream(ctx, e, store, stream, g.w); err != nil {
 			return nil, err
 		}
-		fs := make([]Fidelity, len(g.variants))
+		fs := make([]engine.Fidelity, len(g.variants))
 		work := make([]int, len(g.variants))
 		full := 0
 		for p := 0; p < cfg.FidelityPrompts; p++ {
 			// A run of consecutive facts, as retrieved from a conversation.
 			start := r.IntN(streamLen - cfg.FidelityK + 1)
-			query := benchFacts(r, 1, cfg.QueryTokens, e.cfg.VocabSize)[0]
+			query := benchFacts(r, 1, cfg.QueryTokens, e.Config().VocabSize)[0]
 			segs := promptOf(stream[start:start+cfg.FidelityK], query)
-			ref, err := e.Run(ctx, nil, Request{Segments: segs})
+			ref, err := e.Run(ctx, nil, engine.Request{Segments: segs})
 			if err != nil {
 				return nil, err
 			}
 			full += ref.TokenLayers
 			for i, v := range g.variants {
-				resp, err := e.Run(ctx, store, Request{Segments: segs, Recompute: v.rec})
+				resp, err := e.Run(ctx, store, engine.Request{Segments: segs, Recompute: v.rec})
 				if err != nil {
 					return nil, err
 				}
@@ -333,22 +327,22 @@ func benchFidelity(ctx context.Context, e *Engine, store ChunkStore, r *rand.Ran
 // benchCodecs stores the EXACT entries of fresh prompts through every
 // codec and compares injection with prefill. Each codec has its own
 // in-memory store: the bench's store keeps whatever codec it was built with.
-func benchCodecs(ctx context.Context, e *Engine, r *rand.Rand, cfg BenchConfig) ([]CodecRow, error) {
+func benchCodecs(ctx context.Context, e *engine.Engine, r *rand.Rand, cfg Config) ([]CodecRow, error) {
 	rows := make([]CodecRow, len(cfg.Codecs))
-	stores := make([]*MemStore, len(cfg.Codecs))
+	stores := make([]*engine.MemStore, len(cfg.Codecs))
 	for i, c := range cfg.Codecs {
-		rows[i].Codec, stores[i] = c, NewMemStore(c)
+		rows[i].Codec, stores[i] = c, engine.NewMemStore(c)
 	}
 	raw := 0
 	prompts := max(1, cfg.FidelityPrompts/4)
 	for p := 0; p < prompts; p++ {
-		facts := benchFacts(r, cfg.FidelityK, cfg.FactTokens, e.cfg.VocabSize)
-		segs := promptOf(facts, benchFacts(r, 1, cfg.QueryTokens, e.cfg.VocabSize)[0])
+		facts := benchFacts(r, cfg.FidelityK, cfg.FactTokens, e.Config().VocabSize)
+		segs := promptOf(facts, benchFacts(r, 1, cfg.QueryTokens, e.Config().VocabSize)[0])
 		ents, err := e.EncodePrompt(ctx, segs)
 		if err != nil {
 			return nil, err
 		}
-		ref, err := e.Run(ctx, nil, Request{Segments: segs})
+		ref, err := e.Run(ctx, nil, engine.Request{Segments: segs})
 		if err != nil {
 			return nil, err
 		}
@@ -365,12 +359,12 @@ func benchCodecs(ctx context.Context, e *Engine, r *rand.Rand, cfg BenchConfig) 
 					}
 				}
 			}
-			resp, err := e.Run(ctx, st, Request{Segments: segs})
+			resp, err := e.Run(ctx, st, engine.Request{Segments: segs})
 			if err != nil {
 				return nil, err
 			}
 			if resp.Injected != cfg.FidelityK*cfg.FactTokens {
-				return nil, fmt.Errorf("engine: bench codec %v: injected %d tokens", rows[i].Codec, resp.Injected)
+				return nil, fmt.Errorf("enginebench: codec %v: injected %d tokens", rows[i].Codec, resp.Injected)
 			}
 			rows[i].Add(ref.Logits, resp.Logits)
 		}
@@ -385,7 +379,7 @@ func benchCodecs(ctx context.Context, e *Engine, r *rand.Rand, cfg BenchConfig) 
 func ms(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
 // Markdown renders the result as the tables docs/BENCHMARKS.md shows.
-func (r *BenchResult) Markdown() string {
+func (r *Result) Markdown() string {
 	var b strings.Builder
 	m := r.Model
 	fmt.Fprintf(&b, "Model: %s, %d layers, hidden %d, %d heads, %d KV heads, head dim %d, intermediate %d, vocab %d (random weights, %v on disk, f32 compute); %d workers.\n",
