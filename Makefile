@@ -23,8 +23,10 @@ FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSa
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
+ACCURACY_PROMPTS ?= 20
+TRAIN_FLAGS ?= --seed 1 --minutes 45 --steps 100000 --eval-every 100000 --eval-minutes 4 --eval-n 12
 
-.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-rebalance run proto proto-python tools python-deps test-python clean
+.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -110,6 +112,20 @@ bench-workloads:
 # when a 4th joins: time, bytes moved against a quarter, Get latency, RSS.
 bench-rebalance:
 	KVMESH_REBALANCE_BYTES=10G $(GO) test -run '^$$' -bench Rebalance10G -benchtime 1x -timeout 60m -v ./tests/cluster
+
+# Answer accuracy of the trained recall model (train/recall) served each way
+# through a local cluster; writes docs/bench/ACCURACY.md and its plots.
+bench-accuracy:
+	$(GO) run ./cmd/kvmesh-bench -accuracy train/recall -accuracy-prompts $(ACCURACY_PROMPTS) -out docs/bench
+
+# Retrains the recall model (about 45 minutes on 2 busy cores; Debian's
+# python3-torch, python3-numpy and libopenblas0-pthread), then writes its
+# evaluation set and PyTorch reference outputs.
+train-recall:
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 nice -n 10 /usr/bin/python3 train/train.py --out out/recall-run $(TRAIN_FLAGS)
+	mkdir -p train/recall && cp out/recall-run/model/* out/recall-run/curve.jsonl train/recall/
+	/usr/bin/python3 train/gen.py --seed 1234 --n 40 --out train/recall/eval.json
+	/usr/bin/python3 train/reference.py --model train/recall --eval train/recall/eval.json --out train/recall/reference.json --threads 2
 
 bench-workloads-quick:
 	$(GO) run ./cmd/kvmesh-bench -quick -out docs/bench

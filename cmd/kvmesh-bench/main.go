@@ -6,6 +6,12 @@
 // writes WORKLOADS.md with PNG plots to -out (and the markdown to stdout).
 //
 //	kvmesh-bench [-quick] [-seed N] [-out docs/bench]
+//	kvmesh-bench -accuracy train/recall [-accuracy-prompts N] [-out docs/bench]
+//
+// -accuracy instead loads the trained recall model (train/) and measures
+// the exact-match accuracy of its answers served each way (full prefill,
+// prefix caching, EXACT and APPROXIMATE chunk reuse, each codec), writing
+// ACCURACY.md.
 //
 // The full run is sized for about 5 minutes on 2 idle cores and stops at
 // -timeout (10 minutes); -quick is about a minute.
@@ -48,6 +54,8 @@ func run() error {
 	only := flag.String("only", "rag,chat,memory", "workloads to run, comma separated")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	memSystem := flag.Int("memory-system", 32, "system prompt tokens of the memory-fact prompts (negative: none, the workload before SystemLen)")
+	accuracy := flag.String("accuracy", "", "instead: measure answer accuracy of the trained model in this directory each way, and write ACCURACY.md")
+	accPrompts := flag.Int("accuracy-prompts", 0, "prompts per task and k of the accuracy run (0: all of eval.json)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -59,6 +67,10 @@ func run() error {
 		if !*quiet {
 			fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), s)
 		}
+	}
+	if *accuracy != "" {
+		return runAccuracy(ctx, accuracyFlags{model: *accuracy, prompts: *accPrompts, out: *out, nodes: *nodes,
+			workers: *workers, seed: *seed}, progress)
 	}
 	kvd, err := chunk.ParseDType(*kvType)
 	if err != nil {

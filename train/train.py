@@ -1,0 +1,187 @@
+"""Trains the recall model on the generator's stream; writes the curve and
+checkpoints (HF layout) as it goes, so a partial run is usable.
+
+    nice -n 10 /usr/bin/python3 train/train.py --out train/recall --steps 3000 --seed 1
+
+Loss is on answer tokens only. The curriculum raises the largest k from 4
+to 50 over the first half of the steps; each batch holds one task at one
+k. Held-out accuracy is greedy exact match measured by teacher forcing
+(greedy decoding gives the answer exactly when every answer position's
+argmax is the answer token).
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gen  # noqa: E402
+import model as M  # noqa: E402
+
+TASKS = ("facts", "rag", "twohop")
+TASK_P = (0.4, 0.4, 0.2)
+
+
+def batch_of(v, g, rng, task, k, budget, nq):
+    seqs = []
+    total = 0
+    while True:
+        chunks, qs = g.sample(task, k, nq)
+        ids, mask = gen.training_sequence(v, chunks, qs)
+        if seqs and total + len(ids) > budget:
+            break
+        seqs.append((ids, mask))
+        total += len(ids)
+        if len(seqs) >= 64:
+            break
+    t = max(len(s[0]) for s in seqs)
+    ids = torch.zeros(len(seqs), t, dtype=torch.long)
+    tgt = torch.full((len(seqs), t), -100, dtype=torch.long)
+    for i, (s, m) in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+        for j in range(1, len(s)):
+            if m[j]:
+                tgt[i, j - 1] = s[j]
+    return ids, tgt
+
+
+def eval_batch(model, prompts):
+    """Exact match of greedy answers for prompts of one (task, k)."""
+    seqs, spans = [], []
+    for p in prompts:
+        ctx = p["system"] + [t for c in p["chunks"] for t in c] + p["question"]
+        seqs.append(ctx + p["answer"])
+        spans.append((len(ctx), len(p["answer"])))
+    t = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), t, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = torch.tensor(s)
+    with torch.no_grad():
+        pred = model.lm_head(model.hidden(ids)).argmax(-1)
+    ok = 0
+    for i, (a, n) in enumerate(spans):
+        ok += int(torch.equal(pred[i, a - 1:a - 1 + n], ids[i, a:a + n]))
+    return ok
+
+
+def evaluate(model, sets):
+    model.eval()
+    out = {}
+    for (task, k), prompts in sets.items():
+        ok = sum(eval_batch(model, prompts[i:i + 8]) for i in range(0, len(prompts), 8))
+        out[f"{task}@{k}"] = ok / len(prompts)
+    model.train()
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--minutes", type=float, default=0,
+                    help="wall-clock budget: the schedule (learning rate, curriculum) runs on "
+                         "max(step/steps, elapsed/minutes), and training stops at 1")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--budget", type=int, default=2048, help="tokens per batch")
+    ap.add_argument("--nq", type=int, default=6, help="questions per training sequence")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--inter", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--eval-every", type=int, default=100)
+    ap.add_argument("--eval-minutes", type=float, default=0, help="also evaluate this often")
+    ap.add_argument("--eval-n", type=int, default=24)
+    ap.add_argument("--resume", action="store_true")
+    a = ap.parse_args()
+
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(a.seed)
+    rng = random.Random(a.seed)
+    v = gen.Vocab()
+    g = gen.Generator(v, "train", a.seed)
+    c = M.Config(vocab=v.size, hidden=a.hidden, inter=a.inter, layers=a.layers,
+                 heads=a.hidden // 32, kv_heads=max(1, a.hidden // 64), head_dim=32)
+    model = M.Llama(c)
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
+    os.makedirs(a.out, exist_ok=True)
+    ck = os.path.join(a.out, "checkpoint.pt")
+    start = 0
+    if a.resume and os.path.exists(ck):
+        st = torch.load(ck)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        start = st["step"]
+        rng.setstate(st["rng"])
+        g.rng.setstate(st["grng"])
+    # A small held-out set (its own seed, not the committed evaluation's).
+    ev = {}
+    for p in gen.eval_sets(v, seed=99, ks=(5, 20, 50), n=a.eval_n):
+        ev.setdefault((p["task"], p["k"]), []).append(p)
+    curve = open(os.path.join(a.out, "curve.jsonl"), "a")
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"params {n_params} config {c.hf()}", flush=True)
+    warm = 100
+    t0 = time.time()
+    losses = []
+    last_eval = time.time()
+    step = start
+    while True:
+        frac = step / a.steps
+        if a.minutes > 0:
+            frac = max(frac, (time.time() - t0) / (60 * a.minutes))
+        if frac >= 1:
+            break
+        lr = a.lr * min(1, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for pg in opt.param_groups:
+            pg["lr"] = lr
+        maxk = int(round(4 + 46 * min(1.0, frac / 0.5)))
+        task = rng.choices(TASKS, TASK_P)[0]
+        if rng.random() < 0.3:
+            k = maxk
+        else:
+            k = int(round(math.exp(rng.uniform(0, math.log(maxk)))))
+        if task == "twohop":
+            k = max(2, k)
+        ids, tgt = batch_of(v, g, rng, task, k, a.budget, max(a.nq, k // 4))
+        # Only answer positions are scored, so only they go through lm_head.
+        sel = tgt.view(-1) >= 0
+        h = model.hidden(ids).reshape(-1, c.hidden)[sel]
+        loss = F.cross_entropy(model.lm_head(h), tgt.view(-1)[sel])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if (step + 1) % 20 == 0:
+            print(f"step {step+1} frac {frac:.3f} loss {sum(losses[-20:])/20:.4f} maxk {maxk} lr {lr:.2e} "
+                  f"t {time.time()-t0:.0f}s", flush=True)
+        step += 1
+        done = step >= a.steps or (a.minutes > 0 and time.time() - t0 >= 60 * a.minutes)
+        due = step % a.eval_every == 0 or (a.eval_minutes > 0 and time.time() - last_eval >= 60 * a.eval_minutes)
+        if due or done:
+            last_eval = time.time()
+            acc = evaluate(model, ev)
+            rec = {"step": step, "time_s": round(time.time() - t0, 1), "frac": round(frac, 4), "maxk": maxk,
+                   "loss": round(sum(losses[-a.eval_every:]) / len(losses[-a.eval_every:]), 4), "acc": acc}
+            curve.write(json.dumps(rec) + "\n")
+            curve.flush()
+            print("eval", json.dumps(rec), flush=True)
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                        "rng": rng.getstate(), "grng": g.rng.getstate()}, ck + ".tmp")
+            os.replace(ck + ".tmp", ck)
+            M.save_hf(model, os.path.join(a.out, "model"),
+                      {"step": str(step), "seed": str(a.seed), "command": " ".join(sys.argv)})
+        if done:
+            break
+
+
+if __name__ == "__main__":
+    main()
