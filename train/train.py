@@ -4,8 +4,8 @@ checkpoints (HF layout) as it goes, so a partial run is usable.
     nice -n 10 /usr/bin/python3 train/train.py --out train/recall --steps 3000 --seed 1
 
 Loss is on answer tokens only. The curriculum raises the largest k from 4
-to 50 over the first half of the steps; each batch holds one task at one
-k. Held-out accuracy is greedy exact match measured by teacher forcing
+to 50 as the model masters each (see the loop); each batch holds one task at
+one k. Held-out accuracy is greedy exact match measured by teacher forcing
 (greedy decoding gives the answer exactly when every answer position's
 argmax is the answer token).
 """
@@ -90,7 +90,7 @@ def main():
                          "max(step/steps, elapsed/minutes), and training stops at 1")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--budget", type=int, default=2048, help="tokens per batch")
+    ap.add_argument("--budget", type=int, default=1024, help="tokens per batch")
     ap.add_argument("--nq", type=int, default=6, help="questions per training sequence")
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--inter", type=int, default=256)
@@ -113,13 +113,14 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
     os.makedirs(a.out, exist_ok=True)
     ck = os.path.join(a.out, "checkpoint.pt")
-    start = 0
+    start, level = 0, 4
     if a.resume and os.path.exists(ck):
         st = torch.load(ck)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         start = st["step"]
         rng.setstate(st["rng"])
+        level = st.get("level", 4)
         g.rng.setstate(st["grng"])
     # A small held-out set (its own seed, not the committed evaluation's).
     ev = {}
@@ -133,6 +134,7 @@ def main():
     losses = []
     last_eval = time.time()
     step = start
+    ema = 0.0
     while True:
         frac = step / a.steps
         if a.minutes > 0:
@@ -142,7 +144,12 @@ def main():
         lr = a.lr * min(1, (step + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
         for pg in opt.param_groups:
             pg["lr"] = lr
-        maxk = int(round(4 + 46 * min(1.0, frac / 0.5)))
+        # Curriculum: the largest k grows by 30% whenever the running answer
+        # accuracy passes 85% at the current one, and at least linearly to 50
+        # at 80% of the run.
+        if ema > 0.85 and level < 50:
+            level, ema = min(50, int(level * 1.3) + 1), 0.0
+        maxk = max(level, int(round(4 + 46 * min(1.0, frac / 0.8))))
         task = rng.choices(TASKS, TASK_P)[0]
         if rng.random() < 0.3:
             k = maxk
@@ -154,14 +161,16 @@ def main():
         # Only answer positions are scored, so only they go through lm_head.
         sel = tgt.view(-1) >= 0
         h = model.hidden(ids).reshape(-1, c.hidden)[sel]
-        loss = F.cross_entropy(model.lm_head(h), tgt.view(-1)[sel])
+        logits = model.lm_head(h)
+        loss = F.cross_entropy(logits, tgt.view(-1)[sel])
+        ema = 0.9 * ema + 0.1 * (logits.argmax(-1) == tgt.view(-1)[sel]).float().mean().item()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
         if (step + 1) % 20 == 0:
-            print(f"step {step+1} frac {frac:.3f} loss {sum(losses[-20:])/20:.4f} maxk {maxk} lr {lr:.2e} "
+            print(f"step {step+1} frac {frac:.3f} loss {sum(losses[-20:])/20:.4f} acc {ema:.2f} maxk {maxk} lr {lr:.2e} "
                   f"t {time.time()-t0:.0f}s", flush=True)
         step += 1
         done = step >= a.steps or (a.minutes > 0 and time.time() - t0 >= 60 * a.minutes)
@@ -174,7 +183,7 @@ def main():
             curve.write(json.dumps(rec) + "\n")
             curve.flush()
             print("eval", json.dumps(rec), flush=True)
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "level": level,
                         "rng": rng.getstate(), "grng": g.rng.getstate()}, ck + ".tmp")
             os.replace(ck + ".tmp", ck)
             M.save_hf(model, os.path.join(a.out, "model"),
