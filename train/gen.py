@@ -3,18 +3,22 @@ training stream and the held-out evaluation sets.
 
 Every prompt is the shared system prompt, then k chunks, then one question:
 
-    <bos> you are a helpful assistant ... . <chunk> ... <chunk> ? <key> =
+    <bos> you are a helpful assistant ... . <chunk> ... <chunk> ? <key>
 
-and the answer is the tokens up to and including the first "." after "=".
+and the answer is the tokens after the key up to and including the first
+".". The question ends with the key itself (no answer marker), so that the
+answer is what follows the same key in the context: a model learns that
+copy (an induction head) far sooner than one that must first look past a
+marker.
 
 Tasks (each chunk is what kvmesh stores as one unit):
   facts   k memory facts "<person> <relation> <value> ." in random order;
-          question "? <person> <relation> =" -> "<value> .".
+          question "? <person> <relation>" -> "<value> .".
   rag     k passages "# <entity> : <attr> <value...> . <attr> <value...> ."
-          of 2-3 sentences; question "? <entity> <attr> =" -> the value
+          of 2-3 sentences; question "? <entity> <attr>" -> the value
           span (1-3 tokens) and ".".
   twohop  k facts, half "<person> works_at <entity> ." and half
-          "<entity> in <city> ."; question "? <person> city =" -> the city
+          "<entity> in <city> ."; question "? <person> city" -> the city
           of the entity the person works at.
 
 People and entities are names of two sub-tokens. A fixed set of sub-token
@@ -165,7 +169,7 @@ def prompt_words(chunks, key):
     out = ["<bos>"] + SYSTEM
     for c in chunks:
         out += c
-    return out + ["?"] + key + ["="]
+    return out + ["?"] + key
 
 
 def training_sequence(v, chunks, qs):
@@ -176,7 +180,7 @@ def training_sequence(v, chunks, qs):
         words += c
     mask = [0] * len(words)
     for key, ans in qs:
-        q = ["?"] + key + ["="]
+        q = ["?"] + key
         words += q + ans
         mask += [0] * len(q) + [1] * len(ans)
     return v.ids(words), mask
@@ -196,7 +200,7 @@ def eval_sets(v, seed, ks=(5, 10, 20, 50), n=40, tasks=("facts", "rag", "twohop"
                     "task": task, "k": k, "index": i,
                     "system": v.ids(["<bos>"] + SYSTEM),
                     "chunks": [v.ids(c) for c in chunks],
-                    "question": v.ids(["?"] + key + ["="]),
+                    "question": v.ids(["?"] + key),
                     "answer": v.ids(ans),
                 })
     return out
