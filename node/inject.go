@@ -60,13 +60,11 @@ func (n *Node) startInject() (*injector, error) {
 
 // close stops the service: requests in flight end, registrations are
 // unmapped. Called after the gRPC server stopped, before the store closes.
-func (in *injector) close() {
+func (in *injector) close() error {
 	if in == nil || in.svc == nil {
-		return
+		return nil
 	}
-	if err := in.svc.Close(); err != nil {
-		in.n.log.Warn("node: injection close", "err", err)
-	}
+	return in.svc.Close()
 }
 
 // InjectFetchedBytes reports the entry bytes the injection path read from

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
@@ -16,7 +14,6 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/keepalive"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
@@ -185,7 +182,7 @@ type Node struct {
 	gossip *gossip.Gossip
 	peers  *peerPool
 	repl   *replication.Replicator
-	bg     *background // meta watch, gossip events; stopped first on close
+	bg     *background // meta watch, gossip events; started last, stopped first
 	drain  drainState
 	inj    *injector // node-side KV injection (inject.go)
 	sec    security  // TLS, token guard, stream limits (security.go)
@@ -197,8 +194,14 @@ type Node struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 
-	wg        sync.WaitGroup
+	// undo holds what Start started, newest last; Close (or a failing
+	// Start) unwinds it.
+	undo cleanups
+	// rejoining is the leave recorded in the data directory when
+	// Config.Rejoin let the node start anyway; Start's last step clears it.
+	rejoining *leftMarker
 	closeOnce sync.Once
+	closeErr  error
 	started   bool
 }
 
@@ -215,163 +218,6 @@ func New(cfg Config) (*Node, error) {
 	n.registry = prometheus.NewRegistry()
 	n.metrics = newMetrics(n.registry)
 	return n, nil
-}
-
-// Start binds the listeners, opens the store and the metadata, joins gossip
-// and starts serving. It returns once everything listens; the cluster may
-// still be electing a leader (see Ready). ctx bounds only the start.
-func (n *Node) Start(ctx context.Context) (err error) {
-	if n.started {
-		return errors.New("node: already started")
-	}
-	n.started = true
-	defer func() {
-		if err != nil {
-			n.shutdown()
-		}
-	}()
-	cfg := n.cfg
-	if err := os.MkdirAll(cfg.DataDir, 0o755); err != nil {
-		return fmt.Errorf("node: data dir: %w", err)
-	}
-	left, err := checkLeftMarker(cfg.DataDir, cfg.Rejoin)
-	if err != nil {
-		return err
-	}
-	if left != nil {
-		n.log.Warn("node: rejoining the cluster after a leave (-rejoin)", "left_at", left.At, "left_incarnation", left.Incarnation)
-	}
-	var lc net.ListenConfig
-	if n.grpcLis, err = lc.Listen(ctx, "tcp", cfg.GRPCAddr); err != nil {
-		return fmt.Errorf("node: listen gRPC: %w", err)
-	}
-	if cfg.HTTPAddr != "off" {
-		if n.httpLis, err = lc.Listen(ctx, "tcp", cfg.HTTPAddr); err != nil {
-			return fmt.Errorf("node: listen HTTP: %w", err)
-		}
-	}
-
-	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, ReleaseBytes: cfg.DRAMReleaseBytes, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
-	if cfg.DiskBytes > 0 {
-		tcfg.DiskDir, tcfg.DiskBytes = filepath.Join(cfg.DataDir, "tier"), cfg.DiskBytes
-	}
-	if n.store, err = kvtier.Open(tcfg); err != nil {
-		return fmt.Errorf("node: open store: %w", err)
-	}
-	if err := n.registry.Register(n.store.Collector()); err != nil {
-		return fmt.Errorf("node: register store metrics: %w", err)
-	}
-
-	n.peers = newPeerPool(n.log)
-	n.peers.creds = n.sec.tls.NodeClientCredentials()
-	mcfg := meta.Config{
-		NodeID:          cfg.NodeID,
-		RaftBind:        cfg.RaftAddr,
-		DataDir:         cfg.DataDir,
-		BootstrapExpect: cfg.BootstrapExpect,
-		Forward:         forwarder{n},
-		GRPCAddr:        n.GRPCAddr(),
-		Incarnation:     n.incarnation,
-		DeadGrace:       cfg.DeadGrace,
-		Logger:          n.log,
-		TLS:             n.sec.metaTLS(),
-	}
-	if cfg.LocalTiming {
-		// Raft keeps its default 1 s heartbeat and election timeouts: on a
-		// loaded machine (CI runs many test binaries on 2 cores) shorter
-		// ones elect leaders over and over. Membership changes reach raft
-		// faster, though.
-		mcfg.CommitTimeout = 10 * time.Millisecond
-		mcfg.ReconcileInterval = 200 * time.Millisecond
-	}
-	if n.meta, err = meta.Open(ctx, mcfg); err != nil {
-		return fmt.Errorf("node: open metadata: %w", err)
-	}
-	n.registerMetaMetrics()
-
-	ghost, gport, err := splitHostPort(cfg.GossipAddr)
-	if err != nil {
-		return fmt.Errorf("node: gossip address: %w", err)
-	}
-	gcfg := gossip.Config{
-		NodeID:   cfg.NodeID,
-		BindAddr: ghost,
-		BindPort: gport,
-		Meta: gossip.NodeMeta{
-			ID: cfg.NodeID, GRPCAddr: n.GRPCAddr(), RaftAddr: n.meta.RaftAddr(), HTTPAddr: n.HTTPAddr(),
-			Capacity:    gossip.Capacity{DRAMBytes: uint64(cfg.DRAMBytes), DiskBytes: uint64(cfg.DiskBytes)},
-			Incarnation: n.incarnation,
-		},
-		Seeds:   cfg.Seeds,
-		Logger:  n.log,
-		Keyring: cfg.GossipKeyring,
-	}
-	if cfg.LocalTiming {
-		gcfg.Timing = gossip.LocalTiming()
-		gcfg.JoinRetryMax = time.Second
-	}
-	if n.gossip, err = gossip.Start(gcfg); err != nil {
-		return fmt.Errorf("node: start gossip: %w", err)
-	}
-	n.meta.SetPeers(n.gossip)
-	n.meta.Reconcile()
-
-	rcfg := cfg.Replication
-	rcfg.NodeID = cfg.NodeID
-	rcfg.Store = replStore{n.store}
-	rcfg.Transport = transport{n}
-	rcfg.Placement = n.meta
-	rcfg.Quorum = n.quorum
-	rcfg.DataDir = filepath.Join(cfg.DataDir, "replication")
-	rcfg.Limits = cfg.Limits
-	rcfg.Logger = n.log
-	if rcfg.CallTimeout == 0 {
-		rcfg.CallTimeout = cfg.RPCTimeout
-	}
-	if n.repl, err = replication.New(rcfg); err != nil {
-		return fmt.Errorf("node: start replication: %w", err)
-	}
-	if err := n.registry.Register(n.repl.Collector()); err != nil {
-		return fmt.Errorf("node: register replication metrics: %w", err)
-	}
-	n.bg = n.startBackground()
-
-	n.grpcSrv = grpc.NewServer(append(n.serverOptions(),
-		grpc.ForceServerCodecV2(api.Codec()),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
-		grpc.MaxRecvMsgSize(8<<20),
-	)...)
-	api.RegisterClientServer(n.grpcSrv, &clientService{n: n})
-	api.RegisterPeerServer(n.grpcSrv, &peerService{n: n})
-	api.RegisterAdminServer(n.grpcSrv, &adminService{n: n})
-	if n.inj, err = n.startInject(); err != nil {
-		return err
-	}
-	api.RegisterInjectorServer(n.grpcSrv, n.inj)
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.grpcSrv.Serve(n.grpcLis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			n.log.Error("node: gRPC server stopped", "err", err)
-		}
-	}()
-	if n.httpLis != nil {
-		n.httpSrv = &http.Server{Handler: n.httpHandler(), ReadHeaderTimeout: 10 * time.Second}
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			if err := n.httpSrv.Serve(n.httpLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				n.log.Error("node: HTTP server stopped", "err", err)
-			}
-		}()
-	}
-	if left != nil {
-		if err := clearLeftMarker(cfg.DataDir); err != nil {
-			return err
-		}
-	}
-	n.log.Info("node: started", "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "gossip", n.GossipAddr(), "raft", n.RaftAddr())
-	return nil
 }
 
 func splitHostPort(hp string) (string, int, error) {
@@ -465,60 +311,3 @@ func (n *Node) Leave(ctx context.Context) error {
 
 // gossipLeaveTimeout bounds the gossip leave after the committed one.
 const gossipLeaveTimeout = 5 * time.Second
-
-// Close stops serving and releases everything. It does not leave the
-// cluster: a node restarted with the same ID and data directory rejoins.
-func (n *Node) Close() error {
-	n.closeOnce.Do(n.shutdown)
-	return nil
-}
-
-func (n *Node) shutdown() {
-	if n.bg != nil {
-		n.bg.stop()
-	}
-	if n.grpcSrv != nil {
-		done := make(chan struct{})
-		go func() { n.grpcSrv.GracefulStop(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			n.grpcSrv.Stop()
-			<-done
-		}
-	} else if n.grpcLis != nil {
-		_ = n.grpcLis.Close()
-	}
-	if n.httpSrv != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = n.httpSrv.Shutdown(ctx)
-		cancel()
-	} else if n.httpLis != nil {
-		_ = n.httpLis.Close()
-	}
-	n.wg.Wait()
-	n.inj.close()
-	if n.repl != nil {
-		if err := n.repl.Close(); err != nil {
-			n.log.Warn("node: replication close", "err", err)
-		}
-	}
-	if n.gossip != nil {
-		if err := n.gossip.Shutdown(); err != nil {
-			n.log.Warn("node: gossip shutdown", "err", err)
-		}
-	}
-	if n.meta != nil {
-		if err := n.meta.Close(); err != nil {
-			n.log.Warn("node: metadata close", "err", err)
-		}
-	}
-	if n.peers != nil {
-		n.peers.close()
-	}
-	if n.store != nil {
-		if err := n.store.Close(); err != nil {
-			n.log.Warn("node: store close", "err", err)
-		}
-	}
-}
