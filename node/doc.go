@@ -17,6 +17,13 @@
 // (one batched call per node) and answers with the best encoding any of
 // them holds.
 //
+// Lifecycle. New checks the Config; Start runs ordered steps (data
+// directory, listeners, store, peer connections, metadata, gossip,
+// replication, injection, HTTP and gRPC servers, background loops), each
+// pushing the undo of what it started onto one stack. A failing step
+// unwinds that stack, newest first; Close unwinds it too and returns the
+// errors of every close joined.
+//
 // Leaving. Drain (Client.Drain, `kvmesh drain NODE`) copies every chunk
 // the node holds to its owners on the ring without it, then leaves (raft
 // leadership handed off, gossip leave) and sweeps once more for writes
