@@ -31,6 +31,8 @@ def test_cluster_info_and_settings(client, cluster):
     assert {m.grpc_addr for m in info.members} == set(cluster.seeds)
     assert info.replication_factor >= 1 and info.leader_id in ("n1", "n2", "n3")
     assert len(client.ring) == 3 and client.ring.epoch == info.epoch
+    for m in info.members:
+        assert client.stats(m.grpc_addr).node_id == m.id
     s = client.settings()
     assert (s.replication_factor, s.write_quorum, s.codec) == (info.replication_factor, info.write_quorum, info.codec)
 
