@@ -29,10 +29,10 @@ def cache_tensor(cache: PagedCache, layer: int) -> torch.Tensor:
     """Layer `layer` of a shared-memory cache as a torch tensor over the same
     memory (shape CacheLayout.shape); what the node writes shows up in it."""
     a = cache.layer(layer)
-    t = torch.from_numpy(a)
     if cache.layout.dtype == DType.BF16:
-        t = t.view(torch.bfloat16)
-    return t
+        # numpy has no bfloat16: the bits go through int16.
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
 
 
 class KVCapture:

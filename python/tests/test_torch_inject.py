@@ -148,3 +148,37 @@ def test_capture_matches_pre_rope_keys(setup):
         assert torch.equal(rotate(kv[1, 0], model.cos[:n], model.sin[:n]), k_cache)
         assert torch.equal(kv[1, 1], caches[1].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[1, :n])
         del caches
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_layouts_and_dtypes(cluster, dtype):
+    """The node writes the same values into an NHD and an HND cache of a
+    16-bit dtype; V lands unrotated, exactly as stored."""
+    from kvmesh.inject import HND, NHD
+    from kvmesh.keys import DType, ModelSpec, RopeStyle
+    dt = DType.parse(dtype)
+    spec = ModelSpec("llama", 2, 2, 16, dt, RopeStyle.NEOX, 10000, salt=f"layouts-{dtype}")
+    fp = spec.fingerprint()
+    tokens = list(range(900, 920))
+    kv = torch.randn(2, 2, len(tokens), 2, 16)
+    from kvmesh.torch import chunk_entries
+    (e,) = chunk_entries(kv, spec, tokens, [(0, len(tokens))], [kvmesh.standalone_context()])
+    slots = [5 + 2 * i for i in range(len(tokens))]  # scattered slots
+    got = {}
+    with kvmesh.Client(cluster.seeds) as c:
+        c.register_model(spec)
+        c.put(e)
+        for order in (NHD, HND):
+            with PagedCache(2, CacheLayout(4, 16, 2, 16, dt, order)) as cache:
+                with c.register_cache(cluster.nodes[0].grpc, fp, cache) as inj:
+                    res = inj.inject([InjectChunk(e.key.content, tokens, kvmesh.standalone_context(), 100, slots)])
+                assert res.matches == [Match.EXACT]
+                t = cache_tensor(cache, 1)
+                if order == HND:
+                    t = t.transpose(2, 3)  # [2, blocks, heads, block, dim] -> NHD
+                got[order] = t.reshape(2, -1, 2, 16)[:, slots].float().clone()
+                del t
+    assert torch.equal(got[NHD], got[HND])
+    want_v = kv[1, 1].to({DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dt]).float()
+    assert torch.equal(got[NHD][1], want_v)
+    assert not torch.equal(got[NHD][0], kv[1, 0])  # K is rotated to position 100
