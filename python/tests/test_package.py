@@ -16,7 +16,7 @@ def test_wheel(tmp_path):
     name = backend.build_wheel(str(tmp_path))
     with zipfile.ZipFile(tmp_path / name) as z:
         names = set(z.namelist())
-        meta = z.read("kvmesh-0.1.0.dist-info/METADATA").decode()
+        meta = z.read(f"kvmesh-{backend.VERSION}.dist-info/METADATA").decode()
     sources = {p.relative_to(ROOT / "python").as_posix() for p in (ROOT / "python" / "kvmesh").rglob("*.py")}
     assert sources <= names and "kvmesh/_pb/kvmesh_pb2_grpc.py" in names
     assert "Requires-Dist: grpcio" in meta and 'Requires-Dist: torch; extra == "torch"' in meta
