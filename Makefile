@@ -85,9 +85,10 @@ tools:
 # whatever python3 comes first on PATH (a pyenv one lacks them).
 PYTHON := /usr/bin/python3
 PY_DEBS := python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-torch \
-	libopenblas0-pthread
+	libopenblas0-pthread protobuf-compiler protobuf-compiler-grpc
 python-deps:
-	@$(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, torch' 2>/dev/null || { \
+	@{ $(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, torch' && \
+		command -v protoc && command -v grpc_python_plugin; } >/dev/null 2>&1 || { \
 		echo "installing the Python suite's Debian packages"; \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(PY_DEBS) >/dev/null; }

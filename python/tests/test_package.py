@@ -3,7 +3,11 @@ metadata of pyproject.toml, with nothing else installed (so `pip install
 ./python` works offline)."""
 
 import importlib.util
+import shutil
+import subprocess
 import zipfile
+
+import pytest
 
 from conftest import ROOT
 
@@ -20,3 +24,15 @@ def test_wheel(tmp_path):
     sources = {p.relative_to(ROOT / "python").as_posix() for p in (ROOT / "python" / "kvmesh").rglob("*.py")}
     assert sources <= names and "kvmesh/_pb/kvmesh_pb2_grpc.py" in names
     assert "Requires-Dist: grpcio" in meta and 'Requires-Dist: torch; extra == "torch"' in meta
+
+
+def test_generated_code_is_current(tmp_path):
+    """python/kvmesh/_pb is what python/gen.sh makes of api/*.proto now."""
+    if not shutil.which("protoc") or not shutil.which("grpc_python_plugin"):
+        pytest.skip("protoc or grpc_python_plugin missing (apt-get install protobuf-compiler protobuf-compiler-grpc)")
+    subprocess.run([str(ROOT / "python" / "gen.sh"), str(tmp_path)], check=True, capture_output=True)
+    committed = ROOT / "python" / "kvmesh" / "_pb"
+    made = sorted(p.name for p in tmp_path.glob("*_pb2*.py"))
+    assert made == sorted(p.name for p in committed.glob("*_pb2*.py"))
+    for name in made:
+        assert (tmp_path / name).read_text() == (committed / name).read_text(), f"{name} is stale: run make proto"
