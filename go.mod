@@ -18,6 +18,8 @@ require (
 	google.golang.org/protobuf v1.36.12
 )
 
+require go.uber.org/goleak v1.3.0
+
 require (
 	codeberg.org/go-fonts/liberation v0.5.0 // indirect
 	codeberg.org/go-latex/latex v0.2.0 // indirect

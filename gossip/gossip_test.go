@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // waitLimit bounds every wait for gossip to converge: testTiming notices a
@@ -79,17 +81,6 @@ func cluster(t *testing.T, n int, mod func(*Config)) []*Gossip {
 	return gs
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func memberIDs(g *Gossip) []string {
 	var out []string
 	for _, m := range g.Members() {
@@ -127,7 +118,7 @@ func TestGossipClusters(t *testing.T) {
 				want = append(want, fmt.Sprintf("n%d", i))
 			}
 			for _, g := range gs {
-				eventually(t, g.LocalID()+" to see everyone", func() bool { return slices.Equal(memberIDs(g), want) })
+				testutil.WaitFor(t, g.LocalID()+" to see everyone", func() bool { return slices.Equal(memberIDs(g), want) })
 			}
 			// Everyone holds everyone's metadata, with the gossip address
 			// each node really bound. (Read again until it holds: a member
@@ -150,7 +141,7 @@ func TestGossipClusters(t *testing.T) {
 					return true
 				}
 				if !ok() {
-					eventually(t, "everyone's metadata", ok)
+					testutil.WaitFor(t, "everyone's metadata", ok)
 					t.Logf("metadata right on a second look; first: %s", last)
 				}
 			}
@@ -178,7 +169,7 @@ func TestGossipClusters(t *testing.T) {
 				return (e.Kind == EventUpdate || e.Kind == EventJoin) && e.Node.ID == "n1" && e.Node.Capacity.GPUBytes == 80<<30
 			})
 			for _, g := range gs {
-				eventually(t, g.LocalID()+" to see the update", func() bool {
+				testutil.WaitFor(t, g.LocalID()+" to see the update", func() bool {
 					ms := g.Members()
 					return len(ms) == n && ms[1].Capacity.GPUBytes == 80<<30
 				})
@@ -202,7 +193,7 @@ func TestGossipClusters(t *testing.T) {
 			}
 			waitEvent(t, sub, "failure", func(e Event) bool { return e.Node.ID == want[n-2] && e.Kind == EventFail })
 			for _, g := range gs[:n-2] {
-				eventually(t, g.LocalID()+" to drop the gone", func() bool { return slices.Equal(memberIDs(g), want[:n-2]) })
+				testutil.WaitFor(t, g.LocalID()+" to drop the gone", func() bool { return slices.Equal(memberIDs(g), want[:n-2]) })
 			}
 			st := gs[0].Status()
 			if len(st) != n || st[n-1].State != StateLeft || st[n-2].State != StateFailed || st[0].State != StateAlive {
@@ -229,7 +220,7 @@ func TestGossipRestart(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			gs := cluster(t, 3, nil)
 			for _, g := range gs {
-				eventually(t, "convergence", func() bool { return len(g.Members()) == 3 })
+				testutil.WaitFor(t, "convergence", func() bool { return len(g.Members()) == 3 })
 			}
 			sub, cancel := gs[0].Subscribe()
 			defer cancel()
@@ -266,7 +257,7 @@ func TestGossipRestart(t *testing.T) {
 			}
 			t.Logf("back after %v", time.Since(t0))
 			for _, g := range []*Gossip{gs[0], gs[1], g2} {
-				eventually(t, g.LocalID()+" to see n2 back", func() bool {
+				testutil.WaitFor(t, g.LocalID()+" to see n2 back", func() bool {
 					ms := g.Members()
 					return len(ms) == 3 && ms[2].GRPCAddr == "127.0.0.1:9999" && ms[2].GossipAddr == g2.Addr()
 				})
@@ -296,7 +287,7 @@ func TestGossipJoinRetry(t *testing.T) {
 	seedCfg.BindPort = port
 	seed := start(t, seedCfg)
 	for _, g := range []*Gossip{seed, late} {
-		eventually(t, g.LocalID()+" to see both", func() bool { return len(g.Members()) == 2 })
+		testutil.WaitFor(t, g.LocalID()+" to see both", func() bool { return len(g.Members()) == 2 })
 	}
 }
 
@@ -313,7 +304,7 @@ func TestGossipEncryption(t *testing.T) {
 	key := []byte("0123456789abcdef")
 	gs := cluster(t, 3, func(c *Config) { c.SecretKey = key })
 	for _, g := range gs {
-		eventually(t, "encrypted convergence", func() bool { return len(g.Members()) == 3 })
+		testutil.WaitFor(t, "encrypted convergence", func() bool { return len(g.Members()) == 3 })
 	}
 	// A node with another key cannot get in.
 	other := testConfig("x9")
@@ -451,7 +442,7 @@ func TestGossipShutdownStopsEverything(t *testing.T) {
 		gs[i] = g
 	}
 	for _, g := range gs {
-		eventually(t, "convergence", func() bool { return len(g.Members()) == 3 })
+		testutil.WaitFor(t, "convergence", func() bool { return len(g.Members()) == 3 })
 		_, _ = g.Subscribe() // never read, never cancelled
 	}
 	for _, g := range gs {
@@ -459,7 +450,7 @@ func TestGossipShutdownStopsEverything(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+	testutil.WaitFor(t, "goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 }
 
 // TestGossipReconnectsFailedMembers: a node that others hold failed, and
@@ -478,7 +469,7 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			gs := cluster(t, 2, func(c *Config) { c.ReconnectInterval = tc.reconnect })
-			eventually(t, "convergence", func() bool { return len(gs[0].Members()) == 2 })
+			testutil.WaitFor(t, "convergence", func() bool { return len(gs[0].Members()) == 2 })
 			sub, cancel := gs[0].Subscribe()
 			defer cancel()
 			addr := gs[1].Addr()
@@ -495,7 +486,7 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 			g1 := start(t, cfg)
 			// Not "only itself": with reconnect on, n0 may already have
 			// joined it by the time its own join event is applied.
-			eventually(t, "n1 to see itself", func() bool { return slices.Contains(memberIDs(g1), "n1") })
+			testutil.WaitFor(t, "n1 to see itself", func() bool { return slices.Contains(memberIDs(g1), "n1") })
 			if !tc.wantBack {
 				// Bounded look for a join that must not happen: longer
 				// than several probe and push/pull rounds of LocalTiming.
@@ -509,7 +500,7 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 				return
 			}
 			waitEvent(t, sub, "n1 back", func(e Event) bool { return e.Kind == EventJoin && e.Node.ID == "n1" })
-			eventually(t, "n1 to see n0", func() bool { return len(g1.Members()) == 2 })
+			testutil.WaitFor(t, "n1 to see n0", func() bool { return len(g1.Members()) == 2 })
 		})
 	}
 }
@@ -520,7 +511,7 @@ func TestGossipReconnectsFailedMembers(t *testing.T) {
 // holds dead.
 func TestGossipLeaveNoticeToFailedHolder(t *testing.T) {
 	gs := cluster(t, 2, func(c *Config) { c.ReconnectInterval = -1 })
-	eventually(t, "convergence", func() bool { return len(gs[0].Members()) == 2 && len(gs[1].Members()) == 2 })
+	testutil.WaitFor(t, "convergence", func() bool { return len(gs[0].Members()) == 2 && len(gs[1].Members()) == 2 })
 	// Make each hold the other failed, as a partition would, by feeding
 	// memberlist's own event path.
 	for i, g := range gs {
@@ -536,7 +527,7 @@ func TestGossipLeaveNoticeToFailedHolder(t *testing.T) {
 		}
 		g.queue.NotifyLeave(n0)
 	}
-	eventually(t, "both held failed", func() bool {
+	testutil.WaitFor(t, "both held failed", func() bool {
 		for i, g := range gs {
 			st := statusOf(g, gs[1-i].LocalID())
 			if st == nil || st.State != StateFailed {

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/memberlist"
 
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func genKey(t *testing.T) []byte {
@@ -70,7 +71,7 @@ func spread(t *testing.T, gs []*Gossip, i int, v uint64) {
 		t.Fatal(err)
 	}
 	for _, g := range gs {
-		eventually(t, fmt.Sprintf("%s to see %s's capacity %d", g.LocalID(), m.ID, v), func() bool {
+		testutil.WaitFor(t, fmt.Sprintf("%s to see %s's capacity %d", g.LocalID(), m.ID, v), func() bool {
 			for _, o := range g.Members() {
 				if o.ID == m.ID {
 					return o.Capacity.DRAMBytes == v
@@ -102,7 +103,7 @@ func TestGossipKeyringRotation(t *testing.T) {
 		c.Timing.SuspicionMult = 8
 	})
 	for _, g := range gs {
-		eventually(t, "convergence under the keyring", func() bool { return len(g.Members()) == 3 })
+		testutil.WaitFor(t, "convergence under the keyring", func() bool { return len(g.Members()) == 3 })
 	}
 	seed := gs[0].Addr()
 	joinRefused(t, "nokey", seed, func(*Config) {})
@@ -162,7 +163,7 @@ func TestGossipKeyringRotation(t *testing.T) {
 	cfg.Keyring = keyringFile(t, newKey)()
 	nk := start(t, cfg)
 	for _, g := range append(gs, nk) {
-		eventually(t, g.LocalID()+" to see the newcomer", func() bool { return len(g.Members()) == 4 })
+		testutil.WaitFor(t, g.LocalID()+" to see the newcomer", func() bool { return len(g.Members()) == 4 })
 	}
 
 	// The primary cannot be removed; a key never installed cannot be used.

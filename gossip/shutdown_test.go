@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // blackhole accepts TCP connections and never answers, as a member that
@@ -90,7 +92,7 @@ func TestGossipShutdownDuringReconnect(t *testing.T) {
 		addr := b.ln.Addr().(*net.TCPAddr)
 		g.queue.NotifyLeave(&memberlist.Node{Name: id, Addr: addr.IP, Port: uint16(addr.Port), Meta: meta})
 	}
-	eventually(t, "the dead members held failed", func() bool { return len(g.failedAddrs()) == dead })
+	testutil.WaitFor(t, "the dead members held failed", func() bool { return len(g.failedAddrs()) == dead })
 	// Wait until the loop is inside an exchange with a black hole.
 	select {
 	case <-accepted:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func ids(n int) []string {
@@ -88,7 +89,7 @@ func TestClusterWrites(t *testing.T) {
 			if err := f.SetSettings(ctxT(t), set, AnyVersion()); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, "every node has both models and the settings", func() bool {
+			testutil.WaitFor(t, "every node has both models and the settings", func() bool {
 				for _, id := range c.running() {
 					s := c.node(id)
 					_, ok1 := s.Model(fp)
@@ -182,7 +183,7 @@ func testLeaderLossAndRestart(t *testing.T, n int) {
 	if err := l.SetSettings(ctxT(t), set, AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "replicated", func() bool {
+	testutil.WaitFor(t, "replicated", func() bool {
 		for _, id := range c.running() {
 			if _, ok := c.node(id).Model(fp); !ok {
 				return false
@@ -208,7 +209,7 @@ func testLeaderLossAndRestart(t *testing.T, n int) {
 	if e2 <= epoch {
 		t.Fatalf("epoch %d after a removal, was %d", e2, epoch)
 	}
-	eventually(t, "dead node out of raft", func() bool {
+	testutil.WaitFor(t, "dead node out of raft", func() bool {
 		v, _ := voters(t, nl)
 		return slices.Equal(v, rest)
 	})
@@ -228,12 +229,12 @@ func testLeaderLossAndRestart(t *testing.T, n int) {
 	if e3 <= e2 {
 		t.Fatalf("epoch %d after a rejoin, was %d", e3, e2)
 	}
-	eventually(t, "restarted node caught up", func() bool {
+	testutil.WaitFor(t, "restarted node caught up", func() bool {
 		_, ok1 := back.Model(fp)
 		_, ok2 := back.Model(fp2)
 		return ok1 && ok2 && back.Settings() == set
 	})
-	eventually(t, "restarted node back in raft", func() bool {
+	testutil.WaitFor(t, "restarted node back in raft", func() bool {
 		v, _ := voters(t, c.leader())
 		return slices.Equal(v, ids(n))
 	})
@@ -263,7 +264,7 @@ func TestWholeClusterRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for round, graceful := range []bool{false, true} {
-		eventually(t, "all applied", func() bool {
+		testutil.WaitFor(t, "all applied", func() bool {
 			for _, id := range c.running() {
 				if len(c.node(id).Models()) != len(fps) {
 					return false
@@ -281,7 +282,7 @@ func TestWholeClusterRestart(t *testing.T) {
 		if e := c.waitAgree(ids(3)); e < epoch {
 			t.Fatalf("round %d: epoch %d went back from %d", round, e, epoch)
 		}
-		eventually(t, "state back after restart", func() bool {
+		testutil.WaitFor(t, "state back after restart", func() bool {
 			for _, id := range c.running() {
 				s := c.node(id)
 				for _, fp := range fps {
@@ -324,7 +325,7 @@ func TestReconcileVotersAndRing(t *testing.T) {
 		}
 		last = e
 	}
-	eventually(t, "5 voters and 2 non-voters", func() bool {
+	testutil.WaitFor(t, "5 voters and 2 non-voters", func() bool {
 		v, nv := voters(t, c.leader())
 		return slices.Equal(v, ids(5)) && slices.Equal(nv, []string{nodeID(5), nodeID(6)})
 	})
@@ -355,7 +356,7 @@ func TestReconcileVotersAndRing(t *testing.T) {
 		t.Fatalf("death of %s: epoch %d, was %d", victim, e, last)
 	}
 	last = e
-	eventually(t, "non-voter promoted", func() bool {
+	testutil.WaitFor(t, "non-voter promoted", func() bool {
 		v, nv := voters(t, c.leader())
 		return len(v) == 5 && len(nv) == 1 && !slices.Contains(v, victim) && !slices.Contains(nv, victim)
 	})
@@ -368,7 +369,7 @@ func TestReconcileVotersAndRing(t *testing.T) {
 	if e <= last {
 		t.Fatalf("leave of %s: epoch %d, was %d", leaver, e, last)
 	}
-	eventually(t, "leaver out of raft", func() bool {
+	testutil.WaitFor(t, "leaver out of raft", func() bool {
 		v, nv := voters(t, c.leader())
 		return len(v)+len(nv) == 5 && !slices.Contains(v, leaver) && !slices.Contains(nv, leaver)
 	})
@@ -391,7 +392,7 @@ func TestLateJoinerDoesNotBootstrap(t *testing.T) {
 	c.tweak = func(cfg *Config) { cfg.BootstrapWait = waitTimeout }
 	late := c.start(nodeID(0))
 	c.waitAgree(ids(4))
-	eventually(t, "late node is a voter with the state", func() bool {
+	testutil.WaitFor(t, "late node is a voter with the state", func() bool {
 		v, _ := voters(t, c.leader())
 		_, ok := late.Model(testSpec(1).Fingerprint())
 		return slices.Equal(v, ids(4)) && ok
@@ -425,7 +426,7 @@ func TestRestartOnNewPort(t *testing.T) {
 	// on a new port, its failure then would be a data race that -race
 	// reports (seen with GOMAXPROCS=1). Wait until replication to the old
 	// address has failed: the pipeline ends on its first failure.
-	eventually(t, "the leader to give up replicating to "+oldAddr, func() bool {
+	testutil.WaitFor(t, "the leader to give up replicating to "+oldAddr, func() bool {
 		for _, line := range strings.Split(logs.String()[from:], "\n") {
 			if strings.Contains(line, "Address:"+oldAddr) &&
 				(strings.Contains(line, "aborting pipeline replication") || strings.Contains(line, "failed to appendEntries to")) {
@@ -442,7 +443,7 @@ func TestRestartOnNewPort(t *testing.T) {
 		t.Skip("kernel handed out the same port again")
 	}
 	c.waitAgree(ids(3))
-	eventually(t, "new address in raft and ring, state caught up", func() bool {
+	testutil.WaitFor(t, "new address in raft and ring, state caught up", func() bool {
 		l := c.leader()
 		servers, err := l.Servers()
 		if err != nil {
@@ -514,7 +515,7 @@ func TestChurnAgreement(t *testing.T) {
 		c.start(victim)
 	}
 	c.waitAgree(ids(5))
-	eventually(t, "every node holds the same state", func() bool {
+	testutil.WaitFor(t, "every node holds the same state", func() bool {
 		l := c.leader()
 		for _, id := range c.running() {
 			s := c.node(id)

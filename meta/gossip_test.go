@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -80,7 +81,7 @@ func TestWithGossip(t *testing.T) {
 	agree := func(members []member, want []string) uint64 {
 		t.Helper()
 		var epoch uint64
-		eventually(t, fmt.Sprintf("rings agree on %v", want), func() bool {
+		testutil.WaitFor(t, fmt.Sprintf("rings agree on %v", want), func() bool {
 			epoch = members[0].s.Ring().Epoch()
 			for _, m := range members {
 				if m.s.Ring().Epoch() != epoch || !slices.Equal(ringIDs(m.s), want) {

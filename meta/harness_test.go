@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // fakePeers is a gossip view shared by every node of a test cluster: a node
@@ -109,18 +110,7 @@ func fastConfig(id, dir string) Config {
 
 // waitTimeout bounds every wait of these tests; it is a failure bound, not
 // a timing assertion.
-const waitTimeout = 60 * time.Second
-
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitTimeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+const waitTimeout = testutil.WaitTimeout
 
 // cluster runs Stores in-process over real TCP on 127.0.0.1.
 type cluster struct {
@@ -232,7 +222,7 @@ func (c *cluster) node(id string) *Store {
 func (c *cluster) leader() *Store {
 	c.t.Helper()
 	var l *Store
-	eventually(c.t, "one leader known to all", func() bool {
+	testutil.WaitFor(c.t, "one leader known to all", func() bool {
 		l = nil
 		for _, id := range c.running() {
 			s := c.node(id)
@@ -316,7 +306,7 @@ func ringIDs(s *Store) []string {
 func (c *cluster) waitAgree(ids []string) uint64 {
 	c.t.Helper()
 	var epoch uint64
-	eventually(c.t, fmt.Sprintf("every node's ring = %v", ids), func() bool {
+	testutil.WaitFor(c.t, fmt.Sprintf("every node's ring = %v", ids), func() bool {
 		first := c.node(ids[0])
 		if first == nil {
 			return false

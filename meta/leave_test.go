@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestLeaveWithoutGossip reproduces a drain bug: a node that
@@ -72,7 +74,7 @@ func TestLeaveWithoutGossip(t *testing.T) {
 			c.stop(id)
 			c.start(id)
 			c.waitAgree(ids(5))
-			eventually(t, id+" back in raft", func() bool { return slices.Contains(serverIDs(t, c.leader()), id) })
+			testutil.WaitFor(t, id+" back in raft", func() bool { return slices.Contains(serverIDs(t, c.leader()), id) })
 			if _, ok := c.leader().Departed(id); ok {
 				t.Fatalf("tombstone of %s kept after it rejoined", id)
 			}

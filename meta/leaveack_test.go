@@ -5,6 +5,8 @@ import (
 	"errors"
 	"slices"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // ackLost forwards every command, then loses the answer to a leave: the
@@ -48,5 +50,5 @@ func TestLeaveAckLost(t *testing.T) {
 	rest := slices.DeleteFunc(ids(4), func(s string) bool { return s == id })
 	c.peers.remove(id)
 	c.waitAgree(rest)
-	eventually(t, id+" out of raft", func() bool { return !slices.Contains(serverIDs(t, c.leader()), id) })
+	testutil.WaitFor(t, id+" out of raft", func() bool { return !slices.Contains(serverIDs(t, c.leader()), id) })
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // skewedLeaver forwards every command, but a leave goes out with the time
@@ -45,7 +47,7 @@ func TestLeaveStampedByLeader(t *testing.T) {
 	c.stop(id)
 	l := c.leader()
 	var d departure
-	eventually(t, "the leader's tombstone of "+id, func() bool {
+	testutil.WaitFor(t, "the leader's tombstone of "+id, func() bool {
 		var ok bool
 		d, ok = l.fsm.departedAll()[id]
 		return ok

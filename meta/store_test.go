@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func TestSingleNodeRestart(t *testing.T) {
@@ -35,7 +36,7 @@ func TestSingleNodeRestart(t *testing.T) {
 	if err := s.SetSettings(ctxT(t), want, AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "self in ring", func() bool { return len(ringIDs(s)) == 1 })
+	testutil.WaitFor(t, "self in ring", func() bool { return len(ringIDs(s)) == 1 })
 	epoch := s.Ring().Epoch()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func TestSingleNodeRestart(t *testing.T) {
 	if err := s.WaitLeader(ctxT(t)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "state replayed", func() bool {
+	testutil.WaitFor(t, "state replayed", func() bool {
 		_, ok := s.Model(fp)
 		return ok && s.Settings() == want && s.Ring().Epoch() >= epoch
 	})
@@ -139,7 +140,7 @@ func TestWatchAndMetrics(t *testing.T) {
 	if _, ok := <-ch; ok {
 		t.Fatal("channel open after cancel")
 	}
-	eventually(t, "ring of one", func() bool { return s.Ring().Len() == 1 })
+	testutil.WaitFor(t, "ring of one", func() bool { return s.Ring().Len() == 1 })
 
 	got := map[string]float64{}
 	for _, g := range s.Metrics() {

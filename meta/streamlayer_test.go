@@ -55,6 +55,9 @@ func newRaftNode(t *testing.T, tl *tlsconf.TLS) *raftNode {
 		}
 	}()
 	t.Cleanup(func() {
+		// Close leaves the pooled outgoing connections open, and the
+		// peer's reader of each one with them.
+		n.trans.CloseStreams()
 		_ = n.trans.Close()
 		close(stop)
 		<-n.done

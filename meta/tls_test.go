@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -136,7 +137,7 @@ func TestClusterOverTLS(t *testing.T) {
 	slices.Sort(want)
 	checkTokens := func(what string, want []string) {
 		t.Helper()
-		eventually(t, what, func() bool {
+		testutil.WaitFor(t, what, func() bool {
 			for _, id := range c.running() {
 				if !slices.Equal(tokenIDs(c.node(id).Tokens()), want) {
 					return false
@@ -202,7 +203,7 @@ func TestClusterOverTLS(t *testing.T) {
 		return nil
 	}
 	intruder := c.start("n09")
-	eventually(t, "leader to refuse n09", func() bool { l := leaderOf3(); return l != nil && l.Stats().Refused == 1 })
+	testutil.WaitFor(t, "leader to refuse n09", func() bool { l := leaderOf3(); return l != nil && l.Stats().Refused == 1 })
 	fp2, err := c.node("n00").RegisterModel(ctxT(t), testSpec(2))
 	if err != nil {
 		t.Fatal(err)
@@ -212,7 +213,7 @@ func TestClusterOverTLS(t *testing.T) {
 			t.Fatalf("%s lacks model 2", id)
 		}
 	}
-	eventually(t, "a genuine leader", func() bool { l = leaderOf3(); return l != nil })
+	testutil.WaitFor(t, "a genuine leader", func() bool { l = leaderOf3(); return l != nil })
 	if v, nv := voters(t, l); !slices.Equal(v, ids(3)) || len(nv) != 0 {
 		t.Fatalf("voters %v nonvoters %v with the intruder around", v, nv)
 	}
@@ -223,7 +224,7 @@ func TestClusterOverTLS(t *testing.T) {
 		t.Fatalf("intruder got state: leader %q, %d models, %d tokens, ring %d", id, len(intruder.Models()), len(intruder.Tokens()), intruder.Ring().Len())
 	}
 	c.stop("n09")
-	eventually(t, "refusal forgotten", func() bool { l := c.leader(); return l.Stats().Refused == 0 })
+	testutil.WaitFor(t, "refusal forgotten", func() bool { l := c.leader(); return l.Stats().Refused == 0 })
 
 	// A follower crashes; a token is put while it is down; it comes back
 	// with everything.
@@ -299,7 +300,7 @@ func TestBootstrapRefusesImpostor(t *testing.T) {
 	for _, id := range append([]string{"n00"}, genuine...) {
 		c.start(id)
 	}
-	eventually(t, "n01 to refuse bootstrapping with n00", func() bool {
+	testutil.WaitFor(t, "n01 to refuse bootstrapping with n00", func() bool {
 		return strings.Contains(logs.String(), "not bootstrapping") && strings.Contains(logs.String(), "server=n00")
 	})
 	for _, id := range c.running() {

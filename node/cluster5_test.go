@@ -9,19 +9,8 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
-
-// waitFor polls cond every 20 ms until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
 
 // waitLeader waits until one of nodes is the raft leader and every one of
 // them names it as such, and returns it. Right after a cluster forms, or
@@ -30,7 +19,7 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 func waitLeader(t testing.TB, nodes []*Node) *Node {
 	t.Helper()
 	var leader *Node
-	waitForTB(t, 30*time.Second, "a leader all nodes agree on", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "a leader all nodes agree on", func() bool {
 		leader = nil
 		for _, nd := range nodes {
 			if nd.meta.IsLeader() {
@@ -106,7 +95,7 @@ func TestCluster5(t *testing.T) {
 			live = append(live, nd)
 		}
 	}
-	waitFor(t, 30*time.Second, "a new leader", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "a new leader", func() bool {
 		id, _ := live[0].meta.Leader()
 		return id != "" && id != old
 	})
@@ -125,7 +114,7 @@ func TestCluster5(t *testing.T) {
 	if _, err := follower.meta.RegisterModel(ctx, spec2); err != nil {
 		t.Fatalf("register through follower %s: %v", follower.ID(), err)
 	}
-	waitFor(t, 30*time.Second, "metadata agreement", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "metadata agreement", func() bool {
 		for _, nd := range live {
 			if _, ok := nd.meta.Model(spec2.Fingerprint()); !ok || nd.meta.Ring().Epoch() != live[0].meta.Ring().Epoch() {
 				return false
@@ -143,8 +132,8 @@ func TestCluster5(t *testing.T) {
 
 	// A sixth node joins: it lands in the ring and can serve.
 	n6 := startNode(t, "n6", []string{live[0].GossipAddr()}, 0)
-	waitFor(t, 30*time.Second, "n6 in the ring", func() bool { return n6.Ready() == nil && live[0].meta.Ring().Contains("n6") })
-	waitFor(t, 30*time.Second, "n6 knows the models", func() bool { _, ok := n6.meta.Model(spec2.Fingerprint()); return ok })
+	testutil.WaitForWithin(t, 30*time.Second, "n6 in the ring", func() bool { return n6.Ready() == nil && live[0].meta.Ring().Contains("n6") })
+	testutil.WaitForWithin(t, 30*time.Second, "n6 knows the models", func() bool { _, ok := n6.meta.Model(spec2.Fingerprint()); return ok })
 
 	// A graceful leave takes a node out of the ring without DeadGrace.
 	leaving := live[len(live)-1]
@@ -173,7 +162,7 @@ func TestCluster5(t *testing.T) {
 			t.Logf("%s: leader %q epoch %d members %v gossip %d", nd.ID(), id, nd.meta.Ring().Epoch(), ms, len(nd.gossip.Members()))
 		}
 	}()
-	waitFor(t, 30*time.Second, fmt.Sprintf("%s out of the ring", leaving.ID()), func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, fmt.Sprintf("%s out of the ring", leaving.ID()), func() bool {
 		r := n6.meta.Ring()
 		return !r.Contains(leaving.ID()) && r.Epoch() > epoch
 	})

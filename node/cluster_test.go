@@ -22,6 +22,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -351,7 +352,7 @@ func TestCluster3(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 		// A loaded machine may be between leaders for a moment.
-		waitFor(t, 20*time.Second, "a leader in ClusterInfo", func() bool {
+		testutil.WaitForWithin(t, 20*time.Second, "a leader in ClusterInfo", func() bool {
 			info, err := c.ClusterInfo(ctx)
 			if err != nil {
 				t.Fatal(err)
@@ -368,7 +369,7 @@ func TestCluster3(t *testing.T) {
 		// encoding) once the writes' stragglers, acknowledged at W=2 and
 		// still in flight, are done. The store must not change while it
 		// is paged.
-		waitFor(t, 30*time.Second, "every entry on n1", func() bool { return nodes[0].store.Stats().Entries == len(all)+1 })
+		testutil.WaitForWithin(t, 30*time.Second, "every entry on n1", func() bool { return nodes[0].store.Stats().Entries == len(all)+1 })
 		pc, err := nodes[1].peers.peer(nodes[0].GRPCAddr())
 		if err != nil {
 			t.Fatal(err)
@@ -407,7 +408,7 @@ func TestCluster3(t *testing.T) {
 		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 			var body []byte
 			code := 0
-			waitFor(t, 20*time.Second, path+" answering 200", func() bool {
+			testutil.WaitForWithin(t, 20*time.Second, path+" answering 200", func() bool {
 				resp, err := http.Get("http://" + nodes[2].HTTPAddr() + path)
 				if err != nil {
 					t.Fatal(err)

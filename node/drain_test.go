@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 )
 
@@ -49,7 +50,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	if err := drained.gossip.Shutdown(); err != nil {
 		t.Fatal(err)
 	}
-	waitForTB(t, 30*time.Second, "the leader to hold "+drained.ID()+" failed", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "the leader to hold "+drained.ID()+" failed", func() bool {
 		for _, st := range leader.gossip.Status() {
 			if st.Meta.ID == drained.ID() {
 				return st.State == gossip.StateFailed
@@ -123,12 +124,12 @@ func TestRestartedNodeRefills(t *testing.T) {
 			}
 			// R=3 on 3 nodes: n3 holds every chunk once the writes'
 			// stragglers are done.
-			waitForTB(t, 30*time.Second, "n3 to hold every chunk", func() bool {
+			testutil.WaitForWithin(t, 30*time.Second, "n3 to hold every chunk", func() bool {
 				return len(holdersOf(nodes[2], chunks)) == len(chunks)
 			})
 			// The others' own startup pulls (rounds retried while the
 			// ring formed) push too: let them end first.
-			waitForTB(t, 60*time.Second, "the startup pulls of the first start to end", func() bool {
+			testutil.WaitForWithin(t, 60*time.Second, "the startup pulls of the first start to end", func() bool {
 				for _, nd := range nodes {
 					if nd.repl.Metrics().PullRunning != 0 {
 						return false
@@ -153,10 +154,10 @@ func TestRestartedNodeRefills(t *testing.T) {
 				}
 				return
 			}
-			waitForTB(t, 30*time.Second, "the restarted n3 refilled", func() bool {
+			testutil.WaitForWithin(t, 30*time.Second, "the restarted n3 refilled", func() bool {
 				return len(holdersOf(back, chunks)) == len(chunks)
 			})
-			waitForTB(t, 30*time.Second, "the startup pull to end", func() bool { return back.repl.Metrics().PullRunning == 0 })
+			testutil.WaitForWithin(t, 30*time.Second, "the startup pull to end", func() bool { return back.repl.Metrics().PullRunning == 0 })
 			if m := back.repl.Metrics(); m.PullKeys != int64(len(chunks)) || m.PullRounds < 1 {
 				t.Fatalf("pull metrics %+v, want %d keys", m, len(chunks))
 			}

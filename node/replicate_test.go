@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
@@ -73,7 +74,7 @@ func startReplCluster(t testing.TB, n int) ([]*Node, []Config) {
 // waitRing waits until every node is ready with a ring of n members.
 func waitRing(t testing.TB, nodes []*Node, n int) {
 	t.Helper()
-	waitForTB(t, 60*time.Second, fmt.Sprintf("a ready ring of %d", n), func() bool {
+	testutil.WaitForWithin(t, 60*time.Second, fmt.Sprintf("a ready ring of %d", n), func() bool {
 		for _, nd := range nodes {
 			if nd.Ready() != nil || nd.Meta().Ring().Len() != n {
 				return false
@@ -81,18 +82,6 @@ func waitRing(t testing.TB, nodes []*Node, n int) {
 		}
 		return true
 	})
-}
-
-// waitForTB is waitFor for tests and benchmarks.
-func waitForTB(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // holders returns the IDs of the nodes whose local store holds key.
@@ -192,7 +181,7 @@ func TestReplicaKilledDuringWrites(t *testing.T) {
 	}
 	// Every acknowledged chunk ends on both live replicas (write
 	// stragglers, repairs): one more failure would still lose nothing.
-	waitFor(t, 30*time.Second, "acknowledged chunks on both live nodes", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "acknowledged chunks on both live nodes", func() bool {
 		for _, ch := range acked {
 			if len(holders(live, ch.key)) < 2 {
 				_, _ = nodes[0].repl.Read(ctx, ch.key) // read repair
@@ -214,7 +203,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "the model on n3", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "the model on n3", func() bool {
 		_, ok := nodes[2].Meta().Model(testSpec().Fingerprint())
 		return ok
 	})
@@ -233,7 +222,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	}
 	// Writes return at their quorum; the failed call to n3 may add its
 	// hint a moment later.
-	waitFor(t, 30*time.Second, "a hint per write that missed n3", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "a hint per write that missed n3", func() bool {
 		pending := 0
 		for _, nd := range nodes[:2] {
 			p, _ := nd.repl.HintsPending()
@@ -245,7 +234,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	back := startConfigured(t, cfgs[2])
 	all := []*Node{nodes[0], nodes[1], back}
 	waitRing(t, all, 3)
-	waitFor(t, 45*time.Second, "hinted chunks on the returned n3", func() bool {
+	testutil.WaitForWithin(t, 45*time.Second, "hinted chunks on the returned n3", func() bool {
 		for _, ch := range chunks {
 			if !back.store.Contains(ch.key) {
 				return false
@@ -253,7 +242,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 		}
 		return true
 	})
-	waitFor(t, 30*time.Second, "no hints pending", func() bool {
+	testutil.WaitForWithin(t, 30*time.Second, "no hints pending", func() bool {
 		for _, nd := range nodes[:2] {
 			if p, _ := nd.repl.HintsPending(); p > 0 {
 				return false
@@ -305,7 +294,7 @@ func TestJoinRebalances(t *testing.T) {
 		}
 		return true
 	}
-	waitFor(t, 60*time.Second, "every chunk on exactly its owners in the 4-node ring", placed)
+	testutil.WaitForWithin(t, 60*time.Second, "every chunk on exactly its owners in the 4-node ring", placed)
 	share := 0
 	for _, ch := range chunks {
 		if n4.store.Contains(ch.key) {

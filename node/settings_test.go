@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 )
@@ -52,7 +53,7 @@ func TestSettingsChangeR(t *testing.T) {
 		if resp.Settings.ReplicationFactor != r || resp.Settings.WriteQuorum != w {
 			t.Fatalf("set R=%d W=%d answered %v", r, w, resp.Settings)
 		}
-		waitFor(t, 30*time.Second, "the settings on every node", func() bool {
+		testutil.WaitForWithin(t, 30*time.Second, "the settings on every node", func() bool {
 			for _, n := range nodes {
 				if n.meta.Settings() != want {
 					return false
@@ -108,7 +109,7 @@ func TestSettingsChangeR(t *testing.T) {
 			}
 			return s
 		}
-		waitFor(t, 30*time.Second, what, func() bool { return sum() >= want })
+		testutil.WaitForWithin(t, 30*time.Second, what, func() bool { return sum() >= want })
 		if got := sum(); got != want {
 			t.Fatalf("%s: %d, want %d", what, got, want)
 		}

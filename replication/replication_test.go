@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func TestWriteQuorum(t *testing.T) {
@@ -239,13 +240,7 @@ func TestHintBounds(t *testing.T) {
 
 func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 20s")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitFor(t, "the condition", cond)
 }
 
 // writeAll writes chunks [from, to) through coordinator and returns their

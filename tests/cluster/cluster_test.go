@@ -28,6 +28,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // proc is one kvmeshd process.
@@ -60,6 +61,10 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	if err := testutil.Leaks(); code == 0 && err != nil {
+		fmt.Fprintf(os.Stderr, "goroutines left running after the tests: %v\n", err)
+		code = 1
+	}
 	os.Exit(code)
 }
 

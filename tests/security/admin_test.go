@@ -25,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
@@ -65,10 +66,10 @@ func cluster3(t *testing.T, p pki, mod func(*node.Config)) []*node.Node {
 		}
 		nodes = append(nodes, start(t, cfg))
 		if i == 0 {
-			eventually(t, "n1 ready", func() bool { return nodes[0].Ready() == nil })
+			testutil.WaitFor(t, "n1 ready", func() bool { return nodes[0].Ready() == nil })
 		}
 	}
-	eventually(t, "three members in the ring", func() bool {
+	testutil.WaitFor(t, "three members in the ring", func() bool {
 		for _, n := range nodes {
 			if n.Ready() != nil || n.Meta().Ring().Len() != 3 {
 				return false
@@ -129,7 +130,7 @@ func TestTokenAPI(t *testing.T) {
 
 	// The new token reads on every node, and is no admin.
 	for _, n := range nodes {
-		eventually(t, "the token works on "+n.ID(), func() bool { return call(t, n.GRPCAddr(), creds, resp.Token, false) == nil })
+		testutil.WaitFor(t, "the token works on "+n.ID(), func() bool { return call(t, n.GRPCAddr(), creds, resp.Token, false) == nil })
 	}
 	_, err = api.NewAdminClient(conn(t, n1.GRPCAddr(), creds, resp.Token)).CreateToken(ctx, &api.CreateTokenRequest{Scopes: "read"})
 	wantCode(t, "a read token creates a token", err, codes.PermissionDenied)
@@ -165,7 +166,7 @@ func TestTokenAPI(t *testing.T) {
 	}
 	wantCode(t, "revoked token on the revoking node", call(t, n3.GRPCAddr(), creds, resp.Token, false), codes.Unauthenticated)
 	for _, n := range nodes {
-		eventually(t, "the delete applied on "+n.ID(), func() bool {
+		testutil.WaitFor(t, "the delete applied on "+n.ID(), func() bool {
 			_, err := n.Meta().LookupToken(ctx, tok.ID)
 			return errors.Is(err, auth.ErrUnknownToken)
 		})
@@ -307,7 +308,7 @@ func TestGossipKeyRotationLive(t *testing.T) {
 	nc := nodeConfig(t, "n5", seeds)
 	nc.TLS, nc.GossipKeyring = files(p.dir, "n5"), keyring(t, newKey)
 	n5 := start(t, nc)
-	eventually(t, "n5 in the ring", func() bool { return n5.Ready() == nil && n1.Meta().Ring().Contains("n5") })
+	testutil.WaitFor(t, "n5 in the ring", func() bool { return n5.Ready() == nil && n1.Meta().Ring().Contains("n5") })
 	if n1.Meta().Ring().Contains("n4") || inRaft(t, n1, "n4") {
 		t.Error("n4 joined with the old gossip key")
 	}
@@ -348,7 +349,7 @@ func putStream(ctx context.Context, open func(context.Context, ...grpc.CallOptio
 func listKeys(t *testing.T, ctx context.Context, admin api.AdminClient, want int) *api.GossipKeysResponse {
 	t.Helper()
 	var resp *api.GossipKeysResponse
-	eventually(t, fmt.Sprintf("%d members list their keys", want), func() bool {
+	testutil.WaitFor(t, fmt.Sprintf("%d members list their keys", want), func() bool {
 		r, err := admin.GossipKeys(ctx, &api.GossipKeyRequest{Op: api.GossipKeyOp_GOSSIP_KEY_OP_LIST})
 		if err != nil || r.Failed != 0 || len(r.Nodes) != want {
 			return false
@@ -368,7 +369,7 @@ func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 	cfg := nodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
 	n1 := start(t, cfg)
-	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

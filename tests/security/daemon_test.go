@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestDaemonConfigFile runs kvmeshd from a JSON config naming TLS files, a
@@ -94,5 +95,5 @@ func TestDaemonConfigFile(t *testing.T) {
 
 	creds := tlsCreds(t, files(p.dir, "app"))
 	wantCode(t, "no token", call(t, grpcAddr, creds, "", false), codes.Unauthenticated)
-	eventually(t, "the tokens file's record", func() bool { return call(t, grpcAddr, creds, tok.String(), false) == nil })
+	testutil.WaitFor(t, "the tokens file's record", func() bool { return call(t, grpcAddr, creds, tok.String(), false) == nil })
 }

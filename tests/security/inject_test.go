@@ -15,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestInjectNamespace: a token for namespace B can neither register a
@@ -26,7 +27,7 @@ func TestInjectNamespace(t *testing.T) {
 	cfg := nodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
 	n1 := start(t, cfg)
-	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 
 	specA, specB := spec(2), spec(3)
 	fpA, fpB := specA.Fingerprint(), specB.Fingerprint()

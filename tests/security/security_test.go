@@ -33,6 +33,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/tlsconf"
@@ -96,20 +97,6 @@ func start(t *testing.T, cfg node.Config) *node.Node {
 	}
 	t.Cleanup(func() { _ = n.Close() })
 	return n
-}
-
-// eventually polls cond until it holds or a minute passes: generous,
-// since a loaded 2-core machine forms a cluster many times slower than an
-// idle one, and only a failing test waits that long.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }
 
 // inRaft reports whether id is in n's raft configuration.
@@ -238,7 +225,7 @@ func TestClientAccess(t *testing.T) {
 	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
 	cfg.MaxChunksPerRequest = 16
 	n1 := start(t, cfg)
-	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	addr := n1.GRPCAddr()
 
 	specA, specB := spec(2), spec(3)
@@ -382,7 +369,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	cfg := nodeConfig(t, "n1", nil)
 	cfg.TLS = files(p.dir, "n1")
 	n1 := start(t, cfg)
-	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	seeds := []string{n1.GossipAddr()}
 
 	rogue := nodeConfig(t, "rogue", seeds)
@@ -391,8 +378,8 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	good := nodeConfig(t, "n2", seeds)
 	good.TLS = files(p.dir, "n2")
 	n2 := start(t, good)
-	eventually(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
-	eventually(t, "the impostor refused", func() bool { return n1.Meta().Stats().Refused >= 1 })
+	testutil.WaitFor(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
+	testutil.WaitFor(t, "the impostor refused", func() bool { return n1.Meta().Stats().Refused >= 1 })
 	if n1.Meta().Ring().Contains("rogue") || inRaft(t, n1, "rogue") {
 		t.Error("rogue joined")
 	}
@@ -419,7 +406,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	}
 	key, blob := entry(t, rand.New(rand.NewPCG(3, 4)), s)
 	c1 := dial(t, n1, client.Config{TLS: files(p.dir, "app")})
-	eventually(t, "the model on n1", func() bool { _, err := c1.Put(ctx, blob); return err == nil })
+	testutil.WaitFor(t, "the model on n1", func() bool { _, err := c1.Put(ctx, blob); return err == nil })
 	get := &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true}
 	cc, err := grpc.NewClient(n2.GRPCAddr(), grpc.WithTransportCredentials(tlsCreds(t, files(p.dir, "app"))),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
@@ -427,7 +414,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	eventually(t, "the entry on n2", func() bool {
+	testutil.WaitFor(t, "the entry on n2", func() bool {
 		st, err := api.NewClientClient(cc).Get(ctx, get)
 		if err != nil {
 			return false
@@ -456,7 +443,7 @@ func TestGossipKeyRequired(t *testing.T) {
 	cfg := nodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.GossipKeyring = files(p.dir, "n1"), cluster
 	n1 := start(t, cfg)
-	eventually(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	seeds := []string{n1.GossipAddr()}
 
 	// Valid node certificates, wrong or no gossip key.
@@ -469,7 +456,7 @@ func TestGossipKeyRequired(t *testing.T) {
 	gc := nodeConfig(t, "n2", seeds)
 	gc.TLS, gc.GossipKeyring = files(p.dir, "n2"), cluster
 	n2 := start(t, gc)
-	eventually(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
+	testutil.WaitFor(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
 	for _, id := range []string{"n3", "n4"} {
 		if n1.Meta().Ring().Contains(id) || inRaft(t, n1, id) {
 			t.Errorf("%s joined without the gossip key", id)

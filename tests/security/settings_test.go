@@ -13,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
 )
@@ -35,7 +36,7 @@ func TestSettingsAPI(t *testing.T) {
 	}
 	// Every node must know both tokens before they are used anywhere.
 	for _, n := range nodes {
-		eventually(t, "the tokens on "+n.ID(), func() bool {
+		testutil.WaitFor(t, "the tokens on "+n.ID(), func() bool {
 			_, e1 := n.Meta().LookupToken(ctx, root[:16])
 			_, e2 := n.Meta().LookupToken(ctx, rw[:16])
 			return e1 == nil && e2 == nil
@@ -99,13 +100,13 @@ func TestSettingsAPI(t *testing.T) {
 	// A partial change keeps the other fields: the fields this node has
 	// applied, so it must have applied the first change (made through
 	// another node, perhaps not yet applied here) before it merges.
-	eventually(t, "the first change on "+nodes[2].ID(), func() bool { return nodes[2].Meta().Settings() == want })
+	testutil.WaitFor(t, "the first change on "+nodes[2].ID(), func() bool { return nodes[2].Meta().Settings() == want })
 	want.WriteQuorum = 2
 	if _, err := admin(nodes[2], root).SetSettings(ctx, &api.SetSettingsRequest{WriteQuorum: 2}); err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		eventually(t, "the settings on "+n.ID(), func() bool {
+		testutil.WaitFor(t, "the settings on "+n.ID(), func() bool {
 			g, err := admin(n, root).GetSettings(ctx, &api.GetSettingsRequest{})
 			return err == nil && g.NodeId == n.ID() && g.Settings.ReplicationFactor == 2 && g.Settings.WriteQuorum == 2 &&
 				g.Settings.Codec == "int8" && n.Meta().Settings() == want
@@ -148,7 +149,7 @@ func TestLeaveTiedToSender(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	var leader *node.Node
-	eventually(t, "a leader", func() bool {
+	testutil.WaitFor(t, "a leader", func() bool {
 		id, _ := n1.Meta().Leader()
 		for _, n := range nodes {
 			if n.ID() == id {
@@ -185,7 +186,7 @@ func TestLeaveTiedToSender(t *testing.T) {
 	if _, err := c.Drain(ctx, victim.GRPCAddr(), false, nil); err != nil {
 		t.Fatalf("drain of %s: %v", victim.ID(), err)
 	}
-	eventually(t, victim.ID()+" out of the ring and raft", func() bool {
+	testutil.WaitFor(t, victim.ID()+" out of the ring and raft", func() bool {
 		return !leader.Meta().Ring().Contains(victim.ID()) && !inRaft(t, leader, victim.ID())
 	})
 }
