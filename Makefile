@@ -1,4 +1,5 @@
-# kvmesh build and test entry points. `make test` is what CI runs (.ci/run).
+# kvmesh build and test entry points. `make test` is what CI runs (.ci/run);
+# `make test-short` is the fast loop while editing.
 SHELL := /bin/bash
 GO ?= go
 export GOFLAGS ?= -buildvcs=false
@@ -26,7 +27,7 @@ FUZZTIME ?= 8s
 ACCURACY_PROMPTS ?= 20
 TRAIN_FLAGS ?= --seed 1 --minutes 45 --steps 100000 --eval-every 100000 --eval-minutes 4 --eval-n 12
 
-.PHONY: all build test vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance run proto proto-python tools python-deps test-python clean
+.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -71,6 +72,12 @@ fuzz-run:
 	done
 
 test: tools fmt-check vet unit fuzz test-python
+
+# The fast loop while changing code: unit tests with -short, no race
+# detector; process, chaos and whole-cluster tests skip themselves
+# (testutil.SkipIfShort). `make test` runs everything before a change lands.
+test-short:
+	$(GO) test -short -timeout 5m ./...
 
 # What the tests need from Debian: iptables for the chaos suite's partitions
 # (without it, or without root, those scenarios SKIP and say why).

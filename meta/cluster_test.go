@@ -163,6 +163,7 @@ func TestClusterWrites(t *testing.T) {
 // epoch), and the dead node comes back from its data dir with its state
 // and rejoins ring and raft.
 func TestLeaderLossAndRestart(t *testing.T) {
+	testutil.SkipIfShort(t, "a raft cluster through leader loss")
 	for _, n := range []int{3, 5} {
 		t.Run(fmt.Sprint(n), func(t *testing.T) { testLeaderLossAndRestart(t, n) })
 	}

@@ -134,6 +134,7 @@ func newClient(t testing.TB, nodes ...*Node) *client.Client {
 }
 
 func TestCluster3(t *testing.T) {
+	testutil.SkipIfShort(t, "a 3-node cluster through failures")
 	nodes := startCluster(t, 3)
 	c := newClient(t, nodes[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

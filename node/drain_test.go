@@ -100,6 +100,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 // startup pull, long before anti-entropy (5 min by default, off here)
 // would run. With the pull off, nothing refills it.
 func TestRestartedNodeRefills(t *testing.T) {
+	testutil.SkipIfShort(t, "a 3-node cluster and a restart")
 	tests := []struct {
 		name   string
 		noPull bool

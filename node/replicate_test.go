@@ -141,6 +141,7 @@ func checkReadable(t *testing.T, ctx context.Context, nd *Node, chunks []testChu
 // TestReplicaKilledDuringWrites kills one of 3 replicas while a client
 // writes: no chunk acknowledged with a write quorum is lost.
 func TestReplicaKilledDuringWrites(t *testing.T) {
+	testutil.SkipIfShort(t, "a 3-node cluster under writes")
 	nodes, _ := startReplCluster(t, 3)
 	c := newClient(t, nodes[0], nodes[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -196,6 +197,7 @@ func TestReplicaKilledDuringWrites(t *testing.T) {
 // TestHintsDeliveredAfterReturn: a node down during writes receives their
 // hints once it is back.
 func TestHintsDeliveredAfterReturn(t *testing.T) {
+	testutil.SkipIfShort(t, "a 3-node cluster and a restart")
 	nodes, cfgs := startReplCluster(t, 3)
 	c := newClient(t, nodes[0], nodes[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -270,6 +272,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 // TestJoinRebalances: a 4th node joins and ends with its share; the old
 // owners drop what they no longer own.
 func TestJoinRebalances(t *testing.T) {
+	testutil.SkipIfShort(t, "a cluster that grows")
 	nodes, _ := startReplCluster(t, 3)
 	c := newClient(t, nodes...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -330,6 +333,7 @@ func TestJoinRebalances(t *testing.T) {
 // chunks reach their owners among the others, it leaves the ring, and
 // nothing is lost once it is gone.
 func TestDrainMovesEverything(t *testing.T) {
+	testutil.SkipIfShort(t, "a 3-node cluster and a drain")
 	nodes, _ := startReplCluster(t, 4)
 	c := newClient(t, nodes[:3]...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)

@@ -10,11 +10,13 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // All three workloads through a real 3-node cluster, tiny sizes; then the
 // report and its plots.
 func TestWorkloadsThroughCluster(t *testing.T) {
+	testutil.SkipIfShort(t, "the workloads through a 3-node cluster")
 	// A failure bound: about 20 s on 2 busy cores under -race.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

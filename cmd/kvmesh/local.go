@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"flag"
@@ -12,11 +11,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
+	"sync"
 	"text/tabwriter"
 	"time"
 
 	"github.com/kvmesh/kvmesh/internal/loopback"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
 // daemonCommand returns how to run kvmeshd: the -kvmeshd flag, a kvmeshd
@@ -42,13 +42,6 @@ func daemonCommand(flagPath string) ([]string, error) {
 func isFile(p string) bool {
 	st, err := os.Stat(p)
 	return err == nil && st.Mode().IsRegular()
-}
-
-type child struct {
-	id    string
-	cmd   *exec.Cmd
-	addrs map[string]string
-	done  chan error
 }
 
 func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error {
@@ -79,28 +72,29 @@ func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error
 		return err
 	}
 	hosts := loopback.Hosts(n)
-	var children []*child
-	defer func() { stopChildren(children) }()
+	var nodes []*harness.Proc
+	defer func() { stopNodes(nodes) }()
 	for i := range n {
 		id := fmt.Sprintf("n%d", i+1)
-		a := append(append([]string(nil), argv[1:]...), "-id", id, "-data-dir", filepath.Join(*dir, id),
-			"-grpc", hosts[i]+":0", "-bootstrap-expect", strconv.Itoa(n), "-local-timing", "-dram", *dram, "-insecure")
+		a := []string{"-bootstrap-expect", strconv.Itoa(n), "-local-timing", "-dram", *dram}
 		if i > 0 {
-			a = append(a, "-join", children[0].addrs["gossip"])
+			a = append(a, "-join", nodes[0].Addr("gossip"))
 		}
-		ch, err := startChild(ctx, argv[0], a, id, filepath.Join(*dir, id+".log"))
-		if err != nil {
+		p := harness.NewProc(harness.ProcConfig{Bin: argv[0], BinArgs: argv[1:], ID: id, Host: hosts[i],
+			DataDir: filepath.Join(*dir, id), LogPath: filepath.Join(*dir, id+".log"), Args: a,
+			OwnGroup: true, ReadyTimeout: time.Minute})
+		if err := p.Start(ctx); err != nil {
 			return err
 		}
-		children = append(children, ch)
+		nodes = append(nodes, p)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tGRPC\tHTTP\tGOSSIP\tRAFT\tLOG")
 	var grpcs []string
-	for _, ch := range children {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", ch.id, ch.addrs["grpc"], ch.addrs["http"], ch.addrs["gossip"], ch.addrs["raft"],
-			filepath.Join(*dir, ch.id+".log"))
-		grpcs = append(grpcs, ch.addrs["grpc"])
+	for _, p := range nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ID(), p.Addr("grpc"), p.Addr("http"), p.Addr("gossip"), p.Addr("raft"),
+			p.LogPath())
+		grpcs = append(grpcs, p.Addr("grpc"))
 	}
 	tw.Flush()
 	fmt.Fprintf(w, "\n%d nodes running (data in %s). Try:\n  export KVMESH_ADDR=%s\n  kvmesh status\nCtrl-C stops them.\n",
@@ -112,81 +106,20 @@ func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error
 			return nil
 		case <-time.After(time.Second):
 		}
-		for _, ch := range children {
-			select {
-			case err := <-ch.done:
-				ch.done <- err
-				return fmt.Errorf("%s exited: %v (see its log)", ch.id, err)
-			default:
+		for _, p := range nodes {
+			if !p.Running() {
+				return fmt.Errorf("%s exited: %v (see its log)", p.ID(), p.ExitErr())
 			}
 		}
 	}
 }
 
-func startChild(ctx context.Context, bin string, args []string, id, logPath string) (*child, error) {
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
+// stopNodes sends SIGTERM to every node at once and waits for them
+// (SIGKILL after 15s).
+func stopNodes(nodes []*harness.Proc) {
+	var wg sync.WaitGroup
+	for _, p := range nodes {
+		wg.Go(func() { _ = p.Terminate(15 * time.Second) })
 	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = logf
-	// Its own process group: the terminal's Ctrl-C reaches kvmesh, which
-	// then stops the children in order.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		logf.Close()
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return nil, err
-	}
-	ch := &child{id: id, cmd: cmd, done: make(chan error, 1)}
-	ready := make(chan map[string]string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if f := strings.Fields(sc.Text()); len(f) > 2 && f[0] == "kvmeshd" && f[1] == "ready" {
-				m := make(map[string]string)
-				for _, kv := range f[2:] {
-					k, v, _ := strings.Cut(kv, "=")
-					m[k] = v
-				}
-				ready <- m
-			}
-		}
-		ch.done <- cmd.Wait()
-		logf.Close()
-	}()
-	select {
-	case ch.addrs = <-ready:
-		return ch, nil
-	case err := <-ch.done:
-		return nil, fmt.Errorf("%s exited before it was ready: %v (log: %s)", id, err, logPath)
-	case <-ctx.Done():
-		_ = cmd.Process.Kill()
-		<-ch.done
-		return nil, ctx.Err()
-	case <-time.After(time.Minute):
-		_ = cmd.Process.Kill()
-		<-ch.done
-		return nil, fmt.Errorf("%s: not ready after a minute (log: %s)", id, logPath)
-	}
-}
-
-// stopChildren sends SIGTERM to every child and waits (SIGKILL after 15s).
-func stopChildren(children []*child) {
-	for _, ch := range children {
-		_ = ch.cmd.Process.Signal(syscall.SIGTERM)
-	}
-	deadline := time.After(15 * time.Second)
-	for _, ch := range children {
-		select {
-		case <-ch.done:
-		case <-deadline:
-			_ = ch.cmd.Process.Kill()
-			<-ch.done
-		}
-	}
+	wg.Wait()
 }

@@ -7,7 +7,6 @@
 package cluster
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,11 +14,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,16 +25,8 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
-
-// proc is one kvmeshd process.
-type proc struct {
-	id    string
-	cmd   *exec.Cmd
-	addrs map[string]string // grpc, gossip, raft, http
-	log   string
-	done  chan error
-}
 
 // kvmeshdBin is the kvmeshd that TestMain built, or why it could not.
 var kvmeshdBin, kvmeshdErr = "", error(nil)
@@ -49,16 +37,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	if goBin, err := exec.LookPath("go"); err != nil {
-		kvmeshdErr = fmt.Errorf("no go command to build kvmeshd: %w", err)
-	} else {
-		kvmeshdBin = filepath.Join(dir, "kvmeshd")
-		cmd := exec.Command(goBin, "build", "-o", kvmeshdBin, "github.com/kvmesh/kvmesh/cmd/kvmeshd")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			kvmeshdErr = fmt.Errorf("build kvmeshd: %w\n%s", err, out)
-		}
-	}
+	kvmeshdBin, kvmeshdErr = harness.Build(context.Background(), dir)
 	code := m.Run()
 	os.RemoveAll(dir)
 	if err := testutil.Leaks(); code == 0 && err != nil {
@@ -72,10 +51,10 @@ func TestMain(m *testing.M) {
 // was no go command to build it.
 func buildKvmeshd(tb testing.TB) string {
 	tb.Helper()
+	if errors.Is(kvmeshdErr, harness.ErrNoGo) {
+		tb.Skip(kvmeshdErr)
+	}
 	if kvmeshdErr != nil {
-		if kvmeshdBin == "" {
-			tb.Skip(kvmeshdErr)
-		}
 		tb.Fatal(kvmeshdErr)
 	}
 	return kvmeshdBin
@@ -85,73 +64,34 @@ func buildKvmeshd(tb testing.TB) string {
 // beyond 127.0.0.1 are missing on some systems).
 func checkBindable(tb testing.TB, hosts ...string) {
 	tb.Helper()
-	for _, h := range hosts {
-		l, err := net.Listen("tcp", net.JoinHostPort(h, "0"))
-		if err != nil {
-			tb.Skipf("cannot bind %s (loopback aliases needed): %v", h, err)
-		}
-		l.Close()
+	if err := harness.Bindable(hosts...); err != nil {
+		tb.Skipf("loopback aliases needed: %v", err)
 	}
 }
 
-// start runs kvmeshd with args and waits for its ready line. The process
-// is killed when the test or benchmark ends (and, on Linux, when its
-// binary dies first, so that a test killed by its timeout leaves no node
-// behind); its log goes to a file whose tail is logged on failure. The
-// tests and BenchmarkRebalance10G share it.
-func start(tb testing.TB, bin, id string, args ...string) *proc {
+// start runs kvmeshd (harness.Proc) as node id on host with its data in
+// dataDir and further flags args, and waits for its ready line. The
+// process is killed when the test or benchmark ends (and, on Linux, when
+// its binary dies first, so that a test killed by its timeout leaves no
+// node behind); the tail of its log is logged on failure. Proc.Start
+// restarts it on the same addresses and data directory. The tests and
+// BenchmarkRebalance10G share it.
+func start(tb testing.TB, bin, id, host, dataDir string, args ...string) *harness.Proc {
 	tb.Helper()
-	logPath := filepath.Join(tb.TempDir(), id+".log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	cmd := exec.Command(bin, append([]string{"-id", id, "-insecure"}, args...)...)
-	cmd.Stderr = logf
-	cmd.SysProcAttr = procAttr()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		tb.Fatal(err)
-	}
-	p := &proc{id: id, cmd: cmd, log: logPath, done: make(chan error, 1)}
+	p := harness.NewProc(harness.ProcConfig{Bin: bin, ID: id, Host: host, DataDir: dataDir,
+		LogPath: filepath.Join(tb.TempDir(), id+".log"), Args: args, ReadyTimeout: time.Minute})
 	tb.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-p.done
-		logf.Close()
+		p.Kill()
 		if tb.Failed() {
-			b, _ := os.ReadFile(logPath)
+			b, _ := os.ReadFile(p.LogPath())
 			if len(b) > 4000 {
 				b = b[len(b)-4000:]
 			}
 			tb.Logf("log of %s (tail):\n%s", id, b)
 		}
 	})
-	ready := make(chan map[string]string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			line := sc.Text()
-			if strings.HasPrefix(line, "kvmeshd ready ") {
-				m := make(map[string]string)
-				for _, f := range strings.Fields(line)[2:] {
-					k, v, _ := strings.Cut(f, "=")
-					m[k] = v
-				}
-				ready <- m
-			}
-		}
-		p.done <- cmd.Wait()
-	}()
-	select {
-	case p.addrs = <-ready:
-	case err := <-p.done:
-		p.done <- err
-		tb.Fatalf("%s exited before ready: %v", id, err)
-	case <-time.After(60 * time.Second):
-		tb.Fatalf("%s: no ready line in 60s", id)
+	if err := p.Start(context.Background()); err != nil {
+		tb.Fatal(err)
 	}
 	return p
 }
@@ -188,21 +128,21 @@ func TestThreeProcesses(t *testing.T) {
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
 
-	var procs []*proc
+	var procs []*harness.Proc
 	var dirs []string
 	for i, h := range hosts {
 		dirs = append(dirs, t.TempDir())
-		args := []string{"-data-dir", dirs[i], "-grpc", h + ":0", "-bootstrap-expect", "3", "-local-timing",
+		args := []string{"-bootstrap-expect", "3", "-local-timing",
 			"-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s", "-log-level", "debug"}
 		if i > 0 {
-			args = append(args, "-join", procs[0].addrs["gossip"])
+			args = append(args, "-join", procs[0].Addr("gossip"))
 		}
-		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
+		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), h, dirs[i], args...))
 	}
 	for i, p := range procs {
 		for _, k := range []string{"grpc", "gossip", "raft", "http"} {
-			if h, _, err := net.SplitHostPort(p.addrs[k]); err != nil || h != hosts[i] {
-				t.Fatalf("%s bound %s=%q, want host %s", p.id, k, p.addrs[k], hosts[i])
+			if h, _, err := net.SplitHostPort(p.Addr(k)); err != nil || h != hosts[i] {
+				t.Fatalf("%s bound %s=%q, want host %s", p.ID(), k, p.Addr(k), hosts[i])
 			}
 		}
 	}
@@ -213,7 +153,7 @@ func TestThreeProcesses(t *testing.T) {
 	defer cancel()
 	var seeds []string
 	for _, p := range procs {
-		seeds = append(seeds, p.addrs["grpc"])
+		seeds = append(seeds, p.Addr("grpc"))
 	}
 	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
 	if err != nil {
@@ -274,11 +214,7 @@ func TestThreeProcesses(t *testing.T) {
 
 	// SIGKILL one node: with R=3 every entry has two live replicas.
 	victim := procs[2]
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-victim.done
-	victim.done <- nil
+	victim.Kill()
 	readAll("one node killed")
 	res, err := c.Lookup(ctx, spec.Fingerprint(), []client.LookupItem{{Content: keys[3].Content, Want: chunk.StandaloneContext()}})
 	if err != nil || res[0].Match != chunk.MatchExact {
@@ -288,11 +224,12 @@ func TestThreeProcesses(t *testing.T) {
 	// Restart the killed node on the same addresses and data directory: it
 	// rejoins with its raft state and serves every entry again (its DRAM
 	// tier is gone; it reads from the other replicas and repairs itself).
-	restarted := start(t, bin, victim.id, "-data-dir", dirs[2], "-grpc", victim.addrs["grpc"], "-gossip", victim.addrs["gossip"],
-		"-raft", victim.addrs["raft"], "-http", victim.addrs["http"], "-bootstrap-expect", "3", "-local-timing",
-		"-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s", "-join", procs[0].addrs["gossip"])
+	restarted := victim
+	if err := restarted.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for {
-		models, leader, _, err := nodeView(ctx, restarted.addrs["grpc"])
+		models, leader, _, err := nodeView(ctx, restarted.Addr("grpc"))
 		if err == nil && leader != "" && slices.Contains(models, spec.Fingerprint().String()) {
 			break
 		}
@@ -306,7 +243,7 @@ func TestThreeProcesses(t *testing.T) {
 	// wrong bytes fail at once.
 	for i, k := range keys {
 		for {
-			got, err := getFrom(ctx, restarted.addrs["grpc"], k)
+			got, err := getFrom(ctx, restarted.Addr("grpc"), k)
 			if err == nil {
 				if !bytes.Equal(got, blobs[i]) {
 					t.Fatalf("get %d through the restarted node: bytes differ", i)
@@ -321,21 +258,7 @@ func TestThreeProcesses(t *testing.T) {
 	}
 
 	// SIGTERM shuts a node down cleanly.
-	term := procs[1]
-	if err := term.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-term.done:
-		term.done <- err
-		var ee *exec.ExitError
-		if err != nil && !errors.As(err, &ee) {
-			t.Fatal(err)
-		}
-		if err != nil {
-			t.Fatalf("kvmeshd exit after SIGTERM: %v", err)
-		}
-	case <-time.After(60 * time.Second):
-		t.Fatal("kvmeshd did not exit within 60s of SIGTERM")
+	if err := procs[1].Terminate(60 * time.Second); err != nil {
+		t.Fatalf("kvmeshd after SIGTERM: %v", err)
 	}
 }

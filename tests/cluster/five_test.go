@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"syscall"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
 // nodeModels asks one node (not the cluster) for its models and its view
@@ -52,22 +52,22 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 	hosts := []string{"127.0.0.21", "127.0.0.22", "127.0.0.23", "127.0.0.24", "127.0.0.25"}
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
-	var procs []*proc
+	var procs []*harness.Proc
 	for i, h := range hosts {
-		args := []string{"-data-dir", t.TempDir(), "-grpc", h + ":0", "-bootstrap-expect", "5", "-local-timing",
+		args := []string{"-bootstrap-expect", "5", "-local-timing",
 			"-dead-grace", "1h", "-dram", "32M", "-rpc-timeout", "3s"}
 		if i > 0 {
-			args = append(args, "-join", procs[0].addrs["gossip"])
+			args = append(args, "-join", procs[0].Addr("gossip"))
 		}
-		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
+		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	byID := make(map[string]*proc)
+	byID := make(map[string]*harness.Proc)
 	var seeds []string
 	for _, p := range procs {
-		byID[p.id] = p
-		seeds = append(seeds, p.addrs["grpc"])
+		byID[p.ID()] = p
+		seeds = append(seeds, p.Addr("grpc"))
 	}
 	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
 	if err != nil {
@@ -92,11 +92,8 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 	}
 
 	lp := byID[leader]
-	if err := lp.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	lp.done <- <-lp.done
-	var live []*proc
+	lp.Kill()
+	var live []*harness.Proc
 	for _, p := range procs {
 		if p != lp {
 			live = append(live, p)
@@ -105,7 +102,7 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 	// A new leader, and a metadata write through whichever node the
 	// client reaches.
 	for {
-		_, l, _, err := nodeView(ctx, live[0].addrs["grpc"])
+		_, l, _, err := nodeView(ctx, live[0].Addr("grpc"))
 		if err == nil && l != "" && l != leader {
 			break
 		}
@@ -125,8 +122,8 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 		agree := true
 		var views []string
 		for _, p := range live {
-			models, l, epoch, err := nodeView(ctx, p.addrs["grpc"])
-			views = append(views, fmt.Sprintf("%s: %v leader %s epoch %d err %v", p.id, models, l, epoch, err))
+			models, l, epoch, err := nodeView(ctx, p.Addr("grpc"))
+			views = append(views, fmt.Sprintf("%s: %v leader %s epoch %d err %v", p.ID(), models, l, epoch, err))
 			if err != nil || !slices.Equal(models, want) || l == "" || l == leader {
 				agree = false
 			}

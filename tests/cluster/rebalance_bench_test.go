@@ -30,6 +30,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/daemon"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
 // BenchmarkRebalance10G measures a rebalance: three kvmeshd
@@ -83,18 +84,18 @@ func BenchmarkRebalance10G(b *testing.B) {
 	common := append([]string{"-bootstrap-expect", "3", "-dead-grace", "1h", "-rpc-timeout", "30s"}, tierArgs...)
 	// Extra kvmeshd flags, to benchmark variants (e.g. "-rebalance-recv-streams 2").
 	common = append(common, strings.Fields(os.Getenv("KVMESH_REBALANCE_ARGS"))...)
-	var nodes []*proc
+	var nodes []*harness.Proc
 	for i, h := range hosts[:3] {
-		args := append([]string{"-data-dir", b.TempDir(), "-grpc", h + ":0"}, common...)
+		args := slices.Clone(common)
 		if i > 0 {
-			args = append(args, "-join", nodes[0].addrs["gossip"])
+			args = append(args, "-join", nodes[0].Addr("gossip"))
 		}
-		nodes = append(nodes, start(b, bin, fmt.Sprintf("r%d", i+1), args...))
+		nodes = append(nodes, start(b, bin, fmt.Sprintf("r%d", i+1), h, b.TempDir(), args...))
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), envDuration(b, "KVMESH_REBALANCE_TIMEOUT", 50*time.Minute))
 	defer cancel()
-	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].addrs["grpc"], nodes[1].addrs["grpc"]},
+	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].Addr("grpc"), nodes[1].Addr("grpc")},
 		RPCTimeout: 30 * time.Second})
 	if err != nil {
 		b.Fatal(err)
@@ -103,7 +104,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 	info := waitMembers(ctx, b, c, 3)
 	setR1(ctx, b, info.LeaderGrpcAddr)
 	for _, n := range nodes {
-		waitRF(ctx, b, n.addrs["grpc"], 1)
+		waitRF(ctx, b, n.Addr("grpc"), 1)
 	}
 	if err := c.Refresh(ctx); err != nil || c.ReplicationFactor() != 1 {
 		b.Fatalf("client still sees R=%d: %v", c.ReplicationFactor(), err)
@@ -171,8 +172,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 	time.Sleep(baseline)
 
 	tJoin := time.Now()
-	n4 := start(b, bin, "r4", append([]string{"-data-dir", b.TempDir(), "-grpc", hosts[3] + ":0",
-		"-join", nodes[0].addrs["gossip"]}, common[2:]...)...)
+	n4 := start(b, bin, "r4", hosts[3], b.TempDir(), append([]string{"-join", nodes[0].Addr("gossip")}, common[2:]...)...)
 	nodes = append(nodes, n4)
 
 	// The new ring: wait until the client sees 4 members, then compute
@@ -213,21 +213,21 @@ func BenchmarkRebalance10G(b *testing.B) {
 			if m.get("kvmesh_meta_ring_members") != 4 {
 				ringOK = false
 			}
-			if int64(m.tiers("kvtier_entries")) != want[nodes[i].id] {
+			if int64(m.tiers("kvtier_entries")) != want[nodes[i].ID()] {
 				entriesOK = false
 			}
 			pending += m.get("kvmesh_replication_rebalance_pending")
-			peakRSS[nodes[i].id] = max(peakRSS[nodes[i].id], m.get("process_resident_memory_bytes"))
+			peakRSS[nodes[i].ID()] = max(peakRSS[nodes[i].ID()], m.get("process_resident_memory_bytes"))
 		}
 		if ringOK && tRing.IsZero() {
 			tRing, atRing = time.Now(), ms
 			if dir := os.Getenv("KVMESH_REBALANCE_PPROF"); dir != "" {
-				for _, n := range []*proc{nodes[0], n4} {
+				for _, n := range []*harness.Proc{nodes[0], n4} {
 					profWG.Add(1)
 					go func() {
 						defer profWG.Done()
-						if err := cpuProfile(ctx, n.addrs["http"], filepath.Join(dir, n.id+".pprof"), 20*time.Second); err != nil {
-							b.Logf("profile %s: %v", n.id, err)
+						if err := cpuProfile(ctx, n.Addr("http"), filepath.Join(dir, n.ID()+".pprof"), 20*time.Second); err != nil {
+							b.Logf("profile %s: %v", n.ID(), err)
 						}
 					}()
 				}
@@ -271,11 +271,11 @@ func BenchmarkRebalance10G(b *testing.B) {
 		}
 		checked++
 		for _, n := range nodes[:3] {
-			if _, err := getDirect(ctx, n.addrs["grpc"], k); err == nil {
+			if _, err := getDirect(ctx, n.Addr("grpc"), k); err == nil {
 				stale++
 			}
 		}
-		if _, err := getDirect(ctx, n4.addrs["grpc"], k); err != nil {
+		if _, err := getDirect(ctx, n4.Addr("grpc"), k); err != nil {
 			b.Errorf("moved key %v not on r4: %v", k, err)
 		}
 	}
@@ -316,8 +316,8 @@ func BenchmarkRebalance10G(b *testing.B) {
 		if i < len(before) {
 			eb, sbef = before[i].tiers("kvtier_entries"), before[i].tiers("kvtier_stored_bytes")
 		}
-		hwm, rss := procMem(n.cmd.Process.Pid)
-		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d |\n", n.id, eb, sbef/(1<<20),
+		hwm, rss := procMem(n.Pid())
+		fmt.Fprintf(&sb, "| %s | %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d |\n", n.ID(), eb, sbef/(1<<20),
 			after[i].tiers("kvtier_entries"), after[i].tiers("kvtier_stored_bytes")/(1<<20),
 			after[i].tiers("kvtier_bytes")/(1<<20), hwm>>20, rss>>20)
 	}
@@ -333,8 +333,8 @@ func BenchmarkRebalance10G(b *testing.B) {
 			}
 		}
 		if final > 0 {
-			fmt.Fprintf(&sb, "sender %s: %.1f MiB, first bytes at ring+%v, last at ring+%v; max RSS while rebalancing %d MiB\n", n.id, final/(1<<20),
-				first.Sub(tRing).Round(100*time.Millisecond), done.Sub(tRing).Round(100*time.Millisecond), int64(peakRSS[n.id])>>20)
+			fmt.Fprintf(&sb, "sender %s: %.1f MiB, first bytes at ring+%v, last at ring+%v; max RSS while rebalancing %d MiB\n", n.ID(), final/(1<<20),
+				first.Sub(tRing).Round(100*time.Millisecond), done.Sub(tRing).Round(100*time.Millisecond), int64(peakRSS[n.ID()])>>20)
 		}
 	}
 	fmt.Fprintf(&sb, "receiver r4: max RSS while rebalancing %d MiB\n", int64(peakRSS["r4"])>>20)
@@ -344,7 +344,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 	for i, n := range nodes {
 		d := last[i].get("process_cpu_seconds_total") - atRing[i].get("process_cpu_seconds_total")
 		cpu += d
-		per = append(per, fmt.Sprintf("%s %.1f", n.id, d))
+		per = append(per, fmt.Sprintf("%s %.1f", n.ID(), d))
 	}
 	fmt.Fprintf(&sb, "kvmeshd CPU seconds, ring -> complete: %.1f (%s): %.1f CPU-s per GiB moved\n", cpu, strings.Join(per, ", "), cpu/(moved/(1<<30)))
 	fmt.Fprintf(&sb, "stale copies of moved keys on old owners (sampled %d keys): %d\n", checked, stale)
@@ -521,13 +521,13 @@ func (m metricSet) tiers(name string) float64 {
 	return m[name+`{tier="dram"}`] + m[name+`{tier="disk"}`]
 }
 
-func scrapeAll(ctx context.Context, tb testing.TB, nodes []*proc) []metricSet {
+func scrapeAll(ctx context.Context, tb testing.TB, nodes []*harness.Proc) []metricSet {
 	tb.Helper()
 	out := make([]metricSet, len(nodes))
 	for i, n := range nodes {
-		m, err := scrape(ctx, n.addrs["http"])
+		m, err := scrape(ctx, n.Addr("http"))
 		if err != nil {
-			tb.Fatalf("scrape %s: %v", n.id, err)
+			tb.Fatalf("scrape %s: %v", n.ID(), err)
 		}
 		out[i] = m
 	}

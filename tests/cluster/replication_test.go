@@ -5,9 +5,9 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
 // getDirect reads key from addr's own store only (no replica fallback).
@@ -56,19 +57,19 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
 	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}
-	var procs []*proc
+	var procs []*harness.Proc
 	var dirs []string
 	for i, h := range hosts {
 		dirs = append(dirs, t.TempDir())
-		args := append([]string{"-data-dir", dirs[i], "-grpc", h + ":0"}, common...)
+		args := slices.Clone(common)
 		if i > 0 {
-			args = append(args, "-join", procs[0].addrs["gossip"])
+			args = append(args, "-join", procs[0].Addr("gossip"))
 		}
-		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), args...))
+		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), h, dirs[i], args...))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].addrs["grpc"], procs[1].addrs["grpc"]}, RPCTimeout: 3 * time.Second})
+	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].Addr("grpc"), procs[1].Addr("grpc")}, RPCTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,11 +134,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("writes did not start")
 	}
-	if err := victim.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	<-victim.done
-	victim.done <- nil
+	victim.Kill()
 	dead.Store(true)
 	wg.Wait()
 	if t.Failed() {
@@ -158,9 +155,10 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 
 	// The victim comes back on its addresses: hints of the writes it
 	// missed reach its (empty, DRAM-only) store.
-	restarted := start(t, bin, victim.id, append([]string{"-data-dir", dirs[2], "-grpc", victim.addrs["grpc"],
-		"-gossip", victim.addrs["gossip"], "-raft", victim.addrs["raft"], "-http", victim.addrs["http"],
-		"-join", procs[0].addrs["gossip"]}, common...)...)
+	restarted := victim
+	if err := restarted.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
 	missed := 0
 	for _, a := range ok {
 		if !a.afterKill {
@@ -168,7 +166,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		}
 		missed++
 		for {
-			got, err := getDirect(ctx, restarted.addrs["grpc"], a.key)
+			got, err := getDirect(ctx, restarted.Addr("grpc"), a.key)
 			if err == nil {
 				if !bytes.Equal(got, a.blob) {
 					t.Fatalf("hinted %v: bytes differ", a.key)

@@ -4,8 +4,9 @@
 // signals, and cuts links between them with tagged iptables rules that it
 // always removes again.
 //
-// It is a plain (non-test) package so that every suite under tests/ can
-// share it; nothing in it is used by the product.
+// It is the one way kvmeshd processes are started: by every suite under
+// tests/ and by `kvmesh local-cluster`, so it is a plain (non-test)
+// package. It imports nothing of kvmesh.
 package harness
 
 import (
@@ -68,6 +69,9 @@ func Bindable(hosts ...string) error {
 // ProcConfig describes one node process.
 type ProcConfig struct {
 	Bin     string   // kvmeshd binary (required)
+	// BinArgs come before the node's flags: {"kvmeshd"} when Bin is a
+	// kvmesh binary that runs the daemon as a command.
+	BinArgs []string
 	ID      string   // node ID (required)
 	Host    string   // loopback address every listener binds (required)
 	DataDir string   // data directory, kept across restarts (required)
@@ -76,6 +80,10 @@ type ProcConfig struct {
 	// Cgroup is a cgroup v2 directory every incarnation starts in
 	// (Firewall.Cgroup); "" starts it in the test's own.
 	Cgroup string
+	// OwnGroup starts every incarnation in its own process group, so that
+	// a terminal's Ctrl-C reaches only the starter, which then stops the
+	// nodes in order.
+	OwnGroup bool
 	// ReadyTimeout bounds the wait for the ready line. Default 30 s.
 	ReadyTimeout time.Duration
 }
@@ -170,7 +178,7 @@ func (p *Proc) Start(ctx context.Context) error {
 			return fmt.Errorf("harness: %s is running", p.cfg.ID)
 		}
 	}
-	args := []string{"-id", p.cfg.ID, "-data-dir", p.cfg.DataDir}
+	args := append(slices.Clip(p.cfg.BinArgs), "-id", p.cfg.ID, "-data-dir", p.cfg.DataDir)
 	if !slices.Contains(p.cfg.Args, "-tls-cert") {
 		// Loopback test clusters run without TLS unless Args configure it.
 		args = append(args, "-insecure")
@@ -256,7 +264,7 @@ func (p *Proc) spawn(args []string, logf *os.File) (*exec.Cmd, io.ReadCloser, er
 	}
 	cmd := exec.Command(p.cfg.Bin, args...)
 	cmd.Stderr = logf
-	cmd.SysProcAttr = procAttr(cgroupFD)
+	cmd.SysProcAttr = procAttr(cgroupFD, p.cfg.OwnGroup)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, nil, fmt.Errorf("harness: %w", err)
@@ -278,6 +286,23 @@ func (p *Proc) current() (*exec.Cmd, chan struct{}) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.cmd, p.done
+}
+
+// Pid is the process ID of the current incarnation (0 before the first
+// start).
+func (p *Proc) Pid() int {
+	cmd, _ := p.current()
+	if cmd == nil || cmd.Process == nil {
+		return 0
+	}
+	return cmd.Process.Pid
+}
+
+// Exited is closed when the current incarnation has exited (ExitErr then
+// says how); nil before the first start.
+func (p *Proc) Exited() <-chan struct{} {
+	_, done := p.current()
+	return done
 }
 
 // Signal sends sig to the running incarnation.
@@ -361,7 +386,7 @@ func CanSpawnIn(dir string) error {
 	}
 	defer d.Close()
 	cmd := exec.Command(bin)
-	cmd.SysProcAttr = procAttr(int(d.Fd()))
+	cmd.SysProcAttr = procAttr(int(d.Fd()), false)
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("harness: start a process in cgroup %s: %w", dir, err)
 	}

@@ -4,4 +4,6 @@ package harness
 
 import "syscall"
 
-func procAttr(int) *syscall.SysProcAttr { return nil }
+func procAttr(_ int, ownGroup bool) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: ownGroup}
+}

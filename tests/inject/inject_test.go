@@ -29,6 +29,7 @@ import (
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -231,6 +232,7 @@ func maxAbsDiff(a, b []float32) float64 {
 // mid-request makes the node use another replica or answer MISS, and the
 // logits stay prefill's.
 func TestInjectEndToEnd(t *testing.T) {
+	testutil.SkipIfShort(t, "builds kvmeshd and starts 3 processes")
 	bin := buildKvmeshd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
