@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 )
 
@@ -22,7 +23,7 @@ func benchEntries(b *testing.B, spec chunk.ModelSpec, n, size int) ([]chunk.Key,
 	keys := make([]chunk.Key, n)
 	blobs := make([][]byte, n)
 	for i := range n {
-		keys[i], blobs[i] = testEntry(b, rng, spec, randTokens(rng, tokens), chunk.StandaloneContext())
+		keys[i], blobs[i] = testutil.Blob(b, rng, spec, testutil.Tokens(rng, tokens), chunk.StandaloneContext())
 	}
 	return keys, blobs
 }

@@ -70,14 +70,14 @@ func TestCluster5(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(5, 5))
-	spec := testSpec()
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	keys := make([]chunk.Key, 20)
 	blobs := make([][]byte, 20)
 	for i := range keys {
-		keys[i], blobs[i] = testEntry(t, rng, spec, randTokens(rng, 3+i), chunk.StandaloneContext())
+		keys[i], blobs[i] = testutil.Blob(t, rng, spec, testutil.Tokens(rng, 3+i), chunk.StandaloneContext())
 		if _, err := c.Put(ctx, blobs[i]); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}

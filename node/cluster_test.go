@@ -86,37 +86,6 @@ func startClusterDRAM(t testing.TB, n int, dram int64) []*Node {
 	}
 }
 
-func testSpec() chunk.ModelSpec {
-	return chunk.ModelSpec{Family: "llama", Layers: 4, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
-		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "test"}
-}
-
-// testEntry encodes a random entry of spec with the given tokens and context.
-func testEntry(t testing.TB, rng *rand.Rand, spec chunk.ModelSpec, tokens []uint32, ctx chunk.Context) (chunk.Key, []byte) {
-	fp := spec.Fingerprint()
-	e := &chunk.Entry{
-		Key:   chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: ctx},
-		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens,
-	}
-	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for i := range e.KV {
-		e.KV[i] = byte(rng.Uint32())
-	}
-	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e.Key, blob
-}
-
-func randTokens(rng *rand.Rand, n int) []uint32 {
-	out := make([]uint32, n)
-	for i := range out {
-		out[i] = rng.Uint32N(32000)
-	}
-	return out
-}
-
 func newClient(t testing.TB, nodes ...*Node) *client.Client {
 	t.Helper()
 	var seeds []string
@@ -140,10 +109,10 @@ func TestCluster3(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(1, 1))
-	spec := testSpec()
+	spec := testutil.Spec()
 
 	// An entry of a model nobody registered is refused.
-	key0, blob0 := testEntry(t, rng, spec, randTokens(rng, 8), chunk.StandaloneContext())
+	key0, blob0 := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 8), chunk.StandaloneContext())
 	if _, err := c.Put(ctx, blob0); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("put before register: %v, want FailedPrecondition", err)
 	}
@@ -171,8 +140,8 @@ func TestCluster3(t *testing.T) {
 	}
 	var all []stored
 	for i := range 24 {
-		tok := randTokens(rng, 4+i)
-		k, b := testEntry(t, rng, spec, tok, chunk.StandaloneContext())
+		tok := testutil.Tokens(rng, 4+i)
+		k, b := testutil.Blob(t, rng, spec, tok, chunk.StandaloneContext())
 		res, err := c.Put(ctx, b)
 		if err != nil {
 			t.Fatalf("put %d: %v", i, err)
@@ -184,7 +153,7 @@ func TestCluster3(t *testing.T) {
 	}
 	// A window encoding of the first chunk, for EXACT vs APPROXIMATE.
 	win := chunk.WindowContext(fp, 4, []uint32{1, 2, 3, 4})
-	kw, bw := testEntry(t, rng, spec, all[0].tok, win)
+	kw, bw := testutil.Blob(t, rng, spec, all[0].tok, win)
 	if _, err := c.Put(ctx, bw); err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +234,7 @@ func TestCluster3(t *testing.T) {
 
 	t.Run("malformed", func(t *testing.T) {
 		// A flipped payload byte fails its layer checksum.
-		k, b := testEntry(t, rng, spec, randTokens(rng, 5), chunk.StandaloneContext())
+		k, b := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 5), chunk.StandaloneContext())
 		b[len(b)-1] ^= 1
 		if _, err := c.Put(ctx, b); status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("corrupt put: %v, want InvalidArgument", err)
@@ -314,7 +283,7 @@ func TestCluster3(t *testing.T) {
 		good := all[5]
 		unregistered := spec
 		unregistered.Salt = "never registered"
-		ku, bu := testEntry(t, rng, unregistered, randTokens(rng, 3), chunk.StandaloneContext())
+		ku, bu := testutil.Blob(t, rng, unregistered, testutil.Tokens(rng, 3), chunk.StandaloneContext())
 		cases := []struct {
 			name   string
 			frames []*api.Frame
@@ -466,7 +435,7 @@ func TestCluster3(t *testing.T) {
 			}
 		}
 		// Writes still reach W=2 of the 3 replicas.
-		_, b := testEntry(t, rng, spec, randTokens(rng, 7), chunk.StandaloneContext())
+		_, b := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 7), chunk.StandaloneContext())
 		res, err := c.Put(ctx, b)
 		if err != nil || len(res.StoredOn) != 2 {
 			t.Fatalf("put with a node down: %v %v", res, err)

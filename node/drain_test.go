@@ -35,7 +35,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	c := newClient(t, rest...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	chunks := makeChunks(t, 23, 30)
@@ -114,7 +114,7 @@ func TestRestartedNodeRefills(t *testing.T) {
 			c := newClient(t, nodes[0], nodes[1])
 			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 			defer cancel()
-			if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+			if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 				t.Fatal(err)
 			}
 			chunks := makeChunks(t, 29, 24)

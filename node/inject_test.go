@@ -19,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestInjectRPC drives the Injector service of a one-node cluster through
@@ -32,14 +33,14 @@ func TestInjectRPC(t *testing.T) {
 	c := newClient(t, nd)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	spec := testSpec()
+	spec := testutil.Spec()
 	fp, err := c.RegisterModel(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	tokens := randTokens(rng, 5)
-	key, blob := testEntry(t, rng, spec, tokens, chunk.StandaloneContext())
+	tokens := testutil.Tokens(rng, 5)
+	key, blob := testutil.Blob(t, rng, spec, tokens, chunk.StandaloneContext())
 	if _, err := c.Put(ctx, blob); err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestInjectRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	slots := []int{17, 18, -1, 40, 41}
-	missing := randTokens(rng, 3)
+	missing := testutil.Tokens(rng, 3)
 	res, stats, err := inj.InjectLayered(ctx, []engine.InjectChunk{
 		{Key: key, Tokens: tokens, Pos: 100, Slots: slots},
 		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, missing), Context: chunk.StandaloneContext()}, Tokens: missing, Pos: 105, Slots: []int{50, 51, 52}},
@@ -162,7 +163,7 @@ func TestReplicaBestBatch(t *testing.T) {
 	c := newClient(t, nodes...)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	spec := testSpec()
+	spec := testutil.Spec()
 	fp, err := c.RegisterModel(ctx, spec)
 	if err != nil {
 		t.Fatal(err)
@@ -171,16 +172,16 @@ func TestReplicaBestBatch(t *testing.T) {
 	want := chunk.PrefixContext(chunk.ID{Lo: 77})
 	var keys []chunk.Key
 	for i := range 12 {
-		tokens := randTokens(rng, 4)
+		tokens := testutil.Tokens(rng, 4)
 		content := chunk.ContentID(fp, tokens)
 		switch i % 3 {
 		case 0: // exact
-			_, blob := testEntry(t, rng, spec, tokens, want)
+			_, blob := testutil.Blob(t, rng, spec, tokens, want)
 			if _, err := c.Put(ctx, blob); err != nil {
 				t.Fatal(err)
 			}
 		case 1: // approximate
-			_, blob := testEntry(t, rng, spec, tokens, chunk.StandaloneContext())
+			_, blob := testutil.Blob(t, rng, spec, tokens, chunk.StandaloneContext())
 			if _, err := c.Put(ctx, blob); err != nil {
 				t.Fatal(err)
 			}

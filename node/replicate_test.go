@@ -116,7 +116,7 @@ func makeChunks(t *testing.T, seed uint64, n int) []testChunk {
 	rng := rand.New(rand.NewPCG(seed, seed))
 	out := make([]testChunk, n)
 	for i := range out {
-		out[i].key, out[i].blob = testEntry(t, rng, testSpec(), randTokens(rng, 8+i%7), chunk.StandaloneContext())
+		out[i].key, out[i].blob = testutil.Blob(t, rng, testutil.Spec(), testutil.Tokens(rng, 8+i%7), chunk.StandaloneContext())
 	}
 	return out
 }
@@ -146,7 +146,7 @@ func TestReplicaKilledDuringWrites(t *testing.T) {
 	c := newClient(t, nodes[0], nodes[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	chunks := makeChunks(t, 7, 60)
@@ -202,11 +202,11 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	c := newClient(t, nodes[0], nodes[1])
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitForWithin(t, 30*time.Second, "the model on n3", func() bool {
-		_, ok := nodes[2].Meta().Model(testSpec().Fingerprint())
+		_, ok := nodes[2].Meta().Model(testutil.Spec().Fingerprint())
 		return ok
 	})
 	if err := nodes[2].Close(); err != nil {
@@ -277,7 +277,7 @@ func TestJoinRebalances(t *testing.T) {
 	c := newClient(t, nodes...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	chunks := makeChunks(t, 13, 60)
@@ -338,7 +338,7 @@ func TestDrainMovesEverything(t *testing.T) {
 	c := newClient(t, nodes[:3]...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	chunks := makeChunks(t, 17, 40)
@@ -399,7 +399,7 @@ func TestSingleNodeQuorumAndDrain(t *testing.T) {
 	c := newClient(t, nd)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	ch := makeChunks(t, 19, 1)[0]
@@ -427,13 +427,13 @@ func BenchmarkDrain(b *testing.B) {
 	c := newClient(b, nodes[:3]...)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	spec := testSpec()
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		b.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(23, 23))
 	for i := range 96 {
-		_, blob := testEntry(b, rng, spec, randTokens(rng, 512), chunk.StandaloneContext())
+		_, blob := testutil.Blob(b, rng, spec, testutil.Tokens(rng, 512), chunk.StandaloneContext())
 		if _, err := c.Put(ctx, blob); err != nil {
 			b.Fatalf("put %d: %v", i, err)
 		}

@@ -88,7 +88,7 @@ func TestSettingsChangeR(t *testing.T) {
 
 	set(1, 1)
 	c := newClient(t, nodes...)
-	if _, err := c.RegisterModel(ctx, testSpec()); err != nil {
+	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
 	}
 	for _, ch := range chunks {

@@ -96,30 +96,6 @@ func start(tb testing.TB, bin, id, host, dataDir string, args ...string) *harnes
 	return p
 }
 
-func testSpec() chunk.ModelSpec {
-	return chunk.ModelSpec{Family: "qwen2", Layers: 4, KVHeads: 2, HeadDim: 32, DType: chunk.F16,
-		RopeStyle: chunk.RopeNeoX, RopeTheta: 1e6, TokenizerID: "cluster-test"}
-}
-
-func entry(t *testing.T, rng *rand.Rand, spec chunk.ModelSpec, ntok int) (chunk.Key, []byte) {
-	fp := spec.Fingerprint()
-	tokens := make([]uint32, ntok)
-	for i := range tokens {
-		tokens[i] = rng.Uint32N(150000)
-	}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
-	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for i := range e.KV {
-		e.KV[i] = byte(rng.Uint32())
-	}
-	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e.Key, blob
-}
-
 func TestThreeProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts processes")
@@ -173,8 +149,8 @@ func TestThreeProcesses(t *testing.T) {
 	}
 
 	rng := rand.New(rand.NewPCG(7, 7))
-	spec := testSpec()
-	k0, b0 := entry(t, rng, spec, 16)
+	spec := testutil.Spec()
+	k0, b0 := testutil.StandaloneBlob(t, rng, spec, 16)
 	if _, err := c.Put(ctx, b0); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("put of an unregistered model: %v, want FailedPrecondition", err)
 	}
@@ -187,7 +163,7 @@ func TestThreeProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 15 {
-		k, b := entry(t, rng, spec, 8+i*8)
+		k, b := testutil.StandaloneBlob(t, rng, spec, 8+i*8)
 		if _, err := c.Put(ctx, b); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}

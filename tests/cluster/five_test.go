@@ -13,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -86,7 +87,7 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	spec := testSpec()
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -84,7 +85,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	spec := testSpec()
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 99))
 			for i := range perWriter {
-				k, b := entry(t, rng, spec, 8+i)
+				k, b := testutil.StandaloneBlob(t, rng, spec, 8+i)
 				after := dead.Load()
 				res, err := c.Put(ctx, b)
 				mu.Lock()

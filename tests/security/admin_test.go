@@ -378,11 +378,11 @@ func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 	if _, err := ops.RegisterModel(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	key, blob := entry(t, randSource(7), s)
+	key, blob := testutil.StandaloneBlob(t, randSource(7), s, 4)
 	if _, err := ops.Put(ctx, blob); err != nil {
 		t.Fatal(err)
 	}
-	other, otherBlob := entry(t, randSource(8), s)
+	other, otherBlob := testutil.StandaloneBlob(t, randSource(8), s, 4)
 
 	app := conn(t, n1.GRPCAddr(), tlsCreds(t, files(p.dir, "app")), root)
 	peer, cl := api.NewPeerClient(app), api.NewClientClient(app)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -61,7 +62,7 @@ func BenchmarkGetSecurity(b *testing.B) {
 			if _, err := c.RegisterModel(ctx, s); err != nil {
 				b.Fatal(err)
 			}
-			key, blob := entry(b, rand.New(rand.NewPCG(1, 1)), s)
+			key, blob := testutil.StandaloneBlob(b, rand.New(rand.NewPCG(1, 1)), s, 4)
 			if _, err := c.Put(ctx, blob); err != nil {
 				b.Fatal(err)
 			}

@@ -142,24 +142,9 @@ func tlsCreds(t *testing.T, cfg tlsconf.Config) credentials.TransportCredentials
 }
 
 func spec(layers int) chunk.ModelSpec {
-	return chunk.ModelSpec{Family: "llama", Layers: layers, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
-		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "test"}
-}
-
-func entry(t testing.TB, rng *rand.Rand, s chunk.ModelSpec) (chunk.Key, []byte) {
-	fp := s.Fingerprint()
-	tokens := []uint32{rng.Uint32(), rng.Uint32(), rng.Uint32(), rng.Uint32()}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-		DType: s.DType, Layers: s.Layers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, Tokens: tokens}
-	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for i := range e.KV {
-		e.KV[i] = byte(rng.Uint32())
-	}
-	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e.Key, blob
+	s := testutil.Spec()
+	s.Layers = layers
+	return s
 }
 
 func newToken(t *testing.T, n *node.Node, name string, scopes auth.Scope, ns auth.Namespace) string {
@@ -291,8 +276,8 @@ func TestClientAccess(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	keyA, blobA := entry(t, rng, specA)
-	keyB, blobB := entry(t, rng, specB)
+	keyA, blobA := testutil.StandaloneBlob(t, rng, specA, 4)
+	keyB, blobB := testutil.StandaloneBlob(t, rng, specB, 4)
 	for _, b := range [][]byte{blobA, blobB} {
 		if _, err := ops.Put(ctx, b); err != nil {
 			t.Fatal(err)
@@ -404,7 +389,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	if _, err := c2.RegisterModel(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	key, blob := entry(t, rand.New(rand.NewPCG(3, 4)), s)
+	key, blob := testutil.StandaloneBlob(t, rand.New(rand.NewPCG(3, 4)), s, 4)
 	c1 := dial(t, n1, client.Config{TLS: files(p.dir, "app")})
 	testutil.WaitFor(t, "the model on n1", func() bool { _, err := c1.Put(ctx, blob); return err == nil })
 	get := &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true}
