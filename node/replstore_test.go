@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/ring"
@@ -28,7 +29,7 @@ func TestReplStoreAdapter(t *testing.T) {
 	t.Cleanup(func() { s.Close() })
 	st := replStore{s}
 	rng := rand.New(rand.NewPCG(1, 2))
-	key, blob := testEntry(t, rng, testSpec(), randTokens(rng, 8), chunk.StandaloneContext())
+	key, blob := testutil.Blob(t, rng, testutil.Spec(), testutil.Tokens(rng, 8), chunk.StandaloneContext())
 
 	if _, err := st.Get(ctx, key); !errors.Is(err, replication.ErrNotFound) || !errors.Is(err, kvtier.ErrNotFound) {
 		t.Fatalf("get of an absent key: %v", err)
@@ -105,7 +106,7 @@ func TestReplicatorOverKVTier(t *testing.T) {
 		s.Close()
 	})
 	rng := rand.New(rand.NewPCG(5, 6))
-	key, blob := testEntry(t, rng, testSpec(), randTokens(rng, 8), chunk.StandaloneContext())
+	key, blob := testutil.Blob(t, rng, testutil.Spec(), testutil.Tokens(rng, 8), chunk.StandaloneContext())
 	if res, err := r.Write(ctx, blob); err != nil || len(res.StoredOn) != 1 {
 		t.Fatalf("write: %+v, %v", res, err)
 	}

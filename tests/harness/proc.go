@@ -68,7 +68,7 @@ func Bindable(hosts ...string) error {
 
 // ProcConfig describes one node process.
 type ProcConfig struct {
-	Bin     string   // kvmeshd binary (required)
+	Bin string // kvmeshd binary (required)
 	// BinArgs come before the node's flags: {"kvmeshd"} when Bin is a
 	// kvmesh binary that runs the daemon as a command.
 	BinArgs []string
