@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestStartFailureUnwinds: when a step of Start fails, what the earlier
@@ -79,7 +81,7 @@ func TestStartFailureUnwinds(t *testing.T) {
 				}
 				_ = l.Close()
 			}
-			waitFor(t, 10*time.Second, "the node's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+			testutil.WaitForWithin(t, 10*time.Second, "the node's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 			if err := n.Close(); err != nil {
 				t.Fatalf("Close after a failed Start: %v", err)
 			}
@@ -98,7 +100,7 @@ func TestStartFailureUnwinds(t *testing.T) {
 			if err := n.Close(); err != nil {
 				t.Fatalf("Close: %v", err)
 			}
-			waitFor(t, 10*time.Second, "the node's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
+			testutil.WaitForWithin(t, 10*time.Second, "the node's goroutines to end", func() bool { return runtime.NumGoroutine() <= before })
 		})
 	}
 }
