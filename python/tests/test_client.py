@@ -77,7 +77,10 @@ def test_lookup_exact_approximate_miss(client, fp):
     assert sorted(h.id for h in res[0].holders) == sorted(owners)
 
 
-def test_lookup_batches_across_replica_sets(client, fp):
+@pytest.mark.parametrize("batch", [4096, 7])
+def test_lookup_batches_across_replica_sets(client, fp, monkeypatch, batch):
+    # A small batch size makes each replica set's items span several calls.
+    monkeypatch.setattr(kvmesh.client, "MAX_LOOKUP_BATCH", batch)
     stored = [make_entry(fp, [7000 + i, i], seed=i) for i in range(24)]
     for e in stored:
         client.put(e)
