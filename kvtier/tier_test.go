@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -50,6 +51,13 @@ func TestScatteredPagesGetOneView(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The background releaser may hold the freed pages for a punch due or
+	// in flight; the big entry must find them free.
+	testutil.WaitFor(t, "no release of freed pages due or running", func() bool {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		return s.arena.reservedPages() == 0 && !s.arena.punchDue()
+	})
 	big := makeBlob(t, testFP, 99, 200, chunk.StandaloneContext(), 2) // 50 KiB: 13 pages
 	if n := s.arena.pagesFor(len(big)); n < 4 {
 		t.Fatalf("test setup: big entry takes %d pages", n)
