@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net"
@@ -94,7 +93,7 @@ func BenchmarkStreamPut(b *testing.B) {
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := startSink(b, tc.viaProto, tc.tuned)
-			ctx := context.Background()
+			ctx := b.Context()
 			b.SetBytes(size)
 			b.ResetTimer()
 			for range b.N {

@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -14,7 +13,7 @@ func BenchmarkVerify(b *testing.B) {
 	tab := newMemTable()
 	tok := tab.add(b, "bench", ScopeRead, Namespace{"a1"}, time.Time{})
 	v := NewVerifier(tab)
-	ctx := context.Background()
+	ctx := b.Context()
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := v.Verify(ctx, tok); err != nil {
@@ -28,7 +27,7 @@ func BenchmarkAuthorize(b *testing.B) {
 	tab := newMemTable()
 	tok := tab.add(b, "bench", ScopeRead, Namespace{"a1"}, time.Time{})
 	g := NewGuard(Config{Verifier: NewVerifier(tab), Logger: discard()})
-	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(AuthorizationHeader, "Bearer "+tok))
+	ctx := metadata.NewIncomingContext(b.Context(), metadata.Pairs(AuthorizationHeader, "Bearer "+tok))
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := g.Authorize(ctx, "/kvmesh.v1.Client/Get"); err != nil {
@@ -40,7 +39,7 @@ func BenchmarkAuthorize(b *testing.B) {
 // BenchmarkCheckFingerprint is the per-request namespace check handlers
 // make; it must not allocate.
 func BenchmarkCheckFingerprint(b *testing.B) {
-	ctx := WithPrincipal(context.Background(), &Principal{Scopes: ScopeRead, Namespace: Namespace{"ffff", "b2", "a1a1"}})
+	ctx := WithPrincipal(b.Context(), &Principal{Scopes: ScopeRead, Namespace: Namespace{"ffff", "b2", "a1a1"}})
 	b.ReportAllocs()
 	for b.Loop() {
 		if err := CheckFingerprint(ctx, fpA); err != nil {

@@ -188,7 +188,7 @@ func TestGuardOverGRPC(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			var err error
 			if tc.method == "Write" {
@@ -206,7 +206,7 @@ func TestGuardOverGRPC(t *testing.T) {
 	}
 
 	// A client refuses to send its token in plaintext unless told to.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	err := cc.Invoke(ctx, svc+"Read", wrapperspb.String(fpA.String()), new(wrapperspb.StringValue),
 		grpc.PerRPCCredentials(TokenCredentials(reader, false)))

@@ -96,7 +96,7 @@ func TestStreamLimiterOverGRPC(t *testing.T) {
 	w2 := tab.add(t, "w2", ScopeRead|ScopeWrite, nil, time.Time{})
 	l := NewStreamLimiter(LimiterConfig{MaxStreams: 2})
 	cc := serve(t, NewGuard(Config{Verifier: NewVerifier(tab), Methods: testMethods, Logger: discard()}), l)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 
 	var open []grpc.ClientStream

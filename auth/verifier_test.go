@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"context"
 	"errors"
 	"strings"
 	"testing"
@@ -58,7 +57,7 @@ func TestVerifierCheck(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := v.Check(context.Background(), tc.token, tc.need, tc.fp)
+			err := v.Check(t.Context(), tc.token, tc.need, tc.fp)
 			if got := status.Code(err); got != tc.want {
 				t.Fatalf("code %v (%v), want %v", got, err, tc.want)
 			}
@@ -79,17 +78,17 @@ func TestVerifierCheck(t *testing.T) {
 	}
 
 	tab.fail(errTableDown)
-	err = v.Check(context.Background(), reader, ScopeRead, fpA)
+	err = v.Check(t.Context(), reader, ScopeRead, fpA)
 	if status.Code(err) != codes.Unavailable || !errors.Is(err, errTableDown) {
 		t.Fatalf("table down: %v", err)
 	}
 }
 
 func TestCheckFingerprintFailsClosed(t *testing.T) {
-	if err := CheckFingerprint(context.Background(), fpA); status.Code(err) != codes.PermissionDenied {
+	if err := CheckFingerprint(t.Context(), fpA); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("no principal: %v", err)
 	}
-	ctx := WithPrincipal(context.Background(), &Principal{TokenID: "t", Scopes: ScopeRead, Namespace: Namespace{"a1"}})
+	ctx := WithPrincipal(t.Context(), &Principal{TokenID: "t", Scopes: ScopeRead, Namespace: Namespace{"a1"}})
 	if err := CheckFingerprint(ctx, fpA); err != nil {
 		t.Fatal(err)
 	}

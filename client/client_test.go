@@ -231,7 +231,7 @@ func TestFailover(t *testing.T) {
 			for i, f := range reps {
 				f.fail = tt.failures[i]
 			}
-			res, err := c.Put(context.Background(), blob)
+			res, err := c.Put(t.Context(), blob)
 			if status.Code(err) != tt.wantErr {
 				t.Fatalf("err %v, want %v", err, tt.wantErr)
 			}
@@ -251,11 +251,11 @@ func TestFailoverToDeadNode(t *testing.T) {
 	key, blob := testBlob(t, 2)
 	reps := replicaNodes(c, nodes, key.Content)
 	reps[0].stop() // connection refused: Unavailable
-	res, err := c.Put(context.Background(), blob)
+	res, err := c.Put(t.Context(), blob)
 	if err != nil || res.StoredOn[0] != reps[1].id {
 		t.Fatalf("put with the first replica down: %v %v", res, err)
 	}
-	got, err := c.Get(context.Background(), key)
+	got, err := c.Get(t.Context(), key)
 	if err != nil || !bytes.Equal(got, blob) {
 		t.Fatalf("get with the first replica down: %v", err)
 	}
@@ -270,7 +270,7 @@ func TestGetSkipsCorruptReplica(t *testing.T) {
 		f.blobs[key] = blob
 	}
 	reps[0].corrupt = true
-	got, err := c.Get(context.Background(), key)
+	got, err := c.Get(t.Context(), key)
 	if err != nil || !bytes.Equal(got, blob) {
 		t.Fatalf("get: %v", err)
 	}
@@ -280,7 +280,7 @@ func TestGetSkipsCorruptReplica(t *testing.T) {
 	for _, f := range reps {
 		f.corrupt = true
 	}
-	if _, err := c.Get(context.Background(), key); err == nil {
+	if _, err := c.Get(t.Context(), key); err == nil {
 		t.Fatal("get returned corrupt bytes")
 	}
 }
@@ -289,14 +289,14 @@ func TestNotFound(t *testing.T) {
 	_, nodes := startFakes(t, 3)
 	c := newTestClient(t, nodes[0].addr)
 	key, _ := testBlob(t, 4)
-	if _, err := c.Get(context.Background(), key); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(t.Context(), key); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("get of a missing key: %v, want ErrNotFound", err)
 	}
 }
 
 func TestDeadlineBoundsRetries(t *testing.T) {
 	_, nodes := startFakes(t, 3)
-	ctx0, cancel0 := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx0, cancel0 := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel0()
 	c, err := New(ctx0, Config{Seeds: []string{nodes[0].addr}, Attempts: 1000, Backoff: 20 * time.Millisecond, Logger: quiet()})
 	if err != nil {
@@ -307,7 +307,7 @@ func TestDeadlineBoundsRetries(t *testing.T) {
 		f.fail = codes.Unavailable
 	}
 	_, blob := testBlob(t, 5)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 	defer cancel()
 	_, err = c.Put(ctx, blob)
 	if status.Code(err) != codes.Unavailable && !errors.Is(err, context.DeadlineExceeded) && status.Code(err) != codes.DeadlineExceeded {
@@ -339,7 +339,7 @@ func TestEpochRefresh(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("ring not refreshed after a newer epoch was seen")
 		}
-		if _, err := c.Lookup(context.Background(), chunk.Fingerprint{Lo: 1}, []LookupItem{{Content: chunk.ID{Lo: 2}, Want: chunk.StandaloneContext()}}); err != nil {
+		if _, err := c.Lookup(t.Context(), chunk.Fingerprint{Lo: 1}, []LookupItem{{Content: chunk.ID{Lo: 2}, Want: chunk.StandaloneContext()}}); err != nil {
 			t.Fatal(err)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -360,7 +360,7 @@ func TestLookupBatchesByOwner(t *testing.T) {
 		m, _ := c.Ring().Owner(items[i].Content)
 		owners[m.ID]++
 	}
-	res, err := c.Lookup(context.Background(), chunk.Fingerprint{Lo: 9}, items)
+	res, err := c.Lookup(t.Context(), chunk.Fingerprint{Lo: 9}, items)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -83,7 +83,7 @@ func TestInjectorOverRPC(t *testing.T) {
 	go func() { _ = srv.Serve(lis) }()
 	defer srv.Stop()
 
-	ctx := context.Background()
+	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
 	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
 	inj, err := c.RegisterCache(ctx, lis.Addr().String(), CacheRegistration{Fingerprint: fp, Layers: 4,

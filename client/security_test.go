@@ -105,7 +105,7 @@ func TestDialOptions(t *testing.T) {
 			if err != nil {
 				t.Fatalf("DialOptions: %v", err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 			defer cancel()
 			resp, err := dialInfo(ctx, tc.addr, opts)
 			if tc.callFail {

@@ -159,7 +159,7 @@ func TestGossipClusters(t *testing.T) {
 			// A metadata update reaches everyone.
 			upd := gs[1].LocalMeta()
 			upd.Capacity.GPUBytes = 80 << 30
-			ctx, done := context.WithTimeout(context.Background(), waitLimit)
+			ctx, done := context.WithTimeout(t.Context(), waitLimit)
 			defer done()
 			if err := gs[1].UpdateMeta(ctx, upd); err != nil {
 				t.Fatal(err)
@@ -227,7 +227,7 @@ func TestGossipRestart(t *testing.T) {
 			addr := gs[2].Addr()
 			t0 := time.Now()
 			if tc.leave {
-				ctx, done := context.WithTimeout(context.Background(), waitLimit)
+				ctx, done := context.WithTimeout(t.Context(), waitLimit)
 				defer done()
 				if err := gs[2].Leave(ctx); err != nil {
 					t.Fatal(err)
@@ -310,7 +310,7 @@ func TestGossipEncryption(t *testing.T) {
 	other := testConfig("x9")
 	other.SecretKey = []byte("fedcba9876543210")
 	x := start(t, other)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
 	if _, err := x.Join(ctx, []string{gs[0].Addr()}); err == nil {
 		t.Fatal("joined with the wrong key")
@@ -342,7 +342,7 @@ func TestGossipSubscriptionLifecycle(t *testing.T) {
 		t.Fatal("subscription after shutdown delivered an event")
 	}
 	cancel3()
-	ctx := context.Background()
+	ctx := t.Context()
 	if err := g.UpdateMeta(ctx, NodeMeta{ID: "n0"}); !errors.Is(err, ErrShutdown) {
 		t.Fatalf("UpdateMeta after shutdown: %v", err)
 	}
@@ -386,7 +386,7 @@ func TestGossipConfigErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := start(t, testConfig("n0"))
-	if err := g.UpdateMeta(context.Background(), NodeMeta{ID: "n1"}); !errors.Is(err, ErrMetaInvalid) {
+	if err := g.UpdateMeta(t.Context(), NodeMeta{ID: "n1"}); !errors.Is(err, ErrMetaInvalid) {
 		t.Fatalf("UpdateMeta changing the ID: %v", err)
 	}
 }

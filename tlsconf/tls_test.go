@@ -80,7 +80,7 @@ func TestGRPCMutualTLS(t *testing.T) {
 	clientAsServer := serveHealth(t, load(t, good.issue("srv", UsageServer, time.Time{})).ServerCredentials())
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 			defer cancel()
 			a, creds := addr, tc.creds
 			if creds == nil {
@@ -144,7 +144,7 @@ func TestInsecureWarns(t *testing.T) {
 	}
 	// Plaintext end to end works when both sides ask for it.
 	addr := serveHealth(t, tl.ServerCredentials())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if err := check(ctx, addr, tl.ClientCredentials()); err != nil {
 		t.Fatal(err)
@@ -268,7 +268,7 @@ func TestReload(t *testing.T) {
 
 	// SIGHUP reloads.
 	renew("n1-hup")
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	tl.ReloadOnSignal(ctx, syscall.SIGUSR1)
 	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
@@ -308,7 +308,7 @@ func TestGenerateFiles(t *testing.T) {
 			KeyFile: filepath.Join(dir, name+"-key.pem"), Logger: discard()}
 	}
 	addr := serveHealth(t, load(t, cfg("n2")).ServerCredentials())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	for _, who := range []string{"n1", "alice"} {
 		if err := check(ctx, addr, load(t, cfg(who)).ClientCredentials()); err != nil {

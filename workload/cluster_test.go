@@ -18,7 +18,7 @@ import (
 func TestWorkloadsThroughCluster(t *testing.T) {
 	testutil.SkipIfShort(t, "the workloads through a 3-node cluster")
 	// A failure bound: about 20 s on 2 busy cores under -race.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	l, err := StartLocal(ctx, LocalConfig{Nodes: 3, DRAMBytes: 32 << 20})
 	if err != nil {

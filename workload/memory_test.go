@@ -15,7 +15,7 @@ import (
 // the encoding after the system prompt alone is the one a prefill of the
 // system prompt and the fact writes back (EXACT for a fact right after it).
 func TestEncodeFact(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := tinyEngine(t)
 	fp := e.Fingerprint()
 	system := []uint32{1, 2, 3, 4}
@@ -82,7 +82,7 @@ func (s kindSource) Lookup(_ context.Context, reqs []engine.LookupRequest) ([]*c
 // other facts (prefix). It reports mean KL against prefill per kind;
 // it is what the stores' ranking rests on. Run with -benchtime 1x.
 func BenchmarkApproxKinds(b *testing.B) {
-	ctx := context.Background()
+	ctx := b.Context()
 	e, err := NewRandomEngine(Model(), 1, engine.Config{KVDType: chunk.BF16, CacheTokens: 8192})
 	if err != nil {
 		b.Fatal(err)

@@ -1,7 +1,6 @@
 package workload
 
 import (
-	"context"
 	"slices"
 	"testing"
 
@@ -12,7 +11,7 @@ import (
 // The three ways on one RAG request, on a tiny model and an in-memory
 // store.
 func TestWaysOnTinyModel(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := tinyEngine(t)
 	store := engine.NewMemStore(chunk.CodecRaw)
 	cc := smallCorpus()
@@ -160,7 +159,7 @@ func TestWaysOnTinyModel(t *testing.T) {
 }
 
 func TestPrefixOnlyStopsAtFirstMiss(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 1, Hi: 2}
 	store := engine.NewMemStore(chunk.CodecRaw)
 	toks := [][]uint32{{1, 2}, {3, 4}, {5, 6}, {7, 8}, {9, 10}}

@@ -20,7 +20,7 @@ import (
 // would, then create, list, revoke over the API, and a whole live key
 // rotation that the node's keyring file follows.
 func TestAdminCommands(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
 	keys := filepath.Join(dir, "gossip.keys")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -43,7 +42,7 @@ func TestCertRequests(t *testing.T) {
 // and loads what it wrote as node and client identities.
 func TestCertsCommand(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "pki")
-	ctx := context.Background()
+	ctx := t.Context()
 	var out strings.Builder
 	if err := run(ctx, []string{"certs", "-dir", dir, "-node", "n1=127.0.0.1", "-client", "app"}, &out, io.Discard); err != nil {
 		t.Fatal(err)
@@ -78,12 +77,12 @@ func TestTokenCreate(t *testing.T) {
 	var toks []string
 	for _, scopes := range []string{"read", "read,write,admin"} {
 		var out strings.Builder
-		if err := run(context.Background(), []string{"token", "create", "-records", recs, "-name", "x", "-scopes", scopes, "-namespace", "ab"}, &out, io.Discard); err != nil {
+		if err := run(t.Context(), []string{"token", "create", "-records", recs, "-name", "x", "-scopes", scopes, "-namespace", "ab"}, &out, io.Discard); err != nil {
 			t.Fatal(err)
 		}
 		toks = append(toks, strings.TrimSpace(out.String()))
 	}
-	if err := run(context.Background(), []string{"token", "create", "-records", recs, "-scopes", "root"}, io.Discard, io.Discard); err == nil {
+	if err := run(t.Context(), []string{"token", "create", "-records", recs, "-scopes", "root"}, io.Discard, io.Discard); err == nil {
 		t.Fatal("unknown scope accepted")
 	}
 	f, err := os.Open(recs)

@@ -19,7 +19,7 @@ import (
 // -if-version V` changes the settings only while they are at V: a stale V
 // is refused with FailedPrecondition and changes nothing.
 func TestSettingsIfVersion(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	nd := startNode(ctx, t, node.Config{})
 	run1 := func(args ...string) (string, error) {

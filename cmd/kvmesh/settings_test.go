@@ -19,7 +19,7 @@ import (
 // set changes only the given fields (visible in the node's metadata), and
 // invalid values are refused with InvalidArgument, changing nothing.
 func TestSettingsCommand(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	nd := startNode(ctx, t, node.Config{Tokens: true})
 	token := func(name string, scopes auth.Scope) string {

@@ -125,7 +125,7 @@ func TestThreeProcesses(t *testing.T) {
 
 	// Generous: a loaded 2-core machine (CI runs other packages' tests
 	// alongside) runs the cluster many times slower than an idle one.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	var seeds []string
 	for _, p := range procs {

@@ -62,7 +62,7 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 		}
 		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	byID := make(map[string]*harness.Proc)
 	var seeds []string

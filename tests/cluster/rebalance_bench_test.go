@@ -93,7 +93,7 @@ func BenchmarkRebalance10G(b *testing.B) {
 		nodes = append(nodes, start(b, bin, fmt.Sprintf("r%d", i+1), h, b.TempDir(), args...))
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), envDuration(b, "KVMESH_REBALANCE_TIMEOUT", 50*time.Minute))
+	ctx, cancel := context.WithTimeout(b.Context(), envDuration(b, "KVMESH_REBALANCE_TIMEOUT", 50*time.Minute))
 	defer cancel()
 	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].Addr("grpc"), nodes[1].Addr("grpc")},
 		RPCTimeout: 30 * time.Second})

@@ -68,7 +68,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		}
 		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), h, dirs[i], args...))
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].Addr("grpc"), procs[1].Addr("grpc")}, RPCTimeout: 3 * time.Second})
 	if err != nil {

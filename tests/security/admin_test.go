@@ -90,7 +90,7 @@ func TestTokenAPI(t *testing.T) {
 	n1, n3 := nodes[0], nodes[2]
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	creds := tlsCreds(t, files(p.dir, "app"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	admin := api.NewAdminClient(conn(t, n1.GRPCAddr(), creds, root))
 
@@ -221,7 +221,7 @@ func TestGossipKeyRotationLive(t *testing.T) {
 		}
 	})
 	n1 := nodes[0]
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	// Tokens are off: the client certificate is the authorisation.
 	admin := api.NewAdminClient(conn(t, nodes[1].GRPCAddr(), tlsCreds(t, files(p.dir, "app")), ""))
@@ -371,7 +371,7 @@ func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 	n1 := start(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	s := spec(2)
 	ops := dial(t, n1, client.Config{TLS: files(p.dir, "app"), Token: root})

@@ -33,7 +33,7 @@ func BenchmarkGetSecurity(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
 			defer cancel()
 			if err := n.Start(ctx); err != nil {
 				b.Fatal(err)

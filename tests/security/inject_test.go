@@ -36,7 +36,7 @@ func TestInjectNamespace(t *testing.T) {
 	tenantB := newToken(t, n1, "b", auth.ScopeRead, auth.Namespace{fpB.String()[:16]})
 	otherA := newToken(t, n1, "a2", auth.ScopeRead, auth.Namespace{fpA.String()[:16]})
 	app := files(p.dir, "app")
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	ops := dial(t, n1, client.Config{TLS: app, Token: admin})
 	for _, s := range []chunk.ModelSpec{specA, specB} {

@@ -189,7 +189,7 @@ func TestNoTLSRefused(t *testing.T) {
 	if _, err := node.New(cfg); !errors.Is(err, node.ErrNoTLS) {
 		t.Fatalf("New without TLS: %v, want ErrNoTLS", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	err := daemon.Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-log-level", "error"}, io.Discard, io.Discard)
 	if !errors.Is(err, node.ErrNoTLS) {
@@ -267,7 +267,7 @@ func TestClientAccess(t *testing.T) {
 		})
 	}
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(1, 2))
 	ops := dial(t, n1, client.Config{TLS: app, Token: admin})
@@ -345,7 +345,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 		t.Fatalf("node.New with a client certificate: %v, want ErrCertRole", err)
 	}
 	var out strings.Builder
-	err := daemon.Run(context.Background(), []string{"-id", "app", "-data-dir", t.TempDir(), "-http", "off", "-log-level", "error",
+	err := daemon.Run(t.Context(), []string{"-id", "app", "-data-dir", t.TempDir(), "-http", "off", "-log-level", "error",
 		"-tls-ca", app.TLS.CAFile, "-tls-cert", app.TLS.CertFile, "-tls-key", app.TLS.KeyFile}, &out, io.Discard)
 	if !errors.Is(err, node.ErrCertRole) || out.Len() != 0 {
 		t.Fatalf("kvmeshd with a client certificate: %v (printed %q), want ErrCertRole before it listens", err, out.String())
@@ -382,7 +382,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	// The members' own traffic runs over TLS: a model registered through
 	// n2 (forwarded to the leader), an entry written through n1
 	// (replicated to n2) and read back from n2 alone.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	c2 := dial(t, n2, client.Config{TLS: files(p.dir, "app")})
 	s := spec(2)

@@ -29,7 +29,7 @@ func TestSettingsAPI(t *testing.T) {
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	rw := newToken(t, n1, "rw", auth.ScopeRead|auth.ScopeWrite, nil)
 	creds := tlsCreds(t, files(p.dir, "app"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	admin := func(n *node.Node, tok string) api.AdminClient {
 		return api.NewAdminClient(conn(t, n.GRPCAddr(), creds, tok))
@@ -146,7 +146,7 @@ func TestLeaveTiedToSender(t *testing.T) {
 
 	nodes := cluster3(t, p, nil)
 	n1, n3 := nodes[0], nodes[2]
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	var leader *node.Node
 	testutil.WaitFor(t, "a leader", func() bool {
