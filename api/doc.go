@@ -7,6 +7,12 @@
 // frame is the protobuf PutFrame or GetFrame; in Go a data frame is a Frame
 // whose payload is a mem.BufferSlice, so a blob held by the store goes to the
 // transport, and a received frame comes out of it, without a marshal copy.
+//
+// The conversions between kvmesh's Go types (chunk's keys, specs and Match,
+// ring members, pagedkv's cache layout) and their messages live here too
+// (Proto*, *FromProto), so that the client and the node convert alike; what
+// arrives is checked, and a message that does not convert wraps
+// ErrBadMessage.
 package api
 
 // EpochHeader is the gRPC response header in which a node tells the ring

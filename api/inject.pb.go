@@ -81,7 +81,7 @@ func (MemoryKind) EnumDescriptor() ([]byte, []int) {
 	return file_inject_proto_rawDescGZIP(), []int{0}
 }
 
-// CacheLayout mirrors cudakern.CacheLayout: order 1 NHD (vLLM
+// CacheLayout mirrors pagedkv.CacheLayout: order 1 NHD (vLLM
 // FlashAttention), 2 HND; dtype uses chunk's numbering (1 f32, 2 f16,
 // 3 bf16, 4 fp8 e4m3, with k_scale and v_scale).
 type CacheLayout struct {

@@ -207,7 +207,7 @@ func (c *Client) adopt(info *api.ClusterInfoResponse) {
 		}
 		members := make([]ring.Member, len(info.Members))
 		for i, m := range info.Members {
-			members[i] = MemberFromProto(m)
+			members[i] = api.MemberFromProto(m)
 		}
 		rf := max(int(info.ReplicationFactor), 1)
 		if c.view.CompareAndSwap(old, &view{ring: ring.New(info.Epoch, members), info: info, rf: rf}) {
@@ -347,13 +347,13 @@ func (c *Client) ClusterInfo(ctx context.Context) (*api.ClusterInfoResponse, err
 func (c *Client) RegisterModel(ctx context.Context, spec chunk.ModelSpec) (chunk.Fingerprint, error) {
 	var resp *api.RegisterModelResponse
 	err := c.do(ctx, nil, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = api.NewClientClient(cc).RegisterModel(ctx, &api.RegisterModelRequest{Spec: ProtoSpec(spec)})
+		resp, err = api.NewClientClient(cc).RegisterModel(ctx, &api.RegisterModelRequest{Spec: api.ProtoSpec(spec)})
 		return err
 	})
 	if err != nil {
 		return chunk.Fingerprint{}, err
 	}
-	return FingerprintFromProto(resp.Fingerprint), nil
+	return api.FingerprintFromProto(resp.Fingerprint), nil
 }
 
 // Models lists the registered models.
@@ -368,7 +368,7 @@ func (c *Client) Models(ctx context.Context) ([]chunk.ModelSpec, error) {
 	}
 	out := make([]chunk.ModelSpec, 0, len(resp.Models))
 	for _, m := range resp.Models {
-		spec, err := SpecFromProto(m.Spec)
+		spec, err := api.SpecFromProto(m.Spec)
 		if err != nil {
 			return nil, err
 		}
@@ -398,7 +398,7 @@ func (c *Client) Put(ctx context.Context, blob []byte) (PutResult, error) {
 			return err
 		}
 		defer func() { c.noteEpoch(md) }()
-		if err := api.SendHeader(st, &api.PutHeader{Key: ProtoKey(hd.Key), BlobBytes: uint64(len(blob))}); err != nil {
+		if err := api.SendHeader(st, &api.PutHeader{Key: api.ProtoKey(hd.Key), BlobBytes: uint64(len(blob))}); err != nil {
 			return closeErr(st, err)
 		}
 		if err := api.SendBody(st, mem.SliceBuffer(blob), c.cfg.FrameBytes); err != nil {
@@ -429,7 +429,7 @@ func closeErr(st grpc.ClientStreamingClient[api.PutFrame, api.PutResponse], err 
 func (c *Client) Get(ctx context.Context, key chunk.Key) ([]byte, error) {
 	var blob []byte
 	err := c.do(ctx, &key.Content, func(ctx context.Context, cc *grpc.ClientConn) error {
-		hdr, data, err := c.get(ctx, cc, &api.GetRequest{Key: ProtoKey(key), Format: api.Format_FORMAT_ENTRY})
+		hdr, data, err := c.get(ctx, cc, &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY})
 		if err != nil {
 			return err
 		}
@@ -468,14 +468,14 @@ type RangeResult struct {
 // zero Range means all).
 func (c *Client) GetRange(ctx context.Context, key chunk.Key, r chunk.Range) (RangeResult, error) {
 	var out RangeResult
-	req := &api.GetRequest{Key: ProtoKey(key), Format: api.Format_FORMAT_RAW,
+	req := &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_RAW,
 		LayerLo: uint32(r.LayerLo), LayerHi: uint32(r.LayerHi), HeadLo: uint32(r.HeadLo), HeadHi: uint32(r.HeadHi)}
 	err := c.do(ctx, &key.Content, func(ctx context.Context, cc *grpc.ClientConn) error {
 		hdr, data, err := c.get(ctx, cc, req)
 		if err != nil {
 			return err
 		}
-		out = RangeResult{Shape: ShapeFromProto(hdr.Shape), Tokens: hdr.Tokens, Data: data,
+		out = RangeResult{Shape: api.ShapeFromProto(hdr.Shape), Tokens: hdr.Tokens, Data: data,
 			Range: chunk.Range{LayerLo: int(hdr.LayerLo), LayerHi: int(hdr.LayerHi), HeadLo: int(hdr.HeadLo), HeadHi: int(hdr.HeadHi)}}
 		if len(data) != out.Range.RangeBytes(out.Shape) {
 			return status.Error(codes.Unavailable, "range of the wrong size")
@@ -567,9 +567,9 @@ func (c *Client) Lookup(ctx context.Context, fp chunk.Fingerprint, items []Looku
 }
 
 func (c *Client) lookupBatch(ctx context.Context, fp chunk.Fingerprint, items []LookupItem, idx []int, out []LookupResult) error {
-	req := &api.LookupRequest{Fingerprint: ProtoFingerprint(fp), Items: make([]*api.LookupItem, len(idx))}
+	req := &api.LookupRequest{Fingerprint: api.ProtoFingerprint(fp), Items: make([]*api.LookupItem, len(idx))}
 	for j, i := range idx {
-		req.Items[j] = &api.LookupItem{Content: ProtoID(items[i].Content), Want: ProtoContext(items[i].Want)}
+		req.Items[j] = &api.LookupItem{Content: api.ProtoID(items[i].Content), Want: api.ProtoContext(items[i].Want)}
 	}
 	content := items[idx[0]].Content
 	var resp *api.LookupResponse
@@ -589,14 +589,14 @@ func (c *Client) lookupBatch(ctx context.Context, fp chunk.Fingerprint, items []
 		r := resp.Results[j]
 		res := LookupResult{Match: api.MatchFromProto(r.Status)}
 		if res.Match != chunk.MatchMiss {
-			k, err := KeyFromProto(r.Key)
+			k, err := api.KeyFromProto(r.Key)
 			if err != nil {
 				return err
 			}
 			res.Key = k
 		}
 		for _, h := range r.Holders {
-			res.Holders = append(res.Holders, MemberFromProto(h))
+			res.Holders = append(res.Holders, api.MemberFromProto(h))
 		}
 		out[i] = res
 	}
@@ -607,7 +607,7 @@ func (c *Client) lookupBatch(ctx context.Context, fp chunk.Fingerprint, items []
 func (c *Client) Delete(ctx context.Context, key chunk.Key) (int, error) {
 	var resp *api.DeleteResponse
 	err := c.do(ctx, &key.Content, func(ctx context.Context, cc *grpc.ClientConn) (err error) {
-		resp, err = api.NewClientClient(cc).Delete(ctx, &api.DeleteRequest{Key: ProtoKey(key)})
+		resp, err = api.NewClientClient(cc).Delete(ctx, &api.DeleteRequest{Key: api.ProtoKey(key)})
 		return err
 	})
 	if err != nil {

@@ -18,12 +18,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/pinned"
-	"github.com/kvmesh/kvmesh/ring"
 )
 
 // fakeNode is a scripted Client service: it answers ClusterInfo from the
@@ -88,7 +86,7 @@ func (f *fakeNode) Put(st grpc.ClientStreamingServer[api.PutFrame, api.PutRespon
 	if err := api.RecvBody(st, blob); err != nil {
 		return err
 	}
-	k, err := KeyFromProto(hdr.Key)
+	k, err := api.KeyFromProto(hdr.Key)
 	if err != nil {
 		return err
 	}
@@ -102,7 +100,7 @@ func (f *fakeNode) Get(req *api.GetRequest, st grpc.ServerStreamingServer[api.Ge
 	if err := f.enter(); err != nil {
 		return err
 	}
-	k, err := KeyFromProto(req.Key)
+	k, err := api.KeyFromProto(req.Key)
 	if err != nil {
 		return err
 	}
@@ -382,85 +380,4 @@ func TestLookupBatchesByOwner(t *testing.T) {
 			t.Fatalf("%s: lookups %v, want one batch of %d", f.id, f.lookups, owners[f.id])
 		}
 	}
-}
-
-func TestConvertRoundTrip(t *testing.T) {
-	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16, RopeStyle: chunk.RopeNeoX,
-		RopeTheta: 500000, Scaling: chunk.RopeScaling{Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192},
-		WeightsRevision: "r1", TokenizerID: "tok", Salt: "s"}
-	got, err := SpecFromProto(ProtoSpec(spec))
-	if err != nil || got != spec {
-		t.Fatalf("spec round trip: %+v, %v", got, err)
-	}
-	fp := spec.Fingerprint()
-	for _, k := range []chunk.Key{
-		{Fingerprint: fp, Content: chunk.ID{Lo: 1, Hi: 2}, Context: chunk.StandaloneContext()},
-		{Fingerprint: fp, Content: chunk.ID{Lo: 3}, Context: chunk.WindowContext(fp, 16, []uint32{1, 2})},
-		{Fingerprint: fp, Content: chunk.ID{Hi: 3}, Context: chunk.PrefixContext(chunk.ID{Lo: 5})},
-	} {
-		// Through the wire, too.
-		b, err := proto.Marshal(ProtoKey(k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var pk api.Key
-		if err := proto.Unmarshal(b, &pk); err != nil {
-			t.Fatal(err)
-		}
-		got, err := KeyFromProto(&pk)
-		if err != nil || got != k {
-			t.Fatalf("key round trip: %v, %v; want %v", got, err, k)
-		}
-	}
-	m := ring.Member{ID: "a", GRPCAddr: "h:1", RaftAddr: "h:2", GossipAddr: "h:3", Weight: 2}
-	if MemberFromProto(ProtoMember(m)) != m {
-		t.Fatal("member round trip")
-	}
-}
-
-func FuzzKeyFromProto(f *testing.F) {
-	seed, _ := proto.Marshal(ProtoKey(chunk.Key{Fingerprint: chunk.Fingerprint{Lo: 1}, Content: chunk.ID{Lo: 2}, Context: chunk.StandaloneContext()}))
-	f.Add(seed)
-	f.Add([]byte{})
-	f.Add([]byte{0x1a, 0x02, 0x08, 0x09})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var pk api.Key
-		if proto.Unmarshal(b, &pk) != nil {
-			return
-		}
-		k, err := KeyFromProto(&pk)
-		if err != nil {
-			return
-		}
-		if !k.Context.Kind.Valid() {
-			t.Fatalf("accepted context kind %v", k.Context.Kind)
-		}
-		k2, err := KeyFromProto(ProtoKey(k))
-		if err != nil || k2 != k {
-			t.Fatalf("round trip of %v: %v, %v", k, k2, err)
-		}
-	})
-}
-
-func FuzzSpecFromProto(f *testing.F) {
-	seed, _ := proto.Marshal(ProtoSpec(chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 1, HeadDim: 8, DType: chunk.F16, RopeStyle: chunk.RopeGPTJ, RopeTheta: 10000}))
-	f.Add(seed)
-	f.Add([]byte{0x28, 0xff, 0x01})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var ps api.ModelSpec
-		if proto.Unmarshal(b, &ps) != nil {
-			return
-		}
-		s, err := SpecFromProto(&ps)
-		if err != nil {
-			return
-		}
-		if s.Validate() != nil {
-			t.Fatal("accepted an invalid spec")
-		}
-		s2, err := SpecFromProto(ProtoSpec(s))
-		if err != nil || s2.Fingerprint() != s.Fingerprint() {
-			t.Fatalf("round trip changed the spec: %v", err)
-		}
-	})
 }

@@ -5,12 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/cudakern"
-	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // CacheRegistration describes an engine's paged KV cache placed in shared
@@ -19,7 +17,7 @@ type CacheRegistration struct {
 	Fingerprint chunk.Fingerprint
 	Layers      int
 	// Layouts holds one layout for every layer, or one per layer.
-	Layouts []cudakern.CacheLayout
+	Layouts []pagedkv.CacheLayout
 	// HeadLo, HeadHi: the model KV heads the cache holds; both 0: all.
 	HeadLo, HeadHi int
 	// MaxPositions bounds target positions; 0: the node's default.
@@ -49,11 +47,11 @@ func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegist
 		return nil, err
 	}
 	ic := api.NewInjectorClient(cc)
-	req := &api.RegisterCacheRequest{Fingerprint: ProtoFingerprint(reg.Fingerprint), Layers: int32(reg.Layers),
+	req := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(reg.Fingerprint), Layers: int32(reg.Layers),
 		HeadLo: int32(reg.HeadLo), HeadHi: int32(reg.HeadHi), MaxPositions: int32(reg.MaxPositions),
 		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: reg.Path, Offsets: reg.Offsets}
 	for _, l := range reg.Layouts {
-		req.Layouts = append(req.Layouts, ProtoLayout(l))
+		req.Layouts = append(req.Layouts, api.ProtoLayout(l))
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
@@ -82,7 +80,7 @@ type InjectStats struct {
 }
 
 // InjectChunks implements engine.CacheInjector.
-func (in *Injector) InjectChunks(ctx context.Context, chunks []engine.InjectChunk) ([]engine.InjectResult, error) {
+func (in *Injector) InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error) {
 	res, _, err := in.InjectLayered(ctx, chunks, nil)
 	return res, err
 }
@@ -92,7 +90,7 @@ func (in *Injector) InjectChunks(ctx context.Context, chunks []engine.InjectChun
 // as it is written, so RunInjected overlaps its forward pass with the
 // injection. A node that predates plans sends none; the engine then waits
 // for the results.
-func (in *Injector) InjectPlanned(ctx context.Context, chunks []engine.InjectChunk, plan func([]engine.InjectResult), layer func(int)) ([]engine.InjectResult, error) {
+func (in *Injector) InjectPlanned(ctx context.Context, chunks []pagedkv.InjectChunk, plan func([]pagedkv.InjectResult), layer func(int)) ([]pagedkv.InjectResult, error) {
 	res, _, err := in.inject(ctx, chunks, plan, layer)
 	return res, err
 }
@@ -100,11 +98,11 @@ func (in *Injector) InjectPlanned(ctx context.Context, chunks []engine.InjectChu
 // InjectLayered is InjectChunks that also calls onLayer (if not nil) as
 // the node reports each layer written for every hit, in layer order, so a
 // caller may start computing layer l before later layers land.
-func (in *Injector) InjectLayered(ctx context.Context, chunks []engine.InjectChunk, onLayer func(int)) ([]engine.InjectResult, InjectStats, error) {
+func (in *Injector) InjectLayered(ctx context.Context, chunks []pagedkv.InjectChunk, onLayer func(int)) ([]pagedkv.InjectResult, InjectStats, error) {
 	return in.inject(ctx, chunks, nil, onLayer)
 }
 
-func (in *Injector) inject(ctx context.Context, chunks []engine.InjectChunk, onPlan func([]engine.InjectResult), onLayer func(int)) ([]engine.InjectResult, InjectStats, error) {
+func (in *Injector) inject(ctx context.Context, chunks []pagedkv.InjectChunk, onPlan func([]pagedkv.InjectResult), onLayer func(int)) ([]pagedkv.InjectResult, InjectStats, error) {
 	var stats InjectStats
 	req := &api.InjectRequest{CacheId: in.id, Chunks: make([]*api.InjectChunk, len(chunks)), Plan: onPlan != nil}
 	for i, c := range chunks {
@@ -112,7 +110,7 @@ func (in *Injector) inject(ctx context.Context, chunks []engine.InjectChunk, onP
 		for j, s := range c.Slots {
 			slots[j] = int64(s)
 		}
-		req.Chunks[i] = &api.InjectChunk{Content: ProtoID(c.Key.Content), Tokens: c.Tokens, Want: ProtoContext(c.Key.Context),
+		req.Chunks[i] = &api.InjectChunk{Content: api.ProtoID(c.Key.Content), Tokens: c.Tokens, Want: api.ProtoContext(c.Key.Context),
 			Pos: int64(c.Pos), Slots: slots}
 	}
 	ctx, cancel := context.WithTimeout(ctx, in.c.cfg.RPCTimeout)
@@ -125,7 +123,7 @@ func (in *Injector) inject(ctx context.Context, chunks []engine.InjectChunk, onP
 	for {
 		ev, err := st.Recv()
 		if errors.Is(err, io.EOF) {
-			return nil, stats, fmt.Errorf("client: inject on %s: %w: stream ended without results", in.addr, ErrBadMessage)
+			return nil, stats, fmt.Errorf("client: inject on %s: %w: stream ended without results", in.addr, api.ErrBadMessage)
 		}
 		if err != nil {
 			return nil, stats, fmt.Errorf("client: inject on %s: %w", in.addr, err)
@@ -138,7 +136,7 @@ func (in *Injector) inject(ctx context.Context, chunks []engine.InjectChunk, onP
 			}
 		case *api.InjectEvent_Plan:
 			if onPlan == nil || planned || stats.Layers > 0 {
-				return nil, stats, fmt.Errorf("client: inject on %s: %w: unexpected plan", in.addr, ErrBadMessage)
+				return nil, stats, fmt.Errorf("client: inject on %s: %w: unexpected plan", in.addr, api.ErrBadMessage)
 			}
 			planned = true
 			out, err := injectResults(e.Plan.Results, len(chunks))
@@ -155,47 +153,27 @@ func (in *Injector) inject(ctx context.Context, chunks []engine.InjectChunk, onP
 			}
 			return out, stats, nil
 		default:
-			return nil, stats, fmt.Errorf("client: inject on %s: %w: unknown event", in.addr, ErrBadMessage)
+			return nil, stats, fmt.Errorf("client: inject on %s: %w: unknown event", in.addr, api.ErrBadMessage)
 		}
 	}
 }
 
 // injectResults converts a plan's or a done's results, one per chunk.
-func injectResults(rs []*api.LookupResult, chunks int) ([]engine.InjectResult, error) {
+func injectResults(rs []*api.LookupResult, chunks int) ([]pagedkv.InjectResult, error) {
 	if len(rs) != chunks {
-		return nil, fmt.Errorf("%w: %d results for %d chunks", ErrBadMessage, len(rs), chunks)
+		return nil, fmt.Errorf("%w: %d results for %d chunks", api.ErrBadMessage, len(rs), chunks)
 	}
-	out := make([]engine.InjectResult, chunks)
+	out := make([]pagedkv.InjectResult, chunks)
 	for i, r := range rs {
 		m := api.MatchFromProto(r.Status)
 		if m == chunk.MatchMiss {
 			continue
 		}
-		cx, err := ContextFromProto(r.GetKey().GetContext())
+		cx, err := api.ContextFromProto(r.GetKey().GetContext())
 		if err != nil {
 			return nil, fmt.Errorf("result %d: %w", i, err)
 		}
-		out[i] = engine.InjectResult{Match: m, Context: cx}
+		out[i] = pagedkv.InjectResult{Match: m, Context: cx}
 	}
 	return out, nil
-}
-
-// ProtoLayout converts a cache layout to its wire form.
-func ProtoLayout(l cudakern.CacheLayout) *api.CacheLayout {
-	return &api.CacheLayout{Order: uint32(l.Order), NumBlocks: int64(l.NumBlocks), BlockSize: int64(l.BlockSize),
-		KvHeads: int32(l.KVHeads), HeadDim: int32(l.HeadDim), Dtype: uint32(l.DType), KScale: l.KScale, VScale: l.VScale}
-}
-
-// LayoutFromProto converts a wire cache layout, refusing values that do
-// not fit their Go types (the receiver validates the layout itself).
-func LayoutFromProto(p *api.CacheLayout) (cudakern.CacheLayout, error) {
-	if p.GetOrder() > math.MaxUint8 || p.GetDtype() > math.MaxUint8 {
-		return cudakern.CacheLayout{}, fmt.Errorf("%w: layout order %d, dtype %d", ErrBadMessage, p.GetOrder(), p.GetDtype())
-	}
-	if p.GetNumBlocks() < 0 || p.GetBlockSize() < 0 || p.GetNumBlocks() > math.MaxInt32 || p.GetBlockSize() > math.MaxInt32 {
-		return cudakern.CacheLayout{}, fmt.Errorf("%w: layout of %d blocks of %d", ErrBadMessage, p.GetNumBlocks(), p.GetBlockSize())
-	}
-	return cudakern.CacheLayout{Order: cudakern.Order(p.GetOrder()), NumBlocks: int(p.GetNumBlocks()), BlockSize: int(p.GetBlockSize()),
-		KVHeads: int(p.GetKvHeads()), HeadDim: int(p.GetHeadDim()), DType: chunk.DType(p.GetDtype()),
-		KScale: p.GetKScale(), VScale: p.GetVScale()}, nil
 }

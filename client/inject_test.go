@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"errors"
 	"net"
 	"slices"
 	"sync"
@@ -15,8 +14,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // fakeInjector answers Inject with a scripted event sequence (or error)
@@ -85,42 +84,42 @@ func TestInjectorOverRPC(t *testing.T) {
 
 	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
 	inj, err := c.RegisterCache(ctx, lis.Addr().String(), CacheRegistration{Fingerprint: fp, Layers: 4,
-		Layouts: []cudakern.CacheLayout{lay}, Path: "/dev/shm/x", Offsets: []int64{0, 4096, 8192, 12288}})
+		Layouts: []pagedkv.CacheLayout{lay}, Path: "/dev/shm/x", Offsets: []int64{0, 4096, 8192, 12288}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := LayoutFromProto(fi.reg.Layouts[0]); got != lay || fi.reg.Path != "/dev/shm/x" || fi.reg.MemoryKind != api.MemoryKind_MEMORY_KIND_SHM ||
-		FingerprintFromProto(fi.reg.Fingerprint) != fp || !slices.Equal(fi.reg.Offsets, []int64{0, 4096, 8192, 12288}) {
+	if got, _ := api.LayoutFromProto(fi.reg.Layouts[0]); got != lay || fi.reg.Path != "/dev/shm/x" || fi.reg.MemoryKind != api.MemoryKind_MEMORY_KIND_SHM ||
+		api.FingerprintFromProto(fi.reg.Fingerprint) != fp || !slices.Equal(fi.reg.Offsets, []int64{0, 4096, 8192, 12288}) {
 		t.Fatalf("registration sent %v", fi.reg)
 	}
 
 	cx1, cx2 := chunk.PrefixContext(chunk.ID{Lo: 9}), chunk.WindowContext(fp, 3, []uint32{1, 2, 3})
-	chunks := []engine.InjectChunk{
+	chunks := []pagedkv.InjectChunk{
 		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 1}, Context: cx1}, Tokens: []uint32{1, 2}, Pos: 7, Slots: []int{3, -1}},
 		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 2}, Context: cx1}, Tokens: []uint32{3}, Pos: 9, Slots: []int{4}},
 		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 3}, Context: cx1}, Tokens: []uint32{4}, Pos: 10, Slots: []int{5}},
 	}
-	exact := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: ProtoContext(cx1)}}
-	approx := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_APPROXIMATE, Key: &api.Key{Context: ProtoContext(cx2)}}
+	exact := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: api.ProtoContext(cx1)}}
+	approx := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_APPROXIMATE, Key: &api.Key{Context: api.ProtoContext(cx2)}}
 	miss := &api.LookupResult{}
 	badCx := &api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: &api.Context{Kind: 9}}}
 	tests := []struct {
 		name   string
 		events []*api.InjectEvent
 		err    error
-		want   []engine.InjectResult
+		want   []pagedkv.InjectResult
 		layers []int
 		fails  bool
 		// planned: call InjectPlanned and expect plan (nil: none sent).
 		planned bool
-		plan    []engine.InjectResult
+		plan    []pagedkv.InjectResult
 	}{
 		{name: "layers then results", events: []*api.InjectEvent{layerEv(0), layerEv(1), layerEv(2), layerEv(3), doneEv(exact, approx, miss)},
-			want:   []engine.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {}},
+			want:   []pagedkv.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {}},
 			layers: []int{0, 1, 2, 3}},
-		{name: "all miss, no layers", events: []*api.InjectEvent{doneEv(miss, miss, miss)}, want: make([]engine.InjectResult, 3)},
+		{name: "all miss, no layers", events: []*api.InjectEvent{doneEv(miss, miss, miss)}, want: make([]pagedkv.InjectResult, 3)},
 		{name: "stream ends without results", events: []*api.InjectEvent{layerEv(0)}, fails: true},
 		{name: "wrong result count", events: []*api.InjectEvent{doneEv(exact)}, fails: true},
 		{name: "bad context", events: []*api.InjectEvent{doneEv(exact, badCx, miss)}, fails: true},
@@ -128,11 +127,11 @@ func TestInjectorOverRPC(t *testing.T) {
 		{name: "server error", err: status.Error(codes.NotFound, "unknown cache"), fails: true},
 		{name: "plan, layers, results", planned: true,
 			events: []*api.InjectEvent{planEv(exact, approx, exact), layerEv(0), layerEv(1), doneEv(exact, approx, miss)},
-			plan:   []engine.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {Match: chunk.MatchExact, Context: cx1}},
-			want:   []engine.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {}},
+			plan:   []pagedkv.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {Match: chunk.MatchExact, Context: cx1}},
+			want:   []pagedkv.InjectResult{{Match: chunk.MatchExact, Context: cx1}, {Match: chunk.MatchApproximate, Context: cx2}, {}},
 			layers: []int{0, 1}},
 		{name: "node without plans", planned: true, events: []*api.InjectEvent{layerEv(0), doneEv(miss, miss, exact)},
-			want: []engine.InjectResult{{}, {}, {Match: chunk.MatchExact, Context: cx1}}, layers: []int{0}},
+			want: []pagedkv.InjectResult{{}, {}, {Match: chunk.MatchExact, Context: cx1}}, layers: []int{0}},
 		{name: "plan after a layer", planned: true, events: []*api.InjectEvent{layerEv(0), planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
 		{name: "two plans", planned: true, events: []*api.InjectEvent{planEv(miss, miss, miss), planEv(miss, miss, miss), doneEv(miss, miss, miss)}, fails: true},
 		{name: "plan of the wrong count", planned: true, events: []*api.InjectEvent{planEv(miss), doneEv(miss, miss, miss)}, fails: true},
@@ -144,13 +143,13 @@ func TestInjectorOverRPC(t *testing.T) {
 			fi.events, fi.err = tc.events, tc.err
 			fi.mu.Unlock()
 			var layers []int
-			var plan []engine.InjectResult
-			var got []engine.InjectResult
+			var plan []pagedkv.InjectResult
+			var got []pagedkv.InjectResult
 			var stats InjectStats
 			var err error
 			onLayer := func(l int) { layers = append(layers, l) }
 			if tc.planned {
-				got, err = inj.InjectPlanned(ctx, chunks, func(p []engine.InjectResult) { plan = p }, onLayer)
+				got, err = inj.InjectPlanned(ctx, chunks, func(p []pagedkv.InjectResult) { plan = p }, onLayer)
 				stats = InjectStats{Layers: len(layers), WrittenBytes: 1000}
 			} else {
 				got, stats, err = inj.InjectLayered(ctx, chunks, onLayer)
@@ -172,10 +171,10 @@ func TestInjectorOverRPC(t *testing.T) {
 				t.Fatalf("plan %v (asked %v), want %v", plan, r.Plan, tc.plan)
 			}
 			if r.CacheId != 42 || len(r.Chunks) != 3 || r.Chunks[0].Pos != 7 || !slices.Equal(r.Chunks[0].Slots, []int64{3, -1}) ||
-				IDFromProto(r.Chunks[1].Content) != (chunk.ID{Lo: 2}) || !slices.Equal(r.Chunks[0].Tokens, []uint32{1, 2}) {
+				api.IDFromProto(r.Chunks[1].Content) != (chunk.ID{Lo: 2}) || !slices.Equal(r.Chunks[0].Tokens, []uint32{1, 2}) {
 				t.Fatalf("request sent %v", r)
 			}
-			if want, _ := ContextFromProto(r.Chunks[2].Want); want != cx1 {
+			if want, _ := api.ContextFromProto(r.Chunks[2].Want); want != cx1 {
 				t.Fatalf("want context sent %v", want)
 			}
 		})
@@ -189,40 +188,6 @@ func TestInjectorOverRPC(t *testing.T) {
 	}
 }
 
-// FuzzLayoutFromProto: a wire layout either is refused or converts to a
-// layout that converts back to the same message.
-func FuzzLayoutFromProto(f *testing.F) {
-	seed := func(l *api.CacheLayout) {
-		b, err := proto.Marshal(l)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
-	seed(ProtoLayout(cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}))
-	seed(&api.CacheLayout{Order: 300, NumBlocks: -1, Dtype: 1 << 20})
-	seed(&api.CacheLayout{NumBlocks: 1 << 40, BlockSize: 1, KScale: 0.5})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var p api.CacheLayout
-		if err := proto.Unmarshal(b, &p); err != nil {
-			return
-		}
-		l, err := LayoutFromProto(&p)
-		if err != nil {
-			if !errors.Is(err, ErrBadMessage) {
-				t.Fatalf("error %v does not wrap ErrBadMessage", err)
-			}
-			return
-		}
-		_ = l.Validate() // must not panic whatever the values
-		back := ProtoLayout(l)
-		if back.Order != p.Order || back.Dtype != p.Dtype || back.NumBlocks != p.NumBlocks || back.BlockSize != p.BlockSize ||
-			back.KvHeads != p.KvHeads || back.HeadDim != p.HeadDim {
-			t.Fatalf("round trip %v -> %v", &p, back)
-		}
-	})
-}
-
 // FuzzInjectResults: a plan or done event from the wire either is refused
 // or gives one result per chunk, a hit exactly where the status says so.
 func FuzzInjectResults(f *testing.F) {
@@ -233,7 +198,7 @@ func FuzzInjectResults(f *testing.F) {
 		}
 		f.Add(b, uint8(len(rs)))
 	}
-	cx := ProtoContext(chunk.PrefixContext(chunk.ID{Lo: 3}))
+	cx := api.ProtoContext(chunk.PrefixContext(chunk.ID{Lo: 3}))
 	seed(&api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_EXACT, Key: &api.Key{Context: cx}}, &api.LookupResult{})
 	seed(&api.LookupResult{Status: api.LookupStatus_LOOKUP_STATUS_APPROXIMATE, Key: &api.Key{Context: &api.Context{Kind: 9}}})
 	seed(&api.LookupResult{Status: 7})

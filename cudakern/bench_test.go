@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // benchJob is a 512-token chunk of a Llama-3.1-8B-shaped model (32 layers,
 // 8 KV heads, head dim 128, llama3 RoPE): 64 MiB of KV in bf16, scattered
 // into a cache of 1024 slots per layer in blocks of 16 taken in random order,
 // as vLLM's block table hands them out.
-func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order Order, style chunk.RopeStyle) *Job {
+func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order pagedkv.Order, style chunk.RopeStyle) *Job {
 	b.Helper()
 	const layers, heads, hd, tokens, blocks, bs = 32, 8, 128, 512, 64, 16
 	spec := chunk.ModelSpec{Family: "llama", Layers: layers, KVHeads: heads, HeadDim: hd, DType: chunk.BF16,
@@ -31,7 +32,7 @@ func benchJob(b *testing.B, srcDT, dstDT chunk.DType, order Order, style chunk.R
 		b.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	lay := CacheLayout{Order: order, NumBlocks: blocks, BlockSize: bs, KVHeads: heads, HeadDim: hd, DType: dstDT}
+	lay := pagedkv.CacheLayout{Order: order, NumBlocks: blocks, BlockSize: bs, KVHeads: heads, HeadDim: hd, DType: dstDT}
 	blockTable := rng.Perm(blocks)
 	slots := make([]int, tokens)
 	for t := range slots {
@@ -117,16 +118,16 @@ func layerCopy(j *Job, n, w int, nt bool) {
 var benchCases = []struct {
 	name         string
 	srcDT, dstDT chunk.DType
-	order        Order
+	order        pagedkv.Order
 	style        chunk.RopeStyle
 }{
-	{"bf16-bf16-NHD", chunk.BF16, chunk.BF16, NHD, chunk.RopeNeoX},
-	{"bf16-bf16-HND", chunk.BF16, chunk.BF16, HND, chunk.RopeNeoX},
-	{"f16-f16-NHD", chunk.F16, chunk.F16, NHD, chunk.RopeNeoX},
-	{"f32-f32-NHD", chunk.F32, chunk.F32, NHD, chunk.RopeNeoX},
-	{"bf16-fp8-NHD", chunk.BF16, chunk.FP8E4M3, NHD, chunk.RopeNeoX},
-	{"fp8-bf16-NHD", chunk.FP8E4M3, chunk.BF16, NHD, chunk.RopeNeoX},
-	{"bf16-bf16-NHD-gptj", chunk.BF16, chunk.BF16, NHD, chunk.RopeGPTJ},
+	{"bf16-bf16-pagedkv.NHD", chunk.BF16, chunk.BF16, pagedkv.NHD, chunk.RopeNeoX},
+	{"bf16-bf16-pagedkv.HND", chunk.BF16, chunk.BF16, pagedkv.HND, chunk.RopeNeoX},
+	{"f16-f16-pagedkv.NHD", chunk.F16, chunk.F16, pagedkv.NHD, chunk.RopeNeoX},
+	{"f32-f32-pagedkv.NHD", chunk.F32, chunk.F32, pagedkv.NHD, chunk.RopeNeoX},
+	{"bf16-fp8-pagedkv.NHD", chunk.BF16, chunk.FP8E4M3, pagedkv.NHD, chunk.RopeNeoX},
+	{"fp8-bf16-pagedkv.NHD", chunk.FP8E4M3, chunk.BF16, pagedkv.NHD, chunk.RopeNeoX},
+	{"bf16-bf16-pagedkv.NHD-gptj", chunk.BF16, chunk.BF16, pagedkv.NHD, chunk.RopeGPTJ},
 }
 
 func BenchmarkInject(b *testing.B) {
@@ -187,7 +188,7 @@ func scatterCopy(j *Job, w int) {
 							continue
 						}
 						so := kv*j.Tokens*srcTok + tok*srcTok
-						if l.Order == NHD {
+						if l.Order == pagedkv.NHD {
 							d := l.Offset(kv, slot, 0)
 							copy(dst[d:d+l.KVHeads*row], src[so:so+l.KVHeads*row])
 							continue
@@ -321,7 +322,7 @@ func BenchmarkRotateF32(b *testing.B) {
 func BenchmarkGatherF32(b *testing.B) {
 	for _, dt := range []chunk.DType{chunk.BF16, chunk.F32} {
 		b.Run(dt.String(), func(b *testing.B) {
-			l := CacheLayout{Order: NHD, NumBlocks: 64, BlockSize: 16, KVHeads: 8, HeadDim: 128, DType: dt}
+			l := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 64, BlockSize: 16, KVHeads: 8, HeadDim: 128, DType: dt}
 			layer := make([]byte, l.LayerBytes())
 			slots := make([]int, 512)
 			for i := range slots {
@@ -349,7 +350,7 @@ func BenchmarkGatherF32(b *testing.B) {
 func BenchmarkDecodeThenInject(b *testing.B) {
 	for _, codec := range []chunk.Codec{chunk.CodecInt8, chunk.CodecInt4} {
 		b.Run(codec.String(), func(b *testing.B) {
-			j := benchJob(b, chunk.BF16, chunk.BF16, NHD, chunk.RopeNeoX)
+			j := benchJob(b, chunk.BF16, chunk.BF16, pagedkv.NHD, chunk.RopeNeoX)
 			layers := len(j.Dst)
 			e := &chunk.Entry{Key: chunk.Key{Context: chunk.Context{Kind: chunk.ContextStandalone}}, DType: chunk.BF16, Layers: layers, KVHeads: j.SrcHeads, HeadDim: j.Layout.HeadDim,
 				Tokens: make([]uint32, j.Tokens), KV: j.Src}

@@ -6,10 +6,10 @@
 //   - RopeTable: inverse frequencies and cos/sin rows for a chunk.ModelSpec,
 //     with Hugging Face transformers' semantics (default, linear, llama3,
 //     YaRN and dynamic NTK scaling; NeoX and GPT-J pairing; partial rotary).
-//   - CacheLayout: the byte geometry of one layer of a paged KV cache in
-//     vLLM's FlashAttention layout (NHD) or its HND variant, with helpers to
-//     read and write it (GatherF32, ScatterF32), so that no caller repeats
-//     the layout arithmetic.
+//   - GatherF32, ScatterF32: read and write head vectors of one layer of a
+//     paged KV cache whose geometry is a pagedkv.CacheLayout (vLLM's
+//     FlashAttention layout NHD or its HND variant), so that no caller
+//     repeats the layout arithmetic.
 //   - Injector: the fused hot path. For a range of layers it reads a chunk's
 //     canonical K and V, rotates K to the target positions, converts to the
 //     cache dtype and scatters both into the named slots in one pass over the

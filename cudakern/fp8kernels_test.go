@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // fp8Scales are the scales the single-pass kernels are checked with: 1, an
@@ -229,14 +230,14 @@ func TestInjectFP8SinglePassMatchesGo(t *testing.T) {
 				if style == chunk.RopeGPTJ && shape.hd != 128 {
 					continue // the generic path, covered elsewhere
 				}
-				for _, order := range []Order{NHD, HND} {
+				for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
 					for _, ntMin := range []int{0, ntMinBytes} {
 						spec := testSpec(style, shape.hd, shape.rot, chunk.RopeScaling{})
 						tab, err := tabs.Get(spec, 2048)
 						if err != nil {
 							t.Fatal(err)
 						}
-						lay := CacheLayout{Order: order, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: shape.hd, DType: pr.dst}
+						lay := pagedkv.CacheLayout{Order: order, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: shape.hd, DType: pr.dst}
 						var srcScale float32
 						if pr.dst == chunk.FP8E4M3 {
 							lay.KScale, lay.VScale = 0.5, 0.037

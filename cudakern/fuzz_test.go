@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // FuzzInject drives Inject with arbitrary geometry, head ranges, slots and
@@ -39,9 +40,9 @@ func FuzzInject(f *testing.F) {
 		if at(0)&1 == 1 {
 			style = chunk.RopeGPTJ
 		}
-		order := NHD
+		order := pagedkv.NHD
 		if at(0)&2 != 0 {
-			order = HND
+			order = pagedkv.HND
 		}
 		hd := hds[at(2)%len(hds)]
 		rot := 0
@@ -53,7 +54,7 @@ func FuzzInject(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lay := CacheLayout{Order: order, NumBlocks: 1 + at(3)%4, BlockSize: 1 + at(4)%8, KVHeads: 1 + at(5)%3,
+		lay := pagedkv.CacheLayout{Order: order, NumBlocks: 1 + at(3)%4, BlockSize: 1 + at(4)%8, KVHeads: 1 + at(5)%3,
 			HeadDim: hd, DType: dts[(at(1)>>4)%len(dts)], KScale: float32(at(6)%3) / 2}
 		srcDT := dts[(at(1)&15)%len(dts)]
 		srcHeads := 1 + at(7)%4
@@ -63,7 +64,7 @@ func FuzzInject(f *testing.F) {
 		if lay.Validate() != nil || !srcDT.Valid() {
 			// buildJob needs a valid layout and dtype; the job gets the
 			// broken ones after.
-			c.layout.DType, c.layout.Order = chunk.F16, NHD
+			c.layout.DType, c.layout.Order = chunk.F16, pagedkv.NHD
 		} else {
 			c.srcDT = srcDT
 		}
@@ -83,7 +84,7 @@ func FuzzInject(f *testing.F) {
 		}
 		err = inj.Inject(context.Background(), j)
 		if err != nil {
-			if !errors.Is(err, ErrInvalidJob) && !errors.Is(err, ErrInvalidLayout) {
+			if !errors.Is(err, ErrInvalidJob) && !errors.Is(err, pagedkv.ErrInvalidLayout) {
 				t.Fatalf("unexpected error class: %v", err)
 			}
 			for l := range j.Dst {

@@ -10,6 +10,7 @@ import (
 	"unsafe"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // Config configures an Injector.
@@ -54,7 +55,7 @@ type Job struct {
 	// to skip it. If two tokens name the same slot the later token wins.
 	Slots []int
 	// Layout describes every layer of Dst.
-	Layout CacheLayout
+	Layout pagedkv.CacheLayout
 	// Dst holds one slice per layer of Src, each Layout.LayerBytes() long.
 	// They must not overlap each other or Src.
 	Dst [][]byte
@@ -141,7 +142,7 @@ func (j *Job) plan() (plan, error) {
 			p.srcVScale = j.SrcVScale
 		}
 	}
-	p.dstKScale, p.dstVScale = l.scales()
+	p.dstKScale, p.dstVScale = l.Scales()
 	if j.Tokens < 0 || j.Tokens > MaxTablePositions {
 		return bad("tokens %d", j.Tokens)
 	}
@@ -187,7 +188,7 @@ func (j *Job) plan() (plan, error) {
 			return bad("destination layer %d of %d bytes, layout needs %d", i, len(d), lb)
 		}
 	}
-	if err := l.checkSlots(j.Slots); err != nil {
+	if err := checkSlots(l, j.Slots); err != nil {
 		return plan{}, err
 	}
 	p.copyV = j.SrcDType == l.DType && (l.DType != chunk.FP8E4M3 || p.srcVScale == p.dstVScale)
@@ -208,7 +209,7 @@ func (j *Job) plan() (plan, error) {
 	p.kvBytes = l.LayerBytes() / 2
 	p.slotBytes = l.KVHeads * p.dstHead
 	p.blkBytes = l.BlockSize * p.slotBytes
-	if l.Order == HND {
+	if l.Order == pagedkv.HND {
 		p.dstHead *= l.BlockSize
 	}
 	p.tiles = (j.Tokens + tileTokens - 1) / tileTokens
@@ -307,7 +308,7 @@ func (in *Injector) loop(id int) {
 // them into the named slots of j.Dst, in one pass over the bytes, split into
 // (layer, token tile) items over the workers. It does not allocate.
 //
-// An invalid j returns an error wrapping ErrInvalidJob or ErrInvalidLayout
+// An invalid j returns an error wrapping ErrInvalidJob or pagedkv.ErrInvalidLayout
 // with nothing written. If ctx is cancelled during the call, Inject returns
 // its error and the named slots may be partly written; no other byte is.
 func (in *Injector) Inject(ctx context.Context, j *Job) error {
@@ -420,7 +421,7 @@ const tileTokens = 16
 // offset is CacheLayout.Offset(kv, slot, 0) from the plan's precomputed
 // strides (it inlines; Offset does not).
 func (p *plan) offset(kv, slot int) int {
-	if p.Layout.Order == HND {
+	if p.Layout.Order == pagedkv.HND {
 		bs := p.Layout.BlockSize
 		return kv*p.kvBytes + slot/bs*p.blkBytes + slot%bs*p.Layout.HeadDim*p.dstES
 	}

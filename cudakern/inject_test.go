@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // encode rounds v into dtype dt (fp8 unscaled) and appends it.
@@ -61,11 +62,11 @@ func randKV(rng *rand.Rand, dt chunk.DType, n int) []byte {
 
 // elemIndex is the test's own layout arithmetic (row-major strides), kept
 // independent of CacheLayout.Offset: element index of (kv, slot, head, 0).
-func elemIndex(l CacheLayout, kv, slot, head int) int {
+func elemIndex(l pagedkv.CacheLayout, kv, slot, head int) int {
 	blk, off := slot/l.BlockSize, slot%l.BlockSize
 	dims := []int{2, l.NumBlocks, l.BlockSize, l.KVHeads, l.HeadDim}
 	idx := []int{kv, blk, off, head, 0}
-	if l.Order == HND {
+	if l.Order == pagedkv.HND {
 		dims = []int{2, l.NumBlocks, l.KVHeads, l.BlockSize, l.HeadDim}
 		idx = []int{kv, blk, head, off, 0}
 	}
@@ -101,7 +102,7 @@ type jobCase struct {
 	spec      chunk.ModelSpec
 	srcDT     chunk.DType
 	srcScale  float32
-	layout    CacheLayout
+	layout    pagedkv.CacheLayout
 	tokens    int
 	srcHeads  int
 	lo, hi    int
@@ -148,7 +149,7 @@ func checkJob(t *testing.T, j *Job, guard [][]byte) (over1, total int) {
 	l := j.Layout
 	hd := l.HeadDim
 	es := l.DType.Size()
-	ks, vs := l.scales()
+	ks, vs := l.Scales()
 	srcKS, srcVS := float32(1), float32(1)
 	if j.SrcDType == chunk.FP8E4M3 {
 		if j.SrcKScale != 0 {
@@ -251,7 +252,7 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 	n := 0
 	for _, srcDT := range allDTypes {
 		for _, dstDT := range allDTypes {
-			for _, order := range []Order{NHD, HND} {
+			for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
 				v := vs[n%len(vs)]
 				n++
 				name := srcDT.String() + "->" + dstDT.String() + "/" + order.String() + "/" + v.name
@@ -260,7 +261,7 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					lay := CacheLayout{Order: order, NumBlocks: 7, BlockSize: 4, KVHeads: 2, HeadDim: 64, DType: dstDT}
+					lay := pagedkv.CacheLayout{Order: order, NumBlocks: 7, BlockSize: 4, KVHeads: 2, HeadDim: 64, DType: dstDT}
 					var srcScale float32
 					if dstDT == chunk.FP8E4M3 {
 						lay.KScale, lay.VScale = 0.5, 2
@@ -311,7 +312,7 @@ func TestInjectEqualsEnginePath(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				lay := CacheLayout{Order: NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 64, DType: dt}
+				lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 64, DType: dt}
 				c := jobCase{srcDT: dt, layout: lay, tokens: 40, srcHeads: 4, pos: 100, layers: 1}
 				j, _ := buildJob(t, rng, c, tab)
 				if err := in.Inject(context.Background(), j); err != nil {
@@ -353,7 +354,7 @@ func TestInjectWorkersAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lay := CacheLayout{Order: HND, NumBlocks: 8, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: chunk.BF16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.HND, NumBlocks: 8, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: chunk.BF16}
 	c := jobCase{srcDT: chunk.BF16, layout: lay, tokens: 100, srcHeads: 8, lo: 4, hi: 8, pos: 500, layers: 3, skipEvery: 7}
 	var first [][]byte
 	for _, w := range []int{1, 2, 3, 8} {
@@ -388,7 +389,7 @@ func TestInjectInvalid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lay := CacheLayout{Order: NHD, NumBlocks: 4, BlockSize: 8, KVHeads: 2, HeadDim: 64, DType: chunk.F16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 8, KVHeads: 2, HeadDim: 64, DType: chunk.F16}
 	base := jobCase{srcDT: chunk.BF16, layout: lay, tokens: 10, srcHeads: 4, lo: 2, hi: 4, pos: 3, layers: 2}
 	cases := []struct {
 		name string
@@ -412,15 +413,15 @@ func TestInjectInvalid(t *testing.T) {
 		{"destination layer missing", func(j *Job) { j.Dst = j.Dst[:1] }, ErrInvalidJob},
 		{"layout dtype", func(j *Job) { j.Layout.DType = chunk.F32 }, ErrInvalidJob},
 		{"layout blocks", func(j *Job) { j.Layout.NumBlocks = 3 }, ErrInvalidJob},
-		{"layout order", func(j *Job) { j.Layout.Order = 0 }, ErrInvalidLayout},
-		{"layout zero block size", func(j *Job) { j.Layout.BlockSize = 0 }, ErrInvalidLayout},
-		{"layout huge", func(j *Job) { j.Layout.NumBlocks = 1 << 40 }, ErrInvalidLayout},
+		{"layout order", func(j *Job) { j.Layout.Order = 0 }, pagedkv.ErrInvalidLayout},
+		{"layout zero block size", func(j *Job) { j.Layout.BlockSize = 0 }, pagedkv.ErrInvalidLayout},
+		{"layout huge", func(j *Job) { j.Layout.NumBlocks = 1 << 40 }, pagedkv.ErrInvalidLayout},
 		{"positions beyond table", func(j *Job) { j.Pos = 250 }, ErrInvalidJob},
 		{"negative position", func(j *Job) { j.Pos = -1 }, ErrInvalidJob},
 		{"fp8 scale NaN", func(j *Job) {
 			j.Layout.DType = chunk.FP8E4M3
 			j.Layout.KScale = float32(math.NaN())
-		}, ErrInvalidLayout},
+		}, pagedkv.ErrInvalidLayout},
 		{"source fp8 scale negative", func(j *Job) {
 			j.SrcDType = chunk.FP8E4M3
 			j.Src = j.Src[:len(j.Src)/2]
@@ -452,7 +453,7 @@ func TestInjectCancelledAndClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lay := CacheLayout{Order: NHD, NumBlocks: 4, BlockSize: 8, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 8, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}
 	j, guard := buildJob(t, rand.New(rand.NewPCG(1, 1)), jobCase{srcDT: chunk.BF16, layout: lay, tokens: 10, srcHeads: 2, layers: 2}, tab)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -482,7 +483,7 @@ func TestInjectNoAlloc(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for _, dt := range allDTypes {
-		lay := CacheLayout{Order: NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: dt}
+		lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: dt}
 		j, _ := buildJob(t, rand.New(rand.NewPCG(2, 2)), jobCase{srcDT: chunk.BF16, layout: lay, tokens: 32, srcHeads: 4, layers: 4}, tab)
 		if a := testing.AllocsPerRun(5, func() {
 			if err := in.Inject(ctx, j); err != nil {
@@ -497,9 +498,9 @@ func TestInjectNoAlloc(t *testing.T) {
 // TestLayoutOffsets: Offset agrees with row-major strides, and the head
 // vectors tile the layer exactly once.
 func TestLayoutOffsets(t *testing.T) {
-	for _, order := range []Order{NHD, HND} {
+	for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
 		for _, dt := range allDTypes {
-			l := CacheLayout{Order: order, NumBlocks: 3, BlockSize: 5, KVHeads: 3, HeadDim: 4, DType: dt}
+			l := pagedkv.CacheLayout{Order: order, NumBlocks: 3, BlockSize: 5, KVHeads: 3, HeadDim: 4, DType: dt}
 			if err := l.Validate(); err != nil {
 				t.Fatal(err)
 			}
@@ -542,10 +543,10 @@ func TestLayoutOffsets(t *testing.T) {
 
 func TestGatherScatter(t *testing.T) {
 	rng := rand.New(rand.NewPCG(19, 20))
-	for _, order := range []Order{NHD, HND} {
+	for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
 		for _, dt := range allDTypes {
 			t.Run(order.String()+"/"+dt.String(), func(t *testing.T) {
-				l := CacheLayout{Order: order, NumBlocks: 5, BlockSize: 4, KVHeads: 3, HeadDim: 8, DType: dt, KScale: 0.5, VScale: 0.25}
+				l := pagedkv.CacheLayout{Order: order, NumBlocks: 5, BlockSize: 4, KVHeads: 3, HeadDim: 8, DType: dt, KScale: 0.5, VScale: 0.25}
 				layer := make([]byte, l.LayerBytes())
 				for i := range layer {
 					layer[i] = byte(rng.Uint32())
@@ -573,7 +574,7 @@ func TestGatherScatter(t *testing.T) {
 					if err := GatherF32(got, layer, l, kv, slots); err != nil {
 						t.Fatal(err)
 					}
-					ks, vs := l.scales()
+					ks, vs := l.Scales()
 					scale := []float32{ks, vs}[kv]
 					for i, v := range src {
 						want := float32(decode(encode(nil, dt, v/scale), dt, 0)) * scale

@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // TestSIMDKernelsMatchGo: the assembly kernels give the bits of the Go
@@ -37,7 +38,7 @@ func TestSIMDKernelsMatchGo(t *testing.T) {
 			es := dt.Size()
 			row := shape.hd * es
 			mk := func(simd, avx512, nt bool) *plan {
-				p := &plan{Job: Job{Rope: tab, SrcDType: dt, Layout: CacheLayout{HeadDim: shape.hd, DType: dt}},
+				p := &plan{Job: Job{Rope: tab, SrcDType: dt, Layout: pagedkv.CacheLayout{HeadDim: shape.hd, DType: dt}},
 					srcES: es, dstES: es, srcRow: row, kernel: kind, simd: simd, avx512: avx512, nt: nt}
 				p.pick()
 				return p

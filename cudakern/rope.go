@@ -9,12 +9,11 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
-// Errors callers branch on. Every error this package returns wraps one.
+// Errors callers branch on. Every error this package returns wraps one of
+// them or pagedkv.ErrInvalidLayout (a malformed cache layout).
 var (
 	// ErrInvalidSpec: the model spec cannot build a RoPE table.
 	ErrInvalidSpec = errors.New("cudakern: invalid spec")
-	// ErrInvalidLayout: a CacheLayout is malformed.
-	ErrInvalidLayout = errors.New("cudakern: invalid cache layout")
 	// ErrInvalidJob: a request does not fit its source, table or destination
 	// (sizes, dtypes, head range, slot out of range, positions beyond the
 	// table). Nothing was written.

@@ -6,7 +6,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // TestCacheMemory: an engine whose cache lives in caller memory computes
@@ -29,7 +29,7 @@ func TestCacheMemory(t *testing.T) {
 	}
 	defer heap.Close()
 	var backing []byte
-	alloc := func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+	alloc := func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 		n := lay.LayerBytes()
 		backing = bytes.Repeat([]byte{0xff}, layers*n) // garbage the engine must clear
 		out := make([][]byte, layers)
@@ -61,22 +61,22 @@ func TestCacheMemory(t *testing.T) {
 		t.Fatalf("logits differ by %g", d)
 	}
 
-	bad := map[string]func(int, cudakern.CacheLayout) ([][]byte, error){
-		"too few layers": func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+	bad := map[string]func(int, pagedkv.CacheLayout) ([][]byte, error){
+		"too few layers": func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			out, _ := alloc(layers, lay)
 			return out[1:], nil
 		},
-		"short layer": func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+		"short layer": func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			out, _ := alloc(layers, lay)
 			out[2] = out[2][:len(out[2])-4]
 			return out, nil
 		},
-		"overlap": func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+		"overlap": func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			out, _ := alloc(layers, lay)
 			out[1] = out[0]
 			return out, nil
 		},
-		"misaligned": func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+		"misaligned": func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			n := lay.LayerBytes()
 			b := make([]byte, layers*n+1)
 			out := make([][]byte, layers)

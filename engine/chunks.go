@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // LookupRequest asks for one chunk: Key names the content and the context
@@ -227,22 +228,6 @@ type Response struct {
 	Seq *Sequence
 }
 
-// InjectChunk asks a CacheInjector to place one chunk: its key (with the
-// context that would make it EXACT), its tokens, the absolute position of
-// its first token and the cache slot of every token.
-type InjectChunk struct {
-	Key    chunk.Key
-	Tokens []uint32
-	Pos    int
-	Slots  []int
-}
-
-// InjectResult is a CacheInjector's answer for one chunk.
-type InjectResult struct {
-	Match   chunk.Match
-	Context chunk.Context // of the entry written (zero on a miss)
-}
-
 // CacheInjector fills the engine's paged KV cache itself: node-side
 // injection, where the node that holds the chunks
 // fetches, decodes, rotates and scatters them into cache memory the engine
@@ -253,7 +238,7 @@ type InjectResult struct {
 // engine). A chunk it reports as MISS, or a call that fails, is
 // prefilled, which overwrites whatever was written to its slots.
 type CacheInjector interface {
-	InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error)
+	InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error)
 }
 
 // LayeredInjector is a CacheInjector that also announces, before writing
@@ -270,13 +255,13 @@ type LayeredInjector interface {
 	// returned results are final: a planned hit may come back MISS (its
 	// entry failed at a later layer; some of its layers were written). An
 	// injector that cannot plan (an older node) calls neither.
-	InjectPlanned(ctx context.Context, chunks []InjectChunk, plan func([]InjectResult), layer func(int)) ([]InjectResult, error)
+	InjectPlanned(ctx context.Context, chunks []pagedkv.InjectChunk, plan func([]pagedkv.InjectResult), layer func(int)) ([]pagedkv.InjectResult, error)
 }
 
 // CacheMemory exposes the cache for registration with a CacheInjector: the
 // layout of every layer and the layers' bytes (little-endian float32 in
 // that layout). The memory lives as long as the engine.
-func (e *Engine) CacheMemory() (cudakern.CacheLayout, [][]byte) { return e.layout, e.cacheBytes }
+func (e *Engine) CacheMemory() (pagedkv.CacheLayout, [][]byte) { return e.layout, e.cacheBytes }
 
 // Run looks up every chunk segment of req in src (nil: prefill everything,
 // which is prompt injection), injects the hits through cudakern's fused
@@ -484,20 +469,20 @@ func (e *Engine) injectRemote(ctx context.Context, inj CacheInjector, req Reques
 
 // injectChunks are the chunk segments of req as a CacheInjector's
 // requests, and the segment of each.
-func (e *Engine) injectChunks(req Request, starts []int, s *Sequence) ([]InjectChunk, []int) {
+func (e *Engine) injectChunks(req Request, starts []int, s *Sequence) ([]pagedkv.InjectChunk, []int) {
 	toks := make([][]uint32, len(req.Segments))
 	for i, sg := range req.Segments {
 		toks[i] = sg.Tokens
 	}
 	contexts, _ := chunk.PrefixChain(e.fp, toks)
-	var chunks []InjectChunk
+	var chunks []pagedkv.InjectChunk
 	var segOf []int
 	for i, sg := range req.Segments {
 		if !sg.Chunk || len(sg.Tokens) == 0 {
 			continue
 		}
 		lo, n := starts[i], len(sg.Tokens)
-		chunks = append(chunks, InjectChunk{
+		chunks = append(chunks, pagedkv.InjectChunk{
 			Key:    chunk.Key{Fingerprint: e.fp, Content: chunk.ContentID(e.fp, sg.Tokens), Context: contexts[i]},
 			Tokens: sg.Tokens, Pos: req.StartPos + lo, Slots: s.slots[lo : lo+n],
 		})
@@ -508,7 +493,7 @@ func (e *Engine) injectChunks(req Request, starts []int, s *Sequence) ([]InjectC
 
 // place records an injector's answers (res for the chunks of segments
 // segOf, or err) in state and resp; a failed call places nothing.
-func (e *Engine) place(req Request, starts, segOf []int, state []chunk.Match, resp *Response, res []InjectResult, err error) {
+func (e *Engine) place(req Request, starts, segOf []int, state []chunk.Match, resp *Response, res []pagedkv.InjectResult, err error) {
 	if err == nil && len(res) != len(segOf) {
 		err = fmt.Errorf("%d results for %d chunks", len(res), len(segOf))
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // ErrClosed is returned by an Engine (or its Sequences) after Close.
@@ -30,9 +31,9 @@ type Config struct {
 	// BlockSize is the number of slots per cache block. 0 means 16 (vLLM's
 	// CUDA default).
 	BlockSize int
-	// CacheOrder is the physical axis order of a cache layer: cudakern.NHD
-	// (vLLM FlashAttention's, the default) or cudakern.HND.
-	CacheOrder cudakern.Order
+	// CacheOrder is the physical axis order of a cache layer: pagedkv.NHD
+	// (vLLM FlashAttention's, the default) or pagedkv.HND.
+	CacheOrder pagedkv.Order
 	// MaxPositions sizes the RoPE table: injection needs target positions
 	// below it (the forward pass rotates positions beyond it on the fly).
 	// 0 means max(max_position_embeddings, 8192), at most 32768.
@@ -52,7 +53,7 @@ type Config struct {
 	// map (inject.CreateShm's Layers), so the node writes injected chunks
 	// straight into it. The memory must outlive the engine; the caller
 	// frees it after Close. Nil means the Go heap.
-	CacheMemory func(layers int, layout cudakern.CacheLayout) ([][]byte, error)
+	CacheMemory func(layers int, layout pagedkv.CacheLayout) ([][]byte, error)
 	// Logger receives warnings (entries that do not fit the model); nil
 	// means slog.Default().
 	Logger *slog.Logger
@@ -75,7 +76,7 @@ type Engine struct {
 	rope   *cudakern.RopeTable
 	inj    *cudakern.Injector
 	pool   *pool
-	layout cudakern.CacheLayout
+	layout pagedkv.CacheLayout
 	log    *slog.Logger
 	// attnAVX: attention uses the assembly kernels (they take int32 float
 	// offsets into a layer, so a layer must hold fewer than 2^31 floats).
@@ -109,7 +110,7 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 		cfg.MaxPositions = min(max(mc.MaxPositionEmbeddings, 8192), 32768)
 	}
 	if cfg.CacheOrder == 0 {
-		cfg.CacheOrder = cudakern.NHD
+		cfg.CacheOrder = pagedkv.NHD
 	}
 	if cfg.KVDType == chunk.DTypeInvalid {
 		cfg.KVDType = chunk.F32
@@ -133,7 +134,7 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	nb := (cfg.CacheTokens + cfg.BlockSize - 1) / cfg.BlockSize
 	// The engine computes in float32 and reads the cache as float32, so the
 	// cache dtype is F32 whatever KVDType the chunks use.
-	layout := cudakern.CacheLayout{Order: cfg.CacheOrder, NumBlocks: nb, BlockSize: cfg.BlockSize,
+	layout := pagedkv.CacheLayout{Order: cfg.CacheOrder, NumBlocks: nb, BlockSize: cfg.BlockSize,
 		KVHeads: mc.NumKVHeads, HeadDim: mc.HeadDim, DType: chunk.F32}
 	if err := layout.Validate(); err != nil {
 		return nil, fmt.Errorf("engine: cache layout: %w", err)
@@ -243,7 +244,7 @@ func (e *Engine) Config() ModelConfig { return e.cfg }
 func (e *Engine) Workers() int { return e.pool.workers }
 
 // Layout is the geometry of one layer of the engine's paged KV cache.
-func (e *Engine) Layout() cudakern.CacheLayout { return e.layout }
+func (e *Engine) Layout() pagedkv.CacheLayout { return e.layout }
 
 // FreeTokens is the number of cache slots not held by any sequence.
 func (e *Engine) FreeTokens() int {

@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // fwdPlan says which tokens of a sequence one forward pass computes.
@@ -82,7 +83,7 @@ type attnTask struct {
 	idx     []int     // token index of each active row
 	slots   []int     // slot of every token of the sequence
 	kv      []float32 // the cache layer
-	layout  cudakern.CacheLayout
+	layout  pagedkv.CacheLayout
 	heads   int
 	kvHeads int
 	group   int // query heads per kv head

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // prefill runs segments with no source (prompt injection).
@@ -429,13 +430,13 @@ type storeInjector struct {
 	t      *testing.T
 	store  *MemStore
 	rope   *cudakern.RopeTable
-	layout cudakern.CacheLayout
+	layout pagedkv.CacheLayout
 	layers [][]byte
 	// garbage makes it scribble over every slot and then report a miss.
 	garbage bool
 }
 
-func (s *storeInjector) InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error) {
+func (s *storeInjector) InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error) {
 	var reqs []LookupRequest
 	for _, c := range chunks {
 		reqs = append(reqs, LookupRequest{Key: c.Key, Tokens: c.Tokens})
@@ -446,7 +447,7 @@ func (s *storeInjector) InjectChunks(ctx context.Context, chunks []InjectChunk) 
 	}
 	kin := cudakern.NewInjector(cudakern.Config{Workers: 1})
 	defer kin.Close()
-	out := make([]InjectResult, len(chunks))
+	out := make([]pagedkv.InjectResult, len(chunks))
 	for i, c := range chunks {
 		if s.garbage {
 			junk := make([]float32, len(c.Slots)*s.layout.KVHeads*s.layout.HeadDim)
@@ -469,7 +470,7 @@ func (s *storeInjector) InjectChunks(ctx context.Context, chunks []InjectChunk) 
 			s.t.Errorf("inject: %v", err)
 			continue
 		}
-		out[i] = InjectResult{Match: chunk.MatchApproximate, Context: ent.Key.Context}
+		out[i] = pagedkv.InjectResult{Match: chunk.MatchApproximate, Context: ent.Key.Context}
 		if ent.Key.Context == c.Key.Context {
 			out[i].Match = chunk.MatchExact
 		}
@@ -623,7 +624,7 @@ func TestCacheOrderHND(t *testing.T) {
 	prefix, ch, q := randTokens(r, 9, c.VocabSize), randTokens(r, 21, c.VocabSize), randTokens(r, 5, c.VocabSize)
 	segs := []Segment{{Tokens: prefix}, {Tokens: ch, Chunk: true}, {Tokens: q}}
 	var logits [][]float32
-	for _, order := range []cudakern.Order{cudakern.NHD, cudakern.HND} {
+	for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
 		e, err := New(w, Config{Workers: 2, CacheTokens: 256, BlockSize: 8, CacheOrder: order})
 		if err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // errReplan ends a forward pass whose plan the injector's final answer
@@ -16,26 +17,26 @@ var errReplan = errors.New("engine: injection differs from its plan")
 // Its goroutine owns the call; the engine reads its outcome only after
 // done is closed.
 type layeredCall struct {
-	plan   chan []InjectResult // at most one plan, buffered
-	layers chan int            // layer events, buffered for every layer
-	done   chan struct{}       // closed when the call returned
-	res    []InjectResult
+	plan   chan []pagedkv.InjectResult // at most one plan, buffered
+	layers chan int                    // layer events, buffered for every layer
+	done   chan struct{}               // closed when the call returned
+	res    []pagedkv.InjectResult
 	err    error
 	took   time.Duration
 	seen   int // layers announced so far (read by the engine goroutine)
 }
 
 // startLayered runs li.InjectPlanned for chunks on its own goroutine.
-func startLayered(ctx context.Context, li LayeredInjector, chunks []InjectChunk, layers int) *layeredCall {
-	c := &layeredCall{plan: make(chan []InjectResult, 1), layers: make(chan int, layers), done: make(chan struct{})}
+func startLayered(ctx context.Context, li LayeredInjector, chunks []pagedkv.InjectChunk, layers int) *layeredCall {
+	c := &layeredCall{plan: make(chan []pagedkv.InjectResult, 1), layers: make(chan int, layers), done: make(chan struct{})}
 	t0 := time.Now()
 	go func() {
 		defer close(c.done)
 		planned, next := false, 0
-		onPlan := func(res []InjectResult) {
+		onPlan := func(res []pagedkv.InjectResult) {
 			if !planned {
 				planned = true
-				c.plan <- append([]InjectResult(nil), res...)
+				c.plan <- append([]pagedkv.InjectResult(nil), res...)
 			}
 		}
 		// Events out of order, beyond the model or before the plan are
@@ -53,7 +54,7 @@ func startLayered(ctx context.Context, li LayeredInjector, chunks []InjectChunk,
 }
 
 // waitPlan returns the plan, or false once the call returned without one.
-func (c *layeredCall) waitPlan() ([]InjectResult, bool) {
+func (c *layeredCall) waitPlan() ([]pagedkv.InjectResult, bool) {
 	select {
 	case p := <-c.plan:
 		return p, true
@@ -70,7 +71,7 @@ func (c *layeredCall) waitPlan() ([]InjectResult, bool) {
 // waiter is fwdPlan.wait for a pass that assumed planned: layer l may be
 // read once the injector announced it, or once the call returned with
 // exactly the plan (it writes nothing after returning).
-func (c *layeredCall) waiter(ctx context.Context, planned []InjectResult) func(int) error {
+func (c *layeredCall) waiter(ctx context.Context, planned []pagedkv.InjectResult) func(int) error {
 	return func(l int) error {
 		for c.seen <= l {
 			select {
@@ -89,7 +90,7 @@ func (c *layeredCall) waiter(ctx context.Context, planned []InjectResult) func(i
 	}
 }
 
-func samePlan(a, b []InjectResult) bool {
+func samePlan(a, b []pagedkv.InjectResult) bool {
 	if len(a) != len(b) {
 		return false
 	}
@@ -103,7 +104,7 @@ func samePlan(a, b []InjectResult) bool {
 
 // onlyLost reports whether final differs from planned only by planned hits
 // answered MISS (their entries failed at a later layer).
-func onlyLost(planned, final []InjectResult) bool {
+func onlyLost(planned, final []pagedkv.InjectResult) bool {
 	if len(planned) != len(final) {
 		return false
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // layeredInjector plays a node that plans: it computes the whole
@@ -29,11 +30,11 @@ type layeredInjector struct {
 	order []int
 }
 
-func (li *layeredInjector) InjectChunks(ctx context.Context, chunks []InjectChunk) ([]InjectResult, error) {
+func (li *layeredInjector) InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error) {
 	return li.InjectPlanned(ctx, chunks, nil, nil)
 }
 
-func (li *layeredInjector) InjectPlanned(ctx context.Context, chunks []InjectChunk, plan func([]InjectResult), layer func(int)) ([]InjectResult, error) {
+func (li *layeredInjector) InjectPlanned(ctx context.Context, chunks []pagedkv.InjectChunk, plan func([]pagedkv.InjectResult), layer func(int)) ([]pagedkv.InjectResult, error) {
 	b := li.base
 	scratch := make([][]byte, len(b.layers))
 	for l := range scratch {
@@ -79,7 +80,7 @@ func (li *layeredInjector) InjectPlanned(ctx context.Context, chunks []InjectChu
 	li.order = append(li.order, -1)
 	if li.lose >= 0 {
 		res = slices.Clone(res)
-		res[li.lose] = InjectResult{}
+		res[li.lose] = pagedkv.InjectResult{}
 	}
 	return res, nil
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // benchSetup is a RAG prompt's worth of chunks for a Llama-3.1-8B-shaped
@@ -21,7 +22,7 @@ import (
 // random order.
 type benchSetup struct {
 	spec    chunk.ModelSpec
-	lay     cudakern.CacheLayout
+	lay     pagedkv.CacheLayout
 	entries []*chunk.Entry
 	chunks  []Chunk
 	mem     [][]byte
@@ -34,7 +35,7 @@ func newBenchSetup(b *testing.B) *benchSetup {
 		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000, Scaling: chunk.RopeScaling{
 			Type: "llama3", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}}
 	blocks := (n*tokens+15)/16 + 4
-	st := &benchSetup{spec: spec, lay: cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: blocks, BlockSize: 16,
+	st := &benchSetup{spec: spec, lay: pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: blocks, BlockSize: 16,
 		KVHeads: heads, HeadDim: hd, DType: chunk.BF16}}
 	rng := rand.New(rand.NewPCG(5, 6))
 	table := rng.Perm(blocks)
@@ -145,7 +146,7 @@ func BenchmarkInject50x24(b *testing.B) {
 			}
 			defer s.Close()
 			id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: st.spec.Fingerprint(), Layers: st.spec.Layers,
-				Layouts: []cudakern.CacheLayout{st.lay}, MaxPositions: 8192}, st.mem)
+				Layouts: []pagedkv.CacheLayout{st.lay}, MaxPositions: 8192}, st.mem)
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // Errors callers branch on. Every error the Service returns wraps one of
@@ -101,7 +102,7 @@ type Descriptor struct {
 	// Layers is the number of layers; it must equal the model's.
 	Layers int
 	// Layouts holds one layout shared by every layer, or one per layer.
-	Layouts []cudakern.CacheLayout
+	Layouts []pagedkv.CacheLayout
 	// HeadLo and HeadHi are the model KV heads [HeadLo, HeadHi) the cache
 	// holds (a tensor-parallel rank's slice); both zero means all.
 	HeadLo, HeadHi int
@@ -122,8 +123,8 @@ type cache struct {
 	desc    Descriptor
 	spec    chunk.ModelSpec
 	ropeKey ropeKey
-	rope    *cudakern.RopeTable    // shared by the registrations of ropeKey
-	layouts []cudakern.CacheLayout // one per layer
+	rope    *cudakern.RopeTable   // shared by the registrations of ropeKey
+	layouts []pagedkv.CacheLayout // one per layer
 	layers  [][]byte
 	headLo  int
 	headHi  int
@@ -147,13 +148,13 @@ type ropeRef struct {
 }
 
 // layerLayouts expands d.Layouts to one per layer.
-func layerLayouts(layouts []cudakern.CacheLayout, layers int) ([]cudakern.CacheLayout, error) {
+func layerLayouts(layouts []pagedkv.CacheLayout, layers int) ([]pagedkv.CacheLayout, error) {
 	if layers <= 0 {
 		return nil, fmt.Errorf("%w: %d layers", ErrInvalidCache, layers)
 	}
 	switch len(layouts) {
 	case 1:
-		out := make([]cudakern.CacheLayout, layers)
+		out := make([]pagedkv.CacheLayout, layers)
 		for i := range out {
 			out[i] = layouts[0]
 		}
@@ -166,7 +167,7 @@ func layerLayouts(layouts []cudakern.CacheLayout, layers int) ([]cudakern.CacheL
 
 // checkGeometry validates the descriptor against the model spec and
 // returns the per-layer layouts and the resolved head range.
-func checkGeometry(d *Descriptor, spec chunk.ModelSpec) (layouts []cudakern.CacheLayout, lo, hi int, err error) {
+func checkGeometry(d *Descriptor, spec chunk.ModelSpec) (layouts []pagedkv.CacheLayout, lo, hi int, err error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidCache, fmt.Sprintf(format, a...))
 	}
@@ -200,7 +201,7 @@ func checkGeometry(d *Descriptor, spec chunk.ModelSpec) (layouts []cudakern.Cach
 
 // shmOffsets resolves the layer offsets of a shared-memory registration
 // and the size the file must have.
-func shmOffsets(m *Memory, layouts []cudakern.CacheLayout) (offs []int64, end int64, err error) {
+func shmOffsets(m *Memory, layouts []pagedkv.CacheLayout) (offs []int64, end int64, err error) {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidCache, fmt.Sprintf(format, a...))
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // fetcherSource serves the engine from the same blobs the Service fetches,
@@ -127,7 +128,7 @@ func TestEngineCacheBytes(t *testing.T) {
 	s := newService(t, f, spec, nil)
 	mem := layersOf(spec.Layers, lay)
 	id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 8192}, mem)
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 8192}, mem)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ type serviceInjector struct {
 	id CacheID
 }
 
-func (si serviceInjector) InjectChunks(ctx context.Context, chunks []engine.InjectChunk) ([]engine.InjectResult, error) {
+func (si serviceInjector) InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error) {
 	req := &Request{Cache: si.id, Chunks: make([]Chunk, len(chunks))}
 	for i, c := range chunks {
 		req.Chunks[i] = Chunk{Fingerprint: c.Key.Fingerprint, Content: c.Key.Content, Tokens: c.Tokens,
@@ -191,13 +192,13 @@ func (si serviceInjector) InjectChunks(ctx context.Context, chunks []engine.Inje
 	if err != nil {
 		return nil, err
 	}
-	out := make([]engine.InjectResult, len(chunks))
+	out := make([]pagedkv.InjectResult, len(chunks))
 	for i, r := range resp.Results {
 		switch r.Match {
 		case chunk.MatchExact:
-			out[i] = engine.InjectResult{Match: chunk.MatchExact, Context: r.Context}
+			out[i] = pagedkv.InjectResult{Match: chunk.MatchExact, Context: r.Context}
 		case chunk.MatchApproximate:
-			out[i] = engine.InjectResult{Match: chunk.MatchApproximate, Context: r.Context}
+			out[i] = pagedkv.InjectResult{Match: chunk.MatchApproximate, Context: r.Context}
 		}
 	}
 	return out, nil
@@ -250,7 +251,7 @@ func TestEngineForwardPass(t *testing.T) {
 
 	s := newService(t, f, spec, nil)
 	id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 8192}, mem)
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 8192}, mem)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/kvtier"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // fakeRemote is a replica set holding blobs by key.
@@ -128,10 +129,10 @@ func TestServiceOverKvtier(t *testing.T) {
 	}
 	defer st.Close()
 	s := newService(t, TierFetcher{Local: st}, spec, nil)
-	lay := cudakern.CacheLayout{Order: cudakern.HND, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.HND, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F16}
 	mem := layersOf(spec.Layers, lay)
 	id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers, HeadLo: 2, HeadHi: 4,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 2048}, mem)
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 2048}, mem)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -71,10 +72,10 @@ func FuzzInjectBlob(f *testing.F) {
 		f.Fatal(err)
 	}
 	defer s.Close()
-	lay := cudakern.CacheLayout{Order: cudakern.HND, NumBlocks: 2, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: chunk.F32}
+	lay := pagedkv.CacheLayout{Order: pagedkv.HND, NumBlocks: 2, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: chunk.F32}
 	mem := layersOf(2, lay)
 	id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: 2, HeadLo: 1, HeadHi: 2,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 64}, mem)
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 64}, mem)
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -132,13 +133,13 @@ func FuzzDescriptorMemory(f *testing.F) {
 	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 0), 16384), "/proc/12/fd/3")
 	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 64), 0), "/dev/shm/../etc/x")
 	f.Add(uint8(1), binary.LittleEndian.AppendUint64(nil, 1<<63-64), "/dev/shm/a/b")
-	lays := []cudakern.CacheLayout{
-		{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16},
-		{Order: cudakern.HND, NumBlocks: 1, BlockSize: 3, KVHeads: 1, HeadDim: 2, DType: chunk.FP8E4M3},
+	lays := []pagedkv.CacheLayout{
+		{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16},
+		{Order: pagedkv.HND, NumBlocks: 1, BlockSize: 3, KVHeads: 1, HeadDim: 2, DType: chunk.FP8E4M3},
 	}
 	f.Fuzz(func(t *testing.T, layers uint8, raw []byte, path string) {
 		n := int(layers%8) + 1
-		ls := make([]cudakern.CacheLayout, n)
+		ls := make([]pagedkv.CacheLayout, n)
 		for i := range ls {
 			ls[i] = lays[(i+int(layers>>3))%2]
 		}

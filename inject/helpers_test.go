@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -162,7 +163,7 @@ func newService(t testing.TB, f Fetcher, spec chunk.ModelSpec, mod func(*Config)
 }
 
 // layersOf allocates zeroed in-process layers for layouts.
-func layersOf(layers int, lay cudakern.CacheLayout) [][]byte {
+func layersOf(layers int, lay pagedkv.CacheLayout) [][]byte {
 	out := make([][]byte, layers)
 	for l := range out {
 		out[l] = make([]byte, lay.LayerBytes())
@@ -189,7 +190,7 @@ func fillPattern(ls [][]byte, seed byte) {
 
 // directInject is the reference: decode the blob whole and run cudakern's
 // injector over every layer of dst with the head range.
-func directInject(t testing.TB, inj *cudakern.Injector, rope *cudakern.RopeTable, blob []byte, lay cudakern.CacheLayout,
+func directInject(t testing.TB, inj *cudakern.Injector, rope *cudakern.RopeTable, blob []byte, lay pagedkv.CacheLayout,
 	headLo, headHi, pos int, slots []int, dst [][]byte) {
 	t.Helper()
 	e, err := chunk.Decode(blob, chunk.Limits{})

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 type memKind string
@@ -27,9 +28,9 @@ const (
 
 // registerMem registers layers of lay in the given memory and returns the
 // engine's view of them.
-func registerMem(t *testing.T, s *Service, kind memKind, d Descriptor, lay cudakern.CacheLayout) (CacheID, [][]byte) {
+func registerMem(t *testing.T, s *Service, kind memKind, d Descriptor, lay pagedkv.CacheLayout) (CacheID, [][]byte) {
 	t.Helper()
-	d.Layouts = []cudakern.CacheLayout{lay}
+	d.Layouts = []pagedkv.CacheLayout{lay}
 	if kind == inProc {
 		layers := layersOf(d.Layers, lay)
 		id, err := s.RegisterInProcess(context.Background(), d, layers)
@@ -62,7 +63,7 @@ func registerMem(t *testing.T, s *Service, kind memKind, d Descriptor, lay cudak
 type injectCase struct {
 	name           string
 	src, dst       chunk.DType
-	order          cudakern.Order
+	order          pagedkv.Order
 	gptj           bool
 	headLo, headHi int
 	codec          chunk.Codec
@@ -74,14 +75,14 @@ type injectCase struct {
 // for byte, over the whole cache (so nothing else was touched).
 func TestInjectMatchesDirect(t *testing.T) {
 	cases := []injectCase{
-		{"f32-raw-nhd-inproc", chunk.F32, chunk.F32, cudakern.NHD, false, 0, 0, chunk.CodecRaw, inProc},
-		{"bf16-raw-nhd-shm-heads", chunk.BF16, chunk.BF16, cudakern.NHD, false, 1, 3, chunk.CodecRaw, shmDir},
-		{"f16-lossless-hnd-memfd", chunk.F16, chunk.F16, cudakern.HND, false, 0, 0, chunk.CodecLossless, memfd},
-		{"bf16-int8-to-f32-inproc-heads", chunk.BF16, chunk.F32, cudakern.NHD, false, 2, 4, chunk.CodecInt8, inProc},
-		{"f16-raw-to-fp8-hnd-inproc", chunk.F16, chunk.FP8E4M3, cudakern.HND, false, 0, 0, chunk.CodecRaw, inProc},
-		{"bf16-fp8codec-hnd-shm-heads", chunk.BF16, chunk.BF16, cudakern.HND, false, 0, 2, chunk.CodecFP8, shmDir},
-		{"f32-gptj-lossless-nhd-memfd", chunk.F32, chunk.F32, cudakern.NHD, true, 0, 0, chunk.CodecLossless, memfd},
-		{"bf16-int4-gptj-inproc", chunk.BF16, chunk.BF16, cudakern.NHD, true, 3, 4, chunk.CodecInt4, inProc},
+		{"f32-raw-nhd-inproc", chunk.F32, chunk.F32, pagedkv.NHD, false, 0, 0, chunk.CodecRaw, inProc},
+		{"bf16-raw-nhd-shm-heads", chunk.BF16, chunk.BF16, pagedkv.NHD, false, 1, 3, chunk.CodecRaw, shmDir},
+		{"f16-lossless-hnd-memfd", chunk.F16, chunk.F16, pagedkv.HND, false, 0, 0, chunk.CodecLossless, memfd},
+		{"bf16-int8-to-f32-inproc-heads", chunk.BF16, chunk.F32, pagedkv.NHD, false, 2, 4, chunk.CodecInt8, inProc},
+		{"f16-raw-to-fp8-hnd-inproc", chunk.F16, chunk.FP8E4M3, pagedkv.HND, false, 0, 0, chunk.CodecRaw, inProc},
+		{"bf16-fp8codec-hnd-shm-heads", chunk.BF16, chunk.BF16, pagedkv.HND, false, 0, 2, chunk.CodecFP8, shmDir},
+		{"f32-gptj-lossless-nhd-memfd", chunk.F32, chunk.F32, pagedkv.NHD, true, 0, 0, chunk.CodecLossless, memfd},
+		{"bf16-int4-gptj-inproc", chunk.BF16, chunk.BF16, pagedkv.NHD, true, 3, 4, chunk.CodecInt4, inProc},
 	}
 	for ci, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,7 +98,7 @@ func TestInjectMatchesDirect(t *testing.T) {
 			if hi == 0 {
 				hi = spec.KVHeads
 			}
-			lay := cudakern.CacheLayout{Order: tc.order, NumBlocks: 12, BlockSize: 16, KVHeads: hi - tc.headLo,
+			lay := pagedkv.CacheLayout{Order: tc.order, NumBlocks: 12, BlockSize: 16, KVHeads: hi - tc.headLo,
 				HeadDim: spec.HeadDim, DType: tc.dst}
 			if tc.dst == chunk.FP8E4M3 {
 				lay.KScale, lay.VScale = 0.5, 2
@@ -172,7 +173,7 @@ func TestMatchAndVerification(t *testing.T) {
 	fp := spec.Fingerprint()
 	other := spec
 	other.HeadDim = 32
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
 	prefix := chunk.PrefixContext(chunk.ID{Lo: 99})
 	window := chunk.WindowContext(fp, 20, []uint32{1, 2, 3})
 
@@ -235,7 +236,7 @@ func TestMatchAndVerification(t *testing.T) {
 			s := newService(t, f, spec, nil)
 			layers := layersOf(spec.Layers, lay)
 			id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
-				Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 1024}, layers)
+				Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1024}, layers)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -300,12 +301,12 @@ func TestMatchAndVerification(t *testing.T) {
 func TestInvalidRequest(t *testing.T) {
 	spec := testSpec(chunk.F16)
 	fp := spec.Fingerprint()
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.F16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.F16}
 	f := newMemFetcher()
 	s := newService(t, f, spec, func(c *Config) { c.MaxChunks = 3 })
 	layers := layersOf(spec.Layers, lay)
 	id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 100}, layers)
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 100}, layers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestInvalidRequest(t *testing.T) {
 func TestRegisterValidation(t *testing.T) {
 	spec := testSpec(chunk.BF16)
 	fp := spec.Fingerprint()
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
 	lb := lay.LayerBytes()
 	s := newService(t, newMemFetcher(), spec, func(c *Config) { c.MaxCaches = 2 })
 	ctx := context.Background()
@@ -396,7 +397,7 @@ func TestRegisterValidation(t *testing.T) {
 	diskFD := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), df.Fd())
 
 	base := func() Descriptor {
-		return Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 512,
+		return Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 512,
 			Memory: Memory{Kind: MemoryShm, Path: full}}
 	}
 	badLay := lay
@@ -409,8 +410,8 @@ func TestRegisterValidation(t *testing.T) {
 		{"unknown-model", func(d *Descriptor) { d.Fingerprint.Lo++ }, errNoModel},
 		{"spec-mismatch", func(d *Descriptor) { d.Spec = spec; d.Spec.HeadDim = 32 }, ErrInvalidCache},
 		{"layers", func(d *Descriptor) { d.Layers = 2 }, ErrInvalidCache},
-		{"bad-layout", func(d *Descriptor) { d.Layouts = []cudakern.CacheLayout{badLay} }, ErrInvalidCache},
-		{"layout-count", func(d *Descriptor) { d.Layouts = []cudakern.CacheLayout{lay, lay} }, ErrInvalidCache},
+		{"bad-layout", func(d *Descriptor) { d.Layouts = []pagedkv.CacheLayout{badLay} }, ErrInvalidCache},
+		{"layout-count", func(d *Descriptor) { d.Layouts = []pagedkv.CacheLayout{lay, lay} }, ErrInvalidCache},
 		{"head-dim", func(d *Descriptor) { d.Layouts[0].HeadDim = 8 }, ErrInvalidCache},
 		{"heads-vs-range", func(d *Descriptor) { d.HeadLo, d.HeadHi = 0, 2 }, ErrInvalidCache},
 		{"head-range", func(d *Descriptor) { d.HeadLo, d.HeadHi = 2, 6; d.Layouts[0].KVHeads = 4 }, ErrInvalidCache},
@@ -437,7 +438,7 @@ func TestRegisterValidation(t *testing.T) {
 				t.Skip("the test directory is on tmpfs")
 			}
 			d := base()
-			d.Layouts = append([]cudakern.CacheLayout(nil), d.Layouts...)
+			d.Layouts = append([]pagedkv.CacheLayout(nil), d.Layouts...)
 			tc.mod(&d)
 			if _, err := s.Register(ctx, d); !errors.Is(err, tc.want) {
 				t.Fatalf("err %v, want %v", err, tc.want)
@@ -449,22 +450,22 @@ func TestRegisterValidation(t *testing.T) {
 	}
 
 	// In-process validation.
-	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay}},
+	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}},
 		layersOf(2, lay)); !errors.Is(err, ErrInvalidCache) {
 		t.Errorf("2 slices for 3 layers: %v", err)
 	}
 	short3 := layersOf(3, lay)
 	short3[1] = short3[1][:lb-1]
-	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay}},
+	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}},
 		short3); !errors.Is(err, ErrInvalidCache) {
 		t.Errorf("short layer: %v", err)
 	}
 	big := make([]byte, 2*lb)
-	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay}},
+	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}},
 		[][]byte{big[:lb], big[lb/2 : lb/2+lb], big[lb:]}); !errors.Is(err, ErrInvalidCache) {
 		t.Errorf("overlapping layers: %v", err)
 	}
-	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay},
+	if _, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay},
 		Memory: Memory{Kind: MemoryShm}}, layersOf(3, lay)); !errors.Is(err, ErrInvalidCache) {
 		t.Errorf("shm kind in process: %v", err)
 	}
@@ -472,14 +473,14 @@ func TestRegisterValidation(t *testing.T) {
 	// Explicit per-layer layouts and offsets work; the bound holds; an
 	// unregistered ID is unknown.
 	d := base()
-	d.Layouts = []cudakern.CacheLayout{lay, lay, lay}
+	d.Layouts = []pagedkv.CacheLayout{lay, lay, lay}
 	d.Memory.Offsets = []int64{int64(2 * lb), 0, int64(lb)}
 	d.Spec = spec
 	id1, err := s.Register(ctx, d)
 	if err != nil {
 		t.Fatal(err)
 	}
-	id2, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []cudakern.CacheLayout{lay}}, layersOf(3, lay))
+	id2, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}}, layersOf(3, lay))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -514,20 +515,20 @@ func TestRegisterValidation(t *testing.T) {
 func TestRopeTableShared(t *testing.T) {
 	spec := testSpec(chunk.BF16)
 	fp := spec.Fingerprint()
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 1, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.BF16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 1, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.BF16}
 	s := newService(t, newMemFetcher(), spec, nil)
 	ctx := context.Background()
 	var ids []CacheID
 	for _, heads := range [][2]int{{0, 2}, {2, 4}, {0, 2}} {
 		id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers, HeadLo: heads[0], HeadHi: heads[1],
-			Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 1000}, layersOf(spec.Layers, lay))
+			Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1000}, layersOf(spec.Layers, lay))
 		if err != nil {
 			t.Fatal(err)
 		}
 		ids = append(ids, id)
 	}
 	other, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers, HeadLo: 0, HeadHi: 2,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 2000}, layersOf(spec.Layers, lay))
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 2000}, layersOf(spec.Layers, lay))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // pipeFixture is a service with an in-process cache of a deeper model and
@@ -36,13 +37,13 @@ func newPipeFixture(t *testing.T, layers, n int, codec chunk.Codec, mod func(*Co
 	spec := testSpec(chunk.BF16)
 	spec.Layers = layers
 	fp := spec.Fingerprint()
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: (n*24+15)/16 + 1, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: (n*24+15)/16 + 1, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
 	px := &pipeFixture{f: newMemFetcher()}
 	px.s = newService(t, px.f, spec, mod)
 	px.mem = layersOf(layers, lay)
 	var err error
 	px.id, err = px.s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 8192}, px.mem)
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 8192}, px.mem)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -244,7 +245,7 @@ func TestConcurrentRequests(t *testing.T) {
 		m := cloneLayers(px.before)
 		lay := px.s.caches[px.id].layouts[0]
 		id, err := px.s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: px.s.caches[px.id].desc.Fingerprint,
-			Layers: 3, Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 8192}, m)
+			Layers: 3, Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 8192}, m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,15 +279,15 @@ func TestFaultIsAnError(t *testing.T) {
 	fp := spec.Fingerprint()
 	f := newMemFetcher()
 	s := newService(t, f, spec, nil)
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 64, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.F32}
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 64, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.F32}
 	path := fmt.Sprintf("/dev/shm/kvmesh-inject-fault-%d", os.Getpid())
-	sc, err := CreateShm(path, spec.Layers, []cudakern.CacheLayout{lay})
+	sc, err := CreateShm(path, spec.Layers, []pagedkv.CacheLayout{lay})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sc.Close()
 	id, err := s.Register(context.Background(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 4096, Memory: sc.Memory})
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 4096, Memory: sc.Memory})
 	if err != nil {
 		t.Fatal(err)
 	}

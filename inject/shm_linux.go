@@ -8,14 +8,14 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // mapShm maps [0, end) of the file at path MAP_SHARED and returns the
 // layers at offs. follow allows the path's last component to be a link
 // (the /proc/<pid>/fd/<n> magic links); otherwise it must not be one, so a
 // link planted in /dev/shm cannot point the node at another file.
-func mapShm(path string, follow bool, offs []int64, layouts []cudakern.CacheLayout, end int64) ([][]byte, func(), error) {
+func mapShm(path string, follow bool, offs []int64, layouts []pagedkv.CacheLayout, end int64) ([][]byte, func(), error) {
 	flags := unix.O_RDWR | unix.O_CLOEXEC
 	if !follow {
 		flags |= unix.O_NOFOLLOW
@@ -85,7 +85,7 @@ const shmPage = 4096
 // and names it /proc/<pid>/fd/<n>, which the node can open while this
 // process keeps it; otherwise path (for example /dev/shm/kvmesh-cache-0) is
 // created new, mode 0600, and removed by Close.
-func CreateShm(path string, layers int, layouts []cudakern.CacheLayout) (*ShmCache, error) {
+func CreateShm(path string, layers int, layouts []pagedkv.CacheLayout) (*ShmCache, error) {
 	lays, err := layerLayouts(layouts, layers)
 	if err != nil {
 		return nil, err

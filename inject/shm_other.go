@@ -6,9 +6,10 @@ import (
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
-func mapShm(path string, _ bool, _ []int64, _ []cudakern.CacheLayout, _ int64) ([][]byte, func(), error) {
+func mapShm(path string, _ bool, _ []int64, _ []pagedkv.CacheLayout, _ int64) ([][]byte, func(), error) {
 	return nil, nil, fmt.Errorf("%w: shared-memory caches need linux (%s)", ErrUnsupported, path)
 }
 
@@ -19,7 +20,7 @@ type ShmCache struct {
 }
 
 // CreateShm is not available on this platform.
-func CreateShm(path string, layers int, layouts []cudakern.CacheLayout) (*ShmCache, error) {
+func CreateShm(path string, layers int, layouts []pagedkv.CacheLayout) (*ShmCache, error) {
 	return nil, fmt.Errorf("%w: shared-memory caches need linux", ErrUnsupported)
 }
 

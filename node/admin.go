@@ -19,7 +19,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/meta"
 )
@@ -221,7 +220,7 @@ func (s *peerService) GossipKey(_ context.Context, req *api.GossipKeyRequest) (*
 // Delete removes an entry here only (replication's deletes and
 // tombstones).
 func (s *peerService) Delete(ctx context.Context, req *api.DeleteRequest) (*api.DeleteResponse, error) {
-	key, err := client.KeyFromProto(req.GetKey())
+	key, err := api.KeyFromProto(req.GetKey())
 	if err != nil {
 		return nil, invalid(err)
 	}

@@ -277,7 +277,7 @@ func TestCluster3(t *testing.T) {
 			return err
 		}
 		hdr := func(k chunk.Key, n int) *api.Frame {
-			return &api.Frame{Header: &api.PutHeader{Key: client.ProtoKey(k), BlobBytes: uint64(n)}}
+			return &api.Frame{Header: &api.PutHeader{Key: api.ProtoKey(k), BlobBytes: uint64(n)}}
 		}
 		data := func(b []byte) *api.Frame { return &api.Frame{Data: mem.BufferSlice{mem.SliceBuffer(b)}} }
 		good := all[5]
@@ -355,7 +355,7 @@ func TestCluster3(t *testing.T) {
 				t.Fatalf("page %d has %d items", page, len(resp.Items))
 			}
 			for _, it := range resp.Items {
-				k, err := client.KeyFromProto(it.Key)
+				k, err := api.KeyFromProto(it.Key)
 				if err != nil {
 					t.Fatal(err)
 				}

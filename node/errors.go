@@ -16,7 +16,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/inject"
@@ -100,7 +99,7 @@ func toStatus(err error) error {
 	case errors.Is(err, chunk.ErrTooLarge), errors.Is(err, kvtier.ErrNoSpace):
 		code = codes.ResourceExhausted
 	case errors.Is(err, chunk.ErrCorrupt), errors.Is(err, chunk.ErrInvalidEntry), errors.Is(err, chunk.ErrInvalidSpec),
-		errors.Is(err, chunk.ErrUnsupported), errors.Is(err, client.ErrBadMessage), errors.Is(err, api.ErrFrame),
+		errors.Is(err, chunk.ErrUnsupported), errors.Is(err, api.ErrBadMessage), errors.Is(err, api.ErrFrame),
 		errors.Is(err, api.ErrLongBody), errors.Is(err, api.ErrShortBody), errors.Is(err, meta.ErrInvalidCommand):
 		code = codes.InvalidArgument
 	case errors.Is(err, replication.ErrNoRoom):

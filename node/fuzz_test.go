@@ -23,10 +23,9 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // The handler fuzz targets feed arbitrary bytes, unmarshalled into each
@@ -122,7 +121,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		if err != nil {
 			f.Fatal(err)
 		}
-		if err := e.put(ctx, api.NewClientClient(e.cc).Put, &api.PutHeader{Key: client.ProtoKey(ent.Key), BlobBytes: uint64(len(blob))}, blob); err != nil {
+		if err := e.put(ctx, api.NewClientClient(e.cc).Put, &api.PutHeader{Key: api.ProtoKey(ent.Key), BlobBytes: uint64(len(blob))}, blob); err != nil {
 			f.Fatal(err)
 		}
 		e.keys, e.blobs = append(e.keys, ent.Key), append(e.blobs, blob)
@@ -156,8 +155,8 @@ func (e *fuzzEnv) unrestrictedAdmin(f *testing.F) (api.AdminClient, string) {
 // withCache registers a shared-memory cache for the model (Linux only).
 func (e *fuzzEnv) withCache(f *testing.F) {
 	f.Helper()
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: e.spec.KVHeads, HeadDim: e.spec.HeadDim, DType: chunk.F16}
-	shm, err := inject.CreateShm("", e.spec.Layers, []cudakern.CacheLayout{lay})
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: e.spec.KVHeads, HeadDim: e.spec.HeadDim, DType: chunk.F16}
+	shm, err := inject.CreateShm("", e.spec.Layers, []pagedkv.CacheLayout{lay})
 	if err != nil {
 		f.Skipf("shared memory: %v", err)
 	}
@@ -173,9 +172,9 @@ func (e *fuzzEnv) withCache(f *testing.F) {
 }
 
 func (e *fuzzEnv) registerRequest() *api.RegisterCacheRequest {
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: e.spec.KVHeads, HeadDim: e.spec.HeadDim, DType: chunk.F16}
-	return &api.RegisterCacheRequest{Fingerprint: client.ProtoFingerprint(e.spec.Fingerprint()), Layers: int32(e.spec.Layers),
-		Layouts: []*api.CacheLayout{client.ProtoLayout(lay)}, MaxPositions: 256,
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: e.spec.KVHeads, HeadDim: e.spec.HeadDim, DType: chunk.F16}
+	return &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(e.spec.Fingerprint()), Layers: int32(e.spec.Layers),
+		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MaxPositions: 256,
 		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: e.shm.Memory.Path, Offsets: e.shm.Memory.Offsets}
 }
 
@@ -292,18 +291,18 @@ func addSeeds(f *testing.F, methods int, msgs []proto.Message, bodies [][]byte) 
 // node out of the cluster; its request is one bool).
 func FuzzClientService(f *testing.F) {
 	e := newFuzzEnv(f)
-	pk := client.ProtoKey(e.keys[0])
-	fp := client.ProtoFingerprint(e.spec.Fingerprint())
+	pk := api.ProtoKey(e.keys[0])
+	fp := api.ProtoFingerprint(e.spec.Fingerprint())
 	// Message i is sent with body i%3 (addSeeds): each Put header names
 	// the key of its body, so the seeds get past the entry checks to the
 	// store.
 	addSeeds(f, 8, []proto.Message{
-		&api.RegisterModelRequest{Spec: client.ProtoSpec(e.spec)},
-		&api.PutHeader{Key: client.ProtoKey(e.keys[1]), BlobBytes: uint64(len(e.blobs[1]))},
-		&api.PutHeader{Key: client.ProtoKey(e.keys[2]), BlobBytes: uint64(len(e.blobs[2])), Direct: true, Kind: 2, At: 1},
+		&api.RegisterModelRequest{Spec: api.ProtoSpec(e.spec)},
+		&api.PutHeader{Key: api.ProtoKey(e.keys[1]), BlobBytes: uint64(len(e.blobs[1]))},
+		&api.PutHeader{Key: api.ProtoKey(e.keys[2]), BlobBytes: uint64(len(e.blobs[2])), Direct: true, Kind: 2, At: 1},
 		&api.GetRequest{Key: pk, Format: api.Format_FORMAT_RAW, LayerHi: 1, HeadLo: 1},
 		&api.LookupRequest{Fingerprint: fp, Items: []*api.LookupItem{{Content: pk.Content, Want: pk.Context}}},
-		&api.DeleteRequest{Key: client.ProtoKey(e.keys[2]), At: 5},
+		&api.DeleteRequest{Key: api.ProtoKey(e.keys[2]), At: 5},
 	}, e.blobs)
 	cl := api.NewClientClient(e.cc)
 	f.Fuzz(func(t *testing.T, sel uint8, msg, body []byte) {
@@ -360,10 +359,10 @@ func FuzzClientService(f *testing.F) {
 func FuzzPeerService(f *testing.F) {
 	e := newFuzzEnv(f)
 	e.timeout = 300 * time.Millisecond
-	pk := client.ProtoKey(e.keys[1])
+	pk := api.ProtoKey(e.keys[1])
 	addSeeds(f, 6, []proto.Message{
 		// Sent with body 0 (addSeeds): its own key.
-		&api.PutHeader{Key: client.ProtoKey(e.keys[0]), BlobBytes: uint64(len(e.blobs[0])), Direct: true, Kind: 3},
+		&api.PutHeader{Key: api.ProtoKey(e.keys[0]), BlobBytes: uint64(len(e.blobs[0])), Direct: true, Kind: 3},
 		&api.GetRequest{Key: pk, Direct: true},
 		&api.DigestRequest{Limit: 2},
 		&api.DigestRequest{From: "fz", Epoch: e.n.meta.Ring().Epoch(), Replicas: 1, Keys: []*api.Key{pk}},
@@ -424,7 +423,7 @@ func FuzzPeerService(f *testing.F) {
 func FuzzInjectorService(f *testing.F) {
 	e := newFuzzEnv(f)
 	e.withCache(f)
-	pk := client.ProtoKey(e.keys[0])
+	pk := api.ProtoKey(e.keys[0])
 	addSeeds(f, 3, []proto.Message{
 		e.registerRequest(),
 		&api.UnregisterCacheRequest{CacheId: e.cache + 1},

@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/kvtier"
 )
@@ -188,7 +187,7 @@ func (r replicaRemote) BestBatch(ctx context.Context, keys []chunk.Key) []inject
 			for j, i := range c.idx {
 				items[j] = lookupItem{content: keys[i].Content, want: keys[i].Context}
 			}
-			c.res, c.err = r.n.remoteLookup(ctx, c.addr, client.ProtoFingerprint(c.fp), items)
+			c.res, c.err = r.n.remoteLookup(ctx, c.addr, api.ProtoFingerprint(c.fp), items)
 		}()
 	}
 	wg.Wait()
@@ -273,11 +272,11 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 	if req.GetFingerprint() == nil {
 		return nil, status.Error(codes.InvalidArgument, "register cache without a model fingerprint")
 	}
-	if err := checkFingerprint(ctx, client.FingerprintFromProto(req.Fingerprint)); err != nil {
+	if err := checkFingerprint(ctx, api.FingerprintFromProto(req.Fingerprint)); err != nil {
 		return nil, err
 	}
 	d := inject.Descriptor{
-		Fingerprint:  client.FingerprintFromProto(req.Fingerprint),
+		Fingerprint:  api.FingerprintFromProto(req.Fingerprint),
 		Layers:       int(req.Layers),
 		HeadLo:       int(req.HeadLo),
 		HeadHi:       int(req.HeadHi),
@@ -286,7 +285,7 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 			IPCHandles: req.IpcHandles},
 	}
 	for i, l := range req.Layouts {
-		lay, err := client.LayoutFromProto(l)
+		lay, err := api.LayoutFromProto(l)
 		if err != nil {
 			return nil, invalid(fmt.Errorf("layout %d: %w", i, err))
 		}
@@ -334,7 +333,7 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 		if c.GetContent() == nil {
 			return status.Errorf(codes.InvalidArgument, "chunk %d has no content ID", i)
 		}
-		want, err := client.ContextFromProto(c.GetWant())
+		want, err := api.ContextFromProto(c.GetWant())
 		if err != nil {
 			return invalid(fmt.Errorf("chunk %d: %w", i, err))
 		}
@@ -342,7 +341,7 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 		for j, s := range c.Slots {
 			slots[j] = int(s)
 		}
-		r.Chunks[i] = inject.Chunk{Content: client.IDFromProto(c.Content), Tokens: c.Tokens, Context: want,
+		r.Chunks[i] = inject.Chunk{Content: api.IDFromProto(c.Content), Tokens: c.Tokens, Context: want,
 			Pos: int(c.Pos), Slots: slots}
 	}
 	var sendErr error
@@ -377,7 +376,7 @@ func lookupResults(r *inject.Request, results []inject.Result) []*api.LookupResu
 		if res.Match != chunk.MatchMiss {
 			// The cache's model is the fingerprint; the key names the
 			// content and the context of the entry written.
-			lr.Key = &api.Key{Content: client.ProtoID(r.Chunks[i].Content), Context: client.ProtoContext(res.Context)}
+			lr.Key = &api.Key{Content: api.ProtoID(r.Chunks[i].Content), Context: api.ProtoContext(res.Context)}
 		}
 		out[i] = lr
 	}

@@ -16,10 +16,9 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
-	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // TestInjectRPC drives the Injector service of a one-node cluster through
@@ -45,13 +44,13 @@ func TestInjectRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, DType: chunk.F32}
-	shm, err := inject.CreateShm("", spec.Layers, []cudakern.CacheLayout{lay})
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, DType: chunk.F32}
+	shm, err := inject.CreateShm("", spec.Layers, []pagedkv.CacheLayout{lay})
 	if err != nil {
 		t.Skipf("shared memory: %v", err)
 	}
 	defer shm.Close()
-	reg := client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers, Layouts: []cudakern.CacheLayout{lay},
+	reg := client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers, Layouts: []pagedkv.CacheLayout{lay},
 		MaxPositions: 1024, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
 	inj, err := c.RegisterCache(ctx, nd.GRPCAddr(), reg)
 	if err != nil {
@@ -59,7 +58,7 @@ func TestInjectRPC(t *testing.T) {
 	}
 	slots := []int{17, 18, -1, 40, 41}
 	missing := testutil.Tokens(rng, 3)
-	res, stats, err := inj.InjectLayered(ctx, []engine.InjectChunk{
+	res, stats, err := inj.InjectLayered(ctx, []pagedkv.InjectChunk{
 		{Key: key, Tokens: tokens, Pos: 100, Slots: slots},
 		{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, missing), Context: chunk.StandaloneContext()}, Tokens: missing, Pos: 105, Slots: []int{50, 51, 52}},
 	}, nil)
@@ -100,8 +99,8 @@ func TestInjectRPC(t *testing.T) {
 	authed := auth.WithPrincipal(ctx, &auth.Principal{Addr: "test"})
 	here := peer.NewContext(authed, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}})
 	remote := peer.NewContext(authed, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}})
-	preg := &api.RegisterCacheRequest{Fingerprint: client.ProtoFingerprint(fp), Layers: int32(spec.Layers),
-		Layouts: []*api.CacheLayout{client.ProtoLayout(lay)}, MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
+	preg := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(fp), Layers: int32(spec.Layers),
+		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
 	bad := proto.Clone(preg).(*api.RegisterCacheRequest)
 	bad.Layouts = []*api.CacheLayout{{Order: 1, NumBlocks: 4, BlockSize: 16, KvHeads: 3, HeadDim: 16, Dtype: 1}}
 	for _, tc := range []struct {
@@ -129,7 +128,7 @@ func TestInjectRPC(t *testing.T) {
 	if err := inj.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := inj.InjectChunks(ctx, []engine.InjectChunk{{Key: key, Tokens: tokens, Pos: 0, Slots: slots}}); status.Code(err) != codes.NotFound {
+	if _, err := inj.InjectChunks(ctx, []pagedkv.InjectChunk{{Key: key, Tokens: tokens, Pos: 0, Slots: slots}}); status.Code(err) != codes.NotFound {
 		t.Fatalf("inject after unregister: %v", err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 )
 
 // TestBetterAnswer: the merge of replicas' lookup answers keeps the best
@@ -18,7 +17,7 @@ func TestBetterAnswer(t *testing.T) {
 	answer := func(m chunk.Match, cx chunk.Context) *api.LookupResult {
 		a := &api.LookupResult{Status: api.ProtoMatch(m)}
 		if m != chunk.MatchMiss {
-			a.Key = client.ProtoKey(chunk.Key{Fingerprint: fp, Content: content, Context: cx})
+			a.Key = api.ProtoKey(chunk.Key{Fingerprint: fp, Content: content, Context: cx})
 		}
 		return a
 	}

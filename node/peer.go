@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/meta"
 )
 
@@ -177,7 +176,7 @@ func (n *Node) fetchEntry(ctx context.Context, addr string, key chunk.Key) ([]by
 	}
 	ctx, cancel := n.withTimeout(ctx)
 	defer cancel()
-	st, err := pc.Fetch(ctx, &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
+	st, err := pc.Fetch(ctx, &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
 	if err != nil {
 		return nil, err
 	}

@@ -17,7 +17,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/replication"
@@ -64,7 +63,7 @@ func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec
 }
 
 func (s *clientService) RegisterModel(ctx context.Context, req *api.RegisterModelRequest) (*api.RegisterModelResponse, error) {
-	spec, err := client.SpecFromProto(req.GetSpec())
+	spec, err := api.SpecFromProto(req.GetSpec())
 	if err != nil {
 		return nil, invalid(err)
 	}
@@ -75,13 +74,13 @@ func (s *clientService) RegisterModel(ctx context.Context, req *api.RegisterMode
 	if err != nil {
 		return nil, err
 	}
-	return &api.RegisterModelResponse{Fingerprint: client.ProtoFingerprint(fp)}, nil
+	return &api.RegisterModelResponse{Fingerprint: api.ProtoFingerprint(fp)}, nil
 }
 
 func (s *clientService) Models(ctx context.Context, _ *api.ModelsRequest) (*api.ModelsResponse, error) {
 	resp := &api.ModelsResponse{}
 	for _, spec := range s.n.meta.Models() {
-		resp.Models = append(resp.Models, &api.ModelInfo{Fingerprint: client.ProtoFingerprint(spec.Fingerprint()), Spec: client.ProtoSpec(spec)})
+		resp.Models = append(resp.Models, &api.ModelInfo{Fingerprint: api.ProtoFingerprint(spec.Fingerprint()), Spec: api.ProtoSpec(spec)})
 	}
 	return resp, nil
 }
@@ -102,7 +101,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if err := api.RecvHeader(st, &hdr); err != nil {
 		return err
 	}
-	key, err := client.KeyFromProto(hdr.Key)
+	key, err := api.KeyFromProto(hdr.Key)
 	if err != nil {
 		return invalid(err)
 	}
@@ -184,7 +183,7 @@ func (s *peerService) Fetch(req *api.GetRequest, st grpc.ServerStreamingServer[a
 // direct) from another replica.
 func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame], direct bool) error {
 	ctx := st.Context()
-	key, err := client.KeyFromProto(req.GetKey())
+	key, err := api.KeyFromProto(req.GetKey())
 	if err != nil {
 		return invalid(err)
 	}
@@ -222,8 +221,8 @@ func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.G
 	if err != nil {
 		return status.Errorf(codes.DataLoss, "stored entry %v: %v", key, err)
 	}
-	gh := &api.GetHeader{Key: client.ProtoKey(hd.Key), Format: req.Format, Codec: uint32(hd.Codec),
-		Shape: client.ProtoShape(hd.Shape), Tokens: hd.Tokens, Checksum: hd.Checksum}
+	gh := &api.GetHeader{Key: api.ProtoKey(hd.Key), Format: req.Format, Codec: uint32(hd.Codec),
+		Shape: api.ProtoShape(hd.Shape), Tokens: hd.Tokens, Checksum: hd.Checksum}
 	var body mem.Buffer
 	if req.Format == api.Format_FORMAT_ENTRY {
 		gh.TotalBytes = uint64(len(data))
@@ -272,7 +271,7 @@ func (n *Node) lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupR
 	if err := n.checkChunks("lookup", len(req.Items)); err != nil {
 		return nil, err
 	}
-	fp := client.FingerprintFromProto(req.Fingerprint)
+	fp := api.FingerprintFromProto(req.Fingerprint)
 	if err := checkFingerprint(ctx, fp); err != nil {
 		return nil, err
 	}
@@ -284,11 +283,11 @@ func (n *Node) lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupR
 		if it.GetContent() == nil {
 			return nil, status.Errorf(codes.InvalidArgument, "lookup item %d has no content ID", i)
 		}
-		want, err := client.ContextFromProto(it.GetWant())
+		want, err := api.ContextFromProto(it.GetWant())
 		if err != nil {
 			return nil, invalid(fmt.Errorf("lookup item %d: %w", i, err))
 		}
-		items[i] = lookupItem{content: client.IDFromProto(it.Content), want: want}
+		items[i] = lookupItem{content: api.IDFromProto(it.Content), want: want}
 	}
 	if req.Direct {
 		return &api.LookupResponse{Results: n.lookupLocal(fp, items)}, nil
@@ -302,7 +301,7 @@ func (n *Node) lookupLocal(fp chunk.Fingerprint, items []lookupItem) []*api.Look
 		key, match, err := n.store.Best(fp, it.content, it.want)
 		res := &api.LookupResult{}
 		if err == nil && match != chunk.MatchMiss {
-			res.Key = client.ProtoKey(key)
+			res.Key = api.ProtoKey(key)
 			res.Status = api.ProtoMatch(match)
 		}
 		out[i] = res
@@ -388,7 +387,7 @@ func (n *Node) lookupCluster(ctx context.Context, pfp *api.ID, fp chunk.Fingerpr
 		var rest []*api.Member
 		for _, m := range reps[i] {
 			a := per[i][m.ID]
-			pm := client.ProtoMember(m)
+			pm := api.ProtoMember(m)
 			if a != nil && best != nil && a.Status != api.LookupStatus_LOOKUP_STATUS_MISS && keyEqual(a.Key, best.Key) {
 				res.Holders = append(res.Holders, pm)
 			} else {
@@ -408,7 +407,7 @@ func hitOf(a *api.LookupResult) (chunk.Key, bool) {
 	if a == nil || api.MatchFromProto(a.Status) == chunk.MatchMiss {
 		return chunk.Key{}, false
 	}
-	k, err := client.KeyFromProto(a.Key)
+	k, err := api.KeyFromProto(a.Key)
 	return k, err == nil
 }
 
@@ -426,8 +425,8 @@ func betterAnswer(want chunk.Context, a, b *api.LookupResult) bool {
 }
 
 func keyEqual(a, b *api.Key) bool {
-	ka, err1 := client.KeyFromProto(a)
-	kb, err2 := client.KeyFromProto(b)
+	ka, err1 := api.KeyFromProto(a)
+	kb, err2 := api.KeyFromProto(b)
 	return err1 == nil && err2 == nil && ka == kb
 }
 
@@ -438,7 +437,7 @@ func (n *Node) remoteLookup(ctx context.Context, addr string, fp *api.ID, items 
 	}
 	req := &api.LookupRequest{Fingerprint: fp, Direct: true, Items: make([]*api.LookupItem, len(items))}
 	for i, it := range items {
-		req.Items[i] = &api.LookupItem{Content: client.ProtoID(it.content), Want: client.ProtoContext(it.want)}
+		req.Items[i] = &api.LookupItem{Content: api.ProtoID(it.content), Want: api.ProtoContext(it.want)}
 	}
 	ctx, cancel := n.withTimeout(ctx)
 	defer cancel()
@@ -454,7 +453,7 @@ func (n *Node) remoteLookup(ctx context.Context, addr string, fp *api.ID, items 
 
 func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*api.DeleteResponse, error) {
 	n := s.n
-	key, err := client.KeyFromProto(req.GetKey())
+	key, err := api.KeyFromProto(req.GetKey())
 	if err != nil {
 		return nil, invalid(err)
 	}
@@ -511,7 +510,7 @@ func (s *clientService) ClusterInfo(ctx context.Context, _ *api.ClusterInfoReque
 		}
 	}
 	for _, m := range r.Members() {
-		pm := client.ProtoMember(m)
+		pm := api.ProtoMember(m)
 		pm.HttpAddr = http[m.ID]
 		resp.Members = append(resp.Members, pm)
 	}
@@ -524,7 +523,7 @@ func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.
 	}
 	var after *chunk.Key
 	if req.After != nil {
-		k, err := client.KeyFromProto(req.After)
+		k, err := api.KeyFromProto(req.After)
 		if err != nil {
 			return nil, invalid(err)
 		}
@@ -551,7 +550,7 @@ func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.
 	}
 	for _, k := range keys {
 		v := sums[k]
-		items = append(items, &api.DigestItem{Key: client.ProtoKey(k), Checksum: v[0], BlobBytes: v[1]})
+		items = append(items, &api.DigestItem{Key: api.ProtoKey(k), Checksum: v[0], BlobBytes: v[1]})
 	}
 	return &api.DigestResponse{Items: items, More: more}, nil
 }

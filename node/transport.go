@@ -6,7 +6,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
@@ -35,7 +34,7 @@ func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts
 	if err != nil {
 		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
 	}
-	return replFromStatus(t.n.sendEntry(ctx, addr, &api.PutHeader{Key: client.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
+	return replFromStatus(t.n.sendEntry(ctx, addr, &api.PutHeader{Key: api.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
 		Direct: true, Kind: uint32(opts.Kind), At: opts.At}, blob))
 }
 
@@ -59,7 +58,7 @@ func (t transport) Digest(ctx context.Context, node string, req replication.Dige
 	}
 	preq := &api.DigestRequest{From: req.From, Epoch: req.Epoch, Replicas: uint32(req.Replicas), Split: req.Split, Ranges: req.Ranges}
 	for _, k := range req.Keys {
-		preq.Keys = append(preq.Keys, client.ProtoKey(k))
+		preq.Keys = append(preq.Keys, api.ProtoKey(k))
 	}
 	ctx, cancel := t.n.withTimeout(ctx)
 	defer cancel()
@@ -69,7 +68,7 @@ func (t transport) Digest(ctx context.Context, node string, req replication.Dige
 	}
 	out := replication.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
 	for _, it := range resp.Items {
-		k, err := client.KeyFromProto(it.Key)
+		k, err := api.KeyFromProto(it.Key)
 		if err != nil {
 			return replication.DigestResponse{}, fmt.Errorf("node: digest from %s: %w", node, err)
 		}
@@ -89,7 +88,7 @@ func (t transport) Delete(ctx context.Context, node string, key chunk.Key, at in
 	}
 	ctx, cancel := t.n.withTimeout(ctx)
 	defer cancel()
-	_, err = pc.Delete(ctx, &api.DeleteRequest{Key: client.ProtoKey(key), Direct: true, At: at})
+	_, err = pc.Delete(ctx, &api.DeleteRequest{Key: api.ProtoKey(key), Direct: true, At: at})
 	return replFromStatus(err)
 }
 
@@ -97,7 +96,7 @@ func (t transport) Delete(ctx context.Context, node string, key chunk.Key, at in
 func (n *Node) serveDigest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
 	rreq := replication.DigestRequest{From: req.From, Epoch: req.Epoch, Replicas: int(req.Replicas), Split: req.Split, Ranges: req.Ranges}
 	for _, pk := range req.Keys {
-		k, err := client.KeyFromProto(pk)
+		k, err := api.KeyFromProto(pk)
 		if err != nil {
 			return nil, invalid(err)
 		}
@@ -109,7 +108,7 @@ func (n *Node) serveDigest(ctx context.Context, req *api.DigestRequest) (*api.Di
 	}
 	out := &api.DigestResponse{Epoch: resp.Epoch, Table: resp.Table}
 	for _, it := range resp.Items {
-		out.Items = append(out.Items, &api.DigestItem{Key: client.ProtoKey(it.Key), Checksum: it.Checksum, BlobBytes: uint64(it.Size),
+		out.Items = append(out.Items, &api.DigestItem{Key: api.ProtoKey(it.Key), Checksum: it.Checksum, BlobBytes: uint64(it.Size),
 			Deleted: it.Deleted, At: it.At})
 	}
 	return out, nil

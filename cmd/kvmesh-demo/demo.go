@@ -24,13 +24,13 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/loopback"
 	"github.com/kvmesh/kvmesh/internal/units"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -172,9 +172,9 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	}()
 	maxPrompt := slices.Max(cfg.Ks)*cfg.FactTokens + cfg.QueryTokens
 	e, err := engine.New(weights, engine.Config{CacheTokens: 2*maxPrompt + 256, KVDType: chunk.BF16, TokenizerID: "kvmesh-demo",
-		Logger: log, CacheMemory: func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+		Logger: log, CacheMemory: func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			var err error
-			if shm, err = inject.CreateShm("", layers, []cudakern.CacheLayout{lay}); err != nil {
+			if shm, err = inject.CreateShm("", layers, []pagedkv.CacheLayout{lay}); err != nil {
 				return nil, err
 			}
 			return shm.Layers, nil
@@ -190,7 +190,7 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	lay, _ := e.CacheMemory()
 	local := nodes[0]
 	inj, err := c.RegisterCache(ctx, local.GRPCAddr(), client.CacheRegistration{Fingerprint: e.Fingerprint(), Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		return err
 	}

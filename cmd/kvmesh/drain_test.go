@@ -100,7 +100,7 @@ func TestDrainCommand(t *testing.T) {
 	defer cc.Close()
 	for _, k := range keys {
 		for {
-			st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(k), Format: api.Format_FORMAT_ENTRY, Direct: true})
+			st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: api.ProtoKey(k), Format: api.Format_FORMAT_ENTRY, Direct: true})
 			if err == nil {
 				_, err = st.Recv()
 			}

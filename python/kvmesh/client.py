@@ -112,7 +112,7 @@ class Settings:
 
 
 # Conversions between the wire messages and the package's types (as Go's
-# client/convert.go).
+# api/convert.go).
 
 def _pid(i: ID) -> kvmesh_pb2.ID:
     return kvmesh_pb2.ID(lo=i.lo, hi=i.hi)

@@ -33,7 +33,7 @@ ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
 
 @dataclasses.dataclass(frozen=True)
 class CacheLayout:
-    """One layer of the cache (cudakern.CacheLayout)."""
+    """One layer of the cache (pagedkv.CacheLayout)."""
 
     num_blocks: int
     block_size: int

@@ -11,7 +11,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
-	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // The checker must be right before the chaos run means anything: these
@@ -309,9 +309,9 @@ func TestCheckInjection(t *testing.T) {
 				if tc.skip == "before" {
 					in.chunks[0].slots[0] = -1
 				}
-				res := make([]engine.InjectResult, len(tc.answers))
+				res := make([]pagedkv.InjectResult, len(tc.answers))
 				for j, a := range tc.answers {
-					res[j] = engine.InjectResult{Match: a.m, Context: a.cx}
+					res[j] = pagedkv.InjectResult{Match: a.m, Context: a.cx}
 					if k := tc.writes[j]; k != (chunk.Key{}) {
 						off := 0
 						if tc.posOff != nil {

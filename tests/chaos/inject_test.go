@@ -16,8 +16,8 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/cudakern"
-	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -64,17 +64,17 @@ const (
 
 // injLayout is node i's cache layout: each node has another order, dtype
 // or head range, so conversions and a tensor-parallel slice are covered.
-func injLayout(i int) (lay cudakern.CacheLayout, headLo, headHi int) {
+func injLayout(i int) (lay pagedkv.CacheLayout, headLo, headHi int) {
 	spec := baseSpec()
-	lay = cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: injBlocks, BlockSize: injBlockSize, KVHeads: spec.KVHeads,
+	lay = pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: injBlocks, BlockSize: injBlockSize, KVHeads: spec.KVHeads,
 		HeadDim: spec.HeadDim, DType: spec.DType}
 	switch i % 5 {
 	case 1:
-		lay.Order, lay.DType = cudakern.HND, chunk.F32
+		lay.Order, lay.DType = pagedkv.HND, chunk.F32
 	case 2:
 		lay.DType = chunk.F16
 	case 3:
-		lay.Order, lay.KVHeads, headLo, headHi = cudakern.HND, 1, 1, 2
+		lay.Order, lay.KVHeads, headLo, headHi = pagedkv.HND, 1, 1, 2
 	case 4:
 		lay.DType, lay.KScale, lay.VScale = chunk.FP8E4M3, 4, 0.5
 	}
@@ -94,7 +94,7 @@ type injectRig struct {
 // and guards inj, inc and next.
 type engineCache struct {
 	p      *harness.Proc
-	lay    cudakern.CacheLayout
+	lay    pagedkv.CacheLayout
 	headLo int
 	headHi int
 	shm    *inject.ShmCache
@@ -114,7 +114,7 @@ func newInjectRig(procs []*harness.Proc) (*injectRig, error) {
 	rig := &injectRig{x: x}
 	for i, p := range procs {
 		lay, lo, hi := injLayout(i)
-		shm, err := inject.CreateShm("", baseSpec().Layers, []cudakern.CacheLayout{lay})
+		shm, err := inject.CreateShm("", baseSpec().Layers, []pagedkv.CacheLayout{lay})
 		if err != nil {
 			rig.close()
 			return nil, fmt.Errorf("cache for %s: %w", p.ID(), err)
@@ -158,7 +158,7 @@ func (c *engineCache) ensure(ctx context.Context, cl *client.Client) error {
 	}
 	c.inj = nil
 	inj, err := cl.RegisterCache(ctx, c.p.Addr("grpc"), client.CacheRegistration{Fingerprint: baseSpec().Fingerprint(),
-		Layers: baseSpec().Layers, Layouts: []cudakern.CacheLayout{c.lay}, HeadLo: c.headLo, HeadHi: c.headHi,
+		Layers: baseSpec().Layers, Layouts: []pagedkv.CacheLayout{c.lay}, HeadLo: c.headLo, HeadHi: c.headHi,
 		MaxPositions: injMaxPositions, Path: c.shm.Memory.Path, Offsets: c.shm.Memory.Offsets})
 	if err != nil {
 		return err
@@ -197,7 +197,7 @@ type injChunk struct {
 // of slots it may touch (guarded before the call) and its chunks.
 type injection struct {
 	guard          uint64 // seed of the guard pattern
-	lay            cudakern.CacheLayout
+	lay            pagedkv.CacheLayout
 	headLo, headHi int
 	region         []int
 	chunks         []injChunk
@@ -213,7 +213,7 @@ func guardByte(seed uint64, layer, off int) byte {
 }
 
 // vecBytes is the size of one head vector in lay.
-func vecBytes(lay cudakern.CacheLayout) int { return lay.HeadDim * lay.DType.Size() }
+func vecBytes(lay pagedkv.CacheLayout) int { return lay.HeadDim * lay.DType.Size() }
 
 // fillGuard writes the guard pattern into every slot of in.region.
 func fillGuard(mem [][]byte, in *injection) {
@@ -253,7 +253,7 @@ func (x *expecter) close() { x.kern.Close() }
 
 // expect returns the layers of a scratch cache of lay's geometry holding
 // blob's tokens rotated to pos.. in slots 0..n-1, and that geometry.
-func (x *expecter) expect(blob []byte, pos int, lay cudakern.CacheLayout, headLo, headHi int) ([][]byte, cudakern.CacheLayout, error) {
+func (x *expecter) expect(blob []byte, pos int, lay pagedkv.CacheLayout, headLo, headHi int) ([][]byte, pagedkv.CacheLayout, error) {
 	e, err := chunk.Decode(blob, chunk.DefaultLimits)
 	if err != nil {
 		return nil, lay, err
@@ -280,7 +280,7 @@ func (x *expecter) expect(blob []byte, pos int, lay cudakern.CacheLayout, headLo
 // after it, by the rule in the comment at the top of this file. entry
 // returns the blob written under a key (nil: never written). It returns
 // the tally and one line per wrong chunk or fence.
-func checkInjection(in *injection, res []engine.InjectResult, mem [][]byte, entry func(chunk.Key) []byte, x *expecter) (InjectTally, []string) {
+func checkInjection(in *injection, res []pagedkv.InjectResult, mem [][]byte, entry func(chunk.Key) []byte, x *expecter) (InjectTally, []string) {
 	t := InjectTally{Injections: 1}
 	var wrong []string
 	bad := func(format string, a ...any) {
@@ -303,7 +303,7 @@ func checkInjection(in *injection, res []engine.InjectResult, mem [][]byte, entr
 		// want holds the expected layers (scratch geometry sl); nil: the
 		// guard.
 		var want [][]byte
-		var sl cudakern.CacheLayout
+		var sl pagedkv.CacheLayout
 		switch r.Match {
 		case chunk.MatchMiss:
 			t.Miss++
@@ -492,13 +492,13 @@ func (w *workload) inject(ctx context.Context, id int, rng *rand.Rand) {
 
 // injectOnce makes the call of in on c (c.mu held), checks it and records
 // it; it returns the answers (nil when the call failed).
-func (r *run) injectOnce(ctx context.Context, c *engineCache, in *injection, worker int, final bool) []engine.InjectResult {
+func (r *run) injectOnce(ctx context.Context, c *engineCache, in *injection, worker int, final bool) []pagedkv.InjectResult {
 	h := r.h
 	fillGuard(c.shm.Layers, in)
-	req := make([]engine.InjectChunk, len(in.chunks))
+	req := make([]pagedkv.InjectChunk, len(in.chunks))
 	var what []string
 	for j, ch := range in.chunks {
-		req[j] = engine.InjectChunk{Key: ch.key, Tokens: ch.tokens, Pos: ch.pos, Slots: ch.slots}
+		req[j] = pagedkv.InjectChunk{Key: ch.key, Tokens: ch.tokens, Pos: ch.pos, Slots: ch.slots}
 		what = append(what, ch.what)
 	}
 	kind := "inject"

@@ -18,7 +18,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 )
 
 // observer talks to single nodes directly (not through the client's
@@ -84,7 +83,7 @@ func (o *observer) view(ctx context.Context, addr string) (nodeView, error) {
 	}
 	var v nodeView
 	for _, m := range mr.Models {
-		v.models = append(v.models, client.FingerprintFromProto(m.Fingerprint).String())
+		v.models = append(v.models, api.FingerprintFromProto(m.Fingerprint).String())
 	}
 	slices.Sort(v.models)
 	var members []string
@@ -109,7 +108,7 @@ func (o *observer) direct(ctx context.Context, addr string, key chunk.Key) ([]by
 	}
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
-	st, err := c.Get(ctx, &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
+	st, err := c.Get(ctx, &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
 	if err != nil {
 		return nil, err
 	}

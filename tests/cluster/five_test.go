@@ -37,7 +37,7 @@ func nodeView(ctx context.Context, addr string) (models []string, leader string,
 		return nil, "", 0, err
 	}
 	for _, m := range mr.Models {
-		models = append(models, client.FingerprintFromProto(m.Fingerprint).String())
+		models = append(models, api.FingerprintFromProto(m.Fingerprint).String())
 	}
 	slices.Sort(models)
 	return models, info.LeaderId, info.Epoch, nil
@@ -150,7 +150,7 @@ func getFrom(ctx context.Context, addr string, key chunk.Key) ([]byte, error) {
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(key)})
+	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: api.ProtoKey(key)})
 	if err != nil {
 		return nil, err
 	}

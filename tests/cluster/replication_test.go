@@ -31,7 +31,7 @@ func getDirect(ctx context.Context, addr string, key chunk.Key) ([]byte, error) 
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(key), Direct: true})
+	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: api.ProtoKey(key), Direct: true})
 	if err != nil {
 		return nil, err
 	}

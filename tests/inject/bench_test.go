@@ -9,8 +9,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // BenchmarkTTFT is time to first token against k retrieved facts through
@@ -40,7 +40,7 @@ func BenchmarkTTFT(b *testing.B) {
 	}
 	lay, _ := e.CacheMemory()
 	inj, err := c.cl.RegisterCache(ctx, c.procs[0].Addr("grpc"), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -134,6 +134,6 @@ func BenchmarkTTFT(b *testing.B) {
 // whole injection before its forward pass (the sequential path).
 type waitAll struct{ inj *client.Injector }
 
-func (w waitAll) InjectChunks(ctx context.Context, chunks []engine.InjectChunk) ([]engine.InjectResult, error) {
+func (w waitAll) InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error) {
 	return w.inj.InjectChunks(ctx, chunks)
 }

@@ -26,10 +26,10 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -127,7 +127,7 @@ func putDirect(ctx context.Context, addr string, blob []byte, key chunk.Key) err
 	if err != nil {
 		return err
 	}
-	if err := api.SendHeader(st, &api.PutHeader{Key: client.ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
+	if err := api.SendHeader(st, &api.PutHeader{Key: api.ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
 		return err
 	}
 	if err := api.SendBody(st, mem.SliceBuffer(blob), api.DefaultFrameBytes); err != nil {
@@ -147,7 +147,7 @@ func heldDirect(ctx context.Context, addr string, key chunk.Key) bool {
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
+	st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true})
 	if err != nil {
 		return false
 	}
@@ -199,9 +199,9 @@ func newEngine(t testing.TB, mc engine.ModelConfig, kv chunk.DType) (*engine.Eng
 	}
 	var shm *inject.ShmCache
 	e, err := engine.New(w, engine.Config{Workers: 2, CacheTokens: 4096, KVDType: kv, TokenizerID: "e2e",
-		CacheMemory: func(layers int, lay cudakern.CacheLayout) ([][]byte, error) {
+		CacheMemory: func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			var err error
-			shm, err = inject.CreateShm("", layers, []cudakern.CacheLayout{lay})
+			shm, err = inject.CreateShm("", layers, []pagedkv.CacheLayout{lay})
 			if err != nil {
 				return nil, err
 			}
@@ -245,7 +245,7 @@ func TestInjectEndToEnd(t *testing.T) {
 	lay, _ := e.CacheMemory()
 	local := c.procs[0]
 	inj, err := c.cl.RegisterCache(ctx, local.Addr("grpc"), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 4096, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 4096, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		t.Fatal(err)
 	}

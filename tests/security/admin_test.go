@@ -337,7 +337,7 @@ func putStream(ctx context.Context, open func(context.Context, ...grpc.CallOptio
 	if err != nil {
 		return err
 	}
-	hdr.Key, hdr.BlobBytes = client.ProtoKey(key), uint64(len(blob))
+	hdr.Key, hdr.BlobBytes = api.ProtoKey(key), uint64(len(blob))
 	if err := api.SendHeader(st, hdr); err == nil {
 		_ = api.SendBody(st, mem.SliceBuffer(blob), api.DefaultFrameBytes)
 	}
@@ -386,7 +386,7 @@ func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 
 	app := conn(t, n1.GRPCAddr(), tlsCreds(t, files(p.dir, "app")), root)
 	peer, cl := api.NewPeerClient(app), api.NewClientClient(app)
-	pkey := client.ProtoKey(key)
+	pkey := api.ProtoKey(key)
 	refused := map[string]func() error{
 		"Peer.Digest": func() error { _, err := peer.Digest(ctx, &api.DigestRequest{}); return err },
 		"Peer.Delete": func() error { _, err := peer.Delete(ctx, &api.DeleteRequest{Key: pkey, Direct: true}); return err },

@@ -13,9 +13,9 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // TestInjectNamespace: a token for namespace B can neither register a
@@ -45,14 +45,14 @@ func TestInjectNamespace(t *testing.T) {
 		}
 	}
 
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: specA.KVHeads, HeadDim: specA.HeadDim, DType: chunk.F32}
-	shm, err := inject.CreateShm("", specA.Layers, []cudakern.CacheLayout{lay})
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: specA.KVHeads, HeadDim: specA.HeadDim, DType: chunk.F32}
+	shm, err := inject.CreateShm("", specA.Layers, []pagedkv.CacheLayout{lay})
 	if err != nil {
 		t.Skipf("shared memory: %v", err)
 	}
 	defer shm.Close()
-	reg := &api.RegisterCacheRequest{Fingerprint: client.ProtoFingerprint(fpA), Layers: int32(specA.Layers),
-		Layouts: []*api.CacheLayout{client.ProtoLayout(lay)}, MaxPositions: 1024,
+	reg := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(fpA), Layers: int32(specA.Layers),
+		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MaxPositions: 1024,
 		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
 
 	creds := tlsCreds(t, app)

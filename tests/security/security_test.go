@@ -392,7 +392,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 	key, blob := testutil.StandaloneBlob(t, rand.New(rand.NewPCG(3, 4)), s, 4)
 	c1 := dial(t, n1, client.Config{TLS: files(p.dir, "app")})
 	testutil.WaitFor(t, "the model on n1", func() bool { _, err := c1.Put(ctx, blob); return err == nil })
-	get := &api.GetRequest{Key: client.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true}
+	get := &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY, Direct: true}
 	cc, err := grpc.NewClient(n2.GRPCAddr(), grpc.WithTransportCredentials(tlsCreds(t, files(p.dir, "app"))),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
 	if err != nil {
