@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -37,7 +38,13 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	kvmeshdBin, kvmeshdErr = harness.Build(context.Background(), dir)
+	flag.Parse()
+	if testing.Short() {
+		// Every process test skips under -short: no build to wait for.
+		kvmeshdErr = fmt.Errorf("%w: not built under -short", harness.ErrNoGo)
+	} else {
+		kvmeshdBin, kvmeshdErr = harness.Build(context.Background(), dir)
+	}
 	code := m.Run()
 	os.RemoveAll(dir)
 	if err := testutil.Leaks(); code == 0 && err != nil {
