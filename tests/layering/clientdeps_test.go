@@ -20,7 +20,7 @@ const depsFile = "client/deps.txt"
 
 // clientForbidden are dependencies the client must never link, whatever
 // deps.txt says: the server's consensus, gossip and metrics stacks and
-// the server-side packages. An application that only looks chunks up
+// the server-side packages and the kernels. An application that only looks chunks up
 // links none of them.
 var clientForbidden = []string{
 	"github.com/hashicorp/raft",
@@ -34,6 +34,7 @@ var clientForbidden = []string{
 	module + "/kvtier",
 	module + "/inject",
 	module + "/engine",
+	module + "/cudakern",
 	module + "/gossip",
 	module + "/daemon",
 }
