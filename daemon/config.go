@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/node"
@@ -155,12 +156,21 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		}
 		fc.ID = h
 	}
+	if err := checkNodeID(fc.ID); err != nil {
+		return cfg, err
+	}
 	if fc.DataDir == "" {
 		return cfg, errors.New("kvmeshd: -data-dir is required")
+	}
+	if fc.BootstrapExpect < 0 || fc.BootstrapExpect > MaxBootstrapExpect {
+		return cfg, fmt.Errorf("%w: -bootstrap-expect %d: want 1 to %d, the Raft voter limit (or 0: 1 without -join, else none)", ErrUsage, fc.BootstrapExpect, MaxBootstrapExpect)
 	}
 	dram, err := ParseBytes(fc.DRAM)
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -dram: %w", err)
+	}
+	if dram == 0 {
+		return cfg, fmt.Errorf("%w: -dram 0: the DRAM tier needs a positive budget", ErrUsage)
 	}
 	dramRelease, err := dramReleaseFlag().parse(fc.DRAMRelease)
 	if err != nil {
@@ -170,13 +180,13 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -disk: %w", err)
 	}
-	grace, err := time.ParseDuration(fc.DeadGrace)
+	grace, err := positiveDuration("dead-grace", fc.DeadGrace)
 	if err != nil {
-		return cfg, fmt.Errorf("kvmeshd: -dead-grace: %w", err)
+		return cfg, err
 	}
-	rpcTimeout, err := time.ParseDuration(fc.RPCTimeout)
+	rpcTimeout, err := positiveDuration("rpc-timeout", fc.RPCTimeout)
 	if err != nil {
-		return cfg, fmt.Errorf("kvmeshd: -rpc-timeout: %w", err)
+		return cfg, err
 	}
 	antiEntropy, err := antiEntropyFlag().duration(fc.AntiEntropy)
 	if err != nil {
@@ -204,6 +214,31 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	return cfg, fc.securityConfig(&cfg)
 }
 
+// positiveDuration parses the value of a duration flag that has no "off"
+// and no default behind zero: zero and negative durations are refused.
+func positiveDuration(name, v string) (time.Duration, error) {
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || d <= 0 {
+		return 0, fmt.Errorf("%w: -%s %q: want a positive duration such as 10s", ErrUsage, name, v)
+	}
+	return d, nil
+}
+
+// checkNodeID refuses node IDs that would not survive the places an ID
+// goes: keys and paths ('/'), log lines and command lines (spaces and
+// control characters).
+func checkNodeID(id string) error {
+	if len(id) > 128 {
+		return fmt.Errorf("%w: -id: longer than 128 bytes", ErrUsage)
+	}
+	for _, r := range id {
+		if r == '/' || r == '\\' || unicode.IsSpace(r) || !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: -id %q: no '/', '\\', spaces or control characters", ErrUsage, id)
+		}
+	}
+	return nil
+}
+
 // maxRecvStreams bounds -rebalance-recv-streams.
 const maxRecvStreams = 1024
 
@@ -219,7 +254,7 @@ func (fc FileConfig) rebalanceConfig() (replication.Config, error) {
 		return rc, err
 	}
 	if fc.RebalanceRecvStreams < 0 || fc.RebalanceRecvStreams > maxRecvStreams {
-		return rc, fmt.Errorf("kvmeshd: -rebalance-recv-streams %d: 1 to %d", fc.RebalanceRecvStreams, maxRecvStreams)
+		return rc, fmt.Errorf("%w: -rebalance-recv-streams %d: want 1 to %d", ErrUsage, fc.RebalanceRecvStreams, maxRecvStreams)
 	}
 	rc.IncomingRebalanceStreams = fc.RebalanceRecvStreams
 	if rc.ServingYield, err = rebalanceYieldFlag().duration(fc.RebalanceYield); err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -25,8 +26,14 @@ const startTimeout = time.Minute
 //
 // to stdout once everything listens, and serves until ctx ends (the caller
 // cancels it on SIGTERM), then shuts down cleanly. Logs go to stderr. -h
-// prints the flags to stderr and returns flag.ErrHelp.
+// prints the flags to stderr and returns flag.ErrHelp; `version` prints
+// the build (internal/buildinfo) and returns. Errors in the command line
+// wrap ErrUsage.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 1 && (args[0] == "version" || args[0] == "-version" || args[0] == "--version") {
+		fmt.Fprintln(stdout, "kvmeshd", buildinfo.Read())
+		return nil
+	}
 	fc, err := parseArgs(args, stderr)
 	if err != nil {
 		return err

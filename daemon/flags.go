@@ -9,8 +9,20 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
 )
+
+// ErrUsage is wrapped by errors in kvmeshd's command line (an unknown
+// flag, a stray argument, a value a flag refuses); kvmeshd exits 2 on
+// them, as on -h.
+var ErrUsage = errors.New("kvmeshd: bad command line")
+
+// MaxBootstrapExpect is the largest -bootstrap-expect: the Raft voter
+// limit. Larger clusters bootstrap with that many servers; the others
+// wait to be added by the leader.
+const MaxBootstrapExpect = meta.DefaultMaxVoters
 
 // parseArgs reads kvmeshd's command line into a FileConfig: the flags,
 // then the -config file for every setting whose flag was not given.
@@ -26,24 +38,41 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.StringVar(&fc.Gossip, "gossip", "", "gossip bind address (default: gRPC host, port 0)")
 	fs.StringVar(&fc.Raft, "raft", "", "raft bind address (default: gRPC host, port 0)")
 	join := fs.String("join", "", "comma-separated gossip addresses of existing members")
-	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, "servers that bootstrap a new cluster together (default 1 without -join, else 0)")
-	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget")
+	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, fmt.Sprintf("servers that bootstrap a new cluster together, 1 to %d (0: 1 without -join, else none)", MaxBootstrapExpect))
+	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget (positive)")
 	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
 	fs.StringVar(&fc.Disk, "disk", "0", "disk tier budget under data-dir/tier (0: no disk tier)")
-	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring")
-	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes")
+	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring (positive)")
+	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes (positive)")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
 	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))
-	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, "incoming rebalance blobs stored at once; more wait, then senders are told to retry")
+	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, fmt.Sprintf("incoming rebalance blobs stored at once, 1 to %d; more wait, then senders are told to retry", maxRecvStreams))
 	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", rebalanceRecvRateFlag().usage("bytes/s of incoming rebalance blobs stored, over all senders"))
 	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
 	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
-		return fc, err
+		if errors.Is(err, flag.ErrHelp) {
+			return fc, err
+		}
+		return fc, fmt.Errorf("%w: %w", ErrUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fc, fmt.Errorf("%w: unexpected argument %q (kvmeshd takes only flags)", ErrUsage, fs.Arg(0))
+	}
+	// A zero here was given on the command line: the flags' defaults are
+	// not zero, and a zero in the file means "not set".
+	if fc.RebalanceRecvStreams == 0 {
+		return fc, fmt.Errorf("%w: -rebalance-recv-streams 0: want 1 to %d", ErrUsage, maxRecvStreams)
+	}
+	if fc.Auth.MaxStreamsPerClient == 0 {
+		return fc, fmt.Errorf("%w: -max-streams-per-client 0: want a positive limit, or a negative value for no limit", ErrUsage)
+	}
+	if fc.Auth.MaxChunksPerRequest == 0 {
+		return fc, fmt.Errorf("%w: -max-chunks-per-request 0: want a positive count", ErrUsage)
 	}
 	if *join != "" {
 		fc.Join = strings.Split(*join, ",")
@@ -68,8 +97,8 @@ func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&fc.Insecure, "insecure", false, "run WITHOUT TLS: plaintext and unauthenticated (single machine and tests only)")
 	fs.StringVar(&fc.GossipKeyringFile, "gossip-keyring", "", "gossip keyring file (base64 keys, primary first, mode 0600)")
 	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
-	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", 0, "concurrent streams per client (default 64; negative: no limit)")
-	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", 0, "chunks one Lookup or Inject may name (default 4096)")
+	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", auth.DefaultMaxStreams, "concurrent streams per client (negative: no limit; 0 is refused)")
+	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", node.MaxLookupBatch, "chunks one Lookup or Inject may name (positive)")
 	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines, as kvmesh token create appends)")
 }
 
@@ -144,7 +173,8 @@ const (
 )
 
 // errOffFlag is wrapped by every offFlag parse error.
-var errOffFlag = errors.New("kvmeshd: bad setting")
+// It is a usage error.
+var errOffFlag = fmt.Errorf("%w: bad setting", ErrUsage)
 
 // parse reads s: "" (and "0" for zeroIsDefault) gives 0, the consumer's
 // default; "off" (and "0" for zeroIsOff) gives f.off; else a positive

@@ -102,3 +102,52 @@ func TestOffFlagsHelp(t *testing.T) {
 		}
 	}
 }
+
+// TestFlagRefusals: a flag value without a documented meaning is refused
+// as a usage error (kvmeshd exits 2), never replaced by a default.
+func TestFlagRefusals(t *testing.T) {
+	dir := t.TempDir()
+	base := []string{"-data-dir", dir, "-insecure", "-id", "n1"}
+	for _, tc := range []struct {
+		args []string
+		want string // a substring of the error
+	}{
+		{[]string{"-dram", "0"}, "-dram 0"},
+		{[]string{"-rpc-timeout", "0"}, "-rpc-timeout"},
+		{[]string{"-rpc-timeout", "-1s"}, "-rpc-timeout"},
+		{[]string{"-dead-grace", "0s"}, "-dead-grace"},
+		{[]string{"-max-chunks-per-request", "0"}, "-max-chunks-per-request 0"},
+		{[]string{"-max-streams-per-client", "0"}, "-max-streams-per-client 0"},
+		{[]string{"-rebalance-recv-streams", "0"}, "-rebalance-recv-streams 0"},
+		{[]string{"-rebalance-recv-streams", "1025"}, "-rebalance-recv-streams 1025"},
+		{[]string{"-bootstrap-expect", "1000000"}, "-bootstrap-expect 1000000"},
+		{[]string{"-bootstrap-expect", "-1"}, "-bootstrap-expect -1"},
+		{[]string{"-id", "a/b c"}, "-id"},
+		{[]string{"-id", "tab\there"}, "-id"},
+		{[]string{"-rebalance-rate", "0"}, "-rebalance-rate"},
+		{[]string{"-bogus"}, "-bogus"},
+		{[]string{"stray"}, `unexpected argument "stray"`},
+	} {
+		args := append(append([]string{}, base...), tc.args...)
+		fc, err := parseArgs(args, io.Discard)
+		if err == nil {
+			_, err = fc.Config(io.Discard)
+		}
+		if !errors.Is(err, ErrUsage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: %v, want a usage error naming %q", tc.args, err, tc.want)
+		}
+	}
+	// What a flag documents is accepted.
+	for _, ok := range [][]string{
+		{"-bootstrap-expect", "3"}, {"-bootstrap-expect", "0"}, {"-max-streams-per-client", "-1"},
+		{"-rebalance-recv-streams", "1024"}, {"-disk", "0"}, {"-id", "node-1.example"},
+	} {
+		fc, err := parseArgs(append(append([]string{}, base...), ok...), io.Discard)
+		if err == nil {
+			_, err = fc.Config(io.Discard)
+		}
+		if err != nil {
+			t.Errorf("%q refused: %v", ok, err)
+		}
+	}
+}
