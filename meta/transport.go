@@ -92,6 +92,16 @@ func (g *guardedTransport) SetHeartbeatHandler(cb func(rpc raft.RPC)) {
 	})
 }
 
+// Close closes the pooled outgoing connections and then the transport.
+// NetworkTransport.Close alone leaves the pool open, so each peer's
+// reader of one of them (raft's handleConn) would run until that peer's
+// process exits. raft's Shutdown calls this Close last, after its
+// replication goroutines have returned their connections to the pool.
+func (g *guardedTransport) Close() error {
+	g.NetworkTransport.CloseStreams()
+	return g.NetworkTransport.Close()
+}
+
 func (g *guardedTransport) fence() {
 	g.mu.Lock()
 	g.fenced = true
