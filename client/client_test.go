@@ -21,6 +21,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -177,21 +178,9 @@ func newTestClient(t *testing.T, seeds ...string) *Client {
 	return c
 }
 
+// testBlob is an entry of three random tokens of testutil.Spec, raw.
 func testBlob(t *testing.T, seed uint64) (chunk.Key, []byte) {
-	rng := rand.New(rand.NewPCG(seed, seed))
-	fp := chunk.Fingerprint{Lo: 1, Hi: 2}
-	tokens := []uint32{rng.Uint32(), rng.Uint32(), rng.Uint32()}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-		DType: chunk.F16, Layers: 2, KVHeads: 1, HeadDim: 8, Tokens: tokens}
-	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for i := range e.KV {
-		e.KV[i] = byte(rng.Uint32())
-	}
-	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return e.Key, blob
+	return testutil.StandaloneBlob(t, rand.New(rand.NewPCG(seed, seed)), testutil.Spec(), 3)
 }
 
 // replicaNodes maps the client's replica order for content to fakes.
