@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -16,30 +16,58 @@ import (
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 )
 
-// adminDialer connects to the Admin API of one node; done closes the
-// connection.
-type adminDialer func() (ac api.AdminClient, done func(), err error)
+// adminConn is a connection to the Admin API of the first node of -addr
+// that answers, with the command's deadline.
+type adminConn struct {
+	api.AdminClient
+	cc     *grpc.ClientConn
+	ctx    context.Context
+	cancel context.CancelFunc
+}
 
-// adminDial returns an adminDialer for the first address of addrs with
-// the TLS identity and token of sec, dialing as the client library does
+func (a *adminConn) close() {
+	_ = a.cc.Close()
+	a.cancel()
+}
+
+// admin connects to the Admin API as the client library dials
 // (client.DialOptions: mutual TLS when files are named, the token only
 // over TLS unless -insecure, the api codec).
-func adminDial(addrs string, sec *secFlags) adminDialer {
-	return func() (api.AdminClient, func(), error) {
-		addr, _, _ := strings.Cut(addrs, ",")
-		if addr == "" {
-			return nil, nil, errors.New("no cluster address: set -addr or KVMESH_ADDR")
-		}
-		opts, err := client.DialOptions(sec.config(client.Config{}))
-		if err != nil {
-			return nil, nil, err
-		}
-		cc, err := grpc.NewClient(addr, opts...)
-		if err != nil {
-			return nil, nil, err
-		}
-		return api.NewAdminClient(cc), func() { _ = cc.Close() }, nil
+func (e *env) admin(ctx context.Context) (*adminConn, error) {
+	seeds, err := e.seeds()
+	if err != nil {
+		return nil, err
 	}
+	cctx, cancel := context.WithTimeout(ctx, e.g.timeout)
+	addr, err := e.firstAnswering(cctx, seeds)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	opts, err := client.DialOptions(e.g.sec.config(client.Config{}))
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	cc, err := grpc.NewClient(addr, opts...)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	return &adminConn{AdminClient: api.NewAdminClient(cc), cc: cc, ctx: cctx, cancel: cancel}, nil
+}
+
+// requireLeader fails fast when the node knows no leader: an admin write
+// would otherwise wait for one until -timeout.
+func (a *adminConn) requireLeader() error {
+	info, err := api.NewClientClient(a.cc).ClusterInfo(a.ctx, &api.ClusterInfoRequest{})
+	if err != nil {
+		return plain("cluster info", err)
+	}
+	if info.LeaderId == "" {
+		return errNoLeader
+	}
+	return nil
 }
 
 const gossipKeyUsage = `usage:
@@ -50,21 +78,30 @@ const gossipKeyUsage = `usage:
   kvmesh [-addr A] gossip-key remove KEY      step 3: drop the old key everywhere (never the primary)
 KEY is base64 (as in keyring files), or @FILE for the first key of a keyring file.`
 
-// gossipKeyCmd is `kvmesh gossip-key new|list|install|use|remove`
-// (`kvmesh gossip-key FILE` is `new FILE`): the live rotation steps go to
-// Admin.GossipKeys, which applies them on every live member and answers
-// per node; the command fails if any node did.
-func gossipKeyCmd(ctx context.Context, args []string, dial adminDialer, stdout io.Writer) error {
+// gossipKeyOut is one node's answer in `kvmesh gossip-key ... -format json`.
+type gossipKeyOut struct {
+	Node    string   `json:"node"`
+	Primary string   `json:"primary"`
+	Keys    []string `json:"keys"`
+	Error   string   `json:"error,omitempty"`
+}
+
+// gossipKeyCmd is `kvmesh gossip-key new|list|install|use|remove`: the
+// live rotation steps go to Admin.GossipKeys, which applies them on every
+// live member and answers per node; the command fails if any node did.
+func gossipKeyCmd(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return errors.New(gossipKeyUsage)
+		return usagef("gossip-key: missing subcommand (new, list, install, use or remove)")
 	}
+	sub := args[0]
 	var op api.GossipKeyOp
-	switch args[0] {
+	switch sub {
 	case "new":
-		if len(args) != 2 {
-			return errors.New(gossipKeyUsage)
+		pos, err := e.parse(e.flags("gossip-key new"), args[1:], 1, 1)
+		if err != nil {
+			return err
 		}
-		return gossipKey(args[1:], stdout)
+		return gossipKeyNew(e, pos[0])
 	case "list":
 		op = api.GossipKeyOp_GOSSIP_KEY_OP_LIST
 	case "install":
@@ -73,45 +110,60 @@ func gossipKeyCmd(ctx context.Context, args []string, dial adminDialer, stdout i
 		op = api.GossipKeyOp_GOSSIP_KEY_OP_USE
 	case "remove":
 		op = api.GossipKeyOp_GOSSIP_KEY_OP_REMOVE
+	case "-h", "-help", "--help":
+		printHelp(e.stdout, "gossip-key", nil)
+		return flag.ErrHelp
 	default:
-		if len(args) != 1 {
-			return errors.New(gossipKeyUsage)
-		}
-		return gossipKey(args, stdout)
+		return usagef("gossip-key: unknown subcommand %q (new, list, install, use or remove)", sub)
 	}
-	var key []byte
+	nargs := 1
 	if op == api.GossipKeyOp_GOSSIP_KEY_OP_LIST {
-		if len(args) != 1 {
-			return errors.New(gossipKeyUsage)
-		}
-	} else {
-		if len(args) != 2 {
-			return errors.New(gossipKeyUsage)
-		}
-		var err error
-		if key, err = readGossipKey(args[1]); err != nil {
-			return fmt.Errorf("gossip-key %s: %w", args[0], err)
-		}
+		nargs = 0
 	}
-	ac, done, err := dial()
+	pos, err := e.parse(e.flags("gossip-key "+sub), args[1:], nargs, nargs)
 	if err != nil {
 		return err
 	}
-	defer done()
-	resp, err := ac.GossipKeys(ctx, &api.GossipKeyRequest{Op: op, Key: key})
+	var key []byte
+	if nargs == 1 {
+		if key, err = readGossipKey(pos[0]); err != nil {
+			return fmt.Errorf("gossip-key %s: %w", sub, err)
+		}
+	}
+	a, err := e.admin(ctx)
 	if err != nil {
-		return fmt.Errorf("gossip-key %s: %w", args[0], err)
+		return err
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tPRIMARY\tKEYS\tERROR")
+	defer a.close()
+	if op != api.GossipKeyOp_GOSSIP_KEY_OP_LIST {
+		if err := a.requireLeader(); err != nil {
+			return err
+		}
+	}
+	resp, err := a.GossipKeys(a.ctx, &api.GossipKeyRequest{Op: op, Key: key})
+	if err != nil {
+		return plain("gossip-key "+sub, err)
+	}
+	out := []gossipKeyOut{}
 	for _, r := range resp.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.NodeId, r.Primary, strings.Join(r.Keys, ","), r.Error)
+		keys := r.Keys
+		if keys == nil {
+			keys = []string{}
+		}
+		out = append(out, gossipKeyOut{r.NodeId, r.Primary, keys, r.Error})
 	}
-	if err := tw.Flush(); err != nil {
+	if err := e.print(out, func(w io.Writer) error {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tPRIMARY\tKEYS\tERROR")
+		for _, r := range out {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", r.Node, r.Primary, strings.Join(r.Keys, ","), r.Error)
+		}
+		return tw.Flush()
+	}); err != nil {
 		return err
 	}
 	if resp.Failed > 0 {
-		return fmt.Errorf("gossip-key %s failed on %d of %d nodes", args[0], resp.Failed, len(resp.Nodes))
+		return fmt.Errorf("gossip-key %s failed on %d of %d nodes", sub, resp.Failed, len(resp.Nodes))
 	}
 	return nil
 }

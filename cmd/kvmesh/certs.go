@@ -1,7 +1,7 @@
 package main
 
 import (
-	"errors"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -48,50 +48,56 @@ func certRequests(nodes, clients []string) ([]tlsconf.CertRequest, error) {
 	return reqs, nil
 }
 
-// certs is `kvmesh certs`: a CA (made on first use, reused after) and node
-// and client certificates in a directory (tlsconf.GenerateFiles).
-func certs(args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("certs", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// certsCmd is `kvmesh certs`: a CA (made on first use, reused after) and
+// node and client certificates in a directory (tlsconf.GenerateFiles).
+func certsCmd(_ context.Context, e *env, args []string) error {
+	fs := e.flags("certs")
 	dir := fs.String("dir", "pki", "directory for ca.pem, ca-key.pem and NAME.pem / NAME-key.pem")
 	var nodes, clients listFlag
 	fs.Var(&nodes, "node", "NAME=HOST[,HOST...]: a node certificate valid for those addresses (repeatable)")
 	fs.Var(&clients, "client", "NAME: a client certificate (repeatable)")
-	if err := fs.Parse(args); err != nil {
+	if _, err := e.parse(fs, args, 0, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("certs: unexpected argument %q", fs.Arg(0))
 	}
 	reqs, err := certRequests(nodes, clients)
 	if err != nil {
-		return fmt.Errorf("certs: %w", err)
+		return usagef("certs: %v", err)
 	}
 	if err := os.MkdirAll(*dir, 0o700); err != nil {
 		return fmt.Errorf("certs: %w", err)
 	}
 	written, err := tlsconf.GenerateFiles(*dir, reqs...)
-	for _, p := range written {
-		fmt.Fprintln(stdout, "wrote", p)
+	if perr := printWritten(e, written); err == nil {
+		err = perr
 	}
 	return err
 }
 
-// gossipKey is `kvmesh gossip-key FILE`: a new keyring file with one
-// random key.
-func gossipKey(args []string, stdout io.Writer) error {
-	if len(args) != 1 {
-		return errors.New("usage: kvmesh gossip-key FILE")
+// printWritten prints the files a command wrote: "wrote PATH" lines, or
+// {"wrote": [...]}.
+func printWritten(e *env, paths []string) error {
+	if paths == nil {
+		paths = []string{}
 	}
+	return e.print(map[string][]string{"wrote": paths}, func(w io.Writer) error {
+		for _, p := range paths {
+			fmt.Fprintln(w, "wrote", p)
+		}
+		return nil
+	})
+}
+
+// gossipKeyNew is `kvmesh gossip-key new FILE`: a new keyring file with
+// one random key.
+func gossipKeyNew(e *env, file string) error {
 	key, err := gossipkey.Generate()
 	if err != nil {
 		return err
 	}
-	if err := gossipkey.WriteFile(args[0], key); err != nil {
+	if err := gossipkey.WriteFile(file, key); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, "wrote", args[0])
-	return nil
+	return printWritten(e, []string{file})
 }
 
 // secFlags are the client's TLS and token flags.
@@ -101,12 +107,12 @@ type secFlags struct {
 }
 
 func (s *secFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&s.tls.CAFile, "ca", os.Getenv("KVMESH_CA"), "cluster CA certificate (PEM; default $KVMESH_CA); with -cert and -key: mutual TLS")
-	fs.StringVar(&s.tls.CertFile, "cert", os.Getenv("KVMESH_CERT"), "client certificate (PEM; default $KVMESH_CERT)")
-	fs.StringVar(&s.tls.KeyFile, "key", os.Getenv("KVMESH_KEY"), "client key (PEM; default $KVMESH_KEY)")
-	fs.StringVar(&s.tls.ServerName, "server-name", "", "name checked in node certificates instead of the dialed host")
-	fs.StringVar(&s.token, "token", os.Getenv("KVMESH_TOKEN"), "API token (default $KVMESH_TOKEN)")
-	fs.BoolVar(&s.tls.Insecure, "insecure", false, "allow sending -token without TLS")
+	fs.StringVar(&s.tls.CAFile, "ca", s.tls.CAFile, "cluster CA certificate (PEM; $KVMESH_CA); with -cert and -key: mutual TLS")
+	fs.StringVar(&s.tls.CertFile, "cert", s.tls.CertFile, "client certificate (PEM; $KVMESH_CERT)")
+	fs.StringVar(&s.tls.KeyFile, "key", s.tls.KeyFile, "client key (PEM; $KVMESH_KEY)")
+	fs.StringVar(&s.tls.ServerName, "server-name", s.tls.ServerName, "name checked in node certificates instead of the dialed host")
+	fs.StringVar(&s.token, "token", s.token, "API token ($KVMESH_TOKEN)")
+	fs.BoolVar(&s.tls.Insecure, "insecure", s.tls.Insecure, "allow sending -token without TLS")
 }
 
 // config is cfg with the TLS identity and token.

@@ -64,7 +64,7 @@ func TestCertsCommand(t *testing.T) {
 		}
 	}
 	kf := filepath.Join(t.TempDir(), "gossip.keys")
-	if err := run(ctx, []string{"gossip-key", kf}, io.Discard, io.Discard); err != nil {
+	if err := run(ctx, []string{"gossip-key", "new", kf}, io.Discard, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := gossipkey.LoadFile(kf); err != nil {

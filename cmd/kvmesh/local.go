@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -45,21 +43,21 @@ func isFile(p string) bool {
 	return err == nil && st.Mode().IsRegular()
 }
 
-func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error {
-	fs := flag.NewFlagSet("local-cluster", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// localClusterCmd is `kvmesh local-cluster N`. It prints its nodes as a
+// table, or with -format json as one JSON object (localOut), then runs
+// until ctx ends.
+func localClusterCmd(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("local-cluster")
 	dir := fs.String("dir", "", "data and log directory (default: a new temporary directory)")
 	bin := fs.String("kvmeshd", "", "kvmeshd binary (default: next to kvmesh, in PATH, or kvmesh itself)")
 	dram := fs.String("dram", "256M", "DRAM budget of each node")
-	if err := fs.Parse(args); err != nil {
+	pos, err := e.parse(fs, args, 1, 1)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return errors.New("usage: kvmesh local-cluster [-dir D] [-kvmeshd PATH] N")
-	}
-	n, err := strconv.Atoi(fs.Arg(0))
+	n, err := strconv.Atoi(pos[0])
 	if err != nil || n < 1 || n > 64 {
-		return fmt.Errorf("N must be 1..64, not %q", fs.Arg(0))
+		return usagef("local-cluster: N must be 1..64, not %q", pos[0])
 	}
 	if *dir == "" {
 		if *dir, err = os.MkdirTemp("", "kvmesh-local-"); err != nil {
@@ -91,21 +89,30 @@ func localCluster(ctx context.Context, args []string, w, stderr io.Writer) error
 		}
 		nodes = append(nodes, p)
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGRPC\tHTTP\tGOSSIP\tRAFT\tLOG")
+	out := localOut{Dir: *dir}
 	var grpcs []string
 	for _, p := range nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.ID(), p.Addr("grpc"), p.Addr("http"), p.Addr("gossip"), p.Addr("raft"),
-			p.LogPath())
+		out.Nodes = append(out.Nodes, localNode{p.ID(), p.Addr("grpc"), p.Addr("http"), p.Addr("gossip"), p.Addr("raft"), p.LogPath()})
 		grpcs = append(grpcs, p.Addr("grpc"))
 	}
-	tw.Flush()
-	fmt.Fprintf(w, "\n%d nodes running (data in %s). Try:\n  export KVMESH_ADDR=%s\n  kvmesh status\nCtrl-C stops them.\n",
-		n, *dir, strings.Join(grpcs, ","))
+	out.Addr = strings.Join(grpcs, ",")
+	if err := e.print(out, func(w io.Writer) error {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tGRPC\tHTTP\tGOSSIP\tRAFT\tLOG")
+		for _, n := range out.Nodes {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", n.ID, n.GRPC, n.HTTP, n.Gossip, n.Raft, n.Log)
+		}
+		tw.Flush()
+		_, err := fmt.Fprintf(w, "\n%d nodes running (data in %s). Try:\n  export KVMESH_ADDR=%s\n  kvmesh status\nCtrl-C stops them.\n",
+			n, out.Dir, out.Addr)
+		return err
+	}); err != nil {
+		return err
+	}
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(w, "stopping")
+			fmt.Fprintln(e.stderr, "stopping")
 			return nil
 		case <-time.After(time.Second):
 		}
@@ -125,4 +132,20 @@ func stopNodes(nodes []*harness.Proc) {
 		wg.Go(func() { _ = p.Terminate(15 * time.Second) })
 	}
 	wg.Wait()
+}
+
+// localOut is `kvmesh local-cluster -format json`.
+type localOut struct {
+	Dir   string      `json:"dir"`
+	Addr  string      `json:"addr"` // for KVMESH_ADDR
+	Nodes []localNode `json:"nodes"`
+}
+
+type localNode struct {
+	ID     string `json:"id"`
+	GRPC   string `json:"grpc"`
+	HTTP   string `json:"http"`
+	Gossip string `json:"gossip"`
+	Raft   string `json:"raft"`
+	Log    string `json:"log"`
 }

@@ -1,22 +1,12 @@
 // Command kvmesh is the kvmesh command line: cluster status, the ring and
-// the models, put/get/lookup/delete of entries from files, a local cluster
-// of kvmeshd processes to try things out. The in-process demo is
-// cmd/kvmesh-demo.
+// the models, put/get/lookup/delete of entries from files, tokens, gossip
+// keys and settings, a local cluster of kvmeshd processes to try things
+// out. The in-process demo is cmd/kvmesh-demo. `kvmesh help` lists the
+// commands, `kvmesh help CMD` (or `kvmesh CMD -h`) explains one.
 //
-//	kvmesh [-addr HOST:PORT[,...]] status|ring|models
-//	kvmesh register SPEC.json
-//	kvmesh put ENTRY...
-//	kvmesh get [-o FILE] [-layers A:B] [-heads A:B] KEY
-//	kvmesh lookup -model FP [-want CONTEXT] CONTENT...
-//	kvmesh delete KEY
-//	kvmesh drain [-keep] NODE
-//	kvmesh token create|list|revoke ...
-//	kvmesh gossip-key new|list|install|use|remove ...
-//	kvmesh settings [get] | settings set [-r R] [-w W] [-codec C]
-//	kvmesh local-cluster [-dir D] [-kvmeshd PATH] N
-//
-// -addr defaults to $KVMESH_ADDR. Keys print and parse as
-// FINGERPRINT/CONTENT/CONTEXT (chunk.Key.String).
+// Global flags (-addr, -format, -timeout, TLS and token) go before or
+// after the command name. Exit codes: 0 ok, 1 error, 2 usage. Keys print
+// and parse as FINGERPRINT/CONTENT/CONTEXT (chunk.Key.String).
 package main
 
 import (
@@ -32,15 +22,15 @@ import (
 	"strings"
 	"syscall"
 	"text/tabwriter"
-	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/daemon"
+	"github.com/kvmesh/kvmesh/internal/buildinfo"
 	"github.com/kvmesh/kvmesh/internal/units"
 )
 
-const usage = `usage: kvmesh [-addr HOST:PORT[,...]] [-timeout D] [-ca F -cert F -key F] [-token T] COMMAND [ARGS]
+const usage = `usage: kvmesh [GLOBAL FLAGS] COMMAND [ARGS] [FLAGS]
 
 commands:
   status                  members, leader, epoch, settings and each node's tiers
@@ -48,148 +38,325 @@ commands:
   models                  registered models
   register SPEC.json      register a model (chunk.ModelSpec as JSON); prints its fingerprint
   put ENTRY...            store encoded entries (chunk.Encode output) from files
-  get [-o FILE] [-layers A:B] [-heads A:B] KEY
-                          read an entry (whole, or the decoded K/V of a range)
-  lookup -model FP [-want CONTEXT] CONTENT...
+  get KEY                 read an entry (whole, or the decoded K/V of a range)
+  lookup -model FP CONTENT...
                           EXACT / APPROXIMATE / MISS per content ID
   delete KEY              delete an entry from its replicas
-  drain [-keep] NODE      copy a node's chunks to their other owners, then the node leaves
-                          (NODE: member ID or gRPC address; not bounded by -timeout)
-  local-cluster [-dir D] [-kvmeshd PATH] N
-                          start N kvmeshd processes on this machine (Ctrl-C stops them)
-  certs [-dir D] [-node NAME=HOST,...]... [-client NAME]...
-                          make a CA (first run) and node/client certificates (docs/SECURITY.md)
-  gossip-key new FILE     write a new gossip keyring file (mode 0600)
-  gossip-key list|install KEY|use KEY|remove KEY
-                          live key rotation on every member (admin; KEY base64 or @FILE)
-  token create [-name N] [-scopes S] [-namespace HEX,...] [-expires D]
-                          a new API token from the cluster (admin), printed once
-  token list | token revoke ID
-                          the cluster's tokens (no secrets); revoke one everywhere (admin)
-  settings [get]          the cluster settings: R, W, codec (admin)
-  settings set [-r R] [-w W] [-codec C]
-                          change them through raft on every node (admin; unset flags keep their value)
-  token create -records FILE [...]
-                          offline: print a new token; append its record for kvmeshd -tokens-file
+  drain NODE              copy a node's chunks to their other owners, then the node leaves
+  token create|list|revoke
+                          API tokens (admin)
+  gossip-key new|list|install|use|remove
+                          gossip keyring files and live key rotation (admin)
+  settings get|set        the cluster settings: R, W, codec (admin)
+  certs                   make a CA and node/client certificates (docs/SECURITY.md)
+  local-cluster N         start N kvmeshd processes on this machine (Ctrl-C stops them)
+  version                 this build: version, commit, Go version
+  help [COMMAND]          this text, or a command's
+
+global flags (before or after the command):
+  -addr HOST:PORT[,...]   any cluster members; each gets -connect-timeout (3s) to answer
+  -format text|json       output format; json field names are stable
+  -timeout D              deadline of the command (30s; drain is not bounded by it)
+  -ca F -cert F -key F    mutual TLS (kvmesh certs -client NAME makes them)
+  -server-name N          name checked in node certificates instead of the dialed host
+  -token T                API token; -insecure allows it without TLS
+
+environment:
+  KVMESH_ADDR             default of -addr
+  KVMESH_TOKEN            default of -token
+  KVMESH_CA, KVMESH_CERT, KVMESH_KEY
+                          defaults of -ca, -cert, -key
+
+exit codes: 0 ok, 1 error (refused, unreachable, no quorum), 2 usage (unknown command or flag,
+missing or stray argument)
 `
+
+// command is one subcommand of kvmesh.
+type command struct {
+	name, args, help string
+	run              func(ctx context.Context, e *env, args []string) error
+}
+
+// commands lists kvmesh's subcommands in help order.
+func commands() []command {
+	return []command{
+		{"status", "", "Members, leader, epoch, settings and each node's tiers. Exits 1 when the cluster has no leader (no quorum) or a member does not answer.", statusCmd},
+		{"ring", "", "Ring members and their share of 100000 sample content IDs (primary and any replica).", ringCmd},
+		{"models", "", "Registered models.", modelsCmd},
+		{"register", "SPEC.json", "Register a model (chunk.ModelSpec as JSON); prints its fingerprint.", registerCmd},
+		{"put", "ENTRY...", "Store encoded entries (chunk.Encode output) from files.", putCmd},
+		{"get", "[-o FILE] [-layers A:B] [-heads A:B] KEY", "Read an entry: the whole blob, or with -layers/-heads the decoded K/V of a range (layout [layer][K|V][token][head][dim]). Writes bytes, never JSON.", getCmd},
+		{"lookup", "-model FP [-want CONTEXT] CONTENT...", "EXACT / APPROXIMATE / MISS per content ID, with the key found and its holders.", lookupCmd},
+		{"delete", "KEY", "Delete an entry from its replicas.", deleteCmd},
+		{"drain", "[-keep] NODE", "Copy a node's chunks to their other owners, then the node leaves the cluster (NODE: member ID or gRPC address). Not bounded by -timeout.", drainCmd},
+		{"token", "create|list|revoke ...", tokenUsage, tokenCmd},
+		{"gossip-key", "new|list|install|use|remove ...", gossipKeyUsage, gossipKeyCmd},
+		{"settings", "[get] | set [-r R] [-w W] [-codec C] [-if-version V]", settingsUsage, settingsCmd},
+		{"certs", "[-dir D] [-node NAME=HOST,...]... [-client NAME]...", "Make a CA (first run) and node/client certificates (docs/SECURITY.md).", certsCmd},
+		{"local-cluster", "[-dir D] [-kvmeshd PATH] [-dram SIZE] N", "Start N kvmeshd processes on this machine (plaintext, for trying out); Ctrl-C stops them.", localClusterCmd},
+		{"version", "", "This build: module version, commit, Go version.", versionCmd},
+	}
+}
+
+// findCommand returns the command called name.
+func findCommand(name string) (command, bool) {
+	for _, c := range commands() {
+		if c.name == name {
+			return c, true
+		}
+	}
+	return command{}, false
+}
+
+// printHelp prints a command's help: its usage line, what it does, and
+// its flags (the global ones included).
+func printHelp(w io.Writer, name string, fs *flag.FlagSet) {
+	top, _, _ := strings.Cut(name, " ")
+	if c, ok := findCommand(top); ok {
+		if strings.HasPrefix(c.help, "usage:") {
+			fmt.Fprintln(w, c.help)
+		} else {
+			fmt.Fprintf(w, "usage: kvmesh %s %s\n\n%s\n", c.name, c.args, c.help)
+		}
+	}
+	if fs != nil {
+		fmt.Fprintln(w, "\nflags:")
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	fmt.Fprintln(w, "\nenvironment: KVMESH_ADDR, KVMESH_TOKEN, KVMESH_CA, KVMESH_CERT, KVMESH_KEY; exit codes: 0 ok, 1 error, 2 usage")
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			os.Exit(2)
-		}
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	code := exitCode(err)
+	if code != exitOK {
 		fmt.Fprintln(os.Stderr, "kvmesh:", err)
-		os.Exit(1)
+		var ue *usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintln(os.Stderr, "run 'kvmesh help' for usage")
+		}
 	}
+	os.Exit(code)
 }
 
+// run is kvmesh with args, reading the environment; the exit status is
+// exitCode of its error.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	return runEnv(ctx, args, os.Getenv, stdout, stderr)
+}
+
+func runEnv(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	e := &env{g: defaultGlobals(getenv), stdout: stdout, stderr: stderr}
 	fs := flag.NewFlagSet("kvmesh", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage) }
-	addr := fs.String("addr", os.Getenv("KVMESH_ADDR"), "gRPC address(es) of any cluster member, comma-separated")
-	timeout := fs.Duration("timeout", 30*time.Second, "deadline of the command")
-	var sec secFlags
-	sec.register(fs)
+	fs.SetOutput(io.Discard)
+	e.g.register(fs)
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usage)
+			return flag.ErrHelp
+		}
+		return usagef("%v", err)
 	}
 	if fs.NArg() == 0 {
-		fs.Usage()
-		return flag.ErrHelp
+		fmt.Fprint(stderr, usage)
+		return usagef("no command")
 	}
-	cmd, rest := fs.Arg(0), fs.Args()[1:]
-	switch cmd {
+	name, rest := fs.Arg(0), fs.Args()[1:]
+	switch name {
 	case "kvmeshd": // local-cluster runs itself as the daemon when no kvmeshd binary is at hand
 		return daemon.Run(ctx, rest, stdout, stderr)
-	case "local-cluster":
-		return localCluster(ctx, rest, stdout, stderr)
-	case "certs":
-		return certs(rest, stdout, stderr)
-	case "gossip-key", "token", "settings":
-		ctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
-		dial := adminDial(*addr, &sec)
-		switch cmd {
-		case "token":
-			return tokenCmd(ctx, rest, dial, stdout, stderr)
-		case "settings":
-			return settingsCmd(ctx, rest, dial, stdout, stderr)
+	case "help":
+		if len(rest) == 0 {
+			fmt.Fprint(stdout, usage)
+			return nil
 		}
-		return gossipKeyCmd(ctx, rest, dial, stdout)
-	}
-	if *addr == "" {
-		return errors.New("no cluster address: set -addr or KVMESH_ADDR")
-	}
-	if cmd == "drain" {
-		// -timeout bounds finding the cluster, not the drain.
-		nctx, ncancel := context.WithTimeout(ctx, *timeout)
-		c, err := client.New(nctx, sec.config(client.Config{Seeds: strings.Split(*addr, ",")}))
-		ncancel()
-		if err != nil {
-			return err
+		if _, ok := findCommand(rest[0]); !ok || len(rest) > 1 {
+			return usagef("help: unknown command %q", strings.Join(rest, " "))
 		}
-		defer c.Close()
-		return drain(ctx, c, rest, stdout, stderr)
+		// The command's own -h prints its flags too.
+		return ignoreHelp(runEnv(ctx, append(rest[:1:1], "-h"), getenv, stdout, stderr))
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	c, err := client.New(ctx, sec.config(client.Config{Seeds: strings.Split(*addr, ",")}))
-	if err != nil {
-		return err
+	c, ok := findCommand(name)
+	if !ok {
+		return usagef("unknown command %q", name)
 	}
-	defer c.Close()
-	switch cmd {
-	case "status":
-		return status(ctx, c, stdout)
-	case "ring":
-		return showRing(ctx, c, stdout)
-	case "models":
-		return models(ctx, c, stdout)
-	case "register":
-		return register(ctx, c, rest, stdout)
-	case "put":
-		return put(ctx, c, rest, stdout)
-	case "get":
-		return get(ctx, c, rest, stdout, stderr)
-	case "lookup":
-		return lookup(ctx, c, rest, stdout, stderr)
-	case "delete":
-		return del(ctx, c, rest, stdout)
-	}
-	fs.Usage()
-	return fmt.Errorf("unknown command %q", cmd)
+	return c.run(ctx, e, rest)
 }
 
-func status(ctx context.Context, c *client.Client, w io.Writer) error {
-	info, err := c.ClusterInfo(ctx)
+// ignoreHelp maps flag.ErrHelp to success.
+func ignoreHelp(err error) error {
+	if errors.Is(err, flag.ErrHelp) {
+		return nil
+	}
+	return err
+}
+
+// versionOut is `kvmesh version -format json`.
+type versionOut = buildinfo.Info
+
+func versionCmd(_ context.Context, e *env, args []string) error {
+	if _, err := e.parse(e.flags("version"), args, 0, 0); err != nil {
+		return err
+	}
+	info := buildinfo.Read()
+	return e.print(versionOut(info), func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, "kvmesh", info)
+		return err
+	})
+}
+
+// connected parses a cluster command's flags, then connects under
+// -timeout; done closes the client and the deadline.
+func (e *env) connected(ctx context.Context, fs *flag.FlagSet, args []string, minArgs, maxArgs int) (pos []string, c *clientConn, err error) {
+	if pos, err = e.parse(fs, args, minArgs, maxArgs); err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, e.g.timeout)
+	cl, err := e.client(cctx)
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	return pos, &clientConn{Client: cl, ctx: cctx, cancel: cancel}, nil
+}
+
+// clientConn is a connected client with the command's deadline.
+type clientConn struct {
+	*client.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (c *clientConn) close() {
+	_ = c.Client.Close()
+	c.cancel()
+}
+
+// statusOut is `kvmesh status -format json`.
+type statusOut struct {
+	Epoch             uint64       `json:"epoch"`
+	Leader            string       `json:"leader"`
+	LeaderGRPC        string       `json:"leader_grpc"`
+	ReplicationFactor uint32       `json:"replication_factor"`
+	WriteQuorum       uint32       `json:"write_quorum"`
+	Codec             string       `json:"codec"`
+	Nodes             []nodeStatus `json:"nodes"`
+}
+
+type nodeStatus struct {
+	ID      string       `json:"id"`
+	GRPC    string       `json:"grpc"`
+	HTTP    string       `json:"http"`
+	Up      bool         `json:"up"`
+	Error   string       `json:"error,omitempty"`
+	Entries uint64       `json:"entries"`
+	Bytes   uint64       `json:"bytes"`
+	Tiers   []tierStatus `json:"tiers"`
+}
+
+type tierStatus struct {
+	Name          string `json:"name"`
+	Entries       uint64 `json:"entries"`
+	Bytes         uint64 `json:"bytes"`
+	CapacityBytes uint64 `json:"capacity_bytes"`
+	Evictions     uint64 `json:"evictions"`
+}
+
+// errNoLeader: the cluster has no leader, so no quorum for writes.
+var errNoLeader = errors.New("no leader: the cluster has no quorum (fewer than a majority of its Raft voters are up); metadata writes fail until enough nodes are back")
+
+func statusCmd(ctx context.Context, e *env, args []string) error {
+	_, c, err := e.connected(ctx, e.flags("status"), args, 0, 0)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "epoch %d  leader %s (%s)  replication %d  write quorum %d  codec %s\n\n",
-		info.Epoch, info.LeaderId, info.LeaderGrpcAddr, info.ReplicationFactor, info.WriteQuorum, info.Codec)
+	defer c.close()
+	info, err := c.ClusterInfo(c.ctx)
+	if err != nil {
+		return plain("status", err)
+	}
+	out := statusOut{Epoch: info.Epoch, Leader: info.LeaderId, LeaderGRPC: info.LeaderGrpcAddr,
+		ReplicationFactor: info.ReplicationFactor, WriteQuorum: info.WriteQuorum, Codec: info.Codec, Nodes: []nodeStatus{}}
+	down := 0
+	for _, m := range info.Members {
+		ns := nodeStatus{ID: m.Id, GRPC: m.GrpcAddr, HTTP: m.HttpAddr, Tiers: []tierStatus{}}
+		st, err := c.Stats(c.ctx, m.GrpcAddr)
+		if err != nil {
+			ns.Error = describe(err)
+			down++
+		} else {
+			ns.Up, ns.Entries, ns.Bytes = true, st.Entries, st.Bytes
+			for _, t := range st.Tiers {
+				ns.Tiers = append(ns.Tiers, tierStatus{t.Name, t.Entries, t.Bytes, t.CapacityBytes, t.Evictions})
+			}
+		}
+		out.Nodes = append(out.Nodes, ns)
+	}
+	if err := e.print(out, func(w io.Writer) error { return printStatus(w, out) }); err != nil {
+		return err
+	}
+	switch {
+	case out.Leader == "":
+		return errNoLeader
+	case down > 0:
+		return fmt.Errorf("%d of %d members do not answer", down, len(out.Nodes))
+	}
+	return nil
+}
+
+func printStatus(w io.Writer, s statusOut) error {
+	leader := s.Leader + " (" + s.LeaderGRPC + ")"
+	if s.Leader == "" {
+		leader = "NONE (no quorum)"
+	}
+	fmt.Fprintf(w, "epoch %d  leader %s  replication %d  write quorum %d  codec %s\n\n",
+		s.Epoch, leader, s.ReplicationFactor, s.WriteQuorum, s.Codec)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NODE\tGRPC\tHTTP\tENTRIES\tBYTES\tTIERS")
-	for _, m := range info.Members {
-		st, err := c.Stats(ctx, m.GrpcAddr)
-		if err != nil {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\tunreachable: %v\n", m.Id, m.GrpcAddr, m.HttpAddr, errors.Unwrap(err))
+	for _, n := range s.Nodes {
+		if !n.Up {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\tdown: %s\n", n.ID, n.GRPC, n.HTTP, n.Error)
 			continue
 		}
 		var tiers []string
-		for _, t := range st.Tiers {
+		for _, t := range n.Tiers {
 			tiers = append(tiers, fmt.Sprintf("%s %d entries %s/%s evicted %d", t.Name, t.Entries, units.Bytes(t.Bytes), units.Bytes(t.CapacityBytes), t.Evictions))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", m.Id, m.GrpcAddr, m.HttpAddr, st.Entries, units.Bytes(st.Bytes), strings.Join(tiers, "; "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.GRPC, n.HTTP, n.Entries, units.Bytes(n.Bytes), strings.Join(tiers, "; "))
 	}
 	return tw.Flush()
 }
 
-func showRing(ctx context.Context, c *client.Client, w io.Writer) error {
-	if _, err := c.ClusterInfo(ctx); err != nil {
+// ringOut is `kvmesh ring -format json`.
+type ringOut struct {
+	Epoch             uint64       `json:"epoch"`
+	ReplicationFactor int          `json:"replication_factor"`
+	Samples           int          `json:"samples"`
+	Members           []ringMember `json:"members"`
+}
+
+type ringMember struct {
+	ID             string  `json:"id"`
+	GRPC           string  `json:"grpc"`
+	Raft           string  `json:"raft"`
+	Gossip         string  `json:"gossip"`
+	Weight         float64 `json:"weight"`
+	PrimaryPercent float64 `json:"primary_percent"`
+	ReplicaPercent float64 `json:"replica_percent"`
+}
+
+func ringCmd(ctx context.Context, e *env, args []string) error {
+	_, c, err := e.connected(ctx, e.flags("ring"), args, 0, 0)
+	if err != nil {
 		return err
+	}
+	defer c.close()
+	if _, err := c.ClusterInfo(c.ctx); err != nil {
+		return plain("ring", err)
 	}
 	r := c.Ring()
 	rf := c.ReplicationFactor()
@@ -205,36 +372,69 @@ func showRing(ctx context.Context, c *client.Client, w io.Writer) error {
 			replica[m.ID]++
 		}
 	}
-	fmt.Fprintf(w, "epoch %d, %d members, R=%d\n", r.Epoch(), r.Len(), rf)
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGRPC\tRAFT\tGOSSIP\tWEIGHT\tPRIMARY\tREPLICA")
+	out := ringOut{Epoch: r.Epoch(), ReplicationFactor: rf, Samples: samples, Members: []ringMember{}}
 	for _, m := range r.Members() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2f\t%.1f%%\t%.1f%%\n", m.ID, m.GRPCAddr, m.RaftAddr, m.GossipAddr, m.EffectiveWeight(),
-			100*float64(primary[m.ID])/samples, 100*float64(replica[m.ID])/samples)
+		out.Members = append(out.Members, ringMember{m.ID, m.GRPCAddr, m.RaftAddr, m.GossipAddr, m.EffectiveWeight(),
+			100 * float64(primary[m.ID]) / samples, 100 * float64(replica[m.ID]) / samples})
 	}
-	return tw.Flush()
+	return e.print(out, func(w io.Writer) error {
+		fmt.Fprintf(w, "epoch %d, %d members, R=%d\n", out.Epoch, len(out.Members), rf)
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "NODE\tGRPC\tRAFT\tGOSSIP\tWEIGHT\tPRIMARY\tREPLICA")
+		for _, m := range out.Members {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2f\t%.1f%%\t%.1f%%\n", m.ID, m.GRPC, m.Raft, m.Gossip, m.Weight, m.PrimaryPercent, m.ReplicaPercent)
+		}
+		return tw.Flush()
+	})
 }
 
-func models(ctx context.Context, c *client.Client, w io.Writer) error {
-	specs, err := c.Models(ctx)
+// modelOut is one model of `kvmesh models -format json`.
+type modelOut struct {
+	Fingerprint string  `json:"fingerprint"`
+	Family      string  `json:"family"`
+	Layers      int     `json:"layers"`
+	KVHeads     int     `json:"kv_heads"`
+	HeadDim     int     `json:"head_dim"`
+	DType       string  `json:"dtype"`
+	Rope        string  `json:"rope"`
+	RopeTheta   float64 `json:"rope_theta"`
+	Tokenizer   string  `json:"tokenizer"`
+	Revision    string  `json:"revision"`
+}
+
+func modelsCmd(ctx context.Context, e *env, args []string) error {
+	_, c, err := e.connected(ctx, e.flags("models"), args, 0, 0)
 	if err != nil {
 		return err
 	}
-	sort.Slice(specs, func(i, j int) bool { return specs[i].Fingerprint().String() < specs[j].Fingerprint().String() })
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FINGERPRINT\tFAMILY\tLAYERS\tKV HEADS\tHEAD DIM\tDTYPE\tROPE\tTOKENIZER\tREVISION")
-	for _, s := range specs {
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%v\t%v/%g\t%s\t%s\n", s.Fingerprint(), s.Family, s.Layers, s.KVHeads, s.HeadDim, s.DType,
-			s.RopeStyle, s.RopeTheta, s.TokenizerID, s.WeightsRevision)
+	defer c.close()
+	specs, err := c.Models(c.ctx)
+	if err != nil {
+		return plain("models", err)
 	}
-	return tw.Flush()
+	sort.Slice(specs, func(i, j int) bool { return specs[i].Fingerprint().String() < specs[j].Fingerprint().String() })
+	out := []modelOut{}
+	for _, s := range specs {
+		out = append(out, modelOut{s.Fingerprint().String(), s.Family, int(s.Layers), int(s.KVHeads), int(s.HeadDim), fmt.Sprint(s.DType),
+			fmt.Sprint(s.RopeStyle), float64(s.RopeTheta), s.TokenizerID, s.WeightsRevision})
+	}
+	return e.print(out, func(w io.Writer) error {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "FINGERPRINT\tFAMILY\tLAYERS\tKV HEADS\tHEAD DIM\tDTYPE\tROPE\tTOKENIZER\tREVISION")
+		for _, m := range out {
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%s\t%s/%g\t%s\t%s\n", m.Fingerprint, m.Family, m.Layers, m.KVHeads, m.HeadDim, m.DType,
+				m.Rope, m.RopeTheta, m.Tokenizer, m.Revision)
+		}
+		return tw.Flush()
+	})
 }
 
-func register(ctx context.Context, c *client.Client, args []string, w io.Writer) error {
-	if len(args) != 1 {
-		return errors.New("usage: kvmesh register SPEC.json")
+func registerCmd(ctx context.Context, e *env, args []string) error {
+	pos, err := e.parse(e.flags("register"), args, 1, 1)
+	if err != nil {
+		return err
 	}
-	b, err := os.ReadFile(args[0])
+	b, err := os.ReadFile(pos[0])
 	if err != nil {
 		return err
 	}
@@ -242,20 +442,38 @@ func register(ctx context.Context, c *client.Client, args []string, w io.Writer)
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&spec); err != nil {
-		return fmt.Errorf("%s: %w", args[0], err)
+		return fmt.Errorf("%s: %w", pos[0], err)
 	}
-	fp, err := c.RegisterModel(ctx, spec)
+	_, c, err := e.connected(ctx, e.flags("register"), nil, 0, 0)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(w, fp)
-	return nil
+	defer c.close()
+	fp, err := c.RegisterModel(c.ctx, spec)
+	if err != nil {
+		return plain("register", err)
+	}
+	return e.print(map[string]string{"fingerprint": fp.String()}, func(w io.Writer) error {
+		_, err := fmt.Fprintln(w, fp)
+		return err
+	})
 }
 
-func put(ctx context.Context, c *client.Client, files []string, w io.Writer) error {
-	if len(files) == 0 {
-		return errors.New("usage: kvmesh put ENTRY...")
+// putOut is one stored entry of `kvmesh put -format json`.
+type putOut struct {
+	File     string   `json:"file"`
+	Key      string   `json:"key"`
+	Bytes    int      `json:"bytes"`
+	StoredOn []string `json:"stored_on"`
+}
+
+func putCmd(ctx context.Context, e *env, args []string) error {
+	files, c, err := e.connected(ctx, e.flags("put"), args, 1, -1)
+	if err != nil {
+		return err
 	}
+	defer c.close()
+	var out []putOut
 	for _, f := range files {
 		blob, err := os.ReadFile(f)
 		if err != nil {
@@ -265,115 +483,150 @@ func put(ctx context.Context, c *client.Client, files []string, w io.Writer) err
 		if err != nil {
 			return fmt.Errorf("%s: %w", f, err)
 		}
-		res, err := c.Put(ctx, blob)
+		res, err := c.Put(c.ctx, blob)
 		if err != nil {
-			return fmt.Errorf("%s: %w", f, err)
+			return plain("put "+f, err)
 		}
-		fmt.Fprintf(w, "%s %s stored on %s\n", hd.Key, units.Bytes(uint64(len(blob))), strings.Join(res.StoredOn, ","))
+		p := putOut{f, hd.Key.String(), len(blob), res.StoredOn}
+		if !e.json() {
+			fmt.Fprintf(e.stdout, "%s %s stored on %s\n", p.Key, units.Bytes(uint64(p.Bytes)), strings.Join(p.StoredOn, ","))
+		}
+		out = append(out, p)
+	}
+	if e.json() {
+		return e.print(out, nil)
 	}
 	return nil
 }
 
-func get(ctx context.Context, c *client.Client, args []string, w, stderr io.Writer) error {
-	fs := flag.NewFlagSet("get", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+func getCmd(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("get")
 	out := fs.String("o", "", "output file (default stdout)")
 	layers := fs.String("layers", "", "layer range A:B: write the decoded K/V of these layers")
 	heads := fs.String("heads", "", "KV head range A:B: write the decoded K/V of these heads")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() != 1 {
-		return errors.New("usage: kvmesh get [-o FILE] [-layers A:B] [-heads A:B] KEY")
-	}
-	key, err := parseKey(fs.Arg(0))
+	pos, c, err := e.connected(ctx, fs, args, 1, 1)
 	if err != nil {
 		return err
 	}
+	defer c.close()
+	key, err := parseKey(pos[0])
+	if err != nil {
+		return &usageError{msg: err.Error()}
+	}
 	var data []byte
 	if *layers == "" && *heads == "" {
-		if data, err = c.Get(ctx, key); err != nil {
-			return err
+		if data, err = c.Get(c.ctx, key); err != nil {
+			return plain("get "+pos[0], err)
 		}
 	} else {
 		var r chunk.Range
 		if r.LayerLo, r.LayerHi, err = parseSpan(*layers); err != nil {
-			return err
+			return &usageError{msg: err.Error()}
 		}
 		if r.HeadLo, r.HeadHi, err = parseSpan(*heads); err != nil {
-			return err
+			return &usageError{msg: err.Error()}
 		}
-		res, err := c.GetRange(ctx, key, r)
+		res, err := c.GetRange(c.ctx, key, r)
 		if err != nil {
-			return err
+			return plain("get "+pos[0], err)
 		}
-		fmt.Fprintf(stderr, "layers [%d,%d) heads [%d,%d) of %d tokens, %v, layout [layer][K|V][token][head][dim]\n",
+		fmt.Fprintf(e.stderr, "layers [%d,%d) heads [%d,%d) of %d tokens, %v, layout [layer][K|V][token][head][dim]\n",
 			res.Range.LayerLo, res.Range.LayerHi, res.Range.HeadLo, res.Range.HeadHi, res.Shape.Tokens, res.Shape.DType)
 		data = res.Data
 	}
 	if *out == "" {
-		_, err = w.Write(data)
+		_, err = e.stdout.Write(data)
 		return err
 	}
 	return os.WriteFile(*out, data, 0o644)
 }
 
-func lookup(ctx context.Context, c *client.Client, args []string, w, stderr io.Writer) error {
-	fs := flag.NewFlagSet("lookup", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// lookupOut is one content ID of `kvmesh lookup -format json`.
+type lookupOut struct {
+	Content string   `json:"content"`
+	Result  string   `json:"result"`
+	Key     string   `json:"key,omitempty"`
+	Holders []string `json:"holders"`
+}
+
+func lookupCmd(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("lookup")
 	model := fs.String("model", "", "model fingerprint (required)")
 	want := fs.String("want", "standalone", "context wanted: standalone, window(W):ID or prefix:ID")
-	if err := fs.Parse(args); err != nil {
+	pos, err := e.parse(fs, args, 1, -1)
+	if err != nil {
 		return err
 	}
 	fp, err := parseFingerprint(*model)
 	if err != nil {
-		return fmt.Errorf("-model: %w", err)
+		return usagef("-model: %v", err)
 	}
 	wc, err := parseContext(*want)
 	if err != nil {
-		return err
+		return usagef("-want: %v", err)
 	}
 	var items []client.LookupItem
-	for _, a := range fs.Args() {
+	for _, a := range pos {
 		id, err := parseID(a)
 		if err != nil {
-			return err
+			return usagef("%v", err)
 		}
 		items = append(items, client.LookupItem{Content: id, Want: wc})
 	}
-	res, err := c.Lookup(ctx, fp, items)
+	_, c, err := e.connected(ctx, e.flags("lookup"), nil, 0, 0)
 	if err != nil {
 		return err
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONTENT\tRESULT\tKEY\tHOLDERS")
-	for i, r := range res {
-		key := "-"
-		if r.Match != chunk.MatchMiss {
-			key = r.Key.String()
-		}
-		var holders []string
-		for _, h := range r.Holders {
-			holders = append(holders, h.ID)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", items[i].Content, strings.ToUpper(r.Match.String()), key, strings.Join(holders, ","))
+	defer c.close()
+	res, err := c.Lookup(c.ctx, fp, items)
+	if err != nil {
+		return plain("lookup", err)
 	}
-	return tw.Flush()
+	out := []lookupOut{}
+	for i, r := range res {
+		lo := lookupOut{Content: items[i].Content.String(), Result: strings.ToUpper(r.Match.String()), Holders: []string{}}
+		if r.Match != chunk.MatchMiss {
+			lo.Key = r.Key.String()
+		}
+		for _, h := range r.Holders {
+			lo.Holders = append(lo.Holders, h.ID)
+		}
+		out = append(out, lo)
+	}
+	return e.print(out, func(w io.Writer) error {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "CONTENT\tRESULT\tKEY\tHOLDERS")
+		for _, l := range out {
+			key := l.Key
+			if key == "" {
+				key = "-"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", l.Content, l.Result, key, strings.Join(l.Holders, ","))
+		}
+		return tw.Flush()
+	})
 }
 
-func del(ctx context.Context, c *client.Client, args []string, w io.Writer) error {
-	if len(args) != 1 {
-		return errors.New("usage: kvmesh delete KEY")
-	}
-	key, err := parseKey(args[0])
+func deleteCmd(ctx context.Context, e *env, args []string) error {
+	pos, err := e.parse(e.flags("delete"), args, 1, 1)
 	if err != nil {
 		return err
 	}
-	n, err := c.Delete(ctx, key)
+	key, err := parseKey(pos[0])
+	if err != nil {
+		return usagef("%v", err)
+	}
+	_, c, err := e.connected(ctx, e.flags("delete"), nil, 0, 0)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "deleted from %d replicas\n", n)
-	return nil
+	defer c.close()
+	n, err := c.Delete(c.ctx, key)
+	if err != nil {
+		return plain("delete", err)
+	}
+	return e.print(map[string]int{"replicas": n}, func(w io.Writer) error {
+		_, err := fmt.Fprintf(w, "deleted from %d replicas\n", n)
+		return err
+	})
 }

@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/kvmesh/kvmesh/api"
 )
@@ -19,70 +19,94 @@ const settingsUsage = `usage:
                                                        version V (as get showed it), else
                                                        FailedPrecondition and nothing changes`
 
+// settingsOut is `kvmesh settings get|set -format json`; set adds the
+// previous settings.
+type settingsOut struct {
+	ReplicationFactor uint32       `json:"replication_factor"`
+	WriteQuorum       uint32       `json:"write_quorum"`
+	Codec             string       `json:"codec"`
+	Version           uint64       `json:"version"`
+	Previous          *settingsOut `json:"previous,omitempty"`
+}
+
+func toSettingsOut(s *api.ClusterSettings, version uint64) settingsOut {
+	return settingsOut{s.GetReplicationFactor(), s.GetWriteQuorum(), s.GetCodec(), version, nil}
+}
+
 // settingsCmd is `kvmesh settings [get]` and `kvmesh settings set`: the
 // cluster settings over Admin.GetSettings and Admin.SetSettings.
-func settingsCmd(ctx context.Context, args []string, dial adminDialer, stdout, stderr io.Writer) error {
+func settingsCmd(ctx context.Context, e *env, args []string) error {
 	sub := "get"
-	if len(args) > 0 {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		sub, args = args[0], args[1:]
 	}
 	switch sub {
 	case "get":
-		if len(args) != 0 {
-			return errors.New(settingsUsage)
+		if _, err := e.parse(e.flags("settings get"), args, 0, 0); err != nil {
+			return err
 		}
-		ac, done, err := dial()
+		a, err := e.admin(ctx)
 		if err != nil {
 			return err
 		}
-		defer done()
-		resp, err := ac.GetSettings(ctx, &api.GetSettingsRequest{})
+		defer a.close()
+		resp, err := a.GetSettings(a.ctx, &api.GetSettingsRequest{})
 		if err != nil {
-			return fmt.Errorf("settings get: %w", err)
+			return plain("settings get", err)
 		}
-		printSettings(stdout, "", resp.Settings, resp.Version)
-		return nil
+		out := toSettingsOut(resp.Settings, resp.Version)
+		return e.print(out, func(w io.Writer) error {
+			printSettings(w, "", out)
+			return nil
+		})
 	case "set":
-		fs := flag.NewFlagSet("settings set", flag.ContinueOnError)
-		fs.SetOutput(stderr)
+		fs := e.flags("settings set")
 		r := fs.Uint("r", 0, "replication factor R (0: keep)")
 		w := fs.Uint("w", 0, "write quorum W (0: keep)")
 		codec := fs.String("codec", "", "codec of new entries: raw, lossless, int8, int4, fp8 (empty: keep)")
 		ifVersion := fs.Uint64("if-version", 0, "change only if the settings are still at this version (from settings get)")
-		if err := fs.Parse(args); err != nil {
+		if _, err := e.parse(fs, args, 0, 0); err != nil {
 			return err
 		}
 		conditional := false
 		fs.Visit(func(f *flag.Flag) { conditional = conditional || f.Name == "if-version" })
-		if fs.NArg() != 0 {
-			return errors.New(settingsUsage)
-		}
 		if *r == 0 && *w == 0 && *codec == "" {
-			return fmt.Errorf("settings set: nothing to change\n%s", settingsUsage)
+			return usagef("settings set: nothing to change (give -r, -w or -codec)")
 		}
 		if *r > 1<<16 || *w > 1<<16 {
-			return fmt.Errorf("settings set: R %d or W %d out of range", *r, *w)
+			return usagef("settings set: R %d or W %d out of range", *r, *w)
 		}
-		ac, done, err := dial()
+		a, err := e.admin(ctx)
 		if err != nil {
 			return err
 		}
-		defer done()
+		defer a.close()
+		if err := a.requireLeader(); err != nil {
+			return err
+		}
 		req := &api.SetSettingsRequest{ReplicationFactor: uint32(*r), WriteQuorum: uint32(*w), Codec: *codec}
 		if conditional {
 			req.ExpectedVersion = ifVersion
 		}
-		resp, err := ac.SetSettings(ctx, req)
+		resp, err := a.SetSettings(a.ctx, req)
 		if err != nil {
-			return fmt.Errorf("settings set: %w", err)
+			return plain("settings set", err)
 		}
-		fmt.Fprintf(stdout, "was R=%d W=%d codec=%s\n", resp.Previous.GetReplicationFactor(), resp.Previous.GetWriteQuorum(), resp.Previous.GetCodec())
-		printSettings(stdout, "now ", resp.Settings, resp.Version)
-		return nil
+		out := toSettingsOut(resp.Settings, resp.Version)
+		prev := toSettingsOut(resp.Previous, 0)
+		out.Previous = &prev
+		return e.print(out, func(w io.Writer) error {
+			fmt.Fprintf(w, "was R=%d W=%d codec=%s\n", prev.ReplicationFactor, prev.WriteQuorum, prev.Codec)
+			printSettings(w, "now ", out)
+			return nil
+		})
+	case "-h", "-help", "--help":
+		printHelp(e.stdout, "settings", nil)
+		return flag.ErrHelp
 	}
-	return errors.New(settingsUsage)
+	return usagef("settings: unknown subcommand %q (get or set)", sub)
 }
 
-func printSettings(w io.Writer, prefix string, s *api.ClusterSettings, version uint64) {
-	fmt.Fprintf(w, "%sR=%d W=%d codec=%s version=%d\n", prefix, s.GetReplicationFactor(), s.GetWriteQuorum(), s.GetCodec(), version)
+func printSettings(w io.Writer, prefix string, s settingsOut) {
+	fmt.Fprintf(w, "%sR=%d W=%d codec=%s version=%d\n", prefix, s.ReplicationFactor, s.WriteQuorum, s.Codec, s.Version)
 }

@@ -3,11 +3,11 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -22,104 +22,158 @@ const tokenUsage = `usage:
   kvmesh [-addr A] [-token ADMIN] token revoke ID
   kvmesh token create -records FILE [-name N] [-scopes S] [-namespace HEX,...] [-expires D]   (offline bootstrap)`
 
+// tokenOut is one token of `kvmesh token list -format json` (no secret).
+type tokenOut struct {
+	ID        string   `json:"id"`
+	Name      string   `json:"name"`
+	Scopes    string   `json:"scopes"`
+	Namespace []string `json:"namespace"`
+	Created   string   `json:"created"`
+	Expires   string   `json:"expires,omitempty"`
+}
+
 // tokenCmd is `kvmesh token create|list|revoke`. With -records, create
 // works offline: it makes a token, prints it once and appends its record
 // (never the secret) to a file that kvmeshd -tokens-file stores in the
 // cluster (the way to make the first admin token). Without it every
-// subcommand calls the Admin API of the node at -addr with the admin
-// token of -token.
-func tokenCmd(ctx context.Context, args []string, dial adminDialer, stdout, stderr io.Writer) error {
+// subcommand calls the Admin API with the admin token of -token.
+func tokenCmd(ctx context.Context, e *env, args []string) error {
 	if len(args) == 0 {
-		return errors.New(tokenUsage)
+		return usagef("token: missing subcommand (create, list or revoke)")
 	}
 	switch args[0] {
 	case "create":
-		return tokenCreate(ctx, args[1:], dial, stdout, stderr)
+		return tokenCreate(ctx, e, args[1:])
 	case "list":
-		if len(args) != 1 {
-			return errors.New(tokenUsage)
+		if _, err := e.parse(e.flags("token list"), args[1:], 0, 0); err != nil {
+			return err
 		}
-		ac, done, err := dial()
+		a, err := e.admin(ctx)
 		if err != nil {
 			return err
 		}
-		defer done()
-		resp, err := ac.ListTokens(ctx, &api.ListTokensRequest{})
+		defer a.close()
+		toks, err := listTokens(a)
 		if err != nil {
-			return fmt.Errorf("token list: %w", err)
+			return err
 		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tNAMESPACE\tCREATED\tEXPIRES")
-		for _, t := range resp.Tokens {
-			exp := "never"
-			if t.Expires != 0 {
-				exp = time.Unix(t.Expires, 0).UTC().Format(time.RFC3339)
+		return e.print(toks, func(w io.Writer) error {
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tNAME\tSCOPES\tNAMESPACE\tCREATED\tEXPIRES")
+			for _, t := range toks {
+				ns := strings.Join(t.Namespace, ",")
+				if ns == "" {
+					ns = "*"
+				}
+				exp := t.Expires
+				if exp == "" {
+					exp = "never"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.ID, t.Name, t.Scopes, ns, t.Created, exp)
 			}
-			ns := strings.Join(t.Namespace, ",")
-			if ns == "" {
-				ns = "*"
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", t.Id, t.Name, t.Scopes, ns, time.Unix(t.Created, 0).UTC().Format(time.RFC3339), exp)
-		}
-		return tw.Flush()
+			return tw.Flush()
+		})
 	case "revoke":
-		if len(args) != 2 {
-			return errors.New(tokenUsage)
+		pos, err := e.parse(e.flags("token revoke"), args[1:], 1, 1)
+		if err != nil {
+			return err
 		}
 		// Accept a whole token too: only its ID is sent.
-		id, _, _ := strings.Cut(args[1], ".")
-		ac, done, err := dial()
+		id, _, _ := strings.Cut(pos[0], ".")
+		a, err := e.admin(ctx)
 		if err != nil {
 			return err
 		}
-		defer done()
-		if _, err := ac.RevokeToken(ctx, &api.RevokeTokenRequest{Id: id}); err != nil {
-			return fmt.Errorf("token revoke: %w", err)
+		defer a.close()
+		if err := a.requireLeader(); err != nil {
+			return err
 		}
-		fmt.Fprintln(stdout, "revoked", id)
-		return nil
+		// Revoking is idempotent in the cluster; an ID it does not know
+		// is most likely a typo, which must not look like success.
+		toks, err := listTokens(a)
+		if err != nil {
+			return err
+		}
+		if !slices.ContainsFunc(toks, func(t tokenOut) bool { return t.ID == id }) {
+			return &plainError{msg: fmt.Sprintf("token revoke: no token with ID %q", id), hint: "kvmesh token list shows the IDs"}
+		}
+		if _, err := a.RevokeToken(a.ctx, &api.RevokeTokenRequest{Id: id}); err != nil {
+			return plain("token revoke", err)
+		}
+		return e.print(map[string]string{"revoked": id}, func(w io.Writer) error {
+			_, err := fmt.Fprintln(w, "revoked", id)
+			return err
+		})
+	case "-h", "-help", "--help":
+		printHelp(e.stdout, "token", nil)
+		return flag.ErrHelp
 	}
-	return errors.New(tokenUsage)
+	return usagef("token: unknown subcommand %q (create, list or revoke)", args[0])
 }
 
-func tokenCreate(ctx context.Context, args []string, dial adminDialer, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("token create", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// listTokens is the cluster's tokens, without secrets.
+func listTokens(a *adminConn) ([]tokenOut, error) {
+	resp, err := a.ListTokens(a.ctx, &api.ListTokensRequest{})
+	if err != nil {
+		return nil, plain("token list", err)
+	}
+	out := []tokenOut{}
+	for _, t := range resp.Tokens {
+		to := tokenOut{ID: t.Id, Name: t.Name, Scopes: t.Scopes, Namespace: t.Namespace,
+			Created: time.Unix(t.Created, 0).UTC().Format(time.RFC3339)}
+		if to.Namespace == nil {
+			to.Namespace = []string{}
+		}
+		if t.Expires != 0 {
+			to.Expires = time.Unix(t.Expires, 0).UTC().Format(time.RFC3339)
+		}
+		out = append(out, to)
+	}
+	return out, nil
+}
+
+func tokenCreate(ctx context.Context, e *env, args []string) error {
+	fs := e.flags("token create")
 	records := fs.String("records", "", "offline: append the record to this file (mode 0600; kvmeshd -tokens-file) instead of calling the cluster")
 	name := fs.String("name", "", "label of the token")
 	scopes := fs.String("scopes", "read", "comma-separated scopes: read, write, admin")
 	namespace := fs.String("namespace", "", "comma-separated model fingerprint prefixes (hex) the token is limited to")
 	expires := fs.Duration("expires", 0, "lifetime (0: never expires)")
-	if err := fs.Parse(args); err != nil {
+	if _, err := e.parse(fs, args, 0, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("token create: unexpected argument %q", fs.Arg(0))
 	}
 	sc, err := auth.ParseScopes(*scopes)
 	if err != nil {
-		return fmt.Errorf("token create: %w", err)
+		return usagef("token create: %v", err)
 	}
 	ns, err := auth.ParseNamespace(*namespace)
 	if err != nil {
-		return fmt.Errorf("token create: %w", err)
+		return usagef("token create: %v", err)
 	}
 	if *expires < 0 {
-		return errors.New("token create: negative -expires")
+		return usagef("token create: negative -expires")
+	}
+	printToken := func(tok string) error {
+		return e.print(map[string]string{"token": tok}, func(w io.Writer) error {
+			_, err := fmt.Fprintln(w, tok)
+			return err
+		})
 	}
 	if *records == "" {
-		ac, done, err := dial()
+		a, err := e.admin(ctx)
 		if err != nil {
 			return err
 		}
-		defer done()
-		resp, err := ac.CreateToken(ctx, &api.CreateTokenRequest{Name: *name, Scopes: sc.String(), Namespace: ns,
+		defer a.close()
+		if err := a.requireLeader(); err != nil {
+			return err
+		}
+		resp, err := a.CreateToken(a.ctx, &api.CreateTokenRequest{Name: *name, Scopes: sc.String(), Namespace: ns,
 			TtlSeconds: int64(expires.Seconds())})
 		if err != nil {
-			return fmt.Errorf("token create: %w", err)
+			return plain("token create", err)
 		}
-		fmt.Fprintln(stdout, resp.Token)
-		return nil
+		return printToken(resp.Token)
 	}
 	var exp time.Time
 	if *expires > 0 {
@@ -144,6 +198,5 @@ func tokenCreate(ctx context.Context, args []string, dial adminDialer, stdout, s
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("token create: %w", err)
 	}
-	fmt.Fprintln(stdout, tok.String())
-	return nil
+	return printToken(tok.String())
 }
