@@ -6,21 +6,17 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/kvtier"
 )
-
-// rankEntry is a one-layer entry of toks in context cx.
-func rankEntry(fp chunk.Fingerprint, toks []uint32, cx chunk.Context) *chunk.Entry {
-	return &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: cx},
-		DType: chunk.F32, Layers: 1, KVHeads: 1, HeadDim: 2, Tokens: toks, KV: make([]byte, 2*len(toks)*2*4)}
-}
 
 // MemStore picks the encoding chunk.Better ranks first: the exact one, then
 // other prefixes, then windows (widest first), then standalone; ties to the
 // smaller ID.
 func TestMemStoreRanking(t *testing.T) {
 	ctx := context.Background()
-	fp := chunk.Fingerprint{Lo: 1, Hi: 2}
+	spec := testutil.Spec()
+	fp := spec.Fingerprint()
 	toks := []uint32{1, 2, 3}
 	want := chunk.PrefixContext(chunk.ID{Lo: 7})
 	w8 := chunk.WindowContext(fp, 8, []uint32{9})
@@ -46,11 +42,11 @@ func TestMemStoreRanking(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m := NewMemStore(0)
 			for _, cx := range tc.have {
-				if err := m.Put(ctx, rankEntry(fp, toks, cx)); err != nil {
+				if err := m.Put(ctx, testutil.NewEntry(rand.New(rand.NewPCG(1, 1)), spec, toks, cx)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			got, err := m.Lookup(ctx, []LookupRequest{{Key: rankEntry(fp, toks, want).Key, Tokens: toks}})
+			got, err := m.Lookup(ctx, []LookupRequest{{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: want}, Tokens: toks}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -66,7 +62,8 @@ func TestMemStoreRanking(t *testing.T) {
 // the engine's tests and benchmarks rank as a cluster does.
 func TestMemStoreRankingMatchesNode(t *testing.T) {
 	ctx := context.Background()
-	fp := chunk.Fingerprint{Lo: 11, Hi: 12}
+	spec := testutil.Spec()
+	fp := spec.Fingerprint()
 	r := rand.New(rand.NewPCG(1, 2))
 	for trial := range 200 {
 		toks := []uint32{uint32(trial), 1, 2}
@@ -95,11 +92,10 @@ func TestMemStoreRankingMatchesNode(t *testing.T) {
 		}
 		m := NewMemStore(0)
 		for _, i := range r.Perm(len(have)) {
-			ent := rankEntry(fp, toks, have[i])
-			blob, err := chunk.Encode(nil, ent, chunk.CodecRaw)
-			if err != nil {
-				t.Fatal(err)
-			}
+			// The same bytes for every encoding: a key put twice (the
+			// same context drawn twice) must hold the same bytes.
+			ent := testutil.NewEntry(rand.New(rand.NewPCG(1, 1)), spec, toks, have[i])
+			blob := testutil.Encode(t, ent, chunk.CodecRaw)
 			if _, err := node.Put(ctx, blob, kvtier.PutOptions{}); err != nil {
 				t.Fatal(err)
 			}

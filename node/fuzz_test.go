@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -25,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -82,12 +84,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		f.Fatal(err)
 	}
 	f.Cleanup(func() { _ = n.Close() })
-	for n.Ready() != nil {
-		if ctx.Err() != nil {
-			f.Fatalf("node not ready: %v", n.Ready())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.WaitFor(f, "the node to be ready", func() bool { return n.Ready() == nil })
 	e := &fuzzEnv{n: n, timeout: 5 * time.Second, spec: chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 8, DType: chunk.F16,
 		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "fuzz"}}
 	fp := e.spec.Fingerprint()
@@ -111,20 +108,11 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	f.Cleanup(func() { _ = e.cc.Close() })
 	for i := range 3 {
 		tokens := []uint32{uint32(i), 7, 11, 13}
-		ent := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-			DType: e.spec.DType, Layers: e.spec.Layers, KVHeads: e.spec.KVHeads, HeadDim: e.spec.HeadDim, Tokens: tokens}
-		ent.KV = make([]byte, ent.Layers*ent.LayerBytes())
-		for j := range ent.KV {
-			ent.KV[j] = byte(j * (i + 1))
-		}
-		blob, err := chunk.Encode(nil, ent, chunk.CodecRaw)
-		if err != nil {
+		key, blob := testutil.Blob(f, rand.New(rand.NewPCG(uint64(i), 0)), e.spec, tokens, chunk.StandaloneContext())
+		if err := e.put(ctx, api.NewClientClient(e.cc).Put, &api.PutHeader{Key: api.ProtoKey(key), BlobBytes: uint64(len(blob))}, blob); err != nil {
 			f.Fatal(err)
 		}
-		if err := e.put(ctx, api.NewClientClient(e.cc).Put, &api.PutHeader{Key: api.ProtoKey(ent.Key), BlobBytes: uint64(len(blob))}, blob); err != nil {
-			f.Fatal(err)
-		}
-		e.keys, e.blobs = append(e.keys, ent.Key), append(e.blobs, blob)
+		e.keys, e.blobs = append(e.keys, key), append(e.blobs, blob)
 	}
 	return e
 }
