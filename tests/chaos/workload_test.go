@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 func baseSpec() chunk.ModelSpec {
@@ -41,29 +42,18 @@ func entryFor(seed uint64, i int) (chunk.Key, []byte, error) {
 
 func entryOf(seed uint64, i int) (*chunk.Entry, chunk.Codec) {
 	spec := baseSpec()
-	fp := spec.Fingerprint()
 	base := i
 	if i >= variantBase {
 		base = i - variantBase
 	}
 	rng := rand.New(rand.NewPCG(seed, uint64(int64(base))^0x9e3779b97f4a7c15))
-	tokens := make([]uint32, 4+rng.IntN(13))
-	for j := range tokens {
-		tokens[j] = rng.Uint32N(150000)
+	tokens := testutil.Tokens(rng, 4+rng.IntN(13))
+	if i < variantBase {
+		return testutil.NewEntry(rng, spec, tokens, chunk.StandaloneContext()), chunk.CodecRaw
 	}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
-	codec := chunk.CodecRaw
-	if i >= variantBase {
-		rng = rand.New(rand.NewPCG(seed, uint64(int64(base))^0x5bd1e9955bd1e995))
-		e.Key.Context = chunk.WindowContext(fp, windowW, windowOf(rng))
-		codec = chunk.CodecLossless
-	}
-	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for j := range e.KV {
-		e.KV[j] = byte(rng.Uint32())
-	}
-	return e, codec
+	rng = rand.New(rand.NewPCG(seed, uint64(int64(base))^0x5bd1e9955bd1e995))
+	cx := chunk.WindowContext(spec.Fingerprint(), windowW, windowOf(rng))
+	return testutil.NewEntry(rng, spec, tokens, cx), chunk.CodecLossless
 }
 
 // windowOf draws windowW tokens: the text before a chunk in some prompt.
