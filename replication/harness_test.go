@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pinned"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -415,8 +416,6 @@ func (c *cluster) waitRepairs() {
 	}
 }
 
-var testFP = chunk.Fingerprint{Lo: 0x1234, Hi: 0x5678}
-
 // makeBlob returns an encoded entry for chunk i (deterministic), with
 // variant changing its bytes but not its key.
 func makeBlob(t testing.TB, i, variant int) ([]byte, chunk.Key) {
@@ -424,28 +423,16 @@ func makeBlob(t testing.TB, i, variant int) ([]byte, chunk.Key) {
 	return makeSizedBlob(t, i, variant, 8, 2)
 }
 
+// makeSizedBlob is makeBlob with tokens tokens and layers layers of
+// testutil.Spec's heads in f16.
 func makeSizedBlob(t testing.TB, i, variant, tokens, layers int) ([]byte, chunk.Key) {
 	t.Helper()
 	toks := make([]uint32, tokens)
 	for j := range toks {
 		toks[j] = uint32(i*131 + j)
 	}
-	e := &chunk.Entry{
-		Key:     chunk.Key{Fingerprint: testFP, Content: chunk.ContentID(testFP, toks), Context: chunk.StandaloneContext()},
-		DType:   chunk.F16,
-		Layers:  layers,
-		KVHeads: 2,
-		HeadDim: 8,
-		Tokens:  toks,
-	}
-	e.KV = make([]byte, layers*e.LayerBytes())
-	rng := rand.New(rand.NewPCG(uint64(i), uint64(variant)))
-	for j := range e.KV {
-		e.KV[j] = byte(rng.Uint32())
-	}
-	blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return blob, e.Key
+	spec := testutil.Spec()
+	spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType = layers, 2, 8, chunk.F16
+	key, blob := testutil.Blob(t, rand.New(rand.NewPCG(uint64(i), uint64(variant))), spec, toks, chunk.StandaloneContext())
+	return blob, key
 }
