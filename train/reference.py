@@ -5,10 +5,10 @@ checked against, and PyTorch's prefill speed on the same model.
         --out train/recall/reference.json --threads 2
 
 reference.json holds, for the first prompt of each task at k = 5, the
-prompt tokens and the next-token logits after it (full prefill), and the
-greedy exact-match accuracy PyTorch gets on the whole evaluation set per
-task and k; the prefill speed (tokens/s at each prompt length measured) is
-printed and stored too.
+prompt tokens and the next-token logits after it (full prefill); PyTorch's
+greedy answers to a handful of prompts; the prefill speed (tokens/s at each
+prompt length measured); with --accuracy, the greedy exact-match accuracy
+PyTorch gets on the whole evaluation set per task and k.
 """
 
 import argparse
@@ -62,6 +62,16 @@ def main():
             lg = m(torch.tensor([toks]))[0, -1]
         out["logits"].append({"task": p["task"], "k": p["k"], "tokens": toks,
                               "logits": [round(float(x), 6) for x in lg]})
+    # Greedy answers on a handful of prompts (the first 4 of facts and rag
+    # at k = 5 and 10), for the engine's answers to be compared with.
+    out["answers"] = []
+    count = {}
+    for p in ev["prompts"]:
+        key = (p["task"], p["k"])
+        if p["task"] in ("facts", "rag") and p["k"] in (5, 10) and count.get(key, 0) < 4:
+            count[key] = count.get(key, 0) + 1
+            out["answers"].append({"task": p["task"], "k": p["k"], "index": p["index"],
+                                   "answer": greedy(m, prompt_tokens(p), stop, limit)})
     # Prefill speed: one prompt per length, best of 3 runs.
     for task, k in (("facts", 50), ("rag", 50), ("rag", 20), ("facts", 10)):
         p = next(q for q in ev["prompts"] if q["task"] == task and q["k"] == k)

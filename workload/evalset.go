@@ -83,6 +83,16 @@ func Decode(ctx context.Context, resp *engine.Response, stop uint32, max int) ([
 	return out, nil
 }
 
+// find returns the prompt of task, k and index, or nil.
+func (s *EvalSet) find(task string, k, index int) *EvalPrompt {
+	for i := range s.Prompts {
+		if p := &s.Prompts[i]; p.Task == task && p.K == k && p.Index == index {
+			return p
+		}
+	}
+	return nil
+}
+
 // AnswerLimit bounds a decoded answer: the longest answer of the set plus
 // one, so a model that does not stop is cut off right after going wrong.
 func (s *EvalSet) AnswerLimit() int {
@@ -105,6 +115,13 @@ type TorchReference struct {
 		Tokens []uint32  `json:"tokens"`
 		Logits []float32 `json:"logits"`
 	} `json:"logits"`
+	// Answers are PyTorch's greedy answers to a handful of prompts.
+	Answers []struct {
+		Task   string   `json:"task"`
+		K      int      `json:"k"`
+		Index  int      `json:"index"`
+		Answer []uint32 `json:"answer"`
+	} `json:"answers"`
 	Speed []SpeedPoint `json:"speed"`
 }
 
