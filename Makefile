@@ -24,7 +24,7 @@ FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSa
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s
-ACCURACY_PROMPTS ?= 15
+ACCURACY_PROMPTS ?= 12
 TRAIN_FLAGS ?= --seed 1 --minutes 45 --nq 24 --steps 100000 --eval-every 100000 --eval-minutes 4 --eval-n 12
 
 .PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance run proto proto-python tools python-deps test-python clean
