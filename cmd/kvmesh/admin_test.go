@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/daemon"
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestAdminCommands runs `kvmesh token` and `kvmesh gossip-key` against an
@@ -36,7 +37,9 @@ func TestAdminCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nd := startNode(ctx, t, node.Config{Tokens: true, GossipKeyring: kr, GossipKeyringFile: keys})
+	nd := nodetest.Start(t, 1, nodetest.Config{Node: func(_ int, cfg *node.Config) {
+		cfg.Tokens, cfg.GossipKeyring, cfg.GossipKeyringFile = true, kr, keys
+	}}).Nodes[0]
 
 	records := filepath.Join(dir, "tokens.jsonl")
 	out, err := run1("token", "create", "-records", records, "-name", "root", "-scopes", "read,write,admin")

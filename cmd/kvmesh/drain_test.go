@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestDrainCommand runs `kvmesh drain` against an in-process 3-node
@@ -30,38 +30,9 @@ func TestDrainCommand(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var nodes []*node.Node
-	var seeds []string
-	for i := range 3 {
-		nd, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: 3,
-			DRAMBytes: 16 << 20, HTTPAddr: "off", LocalTiming: true, DeadGrace: time.Hour, Insecure: true, Logger: quiet})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := nd.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = nd.Close() })
-		nodes = append(nodes, nd)
-		if i == 0 {
-			seeds = []string{nd.GossipAddr()}
-		}
-	}
-	for {
-		ready := 0
-		for _, nd := range nodes {
-			if nd.Ready() == nil && nd.Meta().Ring().Len() == 3 {
-				ready++
-			}
-		}
-		if ready == 3 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatal("cluster not ready")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	// RPCTimeout 0 keeps the node's default (longer than nodetest's 3 s)
+	// for the drain's copies between members.
+	nodes := nodetest.Start(t, 3, nodetest.Config{Node: func(_ int, cfg *node.Config) { cfg.RPCTimeout = 0 }}).Nodes
 	c, err := client.New(ctx, client.Config{Seeds: []string{nodes[0].GRPCAddr()}, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)

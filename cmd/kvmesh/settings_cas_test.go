@@ -12,7 +12,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/meta"
-	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestSettingsIfVersion: `settings get` shows the version, `settings set
@@ -21,7 +21,7 @@ import (
 func TestSettingsIfVersion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	nd := startNode(ctx, t, node.Config{})
+	nd := nodetest.Start(t, 1, nodetest.Config{}).Nodes[0]
 	run1 := func(args ...string) (string, error) {
 		var out bytes.Buffer
 		err := run(ctx, append([]string{"-addr", nd.GRPCAddr(), "-insecure"}, args...), &out, io.Discard)

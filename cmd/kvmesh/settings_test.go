@@ -12,6 +12,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestSettingsCommand runs `kvmesh settings` against an in-process node
@@ -21,7 +22,7 @@ import (
 func TestSettingsCommand(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	nd := startNode(ctx, t, node.Config{Tokens: true})
+	nd := nodetest.Start(t, 1, nodetest.Config{Node: func(_ int, cfg *node.Config) { cfg.Tokens = true }}).Nodes[0]
 	token := func(name string, scopes auth.Scope) string {
 		tok, rec, err := auth.NewToken(name, scopes, nil, time.Time{})
 		if err != nil {

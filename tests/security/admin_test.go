@@ -27,6 +27,7 @@ import (
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -49,35 +50,16 @@ func conn(t *testing.T, addr string, creds credentials.TransportCredentials, tok
 // settings, and waits until all three are in the ring.
 func cluster3(t *testing.T, p pki, mod func(*node.Config)) []*node.Node {
 	t.Helper()
-	var nodes []*node.Node
-	for i, id := range []string{"n1", "n2", "n3"} {
-		var seeds []string
-		if i > 0 {
-			seeds = []string{nodes[0].GossipAddr()}
-		}
-		cfg := nodeConfig(t, id, seeds)
-		cfg.TLS = files(p.dir, id)
+	return nodetest.Start(t, 3, nodetest.Config{Join: true, Node: func(i int, cfg *node.Config) {
+		cfg.Insecure, cfg.TLS = false, files(p.dir, cfg.NodeID)
 		// Calls between members (a gossip key step on each, which
 		// syncs a keyring file; forwarded raft writes) get more than
-		// nodeConfig's 3 s: a loaded 2-core machine exceeds that.
+		// nodetest's 3 s: a loaded 2-core machine exceeds that.
 		cfg.RPCTimeout = 15 * time.Second
 		if mod != nil {
-			mod(&cfg)
+			mod(cfg)
 		}
-		nodes = append(nodes, start(t, cfg))
-		if i == 0 {
-			testutil.WaitFor(t, "n1 ready", func() bool { return nodes[0].Ready() == nil })
-		}
-	}
-	testutil.WaitFor(t, "three members in the ring", func() bool {
-		for _, n := range nodes {
-			if n.Ready() != nil || n.Meta().Ring().Len() != 3 {
-				return false
-			}
-		}
-		return true
-	})
-	return nodes
+	}}).Nodes
 }
 
 // TestTokenAPI: an admin token creates a token over the Admin API (its
@@ -302,12 +284,12 @@ func TestGossipKeyRotationLive(t *testing.T) {
 	// A node holding only the old key cannot join; one with the new key
 	// (started after it) does, through the same seed.
 	seeds := []string{n1.GossipAddr()}
-	oc := nodeConfig(t, "n4", seeds)
+	oc := nodetest.NodeConfig(t, "n4", seeds)
 	oc.TLS, oc.GossipKeyring = files(p.dir, "n4"), keyring(t, oldKey)
-	start(t, oc)
-	nc := nodeConfig(t, "n5", seeds)
+	nodetest.StartNode(t, oc)
+	nc := nodetest.NodeConfig(t, "n5", seeds)
 	nc.TLS, nc.GossipKeyring = files(p.dir, "n5"), keyring(t, newKey)
-	n5 := start(t, nc)
+	n5 := nodetest.StartNode(t, nc)
 	testutil.WaitFor(t, "n5 in the ring", func() bool { return n5.Ready() == nil && n1.Meta().Ring().Contains("n5") })
 	if n1.Meta().Ring().Contains("n4") || inRaft(t, n1, "n4") {
 		t.Error("n4 joined with the old gossip key")
@@ -366,9 +348,9 @@ func listKeys(t *testing.T, ctx context.Context, admin api.AdminClient, want int
 // nothing is stored or deleted. A node certificate can.
 func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodeConfig(t, "n1", nil)
+	cfg := nodetest.NodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
-	n1 := start(t, cfg)
+	n1 := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

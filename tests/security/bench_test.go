@@ -9,7 +9,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // BenchmarkGetSecurity measures what mutual TLS and the token guard cost a
@@ -19,7 +19,7 @@ func BenchmarkGetSecurity(b *testing.B) {
 	for _, mode := range []string{"insecure", "tls", "tls+tokens"} {
 		b.Run(mode, func(b *testing.B) {
 			p := newPKI(b)
-			cfg := nodeConfig(b, "n1", nil)
+			cfg := nodetest.NodeConfig(b, "n1", nil)
 			var ccfg client.Config
 			switch mode {
 			case "insecure":
@@ -29,19 +29,10 @@ func BenchmarkGetSecurity(b *testing.B) {
 				cfg.Tokens = mode == "tls+tokens"
 				ccfg.TLS = files(p.dir, "app")
 			}
-			n, err := node.New(cfg)
-			if err != nil {
-				b.Fatal(err)
-			}
+			n := nodetest.StartNode(b, cfg)
 			ctx, cancel := context.WithTimeout(b.Context(), time.Minute)
 			defer cancel()
-			if err := n.Start(ctx); err != nil {
-				b.Fatal(err)
-			}
-			defer n.Close()
-			for n.Ready() != nil {
-				time.Sleep(20 * time.Millisecond)
-			}
+			testutil.WaitFor(b, "n1 ready", func() bool { return n.Ready() == nil })
 			if cfg.Tokens {
 				tok, rec, err := auth.NewToken("bench", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil, time.Time{})
 				if err != nil {

@@ -15,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -24,9 +25,9 @@ import (
 // a cache ID is bound to the token that registered it.
 func TestInjectNamespace(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodeConfig(t, "n1", nil)
+	cfg := nodetest.NodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
-	n1 := start(t, cfg)
+	n1 := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 
 	specA, specB := spec(2), spec(3)

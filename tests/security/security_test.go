@@ -36,6 +36,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -73,31 +74,6 @@ func files(dir, name string) tlsconf.Config {
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-func nodeConfig(t testing.TB, id string, seeds []string) node.Config {
-	expect := 0
-	if len(seeds) == 0 {
-		expect = 1
-	}
-	return node.Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 16 << 20,
-		HTTPAddr: "off", LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: quiet()}
-}
-
-func start(t *testing.T, cfg node.Config) *node.Node {
-	t.Helper()
-	n, err := node.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := n.Start(ctx); err != nil {
-		_ = n.Close()
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = n.Close() })
-	return n
-}
 
 // inRaft reports whether id is in n's raft configuration.
 func inRaft(t *testing.T, n *node.Node, id string) bool {
@@ -185,7 +161,7 @@ func wantCode(t *testing.T, what string, err error, want codes.Code) {
 // TestNoTLSRefused: a node with neither TLS files nor Insecure does not
 // start, in process or as kvmeshd.
 func TestNoTLSRefused(t *testing.T) {
-	cfg := nodeConfig(t, "n1", nil)
+	cfg := nodetest.NodeConfig(t, "n1", nil)
 	if _, err := node.New(cfg); !errors.Is(err, node.ErrNoTLS) {
 		t.Fatalf("New without TLS: %v, want ErrNoTLS", err)
 	}
@@ -206,10 +182,10 @@ func TestNoTLSRefused(t *testing.T) {
 // the scope or namespace, and serves the others.
 func TestClientAccess(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodeConfig(t, "n1", nil)
+	cfg := nodetest.NodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
 	cfg.MaxChunksPerRequest = 16
-	n1 := start(t, cfg)
+	n1 := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	addr := n1.GRPCAddr()
 
@@ -336,7 +312,7 @@ func TestClientAccess(t *testing.T) {
 // meta's TestRaftStreamLayer ("client cert of the cluster").
 func TestNodeNeedsNodeCertificate(t *testing.T) {
 	p := newPKI(t)
-	app := nodeConfig(t, "app", nil)
+	app := nodetest.NodeConfig(t, "app", nil)
 	app.TLS = files(p.dir, "app")
 	if n, err := node.New(app); !errors.Is(err, node.ErrCertRole) {
 		if n != nil {
@@ -351,18 +327,18 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 		t.Fatalf("kvmeshd with a client certificate: %v (printed %q), want ErrCertRole before it listens", err, out.String())
 	}
 
-	cfg := nodeConfig(t, "n1", nil)
+	cfg := nodetest.NodeConfig(t, "n1", nil)
 	cfg.TLS = files(p.dir, "n1")
-	n1 := start(t, cfg)
+	n1 := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	seeds := []string{n1.GossipAddr()}
 
-	rogue := nodeConfig(t, "rogue", seeds)
+	rogue := nodetest.NodeConfig(t, "rogue", seeds)
 	rogue.TLS = files(p.other, "rogue") // a node certificate of another CA
-	start(t, rogue)
-	good := nodeConfig(t, "n2", seeds)
+	nodetest.StartNode(t, rogue)
+	good := nodetest.NodeConfig(t, "n2", seeds)
 	good.TLS = files(p.dir, "n2")
-	n2 := start(t, good)
+	n2 := nodetest.StartNode(t, good)
 	testutil.WaitFor(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
 	testutil.WaitFor(t, "the impostor refused", func() bool { return n1.Meta().Stats().Refused >= 1 })
 	if n1.Meta().Ring().Contains("rogue") || inRaft(t, n1, "rogue") {
@@ -425,22 +401,22 @@ func TestGossipKeyRequired(t *testing.T) {
 	}
 	p := newPKI(t)
 	cluster := keyring(t)
-	cfg := nodeConfig(t, "n1", nil)
+	cfg := nodetest.NodeConfig(t, "n1", nil)
 	cfg.TLS, cfg.GossipKeyring = files(p.dir, "n1"), cluster
-	n1 := start(t, cfg)
+	n1 := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
 	seeds := []string{n1.GossipAddr()}
 
 	// Valid node certificates, wrong or no gossip key.
 	for i, kr := range []*memberlist.Keyring{keyring(t), nil} {
 		id := fmt.Sprintf("n%d", i+3)
-		bc := nodeConfig(t, id, seeds)
+		bc := nodetest.NodeConfig(t, id, seeds)
 		bc.TLS, bc.GossipKeyring = files(p.dir, id), kr
-		start(t, bc)
+		nodetest.StartNode(t, bc)
 	}
-	gc := nodeConfig(t, "n2", seeds)
+	gc := nodetest.NodeConfig(t, "n2", seeds)
 	gc.TLS, gc.GossipKeyring = files(p.dir, "n2"), cluster
-	n2 := start(t, gc)
+	n2 := nodetest.StartNode(t, gc)
 	testutil.WaitFor(t, "n2 in the ring", func() bool { return n2.Ready() == nil && n1.Meta().Ring().Contains("n2") })
 	for _, id := range []string{"n3", "n4"} {
 		if n1.Meta().Ring().Contains(id) || inRaft(t, n1, id) {

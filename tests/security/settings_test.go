@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestSettingsAPI: Admin.GetSettings and SetSettings need the admin scope;
@@ -138,7 +139,7 @@ func leaveCommand(t *testing.T, id string) []byte {
 // does not name its ID does not start.
 func TestLeaveTiedToSender(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodeConfig(t, "n7", nil)
+	cfg := nodetest.NodeConfig(t, "n7", nil)
 	cfg.TLS = files(p.dir, "n2")
 	if _, err := node.New(cfg); !errors.Is(err, node.ErrCertName) {
 		t.Fatalf("New with n2's certificate as n7: %v, want ErrCertName", err)
