@@ -17,7 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata")
@@ -87,7 +87,7 @@ func TestExitCodes(t *testing.T) {
 func TestGolden(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	nd := startNode(ctx, t, node.Config{})
+	nd := nodetest.Start(t, 1, nodetest.Config{}).Nodes[0]
 	addr := nd.GRPCAddr()
 	var got strings.Builder
 	norm := strings.NewReplacer(addr, "ADDR", runtime.Version(), "GOVERSION")
