@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -110,7 +111,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 				done <- result{st, err}
 			}()
 			// Pushed back, backing off, and reading again each time.
-			waitFor(t, func() bool { g, _, _ := ps.stats(key); return g >= 3 })
+			testutil.WaitFor(t, "three reads of the pushed-back key", func() bool { g, _, _ := ps.stats(key); return g >= 3 })
 			if _, _, maxAtGet := ps.stats(key); maxAtGet != 0 {
 				t.Fatalf("%d pins held when a retry read the key: the back-off kept its pin", maxAtGet)
 			}
@@ -163,7 +164,7 @@ func holdOnlySlot(t *testing.T, r *Replicator, gs *gatedStore) <-chan error {
 	other, _ := makeBlob(t, 100000, 0)
 	held := make(chan error, 1)
 	go func() { held <- r.ServeReplicate(context.Background(), other, ReplicateOptions{Kind: KindRebalance}) }()
-	waitFor(t, func() bool { return gs.blocked.Load() == 1 })
+	testutil.WaitFor(t, "the rebalance store to hold its slot", func() bool { return gs.blocked.Load() == 1 })
 	return held
 }
 
@@ -199,7 +200,7 @@ func TestStartupPullTakesReceiverBudget(t *testing.T) {
 		st, err := b.StartupPull(context.Background())
 		done <- result{st, err}
 	}()
-	waitFor(t, func() bool { return b.Metrics().IncomingWaiting == 1 || gs.blocked.Load() > 1 })
+	testutil.WaitFor(t, "the pull to wait for a slot", func() bool { return b.Metrics().IncomingWaiting == 1 || gs.blocked.Load() > 1 })
 	if m := b.Metrics(); m.IncomingWaiting != 1 || gs.blocked.Load() != 1 {
 		t.Fatalf("pull: %d waiting for a slot, %d stores running: want it waiting, not storing", m.IncomingWaiting, gs.blocked.Load())
 	}

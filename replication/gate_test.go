@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // oneLocalChunk starts a one-node cluster (R=W=1) holding one chunk and
@@ -70,7 +71,7 @@ func TestServingGateWait(t *testing.T) {
 	go func() { woke <- g.wait(ctx, time.Hour) }()
 	// Parked: the waiter has read n under mu and made idle (waiters alone
 	// counts it before that read, and both ends could land in between).
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "the waiter to park", func() bool {
 		g.mu.Lock()
 		defer g.mu.Unlock()
 		return g.idle != nil

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // settableQuorum is the cluster settings' R and W, changed while the
@@ -123,7 +124,7 @@ func TestRChangeUp(t *testing.T) {
 				for _, r := range c.reps {
 					r.Kick()
 				}
-				waitFor(t, func() bool { return placed(c, keys, tc.to) })
+				testutil.WaitFor(t, "every key on its replicas at the new factor", func() bool { return placed(c, keys, tc.to) })
 			} else {
 				if tc.downFirstRun != "" {
 					c.net.setDown(tc.downFirstRun, true)
@@ -173,7 +174,7 @@ func TestRChangeUp(t *testing.T) {
 			}
 			wantKeys := int64(len(keys) * (tc.to - tc.from))
 			// The loop counts a push just after the receiver stored it.
-			waitFor(t, func() bool { return movedKeys() >= wantKeys })
+			testutil.WaitFor(t, "the moved keys in the metrics", func() bool { return movedKeys() >= wantKeys })
 			if got := movedKeys(); got != wantKeys {
 				t.Fatalf("%d keys moved in the metrics, want %d", got, wantKeys)
 			}
@@ -183,7 +184,7 @@ func TestRChangeUp(t *testing.T) {
 			if err != nil || len(res.StoredOn) < 2 {
 				t.Fatalf("write at R=%d: %+v, %v", tc.to, res, err)
 			}
-			waitFor(t, func() bool { return placed(c, []chunk.Key{key}, tc.to) })
+			testutil.WaitFor(t, "the new write on its replicas at the new factor", func() bool { return placed(c, []chunk.Key{key}, tc.to) })
 		})
 	}
 }
@@ -232,7 +233,7 @@ func TestRChangeDown(t *testing.T) {
 						want++
 					}
 				}
-				waitFor(t, func() bool { n, _ := c.reps["a"].HintsPending(); return n == want })
+				testutil.WaitFor(t, "the hints for the down replica", func() bool { n, _ := c.reps["a"].HintsPending(); return n == want })
 			} else {
 				keys, _ = writeAll(t, c, "a", 0, 120)
 			}
@@ -261,7 +262,7 @@ func TestRChangeDown(t *testing.T) {
 				for _, r := range c.reps {
 					r.Kick()
 				}
-				waitFor(t, func() bool { return placed(c, keys, tc.to) })
+				testutil.WaitFor(t, "every key on its replicas at the new factor", func() bool { return placed(c, keys, tc.to) })
 				return
 			}
 			// The remaining owners unreachable: nobody deletes anything.

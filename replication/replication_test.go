@@ -184,7 +184,7 @@ func TestHintedHandoff(t *testing.T) {
 				keys = append(keys, key)
 			}
 			// Let stragglers (the hint writes) finish.
-			waitFor(t, func() bool { n2, _ := c.reps["a"].HintsPending(); return n2 == n })
+			testutil.WaitFor(t, "the hint writes to finish", func() bool { n2, _ := c.reps["a"].HintsPending(); return n2 == n })
 			if tc.restart {
 				c.stop("a")
 				c.net.setDown("a", false)
@@ -196,7 +196,7 @@ func TestHintedHandoff(t *testing.T) {
 			c.net.setDown("c", false)
 			if tc.background {
 				c.reps["a"].Kick()
-				waitFor(t, func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
+				testutil.WaitFor(t, "the hints to be delivered", func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
 			} else {
 				got, err := c.reps["a"].DeliverHints(context.Background())
 				if err != nil || got != n {
@@ -236,11 +236,6 @@ func TestHintBounds(t *testing.T) {
 	if m := c.reps["a"].Metrics(); m.HintsRefused != 7 {
 		t.Fatalf("%d hints refused, want 7", m.HintsRefused)
 	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	testutil.WaitFor(t, "the condition", cond)
 }
 
 // writeAll writes chunks [from, to) through coordinator and returns their
@@ -339,7 +334,7 @@ func TestRebalanceLoop(t *testing.T) {
 	for _, r := range c.reps {
 		r.Kick()
 	}
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "every key on exactly its replicas", func() bool {
 		for _, k := range keys {
 			if !slices.Equal(c.holders(k), c.replicaIDs(k)) {
 				return false
@@ -469,7 +464,7 @@ func TestEvictionAndDeletes(t *testing.T) {
 		if _, err := c.reps["a"].Write(ctx, blob); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, func() bool { n, _ := c.reps["a"].HintsPending(); return n == 1 })
+		testutil.WaitFor(t, "one hint", func() bool { n, _ := c.reps["a"].HintsPending(); return n == 1 })
 		// The delete is coordinated by b, so a's hint survives until
 		// delivery, where a's own tombstone or c's must stop it.
 		if _, err := c.reps["b"].Delete(ctx, k); err != nil {
@@ -513,7 +508,7 @@ func TestReadRepairChecksumMismatch(t *testing.T) {
 	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(c.holders(k)) == 3 })
+	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(k)) == 3 })
 	reps := c.ring().Replicas(k.Content, 3)
 	odd := reps[2].ID // the worst-ranked replica holds other bytes
 	other, _ := makeBlob(t, 3, 1)
@@ -756,7 +751,7 @@ func TestHintExpiryAndDeparture(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { n, _ := c.reps["a"].HintsPending(); return n == 8 })
+	testutil.WaitFor(t, "eight hints", func() bool { n, _ := c.reps["a"].HintsPending(); return n == 8 })
 	c.setRing("a", "b", "c") // d left
 	mu.Lock()
 	now = now.Add(2 * time.Hour) // c's hints expired
@@ -834,7 +829,7 @@ func TestAntiEntropyLoop(t *testing.T) {
 	if _, err := c.stores["a"].Put(context.Background(), blob); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(c.holders(key)) == 3 })
+	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
 }
 
 // Reads go to the nearest healthy replica: one that just failed is tried
@@ -852,7 +847,7 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(c.holders(key)) == 3 }) // the straggler too
+	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 }) // the straggler too
 	first := c.ring().Replicas(key.Content, 3)[0].ID
 	c.net.setDown(first, true)
 	for _, wantFetches := range []int64{2, 1} {

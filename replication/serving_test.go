@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/ring"
 )
 
@@ -284,7 +285,7 @@ func TestReadRepairHereUsesFetchedBlob(t *testing.T) {
 	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(c.holders(key)) == 3 })
+	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
 	c.stores["b"].Delete(key) // evicted on b
 	before := c.net.fetches.Load()
 	rr, err := c.reps["b"].Read(context.Background(), key)
@@ -328,7 +329,7 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 	st.close()
 	first := make(chan error, 1)
 	go func() { first <- d.ServeReplicate(context.Background(), blobs[0], reb) }()
-	waitFor(t, func() bool { return st.blocked.Load() == 1 }) // holds the slot
+	testutil.WaitFor(t, "the first store to hold the slot", func() bool { return st.blocked.Load() == 1 }) // holds the slot
 
 	// A call whose deadline leaves no time to wait is pushed back at once.
 	short, cancel := context.WithTimeout(context.Background(), callMargin/2)
@@ -340,7 +341,7 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 	// One waits for the slot...
 	second := make(chan error, 1)
 	go func() { second <- d.ServeReplicate(context.Background(), blobs[2], reb) }()
-	waitFor(t, func() bool { return d.Metrics().IncomingWaiting == 1 })
+	testutil.WaitFor(t, "one blob waiting for the slot", func() bool { return d.Metrics().IncomingWaiting == 1 })
 	// ...and the next finds the waiting bytes at their bound.
 	if err := d.ServeReplicate(context.Background(), blobs[3], reb); !errors.Is(err, ErrBusy) {
 		t.Fatalf("queue full: %v, want ErrBusy", err)
@@ -350,7 +351,7 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 	go func() {
 		wrote <- d.ServeReplicate(context.Background(), blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
 	}()
-	waitFor(t, func() bool { return st.blocked.Load() == 2 })
+	testutil.WaitFor(t, "the write to store without a slot", func() bool { return st.blocked.Load() == 2 })
 	if m := d.Metrics(); m.IncomingWaiting != 1 {
 		t.Fatalf("%d blobs wait, want 1: the write took no slot", m.IncomingWaiting)
 	}
@@ -410,7 +411,7 @@ func TestRebalanceThroughBusyReceiver(t *testing.T) {
 		}
 		return n
 	}
-	waitFor(t, func() bool { return busy() > 0 }) // pushed back while the slot is held
+	testutil.WaitFor(t, "a push-back while the slot is held", func() bool { return busy() > 0 }) // pushed back while the slot is held
 	st.release()
 	wg.Wait()
 	for i := range stats {
