@@ -124,7 +124,7 @@ bench-rebalance:
 # Answer accuracy of the trained recall model (train/recall) served each way
 # through a local cluster; writes docs/bench/ACCURACY.md and its plots.
 bench-accuracy:
-	$(GO) run ./cmd/kvmesh-bench -accuracy train/recall -accuracy-prompts $(ACCURACY_PROMPTS) -out docs/bench
+	$(GO) run ./cmd/kvmesh-bench -accuracy train/recall -accuracy-prompts $(ACCURACY_PROMPTS) -timeout 60m -out docs/bench
 
 # Retrains the recall model (about 45 minutes on 2 busy cores; Debian's
 # python3-torch, python3-numpy and libopenblas0-pthread), then writes its
