@@ -268,6 +268,10 @@ func describe(err error) string {
 		return "Unavailable: the node speaks plaintext, not TLS"
 	case st.Code() == codes.DeadlineExceeded:
 		return "DeadlineExceeded: no answer in time"
+	case st.Code() == codes.NotFound && strings.Contains(msg, "replication: not found"):
+		// The message lists every replica's miss; the key is in the
+		// command's own words already.
+		return "NotFound: no replica holds it (never stored, deleted or evicted)"
 	}
 	// A transport message repeats the dial's internals; keep its last part.
 	if i := strings.LastIndex(msg, ": "); i >= 0 && st.Code() == codes.Unavailable {
