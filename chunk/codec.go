@@ -124,3 +124,33 @@ func (rawCodec) decode(dst, enc []byte, sh Shape) error {
 	copy(dst, enc)
 	return nil
 }
+
+// StoredCodec is the codec an entry encoded with from is stored in where
+// the cluster's codec is cluster: cluster, unless from is lossy (a lossy
+// entry is never quantised again, which would add a second error) or
+// cluster is not a codec.
+func StoredCodec(from, cluster Codec) Codec {
+	if from.Lossy() || cluster < CodecRaw || cluster > CodecFP8 {
+		return from
+	}
+	return cluster
+}
+
+// Transcode returns blob encoded in StoredCodec(its codec, to): blob itself
+// when that is its codec already, else a new blob of the same entry (a new
+// checksum). Encoding is deterministic, so the same entry sent in raw or in
+// lossless transcodes to the same bytes.
+func Transcode(blob []byte, to Codec, lim Limits) ([]byte, error) {
+	hd, err := ParseHeader(blob, lim)
+	if err != nil {
+		return nil, err
+	}
+	if StoredCodec(hd.Codec, to) == hd.Codec {
+		return blob, nil
+	}
+	e, err := Decode(blob, lim)
+	if err != nil {
+		return nil, err
+	}
+	return Encode(nil, e, to)
+}

@@ -399,3 +399,40 @@ func TestCodecConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestTranscode: raw and lossless entries move to the cluster codec (the
+// same bytes whichever they came in), a lossy entry stays as it is, and an
+// entry already in the cluster codec is returned unchanged.
+func TestTranscode(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 7))
+	e := synthEntry(rng, BF16, 9, 2, 2, 16)
+	enc := func(c Codec) []byte {
+		b, err := Encode(nil, e, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, from := range allCodecs {
+		for _, to := range allCodecs {
+			in := enc(from)
+			got, err := Transcode(in, to, DefaultLimits)
+			if err != nil {
+				t.Fatalf("%v to %v: %v", from, to, err)
+			}
+			want := enc(to)
+			if from.Lossy() || from == to {
+				want = in
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%v to %v: stored as %v, want %v", from, to, Codec(got[6]), Codec(want[6]))
+			}
+			if from == to && &got[0] != &in[0] {
+				t.Errorf("%v to itself copied the blob", from)
+			}
+		}
+	}
+	if got := StoredCodec(CodecRaw, CodecInvalid); got != CodecRaw {
+		t.Errorf("no cluster codec: stored as %v, want raw", got)
+	}
+}

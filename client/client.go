@@ -173,6 +173,17 @@ func (c *Client) Ring() *ring.Ring { return c.view.Load().ring }
 // ReplicationFactor is R as the cluster last told.
 func (c *Client) ReplicationFactor() int { return c.view.Load().rf }
 
+// Codec is the codec the cluster stores new entries in, as it last told
+// (raw if it did not say). A node stores an entry in this codec whatever
+// codec it came in; encoding with it spares the node that work.
+func (c *Client) Codec() chunk.Codec {
+	codec, err := chunk.ParseCodec(c.view.Load().info.GetCodec())
+	if err != nil {
+		return chunk.CodecRaw
+	}
+	return codec
+}
+
 // Refresh fetches ClusterInfo from a member (or a seed) and adopts its
 // ring unless it is older than the one the client has.
 func (c *Client) Refresh(ctx context.Context) error {
@@ -385,6 +396,10 @@ type PutResult struct {
 
 // Put stores an encoded entry (chunk.Encode's output) on its replica set.
 // The blob is sent without copies and must not change until Put returns.
+// The cluster stores it in its codec (Codec): a raw or lossless entry in
+// another codec is transcoded once by the node that receives it, and the
+// result's Checksum is then that of the stored bytes; a lossy entry is
+// stored as it is.
 func (c *Client) Put(ctx context.Context, blob []byte) (PutResult, error) {
 	hd, err := chunk.ParseHeader(blob, c.cfg.Limits)
 	if err != nil {
@@ -411,6 +426,16 @@ func (c *Client) Put(ctx context.Context, blob []byte) (PutResult, error) {
 		return PutResult{}, err
 	}
 	return PutResult{Checksum: resp.Checksum, StoredOn: resp.StoredOn}, nil
+}
+
+// PutEntry encodes e in the cluster's codec (Codec) and stores it as Put
+// does.
+func (c *Client) PutEntry(ctx context.Context, e *chunk.Entry) (PutResult, error) {
+	blob, err := chunk.Encode(nil, e, c.Codec())
+	if err != nil {
+		return PutResult{}, err
+	}
+	return c.Put(ctx, blob)
 }
 
 // closeErr returns the server's status when a send failed because the

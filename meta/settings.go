@@ -26,9 +26,10 @@ const (
 	MaxReplicationFactor = 16
 )
 
-// DefaultSettings returns R=3, W=2, raw codec.
+// DefaultSettings returns R=3, W=2 and the lossless codec: entries are
+// stored and moved compressed, bit-exact.
 func DefaultSettings() Settings {
-	return Settings{ReplicationFactor: DefaultReplicationFactor, WriteQuorum: DefaultWriteQuorum, Codec: chunk.CodecRaw}
+	return Settings{ReplicationFactor: DefaultReplicationFactor, WriteQuorum: DefaultWriteQuorum, Codec: chunk.CodecLossless}
 }
 
 // Validate reports why s cannot be the cluster's settings.

@@ -15,6 +15,9 @@ type metrics struct {
 	bytesOut *prometheus.CounterVec // op
 	lookups  *prometheus.CounterVec // result
 	forwards prometheus.Counter
+	// transcoded counts client puts stored in another codec than they
+	// came in, by the codec stored.
+	transcoded *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,8 +44,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		forwards: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_forwarded_puts_total", Help: "Puts this node coordinated without being a replica.",
 		}),
+		transcoded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_transcoded_puts_total", Help: "Client puts stored in the cluster codec rather than the one they came in, by the codec stored.",
+		}, []string{"codec"}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards,
+	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards, m.transcoded,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

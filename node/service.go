@@ -161,8 +161,23 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 		}
 		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
 	}
-	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, n.meta.Settings().ReplicationFactor) {
+	set := n.meta.Settings()
+	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, set.ReplicationFactor) {
 		n.metrics.forwards.Inc()
+	}
+	// A client's entry is stored in the cluster's codec: transcoded here,
+	// once, so that replicas, hints, rebalancing, pulls and fetches move the
+	// stored bytes unchanged (direct puts above are such moves). The same
+	// entry sent in raw or in lossless becomes the same bytes, so a re-put
+	// from a client in another codec finds its bytes already stored.
+	if to := chunk.StoredCodec(hd.Codec, set.Codec); to != hd.Codec {
+		if blob, err = chunk.Transcode(blob, to, n.cfg.Limits); err != nil {
+			return invalid(err)
+		}
+		if hd, err = chunk.ParseHeader(blob, n.cfg.Limits); err != nil {
+			return err
+		}
+		n.metrics.transcoded.WithLabelValues(to.String()).Inc()
 	}
 	res, err := n.repl.Write(ctx, blob)
 	if err != nil {

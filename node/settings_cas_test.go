@@ -56,7 +56,7 @@ func TestSettingsCompareAndSet(t *testing.T) {
 	if resp.Version <= v || resp.Settings.ReplicationFactor != 2 || resp.Settings.WriteQuorum != 1 {
 		t.Fatalf("first change answered %v", resp)
 	}
-	_, err = admins[2].SetSettings(ctx, &api.SetSettingsRequest{Codec: "lossless", ExpectedVersion: &v})
+	_, err = admins[2].SetSettings(ctx, &api.SetSettingsRequest{Codec: "int8", ExpectedVersion: &v})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("second conditional change: %v, want FailedPrecondition", err)
 	}
@@ -87,14 +87,14 @@ func TestSettingsCompareAndSet(t *testing.T) {
 	}
 
 	// Unconditional: the last writer wins, as before.
-	if _, err := admins[2].SetSettings(ctx, &api.SetSettingsRequest{Codec: "lossless"}); err != nil {
+	if _, err := admins[2].SetSettings(ctx, &api.SetSettingsRequest{Codec: "int8"}); err != nil {
 		t.Fatal(err)
 	}
 	got, err = admins[2].GetSettings(ctx, &api.GetSettingsRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Settings.Codec != "lossless" || got.Version <= resp.Version {
+	if got.Settings.Codec != "int8" || got.Version <= resp.Version {
 		t.Fatalf("after the unconditional change: %v", got)
 	}
 }

@@ -31,6 +31,8 @@ func (f *fakeCluster) Put(context.Context, []byte) (client.PutResult, error) {
 	return client.PutResult{}, nil
 }
 
+func (f *fakeCluster) Codec() chunk.Codec { return chunk.CodecLossless }
+
 // FuzzClusterStoreLookup feeds arbitrary bytes to the adapter as a
 // replica's answer: it must not panic, and an entry it returns must have
 // decoded cleanly and carry exactly the requested tokens.

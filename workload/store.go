@@ -17,6 +17,8 @@ type Cluster interface {
 	Lookup(ctx context.Context, fp chunk.Fingerprint, items []client.LookupItem) ([]client.LookupResult, error)
 	Get(ctx context.Context, key chunk.Key) ([]byte, error)
 	Put(ctx context.Context, blob []byte) (client.PutResult, error)
+	// Codec is the codec the cluster stores entries in.
+	Codec() chunk.Codec
 }
 
 // StoreConfig configures NewClusterStore.
@@ -24,7 +26,8 @@ type StoreConfig struct {
 	// Fingerprint is the model's (engine.Fingerprint), registered with the
 	// cluster beforehand.
 	Fingerprint chunk.Fingerprint
-	// Codec entries are stored with; CodecInvalid means CodecRaw.
+	// Codec entries are encoded with; CodecInvalid means the cluster's
+	// (Cluster.Codec), which spares the nodes a transcode.
 	Codec chunk.Codec
 	// Limits bound decoded entries; zero means chunk.DefaultLimits.
 	Limits chunk.Limits
@@ -43,9 +46,6 @@ type ClusterStore struct {
 
 // NewClusterStore returns a store over c.
 func NewClusterStore(c Cluster, cfg StoreConfig) *ClusterStore {
-	if cfg.Codec == chunk.CodecInvalid {
-		cfg.Codec = chunk.CodecRaw
-	}
 	if cfg.Limits == (chunk.Limits{}) {
 		cfg.Limits = chunk.DefaultLimits
 	}
@@ -55,9 +55,14 @@ func NewClusterStore(c Cluster, cfg StoreConfig) *ClusterStore {
 	return &ClusterStore{c: c, cfg: cfg}
 }
 
-// Put encodes e with the store's codec and writes it to its replicas.
+// Put encodes e with the store's codec (else the cluster's) and writes it
+// to its replicas.
 func (s *ClusterStore) Put(ctx context.Context, e *chunk.Entry) error {
-	blob, err := chunk.Encode(nil, e, s.cfg.Codec)
+	codec := s.cfg.Codec
+	if codec == chunk.CodecInvalid {
+		codec = s.c.Codec()
+	}
+	blob, err := chunk.Encode(nil, e, codec)
 	if err != nil {
 		return fmt.Errorf("workload: encode %v: %w", e.Key, err)
 	}

@@ -49,7 +49,7 @@ func run() error {
 	nodes := flag.Int("nodes", 3, "nodes of the local cluster")
 	workers := flag.Int("workers", 0, "engine worker goroutines (0: GOMAXPROCS)")
 	kvType := flag.String("kv-dtype", "bf16", "dtype of stored chunk KV (f32, bf16, f16)")
-	codecName := flag.String("codec", "raw", "codec of stored entries (raw, lossless, int8, int4, fp8)")
+	codecName := flag.String("codec", "", "codec entries are sent in (raw, lossless, int8, int4, fp8); empty: the cluster's (lossless unless set); the nodes store raw and lossless entries in the cluster's codec")
 	timeout := flag.Duration("timeout", 10*time.Minute, "stop after this long")
 	only := flag.String("only", "rag,chat,memory", "workloads to run, comma separated")
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
@@ -76,9 +76,11 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	codec, err := chunk.ParseCodec(*codecName)
-	if err != nil {
-		return err
+	codec := chunk.CodecInvalid
+	if *codecName != "" {
+		if codec, err = chunk.ParseCodec(*codecName); err != nil {
+			return err
+		}
 	}
 	want := map[string]bool{}
 	for _, w := range strings.Split(*only, ",") {
@@ -116,7 +118,7 @@ func run() error {
 		mem.Prompts = 2
 	}
 	rep := &workload.Report{Env: workload.Env{
-		Model: mc, KVDType: kvd.String(), Codec: codec.String(), Workers: workers0(*workers), CPUs: runtime.NumCPU(),
+		Model: mc, KVDType: kvd.String(), Codec: chunk.StoredCodec(codec, l.Client.Codec()).String(), Workers: workers0(*workers), CPUs: runtime.NumCPU(),
 		CPUModel: cpuModel(), GoVersion: runtime.Version(), Nodes: *nodes, Replicas: l.Client.ReplicationFactor(),
 		Seed: *seed, Quick: *quick, Command: "kvmesh-bench " + strings.Join(os.Args[1:], " "), LoadStart: loadStart,
 	}}

@@ -360,7 +360,7 @@ func ingest(ctx context.Context, e *engine.Engine, c *client.Client, facts [][]u
 		ent, err := e.EncodeWindow(ctx, before, window, f)
 		if err == nil {
 			var blob []byte
-			if blob, err = chunk.Encode(nil, ent, chunk.CodecRaw); err == nil {
+			if blob, err = chunk.Encode(nil, ent, c.Codec()); err == nil {
 				select {
 				case blobs <- blob:
 				case <-ctx.Done():

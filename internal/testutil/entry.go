@@ -50,11 +50,12 @@ func Encode(t testing.TB, e *chunk.Entry, codec chunk.Codec) []byte {
 	return blob
 }
 
-// Blob is NewEntry encoded raw: the key and the bytes a Put stores.
+// Blob is NewEntry encoded in the cluster's default codec (lossless): the
+// key and the bytes a Put stores, unchanged by the node.
 func Blob(t testing.TB, rng *rand.Rand, spec chunk.ModelSpec, tokens []uint32, ctx chunk.Context) (chunk.Key, []byte) {
 	t.Helper()
 	e := NewEntry(rng, spec, tokens, ctx)
-	return e.Key, Encode(t, e, chunk.CodecRaw)
+	return e.Key, Encode(t, e, chunk.CodecLossless)
 }
 
 // StandaloneBlob is Blob of ntok random tokens in the standalone context.
