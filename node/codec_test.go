@@ -2,8 +2,8 @@ package node
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
 	"time"
