@@ -10,11 +10,10 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
-	"github.com/kvmesh/kvmesh/cudakern"
-	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // TestClusterCodec: a raw entry is stored in the cluster codec (lossless
@@ -86,20 +85,20 @@ func TestClusterCodec(t *testing.T) {
 	if querier == nil {
 		t.Fatal("both nodes hold the entry with R=1")
 	}
-	lay := cudakern.CacheLayout{Order: cudakern.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, DType: chunk.F32}
-	shm, err := inject.CreateShm("", spec.Layers, []cudakern.CacheLayout{lay})
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, DType: chunk.F32}
+	shm, err := inject.CreateShm("", spec.Layers, []pagedkv.CacheLayout{lay})
 	if err != nil {
 		t.Skipf("shared memory: %v", err)
 	}
 	defer shm.Close()
 	inj, err := c.RegisterCache(ctx, querier.GRPCAddr(), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []cudakern.CacheLayout{lay}, MaxPositions: 1024, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1024, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		t.Fatal(err)
 	}
 	injectAt := func(key chunk.Key, slots []int) {
 		t.Helper()
-		res, _, err := inj.InjectLayered(ctx, []engine.InjectChunk{{Key: key, Tokens: tokens, Pos: 100, Slots: slots}}, nil)
+		res, _, err := inj.InjectLayered(ctx, []pagedkv.InjectChunk{{Key: key, Tokens: tokens, Pos: 100, Slots: slots}}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

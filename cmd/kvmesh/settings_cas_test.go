@@ -52,20 +52,20 @@ func TestSettingsIfVersion(t *testing.T) {
 	if v1 <= v0 {
 		t.Fatalf("version %d after a change, was %d", v1, v0)
 	}
-	want := meta.Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: chunk.CodecRaw}
-	_, err := run1("settings", "set", "-codec", "lossless", "-if-version", fmt.Sprint(v0))
+	want := meta.Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: meta.DefaultSettings().Codec}
+	_, err := run1("settings", "set", "-codec", "int8", "-if-version", fmt.Sprint(v0))
 	if err == nil || !strings.Contains(err.Error(), "FailedPrecondition") {
 		t.Fatalf("set at a stale version: %v, want FailedPrecondition", err)
 	}
 	if got := nd.Meta().Settings(); got != want || version() != v1 {
 		t.Fatalf("a refused change changed the settings: %+v", got)
 	}
-	out, err := run1("settings", "set", "-codec", "lossless", "-if-version", fmt.Sprint(v1))
+	out, err := run1("settings", "set", "-codec", "int8", "-if-version", fmt.Sprint(v1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want.Codec = chunk.CodecLossless
-	if got := nd.Meta().Settings(); got != want || !strings.Contains(out, "now R=2 W=1 codec=lossless version=") {
+	want.Codec = chunk.CodecInt8
+	if got := nd.Meta().Settings(); got != want || !strings.Contains(out, "now R=2 W=1 codec=int8 version=") {
 		t.Fatalf("settings %+v, output %q", got, out)
 	}
 }

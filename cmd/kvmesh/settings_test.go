@@ -53,7 +53,7 @@ func TestSettingsCommand(t *testing.T) {
 	}{
 		{"no token", "", []string{"settings"}, "", "Unauthenticated", meta.DefaultSettings()},
 		{"no admin scope", reader, []string{"settings", "set", "-r", "1"}, "", "PermissionDenied", meta.DefaultSettings()},
-		{"get defaults", root, []string{"settings"}, "R=3 W=2 codec=raw", "", meta.DefaultSettings()},
+		{"get defaults", root, []string{"settings"}, "R=3 W=2 codec=lossless", "", meta.DefaultSettings()},
 		{"set all", root, []string{"settings", "set", "-r", "1", "-w", "1", "-codec", "lossless"}, "now R=1 W=1 codec=lossless", "",
 			meta.Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecLossless}},
 		{"W above R", root, []string{"settings", "set", "-w", "2"}, "", "InvalidArgument",
