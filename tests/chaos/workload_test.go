@@ -49,7 +49,9 @@ func entryOf(seed uint64, i int) (*chunk.Entry, chunk.Codec) {
 	rng := rand.New(rand.NewPCG(seed, uint64(int64(base))^0x9e3779b97f4a7c15))
 	tokens := testutil.Tokens(rng, 4+rng.IntN(13))
 	if i < variantBase {
-		return testutil.NewEntry(rng, spec, tokens, chunk.StandaloneContext()), chunk.CodecRaw
+		// The cluster's default codec, so that the bytes read back are
+		// those sent (a raw entry would be stored transcoded).
+		return testutil.NewEntry(rng, spec, tokens, chunk.StandaloneContext()), chunk.CodecLossless
 	}
 	rng = rand.New(rand.NewPCG(seed, uint64(int64(base))^0x5bd1e9955bd1e995))
 	cx := chunk.WindowContext(spec.Fingerprint(), windowW, windowOf(rng))
