@@ -95,3 +95,25 @@ func TestTLSHint(t *testing.T) {
 		t.Errorf("status without a certificate: exit %d\n%s", code, errOut)
 	}
 }
+
+// TestNoLeader: against a node that knows no leader (it waits to join a
+// cluster that is not there), status says so and exits 1, and an admin
+// write fails at once with the same words instead of waiting for one.
+func TestNoLeader(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := nodetest.NodeConfig(t, "n1", []string{"127.0.0.1:1"})
+	cfg.Insecure = true
+	nd := nodetest.StartNode(t, cfg)
+	a := "-addr=" + nd.GRPCAddr()
+	out, errOut, code := runCLI(ctx, "status", a)
+	if code != exitError || !strings.Contains(out, "leader NONE (no quorum)") || !strings.Contains(errOut, "no quorum") {
+		t.Errorf("status without a leader: exit %d\n%s%s", code, out, errOut)
+	}
+	for _, args := range [][]string{{"settings", "set", "-r", "1"}, {"token", "create"}, {"token", "revoke", "abc"}} {
+		_, errOut, code := runCLI(ctx, append(args, a, "-insecure")...)
+		if code != exitError || !strings.Contains(errOut, "no leader") {
+			t.Errorf("%q without a leader: exit %d\n%s", args, code, errOut)
+		}
+	}
+}
