@@ -42,20 +42,11 @@ func waitLeader(t testing.TB, nodes []*Node) *Node {
 	return leader
 }
 
+// startNode starts node id joining seeds, closed at test end.
 func startNode(t *testing.T, id string, seeds []string, expect int) *Node {
 	t.Helper()
-	nd, err := New(Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
+	return startConfigured(t, Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
 		LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t), Insecure: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := nd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nd.Close() })
-	return nd
 }
 
 // TestCluster5 covers a 5-node cluster: leader loss and re-election,

@@ -39,12 +39,10 @@ func startCluster(t testing.TB, n int) []*Node {
 // startClusterDRAM is startCluster with a DRAM budget per node.
 func startClusterDRAM(t testing.TB, n int, dram int64) []*Node {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	nodes := make([]*Node, n)
 	var seeds []string
 	for i := range nodes {
-		nd, err := New(Config{
+		nodes[i] = startConfigured(t, Config{
 			NodeID:          fmt.Sprintf("n%d", i+1),
 			DataDir:         t.TempDir(),
 			Seeds:           seeds,
@@ -56,34 +54,12 @@ func startClusterDRAM(t testing.TB, n int, dram int64) []*Node {
 			Logger:          testLogger(t),
 			Insecure:        true,
 		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := nd.Start(ctx); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = nd.Close() })
-		nodes[i] = nd
 		if i == 0 {
-			seeds = []string{nd.GossipAddr()}
+			seeds = []string{nodes[0].GossipAddr()}
 		}
 	}
-	for {
-		ready := 0
-		for _, nd := range nodes {
-			if nd.Ready() == nil && nd.meta.Ring().Len() == n {
-				ready++
-			}
-		}
-		if ready == n {
-			return nodes
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("cluster of %d not ready: %d ready", n, ready)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
+	waitRing(t, nodes, n)
+	return nodes
 }
 
 func newClient(t testing.TB, nodes ...*Node) *client.Client {

@@ -35,7 +35,11 @@ func replConfig(t testing.TB, id string, seeds []string, expect int) Config {
 	}
 }
 
-// startConfigured starts a node of cfg, closed at test end.
+// startConfigured starts a node of cfg, closed at test end: the one
+// starter of package node's own tests (startCluster, startReplCluster and
+// startNode build their configurations and call it). These tests reach
+// into a node's store, replicator and metadata, so they live in package
+// node, which cannot import node/nodetest (it imports node).
 func startConfigured(t testing.TB, cfg Config) *Node {
 	t.Helper()
 	nd, err := New(cfg)
