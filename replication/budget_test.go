@@ -107,7 +107,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 			}
 			done := make(chan result, 1)
 			go func() {
-				st, err := c.reps["a"].Rebalance(context.Background())
+				st, err := c.reps["a"].Rebalance(t.Context())
 				done <- result{st, err}
 			}()
 			// Pushed back, backing off, and reading again each time.
@@ -141,7 +141,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 				if !errors.Is(res.err, errChanged) || res.st.Pending != 1 || recv.has(key) {
 					t.Fatalf("pass %+v, %v; d holds it: %v: want it pending", res.st, res.err, recv.has(key))
 				}
-				st, err := c.reps["a"].Rebalance(context.Background())
+				st, err := c.reps["a"].Rebalance(t.Context())
 				if err != nil || st.Pending != 0 || st.KeysMoved != 1 {
 					t.Fatalf("second pass %+v, %v", st, err)
 				}
@@ -163,7 +163,7 @@ func holdOnlySlot(t *testing.T, r *Replicator, gs *gatedStore) <-chan error {
 	gs.close()
 	other, _ := makeBlob(t, 100000, 0)
 	held := make(chan error, 1)
-	go func() { held <- r.ServeReplicate(context.Background(), other, ReplicateOptions{Kind: KindRebalance}) }()
+	go func() { held <- r.ServeReplicate(t.Context(), other, ReplicateOptions{Kind: KindRebalance}) }()
 	testutil.WaitFor(t, "the rebalance store to hold its slot", func() bool { return gs.blocked.Load() == 1 })
 	return held
 }
@@ -197,7 +197,7 @@ func TestStartupPullTakesReceiverBudget(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		st, err := b.StartupPull(context.Background())
+		st, err := b.StartupPull(t.Context())
 		done <- result{st, err}
 	}()
 	testutil.WaitFor(t, "the pull to wait for a slot", func() bool { return b.Metrics().IncomingWaiting == 1 || gs.blocked.Load() > 1 })

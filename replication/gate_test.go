@@ -17,7 +17,7 @@ func oneLocalChunk(b *testing.B) (*Replicator, chunk.Key) {
 	c := newCluster(b, []string{"a"}, nil)
 	c.r, c.w = 1, 1
 	blob, key := makeBlob(b, 1, 0)
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(b.Context(), blob); err != nil {
 		b.Fatal(err)
 	}
 	return c.reps["a"], key
@@ -28,7 +28,7 @@ func oneLocalChunk(b *testing.B) (*Replicator, chunk.Key) {
 // that holds what it is asked for. -benchmem shows what a read allocates.
 func BenchmarkReadLocal(b *testing.B) {
 	r, key := oneLocalChunk(b)
-	ctx := context.Background()
+	ctx := b.Context()
 	b.ReportAllocs()
 	for b.Loop() {
 		rr, err := r.Read(ctx, key)
@@ -42,7 +42,7 @@ func BenchmarkReadLocal(b *testing.B) {
 // BenchmarkServeFetch: a peer's fetch of a local chunk, released.
 func BenchmarkServeFetch(b *testing.B) {
 	r, key := oneLocalChunk(b)
-	ctx := context.Background()
+	ctx := b.Context()
 	b.ReportAllocs()
 	for b.Loop() {
 		got, err := r.ServeFetch(ctx, key)
@@ -58,7 +58,7 @@ func BenchmarkServeFetch(b *testing.B) {
 // bound a broken gate); under begins and ends from many goroutines every
 // wait still returns, and the count ends at zero.
 func TestServingGateWait(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	g := newServingGate()
 	if g.wait(ctx, time.Hour) {
@@ -136,10 +136,10 @@ func TestReadReleaseTwice(t *testing.T) {
 	c.r, c.w = 1, 1
 	blob, key := makeBlob(t, 1, 0)
 	r := c.reps["a"]
-	if _, err := r.Write(context.Background(), blob); err != nil {
+	if _, err := r.Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
-	rr, err := r.Read(context.Background(), key)
+	rr, err := r.Read(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 func TestPullRefillsRestartedNode(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c", "d"}, nil)
 	keys, _ := writeAll(t, c, "a", 0, 120)
-	if _, err := c.reps["a"].Delete(context.Background(), keys[0]); err != nil {
+	if _, err := c.reps["a"].Delete(t.Context(), keys[0]); err != nil {
 		t.Fatal(err)
 	}
 	var mine []chunk.Key
@@ -35,7 +35,7 @@ func TestPullRefillsRestartedNode(t *testing.T) {
 	c.net.setDown("b", false)
 	c.start("b")
 
-	st, err := c.reps["b"].AntiEntropy(context.Background())
+	st, err := c.reps["b"].AntiEntropy(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestPullRefillsRestartedNode(t *testing.T) {
 		t.Fatalf("a push round on the empty node moved something: %+v, holds %d", st, c.stores["b"].len())
 	}
 	fetches := c.net.fetches.Load()
-	st, err = c.reps["b"].StartupPull(context.Background())
+	st, err = c.reps["b"].StartupPull(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func TestPullRefillsRestartedNode(t *testing.T) {
 	if m := c.reps["b"].Metrics(); m.PullKeys != int64(len(mine)) || m.PullRounds != 1 || m.PullRunning != 0 || m.PullBytes <= 0 {
 		t.Fatalf("pull metrics %+v", m)
 	}
-	st, err = c.reps["b"].Pull(context.Background())
+	st, err = c.reps["b"].Pull(t.Context())
 	if err != nil || st.Pulled != 0 || st.BucketsDiffer != 0 {
 		t.Fatalf("second pull: %+v, %v", st, err)
 	}
@@ -83,7 +83,7 @@ func TestStartupPullRetriesUnreachablePeer(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		c.net.partition([]string{"b"}, []string{"a", "c"}, false)
 	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 	defer cancel()
 	st, err := c.reps["b"].StartupPull(ctx)
 	if err != nil {
@@ -103,7 +103,7 @@ func TestNodeUpFlushesHints(t *testing.T) {
 	})
 	c.net.setDown("c", true)
 	blob, key := makeBlob(t, 1, 0)
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
 	// The hint is stored by the write's straggler, after the ack.
@@ -116,7 +116,7 @@ func TestNodeUpFlushesHints(t *testing.T) {
 	}
 	// Fail deliveries until the backoff is long (about 20 s).
 	for range 12 {
-		_, _ = c.reps["a"].deliverHints(context.Background(), true)
+		_, _ = c.reps["a"].deliverHints(t.Context(), true)
 	}
 	c.net.setDown("c", false)
 	time.Sleep(50 * time.Millisecond) // several hint loop ticks: all inside the backoff

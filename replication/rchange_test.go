@@ -1,7 +1,6 @@
 package replication
 
 import (
-	"context"
 	"errors"
 	"slices"
 	"sync/atomic"
@@ -51,7 +50,7 @@ func placed(c *cluster, keys []chunk.Key, r int) bool {
 func rebalanceAll(t *testing.T, c *cluster, ids []string) (moved int64, dropped int) {
 	t.Helper()
 	for _, id := range ids {
-		st, err := c.reps[id].Rebalance(context.Background())
+		st, err := c.reps[id].Rebalance(t.Context())
 		if err != nil || st.Pending != 0 {
 			t.Fatalf("%s: %+v, %v", id, st, err)
 		}
@@ -96,7 +95,7 @@ func TestRChangeUp(t *testing.T) {
 			})
 			keys, sizes := writeAll(t, c, "a", 0, 120)
 			// A deleted chunk must not come back with the new R.
-			if _, err := c.reps["a"].Delete(context.Background(), keys[0]); err != nil {
+			if _, err := c.reps["a"].Delete(t.Context(), keys[0]); err != nil {
 				t.Fatal(err)
 			}
 			deleted, keys := keys[0], keys[1:]
@@ -130,7 +129,7 @@ func TestRChangeUp(t *testing.T) {
 					c.net.setDown(tc.downFirstRun, true)
 					pending := 0
 					for _, id := range ids {
-						st, _ := c.reps[id].Rebalance(context.Background())
+						st, _ := c.reps[id].Rebalance(t.Context())
 						pending += st.Pending
 						if st.KeysDropped != 0 {
 							t.Fatalf("%s dropped %d keys on raising R", id, st.KeysDropped)
@@ -163,7 +162,7 @@ func TestRChangeUp(t *testing.T) {
 				}
 			}
 			stale, _ := makeBlob(t, 0, 0)
-			if err := c.reps["d"].cfg.Transport.Replicate(context.Background(), c.ring().Replicas(deleted.Content, tc.to)[tc.to-1].ID, stale, ReplicateOptions{Kind: KindRebalance}); !errors.Is(err, ErrTombstoned) {
+			if err := c.reps["d"].cfg.Transport.Replicate(t.Context(), c.ring().Replicas(deleted.Content, tc.to)[tc.to-1].ID, stale, ReplicateOptions{Kind: KindRebalance}); !errors.Is(err, ErrTombstoned) {
 				t.Fatalf("stale copy of a deleted chunk to its newest replica: %v, want ErrTombstoned", err)
 			}
 			movedKeys := func() (n int64) {
@@ -180,7 +179,7 @@ func TestRChangeUp(t *testing.T) {
 			}
 
 			blob, key := makeBlob(t, 1000, 0)
-			res, err := c.reps["b"].Write(context.Background(), blob)
+			res, err := c.reps["b"].Write(t.Context(), blob)
 			if err != nil || len(res.StoredOn) < 2 {
 				t.Fatalf("write at R=%d: %+v, %v", tc.to, res, err)
 			}
@@ -222,7 +221,7 @@ func TestRChangeDown(t *testing.T) {
 				c.net.setDown("c", true)
 				for i := range 80 {
 					blob, key := makeBlob(t, i, 0)
-					if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+					if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 						t.Fatal(err)
 					}
 					keys = append(keys, key)
@@ -245,7 +244,7 @@ func TestRChangeDown(t *testing.T) {
 
 			if tc.hinted {
 				c.net.setDown("c", false)
-				if _, err := c.reps["a"].DeliverHints(context.Background()); err != nil {
+				if _, err := c.reps["a"].DeliverHints(t.Context()); err != nil {
 					t.Fatal(err)
 				}
 				if n, _ := c.reps["a"].HintsPending(); n != 0 {
@@ -268,7 +267,7 @@ func TestRChangeDown(t *testing.T) {
 			// The remaining owners unreachable: nobody deletes anything.
 			for _, id := range ids {
 				c.net.partition([]string{id}, without(ids, id), true)
-				st, _ := c.reps[id].Rebalance(context.Background())
+				st, _ := c.reps[id].Rebalance(t.Context())
 				c.net.partition([]string{id}, without(ids, id), false)
 				if st.KeysDropped != 0 {
 					t.Fatalf("%s dropped %d keys with their owners unreachable", id, st.KeysDropped)

@@ -39,7 +39,7 @@ func TestWriteQuorum(t *testing.T) {
 				c.net.setDown(id, true)
 			}
 			blob, key := makeBlob(t, 1, 0)
-			res, err := c.reps["a"].Write(context.Background(), blob)
+			res, err := c.reps["a"].Write(t.Context(), blob)
 			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil && err != nil) {
 				t.Fatalf("Write error %v, want %v", err, tc.wantErr)
 			}
@@ -64,17 +64,17 @@ func TestWriteRejectsBadBlob(t *testing.T) {
 	blob, _ := makeBlob(t, 1, 0)
 	bad := slices.Clone(blob)
 	bad[10] ^= 1 // header checksum breaks
-	if _, err := c.reps["a"].Write(context.Background(), bad); !errors.Is(err, chunk.ErrCorrupt) {
+	if _, err := c.reps["a"].Write(t.Context(), bad); !errors.Is(err, chunk.ErrCorrupt) {
 		t.Fatalf("corrupt blob: %v", err)
 	}
-	if err := c.reps["b"].ServeReplicate(context.Background(), bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
+	if err := c.reps["b"].ServeReplicate(t.Context(), bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
 		t.Fatalf("ServeReplicate of a corrupt blob: %v, want ErrRejected", err)
 	}
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
 	other, _ := makeBlob(t, 1, 1) // same key, other bytes
-	if _, err := c.reps["a"].Write(context.Background(), other); !errors.Is(err, ErrQuorum) || !errors.Is(err, ErrConflict) {
+	if _, err := c.reps["a"].Write(t.Context(), other); !errors.Is(err, ErrQuorum) || !errors.Is(err, ErrConflict) {
 		t.Fatalf("conflicting write: %v, want ErrQuorum wrapping ErrConflict", err)
 	}
 	c.reps["a"].Close()
@@ -106,7 +106,7 @@ func TestKillReplicaDuringWriteStream(t *testing.T) {
 					c.stores["c"].wipe()
 				}
 				blob, key := makeBlob(t, i, 0)
-				if _, err := c.reps[coord].Write(context.Background(), blob); err != nil {
+				if _, err := c.reps[coord].Write(t.Context(), blob); err != nil {
 					continue
 				}
 				mu.Lock()
@@ -121,7 +121,7 @@ func TestKillReplicaDuringWriteStream(t *testing.T) {
 	}
 	for _, a := range acks {
 		for _, via := range []string{"a", "b"} {
-			rr, err := c.reps[via].Read(context.Background(), a.key)
+			rr, err := c.reps[via].Read(t.Context(), a.key)
 			if err != nil {
 				t.Fatalf("acknowledged %v lost: %v", a.key, err)
 			}
@@ -134,12 +134,12 @@ func TestKillReplicaDuringWriteStream(t *testing.T) {
 	// c returns empty; hints and anti-entropy bring it back to 3 copies.
 	c.net.setDown("c", false)
 	for _, id := range []string{"a", "b"} {
-		if _, err := c.reps[id].DeliverHints(context.Background()); err != nil {
+		if _, err := c.reps[id].DeliverHints(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := c.reps[id].AntiEntropy(context.Background()); err != nil {
+		if _, err := c.reps[id].AntiEntropy(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -174,7 +174,7 @@ func TestHintedHandoff(t *testing.T) {
 			var keys []chunk.Key
 			for i := range n {
 				blob, key := makeBlob(t, i, 0)
-				res, err := c.reps["a"].Write(context.Background(), blob)
+				res, err := c.reps["a"].Write(t.Context(), blob)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -198,7 +198,7 @@ func TestHintedHandoff(t *testing.T) {
 				c.reps["a"].Kick()
 				testutil.WaitFor(t, "the hints to be delivered", func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
 			} else {
-				got, err := c.reps["a"].DeliverHints(context.Background())
+				got, err := c.reps["a"].DeliverHints(t.Context())
 				if err != nil || got != n {
 					t.Fatalf("delivered %d (%v), want %d", got, err, n)
 				}
@@ -224,7 +224,7 @@ func TestHintBounds(t *testing.T) {
 	c.net.setDown("c", true)
 	for i := range 10 {
 		b, _ := makeBlob(t, i, 0)
-		if _, err := c.reps["a"].Write(context.Background(), b); err != nil {
+		if _, err := c.reps["a"].Write(t.Context(), b); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -246,7 +246,7 @@ func writeAll(t *testing.T, c *cluster, coord string, from, to int) ([]chunk.Key
 	sizes := map[chunk.Key]int{}
 	for i := from; i < to; i++ {
 		blob, key := makeBlob(t, i, 0)
-		if _, err := c.reps[coord].Write(context.Background(), blob); err != nil {
+		if _, err := c.reps[coord].Write(t.Context(), blob); err != nil {
 			t.Fatal(err)
 		}
 		keys = append(keys, key)
@@ -267,7 +267,7 @@ func TestJoinRebalance(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, nil)
 	keys, sizes := writeAll(t, c, "a", 0, 200)
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := c.reps[id].Rebalance(context.Background()); err != nil {
+		if _, err := c.reps[id].Rebalance(t.Context()); err != nil {
 			t.Fatal(err) // the first pass records the ring
 		}
 	}
@@ -277,7 +277,7 @@ func TestJoinRebalance(t *testing.T) {
 	// d is unreachable: nothing moves, nothing is dropped.
 	c.net.setDown("d", true)
 	for _, id := range []string{"a", "b", "c"} {
-		st, _ := c.reps[id].Rebalance(context.Background())
+		st, _ := c.reps[id].Rebalance(t.Context())
 		if st.KeysDropped != 0 {
 			t.Fatalf("%s dropped %d keys while their new owner was down", id, st.KeysDropped)
 		}
@@ -291,7 +291,7 @@ func TestJoinRebalance(t *testing.T) {
 	c.net.setDown("d", false)
 	var moved int64
 	for _, id := range []string{"a", "b", "c", "d"} {
-		st, err := c.reps[id].Rebalance(context.Background())
+		st, err := c.reps[id].Rebalance(t.Context())
 		if err != nil || st.Pending != 0 {
 			t.Fatalf("%s: %+v, %v", id, st, err)
 		}
@@ -355,7 +355,7 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 	fresh, _ := writeAll(t, c, "a", 50, 150)
 	var deleted []chunk.Key
 	for _, k := range old[:10] {
-		if _, err := c.reps["a"].Delete(context.Background(), k); err != nil && !c.ring().IsReplica(k.Content, "c", 3) {
+		if _, err := c.reps["a"].Delete(t.Context(), k); err != nil && !c.ring().IsReplica(k.Content, "c", 3) {
 			t.Fatal(err)
 		}
 		deleted = append(deleted, k)
@@ -364,7 +364,7 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 
 	differ := 0
 	for _, id := range []string{"a", "b", "c", "d"} {
-		st, err := c.reps[id].AntiEntropy(context.Background())
+		st, err := c.reps[id].AntiEntropy(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,7 +392,7 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 	}
 	before := c.net.replicates.Load()
 	for _, id := range []string{"a", "b", "c", "d"} {
-		st, err := c.reps[id].AntiEntropy(context.Background())
+		st, err := c.reps[id].AntiEntropy(t.Context())
 		if err != nil || st.BucketsDiffer != 0 || st.ItemsListed != 0 {
 			t.Fatalf("second round on %s: %+v, %v", id, st, err)
 		}
@@ -407,7 +407,7 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 // through anti-entropy or a late hint; a write after a delete survives
 // the older tombstone.
 func TestEvictionAndDeletes(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	t.Run("evicted replica refetched and repaired", func(t *testing.T) {
 		c := newCluster(t, []string{"a", "b", "c"}, nil)
 		keys, _ := writeAll(t, c, "a", 0, 5)
@@ -505,7 +505,7 @@ func TestEvictionAndDeletes(t *testing.T) {
 func TestReadRepairChecksumMismatch(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) { cfg.ReadRepairChance = 1 })
 	blob, k := makeBlob(t, 3, 0)
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(k)) == 3 })
@@ -513,10 +513,10 @@ func TestReadRepairChecksumMismatch(t *testing.T) {
 	odd := reps[2].ID // the worst-ranked replica holds other bytes
 	other, _ := makeBlob(t, 3, 1)
 	c.stores[odd].Delete(k)
-	if _, err := c.stores[odd].Put(context.Background(), other); err != nil {
+	if _, err := c.stores[odd].Put(t.Context(), other); err != nil {
 		t.Fatal(err)
 	}
-	rr, err := c.reps[odd].Read(context.Background(), k)
+	rr, err := c.reps[odd].Read(t.Context(), k)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,7 +533,7 @@ func TestReadRepairChecksumMismatch(t *testing.T) {
 func TestDrain(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c", "d"}, nil)
 	keys, _ := writeAll(t, c, "a", 0, 80)
-	st, err := c.reps["d"].Drain(context.Background())
+	st, err := c.reps["d"].Drain(t.Context())
 	if err != nil || st.Pending != 0 || st.KeysMoved == 0 {
 		t.Fatalf("drain: %+v, %v", st, err)
 	}
@@ -553,13 +553,13 @@ func TestDrain(t *testing.T) {
 func TestTombstonesSurviveRestart(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, nil)
 	keys, _ := writeAll(t, c, "a", 0, 3)
-	if _, err := c.reps["a"].Delete(context.Background(), keys[1]); err != nil {
+	if _, err := c.reps["a"].Delete(t.Context(), keys[1]); err != nil {
 		t.Fatal(err)
 	}
 	c.stop("b")
 	c.net.setDown("b", false)
 	r := c.start("b")
-	if err := r.ServeReplicate(context.Background(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+	if err := r.ServeReplicate(t.Context(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("repair of a deleted key after restart: %v, want ErrTombstoned", err)
 	}
 }
@@ -587,7 +587,7 @@ func TestFlakyNetworkNoAckedLoss(t *testing.T) {
 			defer wg.Done()
 			for i := w; i < 240; i += 3 {
 				blob, key := makeBlob(t, i, 0)
-				if _, err := c.reps[coord].Write(context.Background(), blob); err == nil {
+				if _, err := c.reps[coord].Write(t.Context(), blob); err == nil {
 					mu.Lock()
 					acked[key] = blob
 					mu.Unlock()
@@ -609,18 +609,18 @@ func TestFlakyNetworkNoAckedLoss(t *testing.T) {
 		c.start(id)
 	}
 	for _, id := range []string{"a", "b", "c", "d"} {
-		if _, err := c.reps[id].DeliverHints(context.Background()); err != nil {
+		if _, err := c.reps[id].DeliverHints(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for _, id := range []string{"a", "b", "c", "d"} {
-		if _, err := c.reps[id].AntiEntropy(context.Background()); err != nil {
+		if _, err := c.reps[id].AntiEntropy(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for k, blob := range acked {
 		for _, id := range c.replicaIDs(k) {
-			rr, err := c.reps[id].Read(context.Background(), k)
+			rr, err := c.reps[id].Read(t.Context(), k)
 			if err != nil || rr.From != id || !bytes.Equal(rr.Blob.Bytes(), blob) {
 				t.Fatalf("%v on replica %s: from %q, %v", k, id, rr.From, err)
 			}
@@ -633,7 +633,7 @@ func TestFlakyNetworkNoAckedLoss(t *testing.T) {
 func TestCollector(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, nil)
 	for i := range 3 {
-		if _, err := c.reps["a"].Write(context.Background(), mustBlob(t, i)); err != nil {
+		if _, err := c.reps["a"].Write(t.Context(), mustBlob(t, i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -666,7 +666,7 @@ func TestAntiEntropyCostFollowsDifferences(t *testing.T) {
 	for i := range n {
 		blob, key := makeSizedBlob(t, i, 0, 1, 1)
 		for _, s := range c.stores {
-			if _, err := s.Put(context.Background(), blob); err != nil {
+			if _, err := s.Put(t.Context(), blob); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -678,7 +678,7 @@ func TestAntiEntropyCostFollowsDifferences(t *testing.T) {
 	before := c.net.replicates.Load()
 	var listed, pushed int
 	for _, id := range []string{"a", "b", "c"} {
-		st, err := c.reps[id].AntiEntropy(context.Background())
+		st, err := c.reps[id].AntiEntropy(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -705,7 +705,7 @@ func TestNonMemberKeepsCopies(t *testing.T) {
 	keys, _ := writeAll(t, c, "a", 0, 40)
 	held := c.stores["d"].len()
 	c.setRing("a", "b", "c")
-	st, err := c.reps["d"].Rebalance(context.Background())
+	st, err := c.reps["d"].Rebalance(t.Context())
 	if err != nil || st.Pending != 0 || st.KeysDropped != 0 || c.stores["d"].len() != held {
 		t.Fatalf("non-member pass: %+v, %v; holds %d of %d", st, err, c.stores["d"].len(), held)
 	}
@@ -724,7 +724,7 @@ func TestReplicateSeam(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, nil)
 	c.net.setDown("c", true)
 	blob, key := makeBlob(t, 9, 0)
-	acked := c.reps["a"].Replicate(context.Background(), key, blob, c.ring().Members())
+	acked := c.reps["a"].Replicate(t.Context(), key, blob, c.ring().Members())
 	if !slices.Equal(acked, []string{"b"}) {
 		t.Fatalf("acked %v, want [b]", acked)
 	}
@@ -747,7 +747,7 @@ func TestHintExpiryAndDeparture(t *testing.T) {
 	c.net.setDown("d", true)
 	c.r, c.w = 4, 2
 	for i := range 4 {
-		if _, err := c.reps["a"].Write(context.Background(), mustBlob(t, i)); err != nil {
+		if _, err := c.reps["a"].Write(t.Context(), mustBlob(t, i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -757,7 +757,7 @@ func TestHintExpiryAndDeparture(t *testing.T) {
 	now = now.Add(2 * time.Hour) // c's hints expired
 	mu.Unlock()
 	c.net.setDown("c", false)
-	n, err := c.reps["a"].DeliverHints(context.Background())
+	n, err := c.reps["a"].DeliverHints(t.Context())
 	if err != nil || n != 0 {
 		t.Fatalf("delivered %d, %v; want 0", n, err)
 	}
@@ -778,7 +778,7 @@ func TestDrainWithOwnerDown(t *testing.T) {
 	writeAll(t, c, "a", 0, 40)
 	held := c.stores["d"].len()
 	c.net.setDown("a", true)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	st, err := c.reps["d"].Drain(ctx)
 	if !errors.Is(err, context.DeadlineExceeded) || st.Pending == 0 {
@@ -796,11 +796,11 @@ func TestReadFromPreviousRing(t *testing.T) {
 	c.r, c.w = 1, 1
 	keys, _ := writeAll(t, c, "a", 0, 60)
 	for _, id := range []string{"a", "b", "c"} {
-		c.reps[id].Rebalance(context.Background())
+		c.reps[id].Rebalance(t.Context())
 	}
 	c.start("d")
 	c.setRing("a", "b", "c", "d")
-	if _, err := c.reps["b"].Rebalance(context.Background()); err != nil {
+	if _, err := c.reps["b"].Rebalance(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	found := 0
@@ -809,7 +809,7 @@ func TestReadFromPreviousRing(t *testing.T) {
 			continue
 		}
 		found++
-		rr, err := c.reps["b"].Read(context.Background(), k)
+		rr, err := c.reps["b"].Read(t.Context(), k)
 		if err != nil {
 			t.Fatalf("%v unreadable mid-rebalance: %v", k, err)
 		}
@@ -826,7 +826,7 @@ func TestAntiEntropyLoop(t *testing.T) {
 		cfg.AntiEntropyInterval = 5 * time.Millisecond
 	})
 	blob, key := makeBlob(t, 1, 0)
-	if _, err := c.stores["a"].Put(context.Background(), blob); err != nil {
+	if _, err := c.stores["a"].Put(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
@@ -844,7 +844,7 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 			break
 		}
 	}
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 }) // the straggler too
@@ -852,7 +852,7 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 	c.net.setDown(first, true)
 	for _, wantFetches := range []int64{2, 1} {
 		before := c.net.fetches.Load()
-		rr, err := c.reps["d"].Read(context.Background(), key)
+		rr, err := c.reps["d"].Read(t.Context(), key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -888,10 +888,10 @@ func writeChunkMovingTo(t *testing.T, c *cluster, to string) (int, chunk.Key) {
 	}
 	c.setRing("a")
 	blob, key := makeBlob(t, i, 0)
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.reps["a"].Rebalance(context.Background()); err != nil {
+	if _, err := c.reps["a"].Rebalance(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 	return i, key
@@ -935,7 +935,7 @@ func TestHandoffKeepsBytesChangedAfterAck(t *testing.T) {
 			c.stores["d"], c.dirs["d"] = recv.memStore, t.TempDir()
 			c.start("d")
 
-			st, err := c.reps["a"].Rebalance(context.Background())
+			st, err := c.reps["a"].Rebalance(t.Context())
 			if err != nil || st.KeysMoved != 1 || st.Pending != 0 {
 				t.Fatalf("pass %+v, %v: want the key moved", st, err)
 			}

@@ -103,19 +103,19 @@ func joinWithoutHistory(t *testing.T, rf int, emptyFirst bool, cfg func(c *Confi
 	c.r, c.w = rf, 1
 	keys, _ := writeAll(t, c, "a", 0, 60)
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := c.reps[id].Rebalance(context.Background()); err != nil {
+		if _, err := c.reps[id].Rebalance(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 	}
 	c.setRing("a", "b", "c", "d")
 	c.start("d")
 	if emptyFirst {
-		if _, err := c.reps["d"].Rebalance(context.Background()); err != nil {
+		if _, err := c.reps["d"].Rebalance(t.Context()); err != nil {
 			t.Fatal(err)
 		}
 		joined.Store(true)
 	}
-	if _, err := c.reps["d"].Rebalance(context.Background()); err != nil {
+	if _, err := c.reps["d"].Rebalance(t.Context()); err != nil {
 		t.Fatal(err) // d has nothing to move; its pass completes at once
 	}
 	return c, keys
@@ -159,7 +159,7 @@ func TestNewOwnerWithoutEarlierRingReadsPreviousOwners(t *testing.T) {
 				}
 				waiting++
 				before := c.net.fetches.Load()
-				rr, err := d.Read(context.Background(), k)
+				rr, err := d.Read(t.Context(), k)
 				if tc.wantFound {
 					if err != nil {
 						t.Fatalf("%v unreadable on its new owner mid-rebalance: %v", k, err)
@@ -211,7 +211,7 @@ func TestMissFallbackSettles(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			offset.Add(int64(tc.advance))
 			before := c.net.fetches.Load()
-			if _, err := d.Read(context.Background(), absent); !errors.Is(err, ErrNotFound) {
+			if _, err := d.Read(t.Context(), absent); !errors.Is(err, ErrNotFound) {
 				t.Fatalf("absent key: %v", err)
 			}
 			if got := c.net.fetches.Load() - before; got != tc.wantFetches {
@@ -237,11 +237,11 @@ func TestReadRechecksLocalAfterHandoff(t *testing.T) {
 			}
 			// The old owner's rebalance completes now: d gets the key,
 			// the old owner deletes it.
-			blob, err := c.stores[node].Get(context.Background(), key)
+			blob, err := c.stores[node].Get(t.Context(), key)
 			if err != nil {
 				return
 			}
-			_, perr := c.stores["d"].Put(context.Background(), blob.Bytes())
+			_, perr := c.stores["d"].Put(t.Context(), blob.Bytes())
 			blob.Release()
 			if perr == nil {
 				c.stores[node].Delete(key)
@@ -251,11 +251,11 @@ func TestReadRechecksLocalAfterHandoff(t *testing.T) {
 	c.r, c.w = 1, 1
 	keys, _ := writeAll(t, c, "a", 0, 60)
 	for _, id := range []string{"a", "b", "c"} {
-		c.reps[id].Rebalance(context.Background())
+		c.reps[id].Rebalance(t.Context())
 	}
 	c.setRing("a", "b", "c", "d")
 	c.start("d")
-	c.reps["d"].Rebalance(context.Background())
+	c.reps["d"].Rebalance(t.Context())
 	handoff.Store(true)
 	n := 0
 	for _, k := range keys {
@@ -263,7 +263,7 @@ func TestReadRechecksLocalAfterHandoff(t *testing.T) {
 			continue
 		}
 		n++
-		rr, err := c.reps["d"].Read(context.Background(), k)
+		rr, err := c.reps["d"].Read(t.Context(), k)
 		if err != nil {
 			t.Fatalf("%v lost between the old owner's drop and d's local miss: %v", k, err)
 		}
@@ -282,13 +282,13 @@ func TestReadRechecksLocalAfterHandoff(t *testing.T) {
 func TestReadRepairHereUsesFetchedBlob(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, nil)
 	blob, key := makeBlob(t, 3, 0)
-	if _, err := c.reps["a"].Write(context.Background(), blob); err != nil {
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
 	c.stores["b"].Delete(key) // evicted on b
 	before := c.net.fetches.Load()
-	rr, err := c.reps["b"].Read(context.Background(), key)
+	rr, err := c.reps["b"].Read(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,11 +328,11 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 
 	st.close()
 	first := make(chan error, 1)
-	go func() { first <- d.ServeReplicate(context.Background(), blobs[0], reb) }()
+	go func() { first <- d.ServeReplicate(t.Context(), blobs[0], reb) }()
 	testutil.WaitFor(t, "the first store to hold the slot", func() bool { return st.blocked.Load() == 1 }) // holds the slot
 
 	// A call whose deadline leaves no time to wait is pushed back at once.
-	short, cancel := context.WithTimeout(context.Background(), callMargin/2)
+	short, cancel := context.WithTimeout(t.Context(), callMargin/2)
 	err := d.ServeReplicate(short, blobs[1], reb)
 	cancel()
 	if !errors.Is(err, ErrBusy) || errors.Is(err, ErrRejected) {
@@ -340,16 +340,16 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 	}
 	// One waits for the slot...
 	second := make(chan error, 1)
-	go func() { second <- d.ServeReplicate(context.Background(), blobs[2], reb) }()
+	go func() { second <- d.ServeReplicate(t.Context(), blobs[2], reb) }()
 	testutil.WaitFor(t, "one blob waiting for the slot", func() bool { return d.Metrics().IncomingWaiting == 1 })
 	// ...and the next finds the waiting bytes at their bound.
-	if err := d.ServeReplicate(context.Background(), blobs[3], reb); !errors.Is(err, ErrBusy) {
+	if err := d.ServeReplicate(t.Context(), blobs[3], reb); !errors.Is(err, ErrBusy) {
 		t.Fatalf("queue full: %v, want ErrBusy", err)
 	}
 	// Writes are serving: they do not take the rebalance budget.
 	wrote := make(chan error, 1)
 	go func() {
-		wrote <- d.ServeReplicate(context.Background(), blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
+		wrote <- d.ServeReplicate(t.Context(), blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
 	}()
 	testutil.WaitFor(t, "the write to store without a slot", func() bool { return st.blocked.Load() == 2 })
 	if m := d.Metrics(); m.IncomingWaiting != 1 {
@@ -387,7 +387,7 @@ func TestRebalanceThroughBusyReceiver(t *testing.T) {
 	c.r, c.w = 1, 1
 	keys, _ := writeAll(t, c, "a", 0, 80)
 	for _, id := range []string{"a", "b", "c"} {
-		c.reps[id].Rebalance(context.Background())
+		c.reps[id].Rebalance(t.Context())
 	}
 	c.setRing("a", "b", "c", "d")
 	c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
@@ -401,7 +401,7 @@ func TestRebalanceThroughBusyReceiver(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			stats[i], errs[i] = c.reps[id].Rebalance(context.Background())
+			stats[i], errs[i] = c.reps[id].Rebalance(t.Context())
 		}()
 	}
 	busy := func() int64 {
@@ -443,20 +443,20 @@ func TestRebalanceYieldsToServing(t *testing.T) {
 		}
 	})
 	held, heldKey := makeBlob(t, 200, 0)
-	if _, err := st.memStore.Put(context.Background(), held); err != nil {
+	if _, err := st.memStore.Put(t.Context(), held); err != nil {
 		t.Fatal(err)
 	}
 	c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
 	d = c.start("d")
 	st.onPut = func() { servingAtPut.Store(int64(d.serving.inFlight())) }
 
-	rr, err := d.Read(context.Background(), heldKey) // a read in flight until Release
+	rr, err := d.Read(t.Context(), heldKey) // a read in flight until Release
 	if err != nil {
 		t.Fatal(err)
 	}
 	blob, key := makeBlob(t, 201, 0)
 	done := make(chan error, 1)
-	go func() { done <- d.ServeReplicate(context.Background(), blob, ReplicateOptions{Kind: KindRebalance}) }()
+	go func() { done <- d.ServeReplicate(t.Context(), blob, ReplicateOptions{Kind: KindRebalance}) }()
 	time.Sleep(20 * time.Millisecond) // room for a store that does not yield
 	if st.has(key) {
 		t.Fatal("rebalance store ran while a read was in flight")
