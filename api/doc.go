@@ -18,3 +18,9 @@ package api
 // EpochHeader is the gRPC response header in which a node tells the ring
 // epoch it routes with; clients refresh their ring when it grows.
 const EpochHeader = "kvmesh-epoch"
+
+// StateHeader is the response header of Stats in which a node says
+// whether it is ready: "ready", or why not (a node that has just started
+// says it is recovering until its metadata has caught up with the
+// leader's and its startup pull has finished).
+const StateHeader = "kvmesh-state"

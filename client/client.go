@@ -643,13 +643,29 @@ func (c *Client) Delete(ctx context.Context, key chunk.Key) (int, error) {
 
 // Stats asks the node at addr for its store statistics.
 func (c *Client) Stats(ctx context.Context, addr string) (*api.StatsResponse, error) {
+	st, _, err := c.StatsAndState(ctx, addr)
+	return st, err
+}
+
+// StatsAndState is Stats that also returns the node's state: "ready", or
+// why it is not (api.StateHeader; empty when the node does not say).
+func (c *Client) StatsAndState(ctx context.Context, addr string) (*api.StatsResponse, string, error) {
 	cc, err := c.conn(addr)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
-	return api.NewClientClient(cc).Stats(ctx, &api.StatsRequest{})
+	var md metadata.MD
+	st, err := api.NewClientClient(cc).Stats(ctx, &api.StatsRequest{}, grpc.Header(&md))
+	if err != nil {
+		return nil, "", err
+	}
+	var state string
+	if v := md.Get(api.StateHeader); len(v) > 0 {
+		state = v[0]
+	}
+	return st, state, nil
 }
 
 // Drain asks the node at addr to drain itself (Client.Drain, an admin

@@ -20,11 +20,14 @@ import (
 const startTimeout = time.Minute
 
 // Run is kvmeshd: it parses args (flags and an optional -config file),
-// starts a node, prints one line
+// starts a node, prints
 //
-//	kvmeshd ready node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
+//	kvmeshd listening node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
 //
-// to stdout once everything listens, and serves until ctx ends (the caller
+// to stdout once everything listens, and the same line starting with
+// "kvmeshd ready" once the node is ready (Node.Ready: in the ring, its
+// metadata caught up with the leader's, its startup pull finished), and
+// serves until ctx ends (the caller
 // cancels it on SIGTERM), then shuts down cleanly. Logs go to stderr. -h
 // prints the flags to stderr and returns flag.ErrHelp; `version` prints
 // the build (internal/buildinfo) and returns. Errors in the command line
@@ -56,8 +59,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "kvmeshd ready node=%s grpc=%s gossip=%s raft=%s http=%s\n",
-		n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
+	addrs := fmt.Sprintf("node=%s grpc=%s gossip=%s raft=%s http=%s", n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
+	fmt.Fprintln(stdout, "kvmeshd listening", addrs)
+	announced := make(chan struct{})
+	go func() {
+		defer close(announced)
+		if waitReady(ctx, n) {
+			fmt.Fprintln(stdout, "kvmeshd ready", addrs)
+		}
+	}()
+	defer func() { <-announced }()
 	if !cfg.Insecure {
 		// Without TLS there is nothing to reload, and SIGHUP keeps its
 		// default action.
@@ -73,6 +84,23 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	<-ctx.Done()
 	cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
 	return n.Close()
+}
+
+// readyPoll is how often waitReady checks the node.
+const readyPoll = 100 * time.Millisecond
+
+// waitReady blocks until n is ready (true) or ctx ends (false).
+func waitReady(ctx context.Context, n *node.Node) bool {
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	for n.Ready() != nil {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+	}
+	return true
 }
 
 // reloadOnSIGHUP reloads the node's certificate on every SIGHUP until

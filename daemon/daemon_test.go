@@ -180,13 +180,18 @@ func TestRun(t *testing.T) {
 		done <- Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-local-timing", "-dram", "16M", "-log-level", "error", "-insecure"}, pw, io.Discard)
 		pw.Close()
 	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, field := range []string{"kvmeshd ready", "node=d1", "grpc=127.0.0.1:", "gossip=127.0.0.1:", "raft=127.0.0.1:", "http=127.0.0.1:"} {
-		if !strings.Contains(line, field) {
-			t.Fatalf("ready line %q lacks %q", line, field)
+	// A lone node bootstraps, leads and has nothing to pull: "listening"
+	// comes first, then "ready", with the same addresses.
+	br := bufio.NewReader(pr)
+	for _, word := range []string{"kvmeshd listening", "kvmeshd ready"} {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, field := range []string{word, "node=d1", "grpc=127.0.0.1:", "gossip=127.0.0.1:", "raft=127.0.0.1:", "http=127.0.0.1:"} {
+			if !strings.Contains(line, field) {
+				t.Fatalf("line %q lacks %q", line, field)
+			}
 		}
 	}
 	go func() { _, _ = io.Copy(io.Discard, pr) }()

@@ -21,7 +21,8 @@ import (
 // gossip membership events wake meta's reconcile loop (the leader updates
 // raft and the ring at once instead of at its next tick), and a member
 // that joins (or comes back) gets the hints held for it at once; and,
-// once after the start, the startup pull refills this node.
+// once after the start, recovery catches the metadata up and refills
+// this node (recover).
 type background struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -69,33 +70,19 @@ func (n *Node) startBackground() *background {
 	}()
 	go func() {
 		defer b.wg.Done()
-		n.startupPull(ctx)
+		n.recover(ctx)
 	}()
 	return b
 }
 
-// startupPull waits until this node is back in the ring with a known
-// leader, then refills it from its peers once (replication.StartupPull):
-// the DRAM tier comes back empty from a restart, and anti-entropy alone
-// would take its interval (5 min by default) to notice.
+// startupPull refills this node from its peers once
+// (replication.StartupPull): the DRAM tier comes back empty from a
+// restart, and anti-entropy alone would take its interval (5 min by
+// default) to notice. recover runs it once the node is back in the ring
+// and its metadata has caught up.
 func (n *Node) startupPull(ctx context.Context) {
 	if n.cfg.NoStartupPull {
 		return
-	}
-	watch, unwatch := n.meta.Watch()
-	defer unwatch()
-	t := time.NewTicker(time.Second) // Ready also depends on the leader's address
-	defer t.Stop()
-	for n.Ready() != nil {
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-watch:
-			if !ok {
-				return
-			}
-		case <-t.C:
-		}
 	}
 	start := time.Now()
 	st, err := n.repl.StartupPull(ctx)

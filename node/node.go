@@ -184,6 +184,7 @@ type Node struct {
 	repl   *replication.Replicator
 	bg     *background // meta watch, gossip events; started last, stopped first
 	drain  drainState
+	rec    recovery  // set by the background recovery (recovery.go)
 	inj    *injector // node-side KV injection (inject.go)
 	sec    security  // TLS, token guard, stream limits (security.go)
 
@@ -268,15 +269,17 @@ func (n *Node) RaftAddr() string {
 }
 
 // Ready reports why the node cannot serve data yet, or nil: it needs a
-// known leader and a ring that contains it.
+// known leader and a ring that contains it (inRing), and then must have
+// recovered: caught its metadata up with the leader's and finished its
+// startup pull (an error wrapping ErrRecovering until then). A node that
+// restarted without its chunks is thus not ready while it lacks them, and
+// an operator who restarts the next node only once this one is ready
+// never takes the last copy of a key away.
 func (n *Node) Ready() error {
-	if id, _ := n.meta.Leader(); id == "" {
-		return errors.New("no raft leader")
+	if err := n.inRing(); err != nil {
+		return err
 	}
-	if !n.meta.Ring().Contains(n.cfg.NodeID) {
-		return errors.New("not in the ring yet")
-	}
-	return nil
+	return n.recovering()
 }
 
 // Meta is the node's metadata store (for tests and tools in process).

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -49,7 +50,10 @@ type peerService struct {
 
 func invalid(err error) error { return status.Error(codes.InvalidArgument, err.Error()) }
 
-// model returns the spec of fp, waiting briefly for raft to catch up.
+// model returns the spec of fp, waiting briefly for raft to catch up. A
+// node whose metadata has not caught up with the leader's since its start
+// answers Unavailable instead of "unknown model", so that the client asks
+// another replica.
 func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec, error) {
 	if spec, ok := n.meta.Model(fp); ok {
 		return spec, nil
@@ -58,6 +62,11 @@ func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec
 	defer cancel()
 	if spec, ok := n.meta.WaitModel(wctx, fp); ok {
 		return spec, nil
+	}
+	if !n.rec.metaCaughtUp.Load() {
+		// This node's metadata may lag the leader's: the model may well
+		// exist. Unavailable sends the client to another replica.
+		return chunk.ModelSpec{}, status.Errorf(codes.Unavailable, "model %s not known here yet: %v", fp, n.recovering())
 	}
 	return chunk.ModelSpec{}, errUnknownModel(fp)
 }
@@ -508,6 +517,11 @@ func (s *clientService) Stats(ctx context.Context, _ *api.StatsRequest) (*api.St
 			CapacityBytes: uint64(t.Budget), Evictions: t.Evictions})
 	}
 	resp.Forwarded = uint64(readCounter(s.n.metrics.forwards))
+	state := "ready"
+	if err := s.n.Ready(); err != nil {
+		state = err.Error()
+	}
+	_ = grpc.SetHeader(ctx, metadata.Pairs(api.StateHeader, state))
 	return resp, nil
 }
 

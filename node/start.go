@@ -202,6 +202,7 @@ func (n *Node) openMeta(ctx context.Context) error {
 	}
 	n.undo.push("metadata", n.meta.Close)
 	n.registerMetaMetrics()
+	n.registerRecoveryMetric()
 	return nil
 }
 

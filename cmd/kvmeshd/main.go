@@ -1,7 +1,7 @@
 // Command kvmeshd runs one kvmesh node. See `kvmeshd -h` for its flags; a
 // JSON file (-config) may hold the same settings. Once it listens it prints
 //
-//	kvmeshd ready node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
+//	kvmeshd listening node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
 //
 // and serves until SIGTERM or SIGINT, then shuts down cleanly.
 // `kvmeshd version` prints the build's version.

@@ -1,7 +1,7 @@
 """Starts and stops real kvmeshd processes for the Python suite, as Go's
 tests/harness does: each node binds port 0 on loopback, prints
-"kvmeshd ready node=ID grpc=... gossip=... raft=... http=..." once it
-serves, and stops on SIGTERM. The binary is $KVMESHD, else bin/kvmeshd of
+"kvmeshd listening node=ID grpc=... gossip=... raft=... http=..." once it
+listens (and the same line starting "kvmeshd ready" once it is ready), and stops on SIGTERM. The binary is $KVMESHD, else bin/kvmeshd of
 the repository (make build)."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class Node:
         def read():
             for line in self.proc.stdout:
                 f = line.decode(errors="replace").split()
-                if len(f) > 2 and f[0] == "kvmeshd" and f[1] == "ready" and not ready.is_set():
+                if len(f) > 2 and f[0] == "kvmeshd" and f[1] == "listening" and not ready.is_set():
                     self.addrs = dict(kv.split("=", 1) for kv in f[2:] if "=" in kv)
                     ready.set()
 

@@ -210,7 +210,7 @@ func (p *Proc) Start(ctx context.Context) error {
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if line := sc.Text(); strings.HasPrefix(line, "kvmeshd ready ") {
+			if line := sc.Text(); strings.HasPrefix(line, "kvmeshd listening ") {
 				m := make(map[string]string)
 				for _, f := range strings.Fields(line)[2:] {
 					k, v, _ := strings.Cut(f, "=")

@@ -1,0 +1,166 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
+)
+
+// ErrRecovering is why a node that is up is not ready yet: its metadata
+// has not caught up with the leader's, or its startup pull (the refill of
+// the chunks it should hold) has not finished. Ready wraps it.
+var ErrRecovering = errors.New("node: recovering")
+
+// recovery tracks the two steps a (re)started node takes before it is
+// ready: catching its metadata up with the leader, then the startup pull.
+// The background loop that runs them is the only writer.
+type recovery struct {
+	metaCaughtUp atomic.Bool
+	pullDone     atomic.Bool
+}
+
+// recovering returns why the node is still recovering, or nil.
+func (n *Node) recovering() error {
+	switch {
+	case !n.rec.metaCaughtUp.Load():
+		return fmt.Errorf("%w: metadata catching up with the leader", ErrRecovering)
+	case !n.rec.pullDone.Load():
+		return fmt.Errorf("%w: startup pull running", ErrRecovering)
+	}
+	return nil
+}
+
+// inRing reports why the node cannot take part in the cluster yet, or nil:
+// it needs a known leader and a ring that contains it.
+func (n *Node) inRing() error {
+	if id, _ := n.meta.Leader(); id == "" {
+		return errors.New("no raft leader")
+	}
+	if !n.meta.Ring().Contains(n.cfg.NodeID) {
+		return errors.New("not in the ring yet")
+	}
+	return nil
+}
+
+// recover runs the steps of recovery in order, once the node is in the
+// ring: the metadata catch-up, then the startup pull. It returns early
+// only when ctx ends.
+func (n *Node) recover(ctx context.Context) {
+	watch, unwatch := n.meta.Watch()
+	defer unwatch()
+	t := time.NewTicker(time.Second) // inRing also depends on the leader's address
+	defer t.Stop()
+	wait := func() bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-watch:
+		case <-t.C:
+		}
+		return true
+	}
+	for n.inRing() != nil {
+		if !wait() {
+			return
+		}
+	}
+	start := time.Now()
+	for {
+		err := n.catchUpMeta(ctx)
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		n.log.Debug("node: metadata catch-up", "err", err)
+		if !wait() {
+			return
+		}
+	}
+	n.rec.metaCaughtUp.Store(true)
+	n.log.Info("node: metadata caught up with the leader", "took", time.Since(start).Round(time.Millisecond))
+	n.startupPull(ctx)
+	if ctx.Err() == nil {
+		n.rec.pullDone.Store(true)
+	}
+}
+
+// catchUpMeta waits until this node's metadata holds what the leader's
+// held when asked: its ring epoch (or a later one) and its models. A
+// forwarded read instead of a raft barrier, which only the leader can
+// run: the node's own commit index is capped by the log it has, so it
+// cannot tell how far behind it is. The leader itself is caught up.
+func (n *Node) catchUpMeta(ctx context.Context) error {
+	lid, laddr := n.meta.Leader()
+	if lid == n.cfg.NodeID {
+		return nil
+	}
+	if lid == "" || laddr == "" {
+		return errors.New("no leader address")
+	}
+	c, err := n.peers.client(laddr)
+	if err != nil {
+		return err
+	}
+	rctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	info, err := c.ClusterInfo(rctx, &api.ClusterInfoRequest{})
+	if err != nil {
+		return fmt.Errorf("leader %s: cluster info: %w", lid, err)
+	}
+	models, err := c.Models(rctx, &api.ModelsRequest{})
+	if err != nil {
+		return fmt.Errorf("leader %s: models: %w", lid, err)
+	}
+	want := make([]chunk.Fingerprint, 0, len(models.Models))
+	for _, m := range models.Models {
+		want = append(want, client.FingerprintFromProto(m.Fingerprint))
+	}
+	caughtUp := func() bool {
+		if n.meta.Ring().Epoch() < info.Epoch {
+			return false
+		}
+		for _, fp := range want {
+			if _, ok := n.meta.Model(fp); !ok {
+				return false
+			}
+		}
+		return true
+	}
+	watch, unwatch := n.meta.Watch()
+	defer unwatch()
+	for !caughtUp() {
+		select {
+		case <-rctx.Done():
+			return fmt.Errorf("waiting for epoch %d and %d models of leader %s: %w", info.Epoch, len(want), lid, context.Cause(rctx))
+		case <-watch:
+		}
+	}
+	return nil
+}
+
+// registerRecoveryMetric exports kvmesh_node_recovering: 1 while the node
+// is up but not ready because it is recovering (see Ready), else 0.
+func (n *Node) registerRecoveryMetric() {
+	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvmesh_node_recovering",
+		Help: "1 while the node catches its metadata up with the leader or runs its startup pull (not ready yet), else 0.",
+	}, func() float64 {
+		if n.recovering() != nil {
+			return 1
+		}
+		return 0
+	})
+	if err := n.registry.Register(g); err != nil {
+		n.log.Warn("node: register recovery metric", "err", err)
+	}
+}
