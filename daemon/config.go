@@ -176,7 +176,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	disk, err := ParseBytes(fc.Disk)
+	disk, err := diskBudget(fc.Disk, fc.DataDir)
 	if err != nil {
 		return cfg, fmt.Errorf("kvmeshd: -disk: %w", err)
 	}

@@ -41,7 +41,7 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, fmt.Sprintf("servers that bootstrap a new cluster together, 1 to %d (0: 1 without -join, else none)", MaxBootstrapExpect))
 	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget (positive)")
 	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
-	fs.StringVar(&fc.Disk, "disk", "0", "disk tier budget under data-dir/tier (0: no disk tier)")
+	fs.StringVar(&fc.Disk, "disk", autoDisk, "disk tier budget under data-dir/tier (0: no disk tier; auto: half the data directory's free space, at most 64G, none under 64M); SIGTERM writes DRAM to it and a restart reads it back")
 	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring (positive)")
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes (positive)")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")

@@ -15,14 +15,20 @@ import (
 )
 
 // ErrRecovering is why a node that is up is not ready yet: its metadata
-// has not caught up with the leader's, or its startup pull (the refill of
-// the chunks it should hold) has not finished. Ready wraps it.
+// has not caught up with the leader's, or, on a restart, its startup pull
+// (the refill of the chunks it should hold) has not finished. Ready wraps
+// it.
 var ErrRecovering = errors.New("node: recovering")
 
 // recovery tracks the two steps a (re)started node takes before it is
 // ready: catching its metadata up with the leader, then the startup pull.
 // The background loop that runs them is the only writer.
 type recovery struct {
+	// restart is set by Start before the background loop runs: the data
+	// directory held metadata from an earlier run. A node on a fresh data
+	// directory has never held chunks, so its readiness does not wait for
+	// its startup pull (it still runs).
+	restart      bool
 	metaCaughtUp atomic.Bool
 	pullDone     atomic.Bool
 }
@@ -32,7 +38,7 @@ func (n *Node) recovering() error {
 	switch {
 	case !n.rec.metaCaughtUp.Load():
 		return fmt.Errorf("%w: metadata catching up with the leader", ErrRecovering)
-	case !n.rec.pullDone.Load():
+	case n.rec.restart && !n.rec.pullDone.Load():
 		return fmt.Errorf("%w: startup pull running", ErrRecovering)
 	}
 	return nil
@@ -163,4 +169,21 @@ func (n *Node) registerRecoveryMetric() {
 	if err := n.registry.Register(g); err != nil {
 		n.log.Warn("node: register recovery metric", "err", err)
 	}
+}
+
+// spillTimeout bounds the spill of DRAM to the disk tier at Close.
+const spillTimeout = time.Minute
+
+// spill writes the entries only DRAM holds to the disk tier before the
+// store closes (kvtier.Store.Spill); without a disk tier a SIGTERM loses
+// them like a kill does, and the startup pull refills the node.
+func (n *Node) spill() error {
+	ctx, cancel := context.WithTimeout(context.Background(), spillTimeout)
+	defer cancel()
+	start := time.Now()
+	entries, bytes := n.store.Spill(ctx)
+	if entries > 0 {
+		n.log.Info("node: DRAM spilled to the disk tier", "entries", entries, "bytes", bytes, "took", time.Since(start).Round(time.Millisecond))
+	}
+	return nil
 }

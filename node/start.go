@@ -118,6 +118,11 @@ func (n *Node) checkDataDir(context.Context) error {
 		n.log.Warn("node: rejoining the cluster after a leave (-rejoin)", "left_at", left.At, "left_incarnation", left.Incarnation)
 	}
 	n.rejoining = left
+	// Metadata from an earlier run means this start is a restart: the
+	// node may have held chunks it now lacks (recovery).
+	if _, err := os.Stat(filepath.Join(n.cfg.DataDir, "raft")); err == nil {
+		n.rec.restart = true
+	}
 	return nil
 }
 
@@ -161,6 +166,10 @@ func (n *Node) openStore(context.Context) error {
 		return fmt.Errorf("node: open store: %w", err)
 	}
 	n.undo.push("store", n.store.Close)
+	// Unwound just before the store closes, once the servers and the
+	// replicator have stopped: DRAM entries go to the disk tier (if any),
+	// and the next start on this data directory reads them back.
+	n.undo.push("spill DRAM to disk", n.spill)
 	if err := n.registry.Register(n.store.Collector()); err != nil {
 		return fmt.Errorf("node: register store metrics: %w", err)
 	}

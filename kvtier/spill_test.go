@@ -1,0 +1,71 @@
+package kvtier
+
+import (
+	"context"
+	"log/slog"
+	"testing"
+)
+
+// TestSpillKeepsDRAMEntriesAcrossReopen: entries that lived only in DRAM
+// are on disk after Spill, and a store opened again on the directory has
+// every one of them, bit for bit. A spill stops at the disk budget rather
+// than evict what the disk tier holds.
+func TestSpillKeepsDRAMEntriesAcrossReopen(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := Config{DRAMBytes: 16 * 4096, DiskDir: dir, DiskBytes: 1 << 20, PageSize: 4096, Logger: slog.New(slog.DiscardHandler)}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := blobs(t, 10, 12) // one page each: all fit in DRAM
+	for _, b := range bs {
+		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.Tiers[TierDisk].Entries != 0 {
+		t.Fatalf("disk holds %d entries before the spill", st.Tiers[TierDisk].Entries)
+	}
+	n, _ := s.Spill(ctx)
+	if n != len(bs) {
+		t.Fatalf("spilled %d of %d entries", n, len(bs))
+	}
+	if st := s.Stats(); st.Tiers[TierDisk].Entries != len(bs) || st.Tiers[TierDisk].Evictions != 0 {
+		t.Fatalf("after the spill: %+v", st.Tiers[TierDisk])
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := openTest(t, cfg)
+	for _, b := range bs {
+		h := mustGet(t, s2, b)
+		h.Release()
+	}
+
+	// A full disk tier: the spill moves what fits and evicts nothing.
+	small := cfg
+	small.DiskDir, small.DiskBytes = t.TempDir(), 3*4096
+	s3 := openTest(t, small)
+	for _, b := range bs {
+		if _, err := s3.Put(ctx, b, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, _ = s3.Spill(ctx)
+	st := s3.Stats()
+	if n == 0 || n >= len(bs) || st.Tiers[TierDisk].Evictions != 0 || st.Entries != len(bs) {
+		t.Fatalf("spill into a small disk tier moved %d: %+v", n, st)
+	}
+}
+
+// TestSpillWithoutDiskTier moves nothing.
+func TestSpillWithoutDiskTier(t *testing.T) {
+	s := openTest(t, Config{DRAMBytes: 16 * 4096})
+	if _, err := s.Put(context.Background(), blobs(t, 1, 12)[0], PutOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n, b := s.Spill(context.Background()); n != 0 || b != 0 {
+		t.Fatalf("spilled %d entries, %d bytes without a disk tier", n, b)
+	}
+}
