@@ -11,7 +11,6 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 )
 
 // ErrRecovering is why a node that is up is not ready yet: its metadata
@@ -129,7 +128,7 @@ func (n *Node) catchUpMeta(ctx context.Context) error {
 	}
 	want := make([]chunk.Fingerprint, 0, len(models.Models))
 	for _, m := range models.Models {
-		want = append(want, client.FingerprintFromProto(m.Fingerprint))
+		want = append(want, api.FingerprintFromProto(m.Fingerprint))
 	}
 	caughtUp := func() bool {
 		if n.meta.Ring().Epoch() < info.Epoch {

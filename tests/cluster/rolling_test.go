@@ -6,12 +6,14 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"syscall"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
 // readyz returns the HTTP status of addr's /readyz and its body.
@@ -44,21 +46,19 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
 	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-disk", "0", "-rpc-timeout", "3s"}
-	procs := make([]*proc, len(hosts))
-	dirs := make([]string, len(hosts))
+	procs := make([]*harness.Proc, len(hosts))
 	for i, h := range hosts {
-		dirs[i] = t.TempDir()
-		args := append([]string{"-data-dir", dirs[i], "-grpc", h + ":0", "-http", h + ":0"}, common...)
+		args := common
 		if i > 0 {
-			args = append(args, "-join", procs[0].addrs["gossip"])
+			args = append(slices.Clone(common), "-join", procs[0].Addr("gossip"))
 		}
-		procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), args...)
+		procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
 	defer cancel()
-	waitReady := func(p *proc) (first string) {
+	waitReady := func(p *harness.Proc) (first string) {
 		for {
-			code, body, err := readyz(ctx, p.addrs["http"])
+			code, body, err := readyz(ctx, p.Addr("http"))
 			if err == nil && code == http.StatusOK {
 				return first
 			}
@@ -66,7 +66,7 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 				first = body
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("%s never ready: %d %q %v", p.id, code, body, err)
+				t.Fatalf("%s never ready: %d %q %v", p.ID(), code, body, err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -74,12 +74,12 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 	for _, p := range procs {
 		waitReady(p)
 	}
-	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].addrs["grpc"], procs[1].addrs["grpc"]}, RPCTimeout: 3 * time.Second})
+	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].Addr("grpc"), procs[1].Addr("grpc")}, RPCTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	spec := testSpec()
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +88,7 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 	keys := make([]chunk.Key, n)
 	blobs := make([][]byte, n)
 	for i := range n {
-		keys[i], blobs[i] = entry(t, rng, spec, 64)
+		keys[i], blobs[i] = testutil.StandaloneBlob(t, rng, spec, 128)
 		if _, err := c.Put(ctx, blobs[i]); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
@@ -97,40 +97,35 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 	// holds every entry before the first restart.
 	for _, p := range procs {
 		for {
-			st, err := c.Stats(ctx, p.addrs["grpc"])
+			st, err := c.Stats(ctx, p.Addr("grpc"))
 			if err == nil && st.Entries >= n {
 				break
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("%s never held %d entries: %v %v", p.id, n, st, err)
+				t.Fatalf("%s never held %d entries: %v %v", p.ID(), n, st, err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	for i, p := range procs {
-		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		if err := p.Terminate(30 * time.Second); err != nil {
+			t.Fatalf("%s after SIGTERM: %v", p.ID(), err)
+		}
+		if err := p.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := <-p.done; err != nil {
-			t.Fatalf("%s after SIGTERM: %v", p.id, err)
-		}
-		p.done <- nil
-		seed := procs[(i+1)%len(procs)].addrs["gossip"]
-		args := append([]string{"-data-dir", dirs[i], "-grpc", p.addrs["grpc"], "-gossip", p.addrs["gossip"],
-			"-raft", p.addrs["raft"], "-http", p.addrs["http"], "-join", seed}, common...)
-		procs[i] = start(t, bin, p.id, args...)
 		first := waitReady(procs[i])
-		st, state, err := c.StatsAndState(ctx, procs[i].addrs["grpc"])
+		st, state, err := c.StatsAndState(ctx, procs[i].Addr("grpc"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if st.Entries < n {
-			t.Fatalf("%s said ready holding %d of %d entries (first /readyz answer %q)", p.id, st.Entries, n, first)
+			t.Fatalf("%s said ready holding %d of %d entries (first /readyz answer %q)", p.ID(), st.Entries, n, first)
 		}
 		if state != "ready" {
-			t.Fatalf("%s: /readyz 200 but Stats says %q", p.id, state)
+			t.Fatalf("%s: /readyz 200 but Stats says %q", p.ID(), state)
 		}
-		t.Logf("%s ready again with %d entries; first /readyz answer: %q", p.id, st.Entries, first)
+		t.Logf("%s ready again with %d entries; first /readyz answer: %q", p.ID(), st.Entries, first)
 	}
 	for i, k := range keys {
 		b, err := c.Get(ctx, k)
@@ -155,26 +150,24 @@ func TestFullRestartKeepsChunksOnDisk(t *testing.T) {
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
 	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}
-	procs := make([]*proc, len(hosts))
-	dirs := make([]string, len(hosts))
+	procs := make([]*harness.Proc, len(hosts))
 	for i, h := range hosts {
-		dirs[i] = t.TempDir()
-		args := append([]string{"-data-dir", dirs[i], "-grpc", h + ":0", "-http", h + ":0"}, common...)
+		args := common
 		if i > 0 {
-			args = append(args, "-join", procs[0].addrs["gossip"])
+			args = append(slices.Clone(common), "-join", procs[0].Addr("gossip"))
 		}
-		procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), args...)
+		procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
 	defer cancel()
-	waitReady := func(p *proc) {
+	waitReady := func(p *harness.Proc) {
 		for {
-			code, body, err := readyz(ctx, p.addrs["http"])
+			code, body, err := readyz(ctx, p.Addr("http"))
 			if err == nil && code == http.StatusOK {
 				return
 			}
 			if ctx.Err() != nil {
-				t.Fatalf("%s never ready: %d %q %v", p.id, code, body, err)
+				t.Fatalf("%s never ready: %d %q %v", p.ID(), code, body, err)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
@@ -182,13 +175,13 @@ func TestFullRestartKeepsChunksOnDisk(t *testing.T) {
 	for _, p := range procs {
 		waitReady(p)
 	}
-	seeds := []string{procs[0].addrs["grpc"], procs[1].addrs["grpc"], procs[2].addrs["grpc"]}
+	seeds := []string{procs[0].Addr("grpc"), procs[1].Addr("grpc"), procs[2].Addr("grpc")}
 	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	spec := testSpec()
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
@@ -197,27 +190,20 @@ func TestFullRestartKeepsChunksOnDisk(t *testing.T) {
 	keys := make([]chunk.Key, n)
 	blobs := make([][]byte, n)
 	for i := range n {
-		keys[i], blobs[i] = entry(t, rng, spec, 64)
+		keys[i], blobs[i] = testutil.StandaloneBlob(t, rng, spec, 128)
 		if _, err := c.Put(ctx, blobs[i]); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
 	for _, p := range procs {
-		if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		if err := p.Terminate(30 * time.Second); err != nil {
+			t.Fatalf("%s after SIGTERM: %v", p.ID(), err)
+		}
+	}
+	for _, p := range procs {
+		if err := p.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if err := <-p.done; err != nil {
-			t.Fatalf("%s after SIGTERM: %v", p.id, err)
-		}
-		p.done <- nil
-	}
-	for i, p := range procs {
-		args := append([]string{"-data-dir", dirs[i], "-grpc", p.addrs["grpc"], "-gossip", p.addrs["gossip"],
-			"-raft", p.addrs["raft"], "-http", p.addrs["http"]}, common...)
-		if i > 0 {
-			args = append(args, "-join", procs[0].addrs["gossip"])
-		}
-		procs[i] = start(t, bin, p.id, args...)
 	}
 	for _, p := range procs {
 		waitReady(p)
