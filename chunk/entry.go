@@ -157,8 +157,8 @@ func (e *Entry) Validate() error {
 	if err := validateShape(e.Shape(), DefaultLimits); err != nil && !errors.Is(err, ErrTooLarge) {
 		return err
 	}
-	if !e.Key.Context.Kind.Valid() {
-		return fmt.Errorf("%w: context kind %v", ErrInvalidEntry, e.Key.Context.Kind)
+	if err := CheckKey(e.Key, e.Tokens); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidEntry, err)
 	}
 	if len(e.KV) != e.Shape().RawBytes() {
 		return fmt.Errorf("%w: %d KV bytes, shape needs %d", ErrInvalidEntry, len(e.KV), e.Shape().RawBytes())
@@ -227,7 +227,9 @@ func getID(b []byte) ID {
 }
 
 // ParseHeader reads and verifies the header of blob (not the payload). It
-// allocates only the layer table and token IDs, both bounded by lim.
+// allocates only the layer table and token IDs, both bounded by lim. A key
+// that does not name the entry (CheckKey) is refused with an error wrapping
+// both ErrCorrupt and ErrNonCanonical; so are non-zero reserved bytes.
 func ParseHeader(blob []byte, lim Limits) (Header, error) {
 	lim = lim.orDefault()
 	var hd Header
@@ -269,8 +271,11 @@ func ParseHeader(blob []byte, lim Limits) (Header, error) {
 		Content:     getID(blob[24:]),
 		Context:     Context{Kind: ContextKind(blob[40]), Window: binary.LittleEndian.Uint32(blob[44:]), ID: getID(blob[48:])},
 	}
-	if !hd.Key.Context.Kind.Valid() {
-		return hd, fmt.Errorf("%w: context kind %d", ErrCorrupt, blob[40])
+	if blob[41]|blob[42]|blob[43] != 0 {
+		return hd, fmt.Errorf("%w: reserved header bytes %x are not zero", ErrCorrupt, blob[41:44])
+	}
+	if err := hd.Key.Context.CheckCanonical(); err != nil {
+		return hd, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	payload := binary.LittleEndian.Uint64(blob[80:])
 	if payload != uint64(len(blob)-headerLen) {
@@ -295,6 +300,12 @@ func ParseHeader(blob []byte, lim Limits) (Header, error) {
 	hd.Tokens = make([]uint32, hd.Shape.Tokens)
 	for i := range hd.Tokens {
 		hd.Tokens[i] = binary.LittleEndian.Uint32(tok[4*i:])
+	}
+	// Every reader and every write path parses the header: checking the
+	// key here means no path can store or serve an entry under a name its
+	// tokens do not give.
+	if err := CheckKey(hd.Key, hd.Tokens); err != nil {
+		return hd, fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	return hd, nil
 }

@@ -2,9 +2,12 @@ package chunk
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 func testEntry(rng *rand.Rand, dt DType, tokens, layers, heads, dim int) *Entry {
@@ -70,6 +73,78 @@ func TestEntryRoundTripRaw(t *testing.T) {
 	for n := 0; n < len(blob); n += 5 {
 		if _, err := Decode(blob[:n], Limits{}); !errors.Is(err, ErrCorrupt) && !errors.Is(err, ErrTooLarge) {
 			t.Fatalf("truncation to %d: %v", n, err)
+		}
+	}
+}
+
+// TestKeyMustNameEntry: an entry whose content ID is not the one its tokens
+// give, or whose context is not canonical, or whose reserved header bytes
+// are set, is refused by Encode and by every decode (ParseHeader, Verify,
+// Decode), so that no write or read path can store or serve it.
+func TestKeyMustNameEntry(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	good := testEntry(rng, F16, 3, 1, 1, 4)
+	fp := good.Key.Fingerprint
+	cases := []struct {
+		name  string
+		patch func(k *Key)
+		raw   func(h []byte) // header bytes to set after encoding, instead of patch
+	}{
+		{name: "content of other tokens", patch: func(k *Key) { k.Content = ContentID(fp, []uint32{1001, 1002, 1003}) }},
+		{name: "content under another fingerprint", patch: func(k *Key) { k.Content = ContentID(Fingerprint{Lo: 1}, good.Tokens) }},
+		{name: "standalone with an ID", patch: func(k *Key) { k.Context.ID = ID{Lo: 1} }},
+		{name: "standalone with a window", patch: func(k *Key) { k.Context.Window = 4 }},
+		{name: "prefix with a window", patch: func(k *Key) { k.Context = PrefixContext(PrefixRoot(fp)); k.Context.Window = 4 }},
+		{name: "window 0", patch: func(k *Key) { k.Context = WindowContext(fp, 0, []uint32{1}) }},
+		{name: "window over MaxWindow", patch: func(k *Key) { k.Context = WindowContext(fp, MaxWindow+1, []uint32{1}) }},
+		{name: "unknown kind", patch: func(k *Key) { k.Context.Kind = 4 }},
+		{name: "reserved byte", raw: func(h []byte) { h[42] = 1 }},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			e := *good
+			if tc.patch != nil {
+				tc.patch(&e.Key)
+				if _, err := Encode(nil, &e, CodecRaw); !errors.Is(err, ErrInvalidEntry) || (tc.name != "unknown kind" && !errors.Is(err, ErrNonCanonical)) {
+					t.Fatalf("Encode: %v, want ErrInvalidEntry and ErrNonCanonical", err)
+				}
+			}
+			// The same key written by hand, with a valid header checksum.
+			blob, err := Encode(nil, good, CodecRaw)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.patch != nil {
+				putID(blob[24:], e.Key.Content)
+				blob[40] = byte(e.Key.Context.Kind)
+				binary.LittleEndian.PutUint32(blob[44:], e.Key.Context.Window)
+				putID(blob[48:], e.Key.Context.ID)
+			} else {
+				tc.raw(blob)
+			}
+			sumAt := fixedHeaderBytes + layerRefBytes*good.Layers + 4*len(good.Tokens)
+			binary.LittleEndian.PutUint64(blob[sumAt:], xxhash.Sum64(blob[:sumAt]))
+			if _, err := ParseHeader(blob, Limits{}); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("ParseHeader: %v, want ErrCorrupt", err)
+			}
+			if _, err := Verify(blob, Limits{}); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Verify: %v, want ErrCorrupt", err)
+			}
+			if _, err := Decode(blob, Limits{}); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Decode: %v, want ErrCorrupt", err)
+			}
+		})
+	}
+	// The canonical forms of every kind are accepted.
+	for _, cx := range []Context{StandaloneContext(), WindowContext(fp, 1, nil), WindowContext(fp, MaxWindow, []uint32{7}), PrefixContext(ID{Lo: 3, Hi: 4})} {
+		e := *good
+		e.Key.Context = cx
+		blob, err := Encode(nil, &e, CodecRaw)
+		if err != nil {
+			t.Fatalf("%v: %v", cx, err)
+		}
+		if _, err := Decode(blob, Limits{}); err != nil {
+			t.Fatalf("%v: %v", cx, err)
 		}
 	}
 }

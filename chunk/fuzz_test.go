@@ -33,10 +33,11 @@ func fuzzSeeds() [][]byte {
 	return seeds
 }
 
-// reseal recomputes the layer and header checksums of a blob whose header
-// parses structurally, so that the fuzzer's mutations of the payload reach
-// the codec decoders instead of stopping at a checksum. It returns nil when
-// the blob has no usable header.
+// reseal recomputes the content ID and the layer and header checksums of a
+// blob whose header parses structurally, so that the fuzzer's mutations of
+// the tokens and payload reach the codec decoders instead of stopping at a
+// checksum or the key check. It returns nil when the blob has no usable
+// header.
 func reseal(blob []byte) []byte {
 	if len(blob) < fixedHeaderBytes {
 		return nil
@@ -60,6 +61,11 @@ func reseal(blob []byte) []byte {
 			binary.LittleEndian.PutUint64(ref[16:], xxhash.Sum64(payload[off:off+ln]))
 		}
 	}
+	toks := make([]uint32, tokens)
+	for i := range toks {
+		toks[i] = binary.LittleEndian.Uint32(b[fixedHeaderBytes+layerRefBytes*int(layers)+4*i:])
+	}
+	putID(b[24:], ContentID(Fingerprint(getID(b[8:])), toks))
 	sumAt := headerLen - 8
 	binary.LittleEndian.PutUint64(b[sumAt:], xxhash.Sum64(b[:sumAt]))
 	return b
@@ -83,6 +89,10 @@ func checkDecodeBlob(t *testing.T, blob []byte) {
 		}
 		if len(e.KV) != hd.Shape.RawBytes() || len(e.KV) > fuzzLimits.MaxRawBytes {
 			t.Fatalf("decoded %d bytes for shape %+v", len(e.KV), hd.Shape)
+		}
+		// Only an entry its key names decodes.
+		if err := CheckKey(e.Key, e.Tokens); err != nil || blob[41]|blob[42]|blob[43] != 0 {
+			t.Fatalf("decoded an entry its key does not name: %v, reserved %x", err, blob[41:44])
 		}
 		// A decoded entry re-encodes bit-exactly with a lossless codec,
 		// and a lossless blob decodes to the same entry again.
@@ -156,8 +166,9 @@ func FuzzCodecRoundTrip(f *testing.F) {
 		if tokens == 0 || tokens > 200 {
 			return
 		}
-		e := &Entry{Key: Key{Context: StandaloneContext()}, DType: dt, Layers: 1, KVHeads: 1, HeadDim: dim,
-			Tokens: make([]uint32, tokens), KV: data[:2*tokens*dim*dt.Size()]}
+		toks := make([]uint32, tokens)
+		e := &Entry{Key: Key{Content: ContentID(Fingerprint{}, toks), Context: StandaloneContext()}, DType: dt, Layers: 1, KVHeads: 1, HeadDim: dim,
+			Tokens: toks, KV: data[:2*tokens*dim*dt.Size()]}
 		for _, c := range allCodecs {
 			blob, err := Encode(nil, e, c)
 			if err != nil {

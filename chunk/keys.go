@@ -2,6 +2,7 @@ package chunk
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 
 	"github.com/cespare/xxhash/v2"
@@ -65,6 +66,52 @@ func (c Context) String() string {
 		return fmt.Sprintf("window(%d):%s", c.Window, c.ID)
 	}
 	return fmt.Sprintf("%v:%s", c.Kind, c.ID)
+}
+
+// MaxWindow is the largest window w a window context may carry.
+const MaxWindow = 1 << 24
+
+// ErrNonCanonical is wrapped by the errors of a key that does not name its
+// entry: a content ID other than the one its tokens give, or a context not
+// in its one canonical form. Every decode of such an entry fails with it.
+var ErrNonCanonical = errors.New("chunk: key does not name the entry")
+
+// CheckCanonical reports whether c is in the one form its kind allows, so
+// that two spellings of a context never name two entries: standalone has a
+// zero ID and window, prefix a zero window, window a w in 1..MaxWindow.
+func (c Context) CheckCanonical() error {
+	switch c.Kind {
+	case ContextStandalone:
+		if !c.ID.IsZero() || c.Window != 0 {
+			return fmt.Errorf("%w: standalone context with ID %v and window %d (both must be zero)", ErrNonCanonical, c.ID, c.Window)
+		}
+	case ContextWindow:
+		if c.Window == 0 || c.Window > MaxWindow {
+			return fmt.Errorf("%w: window %d out of range 1..%d", ErrNonCanonical, c.Window, MaxWindow)
+		}
+	case ContextPrefix:
+		if c.Window != 0 {
+			return fmt.Errorf("%w: prefix context with window %d (must be zero)", ErrNonCanonical, c.Window)
+		}
+	default:
+		return fmt.Errorf("%w: context kind %v", ErrNonCanonical, c.Kind)
+	}
+	return nil
+}
+
+// CheckKey reports whether k names an entry holding tokens: its content ID
+// is the one tokens give under its fingerprint, and its context is
+// canonical. What a node cannot check (the KV bytes, and that a window or
+// prefix ID hashes the tokens the chunk was really encoded after) rests on
+// trusting the writer; docs/SECURITY.md says how far.
+func CheckKey(k Key, tokens []uint32) error {
+	if err := k.Context.CheckCanonical(); err != nil {
+		return err
+	}
+	if want := ContentID(k.Fingerprint, tokens); k.Content != want {
+		return fmt.Errorf("%w: content ID %v, the %d tokens give %v", ErrNonCanonical, k.Content, len(tokens), want)
+	}
+	return nil
 }
 
 // Key names one stored encoding of a chunk.

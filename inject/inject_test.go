@@ -4,6 +4,7 @@ package inject
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -257,7 +259,13 @@ func TestMatchAndVerification(t *testing.T) {
 				var blob []byte
 				if st.mutate != nil {
 					blob = st.mutate(e, encode(t, e, chunk.CodecRaw))
-					e.Key.Content = content
+					if blob == nil {
+						// A mutated entry claims content's name: encode it
+						// under its own, then relabel the header by hand
+						// (Encode refuses a key that does not name it).
+						e.Key.Content = chunk.ContentID(e.Key.Fingerprint, e.Tokens)
+						blob = relabel(encode(t, e, chunk.CodecRaw), content)
+					}
 				}
 				if blob == nil {
 					blob = encode(t, e, chunk.CodecRaw)
@@ -549,4 +557,15 @@ func TestRopeTableShared(t *testing.T) {
 	if len(s.ropes) != 0 {
 		t.Fatalf("%d tables left", len(s.ropes))
 	}
+}
+
+// relabel writes content as the content ID of an encoded entry and reseals
+// its header checksum: an entry a hostile or buggy writer mislabelled.
+func relabel(blob []byte, content chunk.ID) []byte {
+	binary.LittleEndian.PutUint64(blob[24:], content.Lo)
+	binary.LittleEndian.PutUint64(blob[32:], content.Hi)
+	tokens, layers := binary.LittleEndian.Uint32(blob[64:]), binary.LittleEndian.Uint32(blob[68:])
+	sumAt := 88 + 24*int(layers) + 4*int(tokens)
+	binary.LittleEndian.PutUint64(blob[sumAt:], xxhash.Sum64(blob[:sumAt]))
+	return blob
 }

@@ -142,18 +142,23 @@ func bigBlob(t testing.TB, tokens int) []byte {
 	return b
 }
 
-// rekey gives blob, in place, content ID {i, i} and a header checksum to
-// match, so one buffer serves as many distinct entries.
+// rekey gives blob, in place, the tokens of entry i (its first two tokens
+// hold i) with their content ID and a header checksum to match, so one
+// buffer serves as many distinct entries.
 func rekey(t testing.TB, blob []byte, i uint64) chunk.Key {
 	hd, err := chunk.ParseHeader(blob, chunk.Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	binary.LittleEndian.PutUint64(blob[24:], i)
-	binary.LittleEndian.PutUint64(blob[32:], i)
+	tokAt := hd.PayloadStart - 8 - 4*len(hd.Tokens)
+	hd.Tokens[0], hd.Tokens[1] = uint32(i), uint32(i>>32)
+	binary.LittleEndian.PutUint32(blob[tokAt:], hd.Tokens[0])
+	binary.LittleEndian.PutUint32(blob[tokAt+4:], hd.Tokens[1])
+	hd.Key.Content = chunk.ContentID(hd.Key.Fingerprint, hd.Tokens)
+	binary.LittleEndian.PutUint64(blob[24:], hd.Key.Content.Lo)
+	binary.LittleEndian.PutUint64(blob[32:], hd.Key.Content.Hi)
 	sumAt := hd.PayloadStart - 8
 	binary.LittleEndian.PutUint64(blob[sumAt:], xxhash.Sum64(blob[:sumAt]))
-	hd.Key.Content = chunk.ID{Lo: i, Hi: i}
 	return hd.Key
 }
 
