@@ -4,7 +4,6 @@ package inject
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -12,11 +11,11 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -263,8 +262,10 @@ func TestMatchAndVerification(t *testing.T) {
 						// A mutated entry claims content's name: encode it
 						// under its own, then relabel the header by hand
 						// (Encode refuses a key that does not name it).
+						claimed := e.Key
+						claimed.Content = content
 						e.Key.Content = chunk.ContentID(e.Key.Fingerprint, e.Tokens)
-						blob = relabel(encode(t, e, chunk.CodecRaw), content)
+						blob = testutil.Relabel(encode(t, e, chunk.CodecRaw), claimed)
 					}
 				}
 				if blob == nil {
@@ -557,15 +558,4 @@ func TestRopeTableShared(t *testing.T) {
 	if len(s.ropes) != 0 {
 		t.Fatalf("%d tables left", len(s.ropes))
 	}
-}
-
-// relabel writes content as the content ID of an encoded entry and reseals
-// its header checksum: an entry a hostile or buggy writer mislabelled.
-func relabel(blob []byte, content chunk.ID) []byte {
-	binary.LittleEndian.PutUint64(blob[24:], content.Lo)
-	binary.LittleEndian.PutUint64(blob[32:], content.Hi)
-	tokens, layers := binary.LittleEndian.Uint32(blob[64:]), binary.LittleEndian.Uint32(blob[68:])
-	sumAt := 88 + 24*int(layers) + 4*int(tokens)
-	binary.LittleEndian.PutUint64(blob[sumAt:], xxhash.Sum64(blob[:sumAt]))
-	return blob
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/replication"
 )
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -221,7 +222,7 @@ func TestCluster3(t *testing.T) {
 		// A shape that does not match the registered model.
 		other := spec
 		other.Layers = 2
-		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ID{Lo: 5}, Context: chunk.StandaloneContext()},
+		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, []uint32{1}), Context: chunk.StandaloneContext()},
 			DType: spec.DType, Layers: 2, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: []uint32{1}}
 		e.KV = make([]byte, e.Layers*e.LayerBytes())
 		mb, err := chunk.Encode(nil, e, chunk.CodecRaw)
@@ -230,6 +231,56 @@ func TestCluster3(t *testing.T) {
 		}
 		if _, err := c.Put(ctx, mb); status.Code(err) != codes.InvalidArgument {
 			t.Fatalf("mismatched shape: %v, want InvalidArgument", err)
+		}
+		// Entries their key does not name, on every write path: a client
+		// Put and a direct Put of each replication kind (replica write,
+		// hint, repair or pull, rebalance). Stored, they would make
+		// lookups of the real tokens report them EXACT.
+		named := testutil.NewEntry(rng, spec, testutil.Tokens(rng, 3), chunk.StandaloneContext())
+		mislabelled := map[string]chunk.Key{}
+		k = named.Key
+		k.Content = chunk.ContentID(fp, []uint32{1001, 1002, 1003})
+		mislabelled["content of other tokens"] = k
+		k = named.Key
+		k.Context.ID = chunk.ID{Lo: 1}
+		mislabelled["standalone with an ID"] = k
+		k = named.Key
+		k.Context = chunk.PrefixContext(chunk.PrefixRoot(fp))
+		k.Context.Window = 8
+		mislabelled["prefix with a window"] = k
+		for name, bad := range mislabelled {
+			blob := testutil.Relabel(testutil.Encode(t, named, chunk.CodecRaw), bad)
+			if _, err := c.Put(ctx, blob); !errors.Is(err, chunk.ErrNonCanonical) {
+				t.Fatalf("client put of %s: %v, want ErrNonCanonical", name, err)
+			}
+			// Kind 0: a client Put through the replica set.
+			for kind := replication.Kind(0); kind <= replication.KindRebalance; kind++ {
+				cc, err := grpc.NewClient(nodes[0].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+				if err != nil {
+					t.Fatal(err)
+				}
+				hdr := &api.PutHeader{Key: api.ProtoKey(bad), BlobBytes: uint64(len(blob))}
+				var st grpc.ClientStreamingClient[api.PutFrame, api.PutResponse]
+				if kind == 0 {
+					st, err = api.NewClientClient(cc).Put(ctx, grpc.ForceCodecV2(api.Codec()))
+				} else {
+					hdr.Direct, hdr.Kind, hdr.At = true, uint32(kind), 1
+					st, err = api.NewPeerClient(cc).Replicate(ctx, grpc.ForceCodecV2(api.Codec()))
+				}
+				if err == nil {
+					if err = api.SendHeader(st, hdr); err == nil {
+						err = api.SendBody(st, mem.SliceBuffer(blob), 1024)
+					}
+					_, err = st.CloseAndRecv()
+				}
+				cc.Close()
+				if status.Code(err) != codes.InvalidArgument {
+					t.Fatalf("%v of %s: %v, want InvalidArgument", kind, name, err)
+				}
+			}
+			if _, err := c.Get(ctx, bad); !errors.Is(err, client.ErrNotFound) {
+				t.Fatalf("get of refused %s: %v, want not found", name, err)
+			}
 		}
 		// Raw streams: a header whose key differs from the entry's, a
 		// stream without header, a body longer than announced, and an

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -115,6 +116,55 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 		e.keys, e.blobs = append(e.keys, key), append(e.blobs, blob)
 	}
 	return e
+}
+
+// addMislabelled adds seeds for the Put method sel: entries whose key their
+// tokens do not give, or whose context is not canonical, each announced
+// under its own (bad) key so that only the key check stands in the way.
+func (e *fuzzEnv) addMislabelled(f *testing.F, sel uint8, direct bool, kind uint32) {
+	bad := []func(k *chunk.Key){
+		func(k *chunk.Key) { k.Content = e.keys[1].Content },
+		func(k *chunk.Key) { k.Context.ID = chunk.ID{Lo: 1} },
+		func(k *chunk.Key) { k.Context.Window = 4 },
+		func(k *chunk.Key) {
+			k.Context = chunk.PrefixContext(chunk.PrefixRoot(k.Fingerprint))
+			k.Context.Window = 1
+		},
+		func(k *chunk.Key) { k.Context = chunk.Context{Kind: chunk.ContextWindow, ID: chunk.ID{Lo: 2}} },
+	}
+	for _, mod := range bad {
+		k := e.keys[0]
+		mod(&k)
+		body := testutil.Relabel(slices.Clone(e.blobs[0]), k)
+		h := &api.PutHeader{Key: api.ProtoKey(k), BlobBytes: uint64(len(body)), Direct: direct, Kind: kind}
+		if direct {
+			h.At = 1
+		}
+		b, err := proto.Marshal(h)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(sel, b, body)
+	}
+}
+
+// checkPut puts body with hdr through open and, when body is a whole entry
+// of the fuzzed model announced under its own key that does not name it
+// (chunk.ErrNonCanonical), requires the node to refuse it as invalid.
+func (e *fuzzEnv) checkPut(t *testing.T, what string, open func(context.Context, ...grpc.CallOption) (grpc.ClientStreamingClient[api.PutFrame, api.PutResponse], error),
+	hdr *api.PutHeader, body []byte) {
+	t.Helper()
+	var err error
+	e.call(t, what, true, func(ctx context.Context) error { err = e.put(ctx, open, hdr, body); return err })
+	hd, perr := chunk.ParseHeader(body, fuzzLimits)
+	k, kerr := api.KeyFromProto(hdr.Key)
+	if !errors.Is(perr, chunk.ErrNonCanonical) || kerr != nil || k != hd.Key || hdr.BlobBytes != uint64(len(body)) ||
+		hd.Key.Fingerprint != e.spec.Fingerprint() {
+		return
+	}
+	if c := status.Code(err); c != codes.InvalidArgument && c != codes.DeadlineExceeded && c != codes.Canceled {
+		t.Fatalf("%s of an entry its key does not name: %v, want InvalidArgument", what, err)
+	}
 }
 
 // unrestrictedAdmin stores a token with every scope and no namespace and
@@ -292,6 +342,8 @@ func FuzzClientService(f *testing.F) {
 		&api.LookupRequest{Fingerprint: fp, Items: []*api.LookupItem{{Content: pk.Content, Want: pk.Context}}},
 		&api.DeleteRequest{Key: api.ProtoKey(e.keys[2]), At: 5},
 	}, e.blobs)
+	e.addMislabelled(f, 2, false, 0)
+	e.addMislabelled(f, 2, true, 3)
 	cl := api.NewClientClient(e.cc)
 	f.Fuzz(func(t *testing.T, sel uint8, msg, body []byte) {
 		switch sel % 8 {
@@ -305,7 +357,7 @@ func FuzzClientService(f *testing.F) {
 		case 2:
 			var hdr api.PutHeader
 			if proto.Unmarshal(msg, &hdr) == nil {
-				e.call(t, "Put", true, func(ctx context.Context) error { return e.put(ctx, cl.Put, &hdr, body) })
+				e.checkPut(t, "Put", cl.Put, &hdr, body)
 			}
 		case 3:
 			var req api.GetRequest
@@ -358,13 +410,16 @@ func FuzzPeerService(f *testing.F) {
 		&api.DeleteRequest{Key: pk, Direct: true, At: 1},
 		&api.GossipKeyRequest{Op: api.GossipKeyOp_GOSSIP_KEY_OP_INSTALL, Key: bytes.Repeat([]byte{1}, 32)},
 	}, e.blobs)
+	for kind := uint32(1); kind <= 4; kind++ {
+		e.addMislabelled(f, 0, true, kind)
+	}
 	pc := api.NewPeerClient(e.cc)
 	f.Fuzz(func(t *testing.T, sel uint8, msg, body []byte) {
 		switch sel % 6 {
 		case 0:
 			var hdr api.PutHeader
 			if proto.Unmarshal(msg, &hdr) == nil {
-				e.call(t, "Replicate", true, func(ctx context.Context) error { return e.put(ctx, pc.Replicate, &hdr, body) })
+				e.checkPut(t, "Replicate", pc.Replicate, &hdr, body)
 			}
 		case 1:
 			var req api.GetRequest

@@ -1,8 +1,11 @@
 package testutil
 
 import (
+	"encoding/binary"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -62,4 +65,25 @@ func Blob(t testing.TB, rng *rand.Rand, spec chunk.ModelSpec, tokens []uint32, c
 func StandaloneBlob(t testing.TB, rng *rand.Rand, spec chunk.ModelSpec, ntok int) (chunk.Key, []byte) {
 	t.Helper()
 	return Blob(t, rng, spec, Tokens(rng, ntok), chunk.StandaloneContext())
+}
+
+// Relabel writes k into the header of an encoded entry, in place, and
+// reseals the header checksum: the entry a buggy or hostile writer would
+// send under a name its tokens do not give (or a non-canonical context).
+// Every decoder must refuse it; tests check that they do.
+func Relabel(blob []byte, k chunk.Key) []byte {
+	le := binary.LittleEndian
+	le.PutUint64(blob[8:], k.Fingerprint.Lo)
+	le.PutUint64(blob[16:], k.Fingerprint.Hi)
+	le.PutUint64(blob[24:], k.Content.Lo)
+	le.PutUint64(blob[32:], k.Content.Hi)
+	blob[40] = byte(k.Context.Kind)
+	le.PutUint32(blob[44:], k.Context.Window)
+	le.PutUint64(blob[48:], k.Context.ID.Lo)
+	le.PutUint64(blob[56:], k.Context.ID.Hi)
+	// The header checksum follows the 88-byte fixed header, the layer
+	// table (24 bytes a layer) and the token IDs (docs/KEYS.md).
+	sumAt := 88 + 24*int(le.Uint32(blob[68:])) + 4*int(le.Uint32(blob[64:]))
+	le.PutUint64(blob[sumAt:], xxhash.Sum64(blob[:sumAt]))
+	return blob
 }
