@@ -3,6 +3,8 @@ package chunk
 import (
 	"encoding/hex"
 	"errors"
+	"math"
+	"strings"
 	"testing"
 )
 
@@ -137,6 +139,38 @@ func TestSpecValidate(t *testing.T) {
 		}, false},
 		{"yarn no orig", func(s *ModelSpec) { s.Scaling = RopeScaling{Type: "yarn", Factor: 4} }, false},
 		{"unknown scaling", func(s *ModelSpec) { s.Scaling = RopeScaling{Type: "longrope", Factor: 4} }, false},
+		// One model, one fingerprint: fields the type does not use, values
+		// the encoding would truncate, strings over the limit.
+		{"llama3 with beta_fast", func(s *ModelSpec) { *s = llamaSpec; s.Scaling.BetaFast = 32 }, false},
+		{"default with llama3 factors", func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "default", Factor: 8, LowFreqFactor: 1, HighFreqFactor: 4, OriginalMaxPositions: 8192}
+		}, false},
+		{"none with a factor", func(s *ModelSpec) { s.Scaling = RopeScaling{Factor: 2} }, false},
+		{"linear with max positions", func(s *ModelSpec) { s.Scaling = RopeScaling{Type: "linear", Factor: 2, MaxPositions: 4096} }, false},
+		{"dynamic with low_freq_factor", func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "dynamic", Factor: 2, MaxPositions: 4096, LowFreqFactor: 1}
+		}, false},
+		{"yarn with max positions", func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, MaxPositions: 131072}
+		}, false},
+		{"yarn all fields", func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, BetaFast: 32, BetaSlow: 1, AttentionFactor: 1.2}
+		}, true},
+		{"yarn NaN beta", func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, BetaFast: nan()}
+		}, false},
+		{"yarn negative attention factor", func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768, AttentionFactor: -1}
+		}, false},
+		{"orig max past 2^32", func(s *ModelSpec) { *s = llamaSpec; s.Scaling.OriginalMaxPositions = 1<<32 + 8192 }, false},
+		{"orig max past int32", func(s *ModelSpec) { *s = llamaSpec; s.Scaling.OriginalMaxPositions = 1 << 31 }, false},
+		{"orig max at int32", func(s *ModelSpec) { *s = llamaSpec; s.Scaling.OriginalMaxPositions = 1<<31 - 1 }, true},
+		{"max positions past 2^32", func(s *ModelSpec) { s.Scaling = RopeScaling{Type: "dynamic", Factor: 2, MaxPositions: 1<<32 + 4096} }, false},
+		{"layers past 2^32", func(s *ModelSpec) { s.Layers = 1<<32 + 2 }, false},
+		{"salt at the limit", func(s *ModelSpec) { s.Salt = strings.Repeat("s", MaxSpecString) }, true},
+		{"salt over the limit", func(s *ModelSpec) { s.Salt = strings.Repeat("s", MaxSpecString+1) }, false},
+		{"family over the limit", func(s *ModelSpec) { s.Family = strings.Repeat("f", MaxSpecString+1) }, false},
+		{"tokenizer not UTF-8", func(s *ModelSpec) { s.TokenizerID = "\xff" }, false},
 	}
 	for _, tc := range tests {
 		s := ok
@@ -225,3 +259,41 @@ func TestKeyDomains(t *testing.T) {
 
 func nan() float64 { var z float64; return z / z }
 func inf() float64 { var z float64; return 1 / z }
+
+// TestSpecNegativeZero: -0.0 and 0.0 are one value, so they give one
+// fingerprint.
+func TestSpecNegativeZero(t *testing.T) {
+	a := tinySpec
+	a.Scaling = RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 32768}
+	b := a
+	b.Scaling.BetaFast, b.Scaling.AttentionFactor = math.Copysign(0, -1), math.Copysign(0, -1)
+	if err := b.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if a.Fingerprint() != b.Fingerprint() {
+		t.Fatalf("-0.0 fingerprints %v, 0.0 %v", b.Fingerprint(), a.Fingerprint())
+	}
+}
+
+// TestCanonicalVectors: the canonical-form rows of docs/KEYS.md section 5.
+func TestCanonicalVectors(t *testing.T) {
+	s := llamaSpec
+	s.Scaling.BetaFast = math.Copysign(0, -1)
+	if err := s.Validate(); err != nil || s.Fingerprint().String() != "13c6ba2ee1b5da5114ad80eab44adfd3" {
+		t.Fatalf("llama with -0.0: %v %v", s.Fingerprint(), err)
+	}
+	for name, s := range map[string]ModelSpec{
+		"llama beta_fast": func() ModelSpec { s := llamaSpec; s.Scaling.BetaFast = 32; return s }(),
+		"tiny default factor": func() ModelSpec {
+			s := tinySpec
+			s.Scaling = RopeScaling{Type: "default", Factor: 8}
+			return s
+		}(),
+		"llama 2^32+8192": func() ModelSpec { s := llamaSpec; s.Scaling.OriginalMaxPositions = 1<<32 + 8192; return s }(),
+		"tiny salt 257":   func() ModelSpec { s := tinySpec; s.Salt = strings.Repeat("a", 257); return s }(),
+	} {
+		if err := s.Validate(); !errors.Is(err, ErrInvalidSpec) {
+			t.Errorf("%s: %v, want ErrInvalidSpec", name, err)
+		}
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"unicode/utf8"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -34,7 +36,8 @@ func (s RopeStyle) String() string {
 }
 
 // RopeScaling names a transformers rope_type and its parameters. Fields a type
-// does not use must be zero so the fingerprint does not depend on noise.
+// does not use must be zero (Validate refuses anything else) so the
+// fingerprint does not depend on noise.
 type RopeScaling struct {
 	// Type is "" or "default" (none), "linear", "llama3", "yarn" or "dynamic".
 	Type string
@@ -83,10 +86,57 @@ func (s ModelSpec) Rotary() int {
 	return s.RotaryDim
 }
 
-// Validate reports the first reason s cannot describe a model.
+// Limits of a ModelSpec that Validate enforces, so that one model has one
+// fingerprint: nothing is truncated by the canonical encoding.
+const (
+	// MaxSpecString bounds each string field, in bytes (valid UTF-8).
+	MaxSpecString = 256
+	// MaxSpecPositions bounds the position fields of a scaling
+	// (OriginalMaxPositions, MaxPositions): they travel as int32.
+	MaxSpecPositions = 1<<31 - 1
+)
+
+// scalingFields names, per scaling type, the RopeScaling fields it uses;
+// Validate refuses a non-zero value in any other, so the same scaling
+// cannot be spelled with noise that changes the fingerprint.
+var scalingFields = map[string][]string{
+	"":        nil,
+	"default": nil,
+	"linear":  {"factor"},
+	"dynamic": {"factor", "max_positions"},
+	"llama3":  {"factor", "low_freq_factor", "high_freq_factor", "original_max_positions"},
+	"yarn":    {"factor", "original_max_positions", "beta_fast", "beta_slow", "attention_factor"},
+}
+
+// fields lists sc's fields by their JSON names, in declaration order.
+func (sc RopeScaling) fields() []struct {
+	name string
+	f    float64 // the value; integers are exact in a float64 below 2^53
+} {
+	return []struct {
+		name string
+		f    float64
+	}{
+		{"factor", sc.Factor}, {"low_freq_factor", sc.LowFreqFactor}, {"high_freq_factor", sc.HighFreqFactor},
+		{"original_max_positions", float64(sc.OriginalMaxPositions)}, {"beta_fast", sc.BetaFast},
+		{"beta_slow", sc.BetaSlow}, {"attention_factor", sc.AttentionFactor}, {"max_positions", float64(sc.MaxPositions)},
+	}
+}
+
+// Validate reports the first reason s cannot describe a model. It also
+// refuses what would give one model two fingerprints: a scaling field the
+// scaling type does not use set to anything but zero, an integer the
+// canonical encoding would truncate, a string over MaxSpecString bytes or
+// not UTF-8. (-0.0 needs no refusal: the encoding writes it as 0.)
 func (s ModelSpec) Validate() error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", ErrInvalidSpec, fmt.Sprintf(format, a...))
+	}
+	for _, f := range []struct{ name, v string }{{"family", s.Family}, {"scaling type", s.Scaling.Type},
+		{"weights revision", s.WeightsRevision}, {"tokenizer id", s.TokenizerID}, {"salt", s.Salt}} {
+		if len(f.v) > MaxSpecString || !utf8.ValidString(f.v) {
+			return bad("%s of %d bytes: must be UTF-8 of at most %d bytes", f.name, len(f.v), MaxSpecString)
+		}
 	}
 	switch {
 	case s.Family == "":
@@ -107,8 +157,22 @@ func (s ModelSpec) Validate() error {
 		return bad("rotary dim %d must be even and at most head dim %d", s.RotaryDim, s.HeadDim)
 	}
 	sc := s.Scaling
+	used, known := scalingFields[sc.Type]
+	if !known {
+		return bad("unknown rope scaling type %q", sc.Type)
+	}
+	for _, f := range sc.fields() {
+		switch {
+		case !slices.Contains(used, f.name) && f.f != 0:
+			return bad("%q scaling does not use %s (%v): it must be 0", sc.Type, f.name, f.f)
+		case math.IsNaN(f.f) || math.IsInf(f.f, 0) || f.f < 0:
+			return bad("scaling %s %v must be finite and not negative", f.name, f.f)
+		}
+	}
+	if sc.OriginalMaxPositions > MaxSpecPositions || sc.MaxPositions > MaxSpecPositions {
+		return bad("scaling positions %d, %d out of range 0..%d", sc.OriginalMaxPositions, sc.MaxPositions, MaxSpecPositions)
+	}
 	switch sc.Type {
-	case "", "default":
 	case "linear", "dynamic":
 		if !(sc.Factor > 0) {
 			return bad("%s scaling needs factor > 0", sc.Type)
@@ -124,8 +188,6 @@ func (s ModelSpec) Validate() error {
 		if !(sc.Factor > 0) || sc.OriginalMaxPositions <= 0 {
 			return bad("yarn scaling needs factor > 0 and original max positions")
 		}
-	default:
-		return bad("unknown rope scaling type %q", sc.Type)
 	}
 	return nil
 }
@@ -150,8 +212,10 @@ const (
 // CanonicalEncoding is the byte string the fingerprint hashes: the magic,
 // then every field in declaration order; strings as a uint32 LE length and
 // their bytes, integers as uint32 LE, floats as IEEE-754 float64 bits LE,
-// enums as one byte. The scaling type "" is written as "default", and
-// RotaryDim 0 as HeadDim, so equivalent specs encode the same.
+// enums as one byte. The scaling type "" is written as "default",
+// RotaryDim 0 as HeadDim, and -0.0 as 0.0, so equivalent specs encode the
+// same. Only a spec that passes Validate has a meaningful encoding (an
+// integer out of Validate's ranges would be truncated).
 func (s ModelSpec) CanonicalEncoding() []byte {
 	b := make([]byte, 0, 160)
 	str := func(v string) {
@@ -159,7 +223,12 @@ func (s ModelSpec) CanonicalEncoding() []byte {
 		b = append(b, v...)
 	}
 	u32 := func(v int) { b = binary.LittleEndian.AppendUint32(b, uint32(v)) }
-	f64 := func(v float64) { b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v)) }
+	f64 := func(v float64) {
+		if v == 0 {
+			v = 0 // -0.0 and 0.0 are one value: one encoding
+		}
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
 	str(specMagic)
 	str(s.Family)
 	u32(s.Layers)

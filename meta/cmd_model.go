@@ -29,19 +29,11 @@ func (c registerModel) apply(cur *fsmState, _ uint64) (*fsmState, error) {
 	return &next, nil
 }
 
-// maxSpecString bounds each string of a registered spec: names and
-// revisions are short, and the bound keeps snapshots bounded.
-const maxSpecString = 256
-
-// validateSpec is chunk's validation plus the registry's size bounds.
+// validateSpec is chunk's validation (string limits included: they keep
+// snapshots bounded too) as a command error.
 func validateSpec(spec chunk.ModelSpec) error {
 	if err := spec.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidCommand, err)
-	}
-	for _, v := range []string{spec.Family, spec.Scaling.Type, spec.WeightsRevision, spec.TokenizerID, spec.Salt} {
-		if len(v) > maxSpecString {
-			return fmt.Errorf("%w: %w: a string of %d bytes exceeds %d", ErrInvalidCommand, chunk.ErrInvalidSpec, len(v), maxSpecString)
-		}
 	}
 	return nil
 }

@@ -214,7 +214,7 @@ func TestCommandRegisterModel(t *testing.T) {
 	bad := testSpec(1)
 	bad.HeadDim = 3
 	longSalt := testSpec(1)
-	longSalt.Salt = strings.Repeat("s", maxSpecString+1)
+	longSalt.Salt = strings.Repeat("s", chunk.MaxSpecString+1)
 	runCmdCases(t, []cmdCase{
 		{name: "new spec", cmd: registerModel{s1}, after: &snapshotState{Models: []chunk.ModelSpec{s1}}},
 		{name: "another spec", before: snapshotState{Models: []chunk.ModelSpec{s1}}, cmd: registerModel{s2},

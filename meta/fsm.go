@@ -327,7 +327,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 }
 
 // MaxModels bounds the registry so that a snapshot (at most ~1.6 KB a
-// spec with maxSpecString) stays under maxSnapshotBytes.
+// spec with chunk.MaxSpecString) stays under maxSnapshotBytes.
 const MaxModels = 50_000
 
 // MaxTokens bounds the API token records (a few KiB each at most, with

@@ -37,7 +37,7 @@ func TestFSMApply(t *testing.T) {
 	badSpec := testSpec(1)
 	badSpec.HeadDim = 3
 	longSalt := testSpec(1)
-	longSalt.Salt = strings.Repeat("s", maxSpecString+1)
+	longSalt.Salt = strings.Repeat("s", chunk.MaxSpecString+1)
 	f := newFSM(nil)
 	type want struct {
 		err     error

@@ -11,7 +11,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -36,7 +35,7 @@ commands:
   status                  members, leader, epoch, settings and each node's tiers
   ring                    ring members and their share of a sample of content IDs
   models                  registered models
-  register SPEC.json      register a model (chunk.ModelSpec as JSON); prints its fingerprint
+  register SPEC.json      register a model (register JSON, docs/KEYS.md); prints its fingerprint
   put ENTRY...            store encoded entries (chunk.Encode output) from files
   get KEY                 read an entry (whole, or the decoded K/V of a range)
   lookup -model FP CONTENT...
@@ -83,7 +82,7 @@ func commands() []command {
 		{"status", "", "Members, leader, epoch, settings and each node's tiers. Exits 1 when the cluster has no leader (no quorum) or a member does not answer.", statusCmd},
 		{"ring", "", "Ring members and their share of 100000 sample content IDs (primary and any replica).", ringCmd},
 		{"models", "", "Registered models.", modelsCmd},
-		{"register", "SPEC.json", "Register a model (chunk.ModelSpec as JSON); prints its fingerprint.", registerCmd},
+		{"register", "SPEC.json", "Register a model (register JSON, docs/KEYS.md: strict, readable enums); prints its fingerprint.", registerCmd},
 		{"put", "ENTRY...", "Store encoded entries (chunk.Encode output) from files.", putCmd},
 		{"get", "[-o FILE] [-layers A:B] [-heads A:B] KEY", "Read an entry: the whole blob, or with -layers/-heads the decoded K/V of a range (layout [layer][K|V][token][head][dim]). Writes bytes, never JSON.", getCmd},
 		{"lookup", "-model FP [-want CONTEXT] CONTENT...", "EXACT / APPROXIMATE / MISS per content ID, with the key found and its holders.", lookupCmd},
@@ -438,10 +437,8 @@ func registerCmd(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	var spec chunk.ModelSpec
-	dec := json.NewDecoder(strings.NewReader(string(b)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&spec); err != nil {
+	spec, err := chunk.ParseSpecJSON(b)
+	if err != nil {
 		return fmt.Errorf("%s: %w", pos[0], err)
 	}
 	_, c, err := e.connected(ctx, e.flags("register"), nil, 0, 0)
