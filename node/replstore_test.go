@@ -82,7 +82,7 @@ func TestReplStoreAdapter(t *testing.T) {
 }
 
 // A Replicator over the adapter: a write lands in kvtier, a read lends its
-// pinned bytes, a conflicting replica write is refused as a conflict, and a
+// pinned bytes, a second version of the key keeps the one that Wins, and a
 // delete makes the key absent.
 func TestReplicatorOverKVTier(t *testing.T) {
 	ctx := t.Context()
@@ -119,10 +119,26 @@ func TestReplicatorOverKVTier(t *testing.T) {
 	}
 	rr.Blob.Release()
 
-	err = r.ServeReplicate(ctx, otherBytes(t, blob), replication.ReplicateOptions{Kind: replication.KindWrite})
-	if !errors.Is(err, replication.ErrConflict) || !errors.Is(err, replication.ErrRejected) {
-		t.Fatalf("conflicting replica write: %v", err)
+	// A second version of the key is not an error: the one that Wins
+	// stays in kvtier.
+	other := otherBytes(t, blob)
+	if err := r.ServeReplicate(ctx, other, replication.ReplicateOptions{Kind: replication.KindWrite}); err != nil {
+		t.Fatalf("second version of a key: %v", err)
 	}
+	h1, _ := chunk.ParseHeader(blob, chunk.Limits{})
+	h2, _ := chunk.ParseHeader(other, chunk.Limits{})
+	want := h1.Checksum
+	if replication.Wins(h2.Checksum, h1.Checksum) {
+		want = h2.Checksum
+	}
+	got, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, _ := chunk.ParseHeader(got.Bytes(), chunk.Limits{}); hd.Checksum != want {
+		t.Fatalf("kvtier keeps %016x, want the winner %016x", hd.Checksum, want)
+	}
+	got.Release()
 	if _, err := r.Delete(ctx, key); err != nil {
 		t.Fatal(err)
 	}

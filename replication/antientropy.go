@@ -153,8 +153,8 @@ type AntiEntropyStats struct {
 // AntiEntropy runs one round: with every other member of the ring it
 // compares bucket tables of the keys both replicate, lists the differing
 // buckets, and fixes what differs. Each side fixes what it is the source
-// of (keys it holds and the peer lacks, checksum conflicts where it is
-// the better-ranked replica, deletes it knows of), so a round on every
+// of (keys it holds and the peer lacks, checksum conflicts where its
+// version Wins, deletes it knows of), so a round on every
 // node converges the replicas. A peer with another ring epoch is skipped.
 func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) {
 	return r.antiEntropy(ctx, false)
@@ -336,8 +336,8 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 	case b == nil:
 		return r.pushItem(ctx, p, a, st)
 	case a.Checksum != b.Checksum:
-		// The better-ranked replica's copy is canonical.
-		if rg.ReplicaRank(a.Key.Content, r.cfg.NodeID, n) < rg.ReplicaRank(a.Key.Content, p, n) {
+		// Two versions: the one that Wins is pushed by its holder.
+		if Wins(a.Checksum, b.Checksum) {
 			return r.pushItem(ctx, p, a, st)
 		}
 	}

@@ -13,7 +13,11 @@
 //     parallel and return once W of them stored it, naming them. A replica
 //     that cannot be reached gets a hint: the blob, kept on this node in a
 //     bounded directory that survives a restart, delivered with backoff when
-//     the replica answers again.
+//     the replica answers again. A key already stored with other bytes (two
+//     producers' encodings differ in the last bits) is not an error: every
+//     store of it, whatever its kind, keeps the version that Wins (the
+//     smaller entry checksum), and repair and anti-entropy push that version,
+//     so replicas converge on one whatever order the writes came in.
 //   - Reads (Read) try this node first, then the replicas in ring order, then
 //     the previous ring's replicas (a rebalance may still be moving the
 //     chunk); a node that never saw the previous ring (it joined with the

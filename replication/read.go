@@ -323,9 +323,8 @@ func (r *Replicator) push(ctx context.Context, node string, key chunk.Key, blob 
 	return r.cfg.Transport.Replicate(ctx, node, blob, opts)
 }
 
-// checkReplicas compares the checksums of key on its replicas; the copy on
-// the best-ranked replica that has one is canonical, and the others are
-// repaired to it.
+// checkReplicas compares the checksums of key on its replicas; the version
+// that Wins is canonical, and the others are repaired to it.
 func (r *Replicator) checkReplicas(ctx context.Context, key chunk.Key) error {
 	n, _ := r.quorum()
 	reps := r.ring().Replicas(key.Content, n)
@@ -344,7 +343,12 @@ func (r *Replicator) checkReplicas(ctx context.Context, key chunk.Key) error {
 			}
 		}
 	}
-	src := slices.Index(has, true)
+	src := -1
+	for i := range reps {
+		if has[i] && (src < 0 || Wins(sums[i], sums[src])) {
+			src = i
+		}
+	}
 	if src < 0 {
 		return errors.Join(errs...)
 	}

@@ -73,10 +73,21 @@ func TestWriteRejectsBadBlob(t *testing.T) {
 	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
 	}
-	other, _ := makeBlob(t, 1, 1) // same key, other bytes
-	if _, err := c.reps["a"].Write(t.Context(), other); !errors.Is(err, ErrQuorum) || !errors.Is(err, ErrConflict) {
-		t.Fatalf("conflicting write: %v, want ErrQuorum wrapping ErrConflict", err)
+	// Same key, other bytes (a second honest producer): not an error;
+	// every replica keeps the version that Wins.
+	other, key := makeBlob(t, 1, 1)
+	if _, err := c.reps["a"].Write(t.Context(), other); err != nil {
+		t.Fatalf("second write of a key: %v", err)
 	}
+	want := winner(t, blob, other)
+	testutil.WaitFor(t, "every replica holding the winner", func() bool { // the last replica write may still be in flight
+		for _, id := range c.replicaIDs(key) {
+			if sum, ok := c.stores[id].checksum(key); !ok || sum != want {
+				return false
+			}
+		}
+		return true
+	})
 	c.reps["a"].Close()
 	if n, _ := c.reps["a"].HintsPending(); n != 0 {
 		t.Fatalf("a refused write left %d hints", n)
@@ -948,6 +959,93 @@ func TestHandoffKeepsBytesChangedAfterAck(t *testing.T) {
 				t.Fatalf("a still holds it (%v), %d dropped: want the handoff dropped", ok, st.KeysDropped)
 			case tc.change && (!ok || sum != nhd.Checksum || st.KeysDropped != 0):
 				t.Fatalf("a holds %v (%x, want %x), %d dropped: want the new bytes kept", ok, sum, nhd.Checksum, st.KeysDropped)
+			}
+		})
+	}
+}
+
+// winner is the checksum of whichever of two versions of a key Wins.
+func winner(t testing.TB, a, b []byte) uint64 {
+	t.Helper()
+	ha, err := chunk.ParseHeader(a, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hb, err := chunk.ParseHeader(b, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ha.Key != hb.Key || ha.Checksum == hb.Checksum {
+		t.Fatal("not two versions of one key")
+	}
+	if Wins(hb.Checksum, ha.Checksum) {
+		return hb.Checksum
+	}
+	return ha.Checksum
+}
+
+// Replicas that took different first writes of one key (three versions on
+// three replicas, the winner on the worst-ranked one) converge on the
+// version that Wins: through anti-entropy rounds, and through a read's
+// replica check.
+func TestDivergedReplicasConverge(t *testing.T) {
+	for _, via := range []string{"anti-entropy", "read repair"} {
+		t.Run(via, func(t *testing.T) {
+			c := newCluster(t, []string{"a", "b", "c"}, nil)
+			var blobs [][]byte
+			var key chunk.Key
+			for v := range 3 {
+				var b []byte
+				b, key = makeBlob(t, 7, v)
+				blobs = append(blobs, b)
+			}
+			want := winner(t, blobs[0], blobs[1])
+			if w2 := winner(t, blobs[1], blobs[2]); Wins(w2, want) {
+				want = w2
+			}
+			// The winner on the worst-ranked replica: rank is not the rule.
+			for i, b := range blobs {
+				if hd, _ := chunk.ParseHeader(b, chunk.Limits{}); hd.Checksum == want {
+					blobs[i], blobs[2] = blobs[2], blobs[i]
+					break
+				}
+			}
+			for i, id := range c.replicaIDs(key) {
+				if _, err := c.stores[id].Put(context.Background(), blobs[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			converged := func() bool {
+				for _, id := range c.replicaIDs(key) {
+					if sum, ok := c.stores[id].checksum(key); !ok || sum != want {
+						return false
+					}
+				}
+				return true
+			}
+			if converged() {
+				t.Fatal("replicas start converged")
+			}
+			switch via {
+			case "anti-entropy":
+				for round := 0; round < 2 && !converged(); round++ {
+					for _, id := range c.replicaIDs(key) {
+						if _, err := c.reps[id].AntiEntropy(context.Background()); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+			case "read repair":
+				if err := c.reps["a"].checkReplicas(context.Background(), key); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !converged() {
+				for _, id := range c.replicaIDs(key) {
+					sum, _ := c.stores[id].checksum(key)
+					t.Errorf("%s holds %016x", id, sum)
+				}
+				t.Fatalf("not converged on %016x", want)
 			}
 		})
 	}

@@ -13,14 +13,15 @@ import (
 // ServeReplicate handles a blob sent by another node (Peer.Replicate):
 //
 //   - KindWrite and KindHint store it unless a tombstone at least as new as
-//     opts.At exists (ErrTombstoned); a write with other bytes than the
-//     stored ones is refused (ErrConflict), a hint is then dropped quietly.
+//     opts.At exists (ErrTombstoned).
 //   - KindRepair refuses a tombstoned key, and a store without room
-//     (RoomChecker), and otherwise replaces other bytes with the blob.
-//   - KindRebalance stores it, keeping other bytes if there are any,
-//     within the receiver's budget (admission.go): it may wait for a slot
-//     and for serving calls to finish, and fails with ErrBusy (not a
-//     refusal) when the budget stays spent.
+//     (RoomChecker).
+//   - KindRebalance stores it within the receiver's budget (admission.go):
+//     it may wait for a slot and for serving calls to finish, and fails
+//     with ErrBusy (not a refusal) when the budget stays spent.
+//
+// Whatever the kind, a blob for a key stored with other bytes is not an
+// error: the version that Wins (the smaller checksum) is kept.
 //
 // Refusals wrap ErrRejected (node maps them to a gRPC status the sending
 // Transport turns back into ErrRejected); other errors mean "try again".

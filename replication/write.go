@@ -99,6 +99,41 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 	return res, fmt.Errorf("%w: %d of %d stored %v (need %d): %w", ErrQuorum, len(res.StoredOn), len(reps), hd.Key, w, errors.Join(errs...))
 }
 
+// Wins reports whether an entry with checksum a is kept over another
+// version of the same key with checksum b. Two honest producers of a chunk
+// can encode slightly different bytes (GPU kernels are not bit
+// deterministic); every replica keeps the smallest checksum it has seen,
+// so replicas that took different first writes converge on one version
+// through read repair and anti-entropy, whatever the order of arrival.
+func Wins(a, b uint64) bool { return a < b }
+
+// keepWinner settles a Put that found key stored with other bytes: the
+// version that Wins stays. It runs under key's lock.
+func (r *Replicator) keepWinner(ctx context.Context, blob []byte, key chunk.Key) error {
+	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
+	if err != nil {
+		return err
+	}
+	got, err := r.cfg.Store.Get(ctx, key)
+	if errors.Is(err, ErrNotFound) {
+		_, err = r.cfg.Store.Put(ctx, blob) // gone since (evicted): store ours
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	ours, err := chunk.ParseHeader(got.Bytes(), r.cfg.Limits)
+	got.Release()
+	if err != nil || !Wins(hd.Checksum, ours.Checksum) {
+		return err // ours stays: the write is already stored, as the winner
+	}
+	if err := r.cfg.Store.DeleteIf(key, ours.Checksum); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	_, err = r.cfg.Store.Put(ctx, blob)
+	return err
+}
+
 // storeLocal puts blob in the local store as a replica write of kind
 // opts.Kind (see ServeReplicate). Refusals wrap ErrRejected.
 func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) error {
@@ -115,15 +150,7 @@ func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key,
 	}
 	_, err := r.cfg.Store.Put(ctx, blob)
 	if errors.Is(err, ErrConflict) {
-		switch opts.Kind {
-		case KindRepair:
-			// The sender's copy is canonical: replace ours.
-			if err = r.cfg.Store.Delete(key); err == nil || errors.Is(err, ErrNotFound) {
-				_, err = r.cfg.Store.Put(ctx, blob)
-			}
-		case KindHint, KindRebalance:
-			err = nil // we hold a version already; keep it
-		}
+		err = r.keepWinner(ctx, blob, key)
 	}
 	if err != nil {
 		if errors.Is(err, ErrConflict) || errors.Is(err, chunk.ErrCorrupt) || errors.Is(err, chunk.ErrTooLarge) ||
