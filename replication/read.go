@@ -102,6 +102,9 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 		b, err := r.cfg.Transport.Fetch(ctx, node, key)
 		if err == nil {
 			if hd, verr := chunk.Verify(b, r.cfg.Limits); verr != nil || hd.Key != key {
+				if verr == nil {
+					verr = fmt.Errorf("it names %v", hd.Key)
+				}
 				err = fmt.Errorf("%w: %s served a bad copy of %v: %v", chunk.ErrCorrupt, node, key, verr)
 				r.metrics.readsCorrupt.Add(1)
 				if i < nReps {
@@ -144,6 +147,11 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 		}
 	}
 	r.metrics.readsMissed.Add(1)
+	if len(errs) == 0 {
+		// Every node answered "not here": nothing else to report, and a
+		// %w of a nil error would print as %!w(<nil>).
+		return ReadResult{}, fmt.Errorf("%w: %v on %d nodes", ErrNotFound, key, len(order)+1)
+	}
 	return ReadResult{}, fmt.Errorf("%w: %v on %d nodes: %w", ErrNotFound, key, len(order)+1, errors.Join(errs...))
 }
 
