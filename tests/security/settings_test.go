@@ -94,7 +94,7 @@ func TestSettingsAPI(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if pr, s := resp.Previous, resp.Settings; pr.ReplicationFactor != 3 || pr.WriteQuorum != 2 || pr.Codec != "raw" ||
+	if pr, s := resp.Previous, resp.Settings; pr.ReplicationFactor != 3 || pr.WriteQuorum != 2 || pr.Codec != meta.DefaultSettings().Codec.String() ||
 		s.ReplicationFactor != 2 || s.WriteQuorum != 1 || s.Codec != "int8" {
 		t.Errorf("SetSettings answered %v", resp)
 	}
