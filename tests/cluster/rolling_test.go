@@ -31,91 +31,126 @@ func readyz(ctx context.Context, addr string) (int, string, error) {
 	return resp.StatusCode, string(b), nil
 }
 
+// restartCluster is three kvmeshd processes that bootstrap together, a
+// client over them, and the entries written through it.
+type restartCluster struct {
+	procs []*harness.Proc
+	c     *client.Client
+	keys  []chunk.Key
+	blobs [][]byte
+}
+
+// startRestartCluster starts three nodes on hosts with the flags both
+// restart tests share plus extra, waits until all are ready, and writes n
+// entries of 64 KiB drawn from seed.
+func startRestartCluster(t *testing.T, ctx context.Context, hosts []string, n int, seed uint64, extra ...string) *restartCluster {
+	t.Helper()
+	checkBindable(t, hosts...)
+	bin := buildKvmeshd(t)
+	common := append([]string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}, extra...)
+	rc := &restartCluster{procs: make([]*harness.Proc, len(hosts))}
+	for i, h := range hosts {
+		args := common
+		if i > 0 {
+			args = append(slices.Clone(common), "-join", rc.procs[0].Addr("gossip"))
+		}
+		rc.procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...)
+	}
+	for _, p := range rc.procs {
+		waitReady(t, ctx, p)
+	}
+	seeds := make([]string, len(rc.procs))
+	for i, p := range rc.procs {
+		seeds[i] = p.Addr("grpc")
+	}
+	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	rc.c = c
+	spec := testutil.Spec()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(21, seed))
+	rc.keys = make([]chunk.Key, n)
+	rc.blobs = make([][]byte, n)
+	for i := range n {
+		rc.keys[i], rc.blobs[i] = testutil.StandaloneBlob(t, rng, spec, 128)
+		if _, err := c.Put(ctx, rc.blobs[i]); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+	}
+	return rc
+}
+
+// waitReady waits until p's /readyz answers 200 and returns the first
+// other answer it saw ("" when the first was 200).
+func waitReady(t *testing.T, ctx context.Context, p *harness.Proc) string {
+	t.Helper()
+	var first string
+	testutil.WaitFor(t, p.ID()+" ready", func() bool {
+		code, body, err := readyz(ctx, p.Addr("http"))
+		if err == nil && code == http.StatusOK {
+			return true
+		}
+		if err == nil && first == "" {
+			first = body
+		}
+		return false
+	})
+	return first
+}
+
+// checkEntries reads every entry back and compares its bytes.
+func (rc *restartCluster) checkEntries(t *testing.T, ctx context.Context, after string) {
+	t.Helper()
+	for i, k := range rc.keys {
+		b, err := rc.c.Get(ctx, k)
+		if err != nil {
+			t.Fatalf("entry %d lost %s: %v", i, after, err)
+		}
+		if string(b) != string(rc.blobs[i]) {
+			t.Fatalf("entry %d: wrong bytes %s", i, after)
+		}
+	}
+}
+
 // TestRollingRestartGatedOnReadyz restarts each of three DRAM-only nodes
 // in turn with SIGTERM, starting the next one as soon as the restarted
 // one's /readyz says 200 and nothing else. With R=3 each node holds every
 // entry, so a node that says ready with fewer entries than were written
 // would let the next restart take the last copies away: /readyz must stay
 // 503 (recovering) until the startup pull has refilled it, and every
-// acknowledged entry must be readable afterwards.
+// acknowledged entry must be readable afterwards. The data set is small
+// (60 entries, 3.75 MiB); it shows the readiness rule, not recovery time
+// at volume.
 func TestRollingRestartGatedOnReadyz(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts processes")
 	}
-	hosts := []string{"127.0.0.31", "127.0.0.32", "127.0.0.33"}
-	checkBindable(t, hosts...)
-	bin := buildKvmeshd(t)
-	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-disk", "0", "-rpc-timeout", "3s"}
-	procs := make([]*harness.Proc, len(hosts))
-	for i, h := range hosts {
-		args := common
-		if i > 0 {
-			args = append(slices.Clone(common), "-join", procs[0].Addr("gossip"))
-		}
-		procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
 	defer cancel()
-	waitReady := func(p *harness.Proc) (first string) {
-		for {
-			code, body, err := readyz(ctx, p.Addr("http"))
-			if err == nil && code == http.StatusOK {
-				return first
-			}
-			if err == nil && first == "" {
-				first = body
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s never ready: %d %q %v", p.ID(), code, body, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	for _, p := range procs {
-		waitReady(p)
-	}
-	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].Addr("grpc"), procs[1].Addr("grpc")}, RPCTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	spec := testutil.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	const n = 60 // 64 KiB each
-	rng := rand.New(rand.NewPCG(21, 1))
-	keys := make([]chunk.Key, n)
-	blobs := make([][]byte, n)
-	for i := range n {
-		keys[i], blobs[i] = testutil.StandaloneBlob(t, rng, spec, 128)
-		if _, err := c.Put(ctx, blobs[i]); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-	}
+	const n = 60
+	rc := startRestartCluster(t, ctx, []string{"127.0.0.31", "127.0.0.32", "127.0.0.33"}, n, 1, "-disk", "0")
 	// Writes reach the third replica asynchronously: wait until every node
 	// holds every entry before the first restart.
-	for _, p := range procs {
-		for {
-			st, err := c.Stats(ctx, p.Addr("grpc"))
-			if err == nil && st.Entries >= n {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s never held %d entries: %v %v", p.ID(), n, st, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+	for _, p := range rc.procs {
+		testutil.WaitFor(t, fmt.Sprintf("%s holding %d entries", p.ID(), n), func() bool {
+			st, err := rc.c.Stats(ctx, p.Addr("grpc"))
+			return err == nil && st.Entries >= n
+		})
 	}
-	for i, p := range procs {
+	for _, p := range rc.procs {
 		if err := p.Terminate(30 * time.Second); err != nil {
 			t.Fatalf("%s after SIGTERM: %v", p.ID(), err)
 		}
 		if err := p.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		first := waitReady(procs[i])
-		st, state, err := c.StatsAndState(ctx, procs[i].Addr("grpc"))
+		first := waitReady(t, ctx, p)
+		st, state, err := rc.c.StatsAndState(ctx, p.Addr("grpc"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,15 +162,7 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 		}
 		t.Logf("%s ready again with %d entries; first /readyz answer: %q", p.ID(), st.Entries, first)
 	}
-	for i, k := range keys {
-		b, err := c.Get(ctx, k)
-		if err != nil {
-			t.Fatalf("entry %d lost after the rolling restart: %v", i, err)
-		}
-		if string(b) != string(blobs[i]) {
-			t.Fatalf("entry %d: wrong bytes", i)
-		}
-	}
+	rc.checkEntries(t, ctx, "after the rolling restart")
 }
 
 // TestFullRestartKeepsChunksOnDisk stops all three nodes with SIGTERM and
@@ -146,75 +173,21 @@ func TestFullRestartKeepsChunksOnDisk(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts processes")
 	}
-	hosts := []string{"127.0.0.34", "127.0.0.35", "127.0.0.36"}
-	checkBindable(t, hosts...)
-	bin := buildKvmeshd(t)
-	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}
-	procs := make([]*harness.Proc, len(hosts))
-	for i, h := range hosts {
-		args := common
-		if i > 0 {
-			args = append(slices.Clone(common), "-join", procs[0].Addr("gossip"))
-		}
-		procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...)
-	}
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
 	defer cancel()
-	waitReady := func(p *harness.Proc) {
-		for {
-			code, body, err := readyz(ctx, p.Addr("http"))
-			if err == nil && code == http.StatusOK {
-				return
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s never ready: %d %q %v", p.ID(), code, body, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	for _, p := range procs {
-		waitReady(p)
-	}
-	seeds := []string{procs[0].Addr("grpc"), procs[1].Addr("grpc"), procs[2].Addr("grpc")}
-	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	spec := testutil.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	const n = 40
-	rng := rand.New(rand.NewPCG(21, 2))
-	keys := make([]chunk.Key, n)
-	blobs := make([][]byte, n)
-	for i := range n {
-		keys[i], blobs[i] = testutil.StandaloneBlob(t, rng, spec, 128)
-		if _, err := c.Put(ctx, blobs[i]); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-	}
-	for _, p := range procs {
+	rc := startRestartCluster(t, ctx, []string{"127.0.0.34", "127.0.0.35", "127.0.0.36"}, 40, 2)
+	for _, p := range rc.procs {
 		if err := p.Terminate(30 * time.Second); err != nil {
 			t.Fatalf("%s after SIGTERM: %v", p.ID(), err)
 		}
 	}
-	for _, p := range procs {
+	for _, p := range rc.procs {
 		if err := p.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, p := range procs {
-		waitReady(p)
+	for _, p := range rc.procs {
+		waitReady(t, ctx, p)
 	}
-	for i, k := range keys {
-		b, err := c.Get(ctx, k)
-		if err != nil {
-			t.Fatalf("entry %d lost in the full restart: %v", i, err)
-		}
-		if string(b) != string(blobs[i]) {
-			t.Fatalf("entry %d: wrong bytes", i)
-		}
-	}
+	rc.checkEntries(t, ctx, "in the full restart")
 }
