@@ -30,6 +30,13 @@
 // that reached it meanwhile. Close alone does not leave: a node restarted
 // with the same ID and data directory rejoins.
 //
+// Files. Each gRPC service's handlers have one file: client_service.go,
+// peer_service.go, admin_service.go, injector_service.go. What two
+// services share has its own file: putget.go (Put/Replicate and
+// Get/Fetch bodies), lookup.go (the cross-replica lookup, also used by
+// the injection fetcher), gossipkey.go (key rotation on this node and
+// fanned out).
+//
 // Tensor bytes move with api.Codec: a stored blob is handed to the
 // transport as a pinned zero-copy view and unpinned when gRPC has written
 // the last frame.

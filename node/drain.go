@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"google.golang.org/grpc"
-
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/meta"
@@ -278,17 +276,4 @@ func (n *Node) inRingElsewhere(ctx context.Context) bool {
 		return false
 	}
 	return true
-}
-
-func (s *clientService) Drain(req *api.DrainRequest, st grpc.ServerStreamingServer[api.DrainProgress]) error {
-	var sendErr error
-	_, err := s.n.Drain(st.Context(), req.KeepMembership, func(p *api.DrainProgress) {
-		if sendErr == nil {
-			sendErr = st.Send(p)
-		}
-	})
-	if err != nil {
-		return toStatus(err)
-	}
-	return toStatus(sendErr)
 }

@@ -1,0 +1,122 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"slices"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/meta"
+)
+
+// peerService serves api.Peer, the calls members make to each other:
+// replica writes and reads, digests, forwarded raft commands, direct
+// deletes and gossip key changes.
+type peerService struct {
+	api.UnimplementedPeerServer
+	n *Node
+}
+
+func (s *peerService) Replicate(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
+	return s.n.receivePut(st, true)
+}
+
+func (s *peerService) Fetch(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame]) error {
+	return s.n.serveGet(req, st, true)
+}
+
+func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
+	if req.From != "" || len(req.Keys) > 0 {
+		return s.n.serveDigest(ctx, req)
+	}
+	var after *chunk.Key
+	if req.After != nil {
+		k, err := api.KeyFromProto(req.After)
+		if err != nil {
+			return nil, invalid(err)
+		}
+		after = &k
+	}
+	limit := int(req.Limit)
+	if limit <= 0 || limit > MaxDigestItems {
+		limit = MaxDigestItems
+	}
+	var items []*api.DigestItem
+	var keys []chunk.Key
+	sums := make(map[chunk.Key][2]uint64)
+	s.n.store.Scan(func(k chunk.Key, sum uint64, size int) bool {
+		if after == nil || compareKeys(k, *after) > 0 {
+			keys = append(keys, k)
+			sums[k] = [2]uint64{sum, uint64(size)}
+		}
+		return true
+	})
+	slices.SortFunc(keys, compareKeys)
+	more := len(keys) > limit
+	if more {
+		keys = keys[:limit]
+	}
+	for _, k := range keys {
+		v := sums[k]
+		items = append(items, &api.DigestItem{Key: api.ProtoKey(k), Checksum: v[0], BlobBytes: v[1]})
+	}
+	return &api.DigestResponse{Items: items, More: more}, nil
+}
+
+// compareKeys orders keys by fingerprint, content, context kind, window and
+// context ID: the order Digest pages in.
+func compareKeys(a, b chunk.Key) int {
+	return cmp.Or(
+		cmp.Compare(a.Fingerprint.Hi, b.Fingerprint.Hi), cmp.Compare(a.Fingerprint.Lo, b.Fingerprint.Lo),
+		cmp.Compare(a.Content.Hi, b.Content.Hi), cmp.Compare(a.Content.Lo, b.Content.Lo),
+		cmp.Compare(a.Context.Kind, b.Context.Kind), cmp.Compare(a.Context.Window, b.Context.Window),
+		cmp.Compare(a.Context.ID.Hi, b.Context.ID.Hi), cmp.Compare(a.Context.ID.Lo, b.Context.ID.Lo),
+	)
+}
+
+func (s *peerService) MetaApply(ctx context.Context, req *api.MetaApplyRequest) (*api.MetaApplyResponse, error) {
+	if err := s.n.sec.checkForwarded(ctx, req.Command); err != nil {
+		return nil, err
+	}
+	if err := s.n.meta.ApplyForwarded(ctx, req.Command); err != nil {
+		return nil, metaApplyStatus(err)
+	}
+	return &api.MetaApplyResponse{}, nil
+}
+
+// metaApplyStatus is the answer to a forwarded command that failed: a
+// conditional settings change whose version no longer holds is Aborted
+// (as a stale ring epoch is), carrying meta.ErrSettingsVersion's text,
+// which the forwarder maps back to the sentinel; anything else goes
+// through toStatus. Not FailedPrecondition, which the forwarder reads as
+// "not the leader" and retries.
+func metaApplyStatus(err error) error {
+	if errors.Is(err, meta.ErrSettingsVersion) {
+		return status.Error(codes.Aborted, err.Error())
+	}
+	return err
+}
+
+// GossipKey is the per-node step of Admin.GossipKeys.
+func (s *peerService) GossipKey(_ context.Context, req *api.GossipKeyRequest) (*api.GossipKeyNodeResult, error) {
+	return s.n.gossipKeyLocal(req.Op, req.Key)
+}
+
+// Delete removes an entry here only (replication's deletes and
+// tombstones).
+func (s *peerService) Delete(ctx context.Context, req *api.DeleteRequest) (*api.DeleteResponse, error) {
+	key, err := api.KeyFromProto(req.GetKey())
+	if err != nil {
+		return nil, invalid(err)
+	}
+	if err := s.n.repl.ServeDelete(ctx, key, req.At); err != nil {
+		return nil, replToStatus(err)
+	}
+	return &api.DeleteResponse{Deleted: 1}, nil
+}

@@ -1,0 +1,222 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
+	"github.com/kvmesh/kvmesh/replication"
+)
+
+// Limits of requests that are not entries.
+const (
+	// MaxLookupBatch is the most items one Lookup may carry.
+	MaxLookupBatch = 4096
+	// MaxDigestItems is the most items one Digest answer carries.
+	MaxDigestItems = 10000
+	// putUpfrontBytes is how much of an entry's announced size a Put
+	// allocates before its data arrives.
+	putUpfrontBytes = 16 << 20
+	// modelWait is how long a node waits for a model registered through
+	// another node a moment ago to reach its own metadata.
+	modelWait = 2 * time.Second
+)
+
+func invalid(err error) error { return status.Error(codes.InvalidArgument, err.Error()) }
+
+// model returns the spec of fp, waiting briefly for raft to catch up. A
+// node whose metadata has not caught up with the leader's since its start
+// answers Unavailable instead of "unknown model", so that the client asks
+// another replica.
+func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec, error) {
+	if spec, ok := n.meta.Model(fp); ok {
+		return spec, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, modelWait)
+	defer cancel()
+	if spec, ok := n.meta.WaitModel(wctx, fp); ok {
+		return spec, nil
+	}
+	if !n.rec.metaCaughtUp.Load() {
+		// This node's metadata may lag the leader's: the model may well
+		// exist. Unavailable sends the client to another replica.
+		return chunk.ModelSpec{}, status.Errorf(codes.Unavailable, "model %s not known here yet: %v", fp, n.recovering())
+	}
+	return chunk.ModelSpec{}, errUnknownModel(fp)
+}
+
+// receivePut reads a Put or Replicate stream, checks the entry and stores
+// it: here only (direct), or on its replica set.
+func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse], direct bool) error {
+	ctx := st.Context()
+	var hdr api.PutHeader
+	if err := api.RecvHeader(st, &hdr); err != nil {
+		return err
+	}
+	key, err := api.KeyFromProto(hdr.Key)
+	if err != nil {
+		return invalid(err)
+	}
+	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
+		return err
+	}
+	if !direct && (hdr.Direct || hdr.Kind != 0 || hdr.At != 0) {
+		// A single-node store with a chosen time and kind bypasses the
+		// replica set and orders against tombstones: members only.
+		if err := n.sec.checkPeer(ctx, "a direct put"); err != nil {
+			return err
+		}
+	}
+	switch {
+	case hdr.BlobBytes == 0:
+		return status.Error(codes.InvalidArgument, "put of an empty entry")
+	case hdr.BlobBytes > uint64(n.cfg.Limits.MaxBlobBytes):
+		return status.Errorf(codes.ResourceExhausted, "entry of %d bytes exceeds the limit of %d", hdr.BlobBytes, n.cfg.Limits.MaxBlobBytes)
+	}
+	spec, err := n.model(ctx, key.Fingerprint)
+	if err != nil {
+		return err
+	}
+	// Room for the announced size only as data arrives (beyond
+	// putUpfrontBytes): a header alone must not reserve MaxBlobBytes.
+	blob, err := api.RecvBodyGrow(st, int(hdr.BlobBytes), putUpfrontBytes)
+	if err != nil {
+		return err
+	}
+	var extra api.Frame
+	if err := st.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+		extra.Data.Free()
+		if err == nil {
+			err = fmt.Errorf("%w: frames after the announced %d bytes", api.ErrLongBody, hdr.BlobBytes)
+		}
+		return err
+	}
+	n.metrics.bytesIn.WithLabelValues("put").Add(float64(len(blob)))
+	hd, err := chunk.Verify(blob, n.cfg.Limits)
+	if err != nil {
+		return err
+	}
+	if hd.Key != key {
+		return status.Errorf(codes.InvalidArgument, "entry holds key %v, header says %v", hd.Key, key)
+	}
+	if sh := hd.Shape; sh.Layers != spec.Layers || sh.KVHeads != spec.KVHeads || sh.HeadDim != spec.HeadDim || sh.DType != spec.DType {
+		return status.Errorf(codes.InvalidArgument, "entry shape %d layers x %d heads x %d dims %v does not match model %s (%d x %d x %d %v)",
+			sh.Layers, sh.KVHeads, sh.HeadDim, sh.DType, key.Fingerprint, spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType)
+	}
+	if direct || hdr.Direct {
+		kind := replication.Kind(hdr.Kind)
+		if kind == 0 {
+			kind = replication.KindWrite
+		}
+		if err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At}); err != nil {
+			return replToStatus(err)
+		}
+		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
+	}
+	set := n.meta.Settings()
+	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, set.ReplicationFactor) {
+		n.metrics.forwards.Inc()
+	}
+	// A client's entry is stored in the cluster's codec: transcoded here,
+	// once, so that replicas, hints, rebalancing, pulls and fetches move the
+	// stored bytes unchanged (direct puts above are such moves). The same
+	// entry sent in raw or in lossless becomes the same bytes, so a re-put
+	// from a client in another codec finds its bytes already stored.
+	if to := chunk.StoredCodec(hd.Codec, set.Codec); to != hd.Codec {
+		if blob, err = chunk.Transcode(blob, to, n.cfg.Limits); err != nil {
+			return invalid(err)
+		}
+		if hd, err = chunk.ParseHeader(blob, n.cfg.Limits); err != nil {
+			return err
+		}
+		n.metrics.transcoded.WithLabelValues(to.String()).Inc()
+	}
+	res, err := n.repl.Write(ctx, blob)
+	if err != nil {
+		return err
+	}
+	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: res.StoredOn})
+}
+
+// serveGet answers a Get or Fetch: from the local store, else (unless
+// direct) from another replica.
+func (n *Node) serveGet(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame], direct bool) error {
+	ctx := st.Context()
+	key, err := api.KeyFromProto(req.GetKey())
+	if err != nil {
+		return invalid(err)
+	}
+	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
+		return err
+	}
+	if req.Format != api.Format_FORMAT_ENTRY && req.Format != api.Format_FORMAT_RAW {
+		return status.Errorf(codes.InvalidArgument, "unknown format %v", req.Format)
+	}
+	if _, err := n.model(ctx, key.Fingerprint); err != nil {
+		return err
+	}
+	// Here first (a pinned zero-copy view), then the replicas in ring
+	// order, repairing those found lacking (replication.Read).
+	var blob pinned.Bytes
+	if direct {
+		if blob, err = n.repl.ServeFetch(ctx, key); err != nil {
+			return replToStatus(err)
+		}
+	} else {
+		rr, err := n.repl.Read(ctx, key)
+		if err != nil {
+			return err
+		}
+		blob = rr.Blob
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			blob.Release()
+		}
+	}()
+	data := blob.Bytes()
+	hd, err := chunk.ParseHeader(data, n.cfg.Limits)
+	if err != nil {
+		return status.Errorf(codes.DataLoss, "stored entry %v: %v", key, err)
+	}
+	gh := &api.GetHeader{Key: api.ProtoKey(hd.Key), Format: req.Format, Codec: uint32(hd.Codec),
+		Shape: api.ProtoShape(hd.Shape), Tokens: hd.Tokens, Checksum: hd.Checksum}
+	var body mem.Buffer
+	if req.Format == api.Format_FORMAT_ENTRY {
+		gh.TotalBytes = uint64(len(data))
+		ok = true // the buffer releases blob now
+		body = api.PinnedBuffer(blob)
+	} else {
+		r, err := chunk.Range{LayerLo: int(req.LayerLo), LayerHi: int(req.LayerHi), HeadLo: int(req.HeadLo), HeadHi: int(req.HeadHi)}.Resolve(hd.Shape)
+		if err != nil {
+			return invalid(err)
+		}
+		out := make([]byte, r.RangeBytes(hd.Shape))
+		if err := chunk.DecodeRange(out, data, &hd, r, nil); err != nil {
+			return status.Errorf(codes.DataLoss, "stored entry %v: %v", key, err)
+		}
+		gh.TotalBytes = uint64(len(out))
+		gh.LayerLo, gh.LayerHi, gh.HeadLo, gh.HeadHi = uint32(r.LayerLo), uint32(r.LayerHi), uint32(r.HeadLo), uint32(r.HeadHi)
+		body = mem.SliceBuffer(out)
+	}
+	defer body.Free()
+	if err := api.SendHeader(st, gh); err != nil {
+		return err
+	}
+	if err := api.SendBody(st, body, n.cfg.FrameBytes); err != nil {
+		return err
+	}
+	n.metrics.bytesOut.WithLabelValues("get").Add(float64(gh.TotalBytes))
+	return nil
+}
