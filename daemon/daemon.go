@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
@@ -73,7 +70,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		// Without TLS there is nothing to reload, and SIGHUP keeps its
 		// default action.
 		reloaded := make(chan struct{})
-		go func() { defer close(reloaded); reloadOnSIGHUP(ctx, n) }()
+		go func() { defer close(reloaded); n.ReloadTLSOnSignal(ctx) }()
 		defer func() { <-reloaded }()
 	}
 	rpcTimeout := cfg.RPCTimeout
@@ -101,23 +98,6 @@ func waitReady(ctx context.Context, n *node.Node) bool {
 		}
 	}
 	return true
-}
-
-// reloadOnSIGHUP reloads the node's certificate on every SIGHUP until
-// ctx ends. A refused reload keeps the old certificate; node logs and
-// counts it.
-func reloadOnSIGHUP(ctx context.Context, n *node.Node) {
-	ch := make(chan os.Signal, 1)
-	signal.Notify(ch, syscall.SIGHUP)
-	defer signal.Stop(ch)
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-ch:
-			_ = n.ReloadTLS()
-		}
-	}
 }
 
 // storeTokens puts the tokens file's records into the cluster metadata

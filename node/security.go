@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -265,4 +266,11 @@ func (c *Config) securityDefaults() {
 // kvmesh_tls_reload*_total. Without TLS it does nothing.
 func (n *Node) ReloadTLS() error {
 	return n.sec.tls.Reload()
+}
+
+// ReloadTLSOnSignal calls ReloadTLS whenever the process receives one of
+// sigs (default SIGHUP), until ctx is done; it blocks (see
+// tlsconf.TLS.ReloadOnSignal). kvmeshd runs it when it serves TLS.
+func (n *Node) ReloadTLSOnSignal(ctx context.Context, sigs ...os.Signal) {
+	n.sec.tls.ReloadOnSignal(ctx, sigs...)
 }

@@ -168,25 +168,24 @@ func (t *TLS) load() error {
 }
 
 // ReloadOnSignal calls Reload (which logs and counts the outcome)
-// whenever the process receives one of sigs (default SIGHUP) until ctx is
-// done. It returns at once; the goroutine it starts ends with ctx.
+// whenever the process receives one of sigs (default SIGHUP), until ctx
+// is done. It blocks: run it on a goroutine the caller waits for. A
+// refused reload keeps the old certificate.
 func (t *TLS) ReloadOnSignal(ctx context.Context, sigs ...os.Signal) {
 	if len(sigs) == 0 {
 		sigs = []os.Signal{syscall.SIGHUP}
 	}
 	ch := make(chan os.Signal, 1)
 	signal.Notify(ch, sigs...)
-	go func() {
-		defer signal.Stop(ch)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-ch:
-				_ = t.Reload() // logged and counted by Reload
-			}
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			_ = t.Reload() // logged and counted by Reload
 		}
-	}()
+	}
 }
 
 // Leaf returns the current certificate, or nil in insecure mode.

@@ -6,12 +6,14 @@ import (
 	"errors"
 	"net"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -268,19 +270,23 @@ func TestReload(t *testing.T) {
 
 	// SIGHUP reloads.
 	renew("n1-hup")
+	// The test's own Notify keeps SIGUSR1 from ending the test binary
+	// before ReloadOnSignal's goroutine has registered; the signal is
+	// sent on every poll, so the first one after that reloads.
+	sink := make(chan os.Signal, 1)
+	signal.Notify(sink, syscall.SIGUSR1)
+	defer signal.Stop(sink)
 	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	tl.ReloadOnSignal(ctx, syscall.SIGUSR1)
-	if err := syscall.Kill(os.Getpid(), syscall.SIGUSR1); err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for tl.Leaf().Subject.CommonName != "n1-hup" {
-		if time.Now().After(deadline) {
-			t.Fatal("signal did not reload")
+	done := make(chan struct{})
+	go func() { defer close(done); tl.ReloadOnSignal(ctx, syscall.SIGUSR1) }()
+	defer func() { cancel(); <-done }()
+	testutil.WaitFor(t, "the signal to reload the certificate", func() bool {
+		if tl.Leaf().Subject.CommonName == "n1-hup" {
+			return true
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		_ = syscall.Kill(os.Getpid(), syscall.SIGUSR1)
+		return false
+	})
 }
 
 // TestGenerateFiles makes a CA and a node and a client certificate the way
