@@ -94,7 +94,7 @@ type Engine struct {
 // New builds an engine for w. Close it to stop its workers.
 func New(w *Weights, cfg Config) (*Engine, error) {
 	mc := w.Config
-	if err := mc.Validate(); err != nil {
+	if err := checkModel(mc); err != nil {
 		return nil, err
 	}
 	if cfg.Workers <= 0 {

@@ -321,7 +321,7 @@ func FuzzParseConfig(f *testing.F) {
 			}
 			return
 		}
-		if err := c.Validate(); err != nil {
+		if err := checkModel(c); err != nil {
 			t.Fatalf("parsed config does not validate: %v", err)
 		}
 		js, err := MarshalConfig(c)

@@ -75,7 +75,7 @@ func tensorShapes(c ModelConfig) map[string][]int {
 // NewWeights checks tensors against the config and builds the model. It
 // keeps the tensors' slices (no copy).
 func NewWeights(c ModelConfig, tensors map[string]*Tensor) (*Weights, error) {
-	if err := c.Validate(); err != nil {
+	if err := checkModel(c); err != nil {
 		return nil, err
 	}
 	shapes := tensorShapes(c)
@@ -181,7 +181,7 @@ func LoadWeights(dir string) (*Weights, error) {
 // 1, biases small; every value already rounded to c.DType so a write and a
 // load give back the same bits.
 func RandomTensors(c ModelConfig, seed uint64, scale float64) (map[string]*Tensor, error) {
-	if err := c.Validate(); err != nil {
+	if err := checkModel(c); err != nil {
 		return nil, err
 	}
 	if scale == 0 {

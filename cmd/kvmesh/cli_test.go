@@ -105,6 +105,7 @@ func TestGolden(t *testing.T) {
 		{"settings", "-format", "json"},
 		{"token", "revoke", "0123456789abcdef"},
 		{"version", "-format", "json"},
+		{"register", "-dry-run", hfTestdata + "mistral-7b-instruct-v0.3.json", "-revision", "mistralai/Mistral-7B-Instruct-v0.3@e0bc86c"},
 	} {
 		out, errOut, code := runCLI(ctx, append(args, "-addr", addr)...)
 		if args[0] == "version" {

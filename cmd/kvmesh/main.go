@@ -35,7 +35,8 @@ commands:
   status                  members, leader, epoch, settings and each node's tiers
   ring                    ring members and their share of a sample of content IDs
   models                  registered models
-  register SPEC.json      register a model (register JSON, docs/KEYS.md); prints its fingerprint
+  register FILE           register a model from its config.json or a register JSON (docs/KEYS.md);
+                          prints its fingerprint
   put ENTRY...            store encoded entries (chunk.Encode output) from files
   get KEY                 read an entry (whole, or the decoded K/V of a range)
   lookup -model FP CONTENT...
@@ -82,7 +83,7 @@ func commands() []command {
 		{"status", "", "Members, leader, epoch, settings and each node's tiers. Exits 1 when the cluster has no leader (no quorum) or a member does not answer.", statusCmd},
 		{"ring", "", "Ring members and their share of 100000 sample content IDs (primary and any replica).", ringCmd},
 		{"models", "", "Registered models.", modelsCmd},
-		{"register", "SPEC.json", "Register a model (register JSON, docs/KEYS.md: strict, readable enums); prints its fingerprint.", registerCmd},
+		{"register", "[-revision R] [-tokenizer T] [-dtype D] [-salt S] [-dry-run] FILE", registerUsage, registerCmd},
 		{"put", "ENTRY...", "Store encoded entries (chunk.Encode output) from files.", putCmd},
 		{"get", "[-o FILE] [-layers A:B] [-heads A:B] KEY", "Read an entry: the whole blob, or with -layers/-heads the decoded K/V of a range (layout [layer][K|V][token][head][dim]). Writes bytes, never JSON.", getCmd},
 		{"lookup", "-model FP [-want CONTEXT] CONTENT...", "EXACT / APPROXIMATE / MISS per content ID, with the key found and its holders.", lookupCmd},
@@ -425,34 +426,6 @@ func modelsCmd(ctx context.Context, e *env, args []string) error {
 				m.Rope, m.RopeTheta, m.Tokenizer, m.Revision)
 		}
 		return tw.Flush()
-	})
-}
-
-func registerCmd(ctx context.Context, e *env, args []string) error {
-	pos, err := e.parse(e.flags("register"), args, 1, 1)
-	if err != nil {
-		return err
-	}
-	b, err := os.ReadFile(pos[0])
-	if err != nil {
-		return err
-	}
-	spec, err := chunk.ParseSpecJSON(b)
-	if err != nil {
-		return fmt.Errorf("%s: %w", pos[0], err)
-	}
-	_, c, err := e.connected(ctx, e.flags("register"), nil, 0, 0)
-	if err != nil {
-		return err
-	}
-	defer c.close()
-	fp, err := c.RegisterModel(c.ctx, spec)
-	if err != nil {
-		return plain("register", err)
-	}
-	return e.print(map[string]string{"fingerprint": fp.String()}, func(w io.Writer) error {
-		_, err := fmt.Fprintln(w, fp)
-		return err
 	})
 }
 
