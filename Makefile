@@ -27,7 +27,7 @@ FUZZTIME ?= 8s
 ACCURACY_PROMPTS ?= 12
 TRAIN_FLAGS ?= --seed 1 --minutes 45 --nq 24 --steps 100000 --eval-every 100000 --eval-minutes 4 --eval-n 12
 
-.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance run proto proto-python tools python-deps test-python clean
+.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance bench-redis redis-tools run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -88,6 +88,13 @@ tools:
 		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null) || \
 		echo "warning: iptables could not be installed; partition scenarios will SKIP"; }
 
+# redis-server from Debian, the reference of `make bench-redis`.
+redis-tools:
+	@command -v redis-server >/dev/null 2>&1 || { \
+		echo "installing redis-server from Debian"; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; }
+
 # The Python package (python/) runs on Debian's python3 and packages, not on
 # whatever python3 comes first on PATH (a pyenv one lacks them).
 PYTHON := /usr/bin/python3
@@ -120,6 +127,14 @@ bench-workloads:
 # when a 4th joins: time, bytes moved against a quarter, Get latency, RSS.
 bench-rebalance:
 	KVMESH_REBALANCE_BYTES=10G $(GO) test -run '^$$' -bench Rebalance10G -benchtime 1x -timeout 60m -v ./tests/cluster
+
+# Put and Get of the same entries (256 KiB, 1 MiB, 4 MiB; raw and lossless)
+# on 3 kvmeshd processes (R=3 W=2, then R=1 W=1) against redis-server (a
+# primary with 2 replicas and WAIT 1, then one server), 8 clients; one
+# table with the ratios (~3 minutes). BENCH_REDIS_FLAGS adds flags, e.g.
+# -putget-profile DIR for the nodes' pprof profiles of every point.
+bench-redis: redis-tools build
+	$(BIN)/kvmesh-bench -putget -kvmeshd $(BIN)/kvmeshd $(BENCH_REDIS_FLAGS)
 
 # Answer accuracy of the trained recall model (train/recall) served each way
 # through a local cluster; writes docs/bench/ACCURACY.md and its plots.

@@ -1,11 +1,8 @@
 package node
 
 import (
-	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -15,58 +12,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/resp"
 )
-
-// respConn is a minimal RESP2 client: SET and GET of binary values, enough
-// to time redis-server as the reference for Put and Get.
-type respConn struct {
-	c net.Conn
-	r *bufio.Reader
-	w *bufio.Writer
-}
-
-func dialRESP(addr string) (*respConn, error) {
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	return &respConn{c: c, r: bufio.NewReaderSize(c, 1<<20), w: bufio.NewWriterSize(c, 1<<20)}, nil
-}
-
-func (r *respConn) command(args ...[]byte) error {
-	fmt.Fprintf(r.w, "*%d\r\n", len(args))
-	for _, a := range args {
-		fmt.Fprintf(r.w, "$%d\r\n", len(a))
-		r.w.Write(a)
-		r.w.WriteString("\r\n")
-	}
-	return r.w.Flush()
-}
-
-// reply reads one reply; a bulk string is read into dst (grown as needed).
-func (r *respConn) reply(dst []byte) ([]byte, error) {
-	line, err := r.r.ReadString('\n')
-	if err != nil {
-		return nil, err
-	}
-	switch line[0] {
-	case '+':
-		return nil, nil
-	case '-':
-		return nil, errors.New(line[1 : len(line)-2])
-	case '$':
-		n, err := strconv.Atoi(line[1 : len(line)-2])
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("redis: bulk %q", line)
-		}
-		dst = slices.Grow(dst[:0], n+2)[:n+2]
-		if _, err := io.ReadFull(r.r, dst); err != nil {
-			return nil, err
-		}
-		return dst[:n], nil
-	}
-	return nil, fmt.Errorf("redis: reply %q", line)
-}
 
 // BenchmarkRedisReference times SET and GET of the same sizes and
 // concurrency as BenchmarkClusterPutGet against one redis-server (from
@@ -89,9 +37,9 @@ func BenchmarkRedisReference(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	var conns []*respConn
+	var conns []*resp.Conn
 	for deadline := time.Now().Add(10 * time.Second); ; {
-		c, err := dialRESP(addr)
+		c, err := resp.Dial(addr)
 		if err == nil {
 			conns = append(conns, c)
 			break
@@ -103,7 +51,7 @@ func BenchmarkRedisReference(b *testing.B) {
 	}
 	const conc = 8
 	for len(conns) < conc {
-		c, err := dialRESP(addr)
+		c, err := resp.Dial(addr)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -111,7 +59,7 @@ func BenchmarkRedisReference(b *testing.B) {
 	}
 	b.Cleanup(func() {
 		for _, c := range conns {
-			c.c.Close()
+			c.Close()
 		}
 	})
 	for _, size := range []int{1 << 20, 16 << 20} {
@@ -123,7 +71,7 @@ func BenchmarkRedisReference(b *testing.B) {
 		for i := range vals {
 			vals[i] = bytes.Repeat([]byte{byte(i)}, size)
 		}
-		run := func(b *testing.B, op func(c *respConn, i int, buf []byte) ([]byte, error)) {
+		run := func(b *testing.B, op func(c *resp.Conn, i int, buf []byte) ([]byte, error)) {
 			b.SetBytes(int64(size))
 			var next atomic.Int64
 			var mu sync.Mutex
@@ -163,11 +111,11 @@ func BenchmarkRedisReference(b *testing.B) {
 			}
 		}
 		key := func(i int) []byte { return []byte(fmt.Sprintf("k%d-%d", size, i)) }
-		set := func(c *respConn, i int, buf []byte) ([]byte, error) {
-			if err := c.command([]byte("SET"), key(i), vals[i]); err != nil {
+		set := func(c *resp.Conn, i int, buf []byte) ([]byte, error) {
+			if err := c.Command([]byte("SET"), key(i), vals[i]); err != nil {
 				return buf, err
 			}
-			_, err := c.reply(nil)
+			_, err := c.Reply(nil)
 			return buf, err
 		}
 		b.Run(fmt.Sprintf("set/%dMiB", size>>20), func(b *testing.B) { run(b, set) })
@@ -177,11 +125,11 @@ func BenchmarkRedisReference(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			run(b, func(c *respConn, i int, buf []byte) ([]byte, error) {
-				if err := c.command([]byte("GET"), key(i)); err != nil {
+			run(b, func(c *resp.Conn, i int, buf []byte) ([]byte, error) {
+				if err := c.Command([]byte("GET"), key(i)); err != nil {
 					return buf, err
 				}
-				got, err := c.reply(buf)
+				got, err := c.Reply(buf)
 				if err == nil && len(got) != size {
 					err = fmt.Errorf("redis: got %d bytes", len(got))
 				}

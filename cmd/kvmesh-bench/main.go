@@ -7,11 +7,17 @@
 //
 //	kvmesh-bench [-quick] [-seed N] [-out docs/bench]
 //	kvmesh-bench -accuracy train/recall [-accuracy-prompts N] [-out docs/bench]
+//	kvmesh-bench -putget [-kvmeshd bin/kvmeshd] [-putget-duration 3s] ...
 //
 // -accuracy instead loads the trained recall model (train/) and measures
 // the exact-match accuracy of its answers served each way (full prefill,
 // prefix caching, EXACT and APPROXIMATE chunk reuse, each codec), writing
 // ACCURACY.md.
+//
+// -putget instead starts 3 kvmeshd processes (tests/harness) and
+// redis-server, and prints one table of Put and Get throughput and
+// latency of the same entries on both, with their ratios, from the same
+// run (make bench-redis).
 //
 // The full run is sized for about 5 minutes on 2 idle cores and stops at
 // -timeout (10 minutes); -quick is about a minute.
@@ -56,6 +62,15 @@ func run() error {
 	memSystem := flag.Int("memory-system", 32, "system prompt tokens of the memory-fact prompts (negative: none, the workload before SystemLen)")
 	accuracy := flag.String("accuracy", "", "instead: measure answer accuracy of the trained model in this directory each way, and write ACCURACY.md")
 	accPrompts := flag.Int("accuracy-prompts", 0, "prompts per task and k of the accuracy run (0: all of eval.json)")
+	putget := flag.Bool("putget", false, "instead: time Put and Get on 3 kvmeshd processes against redis-server (make bench-redis)")
+	kvmeshd := flag.String("kvmeshd", "", "with -putget: the kvmeshd binary (empty: build one)")
+	pgDur := flag.Duration("putget-duration", 3*time.Second, "with -putget: timed work per point")
+	pgClients := flag.Int("putget-clients", 8, "with -putget: concurrent clients (kvmesh clients and Redis connections)")
+	pgSizes := flag.String("putget-sizes", "256KiB,1MiB,4MiB", "with -putget: raw entry sizes")
+	pgCodecs := flag.String("putget-codecs", "raw,lossless", "with -putget: codecs (each also set as the cluster's)")
+	pgConfigs := flag.String("putget-rw", "3/2,1/1", "with -putget: replication R/W settings")
+	pgPool := flag.Int("putget-pool", 128<<20, "with -putget: bytes of distinct entries per point")
+	pgProfile := flag.String("putget-profile", "", "with -putget: write each point's CPU and allocation profiles of every node here")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -67,6 +82,20 @@ func run() error {
 		if !*quiet {
 			fmt.Fprintf(os.Stderr, "[%6.1fs] %s\n", time.Since(start).Seconds(), s)
 		}
+	}
+	if *putget {
+		f := putGetFlags{kvmeshd: *kvmeshd, duration: *pgDur, clients: *pgClients, poolBytes: *pgPool, profile: *pgProfile}
+		var err error
+		if f.sizes, err = parseSizes(*pgSizes); err != nil {
+			return err
+		}
+		if f.codecs, err = parseCodecs(*pgCodecs); err != nil {
+			return err
+		}
+		if f.configs, err = parseConfigs(*pgConfigs); err != nil {
+			return err
+		}
+		return runPutGet(ctx, f, progress)
 	}
 	if *accuracy != "" {
 		return runAccuracy(ctx, accuracyFlags{model: *accuracy, prompts: *accPrompts, out: *out, nodes: *nodes,
