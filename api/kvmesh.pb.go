@@ -1071,10 +1071,20 @@ func (*PutFrame_Data) isPutFrame_Kind() {}
 
 type PutResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// checksum of the stored entry (chunk.Header.Checksum).
+	// checksum of the entry this Put stored (chunk.Header.Checksum), after
+	// the node put it in the cluster codec.
 	Checksum uint64 `protobuf:"fixed64,1,opt,name=checksum,proto3" json:"checksum,omitempty"`
 	// stored_on lists the node IDs that acknowledged the write.
-	StoredOn      []string `protobuf:"bytes,2,rep,name=stored_on,json=storedOn,proto3" json:"stored_on,omitempty"`
+	StoredOn []string `protobuf:"bytes,2,rep,name=stored_on,json=storedOn,proto3" json:"stored_on,omitempty"`
+	// already_stored: the key was already held with other bytes, and the
+	// cluster keeps those (their checksum is smaller: replication.Wins);
+	// this Put's bytes were dropped. Not an error: two honest producers of a
+	// chunk may encode slightly different bytes.
+	AlreadyStored bool `protobuf:"varint,3,opt,name=already_stored,json=alreadyStored,proto3" json:"already_stored,omitempty"`
+	// kept_checksum is the checksum of the version the acknowledging
+	// replicas keep: checksum unless already_stored. 0 from a node that
+	// does not say (read it as checksum).
+	KeptChecksum  uint64 `protobuf:"fixed64,4,opt,name=kept_checksum,json=keptChecksum,proto3" json:"kept_checksum,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1121,6 +1131,20 @@ func (x *PutResponse) GetStoredOn() []string {
 		return x.StoredOn
 	}
 	return nil
+}
+
+func (x *PutResponse) GetAlreadyStored() bool {
+	if x != nil {
+		return x.AlreadyStored
+	}
+	return false
+}
+
+func (x *PutResponse) GetKeptChecksum() uint64 {
+	if x != nil {
+		return x.KeptChecksum
+	}
+	return 0
 }
 
 type GetRequest struct {
@@ -2744,10 +2768,12 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\bPutFrame\x12.\n" +
 	"\x06header\x18\x01 \x01(\v2\x14.kvmesh.v1.PutHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
-	"\x04kind\"F\n" +
+	"\x04kind\"\x92\x01\n" +
 	"\vPutResponse\x12\x1a\n" +
 	"\bchecksum\x18\x01 \x01(\x06R\bchecksum\x12\x1b\n" +
-	"\tstored_on\x18\x02 \x03(\tR\bstoredOn\"\xd9\x01\n" +
+	"\tstored_on\x18\x02 \x03(\tR\bstoredOn\x12%\n" +
+	"\x0ealready_stored\x18\x03 \x01(\bR\ralreadyStored\x12#\n" +
+	"\rkept_checksum\x18\x04 \x01(\x06R\fkeptChecksum\"\xd9\x01\n" +
 	"\n" +
 	"GetRequest\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x03key\x12)\n" +

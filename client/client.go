@@ -388,10 +388,21 @@ func (c *Client) Models(ctx context.Context) ([]chunk.ModelSpec, error) {
 	return out, nil
 }
 
-// PutResult says where a Put landed.
+// PutResult says where a Put landed and which version of the key the
+// cluster keeps.
 type PutResult struct {
+	// Checksum is that of the entry this Put stored (after the node put it
+	// in the cluster codec).
 	Checksum uint64
 	StoredOn []string
+	// AlreadyStored: the key was already held with other bytes and the
+	// cluster keeps those (they Win: the smaller checksum); this Put's
+	// bytes were dropped. Not an error: two honest producers of a chunk
+	// may encode slightly different bytes.
+	AlreadyStored bool
+	// Kept is the checksum of the version the cluster keeps: Checksum
+	// unless AlreadyStored.
+	Kept uint64
 }
 
 // Put stores an encoded entry (chunk.Encode's output) on its replica set.
@@ -425,7 +436,11 @@ func (c *Client) Put(ctx context.Context, blob []byte) (PutResult, error) {
 	if err != nil {
 		return PutResult{}, err
 	}
-	return PutResult{Checksum: resp.Checksum, StoredOn: resp.StoredOn}, nil
+	res := PutResult{Checksum: resp.Checksum, StoredOn: resp.StoredOn, AlreadyStored: resp.AlreadyStored, Kept: resp.KeptChecksum}
+	if res.Kept == 0 {
+		res.Kept = res.Checksum // a node that does not say kept this Put's entry
+	}
+	return res, nil
 }
 
 // PutEntry encodes e in the cluster's codec (Codec) and stores it as Put

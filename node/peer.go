@@ -130,31 +130,32 @@ func (f forwarder) Apply(ctx context.Context, leaderGRPCAddr string, cmd []byte)
 }
 
 // sendEntry streams blob to addr with Peer.Replicate. The blob's bytes go
-// to the transport without a copy.
-func (n *Node) sendEntry(ctx context.Context, addr string, hdr *api.PutHeader, blob []byte) error {
+// to the transport without a copy; the reply says what the receiver kept.
+func (n *Node) sendEntry(ctx context.Context, addr string, hdr *api.PutHeader, blob []byte) (*api.PutResponse, error) {
 	pc, err := n.peers.peer(addr)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ctx, cancel := n.withTimeout(ctx)
 	defer cancel()
 	st, err := pc.Replicate(ctx)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if err := api.SendHeader(st, hdr); err != nil {
-		return streamErr(st, err)
+		return nil, streamErr(st, err)
 	}
 	// blob is heap memory the caller does not modify: the transport may
 	// hold slices of it after SendMsg returns.
 	if err := api.SendBody(st, mem.SliceBuffer(blob), n.cfg.FrameBytes); err != nil {
-		return streamErr(st, err)
+		return nil, streamErr(st, err)
 	}
-	_, err = st.CloseAndRecv()
-	if err == nil {
-		n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(len(blob)))
+	resp, err := st.CloseAndRecv()
+	if err != nil {
+		return nil, err
 	}
-	return err
+	n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(len(blob)))
+	return resp, nil
 }
 
 // streamErr turns the io.EOF a client-stream Send returns when the server

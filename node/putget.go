@@ -118,10 +118,12 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 		if kind == 0 {
 			kind = replication.KindWrite
 		}
-		if err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At}); err != nil {
+		kept, err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At})
+		if err != nil {
 			return replToStatus(err)
 		}
-		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID}})
+		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID},
+			AlreadyStored: kept != hd.Checksum, KeptChecksum: kept})
 	}
 	set := n.meta.Settings()
 	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, set.ReplicationFactor) {
@@ -145,7 +147,8 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if err != nil {
 		return err
 	}
-	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: res.StoredOn})
+	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: res.StoredOn,
+		AlreadyStored: res.AlreadyStored(), KeptChecksum: res.Kept})
 }
 
 // serveGet answers a Get or Fetch: from the local store, else (unless

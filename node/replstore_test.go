@@ -122,7 +122,7 @@ func TestReplicatorOverKVTier(t *testing.T) {
 	// A second version of the key is not an error: the one that Wins
 	// stays in kvtier.
 	other := otherBytes(t, blob)
-	if err := r.ServeReplicate(ctx, other, replication.ReplicateOptions{Kind: replication.KindWrite}); err != nil {
+	if _, err := r.ServeReplicate(ctx, other, replication.ReplicateOptions{Kind: replication.KindWrite}); err != nil {
 		t.Fatalf("second version of a key: %v", err)
 	}
 	h1, _ := chunk.ParseHeader(blob, chunk.Limits{})

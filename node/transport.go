@@ -25,17 +25,30 @@ func (t transport) addr(id string) (string, error) {
 	return "", fmt.Errorf("node: no address known for %s", id)
 }
 
-func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts replication.ReplicateOptions) error {
+func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts replication.ReplicateOptions) (uint64, error) {
 	addr, err := t.addr(node)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	hd, err := chunk.ParseHeader(blob, t.n.cfg.Limits)
 	if err != nil {
-		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
+		return 0, fmt.Errorf("%w: %w", replication.ErrRejected, err)
 	}
-	return replFromStatus(t.n.sendEntry(ctx, addr, &api.PutHeader{Key: api.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
-		Direct: true, Kind: uint32(opts.Kind), At: opts.At}, blob))
+	resp, err := t.n.sendEntry(ctx, addr, &api.PutHeader{Key: api.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
+		Direct: true, Kind: uint32(opts.Kind), At: opts.At}, blob)
+	if err != nil {
+		return 0, replFromStatus(err)
+	}
+	return keptChecksum(resp), nil
+}
+
+// keptChecksum is the checksum of the version a Put's receiver keeps; a
+// node that does not say (kept_checksum 0) kept the entry it was sent.
+func keptChecksum(resp *api.PutResponse) uint64 {
+	if k := resp.GetKeptChecksum(); k != 0 {
+		return k
+	}
+	return resp.GetChecksum()
 }
 
 func (t transport) Fetch(ctx context.Context, node string, key chunk.Key) ([]byte, error) {

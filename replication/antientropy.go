@@ -326,7 +326,8 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 		}
 		defer got.Release()
 		st.Fetched++
-		return r.storeAdmitted(ctx, got.Bytes(), a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
+		_, err = r.storeAdmitted(ctx, got.Bytes(), a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
+		return err
 	case b != nil && b.Deleted:
 		if a.At > b.At {
 			return r.pushItem(ctx, p, a, st) // our write is newer than their delete
@@ -363,7 +364,7 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}
-	err = r.storeAdmitted(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
+	_, err = r.storeAdmitted(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
 	if isRejected(err) {
 		st.Refused++
 		return nil
@@ -385,10 +386,10 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 // its serving calls and keeps to the incoming byte rate. refusable: other
 // nodes' work, refused with ErrBusy when the budget stays spent; this
 // node's own work is not refusable: it waits as long as ctx allows.
-func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions, refusable bool) error {
+func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions, refusable bool) (uint64, error) {
 	release, err := r.admit(ctx, len(blob), refusable)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer release()
 	return r.storeLocal(ctx, blob, key, opts)
@@ -407,7 +408,7 @@ func (r *Replicator) pushItem(ctx context.Context, p string, a *DigestItem, st *
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}
-	err = r.cfg.Transport.Replicate(ctx, p, blob, ReplicateOptions{Kind: KindRepair, At: a.At})
+	_, err = r.cfg.Transport.Replicate(ctx, p, blob, ReplicateOptions{Kind: KindRepair, At: a.At})
 	if isRejected(err) {
 		st.Refused++
 		return nil

@@ -163,7 +163,10 @@ func holdOnlySlot(t *testing.T, r *Replicator, gs *gatedStore) <-chan error {
 	gs.close()
 	other, _ := makeBlob(t, 100000, 0)
 	held := make(chan error, 1)
-	go func() { held <- r.ServeReplicate(t.Context(), other, ReplicateOptions{Kind: KindRebalance}) }()
+	go func() {
+		_, err := r.ServeReplicate(t.Context(), other, ReplicateOptions{Kind: KindRebalance})
+		held <- err
+	}()
 	testutil.WaitFor(t, "the rebalance store to hold its slot", func() bool { return gs.blocked.Load() == 1 })
 	return held
 }

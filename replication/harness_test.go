@@ -240,11 +240,11 @@ type transport struct {
 	from string
 }
 
-func (t *transport) Replicate(ctx context.Context, node string, blob []byte, opts ReplicateOptions) error {
+func (t *transport) Replicate(ctx context.Context, node string, blob []byte, opts ReplicateOptions) (uint64, error) {
 	t.n.replicates.Add(1)
 	r, err := t.n.route(ctx, t.from, node)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	t.n.bytes.Add(int64(len(blob)))
 	return r.ServeReplicate(ctx, slices.Clone(blob), opts) // a copy, as on a wire

@@ -423,7 +423,7 @@ func (r *Replicator) deliverTo(ctx context.Context, rg *ring.Ring, target string
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.CallTimeout)
-		err = r.cfg.Transport.Replicate(cctx, target, blob, opts)
+		_, err = r.cfg.Transport.Replicate(cctx, target, blob, opts)
 		cancel()
 		if err != nil && !errors.Is(err, ErrRejected) {
 			return delivered, fmt.Errorf("replication: hint for %s: %w", target, err)

@@ -162,7 +162,7 @@ func TestRChangeUp(t *testing.T) {
 				}
 			}
 			stale, _ := makeBlob(t, 0, 0)
-			if err := c.reps["d"].cfg.Transport.Replicate(t.Context(), c.ring().Replicas(deleted.Content, tc.to)[tc.to-1].ID, stale, ReplicateOptions{Kind: KindRebalance}); !errors.Is(err, ErrTombstoned) {
+			if _, err := c.reps["d"].cfg.Transport.Replicate(t.Context(), c.ring().Replicas(deleted.Content, tc.to)[tc.to-1].ID, stale, ReplicateOptions{Kind: KindRebalance}); !errors.Is(err, ErrTombstoned) {
 				t.Fatalf("stale copy of a deleted chunk to its newest replica: %v, want ErrTombstoned", err)
 			}
 			movedKeys := func() (n int64) {

@@ -293,7 +293,7 @@ func (r *Replicator) repair(ctx context.Context, key chunk.Key, source, target s
 // this node: as costly as a rebalance store, so it takes the receiver's
 // budget and yields to serving too.
 func (r *Replicator) repairHere(ctx context.Context, key chunk.Key, blob []byte) error {
-	if err := r.storeAdmitted(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}, false); err != nil {
+	if _, err := r.storeAdmitted(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}, false); err != nil {
 		return err
 	}
 	r.metrics.repairsDone.Add(1)
@@ -325,10 +325,13 @@ func (r *Replicator) fetchFrom(ctx context.Context, node string, key chunk.Key) 
 
 // push stores blob on node (this node included).
 func (r *Replicator) push(ctx context.Context, node string, key chunk.Key, blob []byte, opts ReplicateOptions) error {
+	var err error
 	if node == r.cfg.NodeID {
-		return r.storeLocal(ctx, blob, key, opts)
+		_, err = r.storeLocal(ctx, blob, key, opts)
+	} else {
+		_, err = r.cfg.Transport.Replicate(ctx, node, blob, opts)
 	}
-	return r.cfg.Transport.Replicate(ctx, node, blob, opts)
+	return err
 }
 
 // checkReplicas compares the checksums of key on its replicas; the version

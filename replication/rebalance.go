@@ -419,7 +419,8 @@ func (r *Replicator) transfer(ctx context.Context, target string, lk localKey) (
 			return errChanged // changed since the scan: the next pass digests again
 		}
 		sent = len(blob)
-		return r.cfg.Transport.Replicate(ctx, target, blob, opts)
+		_, err = r.cfg.Transport.Replicate(ctx, target, blob, opts)
+		return err
 	})
 	switch {
 	case gone && err == nil:

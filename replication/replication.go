@@ -169,8 +169,10 @@ type DigestResponse struct {
 // any other error counts as "unreachable" (a write becomes a hint).
 type Transport interface {
 	// Replicate stores blob on node (Peer.Replicate with direct=true; the
-	// receiver calls ServeReplicate).
-	Replicate(ctx context.Context, node string, blob []byte, opts ReplicateOptions) error
+	// receiver calls ServeReplicate) and returns the checksum of the
+	// version node keeps: blob's, or the other version of the key it
+	// already held when that one Wins.
+	Replicate(ctx context.Context, node string, blob []byte, opts ReplicateOptions) (kept uint64, err error)
 	// Fetch returns node's blob for key (Peer.Fetch, FORMAT_ENTRY,
 	// direct=true; the receiver calls ServeFetch). Absent: wraps
 	// ErrNotFound.

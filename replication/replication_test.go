@@ -67,7 +67,7 @@ func TestWriteRejectsBadBlob(t *testing.T) {
 	if _, err := c.reps["a"].Write(t.Context(), bad); !errors.Is(err, chunk.ErrCorrupt) {
 		t.Fatalf("corrupt blob: %v", err)
 	}
-	if err := c.reps["b"].ServeReplicate(t.Context(), bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
+	if _, err := c.reps["b"].ServeReplicate(t.Context(), bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
 		t.Fatalf("ServeReplicate of a corrupt blob: %v, want ErrRejected", err)
 	}
 	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
@@ -570,7 +570,7 @@ func TestTombstonesSurviveRestart(t *testing.T) {
 	c.stop("b")
 	c.net.setDown("b", false)
 	r := c.start("b")
-	if err := r.ServeReplicate(t.Context(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+	if _, err := r.ServeReplicate(t.Context(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("repair of a deleted key after restart: %v, want ErrTombstoned", err)
 	}
 }

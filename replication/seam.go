@@ -26,7 +26,7 @@ func (r *Replicator) Replicate(ctx context.Context, key chunk.Key, blob []byte, 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := r.cfg.Transport.Replicate(ctx, m.ID, blob, opts)
+			_, err := r.cfg.Transport.Replicate(ctx, m.ID, blob, opts)
 			switch {
 			case err == nil:
 				acks[i] = true

@@ -23,15 +23,17 @@ import (
 // Whatever the kind, a blob for a key stored with other bytes is not an
 // error: the version that Wins (the smaller checksum) is kept.
 //
+// It returns the checksum of the version this node keeps.
+//
 // Refusals wrap ErrRejected (node maps them to a gRPC status the sending
 // Transport turns back into ErrRejected); other errors mean "try again".
-func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts ReplicateOptions) error {
+func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts ReplicateOptions) (kept uint64, err error) {
 	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrRejected, err)
+		return 0, fmt.Errorf("%w: %w", ErrRejected, err)
 	}
 	if opts.Kind < KindWrite || opts.Kind > KindRebalance {
-		return fmt.Errorf("%w: unknown kind %v", ErrRejected, opts.Kind)
+		return 0, fmt.Errorf("%w: unknown kind %v", ErrRejected, opts.Kind)
 	}
 	if opts.Kind == KindWrite && opts.At == 0 {
 		// A sender that cannot carry the write's time: the receipt time
@@ -43,14 +45,14 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 		// The receiver's budget (admission.go): a slot, a gap in serving,
 		// the byte rate; ErrBusy tells the sender to come back later.
 		r.rebalanceSeen.Store(r.cfg.Now().UnixNano())
-		err = r.storeAdmitted(ctx, blob, hd.Key, opts, true)
+		kept, err = r.storeAdmitted(ctx, blob, hd.Key, opts, true)
 	} else {
-		err = r.storeLocal(ctx, blob, hd.Key, opts)
+		kept, err = r.storeLocal(ctx, blob, hd.Key, opts)
 	}
 	if err == nil {
 		r.metrics.served.Add(1)
 	}
-	return err
+	return kept, err
 }
 
 // ServeFetch lends this node's blob for key (Peer.Fetch with direct

@@ -328,28 +328,29 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 
 	st.close()
 	first := make(chan error, 1)
-	go func() { first <- d.ServeReplicate(t.Context(), blobs[0], reb) }()
+	go func() { _, err := d.ServeReplicate(t.Context(), blobs[0], reb); first <- err }()
 	testutil.WaitFor(t, "the first store to hold the slot", func() bool { return st.blocked.Load() == 1 }) // holds the slot
 
 	// A call whose deadline leaves no time to wait is pushed back at once.
 	short, cancel := context.WithTimeout(t.Context(), callMargin/2)
-	err := d.ServeReplicate(short, blobs[1], reb)
+	_, err := d.ServeReplicate(short, blobs[1], reb)
 	cancel()
 	if !errors.Is(err, ErrBusy) || errors.Is(err, ErrRejected) {
 		t.Fatalf("no time to wait: %v, want ErrBusy and no refusal", err)
 	}
 	// One waits for the slot...
 	second := make(chan error, 1)
-	go func() { second <- d.ServeReplicate(t.Context(), blobs[2], reb) }()
+	go func() { _, err := d.ServeReplicate(t.Context(), blobs[2], reb); second <- err }()
 	testutil.WaitFor(t, "one blob waiting for the slot", func() bool { return d.Metrics().IncomingWaiting == 1 })
 	// ...and the next finds the waiting bytes at their bound.
-	if err := d.ServeReplicate(t.Context(), blobs[3], reb); !errors.Is(err, ErrBusy) {
+	if _, err := d.ServeReplicate(t.Context(), blobs[3], reb); !errors.Is(err, ErrBusy) {
 		t.Fatalf("queue full: %v, want ErrBusy", err)
 	}
 	// Writes are serving: they do not take the rebalance budget.
 	wrote := make(chan error, 1)
 	go func() {
-		wrote <- d.ServeReplicate(t.Context(), blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
+		_, err := d.ServeReplicate(t.Context(), blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
+		wrote <- err
 	}()
 	testutil.WaitFor(t, "the write to store without a slot", func() bool { return st.blocked.Load() == 2 })
 	if m := d.Metrics(); m.IncomingWaiting != 1 {
@@ -456,7 +457,10 @@ func TestRebalanceYieldsToServing(t *testing.T) {
 	}
 	blob, key := makeBlob(t, 201, 0)
 	done := make(chan error, 1)
-	go func() { done <- d.ServeReplicate(t.Context(), blob, ReplicateOptions{Kind: KindRebalance}) }()
+	go func() {
+		_, err := d.ServeReplicate(t.Context(), blob, ReplicateOptions{Kind: KindRebalance})
+		done <- err
+	}()
 	time.Sleep(20 * time.Millisecond) // room for a store that does not yield
 	if st.has(key) {
 		t.Fatal("rebalance store ran while a read was in flight")

@@ -15,10 +15,19 @@ type WriteResult struct {
 	// StoredOn are the replicas that acknowledged before Write returned
 	// (at least W on success), in the order they did.
 	StoredOn []string
+	// Kept is the checksum of the version of Key those replicas keep: the
+	// one that Wins among their answers. It is Checksum unless a replica
+	// already held another version of the key that Wins over this one
+	// (AlreadyStored); replicas converge on the winner.
+	Kept uint64
 	// Hinted are replicas that could not be reached by then and got a
 	// hint; replicas still in flight may still add to them.
 	Hinted []string
 }
+
+// AlreadyStored reports whether the replicas keep another version of the
+// key than the one written: an earlier write's bytes that Win over these.
+func (w WriteResult) AlreadyStored() bool { return w.Kept != w.Checksum }
 
 // Write stores blob, an encoded chunk entry, on the R replicas of its
 // content ID and returns once W of them stored it. Replica writes still in
@@ -44,6 +53,7 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 
 	type ack struct {
 		node   string
+		kept   uint64
 		err    error
 		hinted bool
 	}
@@ -58,9 +68,9 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 			defer cancel()
 			a := ack{node: m.ID}
 			if m.ID == r.cfg.NodeID {
-				a.err = r.storeLocal(ctx, blob, hd.Key, opts)
+				a.kept, a.err = r.storeLocal(ctx, blob, hd.Key, opts)
 			} else {
-				a.err = r.cfg.Transport.Replicate(ctx, m.ID, blob, opts)
+				a.kept, a.err = r.cfg.Transport.Replicate(ctx, m.ID, blob, opts)
 				if a.err != nil && !errors.Is(a.err, ErrRejected) {
 					a.hinted = r.addHint(m.ID, hd.Key, blob, opts.At)
 				}
@@ -79,6 +89,9 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 		case a := <-acks:
 			switch {
 			case a.err == nil:
+				if len(res.StoredOn) == 0 || Wins(a.kept, res.Kept) {
+					res.Kept = a.kept
+				}
 				res.StoredOn = append(res.StoredOn, a.node)
 				if len(res.StoredOn) >= w {
 					r.metrics.writes.Add(1)
@@ -107,57 +120,61 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 // through read repair and anti-entropy, whatever the order of arrival.
 func Wins(a, b uint64) bool { return a < b }
 
-// keepWinner settles a Put that found key stored with other bytes: the
-// version that Wins stays. It runs under key's lock.
-func (r *Replicator) keepWinner(ctx context.Context, blob []byte, key chunk.Key) error {
-	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
-	if err != nil {
-		return err
-	}
+// keepWinner settles a Put of blob (checksum sum) that found key stored
+// with other bytes: the version that Wins stays, and its checksum is
+// returned. It runs under key's lock.
+func (r *Replicator) keepWinner(ctx context.Context, blob []byte, key chunk.Key, sum uint64) (uint64, error) {
 	got, err := r.cfg.Store.Get(ctx, key)
 	if errors.Is(err, ErrNotFound) {
 		_, err = r.cfg.Store.Put(ctx, blob) // gone since (evicted): store ours
-		return err
+		return sum, err
 	}
 	if err != nil {
-		return err
+		return 0, err
 	}
 	ours, err := chunk.ParseHeader(got.Bytes(), r.cfg.Limits)
 	got.Release()
-	if err != nil || !Wins(hd.Checksum, ours.Checksum) {
-		return err // ours stays: the write is already stored, as the winner
+	if err != nil {
+		return 0, err
+	}
+	if !Wins(sum, ours.Checksum) {
+		return ours.Checksum, nil // ours stays: the write is already stored, as the winner
 	}
 	if err := r.cfg.Store.DeleteIf(key, ours.Checksum); err != nil && !errors.Is(err, ErrNotFound) {
-		return err
+		return 0, err
 	}
 	_, err = r.cfg.Store.Put(ctx, blob)
-	return err
+	return sum, err
 }
 
 // storeLocal puts blob in the local store as a replica write of kind
-// opts.Kind (see ServeReplicate). Refusals wrap ErrRejected.
-func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) error {
+// opts.Kind (see ServeReplicate) and returns the checksum of the version
+// of key the store keeps. Refusals wrap ErrRejected.
+func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) (uint64, error) {
 	mu := r.lockKey(key)
 	defer mu.Unlock()
 	t, hasTomb := r.tombs.get(key)
 	if hasTomb && t.deleted && (opts.At == 0 || opts.At <= t.at) {
-		return fmt.Errorf("%w: %w: %v", ErrRejected, ErrTombstoned, key)
+		return 0, fmt.Errorf("%w: %w: %v", ErrRejected, ErrTombstoned, key)
 	}
 	if opts.Kind == KindRepair {
 		if rc, ok := r.cfg.Store.(RoomChecker); ok && !rc.HasRoom(len(blob)) {
-			return fmt.Errorf("%w: %w: %v (%d bytes)", ErrRejected, ErrNoRoom, key, len(blob))
+			return 0, fmt.Errorf("%w: %w: %v (%d bytes)", ErrRejected, ErrNoRoom, key, len(blob))
 		}
 	}
-	_, err := r.cfg.Store.Put(ctx, blob)
+	hd, err := r.cfg.Store.Put(ctx, blob)
+	kept := hd.Checksum
 	if errors.Is(err, ErrConflict) {
-		err = r.keepWinner(ctx, blob, key)
+		if hd, err = chunk.ParseHeader(blob, r.cfg.Limits); err == nil {
+			kept, err = r.keepWinner(ctx, blob, key, hd.Checksum)
+		}
 	}
 	if err != nil {
 		if errors.Is(err, ErrConflict) || errors.Is(err, chunk.ErrCorrupt) || errors.Is(err, chunk.ErrTooLarge) ||
 			errors.Is(err, chunk.ErrUnsupported) || errors.Is(err, chunk.ErrInvalidEntry) {
-			return fmt.Errorf("%w: %w", ErrRejected, err)
+			return 0, fmt.Errorf("%w: %w", ErrRejected, err)
 		}
-		return err
+		return 0, err
 	}
 	if hasTomb && opts.At > t.at {
 		// A write newer than the delete: remember it, so that the older
@@ -166,7 +183,7 @@ func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key,
 			r.log.Warn("recording write after delete", "key", key, "err", err)
 		}
 	}
-	return nil
+	return kept, nil
 }
 
 // DeleteResult says where a delete went.

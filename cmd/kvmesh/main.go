@@ -430,11 +430,17 @@ func modelsCmd(ctx context.Context, e *env, args []string) error {
 }
 
 // putOut is one stored entry of `kvmesh put -format json`.
+// Checksums are 16 hex digits, as chunk prints them.
 type putOut struct {
 	File     string   `json:"file"`
 	Key      string   `json:"key"`
 	Bytes    int      `json:"bytes"`
 	StoredOn []string `json:"stored_on"`
+	Checksum string   `json:"checksum"`
+	// AlreadyStored: the cluster keeps another version of the key, whose
+	// checksum is KeptChecksum; this file's bytes were dropped.
+	AlreadyStored bool   `json:"already_stored"`
+	KeptChecksum  string `json:"kept_checksum"`
 }
 
 func putCmd(ctx context.Context, e *env, args []string) error {
@@ -457,8 +463,14 @@ func putCmd(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return plain("put "+f, err)
 		}
-		p := putOut{f, hd.Key.String(), len(blob), res.StoredOn}
-		if !e.json() {
+		p := putOut{File: f, Key: hd.Key.String(), Bytes: len(blob), StoredOn: res.StoredOn,
+			Checksum: fmt.Sprintf("%016x", res.Checksum), AlreadyStored: res.AlreadyStored, KeptChecksum: fmt.Sprintf("%016x", res.Kept)}
+		switch {
+		case e.json():
+		case p.AlreadyStored:
+			fmt.Fprintf(e.stdout, "%s %s already stored with checksum %s on %s (this entry, %s, is not kept)\n",
+				p.Key, units.Bytes(uint64(p.Bytes)), p.KeptChecksum, strings.Join(p.StoredOn, ","), p.Checksum)
+		default:
 			fmt.Fprintf(e.stdout, "%s %s stored on %s\n", p.Key, units.Bytes(uint64(p.Bytes)), strings.Join(p.StoredOn, ","))
 		}
 		out = append(out, p)

@@ -73,8 +73,19 @@ class LookupResult:
 
 @dataclasses.dataclass(frozen=True)
 class PutResult:
+    """Where a put landed and which version of the key the cluster keeps.
+
+    checksum is that of the entry this put stored (in the cluster codec).
+    already_stored: the key was already held with other bytes, and the
+    cluster keeps those (the smaller checksum wins); this put's bytes were
+    dropped. Not an error: two honest producers of a chunk may encode
+    slightly different bytes. kept_checksum is the kept version's checksum
+    (checksum unless already_stored)."""
+
     checksum: int
     stored_on: "list[str]"
+    already_stored: bool = False
+    kept_checksum: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -461,7 +472,9 @@ class Client:
         def call(addr, t):
             resp, c = self._stub(addr).Put.with_call(frames(), metadata=self._metadata, timeout=t)
             self._note_epoch(c.initial_metadata())
-            return PutResult(resp.checksum, list(resp.stored_on))
+            # A node that does not say (kept_checksum 0) kept this entry.
+            return PutResult(resp.checksum, list(resp.stored_on), resp.already_stored,
+                             resp.kept_checksum or resp.checksum)
 
         return self._do("Put", hd.key.content, call, timeout)
 

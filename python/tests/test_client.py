@@ -63,6 +63,22 @@ def test_put_get_delete_roundtrip(client, fp):
         client.get(e.key)
 
 
+def test_put_other_bytes_already_stored(client, fp):
+    # Two honest producers of one chunk: the same key, other KV bytes. The
+    # second put is not an error; its reply says which version is kept
+    # (the smaller checksum), whichever came first.
+    tokens = list(range(300, 310))
+    a, b = make_entry(fp, tokens, seed=1), make_entry(fp, tokens, seed=2)
+    blobs = sorted((kvmesh.encode(e, Codec.LOSSLESS) for e in (a, b)), key=lambda x: kvmesh.verify(x).checksum)
+    small, big = (kvmesh.verify(x).checksum for x in blobs)
+    first = client.put(blobs[0])
+    assert (first.already_stored, first.checksum, first.kept_checksum) == (False, small, small)
+    second = client.put(blobs[1])
+    assert (second.already_stored, second.checksum, second.kept_checksum) == (True, big, small)
+    assert client.get(a.key) == blobs[0]
+    client.delete(a.key)
+
+
 def test_lookup_exact_approximate_miss(client, fp):
     chunks = [list(range(i * 16, i * 16 + 16)) for i in range(3)]
     ctxs, _ = kvmesh.prefix_chain(fp, chunks)
