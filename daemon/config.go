@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unicode"
@@ -21,21 +23,26 @@ import (
 // field mirrors the flag of the same name; flags given on the command line
 // win over the file.
 type FileConfig struct {
-	ID              string   `json:"id"`
-	DataDir         string   `json:"data_dir"`
-	GRPC            string   `json:"grpc"`
-	HTTP            string   `json:"http"`
-	Gossip          string   `json:"gossip"`
-	Raft            string   `json:"raft"`
-	Join            []string `json:"join"`
-	BootstrapExpect int      `json:"bootstrap_expect"`
-	DRAM            string   `json:"dram"`
-	Disk            string   `json:"disk"`
-	DeadGrace       string   `json:"dead_grace"`
-	RPCTimeout      string   `json:"rpc_timeout"`
-	LocalTiming     bool     `json:"local_timing"`
-	Rejoin          bool     `json:"rejoin,omitempty"`
-	LogLevel        string   `json:"log_level"`
+	ID      string   `json:"id"`
+	DataDir string   `json:"data_dir"`
+	GRPC    string   `json:"grpc"`
+	HTTP    string   `json:"http"`
+	Gossip  string   `json:"gossip"`
+	Raft    string   `json:"raft"`
+	Join    []string `json:"join"`
+	// Bootstrap starts a new one-node cluster; BootstrapExpect a new
+	// cluster of that many servers. A node with neither joins (Join).
+	Bootstrap       bool   `json:"bootstrap,omitempty"`
+	BootstrapExpect int    `json:"bootstrap_expect"`
+	DRAM            string `json:"dram"`
+	Disk            string `json:"disk"`
+	DeadGrace       string `json:"dead_grace"`
+	// RaftRemoveAfter is how long a dead node stays a raft voter.
+	RaftRemoveAfter string `json:"raft_remove_after"`
+	RPCTimeout      string `json:"rpc_timeout"`
+	LocalTiming     bool   `json:"local_timing"`
+	Rejoin          bool   `json:"rejoin,omitempty"`
+	LogLevel        string `json:"log_level"`
 	// AntiEntropy is the period of anti-entropy rounds ("off" disables
 	// them); StartupPull (default true) refills a node from its peers once
 	// it is back in the ring after a start.
@@ -113,6 +120,7 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("dram-release", &fc.DRAMRelease, file.DRAMRelease)
 	str("disk", &fc.Disk, file.Disk)
 	str("dead-grace", &fc.DeadGrace, file.DeadGrace)
+	str("raft-remove-after", &fc.RaftRemoveAfter, file.RaftRemoveAfter)
 	str("rpc-timeout", &fc.RPCTimeout, file.RPCTimeout)
 	str("log-level", &fc.LogLevel, file.LogLevel)
 	str("anti-entropy", &fc.AntiEntropy, file.AntiEntropy)
@@ -127,6 +135,9 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	}
 	if !set["join"] && len(file.Join) > 0 {
 		fc.Join = file.Join
+	}
+	if !set["bootstrap"] && file.Bootstrap {
+		fc.Bootstrap = true
 	}
 	if !set["bootstrap-expect"] && file.BootstrapExpect != 0 {
 		fc.BootstrapExpect = file.BootstrapExpect
@@ -162,8 +173,19 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if fc.DataDir == "" {
 		return cfg, errors.New("kvmeshd: -data-dir is required")
 	}
-	if fc.BootstrapExpect < 0 || fc.BootstrapExpect > MaxBootstrapExpect {
-		return cfg, fmt.Errorf("%w: -bootstrap-expect %d: want 1 to %d, the Raft voter limit (or 0: 1 without -join, else none)", ErrUsage, fc.BootstrapExpect, MaxBootstrapExpect)
+	var seeds []string
+	for _, s := range fc.Join {
+		if s = strings.TrimSpace(s); s != "" {
+			seeds = append(seeds, s)
+		}
+	}
+	expect, err := fc.bootstrapExpect(seeds)
+	if err != nil {
+		return cfg, err
+	}
+	addrs, err := fc.listenAddrs()
+	if err != nil {
+		return cfg, err
 	}
 	dram, err := ParseBytes(fc.DRAM)
 	if err != nil {
@@ -184,6 +206,10 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
+	raftRemove, err := positiveDuration("raft-remove-after", fc.RaftRemoveAfter)
+	if err != nil {
+		return cfg, err
+	}
 	rpcTimeout, err := positiveDuration("rpc-timeout", fc.RPCTimeout)
 	if err != nil {
 		return cfg, err
@@ -197,21 +223,79 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		return cfg, err
 	}
 	rcfg.AntiEntropyInterval = antiEntropy
-	var seeds []string
-	for _, s := range fc.Join {
-		if s = strings.TrimSpace(s); s != "" {
-			seeds = append(seeds, s)
-		}
-	}
 	cfg = node.Config{
-		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: fc.GRPC, HTTPAddr: fc.HTTP, GossipAddr: fc.Gossip, RaftAddr: fc.Raft,
-		Seeds: seeds, BootstrapExpect: fc.BootstrapExpect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
-		RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
+		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: addrs.grpc, HTTPAddr: addrs.http, GossipAddr: addrs.gossip, RaftAddr: addrs.raft,
+		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
+		RaftRemoveAfter: raftRemove, RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
 		Replication:   rcfg,
 		Logger:        slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
 	}
 	return cfg, fc.securityConfig(&cfg)
+}
+
+// errNoStart is the usage error of a node told neither to start a new
+// cluster nor to join one: kvmeshd never bootstraps a cluster on its own
+// (a node meant to join that did so would found a second cluster).
+var errNoStart = fmt.Errorf("%w: no -bootstrap, -bootstrap-expect or -join: start the first node of a new cluster with -bootstrap (one node) "+
+	"or -bootstrap-expect N (N servers that find each other through -join), or join a running cluster with -join HOST:PORT", ErrUsage)
+
+// bootstrapExpect checks how the node starts and returns
+// node.Config.BootstrapExpect: 1 for -bootstrap, N for -bootstrap-expect
+// N, 0 (join only) for -join alone.
+func (fc FileConfig) bootstrapExpect(seeds []string) (int, error) {
+	n := fc.BootstrapExpect
+	if n < 0 || n > MaxBootstrapExpect {
+		return 0, fmt.Errorf("%w: -bootstrap-expect %d: want 1 to %d, the raft voter limit (a larger cluster bootstraps with %d; the leader adds the others)",
+			ErrUsage, n, MaxBootstrapExpect, MaxBootstrapExpect)
+	}
+	if fc.Bootstrap {
+		if n > 1 {
+			return 0, fmt.Errorf("%w: -bootstrap and -bootstrap-expect %d: -bootstrap is -bootstrap-expect 1; give one of them", ErrUsage, n)
+		}
+		n = 1
+	}
+	switch {
+	case n == 1 && len(seeds) > 0:
+		// Alone in gossip, it would bootstrap a one-node cluster of its
+		// own rather than join the seeds' one.
+		return 0, fmt.Errorf("%w: a one-node bootstrap (-bootstrap, -bootstrap-expect 1) takes no -join: give only -join to join a running cluster, "+
+			"or -bootstrap-expect N with -join to start N servers together", ErrUsage)
+	case n == 0 && len(seeds) == 0:
+		return 0, errNoStart
+	}
+	return n, nil
+}
+
+// listeners are the four addresses a node binds.
+type listeners struct{ grpc, gossip, raft, http string }
+
+// listenAddrs fills the listener addresses left empty: the -grpc host
+// with each listener's default port, or with port 0 when -grpc has port 0.
+func (fc FileConfig) listenAddrs() (listeners, error) {
+	l := listeners{grpc: fc.GRPC, gossip: fc.Gossip, raft: fc.Raft, http: fc.HTTP}
+	if l.grpc == "" {
+		l.grpc = defaultGRPCAddr()
+	}
+	host, port, err := net.SplitHostPort(l.grpc)
+	if err != nil {
+		return l, fmt.Errorf("%w: -grpc %q: want HOST:PORT", ErrUsage, l.grpc)
+	}
+	def := func(addr *string, port int) {
+		if *addr == "" {
+			*addr = net.JoinHostPort(host, strconv.Itoa(port))
+		}
+	}
+	if port == "0" {
+		def(&l.gossip, 0)
+		def(&l.raft, 0)
+		def(&l.http, 0)
+	} else {
+		def(&l.gossip, DefaultGossipPort)
+		def(&l.raft, DefaultRaftPort)
+		def(&l.http, DefaultHTTPPort)
+	}
+	return l, nil
 }
 
 // positiveDuration parses the value of a duration flag that has no "off"

@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,11 +26,12 @@ const startTimeout = time.Minute
 // to stdout once everything listens, and the same line starting with
 // "kvmeshd ready" once the node is ready (Node.Ready: in the ring, its
 // metadata caught up with the leader's, its startup pull finished), and
-// serves until ctx ends (the caller
-// cancels it on SIGTERM), then shuts down cleanly. Logs go to stderr. -h
-// prints the flags to stderr and returns flag.ErrHelp; `version` prints
-// the build (internal/buildinfo) and returns. Errors in the command line
-// wrap ErrUsage.
+// serves until ctx ends (the caller cancels it on SIGTERM) or a drain has
+// taken the node out of the cluster (node.Node.Left), then shuts down
+// cleanly and returns nil. Logs go to stderr. -h prints the flags to
+// stderr and returns flag.ErrHelp; `version` prints the build
+// (internal/buildinfo) and returns. Errors in the command line wrap
+// ErrUsage; ExitCode maps every error to the process's exit status.
 func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 1 && (args[0] == "version" || args[0] == "-version" || args[0] == "--version") {
 		fmt.Fprintln(stdout, "kvmeshd", buildinfo.Read())
@@ -56,6 +59,18 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	// A drain that took the node out of the cluster ends the process as
+	// a signal would: there is nothing left for it to serve.
+	parent := ctx
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		select {
+		case <-n.Left():
+			stop()
+		case <-ctx.Done():
+		}
+	}()
 	addrs := fmt.Sprintf("node=%s grpc=%s gossip=%s raft=%s http=%s", n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
 	fmt.Fprintln(stdout, "kvmeshd listening", addrs)
 	announced := make(chan struct{})
@@ -79,8 +94,41 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	storeTokens(ctx, n, tokens, rpcTimeout, cfg.Logger)
 	<-ctx.Done()
-	cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
+	if parent.Err() == nil {
+		cfg.Logger.Info("kvmeshd: drained and left the cluster; shutting down", "node", n.ID())
+	} else {
+		cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
+	}
 	return n.Close()
+}
+
+// Exit codes of kvmeshd (ExitCode).
+const (
+	// ExitOK: a clean shutdown on SIGTERM or SIGINT, a drained node that
+	// left the cluster, -h, version.
+	ExitOK = 0
+	// ExitError: the node could not start or failed.
+	ExitError = 1
+	// ExitUsage: a bad command line (ErrUsage).
+	ExitUsage = 2
+	// ExitLeft: the data directory belongs to a node that left the
+	// cluster (node.ErrLeftCluster). Starting again will not change that,
+	// so a supervisor should not retry: systemd's
+	// RestartPreventExitStatus=3 says so.
+	ExitLeft = 3
+)
+
+// ExitCode is the exit status of kvmeshd for Run's error.
+func ExitCode(err error) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return ExitOK
+	case errors.Is(err, ErrUsage):
+		return ExitUsage
+	case errors.Is(err, node.ErrLeftCluster):
+		return ExitLeft
+	}
+	return ExitError
 }
 
 // readyPoll is how often waitReady checks the node.

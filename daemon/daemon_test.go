@@ -37,7 +37,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 	if err := os.WriteFile(path, []byte(file), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	fc := FileConfig{ID: "from-flag", GRPC: node.DefaultGRPCAddr, DRAM: "1G", Disk: "0", DeadGrace: "30s", RPCTimeout: "10s", LogLevel: "info"}
+	fc := FileConfig{ID: "from-flag", GRPC: node.DefaultGRPCAddr, DRAM: "1G", Disk: "0", DeadGrace: "30s", RaftRemoveAfter: "1m", RPCTimeout: "10s", LogLevel: "info"}
 	if err := mergeFile(path, &fc, map[string]bool{"id": true}); err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 	if err := mergeFile(path, &fc, nil); err == nil {
 		t.Fatal("unknown field accepted")
 	}
-	if _, err := (FileConfig{ID: "x", LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}).Config(io.Discard); err == nil {
+	if _, err := (FileConfig{ID: "x", LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RaftRemoveAfter: "1m", Bootstrap: true, RPCTimeout: "1s"}).Config(io.Discard); err == nil {
 		t.Fatal("missing data dir accepted")
 	}
 }
@@ -63,7 +63,7 @@ func TestConfigFileAndFlags(t *testing.T) {
 // The rebalance knobs reach replication's settings; "off" and defaults
 // map to its conventions (negative: unlimited, zero: its default).
 func TestRebalanceFlags(t *testing.T) {
-	base := FileConfig{ID: "x", DataDir: t.TempDir(), LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}
+	base := FileConfig{ID: "x", DataDir: t.TempDir(), LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RaftRemoveAfter: "1m", Bootstrap: true, RPCTimeout: "1s"}
 	for _, tc := range []struct {
 		name                  string
 		rate, recvRate, yield string
@@ -121,7 +121,7 @@ func TestRebalanceFlags(t *testing.T) {
 func TestDaemonRefillFlags(t *testing.T) {
 	dir := t.TempDir()
 	no, yes := false, true
-	base := FileConfig{ID: "x", DataDir: dir, LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RPCTimeout: "1s"}
+	base := FileConfig{ID: "x", DataDir: dir, LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RaftRemoveAfter: "1m", Bootstrap: true, RPCTimeout: "1s"}
 	tests := []struct {
 		name        string
 		ae          string
@@ -177,7 +177,7 @@ func TestRun(t *testing.T) {
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		done <- Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-local-timing", "-dram", "16M", "-log-level", "error", "-insecure"}, pw, io.Discard)
+		done <- Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-bootstrap", "-grpc", "127.0.0.1:0", "-local-timing", "-dram", "16M", "-log-level", "error", "-insecure"}, pw, io.Discard)
 		pw.Close()
 	}()
 	// A lone node bootstraps, leads and has nothing to pull: "listening"

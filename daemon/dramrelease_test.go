@@ -23,7 +23,7 @@ func TestDRAMReleaseFlags(t *testing.T) {
 		{"-1M", 0, false},
 		{"lots", 0, false},
 	} {
-		fc := FileConfig{ID: "x", DataDir: t.TempDir(), LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s",
+		fc := FileConfig{ID: "x", DataDir: t.TempDir(), LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RaftRemoveAfter: "1m", Bootstrap: true,
 			RPCTimeout: "1s", DRAMRelease: tc.in}
 		cfg, err := fc.Config(io.Discard)
 		if (err == nil) != tc.ok {

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +25,21 @@ var ErrUsage = errors.New("kvmeshd: bad command line")
 // wait to be added by the leader.
 const MaxBootstrapExpect = meta.DefaultMaxVoters
 
+// Default ports of kvmeshd's listeners: one block, so that firewall rules
+// and seed lists are predictable. Each listener binds the -grpc host with
+// its port unless its flag says otherwise; with -grpc port 0 (tests,
+// local clusters) every listener defaults to port 0, any free port.
+const (
+	DefaultGRPCPort   = 7400
+	DefaultGossipPort = 7401
+	DefaultRaftPort   = 7402
+	DefaultHTTPPort   = 7403
+)
+
+// defaultGRPCAddr is -grpc's default: loopback, so that a node started
+// without flags serves nobody else by accident.
+func defaultGRPCAddr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(DefaultGRPCPort)) }
+
 // parseArgs reads kvmeshd's command line into a FileConfig: the flags,
 // then the -config file for every setting whose flag was not given.
 func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
@@ -33,16 +49,18 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	configPath := fs.String("config", "", "JSON configuration file (flags override it)")
 	fs.StringVar(&fc.ID, "id", "", "node ID, unique in the cluster and stable across restarts (default: the host name)")
 	fs.StringVar(&fc.DataDir, "data-dir", "", "data directory: raft log, snapshots, disk tier (required)")
-	fs.StringVar(&fc.GRPC, "grpc", node.DefaultGRPCAddr, "gRPC listen address (port 0: any free port)")
-	fs.StringVar(&fc.HTTP, "http", "", "HTTP listen address for /metrics, /healthz, /readyz, /debug/pprof (default: gRPC host, port 0; \"off\" disables)")
-	fs.StringVar(&fc.Gossip, "gossip", "", "gossip bind address (default: gRPC host, port 0)")
-	fs.StringVar(&fc.Raft, "raft", "", "raft bind address (default: gRPC host, port 0)")
-	join := fs.String("join", "", "comma-separated gossip addresses of existing members")
-	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, fmt.Sprintf("servers that bootstrap a new cluster together, 1 to %d (0: 1 without -join, else none)", MaxBootstrapExpect))
+	fs.StringVar(&fc.GRPC, "grpc", defaultGRPCAddr(), "gRPC listen address (port 0: any free port, and the other listeners' default port 0 too)")
+	fs.StringVar(&fc.HTTP, "http", "", fmt.Sprintf("HTTP listen address for /metrics, /healthz, /readyz, /debug/pprof (default: gRPC host, port %d; \"off\" disables)", DefaultHTTPPort))
+	fs.StringVar(&fc.Gossip, "gossip", "", fmt.Sprintf("gossip bind address, TCP and UDP (default: gRPC host, port %d)", DefaultGossipPort))
+	fs.StringVar(&fc.Raft, "raft", "", fmt.Sprintf("raft bind address (default: gRPC host, port %d)", DefaultRaftPort))
+	join := fs.String("join", "", "comma-separated gossip addresses of members to join; until one answers the node retries (backoff up to 30s), logs each failure and is not ready")
+	fs.BoolVar(&fc.Bootstrap, "bootstrap", false, "start a new one-node cluster (-bootstrap-expect 1); takes no -join")
+	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, fmt.Sprintf("start a new cluster of this many servers, 1 to %d, that find each other through -join (0: none; then -join is required)", MaxBootstrapExpect))
 	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget (positive)")
 	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
 	fs.StringVar(&fc.Disk, "disk", autoDisk, "disk tier budget under data-dir/tier (0: no disk tier; auto: half the data directory's free space, at most 64G, none under 64M); SIGTERM writes DRAM to it and a restart reads it back")
 	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring (positive)")
+	fs.StringVar(&fc.RaftRemoveAfter, "raft-remove-after", "15m", "how long a dead node stays a raft voter (positive; never less than -dead-grace, the larger applies)")
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes (positive)")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")

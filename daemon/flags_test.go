@@ -112,21 +112,29 @@ func TestFlagRefusals(t *testing.T) {
 		args []string
 		want string // a substring of the error
 	}{
-		{[]string{"-dram", "0"}, "-dram 0"},
-		{[]string{"-rpc-timeout", "0"}, "-rpc-timeout"},
-		{[]string{"-rpc-timeout", "-1s"}, "-rpc-timeout"},
-		{[]string{"-dead-grace", "0s"}, "-dead-grace"},
-		{[]string{"-max-chunks-per-request", "0"}, "-max-chunks-per-request 0"},
-		{[]string{"-max-streams-per-client", "0"}, "-max-streams-per-client 0"},
-		{[]string{"-rebalance-recv-streams", "0"}, "-rebalance-recv-streams 0"},
-		{[]string{"-rebalance-recv-streams", "1025"}, "-rebalance-recv-streams 1025"},
+		{nil, "no -bootstrap, -bootstrap-expect or -join"},
+		{[]string{"-bootstrap-expect", "0"}, "no -bootstrap, -bootstrap-expect or -join"},
+		{[]string{"-bootstrap", "-join", "h:7401"}, "takes no -join"},
+		{[]string{"-bootstrap-expect", "1", "-join", "h:7401"}, "takes no -join"},
+		{[]string{"-bootstrap", "-bootstrap-expect", "3"}, "-bootstrap is -bootstrap-expect 1"},
+		{[]string{"-bootstrap", "-raft-remove-after", "0"}, "-raft-remove-after"},
+		{[]string{"-bootstrap", "-grpc", "nohost"}, "-grpc"},
+		{[]string{"-bootstrap", "-dram", "0"}, "-dram 0"},
+		{[]string{"-bootstrap", "-rpc-timeout", "0"}, "-rpc-timeout"},
+		{[]string{"-bootstrap", "-rpc-timeout", "-1s"}, "-rpc-timeout"},
+		{[]string{"-bootstrap", "-dead-grace", "0s"}, "-dead-grace"},
+		{[]string{"-bootstrap", "-max-chunks-per-request", "0"}, "-max-chunks-per-request 0"},
+		{[]string{"-bootstrap", "-max-streams-per-client", "0"}, "-max-streams-per-client 0"},
+		{[]string{"-bootstrap", "-rebalance-recv-streams", "0"}, "-rebalance-recv-streams 0"},
+		{[]string{"-bootstrap", "-rebalance-recv-streams", "1025"}, "-rebalance-recv-streams 1025"},
 		{[]string{"-bootstrap-expect", "1000000"}, "-bootstrap-expect 1000000"},
 		{[]string{"-bootstrap-expect", "-1"}, "-bootstrap-expect -1"},
-		{[]string{"-id", "a/b c"}, "-id"},
-		{[]string{"-id", "tab\there"}, "-id"},
-		{[]string{"-rebalance-rate", "0"}, "-rebalance-rate"},
-		{[]string{"-bogus"}, "-bogus"},
-		{[]string{"stray"}, `unexpected argument "stray"`},
+		{[]string{"-bootstrap-expect", "6", "-join", "h:7401"}, "-bootstrap-expect 6"},
+		{[]string{"-bootstrap", "-id", "a/b c"}, "-id"},
+		{[]string{"-bootstrap", "-id", "tab\there"}, "-id"},
+		{[]string{"-bootstrap", "-rebalance-rate", "0"}, "-rebalance-rate"},
+		{[]string{"-bootstrap", "-bogus"}, "-bogus"},
+		{[]string{"-bootstrap", "stray"}, `unexpected argument "stray"`},
 	} {
 		args := append(append([]string{}, base...), tc.args...)
 		fc, err := parseArgs(args, io.Discard)
@@ -139,8 +147,10 @@ func TestFlagRefusals(t *testing.T) {
 	}
 	// What a flag documents is accepted.
 	for _, ok := range [][]string{
-		{"-bootstrap-expect", "3"}, {"-bootstrap-expect", "0"}, {"-max-streams-per-client", "-1"},
-		{"-rebalance-recv-streams", "1024"}, {"-disk", "0"}, {"-id", "node-1.example"},
+		{"-bootstrap"}, {"-bootstrap", "-bootstrap-expect", "1"}, {"-bootstrap-expect", "1"},
+		{"-bootstrap-expect", "3"}, {"-bootstrap-expect", "5", "-join", "h:7401"}, {"-bootstrap-expect", "0", "-join", "h:7401"}, {"-join", "h:7401,g:7401"},
+		{"-bootstrap", "-max-streams-per-client", "-1"}, {"-bootstrap", "-rebalance-recv-streams", "1024"}, {"-bootstrap", "-disk", "0"},
+		{"-bootstrap", "-id", "node-1.example"}, {"-bootstrap", "-raft-remove-after", "1s"},
 	} {
 		fc, err := parseArgs(append(append([]string{}, base...), ok...), io.Discard)
 		if err == nil {

@@ -33,7 +33,7 @@ func FuzzDaemonConfig(f *testing.F) {
 			}
 			return p
 		}
-		fc := FileConfig{DRAM: "1G", Disk: "0", DeadGrace: "30s", RPCTimeout: "10s", LogLevel: "info", AntiEntropy: "5m"}
+		fc := FileConfig{DRAM: "1G", Disk: "0", DeadGrace: "30s", RaftRemoveAfter: "1m", Bootstrap: true, RPCTimeout: "10s", LogLevel: "info", AntiEntropy: "5m"}
 		fc.GRPC = node.DefaultGRPCAddr
 		if err := mergeFile(write("config.json", conf), &fc, map[string]bool{}); err != nil {
 			return

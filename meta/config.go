@@ -85,10 +85,20 @@ type Config struct {
 	// another one. 0 is a valid, if undistinguished, incarnation.
 	Incarnation uint64
 	// DeadGrace is how long the leader waits after a node stops being
-	// alive in gossip before it removes the node from raft and the ring.
-	// A node that leaves gracefully (NodeMeta.Leaving) is removed at once.
-	// Default 30s.
+	// alive in gossip before it removes the node from the ring (from raft:
+	// RaftRemoveAfter). A node that leaves gracefully (NodeMeta.Leaving)
+	// is removed from both at once. Default 30s.
 	DeadGrace time.Duration
+	// RaftRemoveAfter is how long a node may be missing from gossip before
+	// the leader removes it from raft, never less than DeadGrace (the
+	// larger applies). It is longer than DeadGrace on purpose: the ring
+	// should route around a dead node within seconds, but a raft voter
+	// that is gone for a reboot or a network blip should come back as the
+	// same voter rather than shrink and regrow the quorum. Until then the
+	// node still counts as a voter: with 3 voters, one dead, the cluster
+	// tolerates no further failure. A graceful leave removes the node at
+	// once. Default 15m.
+	RaftRemoveAfter time.Duration
 	// MaxVoters bounds raft voters; further nodes join as non-voters and
 	// are promoted when a voter goes. Default 5.
 	MaxVoters int
@@ -125,6 +135,7 @@ type Config struct {
 const (
 	DefaultRaftBind          = "127.0.0.1:0"
 	DefaultDeadGrace         = 30 * time.Second
+	DefaultRaftRemoveAfter   = 15 * time.Minute
 	DefaultMaxVoters         = 5
 	DefaultReconcileInterval = time.Second
 	DefaultApplyTimeout      = 10 * time.Second
@@ -154,6 +165,8 @@ func (c Config) withDefaults() (Config, error) {
 		}
 	}
 	def(&c.DeadGrace, DefaultDeadGrace)
+	def(&c.RaftRemoveAfter, DefaultRaftRemoveAfter)
+	c.RaftRemoveAfter = max(c.RaftRemoveAfter, c.DeadGrace)
 	def(&c.ReconcileInterval, DefaultReconcileInterval)
 	def(&c.ApplyTimeout, DefaultApplyTimeout)
 	def(&c.HeartbeatTimeout, time.Second)

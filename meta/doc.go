@@ -20,8 +20,10 @@
 // Consul and Nomad reconcile serf with raft: alive nodes are added as
 // voters up to MaxVoters (5) and as non-voters beyond, and put in the ring
 // (a new epoch); nodes that left gracefully (NodeMeta.Leaving, or
-// gossip.StateLeft through PeerStatus), or are dead for longer than
-// DeadGrace, are removed from both. A ring change is conditional on the
+// gossip.StateLeft through PeerStatus) are removed from both; dead nodes
+// leave the ring after DeadGrace and raft after the longer
+// RaftRemoveAfter, so a voter back from a reboot is still a voter. A ring
+// change is conditional on the
 // epoch it was computed from, so a deposed leader cannot undo a newer one.
 //
 // Reads are lock-free: every change publishes a new immutable state with

@@ -98,6 +98,7 @@ func fastConfig(id, dir string) Config {
 		DataDir:            dir,
 		GRPCAddr:           "grpc-" + id,
 		DeadGrace:          500 * time.Millisecond,
+		RaftRemoveAfter:    500 * time.Millisecond,
 		ReconcileInterval:  50 * time.Millisecond,
 		ApplyTimeout:       5 * time.Second,
 		HeartbeatTimeout:   300 * time.Millisecond,

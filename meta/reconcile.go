@@ -119,9 +119,10 @@ func (s *Store) bootSettled(ids []string) bool {
 // reconcile runs on the leader: it makes raft's configuration and the ring
 // follow gossip. Alive nodes missing from raft are added (voters while
 // there are fewer than MaxVoters, non-voters beyond, non-voters promoted
-// when a voter goes); nodes whose address changed are updated; nodes gone
-// from gossip for DeadGrace, or that announced a graceful leave, are
-// removed from both. The ring changes in one command per round, so a round
+// when a voter goes); nodes whose address changed are updated; nodes that
+// announced a graceful leave are removed from both; nodes gone from
+// gossip are removed from the ring after DeadGrace and from raft after
+// RaftRemoveAfter. The ring changes in one command per round, so a round
 // bumps the epoch at most once.
 func (s *Store) reconcile() error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.ApplyTimeout)
@@ -131,9 +132,10 @@ func (s *Store) reconcile() error {
 	for id := range alive {
 		delete(s.missingSince, id)
 	}
-	// dead reports whether id should be removed: it left gracefully, or it
-	// has been missing from gossip for DeadGrace.
-	dead := func(id string) bool {
+	// goneFor reports whether id should be removed: it left gracefully,
+	// or it has been missing from gossip for grace (DeadGrace for the
+	// ring, RaftRemoveAfter for raft).
+	goneFor := func(id string, grace time.Duration) bool {
 		if id == s.cfg.NodeID {
 			return false
 		}
@@ -148,8 +150,9 @@ func (s *Store) reconcile() error {
 			s.missingSince[id] = now
 			return false
 		}
-		return now.Sub(since) >= s.cfg.DeadGrace
+		return now.Sub(since) >= grace
 	}
+	dead := func(id string) bool { return goneFor(id, s.cfg.DeadGrace) }
 
 	f := s.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
@@ -179,7 +182,7 @@ func (s *Store) reconcile() error {
 	// Removals first, so that a dead voter's slot can go to a live node.
 	for _, sv := range servers {
 		id := string(sv.ID)
-		if !dead(id) {
+		if !goneFor(id, s.cfg.RaftRemoveAfter) {
 			continue
 		}
 		if !membership("remove", id, s.raft.RemoveServer(sv.ID, 0, s.cfg.ApplyTimeout)) {

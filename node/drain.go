@@ -154,10 +154,17 @@ func (n *Node) Drain(ctx context.Context, keepMembership bool, progress func(*ap
 		return DrainStats{}, ErrDraining
 	}
 	defer n.drain.running.Store(false)
+	var out DrainStats
+	defer func() {
+		// Once the leave committed the node is out for good, whether or
+		// not the last sweep succeeded: nothing is gained by keeping it.
+		if out.Left {
+			n.markLeft()
+		}
+	}()
 	if progress == nil {
 		progress = func(*api.DrainProgress) {}
 	}
-	var out DrainStats
 	base := n.repl.Metrics()
 	report := func(phase string, st *replication.RebalanceStats) {
 		m := n.repl.Metrics()

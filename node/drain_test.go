@@ -69,6 +69,11 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	if !last.Left || last.Phase != "done" {
 		t.Fatalf("last progress %v, want done and left", last)
 	}
+	select {
+	case <-drained.Left(): // kvmeshd exits on it
+	default:
+		t.Fatal("Left is open after a drain that left the cluster")
+	}
 	// Acknowledged through raft: already true on the leader of the time.
 	l := leader
 	if !l.meta.IsLeader() {

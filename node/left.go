@@ -39,25 +39,7 @@ func writeLeftMarker(dir string, m leftMarker) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, leftMarkerName)
-	tmp, err := os.CreateTemp(dir, leftMarkerName+".tmp*")
-	if err != nil {
-		return fmt.Errorf("node: write leave marker: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // after the rename: a no-op
-	if _, err = tmp.Write(append(b, '\n')); err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err == nil {
-		err = syncDir(dir)
-	}
-	if err != nil {
+	if err := writeFileDurable(dir, leftMarkerName, append(b, '\n')); err != nil {
 		return fmt.Errorf("node: write leave marker: %w", err)
 	}
 	return nil
@@ -114,3 +96,13 @@ func syncDir(dir string) error {
 	}
 	return err
 }
+
+// Left is closed once a drain has taken this node out of the cluster
+// (Drain without keepMembership: its leave committed) and has finished,
+// its last sweep included. The node then serves nothing the cluster
+// needs, and the process running it may close it and exit (kvmeshd
+// does). A Leave outside a drain does not close it.
+func (n *Node) Left() <-chan struct{} { return n.left }
+
+// markLeft closes Left.
+func (n *Node) markLeft() { n.leftOnce.Do(func() { close(n.left) }) }

@@ -32,6 +32,11 @@ func TestDrainedNodeRestart(t *testing.T) {
 	if err := nodes[2].Leave(ctx); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case <-nodes[2].Left():
+		t.Fatal("Left closed by a Leave outside a drain")
+	default:
+	}
 	if err := nodes[2].Close(); err != nil {
 		t.Fatal(err)
 	}

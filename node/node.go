@@ -69,6 +69,10 @@ type Config struct {
 	// DeadGrace is how long a node may be dead before the leader removes it
 	// from the ring (meta.Config.DeadGrace). Default 30 s.
 	DeadGrace time.Duration
+	// RaftRemoveAfter is how long a node may be dead before the leader
+	// removes it from raft (meta.Config.RaftRemoveAfter): never less than
+	// DeadGrace. Default 15 min.
+	RaftRemoveAfter time.Duration
 	// LocalTiming tunes gossip and raft for nodes on one machine (tests,
 	// `kvmesh local-cluster`): failures are noticed in about a second.
 	LocalTiming bool
@@ -204,6 +208,10 @@ type Node struct {
 	closeOnce sync.Once
 	closeErr  error
 	started   bool
+	// left is closed once a drain that took the node out of the cluster
+	// has finished (Left).
+	left     chan struct{}
+	leftOnce sync.Once
 }
 
 // New checks cfg and returns a Node that Start brings up.
@@ -212,7 +220,7 @@ func New(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), incarnation: uint64(time.Now().UnixNano())}
+	n := &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeID), incarnation: uint64(time.Now().UnixNano()), left: make(chan struct{})}
 	if n.sec, err = newSecurity(cfg); err != nil {
 		return nil, err
 	}

@@ -104,11 +104,15 @@ func (n *Node) Close() error {
 	return n.closeErr
 }
 
-// checkDataDir creates the data directory and refuses one whose node left
-// the cluster, unless Config.Rejoin.
+// checkDataDir creates the data directory and refuses one first started
+// under another node ID (ErrNodeIDMismatch), or whose node left the
+// cluster, unless Config.Rejoin (ErrLeftCluster).
 func (n *Node) checkDataDir(context.Context) error {
 	if err := os.MkdirAll(n.cfg.DataDir, 0o755); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
+	}
+	if err := checkNodeIDFile(n.cfg.DataDir, n.cfg.NodeID); err != nil {
+		return err
 	}
 	left, err := checkLeftMarker(n.cfg.DataDir, n.cfg.Rejoin)
 	if err != nil {
@@ -194,6 +198,7 @@ func (n *Node) openMeta(ctx context.Context) error {
 		GRPCAddr:        n.GRPCAddr(),
 		Incarnation:     n.incarnation,
 		DeadGrace:       cfg.DeadGrace,
+		RaftRemoveAfter: cfg.RaftRemoveAfter,
 		Logger:          n.log,
 		TLS:             n.sec.metaTLS(),
 	}

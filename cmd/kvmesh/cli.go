@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/daemon"
 )
 
 // Exit codes of kvmesh.
@@ -43,6 +44,10 @@ func exitCode(err error) int {
 		return exitOK
 	case errors.As(err, &ue):
 		return exitUsage
+	}
+	// `kvmesh kvmeshd` exits as kvmeshd does.
+	if c := daemon.ExitCode(err); c != daemon.ExitError {
+		return c
 	}
 	return exitError
 }

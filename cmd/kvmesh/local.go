@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,7 +78,11 @@ func localClusterCmd(ctx context.Context, e *env, args []string) error {
 		id := fmt.Sprintf("n%d", i+1)
 		// More than MaxBootstrapExpect nodes: the first ones bootstrap,
 		// the leader adds the others.
-		a := []string{"-bootstrap-expect", strconv.Itoa(min(n, daemon.MaxBootstrapExpect)), "-local-timing", "-dram", *dram}
+		a := []string{"-bootstrap-expect", strconv.Itoa(min(n, daemon.MaxBootstrapExpect))}
+		if n == 1 {
+			a = []string{"-bootstrap"}
+		}
+		a = append(a, "-local-timing", "-dram", *dram)
 		if i > 0 {
 			a = append(a, "-join", nodes[0].Addr("gossip"))
 		}
@@ -109,6 +114,7 @@ func localClusterCmd(ctx context.Context, e *env, args []string) error {
 	}); err != nil {
 		return err
 	}
+	watched := slices.Clone(nodes)
 	for {
 		select {
 		case <-ctx.Done():
@@ -116,10 +122,18 @@ func localClusterCmd(ctx context.Context, e *env, args []string) error {
 			return nil
 		case <-time.After(time.Second):
 		}
-		for _, p := range nodes {
-			if !p.Running() {
-				return fmt.Errorf("%s exited: %v (see its log)", p.ID(), p.ExitErr())
+		for i, p := range watched {
+			if p.Running() {
+				continue
 			}
+			// Status 0 without a signal: a drain took it out of the
+			// cluster; the others go on.
+			if err := p.ExitErr(); err != nil {
+				return fmt.Errorf("%s exited: %v (see its log)", p.ID(), err)
+			}
+			fmt.Fprintf(e.stderr, "%s left the cluster and exited\n", p.ID())
+			watched = slices.Delete(watched, i, i+1)
+			break
 		}
 	}
 }

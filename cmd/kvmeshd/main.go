@@ -6,14 +6,16 @@
 // and serves until SIGTERM or SIGINT, then shuts down cleanly.
 // `kvmeshd version` prints the build's version.
 //
-// Exit codes: 0 after a clean shutdown (and after -h), 1 on an error,
-// 2 on a bad command line (unknown flag, stray argument, refused value).
+// Exit codes (daemon.ExitCode): 0 after a clean shutdown (SIGTERM, or a
+// drain that took the node out of the cluster; also -h and version), 1 on
+// an error, 2 on a bad command line (unknown flag, stray argument, refused
+// value, no -bootstrap/-bootstrap-expect/-join), 3 when the data directory
+// belongs to a node that left the cluster (a supervisor should not
+// restart it: systemd RestartPreventExitStatus=3).
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -27,8 +29,8 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	err := daemon.Run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
+	code := daemon.ExitCode(err)
+	if code == daemon.ExitOK {
 		return
 	}
 	msg := err.Error()
@@ -36,8 +38,5 @@ func main() {
 		msg = "kvmeshd: " + msg
 	}
 	fmt.Fprintln(os.Stderr, msg)
-	if errors.Is(err, daemon.ErrUsage) {
-		os.Exit(2)
-	}
-	os.Exit(1)
+	os.Exit(code)
 }

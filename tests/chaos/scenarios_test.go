@@ -240,7 +240,7 @@ func (r *run) bridge(ctx context.Context, rng *rand.Rand) error {
 const drainBound = 60 * time.Second
 
 // drain drains a random node under load: it copies its chunks to their
-// other owners and leaves; then its process stops. Every key it held must
+// other owners and leaves; then its process exits by itself, status 0. Every key it held must
 // stay readable.
 func (r *run) drain(ctx context.Context, rng *rand.Rand) error {
 	p := r.procs[rng.IntN(nodes)]
@@ -258,8 +258,17 @@ func (r *run) drain(ctx context.Context, rng *rand.Rand) error {
 		return fmt.Errorf("drain %s finished without leaving: %v", p.ID(), last)
 	}
 	r.gone[p.ID()] = true
-	if err := p.Terminate(20 * time.Second); err != nil {
-		r.finding("drain: %s: unclean exit after SIGTERM: %v", p.ID(), err)
+	// A drained kvmeshd exits by itself, with status 0.
+	select {
+	case <-p.Exited():
+		if err := p.ExitErr(); err != nil {
+			r.finding("drain: %s: exited with %v, want status 0", p.ID(), err)
+		}
+	case <-time.After(30 * time.Second):
+		r.finding("drain: %s still runs 30s after it left the cluster", p.ID())
+		if err := p.Terminate(20 * time.Second); err != nil {
+			r.finding("drain: %s: unclean exit after SIGTERM: %v", p.ID(), err)
+		}
 	}
 	r.h.Restarted(p.ID())
 	if d, ok := r.converge(ctx, r.live()); !ok {

@@ -184,7 +184,10 @@ func (p *Proc) Start(ctx context.Context) error {
 		args = append(args, "-insecure")
 	}
 	if p.addrs == nil {
-		args = append(args, "-grpc", net.JoinHostPort(p.cfg.Host, "0"))
+		// Port 0 everywhere, never kvmeshd's fixed default ports: test
+		// clusters must not collide with each other or a real node.
+		free := net.JoinHostPort(p.cfg.Host, "0")
+		args = append(args, "-grpc", free, "-gossip", free, "-raft", free, "-http", free)
 	} else {
 		args = append(args, "-grpc", p.addrs["grpc"], "-gossip", p.addrs["gossip"], "-raft", p.addrs["raft"], "-http", p.addrs["http"])
 	}

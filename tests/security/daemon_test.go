@@ -48,7 +48,7 @@ func TestDaemonConfigFile(t *testing.T) {
 	}
 	n1 := files(p.dir, "n1")
 	conf := map[string]any{
-		"id": "n1", "data_dir": filepath.Join(dir, "data"), "dram": "16M", "local_timing": true, "http": "off",
+		"id": "n1", "data_dir": filepath.Join(dir, "data"), "bootstrap": true, "grpc": "127.0.0.1:0", "dram": "16M", "local_timing": true, "http": "off",
 		"log_level":           "error",
 		"tls":                 map[string]string{"ca_file": n1.CAFile, "cert_file": n1.CertFile, "key_file": n1.KeyFile},
 		"gossip_keyring_file": keyFile,

@@ -167,7 +167,7 @@ func TestNoTLSRefused(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	err := daemon.Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-log-level", "error"}, io.Discard, io.Discard)
+	err := daemon.Run(ctx, []string{"-id", "d1", "-data-dir", t.TempDir(), "-bootstrap", "-grpc", "127.0.0.1:0", "-log-level", "error"}, io.Discard, io.Discard)
 	if !errors.Is(err, node.ErrNoTLS) {
 		t.Fatalf("kvmeshd without TLS: %v, want ErrNoTLS", err)
 	}
@@ -321,7 +321,7 @@ func TestNodeNeedsNodeCertificate(t *testing.T) {
 		t.Fatalf("node.New with a client certificate: %v, want ErrCertRole", err)
 	}
 	var out strings.Builder
-	err := daemon.Run(t.Context(), []string{"-id", "app", "-data-dir", t.TempDir(), "-http", "off", "-log-level", "error",
+	err := daemon.Run(t.Context(), []string{"-id", "app", "-data-dir", t.TempDir(), "-bootstrap", "-grpc", "127.0.0.1:0", "-http", "off", "-log-level", "error",
 		"-tls-ca", app.TLS.CAFile, "-tls-cert", app.TLS.CertFile, "-tls-key", app.TLS.KeyFile}, &out, io.Discard)
 	if !errors.Is(err, node.ErrCertRole) || out.Len() != 0 {
 		t.Fatalf("kvmeshd with a client certificate: %v (printed %q), want ErrCertRole before it listens", err, out.String())

@@ -1,0 +1,39 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDataDirNodeID: the first start records the node ID in the data
+// directory; a start under another ID is refused, saying which ID the
+// directory belongs to; the same ID starts again.
+func TestDataDirNodeID(t *testing.T) {
+	cfg := replConfig(t, "n1", nil, 1)
+	nd := startConfigured(t, cfg)
+	if err := nd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, nodeIDFileName)); err != nil || string(b) != "n1\n" {
+		t.Fatalf("%s: %q, %v", nodeIDFileName, b, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	other := cfg
+	other.NodeID = "n2"
+	nd, err := New(other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = nd.Start(ctx)
+	_ = nd.Close()
+	if !errors.Is(err, ErrNodeIDMismatch) || !strings.Contains(err.Error(), `"n1"`) {
+		t.Fatalf("start as n2: %v, want ErrNodeIDMismatch naming n1", err)
+	}
+	startConfigured(t, cfg)
+}
