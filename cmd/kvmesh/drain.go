@@ -58,7 +58,7 @@ func drainCmd(ctx context.Context, e *env, args []string) error {
 			Keys: last.Keys, Done: true, Left: last.Left})
 	}
 	if last.Left {
-		fmt.Fprintf(w, "%s drained (%d keys held, %d copied) and left the cluster; stop its process now\n", id, last.Keys, last.KeysMoved)
+		fmt.Fprintf(w, "%s drained (%d keys held, %d copied) and left the cluster; its kvmeshd exits by itself (status 0)\n", id, last.Keys, last.KeysMoved)
 	} else {
 		fmt.Fprintf(w, "%s drained (%d keys held, %d copied); still a member\n", id, last.Keys, last.KeysMoved)
 	}
