@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -12,11 +13,8 @@ import (
 	"sort"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/safetensors"
 )
-
-// maxSafetensorsHeader bounds the JSON header a reader accepts, so a hostile
-// length field cannot make it allocate (HF's own limit is 100 MB).
-const maxSafetensorsHeader = 100 << 20
 
 // Tensor is a named tensor widened to float32 (or to be narrowed to DType
 // when written).
@@ -33,12 +31,6 @@ func (t *Tensor) NumElements() int {
 		n *= d
 	}
 	return n
-}
-
-type stEntry struct {
-	DType   string   `json:"dtype"`
-	Shape   []int    `json:"shape"`
-	Offsets [2]int64 `json:"data_offsets"`
 }
 
 func stDType(s string) (chunk.DType, error) {
@@ -63,64 +55,26 @@ func stName(d chunk.DType) string {
 	return "F32"
 }
 
-// ParseSafetensors decodes a whole safetensors file held in memory. Every
-// tensor is widened to float32; the metadata map is returned as well.
+// ParseSafetensors decodes a whole safetensors file held in memory
+// (package safetensors). Every tensor is widened to float32; the metadata
+// map is returned as well.
 func ParseSafetensors(b []byte) (map[string]*Tensor, map[string]string, error) {
-	if len(b) < 8 {
-		return nil, nil, fmt.Errorf("%w: safetensors: %d bytes is shorter than the header length", ErrInvalidModel, len(b))
+	ts, meta, err := safetensors.Parse(b)
+	switch {
+	case errors.Is(err, safetensors.ErrUnsupported):
+		return nil, nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
+	case err != nil:
+		return nil, nil, fmt.Errorf("%w: %w", ErrInvalidModel, err)
 	}
-	n := binary.LittleEndian.Uint64(b)
-	if n > maxSafetensorsHeader || n > uint64(len(b)-8) {
-		return nil, nil, fmt.Errorf("%w: safetensors: header length %d exceeds file (%d bytes)", ErrInvalidModel, n, len(b))
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal(b[8:8+n], &raw); err != nil {
-		return nil, nil, fmt.Errorf("%w: safetensors header: %v", ErrInvalidModel, err)
-	}
-	data := b[8+n:]
-	var meta map[string]string
-	type span struct {
-		lo, hi int64
-		name   string
-	}
-	var spans []span
-	out := make(map[string]*Tensor, len(raw))
-	for name, msg := range raw {
-		if name == "__metadata__" {
-			if err := json.Unmarshal(msg, &meta); err != nil {
-				return nil, nil, fmt.Errorf("%w: safetensors metadata: %v", ErrInvalidModel, err)
-			}
-			continue
-		}
-		var e stEntry
-		if err := json.Unmarshal(msg, &e); err != nil {
-			return nil, nil, fmt.Errorf("%w: safetensors tensor %q: %v", ErrInvalidModel, name, err)
-		}
-		dt, err := stDType(e.DType)
+	out := make(map[string]*Tensor, len(ts))
+	for name, st := range ts {
+		dt, err := stDType(st.DType)
 		if err != nil {
 			return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
 		}
-		elems := int64(1)
-		for _, d := range e.Shape {
-			if d < 0 || (d > 0 && elems > math.MaxInt32/int64(d)) {
-				return nil, nil, fmt.Errorf("%w: tensor %q shape %v", ErrInvalidModel, name, e.Shape)
-			}
-			elems *= int64(d)
-		}
-		lo, hi := e.Offsets[0], e.Offsets[1]
-		if lo < 0 || hi < lo || hi > int64(len(data)) || hi-lo != elems*int64(dt.Size()) {
-			return nil, nil, fmt.Errorf("%w: tensor %q offsets [%d,%d) for %d %v elements in %d data bytes", ErrInvalidModel, name, lo, hi, elems, dt, len(data))
-		}
-		spans = append(spans, span{lo, hi, name})
-		t := &Tensor{DType: dt, Shape: append([]int(nil), e.Shape...), Data: make([]float32, elems)}
-		widen(t.Data, data[lo:hi], dt)
+		t := &Tensor{DType: dt, Shape: st.Shape, Data: make([]float32, st.NumElements())}
+		widen(t.Data, st.Data, dt)
 		out[name] = t
-	}
-	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
-	for i := 1; i < len(spans); i++ {
-		if spans[i].lo < spans[i-1].hi {
-			return nil, nil, fmt.Errorf("%w: tensors %q and %q overlap", ErrInvalidModel, spans[i-1].name, spans[i].name)
-		}
 	}
 	return out, meta, nil
 }
@@ -170,40 +124,20 @@ func WriteSafetensors(w io.Writer, tensors map[string]*Tensor, meta map[string]s
 		names = append(names, n)
 	}
 	sort.Strings(names)
-	hdr := make(map[string]any, len(names)+1)
-	if len(meta) > 0 {
-		hdr["__metadata__"] = meta
-	}
-	var off int64
-	for _, n := range names {
+	infos := make([]safetensors.Info, len(names))
+	for i, n := range names {
 		t := tensors[n]
 		if t.NumElements() != len(t.Data) {
 			return fmt.Errorf("%w: tensor %q shape %v holds %d values", ErrInvalidModel, n, t.Shape, len(t.Data))
 		}
-		dt := t.DType
-		if dt != chunk.F16 && dt != chunk.BF16 {
-			dt = chunk.F32
-		}
-		size := int64(len(t.Data) * dt.Size())
-		shape := t.Shape
-		if shape == nil {
-			shape = []int{}
-		}
-		hdr[n] = stEntry{DType: stName(dt), Shape: shape, Offsets: [2]int64{off, off + size}}
-		off += size
+		infos[i] = safetensors.Info{Name: n, DType: stName(t.DType), Shape: t.Shape}
 	}
-	js, err := json.Marshal(hdr)
+	hdr, err := safetensors.Header(infos, meta)
 	if err != nil {
-		return fmt.Errorf("engine: safetensors header: %w", err)
-	}
-	for len(js)%8 != 0 {
-		js = append(js, ' ')
+		return fmt.Errorf("engine: %w", err)
 	}
 	bw := bufio.NewWriterSize(w, 1<<20)
-	var lenBuf [8]byte
-	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(js)))
-	bw.Write(lenBuf[:])
-	bw.Write(js)
+	bw.Write(hdr)
 	var buf []byte
 	for _, n := range names {
 		t := tensors[n]

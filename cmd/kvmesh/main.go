@@ -37,7 +37,9 @@ commands:
   models                  registered models
   register FILE           register a model from its config.json or a register JSON (docs/KEYS.md);
                           prints its fingerprint
-  put ENTRY...            store encoded entries (chunk.Encode output) from files
+  encode -spec F -kv F -o F
+                          build an entry file from K/V tensors in a safetensors file (offline)
+  put ENTRY...            store encoded entries (kvmesh encode, chunk.Encode output) from files
   get KEY                 read an entry (whole, or the decoded K/V of a range)
   lookup -model FP CONTENT...
                           EXACT / APPROXIMATE / MISS per content ID
@@ -84,7 +86,8 @@ func commands() []command {
 		{"ring", "", "Ring members and their share of 100000 sample content IDs (primary and any replica).", ringCmd},
 		{"models", "", "Registered models.", modelsCmd},
 		{"register", "[-revision R] [-tokenizer T] [-dtype D] [-salt S] [-dry-run] FILE", registerUsage, registerCmd},
-		{"put", "ENTRY...", "Store encoded entries (chunk.Encode output) from files.", putCmd},
+		{"encode", "-spec FILE -kv FILE [-tokens FILE] [-context C] [-codec C] -o FILE", encodeUsage, encodeCmd},
+		{"put", "ENTRY...", "Store encoded entries (kvmesh encode, chunk.Encode output) from files.", putCmd},
 		{"get", "[-o FILE] [-layers A:B] [-heads A:B] KEY", "Read an entry: the whole blob, or with -layers/-heads the decoded K/V of a range (layout [layer][K|V][token][head][dim]). Writes bytes, never JSON.", getCmd},
 		{"lookup", "-model FP [-want CONTEXT] CONTENT...", "EXACT / APPROXIMATE / MISS per content ID, with the key found and its holders.", lookupCmd},
 		{"delete", "KEY", "Delete an entry from its replicas.", deleteCmd},

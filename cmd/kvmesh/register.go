@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -25,40 +26,60 @@ type registerOut struct {
 	Spec        json.RawMessage `json:"spec"`
 }
 
+// specFlags are the flags that complete a config.json into a spec.
+type specFlags struct{ revision, tokenizer, dtype, salt *string }
+
+func addSpecFlags(fs *flag.FlagSet) specFlags {
+	return specFlags{
+		revision:  fs.String("revision", "", "config.json only: the weights, e.g. meta-llama/Llama-3.1-8B-Instruct@0e9e39f (required)"),
+		tokenizer: fs.String("tokenizer", "", "config.json only: the tokenizer's name (tokenizer_id)"),
+		dtype:     fs.String("dtype", "", "config.json only: dtype of the stored K/V: f32, f16 or bf16 (default: the config's torch_dtype)"),
+		salt:      fs.String("salt", "", "config.json only: anything else that must give another fingerprint (adapter, tenant)"),
+	}
+}
+
+// readSpec reads a model spec from a config.json (completed by the flags)
+// or a register JSON, told apart by their members.
+func (f specFlags) readSpec(path string) (chunk.ModelSpec, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return chunk.ModelSpec{}, err
+	}
+	if hfconfig.IsConfig(b) {
+		spec, err := specFromConfig(b, *f.revision, *f.tokenizer, *f.dtype, *f.salt)
+		if err != nil {
+			return chunk.ModelSpec{}, fmt.Errorf("%s: %w", path, err)
+		}
+		return spec, nil
+	}
+	for _, fl := range []struct{ name, v string }{{"revision", *f.revision}, {"tokenizer", *f.tokenizer}, {"dtype", *f.dtype}, {"salt", *f.salt}} {
+		if fl.v != "" {
+			return chunk.ModelSpec{}, usagef("-%s applies to a config.json; %s is a register JSON, which names its own", fl.name, path)
+		}
+	}
+	spec, err := chunk.ParseSpecJSON(b)
+	if err != nil {
+		var probe map[string]json.RawMessage
+		if json.Unmarshal(b, &probe) != nil || probe["family"] == nil {
+			return chunk.ModelSpec{}, &plainError{msg: fmt.Sprintf("%s is neither a config.json nor a register JSON", path),
+				hint: `a config.json has "model_type", a register JSON "family" (docs/KEYS.md, sections 1a and 1b)`, err: err}
+		}
+		return chunk.ModelSpec{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return spec, nil
+}
+
 func registerCmd(ctx context.Context, e *env, args []string) error {
 	fs := e.flags("register")
-	revision := fs.String("revision", "", "config.json only: the weights, e.g. meta-llama/Llama-3.1-8B-Instruct@0e9e39f (required)")
-	tokenizer := fs.String("tokenizer", "", "config.json only: the tokenizer's name (tokenizer_id)")
-	dtype := fs.String("dtype", "", "config.json only: dtype of the stored K/V: f32, f16 or bf16 (default: the config's torch_dtype)")
-	salt := fs.String("salt", "", "config.json only: anything else that must give another fingerprint (adapter, tenant)")
+	sf := addSpecFlags(fs)
 	dry := fs.Bool("dry-run", false, "print the fingerprint and the register JSON; do not register")
 	pos, err := e.parse(fs, args, 1, 1)
 	if err != nil {
 		return err
 	}
-	b, err := os.ReadFile(pos[0])
+	spec, err := sf.readSpec(pos[0])
 	if err != nil {
 		return err
-	}
-	var spec chunk.ModelSpec
-	if hfconfig.IsConfig(b) {
-		if spec, err = specFromConfig(b, *revision, *tokenizer, *dtype, *salt); err != nil {
-			return fmt.Errorf("%s: %w", pos[0], err)
-		}
-	} else {
-		for _, f := range []struct{ name, v string }{{"revision", *revision}, {"tokenizer", *tokenizer}, {"dtype", *dtype}, {"salt", *salt}} {
-			if f.v != "" {
-				return usagef("register: -%s applies to a config.json; %s is a register JSON, which names its own", f.name, pos[0])
-			}
-		}
-		if spec, err = chunk.ParseSpecJSON(b); err != nil {
-			var probe map[string]json.RawMessage
-			if json.Unmarshal(b, &probe) != nil || probe["family"] == nil {
-				return &plainError{msg: fmt.Sprintf("%s is neither a config.json nor a register JSON", pos[0]),
-					hint: `a config.json has "model_type", a register JSON "family" (docs/KEYS.md, sections 1a and 1b)`, err: err}
-			}
-			return fmt.Errorf("%s: %w", pos[0], err)
-		}
 	}
 	if *dry {
 		js, err := chunk.MarshalSpecJSON(spec)
