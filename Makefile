@@ -31,8 +31,15 @@ TRAIN_FLAGS ?= --seed 1 --minutes 45 --nq 24 --steps 100000 --eval-every 100000 
 
 all: build
 
+# The commit `kvmesh version` and `kvmeshd version` print: -buildvcs=false
+# leaves out Go's own stamp, so it goes in through the linker
+# (internal/buildinfo); "unknown" outside a git checkout.
+COMMIT := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+MODIFIED := $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/dev/null)" && echo true)
+LDFLAGS := -X github.com/kvmesh/kvmesh/internal/buildinfo.commit=$(COMMIT) -X github.com/kvmesh/kvmesh/internal/buildinfo.modified=$(MODIFIED)
+
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \

@@ -20,7 +20,8 @@ package api
 const EpochHeader = "kvmesh-epoch"
 
 // StateHeader is the response header of Stats in which a node says
-// whether it is ready: "ready", or why not (a node that has just started
-// says it is recovering until its metadata has caught up with the
-// leader's and its startup pull has finished).
+// whether it is ready: StateReady, or another state, ": " and why not (a
+// node that has just started is recovering until its metadata has caught
+// up with the leader's and its startup pull has finished). SplitState
+// reads it.
 const StateHeader = "kvmesh-state"

@@ -94,11 +94,7 @@ func (s *clientService) Stats(ctx context.Context, _ *api.StatsRequest) (*api.St
 			CapacityBytes: uint64(t.Budget), Evictions: t.Evictions})
 	}
 	resp.Forwarded = uint64(readCounter(s.n.metrics.forwards))
-	state := "ready"
-	if err := s.n.Ready(); err != nil {
-		state = err.Error()
-	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs(api.StateHeader, state))
+	_ = grpc.SetHeader(ctx, metadata.Pairs(api.StateHeader, s.n.State()))
 	return resp, nil
 }
 

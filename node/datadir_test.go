@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestDataDirNodeID: the first start records the node ID in the data
@@ -16,6 +19,7 @@ import (
 func TestDataDirNodeID(t *testing.T) {
 	cfg := replConfig(t, "n1", nil, 1)
 	nd := startConfigured(t, cfg)
+	testutil.WaitFor(t, "n1 ready", func() bool { return nd.State() == api.StateReady })
 	if err := nd.Close(); err != nil {
 		t.Fatal(err)
 	}

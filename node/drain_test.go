@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -73,6 +74,9 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	case <-drained.Left(): // kvmeshd exits on it
 	default:
 		t.Fatal("Left is open after a drain that left the cluster")
+	}
+	if st, _ := api.SplitState(drained.State()); st != api.StateLeft {
+		t.Fatalf("state after the drain %q, want %s", drained.State(), api.StateLeft)
 	}
 	// Acknowledged through raft: already true on the leader of the time.
 	l := leader

@@ -34,13 +34,40 @@ type recovery struct {
 
 // recovering returns why the node is still recovering, or nil.
 func (n *Node) recovering() error {
-	switch {
-	case !n.rec.metaCaughtUp.Load():
-		return fmt.Errorf("%w: metadata catching up with the leader", ErrRecovering)
-	case n.rec.restart && !n.rec.pullDone.Load():
-		return fmt.Errorf("%w: startup pull running", ErrRecovering)
+	if why := n.recoveringWhy(); why != "" {
+		return fmt.Errorf("%w: %s", ErrRecovering, why)
 	}
 	return nil
+}
+
+// recoveringWhy says which step of recovery runs ("" once both are done).
+func (n *Node) recoveringWhy() string {
+	switch {
+	case !n.rec.metaCaughtUp.Load():
+		return "metadata catching up with the leader"
+	case n.rec.restart && !n.rec.pullDone.Load():
+		return "startup pull running"
+	}
+	return ""
+}
+
+// State is what the node tells in Stats' api.StateHeader: api.StateReady,
+// or another api state and why (api.SplitState): left once a drain took
+// it out of the cluster, joining while it knows no leader or is not in
+// the ring, recovering while Ready returns ErrRecovering.
+func (n *Node) State() string {
+	select {
+	case <-n.left:
+		return api.StateLeft + ": drained and left the cluster"
+	default:
+	}
+	if err := n.inRing(); err != nil {
+		return api.StateJoining + ": " + err.Error()
+	}
+	if why := n.recoveringWhy(); why != "" {
+		return api.StateRecovering + ": " + why
+	}
+	return api.StateReady
 }
 
 // inRing reports why the node cannot take part in the cluster yet, or nil:

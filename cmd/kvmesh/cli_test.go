@@ -120,9 +120,9 @@ func TestGolden(t *testing.T) {
 	// Text for states a single healthy node cannot show.
 	var buf bytes.Buffer
 	_ = printStatus(&buf, statusOut{Epoch: 7, Nodes: []nodeStatus{
-		{ID: "n1", GRPC: "10.0.0.1:7000", HTTP: "10.0.0.1:7001", Up: true, Entries: 3, Bytes: 3 << 20,
+		{ID: "n1", GRPC: "10.0.0.1:7000", HTTP: "10.0.0.1:7001", Up: true, State: "recovering", StateReason: "startup pull running", Entries: 3, Bytes: 3 << 20,
 			Tiers: []tierStatus{{Name: "dram", Entries: 3, Bytes: 3 << 20, CapacityBytes: 1 << 30}}},
-		{ID: "n2", GRPC: "10.0.0.2:7000", HTTP: "10.0.0.2:7001", Error: describe(status.Error(codes.Unavailable,
+		{ID: "n2", GRPC: "10.0.0.2:7000", HTTP: "10.0.0.2:7001", State: stateUnreachable, Error: describe(status.Error(codes.Unavailable,
 			`connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.2:7000: connect: connection refused"`))},
 	}})
 	fmt.Fprintf(&got, "$ (status text without a leader, one node down)\n%s\n", buf.String())

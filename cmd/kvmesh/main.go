@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/daemon"
@@ -32,7 +33,7 @@ import (
 const usage = `usage: kvmesh [GLOBAL FLAGS] COMMAND [ARGS] [FLAGS]
 
 commands:
-  status                  members, leader, epoch, settings and each node's tiers
+  status                  members and their state, leader, epoch, settings, each node's tiers
   ring                    ring members and their share of a sample of content IDs
   models                  registered models
   register FILE           register a model from its config.json or a register JSON (docs/KEYS.md);
@@ -82,7 +83,7 @@ type command struct {
 // commands lists kvmesh's subcommands in help order.
 func commands() []command {
 	return []command{
-		{"status", "", "Members, leader, epoch, settings and each node's tiers. Exits 1 when the cluster has no leader (no quorum) or a member does not answer.", statusCmd},
+		{"status", "", "Members, leader, epoch, settings and each node's tiers. STATE is what each member reports: ready, recovering (metadata catching up or startup pull running), joining (no leader known, or not in the ring yet), left (drained), or unreachable; -format json adds state_reason. Exits 1 when the cluster has no leader (no quorum) or a member does not answer.", statusCmd},
 		{"ring", "", "Ring members and their share of 100000 sample content IDs (primary and any replica).", ringCmd},
 		{"models", "", "Registered models.", modelsCmd},
 		{"register", "[-revision R] [-tokenizer T] [-dtype D] [-salt S] [-dry-run] FILE", registerUsage, registerCmd},
@@ -251,14 +252,19 @@ type statusOut struct {
 }
 
 type nodeStatus struct {
-	ID      string       `json:"id"`
-	GRPC    string       `json:"grpc"`
-	HTTP    string       `json:"http"`
-	Up      bool         `json:"up"`
-	Error   string       `json:"error,omitempty"`
-	Entries uint64       `json:"entries"`
-	Bytes   uint64       `json:"bytes"`
-	Tiers   []tierStatus `json:"tiers"`
+	ID   string `json:"id"`
+	GRPC string `json:"grpc"`
+	HTTP string `json:"http"`
+	Up   bool   `json:"up"`
+	// State is what the node reports (api.StateReady, StateRecovering,
+	// StateJoining, StateLeft), or "unreachable" when it does not answer;
+	// StateReason says why it is not ready.
+	State       string       `json:"state"`
+	StateReason string       `json:"state_reason,omitempty"`
+	Error       string       `json:"error,omitempty"`
+	Entries     uint64       `json:"entries"`
+	Bytes       uint64       `json:"bytes"`
+	Tiers       []tierStatus `json:"tiers"`
 }
 
 type tierStatus struct {
@@ -268,6 +274,9 @@ type tierStatus struct {
 	CapacityBytes uint64 `json:"capacity_bytes"`
 	Evictions     uint64 `json:"evictions"`
 }
+
+// stateUnreachable is the state of a member that does not answer.
+const stateUnreachable = "unreachable"
 
 // errNoLeader: the cluster has no leader, so no quorum for writes.
 var errNoLeader = errors.New("no leader: the cluster has no quorum (fewer than a majority of its Raft voters are up); metadata writes fail until enough nodes are back")
@@ -287,11 +296,12 @@ func statusCmd(ctx context.Context, e *env, args []string) error {
 	down := 0
 	for _, m := range info.Members {
 		ns := nodeStatus{ID: m.Id, GRPC: m.GrpcAddr, HTTP: m.HttpAddr, Tiers: []tierStatus{}}
-		st, err := c.Stats(c.ctx, m.GrpcAddr)
+		st, state, err := c.StatsAndState(c.ctx, m.GrpcAddr)
 		if err != nil {
-			ns.Error = describe(err)
+			ns.State, ns.Error = stateUnreachable, describe(err)
 			down++
 		} else {
+			ns.State, ns.StateReason = api.SplitState(state)
 			ns.Up, ns.Entries, ns.Bytes = true, st.Entries, st.Bytes
 			for _, t := range st.Tiers {
 				ns.Tiers = append(ns.Tiers, tierStatus{t.Name, t.Entries, t.Bytes, t.CapacityBytes, t.Evictions})
@@ -319,17 +329,17 @@ func printStatus(w io.Writer, s statusOut) error {
 	fmt.Fprintf(w, "epoch %d  leader %s  replication %d  write quorum %d  codec %s\n\n",
 		s.Epoch, leader, s.ReplicationFactor, s.WriteQuorum, s.Codec)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tGRPC\tHTTP\tENTRIES\tBYTES\tTIERS")
+	fmt.Fprintln(tw, "NODE\tSTATE\tGRPC\tHTTP\tENTRIES\tBYTES\tTIERS")
 	for _, n := range s.Nodes {
 		if !n.Up {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t-\t-\tdown: %s\n", n.ID, n.GRPC, n.HTTP, n.Error)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t-\t-\tdown: %s\n", n.ID, n.State, n.GRPC, n.HTTP, n.Error)
 			continue
 		}
 		var tiers []string
 		for _, t := range n.Tiers {
 			tiers = append(tiers, fmt.Sprintf("%s %d entries %s/%s evicted %d", t.Name, t.Entries, units.Bytes(t.Bytes), units.Bytes(t.CapacityBytes), t.Evictions))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.GRPC, n.HTTP, n.Entries, units.Bytes(n.Bytes), strings.Join(tiers, "; "))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.State, n.GRPC, n.HTTP, n.Entries, units.Bytes(n.Bytes), strings.Join(tiers, "; "))
 	}
 	return tw.Flush()
 }

@@ -1,6 +1,12 @@
 // Package buildinfo says which build of kvmesh is running: the module
 // version, the VCS commit and the Go version, read from the binary
 // (runtime/debug.ReadBuildInfo). Imports nothing of ours.
+//
+// A build with -buildvcs=false (the Makefile's: Go's VCS stamping fails
+// in some work trees and CI checkouts) carries no commit; `make build`
+// passes it with the linker instead:
+//
+//	-ldflags "-X github.com/kvmesh/kvmesh/internal/buildinfo.commit=HASH -X github.com/kvmesh/kvmesh/internal/buildinfo.modified=true"
 package buildinfo
 
 import (
@@ -22,9 +28,17 @@ type Info struct {
 	GoVersion string `json:"go_version"`
 }
 
+// commit and modified are set by the linker (-X; see the package doc);
+// they are variables only because -X can set nothing else, and nothing
+// writes them at run time. Go's own VCS stamp wins over them.
+var (
+	commit   string
+	modified string // "true" when the work tree had changes
+)
+
 // Read returns the running binary's build.
 func Read() Info {
-	info := Info{Version: "(unknown)", GoVersion: runtime.Version()}
+	info := Info{Version: "(unknown)", GoVersion: runtime.Version(), Commit: commit, Modified: modified == "true"}
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
 		return info
