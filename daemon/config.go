@@ -97,13 +97,13 @@ type AuthFileConfig struct {
 func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("kvmeshd: config: %w", err)
+		return fmt.Errorf("%w: -config: %w", ErrUsage, err)
 	}
 	var file FileConfig
 	dec := json.NewDecoder(strings.NewReader(string(b)))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&file); err != nil {
-		return fmt.Errorf("kvmeshd: config %s: %w", path, err)
+		return fmt.Errorf("%w: -config %s: %w", ErrUsage, path, err)
 	}
 	str := func(name string, dst *string, v string) {
 		if !set[name] && v != "" {
@@ -158,7 +158,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	var cfg node.Config
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(fc.LogLevel)); err != nil {
-		return cfg, fmt.Errorf("kvmeshd: log level: %w", err)
+		return cfg, fmt.Errorf("%w: -log-level %q: want debug, info, warn or error", ErrUsage, fc.LogLevel)
 	}
 	if fc.ID == "" {
 		h, err := os.Hostname()
@@ -171,13 +171,17 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		return cfg, err
 	}
 	if fc.DataDir == "" {
-		return cfg, errors.New("kvmeshd: -data-dir is required")
+		return cfg, fmt.Errorf("%w: -data-dir is required", ErrUsage)
 	}
 	var seeds []string
 	for _, s := range fc.Join {
-		if s = strings.TrimSpace(s); s != "" {
-			seeds = append(seeds, s)
+		if s = strings.TrimSpace(s); s == "" {
+			continue
 		}
+		if _, port, err := net.SplitHostPort(s); err != nil || !isPort(port) {
+			return cfg, fmt.Errorf("%w: -join %q: want gossip HOST:PORT addresses (port %d by default)", ErrUsage, s, DefaultGossipPort)
+		}
+		seeds = append(seeds, s)
 	}
 	expect, err := fc.bootstrapExpect(seeds)
 	if err != nil {
@@ -189,7 +193,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	}
 	dram, err := ParseBytes(fc.DRAM)
 	if err != nil {
-		return cfg, fmt.Errorf("kvmeshd: -dram: %w", err)
+		return cfg, fmt.Errorf("%w: -dram: %w", ErrUsage, err)
 	}
 	if dram == 0 {
 		return cfg, fmt.Errorf("%w: -dram 0: the DRAM tier needs a positive budget", ErrUsage)
@@ -200,7 +204,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	}
 	disk, err := diskBudget(fc.Disk, fc.DataDir)
 	if err != nil {
-		return cfg, fmt.Errorf("kvmeshd: -disk: %w", err)
+		return cfg, err
 	}
 	grace, err := positiveDuration("dead-grace", fc.DeadGrace)
 	if err != nil {
@@ -267,6 +271,12 @@ func (fc FileConfig) bootstrapExpect(seeds []string) (int, error) {
 	return n, nil
 }
 
+// isPort reports whether p is a port number, 1 to 65535.
+func isPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n > 0 && n <= 65535
+}
+
 // listeners are the four addresses a node binds.
 type listeners struct{ grpc, gossip, raft, http string }
 
@@ -279,7 +289,7 @@ func (fc FileConfig) listenAddrs() (listeners, error) {
 	}
 	host, port, err := net.SplitHostPort(l.grpc)
 	if err != nil {
-		return l, fmt.Errorf("%w: -grpc %q: want HOST:PORT", ErrUsage, l.grpc)
+		return l, fmt.Errorf("%w: -grpc %q: want HOST:PORT (port 0: any free port)", ErrUsage, l.grpc)
 	}
 	def := func(addr *string, port int) {
 		if *addr == "" {
@@ -294,6 +304,14 @@ func (fc FileConfig) listenAddrs() (listeners, error) {
 		def(&l.gossip, DefaultGossipPort)
 		def(&l.raft, DefaultRaftPort)
 		def(&l.http, DefaultHTTPPort)
+	}
+	for _, a := range []struct{ flag, addr string }{{"grpc", l.grpc}, {"gossip", l.gossip}, {"raft", l.raft}, {"http", l.http}} {
+		if a.flag == "http" && a.addr == "off" {
+			continue
+		}
+		if _, p, err := net.SplitHostPort(a.addr); err != nil || (p != "0" && !isPort(p)) {
+			return l, fmt.Errorf("%w: -%s %q: want HOST:PORT (port 0: any free port)", ErrUsage, a.flag, a.addr)
+		}
 	}
 	return l, nil
 }
@@ -383,6 +401,9 @@ func (fc *FileConfig) securityConfig(cfg *node.Config) error {
 	cfg.Insecure = fc.Insecure || fc.TLS.Insecure
 	cfg.Tokens = fc.Auth.Tokens
 	cfg.MaxStreamsPerClient = fc.Auth.MaxStreamsPerClient
+	if fc.Auth.MaxChunksPerRequest < 0 {
+		return fmt.Errorf("%w: -max-chunks-per-request %d: want a positive count", ErrUsage, fc.Auth.MaxChunksPerRequest)
+	}
 	cfg.MaxChunksPerRequest = fc.Auth.MaxChunksPerRequest
 	cfg.GossipKeyringFile = fc.GossipKeyringFile
 	if fc.GossipKeyringFile != "" {

@@ -22,11 +22,15 @@ const (
 // dataDir: a size, 0 (no disk tier), or "auto".
 func diskBudget(v, dataDir string) (int64, error) {
 	if v != autoDisk {
-		return ParseBytes(v)
+		b, err := ParseBytes(v)
+		if err != nil {
+			return 0, fmt.Errorf("%w: -disk %q: want a byte size, 0 (no disk tier) or auto", ErrUsage, v)
+		}
+		return b, nil
 	}
 	free, err := freeBytes(existingParent(dataDir))
 	if err != nil {
-		return 0, fmt.Errorf("free space of %s: %w", dataDir, err)
+		return 0, fmt.Errorf("kvmeshd: -disk auto: free space of %s: %w", dataDir, err)
 	}
 	b := min(free/2, autoDiskMax)
 	if b < autoDiskMin {

@@ -119,7 +119,17 @@ func TestFlagRefusals(t *testing.T) {
 		{[]string{"-bootstrap", "-bootstrap-expect", "3"}, "-bootstrap is -bootstrap-expect 1"},
 		{[]string{"-bootstrap", "-raft-remove-after", "0"}, "-raft-remove-after"},
 		{[]string{"-bootstrap", "-grpc", "nohost"}, "-grpc"},
+		{[]string{"-bootstrap", "-grpc", "h:99999"}, "-grpc"},
+		{[]string{"-bootstrap", "-raft", "h:x"}, "-raft"},
+		{[]string{"-bootstrap", "-http", "on"}, "-http"},
 		{[]string{"-bootstrap", "-dram", "0"}, "-dram 0"},
+		{[]string{"-bootstrap", "-dram", "lots"}, "-dram"},
+		{[]string{"-join", "seedhost"}, `-join "seedhost"`},
+		{[]string{"-join", "h:7401,h:0"}, `-join "h:0"`},
+		{[]string{"-bootstrap", "-disk", "-1G"}, "-disk"},
+		{[]string{"-bootstrap", "-log-level", "loud"}, "-log-level"},
+		{[]string{"-bootstrap", "-max-chunks-per-request", "-5"}, "-max-chunks-per-request -5"},
+		{[]string{"-bootstrap", "-config", "/nonexistent/kvmeshd.json"}, "-config"},
 		{[]string{"-bootstrap", "-rpc-timeout", "0"}, "-rpc-timeout"},
 		{[]string{"-bootstrap", "-rpc-timeout", "-1s"}, "-rpc-timeout"},
 		{[]string{"-bootstrap", "-dead-grace", "0s"}, "-dead-grace"},
@@ -151,6 +161,7 @@ func TestFlagRefusals(t *testing.T) {
 		{"-bootstrap-expect", "3"}, {"-bootstrap-expect", "5", "-join", "h:7401"}, {"-bootstrap-expect", "0", "-join", "h:7401"}, {"-join", "h:7401,g:7401"},
 		{"-bootstrap", "-max-streams-per-client", "-1"}, {"-bootstrap", "-rebalance-recv-streams", "1024"}, {"-bootstrap", "-disk", "0"},
 		{"-bootstrap", "-id", "node-1.example"}, {"-bootstrap", "-raft-remove-after", "1s"},
+		{"-bootstrap", "-http", "off"}, {"-bootstrap", "-grpc", "127.0.0.1:0"}, {"-bootstrap", "-gossip", "[::1]:7401"},
 	} {
 		fc, err := parseArgs(append(append([]string{}, base...), ok...), io.Discard)
 		if err == nil {
