@@ -27,7 +27,7 @@ FUZZTIME ?= 8s
 ACCURACY_PROMPTS ?= 12
 TRAIN_FLAGS ?= --seed 1 --minutes 45 --nq 24 --steps 100000 --eval-every 100000 --eval-minutes 4 --eval-n 12
 
-.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-accuracy train-recall bench-rebalance bench-redis redis-tools run proto proto-python tools python-deps test-python clean
+.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy train-recall bench-rebalance bench-redis redis-tools run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -129,6 +129,13 @@ bench-engine:
 # cluster; writes docs/bench/WORKLOADS.md and its plots (~7 min on 2 cores).
 bench-workloads:
 	$(GO) run ./cmd/kvmesh-bench -out docs/bench
+
+# Steady-state RAG under a bounded store (docs/bench/STEADY.md): two query
+# nodes, 2000 + 1000 novel-order queries over a 1000-passage Zipf corpus, a
+# 3-node cluster whose DRAM holds twice the corpus, once per write-back
+# policy (none, admit all, admit by reuse). About 30 minutes on 2 busy cores.
+bench-steady:
+	$(GO) run ./cmd/kvmesh-bench -steady -timeout 90m -out docs/bench
 
 # Rebalance of a 3-node cluster holding 10 GiB (R=1, real kvmeshd processes)
 # when a 4th joins: time, bytes moved against a quarter, Get latency, RSS.

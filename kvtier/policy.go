@@ -41,6 +41,7 @@ type pnode struct {
 	cost       int64
 	key        chunk.Key
 	owner      *entry // nil in tests that drive the policy alone
+	reuse      Reuse  // weighs the entry under a weighted S3-FIFO
 }
 
 type queue struct {
@@ -104,11 +105,15 @@ type policy interface {
 	len() int
 }
 
-func newPolicy(p Policy, capacity int64) policy {
+// newPolicy makes a tier's policy; weighted S3-FIFO credits new entries
+// by reuse class (AdmitReuse). LRU ignores weighted.
+func newPolicy(p Policy, capacity int64, weighted bool) policy {
 	if p == PolicyLRU {
 		return &lru{}
 	}
-	return newS3FIFO(capacity)
+	s := newS3FIFO(capacity)
+	s.weighted = weighted
+	return s
 }
 
 // lru is the baseline.
@@ -138,6 +143,11 @@ type s3fifo struct {
 	capacity    int64
 	small, main queue
 	ghost       ghost
+	// weighted starts an entry with its reuse class's credit
+	// (Reuse.weight) instead of no hits: an entry usable at any position
+	// leaves probation for main at once and outlasts two rounds of main
+	// without a hit, a prefix-chained one gets no such credit.
+	weighted bool
 }
 
 const maxFreq = 3
@@ -148,6 +158,9 @@ func newS3FIFO(capacity int64) *s3fifo {
 
 func (s *s3fifo) add(n *pnode) {
 	n.freq = 0
+	if s.weighted {
+		n.freq = min(n.reuse.weight(), maxFreq)
+	}
 	if s.ghost.take(n.key) {
 		s.main.push(n)
 		return
@@ -199,6 +212,9 @@ func (s *s3fifo) victim(skip func(*pnode) bool) *pnode {
 			if n.freq > 0 || (skip != nil && skip(n)) {
 				s.small.unlink(n)
 				n.freq = 0
+				if s.weighted {
+					n.freq = min(n.reuse.weight(), maxFreq)
+				}
 				s.main.push(n)
 				continue
 			}

@@ -11,15 +11,23 @@ import (
 // removals and evictions with random pins, checking its byte and entry
 // accounting against a plain set and that a victim is never pinned.
 func TestPolicyInvariants(t *testing.T) {
-	for _, p := range []Policy{PolicyS3FIFO, PolicyLRU} {
-		t.Run(p.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		p        Policy
+		weighted bool
+	}{{PolicyS3FIFO, false}, {PolicyS3FIFO, true}, {PolicyLRU, false}} {
+		p := tc.p
+		name := p.String()
+		if tc.weighted {
+			name += "-weighted"
+		}
+		t.Run(name, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(7, uint64(p)))
-			pol := newPolicy(p, 1000)
+			pol := newPolicy(p, 1000, tc.weighted)
 			in := map[*pnode]bool{}
 			pinned := map[*pnode]bool{}
 			nodes := make([]*pnode, 64)
 			for i := range nodes {
-				nodes[i] = &pnode{key: chunk.Key{Content: chunk.ID{Lo: uint64(i)}}}
+				nodes[i] = &pnode{key: chunk.Key{Content: chunk.ID{Lo: uint64(i)}}, reuse: Reuse(i % int(NumReuse))}
 			}
 			for op := 0; op < 20000; op++ {
 				n := nodes[rng.IntN(len(nodes))]

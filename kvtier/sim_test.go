@@ -16,7 +16,7 @@ type sim struct {
 }
 
 func newSim(p Policy, capacity int64) *sim {
-	return &sim{pol: newPolicy(p, capacity), capacity: capacity, nodes: make(map[uint64]*pnode)}
+	return &sim{pol: newPolicy(p, capacity, false), capacity: capacity, nodes: make(map[uint64]*pnode)}
 }
 
 func (s *sim) has(k uint64) bool { return s.nodes[k] != nil }

@@ -34,6 +34,9 @@ type TierStats struct {
 type Stats struct {
 	Tiers   [numTiers]TierStats
 	Entries int
+	// Reuse counts entries, admissions, refusals and evictions by reuse
+	// class (how an entry can be reused: ReuseOf).
+	Reuse [NumReuse]ReuseStats
 }
 
 // Waste is the DRAM tier's page waste: allocated minus stored bytes, as a
@@ -75,6 +78,7 @@ func (s *Store) Stats() Stats {
 		st.Tiers[t] = ts
 		st.Entries += ts.Entries
 	}
+	st.Reuse = s.reuse
 	return st
 }
 
@@ -97,10 +101,19 @@ var (
 	descPromotions = prometheus.NewDesc("kvtier_promotions_total", "Entries moved into the tier from below.", []string{"tier"}, nil)
 	descFreeRes    = prometheus.NewDesc("kvtier_free_resident_bytes", "Freed DRAM pages the process still holds, not yet returned to the OS.", []string{"tier"}, nil)
 	descReleased   = prometheus.NewDesc("kvtier_released_bytes_total", "Freed DRAM pages returned to the OS.", []string{"tier"}, nil)
+
+	descReuseEntries  = prometheus.NewDesc("kvtier_reuse_entries", "Entries held (all tiers) by reuse class: standalone, prefix_root, window, prefix.", []string{"reuse"}, nil)
+	descReuseBytes    = prometheus.NewDesc("kvtier_reuse_stored_bytes", "Bytes of the entries held (all tiers, as put) by reuse class.", []string{"reuse"}, nil)
+	descAdmitted      = prometheus.NewDesc("kvtier_admitted_total", "New entries stored, by reuse class.", []string{"reuse"}, nil)
+	descAdmittedBytes = prometheus.NewDesc("kvtier_admitted_bytes_total", "Bytes of the new entries stored, by reuse class.", []string{"reuse"}, nil)
+	descRefused       = prometheus.NewDesc("kvtier_refused_total", "Puts the admission policy turned away, by reuse class and reason (duplicate: an equivalent encoding is held; unproven: a further prefix-chained copy of a content, its key seen once).", []string{"reuse", "reason"}, nil)
+	descRefusedBytes  = prometheus.NewDesc("kvtier_refused_bytes_total", "Bytes of the puts the admission policy turned away, by reuse class.", []string{"reuse"}, nil)
+	descReuseEvicted  = prometheus.NewDesc("kvtier_reuse_evictions_total", "Entries dropped from the store for room (any tier), by reuse class.", []string{"reuse"}, nil)
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descFreeRes, descReleased} {
+	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descFreeRes, descReleased,
+		descReuseEntries, descReuseBytes, descAdmitted, descAdmittedBytes, descRefused, descRefusedBytes, descReuseEvicted} {
 		ch <- d
 	}
 }
@@ -132,5 +145,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			g(descFreeRes, float64(t.FreeResidentBytes))
 			n(descReleased, t.ReleasedBytes)
 		}
+	}
+	for _, r := range st.Reuse {
+		l := r.Reuse.String()
+		ch <- prometheus.MustNewConstMetric(descReuseEntries, prometheus.GaugeValue, float64(r.Entries), l)
+		ch <- prometheus.MustNewConstMetric(descReuseBytes, prometheus.GaugeValue, float64(r.StoredBytes), l)
+		ch <- prometheus.MustNewConstMetric(descAdmitted, prometheus.CounterValue, float64(r.Admitted), l)
+		ch <- prometheus.MustNewConstMetric(descAdmittedBytes, prometheus.CounterValue, float64(r.AdmittedBytes), l)
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(r.RefusedDuplicate), l, "duplicate")
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(r.RefusedUnproven), l, "unproven")
+		ch <- prometheus.MustNewConstMetric(descRefusedBytes, prometheus.CounterValue, float64(r.RefusedBytes), l)
+		ch <- prometheus.MustNewConstMetric(descReuseEvicted, prometheus.CounterValue, float64(r.Evicted), l)
 	}
 }

@@ -95,6 +95,16 @@ type Config struct {
 	GPUBytes int64
 	// Policy is the eviction policy of every tier. Default PolicyS3FIFO.
 	Policy Policy
+	// Admission says which puts are kept. Default AdmitAll; AdmitReuse
+	// keeps what is predicted to be read again and, with S3-FIFO, weighs
+	// eviction by reuse class (see AdmitReuse).
+	Admission Admission
+	// DoorkeeperBytes bounds AdmitReuse's memory of refused keys by the
+	// bytes of the entries they name (the index holds only the keys, under
+	// a hundred bytes each). Default DRAMBytes: a prefix is kept if it
+	// recurs before as many bytes of other refused prefixes came by as
+	// the DRAM tier holds.
+	DoorkeeperBytes int64
 	// Limits bound the entries Put accepts. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
 	// SkipVerify skips checking every layer checksum on Put (the header is
@@ -128,6 +138,7 @@ type entry struct {
 
 	pol     policy // the policy pn is in, or nil
 	pn      pnode
+	reuse   Reuse
 	loading bool // being put: not visible yet
 	busy    bool // a move to another tier is in flight
 	dead    bool // deleted or dropped; whoever holds it cleans up
@@ -208,6 +219,9 @@ type Store struct {
 	index    map[chunk.Key]*entry
 	groups   map[groupKey][]*entry
 	tiers    [numTiers]tierState
+	// door is AdmitReuse's doorkeeper: keys refused once.
+	door  ghost
+	reuse [NumReuse]ReuseStats
 	// pinnedBytes counts copies with at least one pin, detached or not.
 	pinnedBytes [numTiers]atomic.Int64
 	// sharedHits: the policy records hits under the read lock, so DRAM
@@ -253,7 +267,14 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.DiskDir != "" && cfg.DiskBytes <= 0 {
 		return nil, fmt.Errorf("kvtier: DiskBytes must be positive with DiskDir")
 	}
-	s := &Store{cfg: cfg, log: cfg.Logger, index: make(map[chunk.Key]*entry), groups: make(map[groupKey][]*entry)}
+	if cfg.DoorkeeperBytes <= 0 {
+		cfg.DoorkeeperBytes = cfg.DRAMBytes
+	}
+	s := &Store{cfg: cfg, log: cfg.Logger, index: make(map[chunk.Key]*entry), groups: make(map[groupKey][]*entry),
+		door: ghost{capacity: cfg.DoorkeeperBytes, at: make(map[chunk.Key]*gnode)}}
+	for r := range s.reuse {
+		s.reuse[r].Reuse = Reuse(r)
+	}
 	s.moved = sync.NewCond(&s.mu)
 	if cfg.ReleaseBytes == 0 {
 		cfg.ReleaseBytes = min(cfg.DRAMBytes/8, 64<<20)
@@ -279,7 +300,7 @@ func Open(cfg Config) (*Store, error) {
 		}
 	}
 	for t := range s.tiers {
-		s.tiers[t].pol = newPolicy(cfg.Policy, s.tiers[t].budget)
+		s.tiers[t].pol = newPolicy(cfg.Policy, s.tiers[t].budget, cfg.Admission == AdmitReuse)
 	}
 	s.sharedHits = s.tiers[TierDRAM].pol.sharedTouch()
 	if s.disk != nil {
@@ -310,7 +331,7 @@ func (s *Store) recoverDisk() error {
 			_ = s.disk.remove(f.rel)
 			continue
 		}
-		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec}
+		e := &entry{key: f.key, checksum: f.checksum, size: f.size, codec: f.codec, reuse: ReuseOf(f.key)}
 		s.setDisk(e, f.rel, f.stored)
 		s.link(e)
 		ts.used += f.stored
@@ -469,12 +490,16 @@ func (s *Store) recount(e *entry) {
 	if e.counted && (!want || e.ct != e.tier()) {
 		s.tiers[e.ct].entries--
 		s.tiers[e.ct].stored -= int64(e.size)
+		s.reuse[e.reuse].Entries--
+		s.reuse[e.reuse].StoredBytes -= int64(e.size)
 		e.counted = false
 	}
 	if want && !e.counted {
 		e.ct = e.tier()
 		s.tiers[e.ct].entries++
 		s.tiers[e.ct].stored += int64(e.size)
+		s.reuse[e.reuse].Entries++
+		s.reuse[e.reuse].StoredBytes += int64(e.size)
 		e.counted = true
 	}
 }
@@ -506,7 +531,7 @@ func (s *Store) loaded(e *entry) {
 // admit puts e in tier t's policy, charged cost bytes (already in used).
 func (s *Store) admit(t Tier, e *entry, cost int64) {
 	ts := &s.tiers[t]
-	e.pn = pnode{cost: cost, key: e.key, owner: e}
+	e.pn = pnode{cost: cost, key: e.key, owner: e, reuse: e.reuse}
 	e.pol = ts.pol
 	ts.pol.add(&e.pn)
 }
@@ -608,7 +633,8 @@ func (s *Store) lookup(k chunk.Key) *entry {
 // Put stores blob, an encoded chunk entry, and returns its header. Putting
 // a key again with the same bytes is a no-op (it extends the TTL); with
 // other bytes it fails with ErrConflict. The blob is copied: the caller
-// keeps it.
+// keeps it. Under AdmitReuse a put the policy refuses stores nothing and
+// returns no error, as a cache that chose not to keep it: Stats counts it.
 func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.Header, error) {
 	// The payload's checksums are checked while it is copied (place), in
 	// one pass over memory rather than two.
@@ -641,7 +667,24 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 			return hd, nil
 		}
 	}
-	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true}
+	reuse := ReuseOf(hd.Key)
+	rs := &s.reuse[reuse]
+	if s.cfg.Admission == AdmitReuse {
+		ok, why, twin := s.admitReuse(hd.Key, len(blob))
+		if !ok {
+			if why == refuseDuplicate {
+				rs.RefusedDuplicate++
+			} else {
+				rs.RefusedUnproven++
+			}
+			rs.RefusedBytes += uint64(len(blob))
+			return hd, nil
+		}
+		if twin != nil && !twin.busy {
+			s.remove(twin)
+		}
+	}
+	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true, reuse: reuse}
 	s.link(e)
 	err = s.place(ctx, e, blob, &hd)
 	s.loaded(e)
@@ -651,6 +694,8 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 		}
 		return hd, err
 	}
+	rs.Admitted++
+	rs.AdmittedBytes += uint64(len(blob))
 	if e.dead { // deleted while being written
 		e.dead = false
 		s.remove(e)
@@ -784,6 +829,7 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 	s.leavePolicy(e, true)
 	if s.disk == nil || !s.reserveDisk(int64(e.size)) {
 		ts.stats.Evictions++
+		s.reuse[e.reuse].Evicted++
 		s.remove(e)
 		return
 	}
@@ -804,6 +850,7 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 	case err != nil:
 		s.log.Warn("kvtier: demotion failed; dropping", "key", e.key, "err", err)
 		ts.stats.Evictions++
+		s.reuse[e.reuse].Evicted++
 		s.remove(e)
 		s.maybeFreeDRAM(c)
 	case e.dead:
@@ -839,6 +886,7 @@ func (s *Store) reserveDisk(n int64) bool {
 		}
 		s.leavePolicy(v.owner, true)
 		ts.stats.Evictions++
+		s.reuse[v.owner.reuse].Evicted++
 		s.remove(v.owner)
 	}
 	ts.used += n

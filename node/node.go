@@ -54,6 +54,12 @@ type Config struct {
 	// before they go back to the OS (kvtier.Config.ReleaseBytes). Default
 	// (0) kvtier's, min(DRAMBytes/8, 64 MiB); negative: never.
 	DRAMReleaseBytes int64
+	// Admission is the store's admission policy (kvtier.Config.Admission).
+	// Default kvtier.AdmitAll, every put kept until evicted;
+	// kvtier.AdmitReuse keeps what is predicted to be read again and weighs
+	// eviction by how an entry can be reused, for engines that write back
+	// every prompt they serve (docs/ARCHITECTURE.md, "Write-back").
+	Admission kvtier.Admission
 	// DiskBytes enables the disk tier under DataDir/tier with that budget;
 	// 0 means no disk tier.
 	DiskBytes int64

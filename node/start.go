@@ -161,7 +161,7 @@ func closeListener(l net.Listener) func() error {
 
 func (n *Node) openStore(context.Context) error {
 	cfg := n.cfg
-	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, ReleaseBytes: cfg.DRAMReleaseBytes, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
+	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, ReleaseBytes: cfg.DRAMReleaseBytes, Admission: cfg.Admission, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
 	if cfg.DiskBytes > 0 {
 		tcfg.DiskDir, tcfg.DiskBytes = filepath.Join(cfg.DataDir, "tier"), cfg.DiskBytes
 	}

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/node"
 )
 
@@ -18,6 +18,8 @@ import (
 type LocalConfig struct {
 	Nodes     int   // 3
 	DRAMBytes int64 // DRAM tier of each node; 512 MiB
+	// Admission is the nodes' admission policy; kvtier.AdmitAll.
+	Admission kvtier.Admission
 	// Dir holds the nodes' data; empty means a new temporary directory,
 	// removed by Close.
 	Dir string
@@ -44,7 +46,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 		cfg.DRAMBytes = 512 << 20
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg.Logger = discardLogger()
 	}
 	l := &Local{}
 	if cfg.Dir == "" {
@@ -62,7 +64,7 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 	for i := range cfg.Nodes {
 		n, err := node.New(node.Config{
 			NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(cfg.Dir, fmt.Sprintf("n%d", i+1)),
-			Seeds: seeds, BootstrapExpect: cfg.Nodes, DRAMBytes: cfg.DRAMBytes, LocalTiming: true,
+			Seeds: seeds, BootstrapExpect: cfg.Nodes, DRAMBytes: cfg.DRAMBytes, Admission: cfg.Admission, LocalTiming: true,
 			HTTPAddr: "off", Logger: cfg.Logger,
 			// Loopback only, in one process: no TLS to configure.
 			Insecure: true,
@@ -104,6 +106,8 @@ func StartLocal(ctx context.Context, cfg LocalConfig) (_ *Local, err error) {
 	}
 	return l, nil
 }
+
+func discardLogger() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 // Close stops the client and every node and removes a temporary data
 // directory.

@@ -14,24 +14,10 @@ import (
 // r.Plots: TTFT against k per way (RAG), hit rate per turn and TTFT per
 // turn (chat), TTFT against k (memory facts).
 func (r *Report) WritePlots(dir string) error {
-	type series struct {
-		name string
-		xy   plotter.XYs
-	}
+	type series = plotSeries
 	save := func(file, title, x, y string, ss []series) error {
-		p := plot.New()
-		p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
-		p.Y.Min = 0
-		var args []any
-		for _, s := range ss {
-			args = append(args, s.name, s.xy)
-		}
-		if err := plotutil.AddLinePoints(p, args...); err != nil {
+		if err := savePlot(dir, file, title, x, y, ss); err != nil {
 			return err
-		}
-		p.Legend.Top, p.Legend.Left = true, true
-		if err := p.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, file)); err != nil {
-			return fmt.Errorf("workload: plot %s: %w", file, err)
 		}
 		r.Plots = append(r.Plots, file)
 		return nil
@@ -99,6 +85,31 @@ func (r *Report) WritePlots(dir string) error {
 		if err := save("memory_ttft_vs_k.png", "Memory facts: TTFT p50 against k", "k (facts)", "TTFT p50 (ms)", ss); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// plotSeries is one named line of a plot.
+type plotSeries struct {
+	name string
+	xy   plotter.XYs
+}
+
+// savePlot writes a line plot of ss to dir/file (PNG).
+func savePlot(dir, file, title, x, y string, ss []plotSeries) error {
+	p := plot.New()
+	p.Title.Text, p.X.Label.Text, p.Y.Label.Text = title, x, y
+	p.Y.Min = 0
+	var args []any
+	for _, s := range ss {
+		args = append(args, s.name, s.xy)
+	}
+	if err := plotutil.AddLinePoints(p, args...); err != nil {
+		return err
+	}
+	p.Legend.Top, p.Legend.Left = true, true
+	if err := p.Save(7*vg.Inch, 4.5*vg.Inch, filepath.Join(dir, file)); err != nil {
+		return fmt.Errorf("workload: plot %s: %w", file, err)
 	}
 	return nil
 }

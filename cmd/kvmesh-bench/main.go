@@ -8,6 +8,7 @@
 //	kvmesh-bench [-quick] [-seed N] [-out docs/bench]
 //	kvmesh-bench -accuracy train/recall [-accuracy-prompts N] [-out docs/bench]
 //	kvmesh-bench -putget [-kvmeshd bin/kvmeshd] [-putget-duration 3s] ...
+//	kvmesh-bench -steady [-steady-queries N] [-steady-policies none,all,reuse] [-out docs/bench]
 //
 // -accuracy instead loads the trained recall model (train/) and measures
 // the exact-match accuracy of its answers served each way (full prefill,
@@ -18,6 +19,11 @@
 // redis-server, and prints one table of Put and Get throughput and
 // latency of the same entries on both, with their ratios, from the same
 // run (make bench-redis).
+//
+// -steady instead runs the steady-state RAG benchmark: a 1000-passage
+// corpus with Zipf popularity, two query nodes serving thousands of
+// novel-order queries each against a 3-node cluster whose DRAM holds twice
+// the corpus, once per write-back policy, writing STEADY.md.
 //
 // The full run is sized for about 5 minutes on 2 idle cores and stops at
 // -timeout (10 minutes); -quick is about a minute.
@@ -71,6 +77,12 @@ func run() error {
 	pgConfigs := flag.String("putget-rw", "3/2,1/1", "with -putget: replication R/W settings")
 	pgPool := flag.Int("putget-pool", 128<<20, "with -putget: bytes of distinct entries per point")
 	pgProfile := flag.String("putget-profile", "", "with -putget: write each point's CPU and allocation profiles of every node here")
+	steady := flag.Bool("steady", false, "instead: run the steady-state RAG benchmark (two query nodes, a bounded store, each write-back policy) and write STEADY.md")
+	steadyQueries := flag.Int("steady-queries", 2000, "queries per query node of the -steady run")
+	steadyFull := flag.Int("steady-full-every", 2, "measure full prefill on every n-th query of the -steady run")
+	steadyPolicies := flag.String("steady-policies", "none,all,reuse", "write-back policies of the -steady run: none, all (admit every put), reuse (admission by predicted reuse)")
+	steadyReport := flag.String("steady-report", "", "with -steady: render STEADY.md and its plots again from this JSON (-steady-json) instead of running")
+	steadyJSON := flag.String("steady-json", "", "with -steady: also write the raw per-query result to this file (JSON)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -110,6 +122,10 @@ func run() error {
 		if codec, err = chunk.ParseCodec(*codecName); err != nil {
 			return err
 		}
+	}
+	if *steady {
+		return runSteady(ctx, steadyFlags{queries: *steadyQueries, fullEvery: *steadyFull, out: *out, nodes: *nodes,
+			workers: *workers, seed: *seed, kvd: kvd, codec: codec, policies: *steadyPolicies, report: *steadyReport, dump: *steadyJSON}, progress)
 	}
 	want := map[string]bool{}
 	for _, w := range strings.Split(*only, ",") {
