@@ -98,6 +98,9 @@ func TestKeyMustNameEntry(t *testing.T) {
 		{name: "window 0", patch: func(k *Key) { k.Context = WindowContext(fp, 0, []uint32{1}) }},
 		{name: "window over MaxWindow", patch: func(k *Key) { k.Context = WindowContext(fp, MaxWindow+1, []uint32{1}) }},
 		{name: "unknown kind", patch: func(k *Key) { k.Context.Kind = 4 }},
+		// One computation, one key: nothing before the chunk is standalone.
+		{name: "prefix at the chain root", patch: func(k *Key) { k.Context = PrefixContext(PrefixRoot(fp)) }},
+		{name: "window of no tokens", patch: func(k *Key) { k.Context = Context{Kind: ContextWindow, Window: 8, ID: WindowID(fp, nil)} }},
 		{name: "reserved byte", raw: func(h []byte) { h[42] = 1 }},
 	}
 	for _, tc := range cases {

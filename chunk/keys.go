@@ -99,14 +99,37 @@ func (c Context) CheckCanonical() error {
 	return nil
 }
 
+// Canonical is the one key context of the computation c names for a chunk
+// of the model with fingerprint fp: one computation, one key. A chunk with
+// nothing before it is encoded alone, so the prefix context at the root of
+// the chain (PrefixRoot(fp)) and a window context of the empty window are
+// the standalone context; any other context is returned as it is.
+//
+// The other equivalence, a window that holds every token before the chunk
+// (the prefix encoding), cannot be seen in a key: the encoder that knows
+// it keys the encoding by its prefix (WindowOrPrefix).
+func Canonical(fp Fingerprint, c Context) Context {
+	switch {
+	case c.Kind == ContextPrefix && c.Window == 0 && c.ID == PrefixRoot(fp),
+		c.Kind == ContextWindow && c.ID == WindowID(fp, nil):
+		return StandaloneContext()
+	}
+	return c
+}
+
 // CheckKey reports whether k names an entry holding tokens: its content ID
 // is the one tokens give under its fingerprint, and its context is
-// canonical. What a node cannot check (the KV bytes, and that a window or
-// prefix ID hashes the tokens the chunk was really encoded after) rests on
-// trusting the writer; docs/SECURITY.md says how far.
+// canonical, in form (CheckCanonical) and as the one key of its
+// computation (Canonical). What a node cannot check (the KV bytes, and
+// that a window or prefix ID hashes the tokens the chunk was really
+// encoded after) rests on trusting the writer; docs/SECURITY.md says how
+// far.
 func CheckKey(k Key, tokens []uint32) error {
 	if err := k.Context.CheckCanonical(); err != nil {
 		return err
+	}
+	if c := Canonical(k.Fingerprint, k.Context); c != k.Context {
+		return fmt.Errorf("%w: context %v names the encoding of a chunk with nothing before it, which is keyed %v", ErrNonCanonical, k.Context, c)
 	}
 	if want := ContentID(k.Fingerprint, tokens); k.Content != want {
 		return fmt.Errorf("%w: content ID %v, the %d tokens give %v", ErrNonCanonical, k.Content, len(tokens), want)
@@ -161,10 +184,42 @@ func ContentID(fp Fingerprint, tokens []uint32) ID {
 	return hashTokens(fp.Lo^domContentLo, fp.Hi^domContentHi, tokens)
 }
 
-// WindowContext is the context of a chunk encoded after window, the (at
-// most w) tokens that preceded it.
+// WindowID names the tokens of a window (docs/KEYS.md).
+func WindowID(fp Fingerprint, window []uint32) ID {
+	return hashTokens(fp.Lo^domWindowLo, fp.Hi^domWindowHi, window)
+}
+
+// WindowContext is the context of a chunk encoded after window, the last w
+// tokens before it. An empty window is the standalone context (nothing
+// was computed before the chunk). A window that holds every token before
+// the chunk is its prefix encoding, keyed by the prefix: an encoder that
+// knows the prompt's chunks uses WindowOrPrefix, which says so.
 func WindowContext(fp Fingerprint, w int, window []uint32) Context {
-	return Context{Kind: ContextWindow, Window: uint32(w), ID: hashTokens(fp.Lo^domWindowLo, fp.Hi^domWindowHi, window)}
+	if len(window) == 0 {
+		return StandaloneContext()
+	}
+	return Context{Kind: ContextWindow, Window: uint32(w), ID: WindowID(fp, window)}
+}
+
+// WindowOrPrefix is the key context of a chunk encoded after the last w
+// tokens of before, the chunks that precede it in its prompt, in order:
+// their window context, or, when before holds at most w tokens (the window
+// is every token before the chunk, the same computation as the prefix
+// encoding), their prefix context; standalone when nothing precedes it.
+func WindowOrPrefix(fp Fingerprint, w int, before [][]uint32) Context {
+	n := 0
+	for _, c := range before {
+		n += len(c)
+	}
+	if n <= w {
+		_, end := PrefixChain(fp, before)
+		return Canonical(fp, PrefixContext(end))
+	}
+	all := make([]uint32, 0, n)
+	for _, c := range before {
+		all = append(all, c...)
+	}
+	return WindowContext(fp, w, all[n-w:])
 }
 
 // StandaloneContext is the context of a chunk encoded alone.
@@ -177,8 +232,13 @@ func PrefixRoot(fp Fingerprint) ID {
 
 // NextPrefix extends a prefix chain by one chunk: the ID of the prefix that
 // ends with tokens, given the ID of the prefix before them. A chunk encoded
-// after its whole prefix has context PrefixContext(prefix before it).
+// after its whole prefix has context PrefixContext(prefix before it). An
+// empty chunk adds nothing to the computation, so it leaves the chain as
+// it is.
 func NextPrefix(prev ID, tokens []uint32) ID {
+	if len(tokens) == 0 {
+		return prev
+	}
 	return hashTokens(prev.Lo^domPrefixLo, prev.Hi^domPrefixHi, tokens)
 }
 
@@ -186,12 +246,17 @@ func NextPrefix(prev ID, tokens []uint32) ID {
 func PrefixContext(prefix ID) Context { return Context{Kind: ContextPrefix, ID: prefix} }
 
 // PrefixChain returns, for chunks in prompt order, the context of each (the
-// prefix chain ID before it) and the chain ID after the last.
+// prefix chain ID before it; standalone for a chunk with no token before
+// it, as Canonical says) and the chain ID after the last.
 func PrefixChain(fp Fingerprint, chunks [][]uint32) (contexts []Context, end ID) {
-	p := PrefixRoot(fp)
+	root := PrefixRoot(fp)
+	p := root
 	contexts = make([]Context, len(chunks))
 	for i, c := range chunks {
 		contexts[i] = PrefixContext(p)
+		if p == root {
+			contexts[i] = StandaloneContext()
+		}
 		p = NextPrefix(p, c)
 	}
 	return contexts, p

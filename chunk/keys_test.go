@@ -210,14 +210,14 @@ func TestKeyVectors(t *testing.T) {
 	}
 	chunks := [][]uint32{{128000, 882, 25}, {9906, 1917}, {0, 1, 2, 3, 4}}
 	wantChain := []string{
-		"3de8ca5c84d3b32964dfe58cdd32f1fd", // context of chunk 0: the root
-		"c94c8584ed6eb861a89fa8d4412db66e",
-		"efa5cb6c9561fa38c9f40f1ed33ec9a0",
+		"standalone", // chunk 0: nothing before it (the chain starts at the root)
+		"prefix:c94c8584ed6eb861a89fa8d4412db66e",
+		"prefix:efa5cb6c9561fa38c9f40f1ed33ec9a0",
 	}
 	ctxs, end := PrefixChain(fp, chunks)
 	for i, c := range ctxs {
-		if c.Kind != ContextPrefix || c.ID.String() != wantChain[i] {
-			t.Errorf("prefix context of chunk %d: %v, want prefix:%s", i, c, wantChain[i])
+		if c.String() != wantChain[i] {
+			t.Errorf("context of chunk %d: %v, want %s", i, c, wantChain[i])
 		}
 	}
 	if end.String() != "f3961b5e41a521cfacf7b5413e343276" {
@@ -295,5 +295,55 @@ func TestCanonicalVectors(t *testing.T) {
 		if err := s.Validate(); !errors.Is(err, ErrInvalidSpec) {
 			t.Errorf("%s: %v, want ErrInvalidSpec", name, err)
 		}
+	}
+}
+
+// TestOneComputationOneKey: every spelling of one computation has one key.
+// A chunk with nothing before it is standalone, whether asked for as the
+// root of a prefix chain or as a window of no tokens; a window that holds
+// every token before the chunk is keyed by the prefix; every other context
+// keeps its key.
+func TestOneComputationOneKey(t *testing.T) {
+	fp := llamaSpec.Fingerprint()
+	standalone := StandaloneContext()
+	for _, c := range []Context{PrefixContext(PrefixRoot(fp)), {Kind: ContextWindow, Window: 8, ID: WindowID(fp, nil)}, WindowContext(fp, 8, nil)} {
+		if got := Canonical(fp, c); got != standalone {
+			t.Errorf("Canonical(%v) = %v, want standalone", c, got)
+		}
+	}
+	if ctxs, _ := PrefixChain(fp, [][]uint32{{}, {1}}); ctxs[0] != standalone || ctxs[1] != standalone {
+		t.Errorf("chunks with nothing before them: %v, want standalone", ctxs)
+	}
+	for _, c := range []Context{standalone, WindowContext(fp, 8, []uint32{1}), PrefixContext(NextPrefix(PrefixRoot(fp), []uint32{1})),
+		PrefixContext(PrefixRoot(tinySpec.Fingerprint()))} {
+		if got := Canonical(fp, c); got != c {
+			t.Errorf("Canonical(%v) = %v, want it unchanged", c, got)
+		}
+	}
+	// CheckKey refuses the other spellings, so no store holds them.
+	tokens := []uint32{9, 9}
+	for _, c := range []Context{PrefixContext(PrefixRoot(fp)), {Kind: ContextWindow, Window: 3, ID: WindowID(fp, nil)}} {
+		k := Key{Fingerprint: fp, Content: ContentID(fp, tokens), Context: c}
+		if err := CheckKey(k, tokens); !errors.Is(err, ErrNonCanonical) {
+			t.Errorf("CheckKey(%v): %v, want ErrNonCanonical", c, err)
+		}
+	}
+	before := [][]uint32{{1, 2}, {3}}
+	ctxs, _ := PrefixChain(fp, append(before, []uint32{4})) // ctxs[2]: the chunk after before
+	for _, tc := range []struct {
+		w    int
+		want Context
+	}{
+		{3, ctxs[2]}, {100, ctxs[2]}, // the window is every token before: the prefix key
+		{2, WindowContext(fp, 2, []uint32{2, 3})},
+		{1, WindowContext(fp, 1, []uint32{3})},
+		{0, standalone},
+	} {
+		if got := WindowOrPrefix(fp, tc.w, before); got != tc.want {
+			t.Errorf("WindowOrPrefix(w=%d) = %v, want %v", tc.w, got, tc.want)
+		}
+	}
+	if got := WindowOrPrefix(fp, 4, nil); got != standalone {
+		t.Errorf("WindowOrPrefix with nothing before: %v", got)
 	}
 }

@@ -31,15 +31,29 @@ type specVector struct {
 }
 
 type idVector struct {
-	What   string   `json:"what"` // "content", "window" or "prefix_chain"
+	// "content", "window" (WindowID), "prefix_chain", "canonical"
+	// (Canonical of Context) or "window_or_prefix" (WindowOrPrefix of W
+	// and Chunks).
+	What   string   `json:"what"`
 	Spec   string   `json:"spec"`
 	Tokens []uint32 `json:"tokens,omitempty"`
 	// Chunks and W: prefix chains are cut into chunks; windows have a w.
 	Chunks [][]uint32 `json:"chunks,omitempty"`
 	W      int        `json:"w,omitempty"`
+	// Context is the input of "canonical".
+	Context *contextVector `json:"context,omitempty"`
 	// IDs: one for content and window; for a chain, each chunk's context
-	// then the chain end.
-	IDs []string `json:"ids"`
+	// ID then the chain end.
+	IDs []string `json:"ids,omitempty"`
+	// Contexts: the text form of each chunk's context of a chain, or of
+	// the one result of "canonical" and "window_or_prefix".
+	Contexts []string `json:"contexts,omitempty"`
+}
+
+type contextVector struct {
+	Kind   int    `json:"kind"`
+	Window uint32 `json:"window"`
+	ID     string `json:"id"`
 }
 
 type entryVector struct {
@@ -103,16 +117,47 @@ func vectorIDs(specs []specVector) []idVector {
 			w    int
 			toks []uint32
 		}{{4, []uint32{11, 12, 13, 14}}, {20, []uint32{7, 8, 9}}, {8, nil}} {
-			out = append(out, idVector{What: "window", Spec: name, Tokens: w.toks, W: w.w, IDs: []string{WindowContext(fp, w.w, w.toks).ID.String()}})
+			out = append(out, idVector{What: "window", Spec: name, Tokens: w.toks, W: w.w, IDs: []string{WindowID(fp, w.toks).String()}})
 		}
-		chunks := [][]uint32{{128000, 882, 25}, {9906, 1917}, {0, 1, 2, 3, 4}, t300[:37]}
-		ctxs, end := PrefixChain(fp, chunks)
-		v := idVector{What: "prefix_chain", Spec: name, Chunks: chunks}
-		for _, c := range ctxs {
-			v.IDs = append(v.IDs, c.ID.String())
+		for _, chunks := range [][][]uint32{
+			{{128000, 882, 25}, {9906, 1917}, {0, 1, 2, 3, 4}, t300[:37]},
+			{{}, {1, 2}, {}, {3}}, // empty chunks leave the chain as it is
+		} {
+			ctxs, end := PrefixChain(fp, chunks)
+			v := idVector{What: "prefix_chain", Spec: name, Chunks: chunks}
+			for _, c := range ctxs {
+				v.IDs = append(v.IDs, c.ID.String())
+				v.Contexts = append(v.Contexts, c.String())
+			}
+			v.IDs = append(v.IDs, end.String())
+			out = append(out, v)
 		}
-		v.IDs = append(v.IDs, end.String())
-		out = append(out, v)
+		// One computation, one key.
+		for _, c := range []Context{
+			PrefixContext(PrefixRoot(fp)),
+			{Kind: ContextWindow, Window: 8, ID: WindowID(fp, nil)},
+			WindowContext(fp, 8, []uint32{1, 2, 3}),
+			PrefixContext(NextPrefix(PrefixRoot(fp), []uint32{5, 6})),
+			StandaloneContext(),
+		} {
+			out = append(out, idVector{What: "canonical", Spec: name,
+				Context:  &contextVector{Kind: int(c.Kind), Window: c.Window, ID: c.ID.String()},
+				Contexts: []string{Canonical(fp, c).String()}})
+		}
+		for _, w := range []struct {
+			w      int
+			chunks [][]uint32
+		}{
+			{4, [][]uint32{{1, 2}, {3}}}, // every token before: the prefix
+			{3, [][]uint32{{1, 2}, {3}}},
+			{2, [][]uint32{{1, 2}, {3}}}, // a window of [2 3]
+			{0, [][]uint32{{1, 2}, {3}}}, // nothing: standalone
+			{5, nil},
+			{5, [][]uint32{{}, {}}},
+		} {
+			out = append(out, idVector{What: "window_or_prefix", Spec: name, W: w.w, Chunks: w.chunks,
+				Contexts: []string{WindowOrPrefix(fp, w.w, w.chunks).String()}})
+		}
 	}
 	return out
 }
@@ -247,13 +292,27 @@ func TestSharedVectors(t *testing.T) {
 		case "content":
 			got = []string{ContentID(fp, iv.Tokens).String()}
 		case "window":
-			got = []string{WindowContext(fp, iv.W, iv.Tokens).ID.String()}
+			got = []string{WindowID(fp, iv.Tokens).String()}
 		case "prefix_chain":
 			ctxs, end := PrefixChain(fp, iv.Chunks)
+			var texts []string
 			for _, c := range ctxs {
 				got = append(got, c.ID.String())
+				texts = append(texts, c.String())
 			}
 			got = append(got, end.String())
+			if fmt.Sprint(texts) != fmt.Sprint(iv.Contexts) {
+				t.Errorf("prefix chain of %s %v: contexts %v, want %v", iv.Spec, iv.Chunks, texts, iv.Contexts)
+			}
+		case "canonical":
+			var id ID
+			if _, err := fmt.Sscanf(iv.Context.ID, "%016x%016x", &id.Hi, &id.Lo); err != nil {
+				t.Fatal(err)
+			}
+			c := Context{Kind: ContextKind(iv.Context.Kind), Window: iv.Context.Window, ID: id}
+			got, iv.IDs = []string{Canonical(fp, c).String()}, iv.Contexts
+		case "window_or_prefix":
+			got, iv.IDs = []string{WindowOrPrefix(fp, iv.W, iv.Chunks).String()}, iv.Contexts
 		default:
 			t.Fatalf("unknown id vector %q", iv.What)
 		}

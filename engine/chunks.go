@@ -52,14 +52,22 @@ type EncodeOptions struct {
 
 // Encode runs [before, tokens] through the model and returns the chunk
 // entry of tokens alone, keyed by the engine's fingerprint, the content ID of
-// tokens and cx (which should describe before: StandaloneContext for none,
-// WindowContext, or PrefixContext). K is taken before RoPE, after q/k norm.
+// tokens and cx (which should describe before: WindowContext, or
+// PrefixContext, or WindowOrPrefix). With nothing before, the entry is
+// keyed standalone whatever cx says: one computation, one key
+// (chunk.Canonical); a cx that names nothing before while before holds
+// tokens is an error. K is taken before RoPE, after q/k norm.
 func (e *Engine) Encode(ctx context.Context, before, tokens []uint32, cx chunk.Context, opt EncodeOptions) (*chunk.Entry, error) {
 	if len(tokens) == 0 {
 		return nil, fmt.Errorf("engine: encode of an empty chunk")
 	}
 	if !cx.Kind.Valid() {
 		return nil, fmt.Errorf("engine: encode with context kind %v", cx.Kind)
+	}
+	if len(before) == 0 {
+		cx = chunk.StandaloneContext()
+	} else if chunk.Canonical(e.fp, cx).Kind == chunk.ContextStandalone {
+		return nil, fmt.Errorf("engine: encode after %d tokens with context %v, which names nothing before the chunk", len(before), cx)
 	}
 	s, err := e.NewSequence(opt.StartPos)
 	if err != nil {
@@ -99,11 +107,18 @@ func (e *Engine) EncodeStandalone(ctx context.Context, tokens []uint32) (*chunk.
 	return e.Encode(ctx, nil, tokens, chunk.StandaloneContext(), EncodeOptions{})
 }
 
-// EncodeWindow encodes tokens after the last w tokens of preceding
-// (InferScale's context-window encoding), keeping only the chunk's KV.
-func (e *Engine) EncodeWindow(ctx context.Context, preceding []uint32, w int, tokens []uint32) (*chunk.Entry, error) {
-	win := preceding[max(0, len(preceding)-w):]
-	return e.Encode(ctx, win, tokens, chunk.WindowContext(e.fp, w, win), EncodeOptions{})
+// EncodeWindow encodes tokens after the last w tokens of preceding, the
+// segments of the prompt before them (InferScale's context-window
+// encoding), keeping only the chunk's KV. A window that holds every token
+// of preceding is the prefix encoding and is keyed so
+// (chunk.WindowOrPrefix): EXACT for that prefix.
+func (e *Engine) EncodeWindow(ctx context.Context, preceding [][]uint32, w int, tokens []uint32) (*chunk.Entry, error) {
+	var all []uint32
+	for _, p := range preceding {
+		all = append(all, p...)
+	}
+	win := all[max(0, len(all)-max(w, 0)):]
+	return e.Encode(ctx, win, tokens, chunk.WindowOrPrefix(e.fp, w, preceding), EncodeOptions{})
 }
 
 // EncodeAfterPrefix encodes tokens after the whole prefix, given as the
@@ -337,10 +352,9 @@ func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, re
 				r := ChunkResult{Segment: i}
 				if entries != nil && entries[j] != nil {
 					r.Context = entries[j].Key.Context
-					r.Match = chunk.MatchApproximate
-					if entries[j].Key.Context == reqs[j].Key.Context {
-						r.Match = chunk.MatchExact
-					}
+					// Another key of the same computation is the same
+					// tensors: EXACT, and nothing is recomputed.
+					r.Match = chunk.MatchOf(reqs[j].Key.Context, chunk.Canonical(e.fp, r.Context))
 				}
 				resp.Chunks = append(resp.Chunks, r)
 			}

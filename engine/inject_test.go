@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -169,7 +170,7 @@ func newApproxSetup(t testing.TB, c ModelConfig, nPrompts, chunksPer, w int) *ap
 	as := &approxSetup{e: e, standalone: NewMemStore(0), window: NewMemStore(0)}
 	for p := 0; p < nPrompts; p++ {
 		var segs []Segment
-		var before []uint32
+		var before [][]uint32
 		for i := 0; i < chunksPer; i++ {
 			ch := randTokens(r, 12, c.VocabSize)
 			en, err := e.EncodeStandalone(ctx, ch)
@@ -184,7 +185,7 @@ func newApproxSetup(t testing.TB, c ModelConfig, nPrompts, chunksPer, w int) *ap
 			}
 			as.window.Put(ctx, en)
 			segs = append(segs, Segment{Tokens: ch, Chunk: true})
-			before = append(before, ch...)
+			before = append(before, ch)
 		}
 		segs = append(segs, Segment{Tokens: randTokens(r, 6, c.VocabSize)})
 		as.prompts = append(as.prompts, segs)
@@ -208,15 +209,23 @@ func TestApproximateRecompute(t *testing.T) {
 	fid := make([]Fidelity, len(ratios))
 	work := make([]int, len(ratios))
 	var win, winR Fidelity
+	exact := 0 // token-layers of the first chunks, EXACT: never computed
 	for i, segs := range as.prompts {
+		exact += len(segs[0].Tokens) * e.cfg.NumLayers
 		for k, r := range ratios {
 			resp, err := e.Run(ctx, as.standalone, Request{Segments: segs, Recompute: r})
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, cr := range resp.Chunks {
-				if cr.Match != chunk.MatchApproximate {
-					t.Fatalf("standalone entry matched %v", cr.Match)
+			for j, cr := range resp.Chunks {
+				// The first chunk's standalone encoding is the prefix
+				// encoding (nothing before it): EXACT.
+				want := chunk.MatchApproximate
+				if j == 0 {
+					want = chunk.MatchExact
+				}
+				if cr.Match != want {
+					t.Fatalf("standalone entry of chunk %d matched %v, want %v", j, cr.Match, want)
 				}
 			}
 			fid[k].Add(refs[i], resp.Logits)
@@ -225,7 +234,7 @@ func TestApproximateRecompute(t *testing.T) {
 			// approximate token in layers 0..1 (check layer 1) and the
 			// ceil(r·n) selected ones in the rest.
 			L, nq := e.cfg.NumLayers, len(segs[len(segs)-1].Tokens)
-			napprox := resp.Tokens - nq
+			napprox := resp.Tokens - nq - len(segs[0].Tokens)
 			want := nq * L
 			if r > 0 {
 				keep := int(math.Ceil(r * float64(napprox)))
@@ -267,8 +276,8 @@ func TestApproximateRecompute(t *testing.T) {
 	if fid[3].MaxLogit > 1e-4 || fid[3].Top1 != fid[3].N {
 		t.Errorf("r=1 differs from prefill: max |dlogit| %.3g", fid[3].MaxLogit)
 	}
-	if work[3] != full {
-		t.Errorf("r=1 computed %d token-layers, prefill %d", work[3], full)
+	if work[3] != full-exact {
+		t.Errorf("r=1 computed %d token-layers, prefill %d of which %d are EXACT", work[3], full, exact)
 	}
 	// r=15% recomputes layers 0..1 for chunk tokens and 15% of them after.
 	if float64(work[1]) > 0.6*float64(full) {
@@ -542,7 +551,9 @@ func TestRecomputeCheckLayer(t *testing.T) {
 	segs := as.prompts[0]
 	ref := prefill(t, e, 0, segs)
 	nq := len(segs[len(segs)-1].Tokens)
-	napprox := ref.Tokens - nq
+	// The first chunk's standalone encoding is its prefix encoding: EXACT,
+	// never recomputed. The others are approximate.
+	napprox := ref.Tokens - nq - len(segs[0].Tokens)
 	for _, tc := range []struct {
 		check, effective int
 		r                float64
@@ -654,5 +665,66 @@ func TestCacheOrderHND(t *testing.T) {
 	}
 	if d := maxAbsDiff(logits[0], logits[1]); d != 0 {
 		t.Fatalf("NHD and HND prefills differ by %g", d)
+	}
+}
+
+// TestOneComputationOneKey: KV that is the same computation as the EXACT
+// encoding is keyed and reported so. A standalone encoding of the chunk
+// that starts the prompt is its prefix encoding, and a window encoding
+// whose window holds every token before the chunk is the prefix encoding:
+// both are bit-identical to what the prompt's prefill writes back, share
+// its key, and a lookup reports them EXACT with nothing recomputed.
+func TestOneComputationOneKey(t *testing.T) {
+	ctx := context.Background()
+	e := newTestEngine(t, variants()["qwen3-qknorm"], 91)
+	r := rand.New(rand.NewPCG(91, 92))
+	c0, c1, c2 := randTokens(r, 9, e.cfg.VocabSize), randTokens(r, 7, e.cfg.VocabSize), randTokens(r, 5, e.cfg.VocabSize)
+	segs := []Segment{{Tokens: c0, Chunk: true}, {Tokens: c1, Chunk: true}, {Tokens: c2, Chunk: true}, {Tokens: randTokens(r, 4, e.cfg.VocabSize)}}
+	written, err := e.EncodePrompt(ctx, segs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone, err := e.EncodeStandalone(ctx, c0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A window wider than everything before c1, and one of exactly that.
+	wide, err := e.EncodeWindow(ctx, [][]uint32{c0}, 64, c1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	exact, err := e.EncodeWindow(ctx, [][]uint32{c0, c1}, len(c0)+len(c1), c2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, got := range []*chunk.Entry{alone, wide, exact} {
+		if got.Key != written[i].Key || !bytes.Equal(got.KV, written[i].KV) {
+			t.Fatalf("chunk %d: key %v, the prompt writes back %v (same KV: %v)", i, got.Key, written[i].Key, bytes.Equal(got.KV, written[i].KV))
+		}
+	}
+	store := NewMemStore(chunk.CodecRaw)
+	for _, en := range []*chunk.Entry{alone, wide, exact} {
+		if err := store.Put(ctx, en); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := e.Run(ctx, store, Request{Segments: segs, Recompute: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cr := range resp.Chunks {
+		if cr.Match != chunk.MatchExact {
+			t.Errorf("chunk %d: %v, want exact", cr.Segment, cr.Match)
+		}
+	}
+	if resp.Recomputed != 0 {
+		t.Errorf("%d tokens recomputed, want none", resp.Recomputed)
+	}
+	// A lookup that spells the first chunk's want as the root of the
+	// prefix chain finds the standalone key EXACT too.
+	root := chunk.Key{Fingerprint: e.fp, Content: chunk.ContentID(e.fp, c0), Context: chunk.PrefixContext(chunk.PrefixRoot(e.fp))}
+	got, err := store.Lookup(ctx, []LookupRequest{{Key: root, Tokens: c0}})
+	if err != nil || got[0] == nil || got[0].Key != alone.Key {
+		t.Fatalf("lookup of %v: %v, %v", root, got, err)
 	}
 }

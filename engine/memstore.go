@@ -81,11 +81,12 @@ func (m *MemStore) Lookup(ctx context.Context, reqs []LookupRequest) ([]*chunk.E
 		m.mu.Lock()
 		var ent *chunk.Entry
 		var bestCx chunk.Context
+		want := chunk.Canonical(r.Key.Fingerprint, r.Key.Context)
 		for cx, me := range m.entries[memKey{r.Key.Fingerprint, r.Key.Content}] {
 			if !cx.Kind.Valid() {
 				continue // not a valid context kind: never served
 			}
-			if ent == nil || chunk.Better(r.Key.Context, cx, bestCx) {
+			if ent == nil || chunk.Better(want, cx, bestCx) {
 				ent, bestCx = me.ent, cx
 			}
 		}

@@ -322,7 +322,9 @@ func (r *request) key(ch *Chunk) chunk.Key {
 	if content.IsZero() {
 		content = chunk.ContentID(fp, ch.Tokens)
 	}
-	return chunk.Key{Fingerprint: fp, Content: content, Context: ch.Context}
+	// The wanted context as the one key of its computation: the root of a
+	// prefix chain finds the standalone encoding EXACT.
+	return chunk.Key{Fingerprint: fp, Content: content, Context: chunk.Canonical(fp, ch.Context)}
 }
 
 // accept verifies chunk i's fetched entry for content; a nil hit is a MISS
@@ -341,7 +343,8 @@ func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err erro
 		r.s.log.Warn("inject: entry failed verification; chunk is a miss", "content", content, "err", err)
 		return nil, Result{Reason: err}
 	}
-	return h, Result{Match: chunk.MatchOf(ch.Context, h.hd.Key.Context), Context: h.hd.Key.Context}
+	want := chunk.Canonical(r.c.desc.Fingerprint, ch.Context)
+	return h, Result{Match: chunk.MatchOf(want, h.hd.Key.Context), Context: h.hd.Key.Context}
 }
 
 // errVerify marks verification failures in Result.Reason.

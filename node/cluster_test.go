@@ -248,6 +248,9 @@ func TestCluster3(t *testing.T) {
 		k.Context = chunk.PrefixContext(chunk.PrefixRoot(fp))
 		k.Context.Window = 8
 		mislabelled["prefix with a window"] = k
+		k = named.Key
+		k.Context = chunk.PrefixContext(chunk.PrefixRoot(fp))
+		mislabelled["prefix at the chain root (standalone)"] = k
 		for name, bad := range mislabelled {
 			blob := testutil.Relabel(testutil.Encode(t, named, chunk.CodecRaw), bad)
 			if _, err := c.Put(ctx, blob); !errors.Is(err, chunk.ErrNonCanonical) {

@@ -131,6 +131,11 @@ func (e *fuzzEnv) addMislabelled(f *testing.F, sel uint8, direct bool, kind uint
 			k.Context.Window = 1
 		},
 		func(k *chunk.Key) { k.Context = chunk.Context{Kind: chunk.ContextWindow, ID: chunk.ID{Lo: 2}} },
+		// Another key of the standalone computation.
+		func(k *chunk.Key) { k.Context = chunk.PrefixContext(chunk.PrefixRoot(k.Fingerprint)) },
+		func(k *chunk.Key) {
+			k.Context = chunk.Context{Kind: chunk.ContextWindow, Window: 8, ID: chunk.WindowID(k.Fingerprint, nil)}
+		},
 	}
 	for _, mod := range bad {
 		k := e.keys[0]

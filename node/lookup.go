@@ -44,7 +44,9 @@ func (n *Node) lookup(ctx context.Context, req *api.LookupRequest) (*api.LookupR
 		if err != nil {
 			return nil, invalid(fmt.Errorf("lookup item %d: %w", i, err))
 		}
-		items[i] = lookupItem{content: api.IDFromProto(it.Content), want: want}
+		// A want spelled as another key of the same computation (the root
+		// of a prefix chain: standalone) finds that key EXACT.
+		items[i] = lookupItem{content: api.IDFromProto(it.Content), want: chunk.Canonical(fp, want)}
 	}
 	if req.Direct {
 		return &api.LookupResponse{Results: n.lookupLocal(fp, items)}, nil

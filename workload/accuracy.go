@@ -321,8 +321,9 @@ func encodePrompt(ctx context.Context, e *engine.Engine, enc Encoding, p *EvalPr
 		_, end := chunk.PrefixChain(fp, [][]uint32{p.System})
 		return chunk.PrefixContext(end)
 	}
-	root := func(fp chunk.Fingerprint) chunk.Context { return chunk.PrefixContext(chunk.PrefixRoot(fp)) }
-	sys, err := e.Encode(ctx, nil, p.System, root(e.Fingerprint()), engine.EncodeOptions{})
+	// Nothing before the system prompt: its one key is standalone.
+	root := func(chunk.Fingerprint) chunk.Context { return chunk.StandaloneContext() }
+	sys, err := e.EncodeStandalone(ctx, p.System)
 	if err != nil {
 		return nil, err
 	}

@@ -100,8 +100,7 @@ func RunMemory(ctx context.Context, e *engine.Engine, store engine.ChunkStore, c
 	var system []uint32
 	if cfg.SystemLen > 0 {
 		system = randTokens(rand.New(rand.NewPCG(cfg.Seed, 0x73797374656d)), cfg.SystemLen, vocab)
-		root := chunk.PrefixContext(chunk.PrefixRoot(e.Fingerprint()))
-		ent, err := e.Encode(ctx, nil, system, root, engine.EncodeOptions{})
+		ent, err := e.EncodeStandalone(ctx, system)
 		if err != nil {
 			return nil, err
 		}
@@ -111,16 +110,14 @@ func RunMemory(ctx context.Context, e *engine.Engine, store engine.ChunkStore, c
 	}
 	for wi, w := range cfg.Windows {
 		facts := Facts(cfg.Seed+uint64(wi)*104729, cfg.StoreFacts, cfg.FactTokens, vocab)
-		var before []uint32
-		for _, f := range facts {
-			ent, err := EncodeFact(ctx, e, system, before, w, f)
+		for i, f := range facts {
+			ent, err := EncodeFact(ctx, e, system, facts[:i], w, f)
 			if err != nil {
 				return nil, err
 			}
 			if err := store.Put(ctx, ent); err != nil {
 				return nil, err
 			}
-			before = append(before, f...)
 		}
 		r := rand.New(rand.NewPCG(cfg.Seed, uint64(wi)))
 		for _, k := range cfg.Ks {
@@ -155,22 +152,26 @@ func RunMemory(ctx context.Context, e *engine.Engine, store engine.ChunkStore, c
 
 // EncodeFact encodes fact as a memory store does when the conversation
 // produces it: after the system prompt (if any) and the last w tokens of
-// the conversation before it (conv), which is what precedes a fact in the
-// prompts that use it up to the order of the facts. The context says
-// exactly what it was encoded after: standalone for nothing, the prefix
-// chain of the system prompt for the system prompt alone (EXACT for a
-// fact right after it), else a window of the system prompt and conv's
-// tail.
-func EncodeFact(ctx context.Context, e *engine.Engine, system, conv []uint32, w int, fact []uint32) (*chunk.Entry, error) {
-	win := conv[max(0, len(conv)-max(w, 0)):]
-	switch {
-	case len(system) == 0 && len(win) == 0:
-		return e.EncodeStandalone(ctx, fact)
-	case len(win) == 0:
-		return e.EncodeAfterPrefix(ctx, [][]uint32{system}, fact)
-	case len(system) == 0:
-		return e.EncodeWindow(ctx, win, w, fact)
+// the conversation before it (conv, its chunks in order), which is what
+// precedes a fact in the prompts that use it up to the order of the facts.
+// The context says exactly what it was encoded after, as its one key:
+// standalone for nothing, the prefix chain of the system prompt and conv
+// when the window holds all of conv (EXACT for a fact right after them),
+// else a window of the system prompt and conv's tail.
+func EncodeFact(ctx context.Context, e *engine.Engine, system []uint32, conv [][]uint32, w int, fact []uint32) (*chunk.Entry, error) {
+	w = max(w, 0)
+	var all []uint32
+	for _, c := range conv {
+		all = append(all, c...)
 	}
-	before := append(append(make([]uint32, 0, len(system)+len(win)), system...), win...)
-	return e.EncodeWindow(ctx, before, len(before), fact)
+	switch {
+	case len(system) == 0:
+		return e.EncodeWindow(ctx, conv, w, fact)
+	case w == 0 || len(all) == 0:
+		return e.EncodeAfterPrefix(ctx, [][]uint32{system}, fact)
+	case len(all) <= w:
+		return e.EncodeAfterPrefix(ctx, append([][]uint32{system}, conv...), fact)
+	}
+	before := append(append(make([]uint32, 0, len(system)+w), system...), all[len(all)-w:]...)
+	return e.Encode(ctx, before, fact, chunk.WindowContext(e.Fingerprint(), len(before), before), engine.EncodeOptions{})
 }

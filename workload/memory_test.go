@@ -19,24 +19,29 @@ func TestEncodeFact(t *testing.T) {
 	e := tinyEngine(t)
 	fp := e.Fingerprint()
 	system := []uint32{1, 2, 3, 4}
-	conv := []uint32{10, 11, 12, 13, 14, 15, 16}
+	conv := [][]uint32{{10, 11}, {12, 13, 14}, {15, 16}}
 	fact := []uint32{20, 21, 22}
 	_, end := chunk.PrefixChain(fp, [][]uint32{system})
 	afterSystem := chunk.PrefixContext(end)
+	_, end = chunk.PrefixChain(fp, [][]uint32{system, conv[0]})
+	afterSystemAndConv := chunk.PrefixContext(end)
+	_, end = chunk.PrefixChain(fp, conv)
+	afterConv := chunk.PrefixContext(end)
 	tests := []struct {
 		name   string
 		system []uint32
-		conv   []uint32
+		conv   [][]uint32
 		w      int
 		want   chunk.Context
 	}{
 		{"standalone", nil, conv, 0, chunk.StandaloneContext()},
 		{"no conversation yet", nil, nil, 5, chunk.StandaloneContext()},
-		{"window", nil, conv, 3, chunk.WindowContext(fp, 3, conv[4:])},
+		{"window", nil, conv, 3, chunk.WindowContext(fp, 3, []uint32{14, 15, 16})},
+		{"window wider than conversation, no system", nil, conv, 9, afterConv},
 		{"system alone", system, conv, 0, afterSystem},
 		{"system, first fact", system, nil, 5, afterSystem},
-		{"system and window", system, conv, 3, chunk.WindowContext(fp, 7, append(append([]uint32{}, system...), conv[4:]...))},
-		{"window wider than conversation", system, conv[:2], 5, chunk.WindowContext(fp, 6, append(append([]uint32{}, system...), conv[:2]...))},
+		{"system and window", system, conv, 3, chunk.WindowContext(fp, 7, []uint32{1, 2, 3, 4, 14, 15, 16})},
+		{"window wider than conversation", system, conv[:1], 5, afterSystemAndConv},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -97,7 +102,7 @@ func BenchmarkApproxKinds(b *testing.B) {
 				system := randTokens(r, 32, vocab)
 				facts := Facts(99, 3*k, 24, vocab)
 				other := randTokens(r, 400, vocab)
-				sys, err := e.Encode(ctx, nil, system, chunk.PrefixContext(chunk.PrefixRoot(e.Fingerprint())), engine.EncodeOptions{})
+				sys, err := e.EncodeStandalone(ctx, system)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -111,10 +116,10 @@ func BenchmarkApproxKinds(b *testing.B) {
 					ents := make([]*chunk.Entry, len(kinds))
 					ents[0], err = e.EncodeStandalone(ctx, f)
 					if err == nil {
-						ents[1], err = e.EncodeWindow(ctx, win, 20, f)
+						ents[1], err = e.EncodeWindow(ctx, [][]uint32{win}, 20, f)
 					}
 					if err == nil {
-						ents[2], err = EncodeFact(ctx, e, system, win, 20, f)
+						ents[2], err = EncodeFact(ctx, e, system, [][]uint32{win}, 20, f)
 					}
 					segs := []engine.Segment{{Tokens: system, Chunk: true}}
 					for _, j := range r.Perm(len(facts))[:r.IntN(9)] {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/engine"
 )
 
@@ -88,15 +87,15 @@ type Ingest struct {
 }
 
 // IngestCorpus puts what a deployment holds before the first measured
-// request: the system prompt encoded at the start of a prompt (its prefix
-// chain is the root, so it is EXACT wherever a prompt starts with it), and
+// request: the system prompt encoded at the start of a prompt (alone: the
+// key of a chunk with nothing before it is standalone, so it is EXACT
+// wherever a prompt starts with it), and
 // every passage encoded once on its own when it was indexed. Passages are
 // stored standalone rather than windowed because a RAG passage has no fixed
 // neighbour: any window would be as wrong as none.
 func IngestCorpus(ctx context.Context, e *engine.Engine, store engine.ChunkSink, c *Corpus) (Ingest, error) {
 	var in Ingest
-	root := chunk.PrefixContext(chunk.PrefixRoot(e.Fingerprint()))
-	ent, err := e.Encode(ctx, nil, c.System, root, engine.EncodeOptions{})
+	ent, err := e.EncodeStandalone(ctx, c.System)
 	if err != nil {
 		return in, err
 	}

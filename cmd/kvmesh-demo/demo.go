@@ -353,11 +353,7 @@ func ingest(ctx context.Context, e *engine.Engine, c *client.Client, facts [][]u
 	defer tick.Stop()
 	var encErr error
 	for i, f := range facts {
-		var before []uint32
-		for j := i - 1; j >= 0 && len(before) < window; j-- {
-			before = append(slices.Clone(facts[j]), before...)
-		}
-		ent, err := e.EncodeWindow(ctx, before, window, f)
+		ent, err := e.EncodeWindow(ctx, facts[:i], window, f)
 		if err == nil {
 			var blob []byte
 			if blob, err = chunk.Encode(nil, ent, c.Codec()); err == nil {

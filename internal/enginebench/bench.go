@@ -160,12 +160,11 @@ func benchFacts(r *rand.Rand, n, tokens, vocab int) [][]uint32 {
 // storeStream encodes every fact of a stream, windowed (w > 0) or standalone
 // (w == 0), and puts it in store.
 func storeStream(ctx context.Context, e *engine.Engine, store engine.ChunkSink, facts [][]uint32, w int) error {
-	var before []uint32
-	for _, f := range facts {
+	for i, f := range facts {
 		var ent *chunk.Entry
 		var err error
 		if w > 0 {
-			ent, err = e.EncodeWindow(ctx, before, w, f)
+			ent, err = e.EncodeWindow(ctx, facts[:i], w, f)
 		} else {
 			ent, err = e.EncodeStandalone(ctx, f)
 		}
@@ -175,7 +174,6 @@ func storeStream(ctx context.Context, e *engine.Engine, store engine.ChunkSink, 
 		if err := store.Put(ctx, ent); err != nil {
 			return fmt.Errorf("enginebench: put: %w", err)
 		}
-		before = append(before, f...)
 	}
 	return nil
 }

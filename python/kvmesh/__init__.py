@@ -17,7 +17,7 @@ from .client import (Client, ClusterInfo, LookupItem, LookupResult, Match, PutRe
 from .entry import Codec, Entry, Header, Limits, Range, Shape, decode, decode_range, encode, parse_header, verify
 from .errors import (CorruptEntry, DeadlineExceeded, EntryError, InvalidArgument, KvmeshError, NoNodes, NotFound,
                      PermissionDenied, ResourceExhausted, Unavailable, UnknownModel)
-from .keys import (ID, Context, ContextKind, DType, Fingerprint, Key, ModelSpec, RopeScaling, RopeStyle, content_id,
-                   next_prefix, prefix_chain, prefix_context, prefix_root, standalone_context, window_context,
-                   window_id)
+from .keys import (ID, Context, ContextKind, DType, Fingerprint, Key, ModelSpec, RopeScaling, RopeStyle, canonical,
+                   check_key, content_id, next_prefix, prefix_chain, prefix_context, prefix_root, standalone_context,
+                   window_context, window_id, window_or_prefix)
 from .placement import Member, Ring

@@ -19,7 +19,7 @@ import numpy as np
 
 from . import huff0, quant
 from .errors import CorruptEntry, EntryTooLarge, InvalidEntry, UnsupportedEntry
-from .keys import ID, Context, ContextKind, DType, Key, xxh64
+from .keys import ID, Context, ContextKind, DType, Key, check_key, xxh64
 
 MAGIC = b"KVMC"
 VERSION = 1
@@ -170,6 +170,10 @@ def encode(e: Entry, codec: "Codec | str" = Codec.RAW) -> bytes:
     s = e.shape
     _check_shape(s, Limits(max_raw_bytes=1 << 62))
     kind = ContextKind(e.key.context.kind)
+    try:
+        check_key(e.key, e.tokens)
+    except ValueError as err:
+        raise InvalidEntry(f"key does not name the entry: {err}") from None
     kv = np.ascontiguousarray(e.kv).view(_np_dtype(e.dtype))
     layers = []
     for layer in range(s.layers):
@@ -245,6 +249,12 @@ def parse_header(blob: bytes, limits: Limits = DEFAULT_LIMITS) -> Header:
     if nxt != payload:
         raise CorruptEntry(f"layers cover {nxt} of {payload} payload bytes")
     tokens = np.frombuffer(blob, dtype="<u4", count=T, offset=_FIXED + _LAYER_REF * L).astype(np.uint32)
+    if any(blob[41:44]):
+        raise CorruptEntry("reserved header bytes 41..43 are not zero")
+    try:
+        check_key(key, tokens)
+    except ValueError as err:
+        raise CorruptEntry(f"key does not name the entry: {err}") from None
     return Header(key, codec, s, tuple(refs), tokens, checksum, head_len, len(blob))
 
 

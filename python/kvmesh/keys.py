@@ -249,8 +249,12 @@ def window_id(fp: Fingerprint, window_tokens) -> ID:
 
 
 def window_context(fp: Fingerprint, w: int, window_tokens) -> Context:
-    """The context of a chunk encoded after window_tokens (the at most w
-    tokens before it)."""
+    """The context of a chunk encoded after window_tokens, the last w tokens
+    before it. An empty window is the standalone context; a window that
+    holds every token before the chunk is its prefix encoding (use
+    window_or_prefix, which keys it so)."""
+    if len(window_tokens) == 0:
+        return standalone_context()
     return Context(ContextKind.WINDOW, w, window_id(fp, window_tokens))
 
 
@@ -259,6 +263,9 @@ def prefix_root(fp: Fingerprint) -> ID:
 
 
 def next_prefix(prev: ID, tokens) -> ID:
+    """The chain ID after one more chunk; an empty chunk leaves it as is."""
+    if len(tokens) == 0:
+        return prev
     return _lanes(prev.lo ^ _DOM_PREFIX[0], prev.hi ^ _DOM_PREFIX[1], tokens)
 
 
@@ -266,15 +273,58 @@ def prefix_context(prefix: ID) -> Context:
     return Context(ContextKind.PREFIX, 0, prefix)
 
 
+def canonical(fp: Fingerprint, c: Context) -> Context:
+    """The one key context of the computation c names (chunk.Canonical): a
+    chunk with nothing before it is standalone, however it is asked for
+    (the root of a prefix chain, a window of no tokens)."""
+    if (c.kind is ContextKind.PREFIX and c.window == 0 and c.id == prefix_root(fp)) or (
+            c.kind is ContextKind.WINDOW and c.id == window_id(fp, [])):
+        return standalone_context()
+    return c
+
+
 def prefix_chain(fp: Fingerprint, chunks: Iterable) -> "tuple[list[Context], ID]":
-    """The prefix context of each chunk of a prompt cut into chunks, and the
-    chain ID after the last one."""
-    p = prefix_root(fp)
+    """The context of each chunk of a prompt cut into chunks (standalone
+    while no token precedes it, else its prefix context), and the chain ID
+    after the last one."""
+    root = p = prefix_root(fp)
     out = []
     for c in chunks:
-        out.append(prefix_context(p))
+        out.append(standalone_context() if p == root else prefix_context(p))
         p = next_prefix(p, c)
     return out, p
+
+
+def window_or_prefix(fp: Fingerprint, w: int, before) -> Context:
+    """The key context of a chunk encoded after the last w tokens of before,
+    the chunks that precede it in its prompt (chunk.WindowOrPrefix): their
+    prefix context when the window holds all of them, else the window."""
+    before = [list(c) for c in before]
+    flat = [t for c in before for t in c]
+    if len(flat) <= w:
+        _, end = prefix_chain(fp, before)
+        return canonical(fp, prefix_context(end))
+    return window_context(fp, w, flat[len(flat) - w:])
+
+
+def check_key(key: "Key", tokens) -> None:
+    """Raises ValueError unless key names an entry holding tokens
+    (chunk.CheckKey): the content ID is the one tokens give, and the
+    context is canonical in form and the one key of its computation."""
+    c = key.context
+    if c.kind is ContextKind.STANDALONE and (c.window != 0 or not c.id.is_zero()):
+        raise ValueError(f"standalone context with ID {c.id} and window {c.window} (both must be zero)")
+    if c.kind is ContextKind.WINDOW and not 1 <= c.window <= MAX_WINDOW:
+        raise ValueError(f"window {c.window} out of range 1..{MAX_WINDOW}")
+    if c.kind is ContextKind.PREFIX and c.window != 0:
+        raise ValueError(f"prefix context with window {c.window} (must be zero)")
+    if canonical(key.fingerprint, c) != c:
+        raise ValueError(f"context {c} names the encoding of a chunk with nothing before it, which is keyed standalone")
+    if content_id(key.fingerprint, tokens) != key.content:
+        raise ValueError(f"content ID {key.content} is not the one the {len(tokens)} tokens give")
+
+
+MAX_WINDOW = 1 << 24
 
 
 @dataclasses.dataclass(frozen=True)

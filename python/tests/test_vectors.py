@@ -57,7 +57,7 @@ def test_keys_md_vectors():
         "ContentID(fp, t300), t300[i] = i*2654435761 mod 2^32, i < 300": kvmesh.content_id(fp, t300),
         "WindowID(fp, [11, 12, 13, 14]) (w = 4)": kvmesh.window_id(fp, [11, 12, 13, 14]),
         "WindowID(fp, [7, 8, 9]) (w = 20, near the prompt start)": kvmesh.window_id(fp, [7, 8, 9]),
-        "PrefixRoot(fp) = context of chunk 0": kvmesh.prefix_root(fp),
+        "PrefixRoot(fp) (seeds the chain; chunk 0's context is standalone)": kvmesh.prefix_root(fp),
     }
     ctxs, end = kvmesh.prefix_chain(fp, [[128000, 882, 25], [9906, 1917], [0, 1, 2, 3, 4]])
     got["after [128000, 882, 25] = context of chunk 1"] = ctxs[1].id
@@ -84,10 +84,22 @@ def test_go_specs_and_ids():
         if iv["what"] == "content":
             got = [kvmesh.content_id(fp, iv.get("tokens") or [])]
         elif iv["what"] == "window":
-            got = [kvmesh.window_context(fp, iv["w"], iv.get("tokens") or []).id]
-        else:
+            got = [kvmesh.window_id(fp, iv.get("tokens") or [])]
+        elif iv["what"] == "prefix_chain":
             ctxs, end = kvmesh.prefix_chain(fp, iv["chunks"])
             got = [c.id for c in ctxs] + [end]
+            assert [str(c) for c in ctxs] == iv["contexts"], iv
+        elif iv["what"] == "canonical":
+            c = iv["context"]
+            got = [kvmesh.keys.canonical(fp, Context(ContextKind(c["kind"]), c["window"], ID.parse(c["id"])))]
+            assert [str(g) for g in got] == iv["contexts"], iv
+            continue
+        elif iv["what"] == "window_or_prefix":
+            got = [kvmesh.keys.window_or_prefix(fp, iv.get("w", 0), iv.get("chunks") or [])]
+            assert [str(g) for g in got] == iv["contexts"], iv
+            continue
+        else:
+            raise AssertionError(f"unknown id vector {iv['what']!r}")
         assert [str(g) for g in got] == iv["ids"], iv
 
 
