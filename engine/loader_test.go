@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -332,4 +333,93 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("round trip: %v", err)
 		}
 	})
+}
+
+// TestQwen2BiasesApplied: transformers' Qwen2 applies q/k/v biases whatever
+// attention_bias says, so a Qwen2 checkpoint that holds them computes with
+// them even when its config.json says "attention_bias": false, exactly as
+// with true (never silently without them).
+func TestQwen2BiasesApplied(t *testing.T) {
+	ctx := t.Context()
+	c := variants()["qwen2-bias-tied"]
+	ts, err := RandomTensors(c, 5, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var engines [2]*Engine
+	for i, bias := range []bool{true, false} {
+		cf := c
+		cf.AttentionBias = bias
+		dir := t.TempDir()
+		if err := WriteModel(dir, cf, ts, 1); err != nil {
+			t.Fatal(err)
+		}
+		w, err := LoadWeights(dir)
+		if err != nil {
+			t.Fatalf("attention_bias %v: %v", bias, err)
+		}
+		if !w.Config.AttentionBias || w.layers[0].qBias == nil || w.layers[0].oBias != nil {
+			t.Fatalf("attention_bias %v: biases not applied (config %v, q bias %d values)", bias, w.Config.AttentionBias, len(w.layers[0].qBias))
+		}
+		if engines[i], err = New(w, Config{}); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { engines[i].Close() })
+	}
+	segs := []Segment{{Tokens: []uint32{1, 2, 3, 4, 5}}}
+	a, err := engines[0].Run(ctx, nil, Request{Segments: segs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := engines[1].Run(ctx, nil, Request{Segments: segs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := maxAbsDiff(a.Logits, b.Logits); d != 0 {
+		t.Fatalf("attention_bias false computes otherwise than true: max |dlogit| %g", d)
+	}
+}
+
+// TestUnusedTensorRefused: a checkpoint tensor the config does not use is
+// an error that names it, not a weight silently left out.
+func TestUnusedTensorRefused(t *testing.T) {
+	c := tinyConfig() // llama without biases
+	for name, extra := range map[string]string{
+		"a llama bias with attention_bias false": "model.layers.1.self_attn.q_proj.bias",
+		"an mlp bias":                            "model.layers.0.mlp.up_proj.bias",
+		"a q norm without qk norm":               "model.layers.3.self_attn.q_norm.weight",
+		"an unknown tensor":                      "model.extra.weight",
+	} {
+		t.Run(name, func(t *testing.T) {
+			ts, err := RandomTensors(c, 1, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts[extra] = &Tensor{DType: chunk.F32, Shape: []int{c.HeadDim}, Data: make([]float32, c.HeadDim)}
+			dir := t.TempDir()
+			if err := WriteModel(dir, c, ts, 1); err != nil {
+				t.Fatal(err)
+			}
+			_, err = LoadWeights(dir)
+			if !errors.Is(err, ErrInvalidModel) || !strings.Contains(err.Error(), `"`+extra+`"`) {
+				t.Fatalf("load with %s: %v, want ErrInvalidModel naming it", extra, err)
+			}
+		})
+	}
+	// What transformers ignores on load is ignored: RoPE buffers, and an
+	// lm_head equal to the tied embeddings.
+	q := variants()["qwen2-bias-tied"]
+	ts, err := RandomTensors(q, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts["model.layers.0.self_attn.rotary_emb.inv_freq"] = &Tensor{DType: chunk.F32, Shape: []int{q.HeadDim / 2}, Data: make([]float32, q.HeadDim/2)}
+	ts["lm_head.weight"] = ts["model.embed_tokens.weight"]
+	dir := t.TempDir()
+	if err := WriteModel(dir, q, ts, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadWeights(dir); err != nil {
+		t.Fatalf("load with ignorable tensors: %v", err)
+	}
 }

@@ -7,7 +7,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/kvmesh/kvmesh/chunk"
@@ -74,11 +76,28 @@ func tensorShapes(c ModelConfig) map[string][]int {
 
 // NewWeights checks tensors against the config and builds the model. It
 // keeps the tensors' slices (no copy).
+//
+// Every tensor of the checkpoint is used or refused, never dropped: a
+// model whose weights the engine would not apply computes other KV than
+// the model it claims to be. Qwen2 applies q/k/v biases whatever
+// attention_bias says (as transformers' Qwen2 does), so a Qwen2 checkpoint
+// that holds them uses them; any other tensor the config does not use is
+// an error naming it. The exceptions are tensors transformers itself
+// ignores on load: rotary_emb.inv_freq buffers, and an lm_head.weight
+// equal to the tied embeddings.
 func NewWeights(c ModelConfig, tensors map[string]*Tensor) (*Weights, error) {
 	if err := checkModel(c); err != nil {
 		return nil, err
 	}
+	if alwaysQKVBias(c) && !c.AttentionBias {
+		if _, ok := tensors["model.layers.0.self_attn.q_proj.bias"]; ok {
+			c.AttentionBias = true
+		}
+	}
 	shapes := tensorShapes(c)
+	if err := checkUnused(tensors, shapes); err != nil {
+		return nil, err
+	}
 	get := func(name string) ([]float32, error) {
 		t, ok := tensors[name]
 		if !ok {
@@ -139,6 +158,38 @@ func NewWeights(c ModelConfig, tensors map[string]*Tensor) (*Weights, error) {
 	}
 	w.Revision = weightsRevision(tensors)
 	return w, nil
+}
+
+// alwaysQKVBias reports whether the family's attention always has q, k
+// and v biases in transformers, whatever attention_bias says.
+func alwaysQKVBias(c ModelConfig) bool { return c.ModelType == "qwen2" || c.ModelType == "qwen2_moe" }
+
+// checkUnused refuses a tensor of the checkpoint that the config does not
+// use (shapes: the tensors it does), naming it.
+func checkUnused(tensors map[string]*Tensor, shapes map[string][]int) error {
+	names := make([]string, 0, len(tensors))
+	for n := range tensors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		switch {
+		case shapes[n] != nil:
+		case strings.HasSuffix(n, ".rotary_emb.inv_freq"):
+			// A buffer older checkpoints saved; RoPE is computed from the
+			// config, as transformers does.
+		case n == "lm_head.weight" && tiedCopy(tensors[n], tensors["model.embed_tokens.weight"]):
+			// Tied embeddings saved twice: the same values.
+		default:
+			return fmt.Errorf("%w: checkpoint tensor %q is not used by the model's config (the engine would compute without it)", ErrInvalidModel, n)
+		}
+	}
+	return nil
+}
+
+// tiedCopy reports whether a holds the same shape and values as b.
+func tiedCopy(a, b *Tensor) bool {
+	return a != nil && b != nil && slices.Equal(a.Shape, b.Shape) && slices.Equal(a.Data, b.Data)
 }
 
 // weightsRevision hashes names, shapes and float32 bits in name order.
