@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
 )
@@ -194,6 +195,68 @@ func TestJoinUnreachable(t *testing.T) {
 		t.Fatalf("stdout %q: want listening, never ready", out)
 	}
 	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fieldOf returns the value of key=VALUE in the first line of out that
+// starts with prefix ("" if none).
+func fieldOf(out, prefix, key string) string {
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, prefix) {
+			continue
+		}
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, key+"="); ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+// TestDrainedDaemonExits: once a drain has taken its node out of the
+// cluster, Run returns nil by itself (kvmeshd exits 0), while the other
+// node keeps running.
+func TestDrainedDaemonExits(t *testing.T) {
+	testutil.SkipIfShort(t, "a two-node cluster and a drain")
+	common := []string{"-grpc", "127.0.0.1:0", "-http", "off", "-local-timing", "-dram", "16M", "-disk", "0", "-log-level", "error", "-insecure"}
+	out1, _, stop1 := runDaemon(t, append([]string{"-id", "d1", "-data-dir", t.TempDir(), "-bootstrap-expect", "2"}, common...)...)
+	testutil.WaitFor(t, "d1 listening", func() bool { return fieldOf(out1.String(), "kvmeshd listening", "gossip") != "" })
+	seed := fieldOf(out1.String(), "kvmeshd listening", "gossip")
+
+	ctx, cancel := context.WithCancel(t.Context())
+	out2 := new(lockedBuffer)
+	done := make(chan error, 1)
+	go func() {
+		done <- Run(ctx, append([]string{"-id", "d2", "-data-dir", t.TempDir(), "-bootstrap-expect", "2", "-join", seed}, common...), out2, io.Discard)
+	}()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	testutil.WaitFor(t, "both ready", func() bool {
+		return strings.Contains(out1.String(), "kvmeshd ready") && strings.Contains(out2.String(), "kvmeshd ready")
+	})
+	c, err := client.New(t.Context(), client.Config{Seeds: []string{fieldOf(out1.String(), "kvmeshd ready", "grpc")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	last, err := c.Drain(t.Context(), fieldOf(out2.String(), "kvmeshd ready", "grpc"), false, nil)
+	if err != nil || !last.Left {
+		t.Fatalf("drain of d2: %v, %v", last, err)
+	}
+	select {
+	case err := <-done:
+		done <- err // for the deferred wait
+		if err != nil || ExitCode(err) != ExitOK {
+			t.Fatalf("d2's Run after its drain: %v (exit %d), want nil (exit 0)", err, ExitCode(err))
+		}
+	case <-time.After(testutil.WaitTimeout):
+		t.Fatal("d2 still runs after it left the cluster")
+	}
+	if err := stop1(); err != nil {
 		t.Fatal(err)
 	}
 }
