@@ -518,6 +518,15 @@ func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScra
 				c.dequantRow(dst[t*rowBytes:(t+1)*rowBytes], codes[t*g.chans:(t+1)*g.chans], s.zero32[:g.chans], s.scale32[:g.chans])
 			}
 			continue
+		case c.kind == quantFP8 && c.fp8FastRow(s.scale[:g.chans], s.scale32[:g.chans]):
+			for t := t0; t < t1; t++ {
+				q := codes[t*g.chans : (t+1)*g.chans]
+				if err := fp8Check(q); err != nil {
+					return err
+				}
+				fp8Row(dst[t*rowBytes:(t+1)*rowBytes], q, lut, s.scale32[:g.chans], c.dt)
+			}
+			continue
 		}
 		for t := t0; t < t1; t++ {
 			q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
@@ -592,12 +601,16 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 				gi++
 				a, b := h*g.dim+d0, h*g.dim+min(d0+quantGroupDims, g.dim)
 				out, qg := row[a:b], q[a:b]
+				if sc, ok := c.fp8Fast(scale); ok {
+					fp8Group(dst[t*rowBytes+a*es:t*rowBytes+b*es], qg, lut, sc, c.dt)
+					continue
+				}
 				for i, b := range qg {
 					out[i] = clampF32(float64(lut[b])*scale, lim)
 				}
+				fromF32(dst[t*rowBytes+a*es:t*rowBytes+b*es], out, c.dt)
 			}
 		}
-		fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
 	}
 	return nil
 }
@@ -668,6 +681,85 @@ func (c quantCodec) dequantGroup(out, q []byte, zero, scale, lim float64, s *qua
 		row[i] = clampF32(zero+float64(b)*scale, lim)
 	}
 	fromF32(out, row, c.dt)
+}
+
+// fp8 fast paths. The reference output of code b is
+// clampF32(float64(lut[b])*scale, lim) narrowed into the dtype. For bf16
+// and f16 entries the scale is a value of the 16-bit dtype (at most 11
+// significant bits) and an e4m3 value has 4, so their product is exact in
+// float32 unless it overflows, and a float32 product below the normal
+// range rounds once, as float32(float64 product) does. fp8Fast admits a
+// scale whose largest output, 448*scale, is at most lim: then no code
+// overflows or needs the clamp, and the float32 product is the reference
+// value.
+
+// fp8Fast returns scale in float32 and whether the float32 path computes
+// the reference result for every code of a group with that scale.
+func (c quantCodec) fp8Fast(scale float64) (float32, bool) {
+	if c.dt == F32 || !(scale*FP8E4M3Max <= maxFinite(c.dt)) {
+		return 0, false
+	}
+	return float32(scale), true
+}
+
+// fp8FastRow is fp8Fast for every channel's scale, into s32.
+func (c quantCodec) fp8FastRow(scale []float64, s32 []float32) bool {
+	s32 = s32[:len(scale)]
+	for i, sc := range scale {
+		v, ok := c.fp8Fast(sc)
+		if !ok {
+			return false
+		}
+		s32[i] = v
+	}
+	return true
+}
+
+// fp8Group writes the outputs of codes q sharing scale sc (fp8Fast
+// admitted) into out, 16-bit dtype elements.
+func fp8Group(out, q []byte, lut *[256]float32, sc float32, dt DType) {
+	out = out[:2*len(q)]
+	if dt == BF16 {
+		for len(q) >= 4 {
+			o := out[:8]
+			binary.LittleEndian.PutUint64(o, uint64(bf16Bits(lut[q[0]]*sc))|uint64(bf16Bits(lut[q[1]]*sc))<<16|
+				uint64(bf16Bits(lut[q[2]]*sc))<<32|uint64(bf16Bits(lut[q[3]]*sc))<<48)
+			out, q = out[8:], q[4:]
+		}
+		for i, b := range q {
+			binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(lut[b]*sc))
+		}
+		return
+	}
+	for i, b := range q {
+		v := lut[b] * sc
+		h, ok := halfNormal(v)
+		if !ok {
+			h = F32ToF16(v)
+		}
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+	}
+}
+
+// fp8Row writes a key row of codes q with per-channel scales (fp8Fast
+// admitted each) into out.
+func fp8Row(out, q []byte, lut *[256]float32, scale []float32, dt DType) {
+	out = out[:2*len(q)]
+	scale = scale[:len(q)]
+	if dt == BF16 {
+		for i, b := range q {
+			binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(lut[b]*scale[i]))
+		}
+		return
+	}
+	for i, b := range q {
+		v := lut[b] * scale[i]
+		h, ok := halfNormal(v)
+		if !ok {
+			h = F32ToF16(v)
+		}
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+	}
 }
 
 // dequantRow writes a key row of int8 codes with per-channel parameters
@@ -810,6 +902,16 @@ func clampF32(v, lim float64) float32 {
 
 // fp8Check rejects the e4m3 NaN codes, which the encoder never writes.
 func fp8Check(q []byte) error {
+	// Eight codes at a time: a byte of x is zero where the code's low
+	// seven bits are all set.
+	const ones, highs = 0x0101_0101_0101_0101, 0x8080_8080_8080_8080
+	for len(q) >= 8 {
+		x := binary.LittleEndian.Uint64(q) & ^uint64(highs) ^ (0x7f * ones)
+		if (x-ones)&^x&highs != 0 {
+			return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
+		}
+		q = q[8:]
+	}
 	for _, b := range q {
 		if b&0x7f == 0x7f {
 			return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
