@@ -145,12 +145,33 @@ func Transcode(blob []byte, to Codec, lim Limits) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	return TranscodeParsed(blob, &hd, to)
+}
+
+// TranscodeParsed is Transcode of a blob whose header hd was parsed
+// already (ParseHeader or Verify). It goes a layer at a time: each layer's
+// checksum is checked as it is decoded into one layer of scratch, and the
+// entry is never held decoded whole.
+func TranscodeParsed(blob []byte, hd *Header, to Codec) ([]byte, error) {
 	if StoredCodec(hd.Codec, to) == hd.Codec {
 		return blob, nil
 	}
-	e, err := Decode(blob, lim)
-	if err != nil {
+	if err := hd.Codec.check(hd.Shape.DType); err != nil {
 		return nil, err
 	}
-	return Encode(nil, e, to)
+	sh := hd.Shape
+	raw := make([]byte, sh.LayerBytes())
+	// Room for the raw size: no codec's output is much larger, so the
+	// result is not copied as it grows.
+	dst := make([]byte, 0, hd.PayloadStart+sh.RawBytes()+sh.RawBytes()/64)
+	return encodeLayers(dst, hd.Key, hd.Tokens, sh, to, func(l int) ([]byte, error) {
+		p, err := hd.LayerPayload(blob, l)
+		if err != nil {
+			return nil, err
+		}
+		if err := hd.Codec.decodeLayer(sh.DType, raw, p, sh); err != nil {
+			return nil, fmt.Errorf("layer %d: %w", l, err)
+		}
+		return raw, nil
+	})
 }

@@ -171,11 +171,17 @@ func Encode(dst []byte, e *Entry, c Codec) ([]byte, error) {
 	if err := e.Validate(); err != nil {
 		return dst, err
 	}
-	lc, err := c.impl(e.DType)
+	lb := e.Shape().LayerBytes()
+	return encodeLayers(dst, e.Key, e.Tokens, e.Shape(), c, func(l int) ([]byte, error) { return e.KV[l*lb : (l+1)*lb], nil })
+}
+
+// encodeLayers appends the entry of a valid key, tokens and shape whose
+// raw layer l is layer(l) (read before the next call) to dst.
+func encodeLayers(dst []byte, key Key, tokens []uint32, sh Shape, c Codec, layer func(l int) ([]byte, error)) ([]byte, error) {
+	lc, err := c.impl(sh.DType)
 	if err != nil {
 		return dst, err
 	}
-	sh := e.Shape()
 	start := len(dst)
 	headerLen := fixedHeaderBytes + layerRefBytes*sh.Layers + 4*sh.Tokens + 8
 	dst = append(dst, make([]byte, headerLen)...)
@@ -183,25 +189,28 @@ func Encode(dst []byte, e *Entry, c Codec) ([]byte, error) {
 	copy(h, Magic)
 	binary.LittleEndian.PutUint16(h[4:], Version)
 	h[6] = byte(c)
-	h[7] = byte(e.DType)
-	putID(h[8:], ID(e.Key.Fingerprint))
-	putID(h[24:], e.Key.Content)
-	h[40] = byte(e.Key.Context.Kind)
-	binary.LittleEndian.PutUint32(h[44:], e.Key.Context.Window)
-	putID(h[48:], e.Key.Context.ID)
+	h[7] = byte(sh.DType)
+	putID(h[8:], ID(key.Fingerprint))
+	putID(h[24:], key.Content)
+	h[40] = byte(key.Context.Kind)
+	binary.LittleEndian.PutUint32(h[44:], key.Context.Window)
+	putID(h[48:], key.Context.ID)
 	binary.LittleEndian.PutUint32(h[64:], uint32(sh.Tokens))
 	binary.LittleEndian.PutUint32(h[68:], uint32(sh.Layers))
 	binary.LittleEndian.PutUint32(h[72:], uint32(sh.KVHeads))
 	binary.LittleEndian.PutUint32(h[76:], uint32(sh.HeadDim))
 	tok := h[fixedHeaderBytes+layerRefBytes*sh.Layers:]
-	for i, t := range e.Tokens {
+	for i, t := range tokens {
 		binary.LittleEndian.PutUint32(tok[4*i:], t)
 	}
-	lb := sh.LayerBytes()
 	payloadStart := len(dst)
 	for l := 0; l < sh.Layers; l++ {
+		raw, err := layer(l)
+		if err != nil {
+			return dst[:start], err
+		}
 		off := len(dst)
-		dst, err = lc.encode(dst, e.KV[l*lb:(l+1)*lb], sh)
+		dst, err = lc.encode(dst, raw, sh)
 		if err != nil {
 			return dst[:start], err
 		}
