@@ -103,26 +103,84 @@ func RecvBody(r MsgReceiver, dst []byte) error {
 // sent, so a header announcing a large body reserves nothing by itself.
 // Errors are RecvBody's.
 func RecvBodyGrow(r MsgReceiver, total, initial int) ([]byte, error) {
-	buf := make([]byte, 0, min(total, max(initial, 0)))
+	return (*BodyPool)(nil).RecvBody(r, total, initial)
+}
+
+// BodyPool recycles body buffers in power-of-two size classes, so that a
+// node receiving entries does not allocate (and fault in, and clear) a
+// fresh buffer of the entry's size per request. The nil *BodyPool
+// allocates and recycles nothing. Safe for concurrent use.
+type BodyPool struct {
+	classes [bodyClasses]sync.Pool
+}
+
+// Size classes: 64 KiB << i. Larger buffers are allocated and dropped.
+const (
+	bodyMinShift = 16
+	bodyClasses  = 11 // up to 64 MiB
+)
+
+func bodyClass(n int) int {
+	c := 0
+	for n > 1<<(bodyMinShift+c) {
+		c++
+	}
+	return c
+}
+
+// Get returns a buffer of length 0 and capacity at least n.
+func (p *BodyPool) Get(n int) []byte {
+	if p != nil {
+		if c := bodyClass(n); c < bodyClasses {
+			if b, ok := p.classes[c].Get().(*[]byte); ok {
+				return (*b)[:0]
+			}
+			return make([]byte, 0, 1<<(bodyMinShift+c))
+		}
+	}
+	return make([]byte, 0, n)
+}
+
+// Put recycles b, which nothing may use afterwards. Buffers not from Get
+// (a capacity that is not a size class) are dropped.
+func (p *BodyPool) Put(b []byte) {
+	if p == nil {
+		return
+	}
+	c := bodyClass(cap(b))
+	if c < bodyClasses && cap(b) == 1<<(bodyMinShift+c) {
+		b = b[:0]
+		p.classes[c].Put(&b)
+	}
+}
+
+// RecvBody is RecvBodyGrow with buffers from p: the returned buffer goes
+// back with Put once its holders are done with it.
+func (p *BodyPool) RecvBody(r MsgReceiver, total, initial int) ([]byte, error) {
+	buf := p.Get(min(total, max(initial, 0)))
 	for len(buf) < total {
 		var f Frame
 		if err := r.RecvMsg(&f); err != nil {
+			p.Put(buf)
 			if errors.Is(err, io.EOF) {
 				return nil, fmt.Errorf("%w: %d of %d bytes", ErrShortBody, len(buf), total)
 			}
 			return nil, err
 		}
 		if f.IsHeader {
+			p.Put(buf)
 			return nil, fmt.Errorf("%w: header frame inside a body", ErrFrame)
 		}
 		n := f.Data.Len()
 		if n > total-len(buf) {
 			f.Data.Free()
+			p.Put(buf)
 			return nil, fmt.Errorf("%w: %d bytes past %d", ErrLongBody, n-(total-len(buf)), total)
 		}
 		if cap(buf)-len(buf) < n {
-			nb := make([]byte, len(buf), min(total, max(2*cap(buf), len(buf)+n)))
+			nb := p.Get(min(total, max(2*cap(buf), len(buf)+n)))[:len(buf)]
 			copy(nb, buf)
+			p.Put(buf)
 			buf = nb
 		}
 		buf = buf[:len(buf)+n]

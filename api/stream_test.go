@@ -69,8 +69,44 @@ func TestRecvBodyGrow(t *testing.T) {
 			if err == nil && cap(got) > tc.total {
 				t.Fatalf("capacity %d beyond the total %d", cap(got), tc.total)
 			}
+			// The same from a pool: the same bytes and errors, in a
+			// buffer of a size class.
+			var pool BodyPool
+			in = tc.in
+			got, perr := pool.RecvBody(&in, tc.total, tc.initial)
+			if !errors.Is(perr, tc.err) || (tc.err == nil) != (perr == nil) {
+				t.Fatalf("pooled: err %v, want %v", perr, tc.err)
+			}
+			if perr == nil && !bytes.Equal(got, body[:tc.total]) {
+				t.Fatal("pooled: body differs")
+			}
 		})
 	}
+}
+
+// TestBodyPoolRecycles: a buffer put back is the next one of its size
+// class, and capacities are size classes.
+func TestBodyPoolRecycles(t *testing.T) {
+	var p BodyPool
+	b := p.Get(100 << 10)
+	if cap(b) != 128<<10 || len(b) != 0 {
+		t.Fatalf("len %d cap %d, want 0 and 128 KiB", len(b), cap(b))
+	}
+	b = append(b, 1)
+	p.Put(b)
+	var reused bool
+	for range 10 { // sync.Pool may drop an item; it keeps most
+		c := p.Get(70 << 10)
+		reused = reused || &c[:1][0] == &b[0]
+		p.Put(c)
+	}
+	if !reused {
+		t.Fatal("a recycled buffer was never handed out again")
+	}
+	if got := cap(p.Get(200 << 20)); got != 200<<20 {
+		t.Fatalf("over the largest class: cap %d", got)
+	}
+	p.Put(make([]byte, 0, 100<<10)) // not a size class: dropped
 }
 
 // TestRecvBodyGrowHeaderReservesNothing: a header announcing a 1 TiB

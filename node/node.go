@@ -192,6 +192,8 @@ type Node struct {
 	gossip *gossip.Gossip
 	peers  *peerPool
 	repl   *replication.Replicator
+	// bodies recycles the buffers Put and Replicate receive entries into.
+	bodies api.BodyPool
 	bg     *background // meta watch, gossip events; started last, stopped first
 	drain  drainState
 	rec    recovery  // set by the background recovery (recovery.go)

@@ -89,10 +89,18 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	}
 	// Room for the announced size only as data arrives (beyond
 	// putUpfrontBytes): a header alone must not reserve MaxBlobBytes.
-	blob, err := api.RecvBodyGrow(st, int(hdr.BlobBytes), putUpfrontBytes)
+	blob, err := n.bodies.RecvBody(st, int(hdr.BlobBytes), putUpfrontBytes)
 	if err != nil {
 		return err
 	}
+	// The buffer goes back to the pool when this call returns, unless a
+	// replica write still uses it (then WriteOwned recycles it).
+	recycle := true
+	defer func() {
+		if recycle {
+			n.bodies.Put(blob)
+		}
+	}()
 	var extra api.Frame
 	if err := st.RecvMsg(&extra); !errors.Is(err, io.EOF) {
 		extra.Data.Free()
@@ -134,16 +142,23 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	// stored bytes unchanged (direct puts above are such moves). The same
 	// entry sent in raw or in lossless becomes the same bytes, so a re-put
 	// from a client in another codec finds its bytes already stored.
+	stored := blob
 	if to := chunk.StoredCodec(hd.Codec, set.Codec); to != hd.Codec {
-		if blob, err = chunk.Transcode(blob, to, n.cfg.Limits); err != nil {
+		if stored, err = chunk.TranscodeParsed(blob, &hd, to); err != nil {
 			return invalid(err)
 		}
-		if hd, err = chunk.ParseHeader(blob, n.cfg.Limits); err != nil {
+		if hd, err = chunk.ParseHeader(stored, n.cfg.Limits); err != nil {
 			return err
 		}
 		n.metrics.transcoded.WithLabelValues(to.String()).Inc()
 	}
-	res, err := n.repl.Write(ctx, blob)
+	var release func()
+	if &stored[0] == &blob[0] {
+		// Replica writes may outlive this call: they recycle the buffer.
+		recycle = false
+		release = func() { n.bodies.Put(blob) }
+	}
+	res, err := n.repl.WriteOwned(ctx, stored, release)
 	if err != nil {
 		return err
 	}

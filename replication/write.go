@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -36,6 +37,14 @@ func (w WriteResult) AlreadyStored() bool { return w.Kept != w.Checksum }
 // gets a hint on this node. With fewer than W acknowledgements the error
 // wraps ErrQuorum (the replicas that did store the chunk keep it).
 func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error) {
+	return r.WriteOwned(ctx, blob, nil)
+}
+
+// WriteOwned is Write for a caller that recycles blob: release (unless
+// nil) is called once no replica write uses blob any more, when every one
+// of them succeeded. After a failure it is not called: a transport may
+// still read a failed stream's bytes, so blob is left to the collector.
+func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()) (WriteResult, error) {
 	r.serving.begin()
 	defer r.serving.end()
 	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
@@ -61,12 +70,24 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 	if !r.track(len(reps)) {
 		return res, ErrClosed
 	}
+	var left atomic.Int32
+	var failed atomic.Bool
+	left.Store(int32(len(reps)))
 	for _, m := range reps {
 		go func() {
 			defer r.wg.Done()
+			var a ack
+			defer func() {
+				if a.err != nil {
+					failed.Store(true)
+				}
+				if left.Add(-1) == 0 && release != nil && !failed.Load() {
+					release()
+				}
+			}()
 			ctx, cancel := r.background()
 			defer cancel()
-			a := ack{node: m.ID}
+			a = ack{node: m.ID}
 			if m.ID == r.cfg.NodeID {
 				a.kept, a.err = r.storeLocal(ctx, blob, hd.Key, opts)
 			} else {
