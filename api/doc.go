@@ -25,3 +25,13 @@ const EpochHeader = "kvmesh-epoch"
 // up with the leader's and its startup pull has finished). SplitState
 // reads it.
 const StateHeader = "kvmesh-state"
+
+// ErrorDomain is the domain of the errdetails.ErrorInfo a node attaches
+// to a status whose reason a client branches on.
+const ErrorDomain = "kvmesh"
+
+// ReasonUnknownModel is the ErrorInfo reason of the FailedPrecondition a
+// node answers for a model fingerprint its metadata does not hold. Its
+// metadata may lag the leader's (a model registered a moment ago through
+// another node), so a client asks another replica before giving up.
+const ReasonUnknownModel = "UNKNOWN_MODEL"

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -104,6 +105,10 @@ func toStatus(err error) error {
 		code = codes.InvalidArgument
 	case errors.Is(err, replication.ErrNoRoom):
 		code = codes.ResourceExhausted
+	case errors.Is(err, replication.ErrRecovering), errors.Is(err, replication.ErrUnavailable):
+		// A miss that a replica with the key could still answer: the
+		// client tries another node.
+		code = codes.Unavailable
 	case errors.Is(err, kvtier.ErrNotFound), errors.Is(err, replication.ErrNotFound):
 		code = codes.NotFound
 	case errors.Is(err, kvtier.ErrConflict), errors.Is(err, replication.ErrConflict):
@@ -128,8 +133,14 @@ func toStatus(err error) error {
 
 // errUnknownModel is the FailedPrecondition answer for a fingerprint the
 // cluster has not registered.
+// It carries the reason api.ReasonUnknownModel: a client asks another
+// replica, whose metadata may be fresher, before giving up.
 func errUnknownModel(fp chunk.Fingerprint) error {
-	return status.Errorf(codes.FailedPrecondition, "unknown model fingerprint %s: register the model first", fp)
+	st := status.Newf(codes.FailedPrecondition, "unknown model fingerprint %s: register the model first", fp)
+	if d, err := st.WithDetails(&errdetails.ErrorInfo{Reason: api.ReasonUnknownModel, Domain: api.ErrorDomain}); err == nil {
+		st = d
+	}
+	return st.Err()
 }
 
 // EpochHeader is the response header that carries the ring epoch the

@@ -33,6 +33,7 @@ var replRefusals = []struct {
 	{replication.ErrNoRoom, codes.ResourceExhausted, "NO_ROOM"},
 	{replication.ErrBusy, codes.ResourceExhausted, "BUSY"},
 	{replication.ErrRejected, codes.InvalidArgument, "REJECTED"},
+	{replication.ErrRecovering, codes.Unavailable, "RECOVERING"},
 	{replication.ErrNotFound, codes.NotFound, "NOT_FOUND"},
 	{replication.ErrEpochMismatch, codes.Aborted, "EPOCH_MISMATCH"},
 }
@@ -40,7 +41,7 @@ var replRefusals = []struct {
 // replToStatus turns an error of a replication Serve* method into the
 // gRPC status a Peer handler returns: tombstoned -> FailedPrecondition, no
 // room and busy -> ResourceExhausted, other refusals -> InvalidArgument,
-// not found -> NotFound, epoch mismatch -> Aborted, each with its reason.
+// a recovering node's miss -> Unavailable, not found -> NotFound, epoch mismatch -> Aborted, each with its reason.
 // A status passes through unchanged (unless it wraps a refusal or an
 // absence), and anything else keeps its error (gRPC answers Unknown, which
 // the sender treats as "unreachable, retry").
@@ -68,7 +69,7 @@ func replToStatus(err error) error {
 // sentinels, for the node's replication.Transport: the reason of a
 // replication refusal names its sentinel (refusals wrap ErrRejected as
 // well; a busy receiver's push-back wraps ErrBusy alone: send again
-// later). A status without one (the guard's, the interceptor's) goes by
+// later; a recovering node's miss wraps ErrRecovering and ErrNotFound). A status without one (the guard's, the interceptor's) goes by
 // its code: PermissionDenied, FailedPrecondition, ResourceExhausted,
 // InvalidArgument, AlreadyExists, DataLoss and OutOfRange are refusals,
 // NotFound is ErrNotFound, Aborted ErrEpochMismatch. Unavailable,
@@ -91,6 +92,8 @@ func replFromStatus(err error) error {
 		return fmt.Errorf("%w: %w", replication.ErrBusy, err) // not a refusal
 	case "REJECTED":
 		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
+	case "RECOVERING":
+		return fmt.Errorf("%w: %w: %w", replication.ErrRecovering, replication.ErrNotFound, err)
 	case "NOT_FOUND":
 		return fmt.Errorf("%w: %w", replication.ErrNotFound, err)
 	case "EPOCH_MISMATCH":

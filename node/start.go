@@ -263,6 +263,7 @@ func (n *Node) startReplication(context.Context) error {
 	rcfg.DataDir = filepath.Join(cfg.DataDir, "replication")
 	rcfg.Limits = cfg.Limits
 	rcfg.Logger = n.log
+	rcfg.Recovering = func() bool { return n.recovering() != nil }
 	if rcfg.CallTimeout == 0 {
 		rcfg.CallTimeout = cfg.RPCTimeout
 	}

@@ -148,6 +148,76 @@ type AntiEntropyStats struct {
 	// from a peer because this node lacked them.
 	Pulled      int
 	BytesPulled int64
+	// UnderW and UnderR count the keys this node holds (and replicates)
+	// that have fewer than W, or fewer than R, copies on their replicas
+	// after the round's repairs (a plain round only; see copies.count).
+	UnderW, UnderR int
+}
+
+// copies records, during an anti-entropy round, which peers are known
+// to hold the keys this node holds: a peer holds a shared key unless its
+// digest failed or it was found lacking the key and not sent it. A peer
+// that is refilling after a restart lists only what it has, so an empty
+// replica never counts as a copy.
+type copies struct {
+	peers  map[string]int
+	failed []bool
+	lacks  []map[chunk.Key]bool
+}
+
+func newCopies(peers []string) *copies {
+	c := &copies{peers: make(map[string]int, len(peers)), failed: make([]bool, len(peers)), lacks: make([]map[chunk.Key]bool, len(peers))}
+	for j, p := range peers {
+		c.peers[p] = j
+		c.lacks[j] = make(map[chunk.Key]bool)
+	}
+	return c
+}
+
+// count returns how many live keys held here have fewer than w and
+// fewer than n copies on their replicas. A key is counted by its first
+// holder in ring order only (this node, when no replica ranked above it
+// holds the key), so the sum over the nodes' last rounds counts each key
+// once when their views agree.
+func (c *copies) count(rg *ring.Ring, self string, n, w int, iter func(func(DigestItem) bool)) (underW, underR int) {
+	var buf [8]ring.Member
+	reps := buf[:0]
+	iter(func(it DigestItem) bool {
+		if it.Deleted {
+			return true
+		}
+		reps = rg.AppendReplicas(reps[:0], it.Key.Content, n)
+		if !isMember(reps, self) {
+			return true
+		}
+		holders, first, seenSelf := 0, true, false
+		for _, m := range reps {
+			if m.ID == self {
+				holders++
+				seenSelf = true
+				continue
+			}
+			j, ok := c.peers[m.ID]
+			if !ok || c.failed[j] || c.lacks[j][it.Key] {
+				continue
+			}
+			holders++
+			if !seenSelf {
+				first = false
+			}
+		}
+		if !first {
+			return true
+		}
+		if holders < w {
+			underW++
+		}
+		if holders < min(n, len(reps)) {
+			underR++
+		}
+		return true
+	})
+	return underW, underR
 }
 
 // AntiEntropy runs one round: with every other member of the ring it
@@ -187,16 +257,26 @@ func (r *Replicator) antiEntropy(ctx context.Context, pull bool) (AntiEntropySta
 	}
 	ps := newPairSet(rg, self, peers, n)
 	tables := ps.tables(r.localItems)
+	cp := newCopies(peers)
 	var errs []error
 	for j, p := range peers {
 		if ctx.Err() != nil {
 			return st, ctx.Err()
 		}
-		if err := r.syncPeer(ctx, ps, j, tables[j], pull, &st); err != nil {
+		if err := r.syncPeer(ctx, ps, j, tables[j], pull, &st, cp); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+			cp.failed[j] = true
 			continue
 		}
 		st.Peers++
+	}
+	if !pull {
+		// A pull round adds keys here that the tables did not cover, so
+		// only a plain round counts copies.
+		_, w := r.quorum()
+		st.UnderW, st.UnderR = cp.count(rg, self, n, w, r.localItems)
+		r.metrics.keysUnderW.Store(int64(st.UnderW))
+		r.metrics.keysUnderR.Store(int64(st.UnderR))
 	}
 	r.metrics.aeRounds.Add(1)
 	if pull {
@@ -207,7 +287,7 @@ func (r *Replicator) antiEntropy(ctx context.Context, pull bool) (AntiEntropySta
 	return st, errors.Join(errs...)
 }
 
-func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []uint64, pull bool, st *AntiEntropyStats) error {
+func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []uint64, pull bool, st *AntiEntropyStats, cp *copies) error {
 	p := ps.peers[j]
 	base := DigestRequest{From: r.cfg.NodeID, Epoch: ps.rg.Epoch(), Replicas: ps.n}
 	resp, err := r.cfg.Transport.Digest(ctx, p, base)
@@ -263,15 +343,17 @@ func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []u
 			want[b] = true
 		}
 		mine := ps.items(r.localItems, j, want)
-		if err := r.reconcile(ctx, ps.rg, ps.n, p, mine, remote.Items, pull, st); err != nil {
+		if err := r.reconcile(ctx, ps.rg, ps.n, p, mine, remote.Items, pull, st, cp.lacks[j]); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// reconcile fixes the differences between two sorted item lists.
-func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, pull bool, st *AntiEntropyStats) error {
+// reconcile fixes the differences between two sorted item lists. The
+// live keys mine holds that the peer still lacks afterwards (it was not
+// sent them, or refused them) are added to lacks.
+func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, pull bool, st *AntiEntropyStats, lacks map[chunk.Key]bool) error {
 	slices.SortFunc(theirs, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
 	var errs []error
 	i, k := 0, 0
@@ -296,7 +378,11 @@ func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p stri
 		if a == nil && pull {
 			err = r.pullItem(ctx, p, b, st)
 		} else {
+			pushed := st.Pushed
 			err = r.fixItem(ctx, rg, n, p, a, b, st)
+			if a != nil && !a.Deleted && (b == nil || b.Deleted) && st.Pushed == pushed {
+				lacks[a.Key] = true
+			}
 		}
 		if err != nil {
 			errs = append(errs, err)
@@ -442,9 +528,9 @@ func (r *Replicator) antiEntropyLoop() {
 		if err != nil && r.ctx.Err() == nil {
 			r.log.Debug("anti-entropy", "err", err)
 		}
-		if st.BucketsDiffer > 0 {
+		if st.BucketsDiffer > 0 || st.UnderW > 0 {
 			r.log.Info("anti-entropy round", "peers", st.Peers, "buckets_differ", st.BucketsDiffer,
-				"pushed", st.Pushed, "deletes", st.Deletes, "refused", st.Refused)
+				"pushed", st.Pushed, "deletes", st.Deletes, "refused", st.Refused, "under_w", st.UnderW, "under_r", st.UnderR)
 		}
 	}
 }
@@ -498,4 +584,5 @@ func (s *AntiEntropyStats) add(o AntiEntropyStats) {
 	s.Refused += o.Refused
 	s.Pulled += o.Pulled
 	s.BytesPulled += o.BytesPulled
+	s.UnderW, s.UnderR = o.UnderW, o.UnderR
 }

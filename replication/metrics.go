@@ -30,6 +30,8 @@ type metrics struct {
 	aeRounds, aeBucketsDiffer, aePushed atomic.Int64
 
 	pullRounds, pullKeys, pullBytes, pullRunning atomic.Int64
+
+	keysUnderW, keysUnderR atomic.Int64
 }
 
 // Metrics is a snapshot of the Replicator's counters.
@@ -56,6 +58,10 @@ type Metrics struct {
 	// PullRounds, PullKeys and PullBytes count Pull rounds and what they
 	// copied here; PullRunning is 1 while StartupPull runs.
 	PullRounds, PullKeys, PullBytes, PullRunning int64
+	// KeysUnderReplicated and KeysBelowReplicas are the keys the last
+	// anti-entropy round found with fewer than W, and fewer than R,
+	// copies (AntiEntropyStats.UnderW, UnderR).
+	KeysUnderReplicated, KeysBelowReplicas int64
 }
 
 // Metrics returns a snapshot of the counters.
@@ -81,7 +87,8 @@ func (r *Replicator) Metrics() Metrics {
 		AntiEntropyRounds: m.aeRounds.Load(), AntiEntropyBucketsDiffer: m.aeBucketsDiffer.Load(),
 		AntiEntropyPushed: m.aePushed.Load(),
 		PullRounds:        m.pullRounds.Load(), PullKeys: m.pullKeys.Load(), PullBytes: m.pullBytes.Load(),
-		PullRunning: m.pullRunning.Load(),
+		PullRunning:         m.pullRunning.Load(),
+		KeysUnderReplicated: m.keysUnderW.Load(), KeysBelowReplicas: m.keysUnderR.Load(),
 	}
 }
 
@@ -142,6 +149,8 @@ func descs() []metricDesc {
 		c("pull_keys_total", "Keys copied here by pull rounds.", func(m Metrics) int64 { return m.PullKeys }),
 		c("pull_bytes_total", "Bytes copied here by pull rounds.", func(m Metrics) int64 { return m.PullBytes }),
 		g("startup_pull_running", "1 while the startup pull runs.", func(m Metrics) int64 { return m.PullRunning }),
+		g("keys_under_replicated", "Keys held here with fewer than W copies on their replicas, as the last anti-entropy round found them (counted by the first holder in ring order; a recovering replica counts only what it holds).", func(m Metrics) int64 { return m.KeysUnderReplicated }),
+		g("keys_below_replicas", "Keys held here with fewer than R copies on their replicas, as the last anti-entropy round found them (counted by the first holder in ring order).", func(m Metrics) int64 { return m.KeysBelowReplicas }),
 	}
 }
 

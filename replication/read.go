@@ -31,7 +31,10 @@ type ReadResult struct {
 // rendezvous placement the previous owners of a key rank there. Remote
 // blobs are verified; a replica that lacks the key (this node included,
 // when it is a replica) or serves a corrupt copy is repaired in the
-// background. The error wraps ErrNotFound when no node has it. A read
+// background. The error wraps ErrNotFound when no node has it and a
+// replica that is not recovering said so (this node, when it is one);
+// ErrUnavailable when none could (unreachable, or refilling after a
+// restart: an empty replica is not a copy's absence). A read
 // counts as serving (incoming rebalance work yields to it) until its
 // Blob is released.
 func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error) {
@@ -67,6 +70,11 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	if selfLacks {
 		lacking = append(lacking, self)
 	}
+	// answered: a replica that is not recovering said it lacks the key,
+	// so a miss everywhere means the key is absent. Without one (replicas
+	// unreachable, or recovering after a restart) a miss is ErrUnavailable:
+	// an empty replica does not count as an answer.
+	answered := selfLacks && !r.cfg.Recovering()
 	order := make([]string, 0, 2*n)
 	for _, m := range reps {
 		if m.ID != self {
@@ -127,9 +135,17 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 			}
 			return ReadResult{Blob: pinned.Owned(b), From: node}, nil
 		}
-		if errors.Is(err, ErrNotFound) {
+		if errors.Is(err, ErrRecovering) {
+			// Refilling after a restart: a repair target, not an answer,
+			// and tried after the others for a while.
 			if i < nReps {
 				lacking = append(lacking, node)
+			}
+			r.setSuspect(node, true)
+		} else if errors.Is(err, ErrNotFound) {
+			if i < nReps {
+				lacking = append(lacking, node)
+				answered = true
 			}
 		} else if ctx.Err() != nil {
 			return ReadResult{}, fmt.Errorf("replication: read %v: %w", key, ctx.Err())
@@ -147,6 +163,10 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 		}
 	}
 	r.metrics.readsMissed.Add(1)
+	if !answered && len(order) > 0 {
+		return ReadResult{}, fmt.Errorf("%w: %v: %d nodes asked, none that could say it is absent answered: %w",
+			ErrUnavailable, key, len(order)+1, errors.Join(errs...))
+	}
 	if len(errs) == 0 {
 		// Every node answered "not here": nothing else to report, and a
 		// %w of a nil error would print as %!w(<nil>).

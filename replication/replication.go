@@ -41,6 +41,16 @@ var (
 	ErrEpochMismatch = errors.New("replication: ring epoch mismatch")
 	// ErrClosed: the Replicator is closed.
 	ErrClosed = errors.New("replication: closed")
+	// ErrRecovering: the node is refilling after a restart (Config.Recovering)
+	// and lacks the key, which it may still receive: its miss is not an
+	// answer. ServeFetch returns it (wrapping ErrNotFound too, so paths
+	// that only skip absent keys keep doing so); Read asks the other
+	// replicas and never counts such a miss as "no copy".
+	ErrRecovering = errors.New("replication: replica recovering")
+	// ErrUnavailable: a read found no copy, but no replica that could
+	// say the key is absent answered (they were unreachable or
+	// recovering); another try, or another node, may find it.
+	ErrUnavailable = errors.New("replication: no replica could answer")
 )
 
 // Store is the part of the node's store the Replicator needs (package
@@ -269,6 +279,12 @@ type Config struct {
 	// SuspectFor is how long a node that failed a read is tried after the
 	// healthy replicas. Default 5s.
 	SuspectFor time.Duration
+	// Recovering reports whether this node is refilling after a restart
+	// (its startup pull has not finished): what it lacks it may still
+	// receive, so its misses are not answers (ErrRecovering) and the
+	// under-replication count does not treat them as copies. Default:
+	// never.
+	Recovering func() bool
 	// Limits bound the blobs accepted. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
 	// Now is the clock of writes, deletes and hints. Default time.Now.
@@ -349,6 +365,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Recovering == nil {
+		c.Recovering = func() bool { return false }
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

@@ -56,14 +56,18 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 }
 
 // ServeFetch lends this node's blob for key (Peer.Fetch with direct
-// set); the caller releases it once sent. Absent keys wrap ErrNotFound.
-// It counts as serving (incoming rebalance work yields to it) until
-// released.
+// set); the caller releases it once sent. Absent keys wrap ErrNotFound,
+// and also ErrRecovering while this node refills after a restart (it may
+// still receive the key). It counts as serving (incoming rebalance work
+// yields to it) until released.
 func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
 	r.serving.begin()
 	b, err := r.cfg.Store.Get(ctx, key)
 	if err != nil {
 		r.serving.end()
+		if errors.Is(err, ErrNotFound) && r.cfg.Recovering() {
+			err = fmt.Errorf("%w: %w", ErrRecovering, err)
+		}
 		return pinned.Bytes{}, err
 	}
 	return b.Then((*endServing)(r.serving)), nil
