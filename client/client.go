@@ -18,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
@@ -274,11 +275,31 @@ func (c *Client) noteEpoch(md metadata.MD) {
 }
 
 // retryable reports whether another replica (or a later round) may
-// succeed where err failed.
+// succeed where err failed: the node was unreachable, overloaded, too
+// slow, recovering (Unavailable), or saw another ring epoch (Aborted).
 func retryable(err error) bool {
 	switch status.Code(err) {
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
 		return true
+	}
+	return false
+}
+
+// unknownModel reports whether err is a node's "unknown model" (a
+// FailedPrecondition with the reason api.ReasonUnknownModel). A node
+// whose metadata lags (a model registered a moment ago through another
+// node) says it too, so the other replicas are asked; when all of them
+// say it, the model is unknown and no later round is tried (each node
+// already waited for its metadata).
+func unknownModel(err error) bool {
+	st, _ := status.FromError(err)
+	if st.Code() != codes.FailedPrecondition {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == api.ErrorDomain && info.GetReason() == api.ReasonUnknownModel {
+			return true
+		}
 	}
 	return false
 }
@@ -298,7 +319,8 @@ func (c *Client) targets(content *chunk.ID) []string {
 }
 
 // do runs call on the targets of content until one succeeds, failing over
-// on retryable errors and refreshing the ring between rounds.
+// on retryable errors (and, within a round, on an unknown model) and
+// refreshing the ring between rounds.
 func (c *Client) do(ctx context.Context, content *chunk.ID, call func(ctx context.Context, cc *grpc.ClientConn) error) error {
 	backoff := c.cfg.Backoff
 	var last error = ErrNoNodes
@@ -319,11 +341,11 @@ func (c *Client) do(ctx context.Context, content *chunk.ID, call func(ctx contex
 			if ctx.Err() != nil {
 				return last
 			}
-			if !retryable(err) {
+			if !retryable(err) && !unknownModel(err) {
 				return err
 			}
 		}
-		if round+1 == c.cfg.Attempts {
+		if round+1 == c.cfg.Attempts || unknownModel(last) {
 			break
 		}
 		if err := c.Refresh(ctx); err != nil {

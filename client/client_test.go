@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -35,6 +36,7 @@ type fakeNode struct {
 
 	mu       sync.Mutex
 	fail     codes.Code // non-OK: every data call fails with it
+	reason   string     // the ErrorInfo reason of fail's status, if any
 	corrupt  bool       // Get answers with a flipped byte
 	blobs    map[chunk.Key][]byte
 	calls    int
@@ -62,10 +64,14 @@ func (f *fakeNode) enter() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls++
-	if f.fail != codes.OK {
-		return status.Error(f.fail, "scripted failure")
+	if f.fail == codes.OK {
+		return nil
 	}
-	return nil
+	st := status.New(f.fail, "scripted failure")
+	if f.reason != "" {
+		st, _ = st.WithDetails(&errdetails.ErrorInfo{Reason: f.reason, Domain: api.ErrorDomain})
+	}
+	return st.Err()
 }
 
 func (f *fakeNode) ClusterInfo(ctx context.Context, _ *api.ClusterInfoRequest) (*api.ClusterInfoResponse, error) {
@@ -200,14 +206,21 @@ func TestFailover(t *testing.T) {
 	tests := []struct {
 		name     string
 		failures []codes.Code // per replica in ring order
+		reasons  []string     // their ErrorInfo reasons (nil: none)
 		wantErr  codes.Code
 		served   int // index of the replica that should serve
 	}{
-		{"first answers", []codes.Code{codes.OK, codes.OK, codes.OK}, codes.OK, 0},
-		{"first unavailable", []codes.Code{codes.Unavailable, codes.OK, codes.OK}, codes.OK, 1},
-		{"two unavailable", []codes.Code{codes.Unavailable, codes.Unavailable, codes.OK}, codes.OK, 2},
-		{"non-retryable stops", []codes.Code{codes.FailedPrecondition, codes.OK, codes.OK}, codes.FailedPrecondition, -1},
-		{"all unavailable", []codes.Code{codes.Unavailable, codes.Unavailable, codes.Unavailable}, codes.Unavailable, -1},
+		{"first answers", []codes.Code{codes.OK, codes.OK, codes.OK}, nil, codes.OK, 0},
+		{"first unavailable", []codes.Code{codes.Unavailable, codes.OK, codes.OK}, nil, codes.OK, 1},
+		{"two unavailable", []codes.Code{codes.Unavailable, codes.Unavailable, codes.OK}, nil, codes.OK, 2},
+		{"non-retryable stops", []codes.Code{codes.FailedPrecondition, codes.OK, codes.OK}, nil, codes.FailedPrecondition, -1},
+		// A node whose metadata lags does not know a model registered a
+		// moment ago: another replica may.
+		{"unknown model fails over", []codes.Code{codes.FailedPrecondition, codes.OK, codes.OK},
+			[]string{api.ReasonUnknownModel, "", ""}, codes.OK, 1},
+		{"unknown model everywhere", []codes.Code{codes.FailedPrecondition, codes.FailedPrecondition, codes.FailedPrecondition},
+			[]string{api.ReasonUnknownModel, api.ReasonUnknownModel, api.ReasonUnknownModel}, codes.FailedPrecondition, -1},
+		{"all unavailable", []codes.Code{codes.Unavailable, codes.Unavailable, codes.Unavailable}, nil, codes.Unavailable, -1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -217,6 +230,9 @@ func TestFailover(t *testing.T) {
 			reps := replicaNodes(c, nodes, key.Content)
 			for i, f := range reps {
 				f.fail = tt.failures[i]
+				if tt.reasons != nil {
+					f.reason = tt.reasons[i]
+				}
 			}
 			res, err := c.Put(t.Context(), blob)
 			if status.Code(err) != tt.wantErr {

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -204,8 +205,20 @@ func TestCluster3(t *testing.T) {
 				t.Fatalf("item %d: %v %v holders %d", 4+i, r.Match, r.Key, len(r.Holders))
 			}
 		}
-		if _, err := c.Lookup(ctx, chunk.Fingerprint{Lo: 1}, items[:1]); status.Code(err) != codes.FailedPrecondition {
+		_, err = c.Lookup(ctx, chunk.Fingerprint{Lo: 1}, items[:1])
+		if status.Code(err) != codes.FailedPrecondition {
 			t.Fatalf("lookup of unknown model: %v, want FailedPrecondition", err)
+		}
+		// The reason tells a client that a fresher node may know it.
+		st, _ := status.FromError(err)
+		var reason string
+		for _, d := range st.Details() {
+			if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == api.ErrorDomain {
+				reason = info.GetReason()
+			}
+		}
+		if reason != api.ReasonUnknownModel {
+			t.Fatalf("unknown model's reason %q, want %q", reason, api.ReasonUnknownModel)
 		}
 	})
 
