@@ -232,8 +232,11 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
 		RaftRemoveAfter: raftRemove, RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
-		Replication:   rcfg,
-		Logger:        slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
+		// Without a disk tier, SIGTERM hands the node's chunks to their
+		// other owners that lack them, for at most this long.
+		ShutdownHandoff: 30 * time.Second,
+		Replication:     rcfg,
+		Logger:          slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
 	}
 	return cfg, fc.securityConfig(&cfg)
 }

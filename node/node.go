@@ -92,6 +92,13 @@ type Config struct {
 	// rounds (Replication.AntiEntropyInterval, default 5 min) and read
 	// repair to refill it.
 	NoStartupPull bool
+	// ShutdownHandoff bounds what Close does for the chunks only this
+	// node's DRAM holds when it has no disk tier (DiskBytes 0): one
+	// anti-entropy round that pushes every key it holds to the other
+	// owners that lack it, before the replicator stops, so that a key
+	// this node held is not down to fewer copies while it is away. 0 (the
+	// default) skips it; kvmeshd sets 30 s.
+	ShutdownHandoff time.Duration
 	// Replication tunes the replication package (hints, repair,
 	// rebalancing, anti-entropy); NodeID, Store, Transport, Placement,
 	// Quorum, DataDir (DataDir/replication), Limits and Logger are set by

@@ -213,3 +213,28 @@ func (n *Node) spill() error {
 	}
 	return nil
 }
+
+// handoff runs at Close on a node without a disk tier (Config.
+// ShutdownHandoff): one anti-entropy round, which pushes every key this
+// node holds to the other owners that lack it (a write that reached only
+// W replicas, a replica refilled only partly), within the timeout. What it
+// could not hand over is in the log; the node's startup pull takes its
+// share back after the restart.
+func (n *Node) handoff() error {
+	if n.cfg.DiskBytes > 0 || n.cfg.ShutdownHandoff <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownHandoff)
+	defer cancel()
+	start := time.Now()
+	st, err := n.repl.AntiEntropy(ctx)
+	took := time.Since(start).Round(time.Millisecond)
+	if err != nil {
+		n.log.Warn("node: chunks not all handed to their other owners before leaving", "peers_done", st.Peers,
+			"pushed", st.Pushed, "bytes", st.BytesPushed, "took", took, "timeout", n.cfg.ShutdownHandoff, "err", err)
+		return nil
+	}
+	n.log.Info("node: chunks handed to their other owners before leaving", "peers", st.Peers, "pushed", st.Pushed,
+		"bytes", st.BytesPushed, "under_w", st.UnderW, "under_r", st.UnderR, "took", took)
+	return nil
+}

@@ -272,6 +272,9 @@ func (n *Node) startReplication(context.Context) error {
 		return fmt.Errorf("node: start replication: %w", err)
 	}
 	n.undo.push("replication", n.repl.Close)
+	// Unwound before the replicator closes (the servers have stopped):
+	// a node without a disk tier hands its chunks to their other owners.
+	n.undo.push("hand chunks to their other owners", n.handoff)
 	if err := n.registry.Register(n.repl.Collector()); err != nil {
 		return fmt.Errorf("node: register replication metrics: %w", err)
 	}
