@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -356,6 +357,7 @@ func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []u
 func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, pull bool, st *AntiEntropyStats, lacks map[chunk.Key]bool) error {
 	slices.SortFunc(theirs, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
 	var errs []error
+	var pulls []*DigestItem // taken after the walk, several at a time
 	i, k := 0, 0
 	for i < len(mine) || k < len(theirs) {
 		if ctx.Err() != nil {
@@ -376,7 +378,7 @@ func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p stri
 		}
 		var err error
 		if a == nil && pull {
-			err = r.pullItem(ctx, p, b, st)
+			pulls = append(pulls, b)
 		} else {
 			pushed := st.Pushed
 			err = r.fixItem(ctx, rg, n, p, a, b, st)
@@ -388,6 +390,47 @@ func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p stri
 			errs = append(errs, err)
 		}
 	}
+	if err := r.pullItems(ctx, p, pulls, st); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// pullItems takes items from peer p with RebalanceConcurrency fetches in
+// flight, so that the next blobs cross the network while one is stored
+// (the stores themselves keep to the receiver's budget).
+func (r *Replicator) pullItems(ctx context.Context, p string, items []*DigestItem, st *AntiEntropyStats) error {
+	var (
+		mu   sync.Mutex
+		errs []error
+		wg   sync.WaitGroup
+	)
+	sem := make(chan struct{}, r.cfg.RebalanceConcurrency)
+	for _, it := range items {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			wg.Wait()
+			return ctx.Err()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var one AntiEntropyStats
+			err := r.pullItem(ctx, p, it, &one)
+			mu.Lock()
+			defer mu.Unlock()
+			st.Deletes += one.Deletes
+			st.Refused += one.Refused
+			st.Pulled += one.Pulled
+			st.BytesPulled += one.BytesPulled
+			if err != nil {
+				errs = append(errs, err)
+			}
+		}()
+	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
