@@ -10,6 +10,12 @@
 // them depends on timing); KVMESH_CHAOS_KEEP=1 keeps the run folder even
 // when the run passes; KVMESH_CHAOS_STRICT=1 also fails a run whose
 // restarted nodes are not refilled to R replicas (see run.note).
+//
+// TestRestartChaos (restart_test.go) is the same idea at volume: a few
+// hundred MB a node, faults paced only by readiness (rolling restart,
+// back-to-back kill -9s, two-node failures), lost and wrong writes counted,
+// times to ready and to full replication reported; `make soak` runs it
+// larger.
 package chaos
 
 import (
