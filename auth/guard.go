@@ -50,8 +50,21 @@ func DefaultMethods() map[string]Scope {
 		api.Admin_GossipKeys_FullMethodName:         ScopeAdmin,
 		api.Admin_GetSettings_FullMethodName:        ScopeAdmin,
 		api.Admin_SetSettings_FullMethodName:        ScopeAdmin,
+		// gRPC server reflection (grpcurl list/describe) describes the
+		// services, as the repository's .proto files do: any valid token
+		// may use it, a caller without one may not.
+		ReflectionV1Method:      ScopeRead,
+		ReflectionV1AlphaMethod: ScopeRead,
 	}
 }
+
+// The methods of gRPC server reflection, which every node serves (v1 and
+// the v1alpha that older tools ask for first). Named here, not imported, so
+// that the client does not link the reflection service.
+const (
+	ReflectionV1Method      = "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo"
+	ReflectionV1AlphaMethod = "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"
+)
 
 // Config configures a Guard.
 type Config struct {

@@ -17,6 +17,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
+	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -281,7 +283,8 @@ func TestGuardCertificates(t *testing.T) {
 func TestDefaultMethodsCoverAPI(t *testing.T) {
 	m := DefaultMethods()
 	n := 0
-	for _, sd := range []grpc.ServiceDesc{api.Client_ServiceDesc, api.Peer_ServiceDesc, api.Injector_ServiceDesc, api.Admin_ServiceDesc} {
+	for _, sd := range []grpc.ServiceDesc{api.Client_ServiceDesc, api.Peer_ServiceDesc, api.Injector_ServiceDesc, api.Admin_ServiceDesc,
+		reflectionv1.ServerReflection_ServiceDesc, reflectionv1alpha.ServerReflection_ServiceDesc} {
 		var names []string
 		for _, md := range sd.Methods {
 			names = append(names, md.MethodName)

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/gossip"
@@ -333,6 +334,9 @@ func (n *Node) serveGRPC(context.Context) error {
 	api.RegisterPeerServer(n.grpcSrv, &peerService{n: n})
 	api.RegisterAdminServer(n.grpcSrv, &adminService{n: n})
 	api.RegisterInjectorServer(n.grpcSrv, n.inj)
+	// Server reflection (grpcurl), behind the same guard as every call
+	// (auth.DefaultMethods gives it the read scope).
+	reflection.Register(n.grpcSrv)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
