@@ -8,11 +8,11 @@ import (
 
 // AdmitReuse keeps encodings usable anywhere, windows and the first
 // prefix-chained encoding of a content; another prefix copy only on its
-// second put; never a standalone beside its root twin.
+// second put. (A chunk at the start of a prompt has one key, standalone:
+// the root of a prefix chain is not a key, so no root twin is ever put.)
 func TestAdmitReuse(t *testing.T) {
 	s := openTest(t, Config{DRAMBytes: 1 << 20, Admission: AdmitReuse})
 	ctx := t.Context()
-	root := chunk.PrefixContext(chunk.PrefixRoot(testFP))
 	chainA := chunk.PrefixContext(chunk.ID{Lo: 1, Hi: 1})
 	chainB := chunk.PrefixContext(chunk.ID{Lo: 2, Hi: 2})
 	chainC := chunk.PrefixContext(chunk.ID{Lo: 3, Hi: 3})
@@ -39,26 +39,20 @@ func TestAdmitReuse(t *testing.T) {
 		{"passage in another novel prompt", 1, chainC, false},
 		{"passage windowed", 1, window, true},
 		{"chat turn: content seen nowhere", 2, chainA, true},
-		{"system prompt at the root", 3, root, true},
-		{"system prompt standalone: the root's twin", 3, testStandalone, false},
+		{"system prompt at the start of a prompt: standalone", 3, testStandalone, true},
 	}
 	for _, st := range steps {
 		if _, kept := put(st.seed, st.cx); kept != st.kept {
 			t.Errorf("%s (%v): kept %v, want %v", st.name, st.cx, kept, st.kept)
 		}
 	}
-	// A root put replaces its standalone twin.
-	sa, _ := put(4, testStandalone)
-	if _, kept := put(4, root); !kept || s.Contains(sa) {
-		t.Errorf("root put: kept %v, standalone twin still held %v", kept, s.Contains(sa))
-	}
 
 	r := s.Stats().Reuse
 	want := map[Reuse][3]uint64{ // admitted, refused duplicate, refused unproven
-		ReuseStandalone: {2, 1, 0},
+		ReuseStandalone: {2, 0, 0},
 		ReusePrefix:     {3, 0, 2},
 		ReuseWindow:     {1, 0, 0},
-		ReuseRoot:       {2, 0, 0},
+		ReuseRoot:       {0, 0, 0},
 	}
 	for c, w := range want {
 		got := [3]uint64{r[c].Admitted, r[c].RefusedDuplicate, r[c].RefusedUnproven}
@@ -66,10 +60,9 @@ func TestAdmitReuse(t *testing.T) {
 			t.Errorf("%v: admitted/duplicate/unproven %v, want %v", c, got, w)
 		}
 	}
-	// Held now: passage standalone; three prefix encodings (the first, the
-	// repeated prompt, the chat turn); a window; two roots (the standalone
-	// twin was removed).
-	held := map[Reuse]int{ReuseStandalone: 1, ReusePrefix: 3, ReuseWindow: 1, ReuseRoot: 2}
+	// Held now: passage and system prompt standalone; three prefix
+	// encodings (the first, the repeated prompt, the chat turn); a window.
+	held := map[Reuse]int{ReuseStandalone: 2, ReusePrefix: 3, ReuseWindow: 1, ReuseRoot: 0}
 	for c, n := range held {
 		if r[c].Entries != n {
 			t.Errorf("%v: %d entries held, want %d", c, r[c].Entries, n)
