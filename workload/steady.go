@@ -432,10 +432,12 @@ func runSteadyPolicy(ctx context.Context, env SteadyEnv, cfg SteadyConfig, corpu
 // SteadyWindow summarises Window consecutive queries of one node.
 type SteadyWindow struct {
 	From, To int // query indices [From, To)
-	// Speedup is the p50 of full prefill's TTFT over kvmesh's, on the
-	// queries where both were measured; CPUSpeedup the same for process
-	// CPU time; WorkSpeedup for token-layers computed, over all queries
-	// (load changes neither of the last two much).
+	// Speedup is the median, over the queries where both were measured,
+	// of full prefill's TTFT over kvmesh's on the same query: the two run
+	// back to back, so load from other processes, which drifts over
+	// seconds, mostly cancels. CPUSpeedup is the same for process CPU
+	// time; WorkSpeedup the token-layers of full prefill over kvmesh's,
+	// over all queries (load does not change it).
 	Speedup, CPUSpeedup, WorkSpeedup float64
 	FullP50, TTFTP50                 time.Duration
 	Exact, Approx, Miss              float64 // shares of chunk lookups
@@ -451,7 +453,8 @@ func (r *SteadyRun) Windows(n, size int) []SteadyWindow {
 	for lo := 0; lo < len(qs); lo += size {
 		hi := min(lo+size, len(qs))
 		w := SteadyWindow{From: qs[lo].Index, To: qs[hi-1].Index + 1}
-		var full, ttft, all, fullCPU, cpu []time.Duration
+		var full, all []time.Duration
+		var ratios, cpuRatios []float64
 		var work, fullWork, chunks, top1, sampled int
 		for _, q := range qs[lo:hi] {
 			all = append(all, q.TTFT)
@@ -465,9 +468,12 @@ func (r *SteadyRun) Windows(n, size int) []SteadyWindow {
 			w.Stored += float64(q.Stored)
 			if q.Full > 0 {
 				full = append(full, q.Full)
-				ttft = append(ttft, q.TTFT)
-				fullCPU = append(fullCPU, q.FullCPU)
-				cpu = append(cpu, q.CPU)
+				if q.TTFT > 0 {
+					ratios = append(ratios, float64(q.Full)/float64(q.TTFT))
+				}
+				if q.CPU > 0 {
+					cpuRatios = append(cpuRatios, float64(q.FullCPU)/float64(q.CPU))
+				}
 				sampled++
 				w.KL += q.KL
 				if q.Top1 {
@@ -476,12 +482,7 @@ func (r *SteadyRun) Windows(n, size int) []SteadyWindow {
 			}
 		}
 		w.FullP50, w.TTFTP50 = quantile(full, 0.5), quantile(all, 0.5)
-		if p := quantile(ttft, 0.5); p > 0 {
-			w.Speedup = float64(w.FullP50) / float64(p)
-		}
-		if p := quantile(cpu, 0.5); p > 0 {
-			w.CPUSpeedup = float64(quantile(fullCPU, 0.5)) / float64(p)
-		}
+		w.Speedup, w.CPUSpeedup = median(ratios), median(cpuRatios)
 		if work > 0 {
 			w.WorkSpeedup = float64(fullWork) / float64(work)
 		}
@@ -496,4 +497,18 @@ func (r *SteadyRun) Windows(n, size int) []SteadyWindow {
 		out = append(out, w)
 	}
 	return out
+}
+
+// median is the middle value of x (the mean of the two middle ones for
+// an even count); 0 for none.
+func median(x []float64) float64 {
+	if len(x) == 0 {
+		return 0
+	}
+	s := slices.Clone(x)
+	slices.Sort(s)
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
