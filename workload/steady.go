@@ -237,8 +237,8 @@ type SteadyEnv struct {
 }
 
 // RunSteady runs the steady-state RAG benchmark: per policy, a fresh
-// cluster ingests the corpus (the system prompt at the prefix root, every
-// passage standalone), then query node A serves ColdAfter queries alone,
+// cluster ingests the corpus (the system prompt and every passage
+// standalone), then query node A serves ColdAfter queries alone,
 // A and B (each an engine beside its own node) alternate until A has
 // served Queries, and B serves the rest of its Queries. Each query is
 // served by kvmesh chunk reuse (EXACT, else APPROXIMATE with recompute r)
@@ -251,8 +251,9 @@ func RunSteady(ctx context.Context, env SteadyEnv, cfg SteadyConfig) (*SteadyRes
 	res := &SteadyResult{Config: cfg, Model: ea.Config()}
 	// Encode the corpus once: every run ingests the same entries.
 	var ingest []*chunk.Entry
-	rootCx := chunk.PrefixContext(chunk.PrefixRoot(ea.Fingerprint()))
-	sys, err := ea.Encode(ctx, nil, corpus.System, rootCx, engine.EncodeOptions{})
+	// The system prompt starts every prompt: nothing is before it, so its
+	// one key is standalone (chunk.Canonical), EXACT for every query.
+	sys, err := ea.EncodeStandalone(ctx, corpus.System)
 	if err != nil {
 		return nil, err
 	}

@@ -109,7 +109,7 @@ func (r *SteadyResult) Markdown(env Env, plots []string) string {
 		env.CPUs, env.CPUModel, env.GoVersion, env.Workers, env.LoadStart, env.LoadEnd)
 	fmt.Fprintf(&b, "- Cluster: %d in-process nodes on loopback, replication factor %d; each node's DRAM tier is %.0f MiB, %.1fx the corpus's KV as a node stores it (%.1f MiB in whole 64 KiB pages; %.1f MiB as stored), no disk tier. A fresh cluster per policy.\n",
 		r.Nodes, r.Replicas, mib(r.Runs[0].Budget), c.BudgetFactor, mib(r.CorpusCharged), mib(r.CorpusBytes))
-	fmt.Fprintf(&b, "- Corpus: %d passages of %d-%d tokens and a %d-token system prompt, ingested before the first query: the system prompt encoded at the prefix root, each passage encoded standalone (position-independent). Passage popularity is Zipf (weight 1/rank^%.1f).\n",
+	fmt.Fprintf(&b, "- Corpus: %d passages of %d-%d tokens and a %d-token system prompt, ingested before the first query: the system prompt and each passage encoded standalone (position-independent; for the system prompt, which starts every prompt, that is its one key, EXACT for every query). Passage popularity is Zipf (weight 1/rank^%.1f).\n",
 		c.Passages, c.MinTokens, c.MaxTokens, c.SystemLen, c.Zipf)
 	fmt.Fprintf(&b, "- Queries: each retrieves %d distinct passages by popularity, in a random order (so nearly every prompt is a novel ordering), after the system prompt, then a %d-token question. Two query nodes, each an engine of the same weights with a client seeded with its own node: A serves %d queries alone, then A and B alternate until A has served %d and B %d. B starts cold: its first query finds only what ingest and A left.\n",
 		c.K, c.QuestionLen, c.ColdAfter, c.Queries, c.Queries-c.ColdAfter)
