@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -105,21 +106,6 @@ func TestProgressInLayerOrder(t *testing.T) {
 	}
 }
 
-// waitGoroutines waits for the goroutine count to fall back to n. The
-// bound is for failure only: goroutines ending after a cancel may wait
-// seconds for a CPU on a busy machine under -race.
-func waitGoroutines(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for runtime.NumGoroutine() > n {
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<16)
-			t.Fatalf("%d goroutines, want <= %d:\n%s", runtime.NumGoroutine(), n, buf[:runtime.Stack(buf, true)])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // TestCancel: a cancel during the pipeline, during fetches, or before the
 // call stops cleanly: the context's error, every blob released, layers
 // reported before the cancel fully written, no goroutine left, and the
@@ -147,7 +133,7 @@ func TestCancel(t *testing.T) {
 		if px.f.out.Load() != 0 {
 			t.Errorf("%d blobs not released", px.f.out.Load())
 		}
-		waitGoroutines(t, base)
+		testutil.WaitFor(t, "the goroutine count back to where it was", func() bool { return runtime.NumGoroutine() <= base })
 		px.req.OnLayer = nil
 		if _, err := px.s.Inject(context.Background(), px.req); err != nil {
 			t.Fatal(err)

@@ -2,44 +2,35 @@ package kvtier
 
 import (
 	"encoding/binary"
-
-	"github.com/cespare/xxhash/v2"
 	"log/slog"
 	"math/rand/v2"
 	"testing"
 
+	"github.com/cespare/xxhash/v2"
+
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-// testFP is the fingerprint of the small model the tests store.
 var testStandalone = chunk.StandaloneContext()
 
-var testFP = chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
-	RopeStyle: chunk.RopeNeoX, RopeTheta: 10000}.Fingerprint()
+// testSpec is the small model the tests store; testFP its fingerprint.
+var testSpec = chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
+	RopeStyle: chunk.RopeNeoX, RopeTheta: 10000}
 
-// makeBlob encodes a random entry of the given token count (1 KiB of KV
-// per 8 tokens with the test model) for content seed and context ctx.
+var testFP = testSpec.Fingerprint()
+
+// makeBlob encodes (raw) an entry of tokens random tokens and random KV
+// bytes (1 KiB of KV per 8 tokens with the test model) of a model of
+// layers layers under fingerprint fp, for content seed and context ctx.
 func makeBlob(t testing.TB, fp chunk.Fingerprint, seed uint64, tokens int, ctx chunk.Context, layers int) []byte {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(seed, uint64(tokens)))
-	toks := make([]uint32, tokens)
-	for i := range toks {
-		toks[i] = rng.Uint32N(32000)
-	}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: ctx},
-		DType: chunk.BF16, Layers: layers, KVHeads: 2, HeadDim: 16, Tokens: toks}
-	e.KV = make([]byte, e.Shape().RawBytes())
-	for i := 0; i < len(e.KV); i += 8 {
-		v := rng.Uint64()
-		for j := 0; j < 8 && i+j < len(e.KV); j++ {
-			e.KV[i+j] = byte(v >> (8 * j))
-		}
-	}
-	b, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	spec := testutil.Spec()
+	spec.Layers = layers
+	e := testutil.EntryOf(spec, testutil.Tokens(rng, tokens), ctx, testutil.RandomKV(rng))
+	e.Key.Fingerprint, e.Key.Content = fp, chunk.ContentID(fp, e.Tokens)
+	return testutil.Encode(t, e, chunk.CodecRaw)
 }
 
 func keyOf(t testing.TB, blob []byte) chunk.Key {
@@ -114,32 +105,17 @@ func (s *Store) walkStats() (entries [numTiers]int, stored [numTiers]int64) {
 	return entries, stored
 }
 
-// bigBlob encodes one entry of a realistic model (32 layers, 8 KV heads,
-// head dim 128, bf16: 128 KiB per token) with the given token count.
+// bigBlob encodes (raw) one entry of a realistic model (32 layers, 8 KV
+// heads, head dim 128, bf16: 128 KiB per token) with the given token
+// count and testutil.PatternKV's bytes.
 func bigBlob(t testing.TB, tokens int) []byte {
 	t.Helper()
 	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16, RopeStyle: chunk.RopeNeoX, RopeTheta: 500000}
-	fp := spec.Fingerprint()
 	toks := make([]uint32, tokens)
 	for i := range toks {
 		toks[i] = uint32(i * 7)
 	}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: testStandalone},
-		DType: chunk.BF16, Layers: 32, KVHeads: 8, HeadDim: 128, Tokens: toks}
-	e.KV = make([]byte, e.Shape().RawBytes())
-	// A pattern that is not periodic within a layer, filled by doubling
-	// (a byte loop is slow under the race detector).
-	for i := range min(len(e.KV), 4099) {
-		e.KV[i] = byte(i*31 + i>>9)
-	}
-	for n := 4099; n < len(e.KV); n *= 2 {
-		copy(e.KV[n:], e.KV[:n])
-	}
-	b, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	return testutil.Encode(t, testutil.EntryOf(spec, toks, testStandalone, testutil.PatternKV), chunk.CodecRaw)
 }
 
 // rekey gives blob, in place, the tokens of entry i (its first two tokens

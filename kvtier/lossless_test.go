@@ -3,33 +3,21 @@ package kvtier
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"log/slog"
 	"math/rand/v2"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
-// smoothBlob is an entry whose bf16 values look like activations (small
-// normal values), which the lossless codec compresses.
+// smoothBlob is a raw entry of the test model whose bf16 values look
+// like activations (testutil.SmoothKV), which the lossless codec
+// compresses.
 func smoothBlob(t testing.TB, seed uint64, tokens int) []byte {
 	rng := rand.New(rand.NewPCG(seed, 5))
-	toks := make([]uint32, tokens)
-	for i := range toks {
-		toks[i] = rng.Uint32N(32000)
-	}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: testFP, Content: chunk.ContentID(testFP, toks), Context: testStandalone},
-		DType: chunk.BF16, Layers: 2, KVHeads: 2, HeadDim: 16, Tokens: toks}
-	e.KV = make([]byte, e.Shape().RawBytes())
-	for i := 0; i < len(e.KV); i += 2 {
-		binary.LittleEndian.PutUint16(e.KV[i:], chunk.F32ToBF16(float32(rng.NormFloat64()*0.5)))
-	}
-	b, err := chunk.Encode(nil, e, chunk.CodecRaw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
+	e := testutil.EntryOf(testSpec, testutil.Tokens(rng, tokens), testStandalone, testutil.SmoothKV(rng))
+	return testutil.Encode(t, e, chunk.CodecRaw)
 }
 
 // TestDiskLossless: raw entries are stored on disk with the lossless codec

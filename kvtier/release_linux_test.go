@@ -5,6 +5,8 @@ package kvtier
 import (
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestReleaseInBackground: the call that makes a release of freed pages
@@ -38,18 +40,11 @@ func TestReleaseInBackground(t *testing.T) {
 
 	closed := make(chan error, 1)
 	go func() { closed <- s.Close() }()
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	testutil.WaitForWithin(t, 20*time.Second, "Close to begin", func() bool {
 		s.mu.RLock()
-		c := s.closed
-		s.mu.RUnlock()
-		if c {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Close did not begin")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		defer s.mu.RUnlock()
+		return s.closed
+	})
 	select {
 	case err := <-closed:
 		t.Fatalf("Close returned (%v) with a punch in flight", err)

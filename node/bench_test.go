@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -44,15 +44,15 @@ func BenchmarkClusterPutGet(b *testing.B) {
 	const conc = 8
 	for _, rf := range []int{3, 1} {
 		set := meta.Settings{ReplicationFactor: rf, WriteQuorum: min(2, rf), Codec: chunk.CodecRaw}
-		if err := nodes[0].meta.SetSettings(ctx, set, meta.AnyVersion()); err != nil {
+		if err := nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 			b.Fatal(err)
 		}
-		for c.ReplicationFactor() != rf {
+		testutil.WaitFor(b, fmt.Sprintf("the client to see R=%d", rf), func() bool {
 			if _, err := c.ClusterInfo(ctx); err != nil {
 				b.Fatal(err)
 			}
-			time.Sleep(10 * time.Millisecond)
-		}
+			return c.ReplicationFactor() == rf
+		})
 		for _, size := range []int{1 << 20, 16 << 20} {
 			count := 16
 			if size > 4<<20 {

@@ -185,7 +185,7 @@ func TestCertStartRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newCertPKI(t, "n1")
 			p.write(t, p.ca, tc.cn, tc.usage)
-			_, err := newSecurity(Config{NodeID: "n1", TLS: p.files, Logger: testLogger(t)})
+			_, err := newSecurity(Config{NodeID: "n1", TLS: p.files, Logger: slog.New(slog.DiscardHandler)})
 			if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
 				t.Fatalf("newSecurity: %v, want %v", err, tc.want)
 			}
@@ -200,7 +200,7 @@ func TestCertReloadKeepsServing(t *testing.T) {
 	p := newCertPKI(t, "n1")
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	n, err := New(Config{NodeID: "n1", DataDir: t.TempDir(), TLS: p.files, LocalTiming: true, Logger: testLogger(t)})
+	n, err := New(Config{NodeID: "n1", DataDir: t.TempDir(), TLS: p.files, LocalTiming: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

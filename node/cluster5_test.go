@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"bytes"
@@ -10,19 +10,21 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // waitLeader waits until one of nodes is the raft leader and every one of
 // them names it as such, and returns it. Right after a cluster forms, or
 // on a loaded machine, there may be no leader for a moment, or a deposed
 // one that has not yet stepped down.
-func waitLeader(t testing.TB, nodes []*Node) *Node {
+func waitLeader(t testing.TB, nodes []*node.Node) *node.Node {
 	t.Helper()
-	var leader *Node
+	var leader *node.Node
 	testutil.WaitForWithin(t, 30*time.Second, "a leader all nodes agree on", func() bool {
 		leader = nil
 		for _, nd := range nodes {
-			if nd.meta.IsLeader() {
+			if nd.Meta().IsLeader() {
 				if leader != nil {
 					return false
 				}
@@ -33,20 +35,13 @@ func waitLeader(t testing.TB, nodes []*Node) *Node {
 			return false
 		}
 		for _, nd := range nodes {
-			if id, _ := nd.meta.Leader(); id != leader.ID() {
+			if id, _ := nd.Meta().Leader(); id != leader.ID() {
 				return false
 			}
 		}
 		return true
 	})
 	return leader
-}
-
-// startNode starts node id joining seeds, closed at test end.
-func startNode(t *testing.T, id string, seeds []string, expect int) *Node {
-	t.Helper()
-	return startConfigured(t, Config{NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
-		LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t), Insecure: true})
 }
 
 // TestCluster5 covers a 5-node cluster: leader loss and re-election,
@@ -80,14 +75,14 @@ func TestCluster5(t *testing.T) {
 	if err := leader.Close(); err != nil {
 		t.Fatal(err)
 	}
-	var live []*Node
+	var live []*node.Node
 	for _, nd := range nodes {
 		if nd != leader {
 			live = append(live, nd)
 		}
 	}
 	testutil.WaitForWithin(t, 30*time.Second, "a new leader", func() bool {
-		id, _ := live[0].meta.Leader()
+		id, _ := live[0].Meta().Leader()
 		return id != "" && id != old
 	})
 
@@ -95,19 +90,19 @@ func TestCluster5(t *testing.T) {
 	// live node agrees on the result.
 	spec2 := spec
 	spec2.Salt = "after re-election"
-	var follower *Node
+	var follower *node.Node
 	for _, nd := range live {
-		if !nd.meta.IsLeader() {
+		if !nd.Meta().IsLeader() {
 			follower = nd
 			break
 		}
 	}
-	if _, err := follower.meta.RegisterModel(ctx, spec2); err != nil {
+	if _, err := follower.Meta().RegisterModel(ctx, spec2); err != nil {
 		t.Fatalf("register through follower %s: %v", follower.ID(), err)
 	}
 	testutil.WaitForWithin(t, 30*time.Second, "metadata agreement", func() bool {
 		for _, nd := range live {
-			if _, ok := nd.meta.Model(spec2.Fingerprint()); !ok || nd.meta.Ring().Epoch() != live[0].meta.Ring().Epoch() {
+			if _, ok := nd.Meta().Model(spec2.Fingerprint()); !ok || nd.Meta().Ring().Epoch() != live[0].Meta().Ring().Epoch() {
 				return false
 			}
 		}
@@ -122,16 +117,18 @@ func TestCluster5(t *testing.T) {
 	}
 
 	// A sixth node joins: it lands in the ring and can serve.
-	n6 := startNode(t, "n6", []string{live[0].GossipAddr()}, 0)
-	testutil.WaitForWithin(t, 30*time.Second, "n6 in the ring", func() bool { return n6.Ready() == nil && live[0].meta.Ring().Contains("n6") })
-	testutil.WaitForWithin(t, 30*time.Second, "n6 knows the models", func() bool { _, ok := n6.meta.Model(spec2.Fingerprint()); return ok })
+	cfg6 := nodetest.NodeConfig(t, "n6", []string{live[0].GossipAddr()})
+	cfg6.DRAMBytes, cfg6.HTTPAddr, cfg6.Insecure = 32<<20, "", true
+	n6 := nodetest.StartNode(t, cfg6)
+	testutil.WaitForWithin(t, 30*time.Second, "n6 in the ring", func() bool { return n6.Ready() == nil && live[0].Meta().Ring().Contains("n6") })
+	testutil.WaitForWithin(t, 30*time.Second, "n6 knows the models", func() bool { _, ok := n6.Meta().Model(spec2.Fingerprint()); return ok })
 
 	// A graceful leave takes a node out of the ring without DeadGrace.
 	leaving := live[len(live)-1]
-	if leaving.meta.IsLeader() {
+	if leaving.Meta().IsLeader() {
 		leaving = live[len(live)-2]
 	}
-	epoch := live[0].meta.Ring().Epoch()
+	epoch := live[0].Meta().Ring().Epoch()
 	lctx, lcancel := context.WithTimeout(ctx, 30*time.Second)
 	if err := leaving.Leave(lctx); err != nil {
 		t.Fatalf("leave: %v", err)
@@ -145,16 +142,16 @@ func TestCluster5(t *testing.T) {
 			if nd == leaving {
 				continue
 			}
-			id, _ := nd.meta.Leader()
+			id, _ := nd.Meta().Leader()
 			var ms []string
-			for _, m := range nd.meta.Ring().Members() {
+			for _, m := range nd.Meta().Ring().Members() {
 				ms = append(ms, m.ID)
 			}
-			t.Logf("%s: leader %q epoch %d members %v gossip %d", nd.ID(), id, nd.meta.Ring().Epoch(), ms, len(nd.gossip.Members()))
+			t.Logf("%s: leader %q epoch %d members %v gossip %d", nd.ID(), id, nd.Meta().Ring().Epoch(), ms, len(nd.Gossip().Members()))
 		}
 	}()
 	testutil.WaitForWithin(t, 30*time.Second, fmt.Sprintf("%s out of the ring", leaving.ID()), func() bool {
-		r := n6.meta.Ring()
+		r := n6.Meta().Ring()
 		return !r.Contains(leaving.ID()) && r.Epoch() > epoch
 	})
 	_ = leaving.Close()
@@ -168,7 +165,7 @@ func TestCluster5(t *testing.T) {
 			// replication package), only a survivor can serve it.
 			var holders int
 			for _, nd := range append(live, n6) {
-				if nd != leaving && nd.store.Contains(k) {
+				if nd != leaving && nd.Store().Contains(k) {
 					holders++
 				}
 			}

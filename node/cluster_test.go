@@ -1,10 +1,9 @@
-package node
+package node_test
 
 import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -24,47 +23,27 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-func testLogger(t testing.TB) *slog.Logger {
-	return slog.New(slog.NewTextHandler(io.Discard, nil))
-}
-
-// startCluster starts n nodes on loopback that bootstrap together and
-// waits until every node sees all n in its ring.
-func startCluster(t testing.TB, n int) []*Node {
+// startCluster starts n nodes (nodetest.Start) with 64 MiB of DRAM each.
+func startCluster(t testing.TB, n int) []*node.Node {
 	t.Helper()
 	return startClusterDRAM(t, n, 64<<20)
 }
 
-// startClusterDRAM is startCluster with a DRAM budget per node.
-func startClusterDRAM(t testing.TB, n int, dram int64) []*Node {
+// startClusterDRAM is startCluster with a DRAM budget per node. The nodes
+// serve HTTP (on any port) and give an RPC 5 s.
+func startClusterDRAM(t testing.TB, n int, dram int64) []*node.Node {
 	t.Helper()
-	nodes := make([]*Node, n)
-	var seeds []string
-	for i := range nodes {
-		nodes[i] = startConfigured(t, Config{
-			NodeID:          fmt.Sprintf("n%d", i+1),
-			DataDir:         t.TempDir(),
-			Seeds:           seeds,
-			BootstrapExpect: n,
-			DRAMBytes:       dram,
-			LocalTiming:     true,
-			DeadGrace:       time.Hour, // keep dead nodes in the ring: reads must fail over
-			RPCTimeout:      5 * time.Second,
-			Logger:          testLogger(t),
-			Insecure:        true,
-		})
-		if i == 0 {
-			seeds = []string{nodes[0].GossipAddr()}
-		}
-	}
-	waitRing(t, nodes, n)
-	return nodes
+	return nodetest.Start(t, n, nodetest.Config{Node: func(_ int, cfg *node.Config) {
+		cfg.DRAMBytes, cfg.HTTPAddr, cfg.RPCTimeout = dram, "", 5*time.Second
+	}}).Nodes
 }
 
-func newClient(t testing.TB, nodes ...*Node) *client.Client {
+func newClient(t testing.TB, nodes ...*node.Node) *client.Client {
 	t.Helper()
 	var seeds []string
 	for _, nd := range nodes {
@@ -72,7 +51,7 @@ func newClient(t testing.TB, nodes ...*Node) *client.Client {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second, Logger: testLogger(t)})
+	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -348,22 +327,14 @@ func TestCluster3(t *testing.T) {
 	})
 
 	t.Run("metadata agrees", func(t *testing.T) {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			agree := true
+		testutil.WaitForWithin(t, 30*time.Second, "the nodes to agree on the metadata", func() bool {
 			for _, nd := range nodes[1:] {
-				if nd.meta.Ring().Epoch() != nodes[0].meta.Ring().Epoch() || len(nd.meta.Models()) != 1 {
-					agree = false
+				if nd.Meta().Ring().Epoch() != nodes[0].Meta().Ring().Epoch() || len(nd.Meta().Models()) != 1 {
+					return false
 				}
 			}
-			if agree {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatal("nodes disagree on metadata")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return true
+		})
 		// A loaded machine may be between leaders for a moment.
 		testutil.WaitForWithin(t, 20*time.Second, "a leader in ClusterInfo", func() bool {
 			info, err := c.ClusterInfo(ctx)
@@ -382,8 +353,8 @@ func TestCluster3(t *testing.T) {
 		// encoding) once the writes' stragglers, acknowledged at W=2 and
 		// still in flight, are done. The store must not change while it
 		// is paged.
-		testutil.WaitForWithin(t, 30*time.Second, "every entry on n1", func() bool { return nodes[0].store.Stats().Entries == len(all)+1 })
-		pc, err := nodes[1].peers.peer(nodes[0].GRPCAddr())
+		testutil.WaitForWithin(t, 30*time.Second, "every entry on n1", func() bool { return nodes[0].Store().Stats().Entries == len(all)+1 })
+		pc, err := nodes[1].PeerClient(nodes[0].GRPCAddr())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -402,7 +373,7 @@ func TestCluster3(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if n := len(seen); n > 0 && compareKeys(seen[n-1], k) >= 0 {
+				if n := len(seen); n > 0 && node.CompareKeys(seen[n-1], k) >= 0 {
 					t.Fatalf("digest out of order at %v", k)
 				}
 				seen = append(seen, k)
@@ -412,7 +383,7 @@ func TestCluster3(t *testing.T) {
 				break
 			}
 		}
-		if want := nodes[0].store.Stats().Entries; len(seen) != want {
+		if want := nodes[0].Store().Stats().Entries; len(seen) != want {
 			t.Fatalf("digest listed %d keys, store holds %d", len(seen), want)
 		}
 	})

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -27,7 +28,7 @@ func TestClusterCodec(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	set := meta.Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: meta.DefaultSettings().Codec}
-	if err := nodes[0].meta.SetSettings(ctx, set, meta.AnyVersion()); err != nil {
+	if err := nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
 	c := newClient(t, nodes...)
@@ -76,9 +77,9 @@ func TestClusterCodec(t *testing.T) {
 
 	// Inject through the node that does not hold the entry: its bytes come
 	// from the owner as stored.
-	var querier *Node
+	var querier *node.Node
 	for _, nd := range nodes {
-		if !nd.store.Contains(ent.Key) {
+		if !nd.Store().Contains(ent.Key) {
 			querier = nd
 		}
 	}
@@ -115,11 +116,11 @@ func TestClusterCodec(t *testing.T) {
 	// The codec becomes raw: the client learns it, a new write is stored
 	// raw even when sent lossless, and the lossless entry stays readable.
 	set.Codec = chunk.CodecRaw
-	if err := nodes[0].meta.SetSettings(ctx, set, meta.AnyVersion()); err != nil {
+	if err := nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "every node at the raw codec", func() bool {
-		return nodes[0].meta.Settings().Codec == chunk.CodecRaw && nodes[1].meta.Settings().Codec == chunk.CodecRaw
+		return nodes[0].Meta().Settings().Codec == chunk.CodecRaw && nodes[1].Meta().Settings().Codec == chunk.CodecRaw
 	})
 	if err := c.Refresh(ctx); err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestDataDirNodeID: the first start records the node ID in the data
@@ -18,26 +20,26 @@ import (
 // directory belongs to; the same ID starts again.
 func TestDataDirNodeID(t *testing.T) {
 	cfg := replConfig(t, "n1", nil, 1)
-	nd := startConfigured(t, cfg)
+	nd := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return nd.State() == api.StateReady })
 	if err := nd.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, nodeIDFileName)); err != nil || string(b) != "n1\n" {
-		t.Fatalf("%s: %q, %v", nodeIDFileName, b, err)
+	if b, err := os.ReadFile(filepath.Join(cfg.DataDir, node.NodeIDFileName)); err != nil || string(b) != "n1\n" {
+		t.Fatalf("%s: %q, %v", node.NodeIDFileName, b, err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	other := cfg
 	other.NodeID = "n2"
-	nd, err := New(other)
+	nd, err := node.New(other)
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = nd.Start(ctx)
 	_ = nd.Close()
-	if !errors.Is(err, ErrNodeIDMismatch) || !strings.Contains(err.Error(), `"n1"`) {
+	if !errors.Is(err, node.ErrNodeIDMismatch) || !strings.Contains(err.Error(), `"n1"`) {
 		t.Fatalf("start as n2: %v, want ErrNodeIDMismatch naming n1", err)
 	}
-	startConfigured(t, cfg)
+	nodetest.StartNode(t, cfg)
 }

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // TestDrainWhenGossipLeaveIsLost reproduces the lost-gossip-leave drain
@@ -27,7 +29,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	if drained == leader {
 		drained = nodes[1]
 	}
-	var rest []*Node
+	var rest []*node.Node
 	for _, nd := range nodes {
 		if nd != drained {
 			rest = append(rest, nd)
@@ -45,21 +47,21 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
-	epoch := leader.meta.Ring().Epoch()
+	epoch := leader.Meta().Ring().Epoch()
 
 	// The drained node's gossip goes silent; the leader holds it failed.
-	if err := drained.gossip.Shutdown(); err != nil {
+	if err := drained.Gossip().Shutdown(); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitForWithin(t, 30*time.Second, "the leader to hold "+drained.ID()+" failed", func() bool {
-		for _, st := range leader.gossip.Status() {
+		for _, st := range leader.Gossip().Status() {
 			if st.Meta.ID == drained.ID() {
 				return st.State == gossip.StateFailed
 			}
 		}
 		return false
 	})
-	if !leader.meta.Ring().Contains(drained.ID()) {
+	if !leader.Meta().Ring().Contains(drained.ID()) {
 		t.Fatal("removed before the drain (DeadGrace is 1 h)")
 	}
 
@@ -80,24 +82,24 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	}
 	// Acknowledged through raft: already true on the leader of the time.
 	l := leader
-	if !l.meta.IsLeader() {
+	if !l.Meta().IsLeader() {
 		for _, nd := range rest {
-			if nd.meta.IsLeader() {
+			if nd.Meta().IsLeader() {
 				l = nd
 			}
 		}
 	}
-	if rg := l.meta.Ring(); rg.Contains(drained.ID()) || rg.Epoch() <= epoch {
+	if rg := l.Meta().Ring(); rg.Contains(drained.ID()) || rg.Epoch() <= epoch {
 		t.Fatalf("after the drain the leader's ring holds %s (epoch %d, was %d)", drained.ID(), rg.Epoch(), epoch)
 	}
-	servers, err := l.meta.Servers()
+	servers, err := l.Meta().Servers()
 	if err != nil {
 		t.Fatal(err)
 	}
 	if slices.ContainsFunc(servers, func(s meta.Server) bool { return s.ID == drained.ID() }) {
 		t.Fatalf("raft still holds %s: %v", drained.ID(), servers)
 	}
-	waitRing(t, rest, 3)
+	nodetest.WaitRing(t, 3, rest...)
 	if err := drained.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +143,7 @@ func TestRestartedNodeRefills(t *testing.T) {
 			// ring formed) push too: let them end first.
 			testutil.WaitForWithin(t, 60*time.Second, "the startup pulls of the first start to end", func() bool {
 				for _, nd := range nodes {
-					if nd.repl.Metrics().PullRunning != 0 {
+					if nd.Replicator().Metrics().PullRunning != 0 {
 						return false
 					}
 				}
@@ -154,31 +156,31 @@ func TestRestartedNodeRefills(t *testing.T) {
 			cfg.NoStartupPull = tc.noPull
 			cfg.Replication.AntiEntropyInterval = -1
 			cfg.Replication.ReadRepairChance = -1
-			back := startConfigured(t, cfg)
-			waitRing(t, []*Node{nodes[0], nodes[1], back}, 3)
+			back := nodetest.StartNode(t, cfg)
+			nodetest.WaitRing(t, 3, nodes[0], nodes[1], back)
 			if tc.noPull {
 				// Bounded look for a refill that must not happen.
 				time.Sleep(2 * time.Second)
 				if n := len(holdersOf(back, chunks)); n != 0 {
-					t.Fatalf("%d chunks refilled without the startup pull: %+v; n1 %+v", n, back.repl.Metrics(), nodes[0].repl.Metrics())
+					t.Fatalf("%d chunks refilled without the startup pull: %+v; n1 %+v", n, back.Replicator().Metrics(), nodes[0].Replicator().Metrics())
 				}
 				return
 			}
 			testutil.WaitForWithin(t, 30*time.Second, "the restarted n3 refilled", func() bool {
 				return len(holdersOf(back, chunks)) == len(chunks)
 			})
-			testutil.WaitForWithin(t, 30*time.Second, "the startup pull to end", func() bool { return back.repl.Metrics().PullRunning == 0 })
-			if m := back.repl.Metrics(); m.PullKeys != int64(len(chunks)) || m.PullRounds < 1 {
+			testutil.WaitForWithin(t, 30*time.Second, "the startup pull to end", func() bool { return back.Replicator().Metrics().PullRunning == 0 })
+			if m := back.Replicator().Metrics(); m.PullKeys != int64(len(chunks)) || m.PullRounds < 1 {
 				t.Fatalf("pull metrics %+v, want %d keys", m, len(chunks))
 			}
 		})
 	}
 }
 
-func holdersOf(nd *Node, chunks []testChunk) []chunk.Key {
+func holdersOf(nd *node.Node, chunks []testChunk) []chunk.Key {
 	var out []chunk.Key
 	for _, ch := range chunks {
-		if nd.store.Contains(ch.key) {
+		if nd.Store().Contains(ch.key) {
 			out = append(out, ch.key)
 		}
 	}

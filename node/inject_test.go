@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -108,16 +109,16 @@ func TestInjectRPC(t *testing.T) {
 		call func() error
 		code codes.Code
 	}{
-		{"remote caller", func() error { _, err := nd.inj.RegisterCache(remote, preg); return err }, codes.PermissionDenied},
-		{"bad layout", func() error { _, err := nd.inj.RegisterCache(here, bad); return err }, codes.InvalidArgument},
+		{"remote caller", func() error { _, err := nd.Injector().RegisterCache(remote, preg); return err }, codes.PermissionDenied},
+		{"bad layout", func() error { _, err := nd.Injector().RegisterCache(here, bad); return err }, codes.InvalidArgument},
 		{"no memory kind", func() error {
 			r := proto.Clone(preg).(*api.RegisterCacheRequest)
 			r.MemoryKind = 0
-			_, err := nd.inj.RegisterCache(here, r)
+			_, err := nd.Injector().RegisterCache(here, r)
 			return err
 		}, codes.InvalidArgument},
 		{"unknown cache", func() error {
-			_, err := nd.inj.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: 999})
+			_, err := nd.Injector().UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: 999})
 			return err
 		}, codes.NotFound},
 	} {
@@ -130,27 +131,6 @@ func TestInjectRPC(t *testing.T) {
 	}
 	if _, err := inj.InjectChunks(ctx, []pagedkv.InjectChunk{{Key: key, Tokens: tokens, Pos: 0, Slots: slots}}); status.Code(err) != codes.NotFound {
 		t.Fatalf("inject after unregister: %v", err)
-	}
-}
-
-func TestLocalPeer(t *testing.T) {
-	for _, tc := range []struct {
-		addr net.Addr
-		want bool
-	}{
-		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 11), Port: 1}, true},
-		{&net.TCPAddr{IP: net.IPv6loopback, Port: 1}, true},
-		{&net.TCPAddr{IP: net.IPv4(192, 168, 1, 2), Port: 1}, false},
-		{&net.UnixAddr{Name: "/run/kvmesh.sock", Net: "unix"}, true},
-		{nil, false},
-	} {
-		ctx := context.Background()
-		if tc.addr != nil {
-			ctx = peer.NewContext(ctx, &peer.Peer{Addr: tc.addr})
-		}
-		if got := localPeer(ctx); got != tc.want {
-			t.Errorf("%v: %v, want %v", tc.addr, got, tc.want)
-		}
 	}
 }
 
@@ -187,7 +167,7 @@ func TestReplicaBestBatch(t *testing.T) {
 		}
 		keys = append(keys, chunk.Key{Fingerprint: fp, Content: content, Context: want})
 	}
-	r := replicaRemote{nodes[0]}
+	r := node.RemoteOf(nodes[0])
 	check := func(name string) {
 		got := r.BestBatch(ctx, keys)
 		if len(got) != len(keys) {
@@ -198,7 +178,7 @@ func TestReplicaBestBatch(t *testing.T) {
 			if m != got[i].Match || key != got[i].Key || (err != nil) != (got[i].Err != nil) {
 				t.Errorf("%s: key %d: batch %v %v (%v), alone %v %v (%v)", name, i, got[i].Match, got[i].Key, got[i].Err, m, key, err)
 			}
-			if len(r.others(k.Content)) > 0 && got[i].Err == nil {
+			if len(r.Others(k.Content)) > 0 && got[i].Err == nil {
 				if wantM := []chunk.Match{chunk.MatchExact, chunk.MatchApproximate, chunk.MatchMiss}[i%3]; got[i].Match != wantM {
 					t.Errorf("%s: key %d: %v, want %v", name, i, got[i].Match, wantM)
 				}

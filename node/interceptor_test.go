@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/auth"
@@ -20,29 +18,6 @@ import (
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/replication"
 )
-
-// headerOnlyStream is a ServerStream on which only SetHeader works.
-type headerOnlyStream struct{ grpc.ServerStream }
-
-func (headerOnlyStream) SetHeader(metadata.MD) error { return nil }
-
-func TestInterceptorRecoversPanics(t *testing.T) {
-	n := startCluster(t, 1)[0]
-	before := readCounter(n.metrics.panics)
-	_, err := n.unaryInterceptor(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/test/Unary"},
-		func(ctx context.Context, req any) (any, error) { panic("boom") })
-	if status.Code(err) != codes.Internal {
-		t.Fatalf("unary panic: %v, want Internal", err)
-	}
-	err = n.streamInterceptor(nil, headerOnlyStream{}, &grpc.StreamServerInfo{FullMethod: "/test/Stream"},
-		func(srv any, ss grpc.ServerStream) error { panic("boom") })
-	if status.Code(err) != codes.Internal {
-		t.Fatalf("stream panic: %v, want Internal", err)
-	}
-	if got := readCounter(n.metrics.panics) - before; got != 2 {
-		t.Fatalf("panics counted %v, want 2", got)
-	}
-}
 
 // authErr is a malformed token request as auth reports it.
 func authErr(t *testing.T) error {

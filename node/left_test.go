@@ -1,91 +1,12 @@
 package node
 
 import (
-	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 )
-
-// TestDrainedNodeRestart: a node that left the cluster refuses to start
-// again on its data directory (ErrLeftCluster, saying why and what to
-// do), rather than rejoining silently; with Rejoin it starts, joins the
-// ring again, and the record of the leave is gone (but not after a
-// rejoin whose start failed).
-func TestDrainedNodeRestart(t *testing.T) {
-	var nodes []*Node
-	var cfgs []Config
-	var seeds []string
-	for _, id := range []string{"n1", "n2", "n3"} {
-		cfg := replConfig(t, id, seeds, 3)
-		cfgs = append(cfgs, cfg)
-		nodes = append(nodes, startConfigured(t, cfg))
-		seeds = []string{nodes[0].GossipAddr()}
-	}
-	waitRing(t, nodes, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if err := nodes[2].Leave(ctx); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-nodes[2].Left():
-		t.Fatal("Left closed by a Leave outside a drain")
-	default:
-	}
-	if err := nodes[2].Close(); err != nil {
-		t.Fatal(err)
-	}
-	waitRing(t, nodes[:2], 2)
-
-	cfg := cfgs[2]
-	cfg.Seeds = seeds
-	nd, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = nd.Start(ctx)
-	_ = nd.Close()
-	if !errors.Is(err, ErrLeftCluster) || !strings.Contains(err.Error(), "-rejoin") {
-		t.Fatalf("restart of a node that left: %v, want ErrLeftCluster naming -rejoin", err)
-	}
-	if nodes[0].Meta().Ring().Contains("n3") {
-		t.Fatal("the refused start still reached the cluster")
-	}
-
-	// A rejoin whose start fails (its gRPC address is taken) keeps the
-	// marker: the next start without Rejoin still refuses.
-	taken, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer taken.Close()
-	failing := cfg
-	failing.Rejoin, failing.GRPCAddr = true, taken.Addr().String()
-	nd, err = New(failing)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = nd.Start(ctx)
-	_ = nd.Close()
-	if err == nil {
-		t.Fatal("a start on a taken gRPC address succeeded")
-	}
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, leftMarkerName)); err != nil {
-		t.Fatalf("leave marker after a failed rejoin: %v", err)
-	}
-
-	cfg.Rejoin = true
-	back := startConfigured(t, cfg)
-	waitRing(t, []*Node{nodes[0], nodes[1], back}, 3)
-	if _, err := os.Stat(filepath.Join(cfg.DataDir, leftMarkerName)); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("leave marker after a rejoin: %v", err)
-	}
-}
 
 // TestLeftMarker: the marker refuses a start whatever its content (it
 // exists only because a leave committed), Rejoin lets the start go on

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // that wants either finds the standalone entry EXACT.
 func TestOneComputationOneKey(t *testing.T) {
 	nodes := startCluster(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	c := newClient(t, nodes...)
 	spec := testutil.Spec()

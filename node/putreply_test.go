@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"bytes"
@@ -17,7 +17,7 @@ import (
 // that version.
 func TestPutSaysWhichVersionIsKept(t *testing.T) {
 	nodes := startCluster(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	c := newClient(t, nodes...)
 	spec := testutil.Spec()

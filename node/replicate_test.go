@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"bytes"
@@ -16,83 +16,44 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-// replConfig is a node configuration with replication's background work
-// tuned for tests: hints retried within a second, rebalance retried fast,
-// no transfer rate limit.
-func replConfig(t testing.TB, id string, seeds []string, expect int) Config {
-	return Config{
-		NodeID: id, DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: expect, DRAMBytes: 32 << 20,
-		HTTPAddr: "off", LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 3 * time.Second, Logger: testLogger(t),
-		Insecure: true,
-		Replication: replication.Config{
-			HintInterval: 100 * time.Millisecond, MaxHintBackoff: 500 * time.Millisecond,
-			RingCheckInterval: 200 * time.Millisecond, RebalanceRetry: 300 * time.Millisecond,
-			RebalanceBytesPerSec: -1, CallTimeout: 3 * time.Second,
-		},
-	}
+// replTiming is replication's background work tuned for tests: hints
+// retried within a second, rebalance retried fast, no transfer rate limit.
+var replTiming = replication.Config{
+	HintInterval: 100 * time.Millisecond, MaxHintBackoff: 500 * time.Millisecond,
+	RingCheckInterval: 200 * time.Millisecond, RebalanceRetry: 300 * time.Millisecond,
+	RebalanceBytesPerSec: -1, CallTimeout: 3 * time.Second,
 }
 
-// startConfigured starts a node of cfg, closed at test end: the one
-// starter of package node's own tests (startCluster, startReplCluster and
-// startNode build their configurations and call it). These tests reach
-// into a node's store, replicator and metadata, so they live in package
-// node, which cannot import node/nodetest (it imports node).
-func startConfigured(t testing.TB, cfg Config) *Node {
-	t.Helper()
-	nd, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := nd.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = nd.Close() })
-	return nd
+// replConfig is nodetest.NodeConfig of node id, insecure, with 32 MiB of
+// DRAM and replTiming, expecting expect members to bootstrap.
+func replConfig(t testing.TB, id string, seeds []string, expect int) node.Config {
+	cfg := nodetest.NodeConfig(t, id, seeds)
+	cfg.BootstrapExpect, cfg.DRAMBytes, cfg.Insecure, cfg.Replication = expect, 32<<20, true, replTiming
+	return cfg
 }
 
-// startReplCluster starts n nodes that bootstrap together and returns them
-// with their configurations, whose addresses are pinned to the bound ones
-// so that a node restarted from its config comes back where it was.
-func startReplCluster(t testing.TB, n int) ([]*Node, []Config) {
+// startReplCluster starts n nodes (nodetest.Start) of replConfig's
+// settings and returns them with their configurations, whose addresses
+// are pinned to the bound ones so that a node restarted from its config
+// comes back where it was.
+func startReplCluster(t testing.TB, n int) ([]*node.Node, []node.Config) {
 	t.Helper()
-	nodes := make([]*Node, n)
-	cfgs := make([]Config, n)
-	var seeds []string
-	for i := range nodes {
-		cfgs[i] = replConfig(t, fmt.Sprintf("n%d", i+1), seeds, n)
-		nodes[i] = startConfigured(t, cfgs[i])
-		cfgs[i].GRPCAddr, cfgs[i].GossipAddr, cfgs[i].RaftAddr = nodes[i].GRPCAddr(), nodes[i].GossipAddr(), nodes[i].RaftAddr()
-		if i == 0 {
-			seeds = []string{nodes[0].GossipAddr()}
-		}
-	}
-	waitRing(t, nodes, n)
-	return nodes, cfgs
-}
-
-// waitRing waits until every node is ready with a ring of n members.
-func waitRing(t testing.TB, nodes []*Node, n int) {
-	t.Helper()
-	testutil.WaitForWithin(t, 60*time.Second, fmt.Sprintf("a ready ring of %d", n), func() bool {
-		for _, nd := range nodes {
-			if nd.Ready() != nil || nd.Meta().Ring().Len() != n {
-				return false
-			}
-		}
-		return true
-	})
+	c := nodetest.Start(t, n, nodetest.Config{Node: func(_ int, cfg *node.Config) {
+		cfg.DRAMBytes, cfg.Replication = 32<<20, replTiming
+	}})
+	return c.Nodes, c.Configs
 }
 
 // holders returns the IDs of the nodes whose local store holds key.
-func holders(nodes []*Node, key chunk.Key) []string {
+func holders(nodes []*node.Node, key chunk.Key) []string {
 	var out []string
 	for _, nd := range nodes {
-		if nd.store.Contains(key) {
+		if nd.Store().Contains(key) {
 			out = append(out, nd.ID())
 		}
 	}
@@ -101,8 +62,8 @@ func holders(nodes []*Node, key chunk.Key) []string {
 }
 
 // owners returns the IDs of key's replicas on nd's ring.
-func owners(nd *Node, key chunk.Key) []string {
-	rf, _ := nd.quorum()
+func owners(nd *node.Node, key chunk.Key) []string {
+	rf, _ := nd.Quorum()
 	var out []string
 	for _, m := range nd.Meta().Ring().Replicas(key.Content, rf) {
 		out = append(out, m.ID)
@@ -127,10 +88,10 @@ func makeChunks(t *testing.T, seed uint64, n int) []testChunk {
 
 // checkReadable reads every chunk through nodes[0]'s replication (local,
 // then the replicas) and compares the bytes.
-func checkReadable(t *testing.T, ctx context.Context, nd *Node, chunks []testChunk) {
+func checkReadable(t *testing.T, ctx context.Context, nd *node.Node, chunks []testChunk) {
 	t.Helper()
 	for i, c := range chunks {
-		rr, err := nd.repl.Read(ctx, c.key)
+		rr, err := nd.Replicator().Read(ctx, c.key)
 		if err != nil {
 			t.Fatalf("chunk %d (%v) lost: %v", i, c.key, err)
 		}
@@ -189,7 +150,7 @@ func TestReplicaKilledDuringWrites(t *testing.T) {
 	testutil.WaitForWithin(t, 30*time.Second, "acknowledged chunks on both live nodes", func() bool {
 		for _, ch := range acked {
 			if len(holders(live, ch.key)) < 2 {
-				_, _ = nodes[0].repl.Read(ctx, ch.key) // read repair
+				_, _ = nodes[0].Replicator().Read(ctx, ch.key) // read repair
 				return false
 			}
 		}
@@ -231,18 +192,18 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	testutil.WaitForWithin(t, 30*time.Second, "a hint per write that missed n3", func() bool {
 		pending := 0
 		for _, nd := range nodes[:2] {
-			p, _ := nd.repl.HintsPending()
+			p, _ := nd.Replicator().HintsPending()
 			pending += p
 		}
 		return pending >= len(chunks)
 	})
 
-	back := startConfigured(t, cfgs[2])
-	all := []*Node{nodes[0], nodes[1], back}
-	waitRing(t, all, 3)
+	back := nodetest.StartNode(t, cfgs[2])
+	all := []*node.Node{nodes[0], nodes[1], back}
+	nodetest.WaitRing(t, 3, all...)
 	testutil.WaitForWithin(t, 45*time.Second, "hinted chunks on the returned n3", func() bool {
 		for _, ch := range chunks {
-			if !back.store.Contains(ch.key) {
+			if !back.Store().Contains(ch.key) {
 				return false
 			}
 		}
@@ -250,18 +211,18 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	})
 	testutil.WaitForWithin(t, 30*time.Second, "no hints pending", func() bool {
 		for _, nd := range nodes[:2] {
-			if p, _ := nd.repl.HintsPending(); p > 0 {
+			if p, _ := nd.Replicator().HintsPending(); p > 0 {
 				return false
 			}
 		}
 		return true
 	})
-	delivered := nodes[0].repl.Metrics().HintsDelivered + nodes[1].repl.Metrics().HintsDelivered
+	delivered := nodes[0].Replicator().Metrics().HintsDelivered + nodes[1].Replicator().Metrics().HintsDelivered
 	if delivered < int64(len(chunks)) {
 		t.Fatalf("%d hints delivered, want at least %d", delivered, len(chunks))
 	}
 	for _, ch := range chunks {
-		got, err := back.repl.ServeFetch(ctx, ch.key)
+		got, err := back.Replicator().ServeFetch(ctx, ch.key)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -290,9 +251,9 @@ func TestJoinRebalances(t *testing.T) {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
-	n4 := startConfigured(t, replConfig(t, "n4", []string{nodes[0].GossipAddr()}, 0))
+	n4 := nodetest.StartNode(t, replConfig(t, "n4", []string{nodes[0].GossipAddr()}, 0))
 	all := append(slices.Clone(nodes), n4)
-	waitRing(t, all, 4)
+	nodetest.WaitRing(t, 4, all...)
 	placed := func() bool {
 		for _, ch := range chunks {
 			if !slices.Equal(holders(all, ch.key), owners(nodes[0], ch.key)) {
@@ -304,7 +265,7 @@ func TestJoinRebalances(t *testing.T) {
 	testutil.WaitForWithin(t, 60*time.Second, "every chunk on exactly its owners in the 4-node ring", placed)
 	share := 0
 	for _, ch := range chunks {
-		if n4.store.Contains(ch.key) {
+		if n4.Store().Contains(ch.key) {
 			share++
 		}
 	}
@@ -315,21 +276,13 @@ func TestJoinRebalances(t *testing.T) {
 	// Each chunk n4 took was dropped by the one old owner that left its
 	// replica set. The counter moves just after the delete that placed
 	// saw, so wait for it too.
-	var dropped int64
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		dropped = 0
+	testutil.WaitForWithin(t, 30*time.Second, fmt.Sprintf("the old owners to drop the %d chunks n4 took", share), func() bool {
+		var dropped int64
 		for _, nd := range nodes {
-			dropped += nd.repl.Metrics().RebalanceDropped
+			dropped += nd.Replicator().Metrics().RebalanceDropped
 		}
-		if dropped >= int64(share) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("old owners dropped %d chunks, n4 took %d", dropped, share)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return dropped >= int64(share)
+	})
 	checkReadable(t, ctx, n4, chunks)
 }
 
@@ -354,7 +307,7 @@ func TestDrainMovesEverything(t *testing.T) {
 	n4 := nodes[3]
 	held := 0
 	for _, ch := range chunks {
-		if n4.store.Contains(ch.key) {
+		if n4.Store().Contains(ch.key) {
 			held++
 		}
 	}
@@ -377,7 +330,7 @@ func TestDrainMovesEverything(t *testing.T) {
 		t.Fatalf("phases %v", phases)
 	}
 	rest := nodes[:3]
-	waitRing(t, rest, 3)
+	nodetest.WaitRing(t, 3, rest...)
 	if err := n4.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -397,7 +350,7 @@ func TestDrainMovesEverything(t *testing.T) {
 func TestSingleNodeQuorumAndDrain(t *testing.T) {
 	nodes, _ := startReplCluster(t, 1)
 	nd := nodes[0]
-	if r, w := nd.quorum(); r != 1 || w != 1 {
+	if r, w := nd.Quorum(); r != 1 || w != 1 {
 		t.Fatalf("quorum on a 1-node ring: R=%d W=%d, want 1 and 1", r, w)
 	}
 	c := newClient(t, nd)
@@ -418,7 +371,7 @@ func TestSingleNodeQuorumAndDrain(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("drain of the only node: %v, want FailedPrecondition", err)
 	}
-	if !nd.store.Contains(ch.key) {
+	if !nd.Store().Contains(ch.key) {
 		t.Fatal("a refused drain removed the chunk")
 	}
 }

@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/node"
 )
 
 // TestSettingsCompareAndSet: two admins read the same settings version
@@ -43,7 +44,7 @@ func TestSettingsCompareAndSet(t *testing.T) {
 	for i, nd := range nodes {
 		// Everyone has applied the same settings (the defaults): a node
 		// that lags would catch up first anyway.
-		if _, nv := nd.meta.WaitSettingsVersion(ctx, v); nv != v {
+		if _, nv := nd.Meta().WaitSettingsVersion(ctx, v); nv != v {
 			t.Fatalf("n%d at settings version %d, want %d", i+1, nv, v)
 		}
 	}
@@ -62,16 +63,16 @@ func TestSettingsCompareAndSet(t *testing.T) {
 	}
 	want := meta.Settings{ReplicationFactor: 2, WriteQuorum: 1, Codec: meta.DefaultSettings().Codec}
 	for i, nd := range nodes {
-		if s, nv := nd.meta.WaitSettingsVersion(ctx, resp.Version); s != want || nv != resp.Version {
+		if s, nv := nd.Meta().WaitSettingsVersion(ctx, resp.Version); s != want || nv != resp.Version {
 			t.Fatalf("n%d holds %+v at %d, want %+v at %d", i+1, s, nv, want, resp.Version)
 		}
 	}
 
 	// A version no node holds yet, through a follower's meta: the leader
 	// refuses the forwarded command, and the follower learns why.
-	var follower *Node
+	var follower *node.Node
 	for _, nd := range nodes {
-		if !nd.meta.IsLeader() {
+		if !nd.Meta().IsLeader() {
 			follower = nd
 			break
 		}
@@ -80,7 +81,7 @@ func TestSettingsCompareAndSet(t *testing.T) {
 	// the leader" would end in it, not in ErrSettingsVersion.
 	future := resp.Version + 1000
 	fctx, fcancel := context.WithTimeout(ctx, 15*time.Second)
-	err = follower.meta.SetSettings(fctx, meta.DefaultSettings(), meta.AtVersion(future))
+	err = follower.Meta().SetSettings(fctx, meta.DefaultSettings(), meta.AtVersion(future))
 	fcancel()
 	if !errors.Is(err, meta.ErrSettingsVersion) {
 		t.Fatalf("forwarded stale change: %v, want ErrSettingsVersion at once", err)
@@ -109,7 +110,7 @@ func TestSettingsPartialChangesKeepEachOther(t *testing.T) {
 	nodes := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	admin := func(nd *Node) api.AdminClient {
+	admin := func(nd *node.Node) api.AdminClient {
 		cc, err := grpc.NewClient(nd.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			t.Fatal(err)
@@ -152,7 +153,7 @@ func TestSettingsPartialChangesKeepEachOther(t *testing.T) {
 		final = max(final, r.version)
 	}
 	for i, nd := range nodes {
-		if s, _ := nd.meta.WaitSettingsVersion(ctx, final); s.ReplicationFactor != 3 || s.WriteQuorum != 2 || s.Codec.String() != "lossless" {
+		if s, _ := nd.Meta().WaitSettingsVersion(ctx, final); s.ReplicationFactor != 3 || s.WriteQuorum != 2 || s.Codec.String() != "lossless" {
 			t.Fatalf("n%d holds %+v, want R=3 W=2 codec lossless", i+1, s)
 		}
 	}

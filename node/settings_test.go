@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/meta"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
@@ -24,16 +26,16 @@ import (
 // chunk to its new replicas; lowering it, the copies beyond R go once the
 // remaining owner acknowledged holding them.
 func TestSettingsChangeR(t *testing.T) {
-	var nodes []*Node
+	var nodes []*node.Node
 	var seeds []string
 	for _, id := range []string{"n1", "n2", "n3"} {
 		cfg := replConfig(t, id, seeds, 3)
 		// Only the rounds the test runs move data.
 		cfg.NoStartupPull = true
-		nodes = append(nodes, startConfigured(t, cfg))
+		nodes = append(nodes, nodetest.StartNode(t, cfg))
 		seeds = []string{nodes[0].GossipAddr()}
 	}
-	waitRing(t, nodes, 3)
+	nodetest.WaitRing(t, 3, nodes...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	cc, err := grpc.NewClient(nodes[1].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -55,7 +57,7 @@ func TestSettingsChangeR(t *testing.T) {
 		}
 		testutil.WaitForWithin(t, 30*time.Second, "the settings on every node", func() bool {
 			for _, n := range nodes {
-				if n.meta.Settings() != want {
+				if n.Meta().Settings() != want {
 					return false
 				}
 			}
@@ -73,17 +75,16 @@ func TestSettingsChangeR(t *testing.T) {
 	}
 	placed := func(what string, rf int) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			bad := misplaced(rf)
-			if bad == "" {
-				return
+		var bad string
+		defer func() {
+			if bad != "" {
+				t.Logf("%s: last seen %s", what, bad)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: %s", what, bad)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		}()
+		testutil.WaitForWithin(t, 30*time.Second, what+": every chunk on its owners", func() bool {
+			bad = misplaced(rf)
+			return bad == ""
+		})
 	}
 
 	set(1, 1)
@@ -98,14 +99,14 @@ func TestSettingsChangeR(t *testing.T) {
 	}
 	placed("R=1", 1)
 
-	epoch := nodes[0].meta.Ring().Epoch()
+	epoch := nodes[0].Meta().Ring().Epoch()
 
 	// The counters move just after the store or delete they count.
 	counted := func(what string, metric func(replication.Metrics) int64, want int64) {
 		t.Helper()
 		sum := func() (s int64) {
 			for _, n := range nodes {
-				s += metric(n.repl.Metrics())
+				s += metric(n.Replicator().Metrics())
 			}
 			return s
 		}
@@ -124,7 +125,7 @@ func TestSettingsChangeR(t *testing.T) {
 	placed("R=1 after the change", 1)
 	counted("copies dropped on lowering R to 1",
 		func(m replication.Metrics) int64 { return m.RebalanceDropped }, int64(2*len(chunks)))
-	if e := nodes[0].meta.Ring().Epoch(); e != epoch {
+	if e := nodes[0].Meta().Ring().Epoch(); e != epoch {
 		t.Fatalf("ring epoch moved from %d to %d: the data did not follow R alone", epoch, e)
 	}
 }

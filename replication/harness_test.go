@@ -394,26 +394,15 @@ func (c *cluster) replicaIDs(key chunk.Key) []string {
 // workers to finish.
 func (c *cluster) waitRepairs() {
 	c.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		busy := false
+	testutil.WaitForWithin(c.t, 20*time.Second, "the repairs to finish", func() bool {
 		for _, r := range c.reps {
-			if r.RepairsPending() > 0 {
-				busy = true
-			}
 			m := r.Metrics()
-			if m.RepairsQueued != m.RepairsDone+m.RepairErrors {
-				busy = true
+			if r.RepairsPending() > 0 || m.RepairsQueued != m.RepairsDone+m.RepairErrors {
+				return false
 			}
 		}
-		if !busy {
-			return
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatal("repairs did not finish")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		return true
+	})
 }
 
 // makeBlob returns an encoded entry for chunk i (deterministic), with

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // TestPullRefillsRestartedNode: a node restarts with an empty store (the
@@ -107,13 +108,10 @@ func TestNodeUpFlushesHints(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The hint is stored by the write's straggler, after the ack.
-	deadline := time.Now().Add(10 * time.Second)
-	for n, _ := c.reps["a"].HintsPending(); n != 1; n, _ = c.reps["a"].HintsPending() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d hints held, want 1", n)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testutil.WaitForWithin(t, 10*time.Second, "one hint held", func() bool {
+		n, _ := c.reps["a"].HintsPending()
+		return n == 1
+	})
 	// Fail deliveries until the backoff is long (about 20 s).
 	for range 12 {
 		_, _ = c.reps["a"].deliverHints(t.Context(), true)
@@ -124,11 +122,5 @@ func TestNodeUpFlushesHints(t *testing.T) {
 		t.Fatal("hint delivered inside its backoff")
 	}
 	c.reps["a"].NodeUp("c")
-	deadline = time.Now().Add(10 * time.Second)
-	for !c.stores["c"].has(key) {
-		if time.Now().After(deadline) {
-			t.Fatal("hint not delivered after NodeUp")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.WaitForWithin(t, 10*time.Second, "the hint delivered after NodeUp", func() bool { return c.stores["c"].has(key) })
 }

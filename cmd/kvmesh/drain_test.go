@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -16,6 +17,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 )
@@ -38,27 +40,19 @@ func TestDrainCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	spec := chunk.ModelSpec{Family: "llama", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
-		RopeStyle: chunk.RopeNeoX, RopeTheta: 10000, TokenizerID: "drain-cli"}
+	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(3, 3))
-	fp := spec.Fingerprint()
 	var keys []chunk.Key
 	for i := range 8 {
 		tokens := []uint32{uint32(i), rng.Uint32N(1000), rng.Uint32N(1000)}
-		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-			DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
-		e.KV = make([]byte, e.Layers*e.LayerBytes())
-		blob, err := chunk.Encode(nil, e, chunk.CodecRaw)
-		if err != nil {
-			t.Fatal(err)
-		}
+		key, blob := testutil.Blob(t, rng, spec, tokens, chunk.StandaloneContext())
 		if _, err := c.Put(ctx, blob); err != nil {
 			t.Fatal(err)
 		}
-		keys = append(keys, e.Key)
+		keys = append(keys, key)
 	}
 	// R=3 of 3 nodes: n3 holds all 8 keys once the writes' stragglers
 	// (acknowledged at W=2, the third replica still in flight) are done;
@@ -70,19 +64,13 @@ func TestDrainCommand(t *testing.T) {
 	}
 	defer cc.Close()
 	for _, k := range keys {
-		for {
+		testutil.WaitFor(t, fmt.Sprintf("%v on n3", k), func() bool {
 			st, err := api.NewClientClient(cc).Get(ctx, &api.GetRequest{Key: api.ProtoKey(k), Format: api.Format_FORMAT_ENTRY, Direct: true})
 			if err == nil {
 				_, err = st.Recv()
 			}
-			if err == nil {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%v never reached n3: %v", k, err)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil
+		})
 	}
 
 	tests := []struct {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // member starts a memberlist on loopback with kr, fast timings.
@@ -50,25 +52,21 @@ func addr(m *memberlist.Memberlist) string {
 // converge waits until every member sees want alive members.
 func converge(t *testing.T, want int, ms ...*memberlist.Memberlist) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok := true
-		for _, m := range ms {
-			if m.NumMembers() != want {
-				ok = false
-			}
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
+	defer func() {
+		if t.Failed() {
 			for _, m := range ms {
 				t.Logf("%s sees %d members", m.LocalNode().Name, m.NumMembers())
 			}
-			t.Fatalf("members did not converge on %d", want)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}()
+	testutil.WaitForWithin(t, 20*time.Second, fmt.Sprintf("every member to see %d members", want), func() bool {
+		for _, m := range ms {
+			if m.NumMembers() != want {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 func keyring(t *testing.T, primary []byte, others ...[]byte) *memberlist.Keyring {

@@ -31,16 +31,61 @@ func Tokens(rng *rand.Rand, n int) []uint32 {
 // NewEntry is an entry of spec for tokens in context ctx whose KV bytes
 // are random: the same rng state gives the same entry.
 func NewEntry(rng *rand.Rand, spec chunk.ModelSpec, tokens []uint32, ctx chunk.Context) *chunk.Entry {
+	return EntryOf(spec, tokens, ctx, func(kv []byte) {
+		for i := range kv {
+			kv[i] = byte(rng.Uint32())
+		}
+	})
+}
+
+// EntryOf is an entry of spec for tokens in context ctx whose KV bytes
+// fill writes (RandomKV, SmoothKV, PatternKV; nil leaves them zero).
+func EntryOf(spec chunk.ModelSpec, tokens []uint32, ctx chunk.Context, fill func(kv []byte)) *chunk.Entry {
 	fp := spec.Fingerprint()
 	e := &chunk.Entry{
 		Key:   chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: ctx},
 		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens,
 	}
 	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for i := range e.KV {
-		e.KV[i] = byte(rng.Uint32())
+	if fill != nil {
+		fill(e.KV)
 	}
 	return e
+}
+
+// RandomKV fills KV bytes from rng eight at a time: random bytes, cheaper
+// than NewEntry's for the large entries of benchmarks.
+func RandomKV(rng *rand.Rand) func(kv []byte) {
+	return func(kv []byte) {
+		for i := 0; i < len(kv); i += 8 {
+			v := rng.Uint64()
+			for j := 0; j < 8 && i+j < len(kv); j++ {
+				kv[i+j] = byte(v >> (8 * j))
+			}
+		}
+	}
+}
+
+// SmoothKV fills bf16 KV values that look like activations (normal, σ
+// 0.5), which the lossless codec compresses, unlike random bytes.
+func SmoothKV(rng *rand.Rand) func(kv []byte) {
+	return func(kv []byte) {
+		for i := 0; i+2 <= len(kv); i += 2 {
+			binary.LittleEndian.PutUint16(kv[i:], chunk.F32ToBF16(float32(rng.NormFloat64()*0.5)))
+		}
+	}
+}
+
+// PatternKV fills KV bytes with a pattern that does not repeat within a
+// layer, by doubling (a byte loop over a large entry is slow under the
+// race detector).
+func PatternKV(kv []byte) {
+	for i := range min(len(kv), 4099) {
+		kv[i] = byte(i*31 + i>>9)
+	}
+	for n := 4099; n < len(kv); n *= 2 {
+		copy(kv[n:], kv[:n])
+	}
 }
 
 // Encode encodes e with codec, failing t on an error.

@@ -6,10 +6,10 @@
 // ring; Stop and Restart take a member down and bring it back at the same
 // addresses.
 //
-// Package node's own tests live in package node (they reach into a node's
-// store, replicator and metadata), and a test in package node cannot import
-// a package that imports node, so they cannot use this package; they keep
-// their starters in node/cluster_test.go.
+// Package node's own cluster tests use it too: they are in package
+// node_test (a test in package node cannot import a package that imports
+// node), and reach a node's store and replicator through node's
+// export_test.go.
 //
 // Imported only by tests.
 package nodetest
@@ -120,7 +120,13 @@ func Start(t testing.TB, n int, cfg Config) *Cluster {
 // WaitRing waits until each of nodes is ready with a ring of n members.
 func (c *Cluster) WaitRing(n int, nodes ...*node.Node) {
 	c.t.Helper()
-	testutil.WaitFor(c.t, fmt.Sprintf("a ready ring of %d", n), func() bool {
+	WaitRing(c.t, n, nodes...)
+}
+
+// WaitRing waits until each of nodes is ready with a ring of n members.
+func WaitRing(t testing.TB, n int, nodes ...*node.Node) {
+	t.Helper()
+	testutil.WaitFor(t, fmt.Sprintf("a ready ring of %d", n), func() bool {
 		for _, nd := range nodes {
 			if nd.Ready() != nil || nd.Meta().Ring().Len() != n {
 				return false

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -83,6 +84,22 @@ func checkBindable(tb testing.TB, hosts ...string) {
 // node behind); the tail of its log is logged on failure. Proc.Start
 // restarts it on the same addresses and data directory. The tests and
 // BenchmarkRebalance10G share it.
+// waitMembers waits until c's ClusterInfo shows n members and a leader
+// and c's ring holds the n, and returns that ClusterInfo.
+func waitMembers(ctx context.Context, tb testing.TB, c *client.Client, n int) *api.ClusterInfoResponse {
+	tb.Helper()
+	var info *api.ClusterInfoResponse
+	testutil.WaitFor(tb, fmt.Sprintf("a cluster of %d members with a leader", n), func() bool {
+		got, err := c.ClusterInfo(ctx)
+		if err != nil || len(got.Members) != n || got.LeaderId == "" {
+			return false
+		}
+		info = got
+		return c.Refresh(ctx) == nil && c.Ring().Len() == n
+	})
+	return info
+}
+
 func start(tb testing.TB, bin, id, host, dataDir string, args ...string) *harness.Proc {
 	tb.Helper()
 	p := harness.NewProc(harness.ProcConfig{Bin: bin, ID: id, Host: host, DataDir: dataDir,
@@ -143,17 +160,7 @@ func TestThreeProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	// Wait until the ring holds all three.
-	for {
-		info, err := c.ClusterInfo(ctx)
-		if err == nil && len(info.Members) == 3 && info.LeaderId != "" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("cluster never formed: %v %v", info, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(ctx, t, c, 3)
 
 	rng := rand.New(rand.NewPCG(7, 7))
 	spec := testutil.Spec()
@@ -211,33 +218,21 @@ func TestThreeProcesses(t *testing.T) {
 	if err := restarted.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for {
+	testutil.WaitFor(t, "the restarted node to know the leader and the model", func() bool {
 		models, leader, _, err := nodeView(ctx, restarted.Addr("grpc"))
-		if err == nil && leader != "" && slices.Contains(models, spec.Fingerprint().String()) {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("restarted node never caught up: %v %s %v", models, leader, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && leader != "" && slices.Contains(models, spec.Fingerprint().String())
+	})
 	// Its first reads may race its connections to the others and its
 	// startup pull: each read is retried until the test's deadline, and
 	// wrong bytes fail at once.
 	for i, k := range keys {
-		for {
+		testutil.WaitFor(t, fmt.Sprintf("get %d through the restarted node", i), func() bool {
 			got, err := getFrom(ctx, restarted.Addr("grpc"), k)
-			if err == nil {
-				if !bytes.Equal(got, blobs[i]) {
-					t.Fatalf("get %d through the restarted node: bytes differ", i)
-				}
-				break
+			if err == nil && !bytes.Equal(got, blobs[i]) {
+				t.Fatalf("get %d through the restarted node: bytes differ", i)
 			}
-			if ctx.Err() != nil {
-				t.Fatalf("get %d through the restarted node: %v", i, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err == nil
+		})
 	}
 
 	// SIGTERM shuts a node down cleanly.

@@ -75,18 +75,7 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	var leader string
-	for {
-		info, err := c.ClusterInfo(ctx)
-		if err == nil && len(info.Members) == 5 && info.LeaderId != "" {
-			leader = info.LeaderId
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("cluster never formed: %v %v", info, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	leader := waitMembers(ctx, t, c, 5).LeaderId
 	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
@@ -102,16 +91,10 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 	}
 	// A new leader, and a metadata write through whichever node the
 	// client reaches.
-	for {
+	testutil.WaitFor(t, "a new leader after killing "+leader, func() bool {
 		_, l, _, err := nodeView(ctx, live[0].Addr("grpc"))
-		if err == nil && l != "" && l != leader {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("no new leader after killing %s: %v", leader, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return err == nil && l != "" && l != leader
+	})
 	spec2 := spec
 	spec2.Salt = "after leader loss"
 	if _, err := c.RegisterModel(ctx, spec2); err != nil {
@@ -119,9 +102,15 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 	}
 	want := []string{spec.Fingerprint().String(), spec2.Fingerprint().String()}
 	slices.Sort(want)
-	for {
+	var views []string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the live nodes' last views: %v", views)
+		}
+	}()
+	testutil.WaitFor(t, "the live nodes to agree on the models and a new leader", func() bool {
 		agree := true
-		var views []string
+		views = views[:0]
 		for _, p := range live {
 			models, l, epoch, err := nodeView(ctx, p.Addr("grpc"))
 			views = append(views, fmt.Sprintf("%s: %v leader %s epoch %d err %v", p.ID(), models, l, epoch, err))
@@ -129,14 +118,8 @@ func TestFiveProcessesLeaderLoss(t *testing.T) {
 				agree = false
 			}
 		}
-		if agree {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("live nodes disagree: %v", views)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return agree
+	})
 }
 
 // getFrom reads key's whole entry through one node (which may fetch it

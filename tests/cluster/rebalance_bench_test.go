@@ -4,7 +4,6 @@ package cluster
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +29,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/daemon"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -351,23 +351,6 @@ func BenchmarkRebalance10G(b *testing.B) {
 	b.Log(sb.String())
 }
 
-func waitMembers(ctx context.Context, tb testing.TB, c *client.Client, n int) *api.ClusterInfoResponse {
-	tb.Helper()
-	for {
-		info, err := c.ClusterInfo(ctx)
-		if err == nil && len(info.Members) == n && info.LeaderId != "" {
-			if err := c.Refresh(ctx); err == nil && c.Ring().Len() == n {
-				return info
-			}
-		}
-		select {
-		case <-ctx.Done():
-			tb.Fatalf("cluster never had %d members: %v %v", n, info, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // setR1 sets R=1, W=1 through Admin.SetSettings (the nodes run without
 // tokens, so an anonymous caller holds the admin scope); any node
 // forwards it to the raft leader, and waitRF then sees it applied.
@@ -391,33 +374,16 @@ func waitRF(ctx context.Context, tb testing.TB, addr string, rf uint32) {
 		tb.Fatal(err)
 	}
 	defer cc.Close()
-	for {
+	testutil.WaitFor(tb, fmt.Sprintf("%s to see R=%d", addr, rf), func() bool {
 		info, err := api.NewClientClient(cc).ClusterInfo(ctx, &api.ClusterInfoRequest{})
-		if err == nil && info.ReplicationFactor == rf {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			tb.Fatalf("%s never saw R=%d: %v %v", addr, rf, info, err)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return err == nil && info.ReplicationFactor == rf
+	})
 }
 
-// benchEntry encodes a chunk of ntok random tokens with random KV bytes
-// into dst.
+// benchEntry encodes (raw) a chunk of ntok random tokens with random KV
+// bytes into dst.
 func benchEntry(rng *rand.Rand, spec chunk.ModelSpec, ntok int, dst []byte) (chunk.Key, []byte, error) {
-	fp := spec.Fingerprint()
-	tokens := make([]uint32, ntok)
-	for i := range tokens {
-		tokens[i] = rng.Uint32N(150000)
-	}
-	e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, tokens), Context: chunk.StandaloneContext()},
-		DType: spec.DType, Layers: spec.Layers, KVHeads: spec.KVHeads, HeadDim: spec.HeadDim, Tokens: tokens}
-	e.KV = make([]byte, e.Layers*e.LayerBytes())
-	for i := 0; i+8 <= len(e.KV); i += 8 {
-		binary.LittleEndian.PutUint64(e.KV[i:], rng.Uint64())
-	}
+	e := testutil.EntryOf(spec, testutil.Tokens(rng, ntok), chunk.StandaloneContext(), testutil.RandomKV(rng))
 	blob, err := chunk.Encode(dst, e, chunk.CodecRaw)
 	return e.Key, blob, err
 }

@@ -75,16 +75,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	for {
-		info, err := c.ClusterInfo(ctx)
-		if err == nil && len(info.Members) == 3 && info.LeaderId != "" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("cluster never formed: %v %v", info, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	waitMembers(ctx, t, c, 3)
 	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
@@ -166,19 +157,13 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 			continue
 		}
 		missed++
-		for {
+		testutil.WaitFor(t, fmt.Sprintf("the hint of %v on the restarted node", a.key), func() bool {
 			got, err := getDirect(ctx, restarted.Addr("grpc"), a.key)
-			if err == nil {
-				if !bytes.Equal(got, a.blob) {
-					t.Fatalf("hinted %v: bytes differ", a.key)
-				}
-				break
+			if err == nil && !bytes.Equal(got, a.blob) {
+				t.Fatalf("hinted %v: bytes differ", a.key)
 			}
-			if ctx.Err() != nil {
-				t.Fatalf("hint of %v never reached the restarted node: %v", a.key, err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err == nil
+		})
 	}
 	t.Logf("%d acknowledged (%d while the victim was dead, all hinted back), %d failed", len(ok), missed, failed)
 }

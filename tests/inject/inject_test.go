@@ -296,12 +296,7 @@ func TestInjectEndToEnd(t *testing.T) {
 	// store, so wait for n1's copies (the third replica write, or its
 	// hint, may still be on the way).
 	for _, k := range stored {
-		for !heldDirect(ctx, local.Addr("grpc"), k) {
-			if ctx.Err() != nil {
-				t.Fatalf("%v never reached n1", k)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		testutil.WaitFor(t, fmt.Sprintf("%v on n1", k), func() bool { return heldDirect(ctx, local.Addr("grpc"), k) })
 	}
 
 	// check runs req injected and prefilled; want nil accepts EXACT or

@@ -88,14 +88,11 @@ func TestTokenAPI(t *testing.T) {
 		t.Errorf("info %+v", resp.Info)
 	}
 	// Only a salted hash is stored: the record holds no secret.
-	rec, err := n3.Meta().LookupToken(ctx, tok.ID)
-	for err != nil && ctx.Err() == nil {
-		time.Sleep(20 * time.Millisecond)
+	var rec auth.Record
+	testutil.WaitFor(t, "the token's record on n3", func() bool {
 		rec, err = n3.Meta().LookupToken(ctx, tok.ID)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+		return err == nil
+	})
 	stored, _ := json.Marshal(rec)
 	secret := resp.Token[strings.IndexByte(resp.Token, '.')+1:]
 	if bytes.Contains(stored, []byte(secret)) || !rec.Matches(tok) {
