@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -71,56 +72,60 @@ func TestPullRefillsRestartedNode(t *testing.T) {
 // TestStartupPullRetriesUnreachablePeer: a peer that cannot answer the
 // first round is pulled from in a later one.
 func TestStartupPullRetriesUnreachablePeer(t *testing.T) {
-	c := newCluster(t, []string{"a", "b", "c"}, nil)
-	keys, _ := writeAll(t, c, "a", 0, 40)
-	c.stop("b")
-	c.stores["b"].wipe()
-	c.net.setDown("b", false)
-	c.start("b")
-	// Every key is on all three nodes (R=3): cut b from a and c for the
-	// first round only.
-	c.net.partition([]string{"b"}, []string{"a", "c"}, true)
-	go func() {
-		time.Sleep(200 * time.Millisecond)
-		c.net.partition([]string{"b"}, []string{"a", "c"}, false)
-	}()
-	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
-	defer cancel()
-	st, err := c.reps["b"].StartupPull(ctx)
-	if err != nil {
-		t.Fatalf("startup pull: %v (%+v)", err, st)
-	}
-	if got := c.holders(keys[0]); !slices.Contains(got, "b") || st.Pulled != len(keys) {
-		t.Fatalf("pulled %d of %d; key 0 on %v", st.Pulled, len(keys), got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		keys, _ := writeAll(t, c, "a", 0, 40)
+		c.stop("b")
+		c.stores["b"].wipe()
+		c.net.setDown("b", false)
+		c.start("b")
+		// Every key is on all three nodes (R=3): cut b from a and c for the
+		// first round only.
+		c.net.partition([]string{"b"}, []string{"a", "c"}, true)
+		go func() {
+			time.Sleep(200 * time.Millisecond)
+			c.net.partition([]string{"b"}, []string{"a", "c"}, false)
+		}()
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		st, err := c.reps["b"].StartupPull(ctx)
+		if err != nil {
+			t.Fatalf("startup pull: %v (%+v)", err, st)
+		}
+		if got := c.holders(keys[0]); !slices.Contains(got, "b") || st.Pulled != len(keys) {
+			t.Fatalf("pulled %d of %d; key 0 on %v", st.Pulled, len(keys), got)
+		}
+	})
 }
 
 // TestNodeUpFlushesHints: hints for a node whose deliveries failed wait
 // out a backoff; NodeUp delivers them at once.
 func TestNodeUpFlushesHints(t *testing.T) {
-	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
-		cfg.HintInterval = 10 * time.Millisecond
-		cfg.MaxHintBackoff = time.Hour
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+			cfg.HintInterval = 10 * time.Millisecond
+			cfg.MaxHintBackoff = time.Hour
+		})
+		c.net.setDown("c", true)
+		blob, key := makeBlob(t, 1, 0)
+		if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
+			t.Fatal(err)
+		}
+		// The hint is stored by the write's straggler, after the ack.
+		testutil.WaitForWithin(t, 10*time.Second, "one hint held", func() bool {
+			n, _ := c.reps["a"].HintsPending()
+			return n == 1
+		})
+		// Fail deliveries until the backoff is long (about 20 s).
+		for range 12 {
+			_, _ = c.reps["a"].deliverHints(t.Context(), true)
+		}
+		c.net.setDown("c", false)
+		time.Sleep(50 * time.Millisecond) // several hint loop ticks: all inside the backoff
+		if c.stores["c"].has(key) {
+			t.Fatal("hint delivered inside its backoff")
+		}
+		c.reps["a"].NodeUp("c")
+		testutil.WaitForWithin(t, 10*time.Second, "the hint delivered after NodeUp", func() bool { return c.stores["c"].has(key) })
 	})
-	c.net.setDown("c", true)
-	blob, key := makeBlob(t, 1, 0)
-	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
-		t.Fatal(err)
-	}
-	// The hint is stored by the write's straggler, after the ack.
-	testutil.WaitForWithin(t, 10*time.Second, "one hint held", func() bool {
-		n, _ := c.reps["a"].HintsPending()
-		return n == 1
-	})
-	// Fail deliveries until the backoff is long (about 20 s).
-	for range 12 {
-		_, _ = c.reps["a"].deliverHints(t.Context(), true)
-	}
-	c.net.setDown("c", false)
-	time.Sleep(50 * time.Millisecond) // several hint loop ticks: all inside the backoff
-	if c.stores["c"].has(key) {
-		t.Fatal("hint delivered inside its backoff")
-	}
-	c.reps["a"].NodeUp("c")
-	testutil.WaitForWithin(t, 10*time.Second, "the hint delivered after NodeUp", func() bool { return c.stores["c"].has(key) })
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,55 +175,57 @@ func TestHintedHandoff(t *testing.T) {
 		{name: "background loop", background: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+			synctest.Test(t, func(t *testing.T) {
+				c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+					if tc.background {
+						cfg.HintInterval = 5 * time.Millisecond
+						cfg.MaxHintBackoff = 20 * time.Millisecond
+					}
+				})
+				c.net.setDown("c", true)
+				const n = 40
+				var keys []chunk.Key
+				for i := range n {
+					blob, key := makeBlob(t, i, 0)
+					res, err := c.reps["a"].Write(t.Context(), blob)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if len(res.StoredOn) < 2 {
+						t.Fatalf("stored on %v", res.StoredOn)
+					}
+					keys = append(keys, key)
+				}
+				// Let stragglers (the hint writes) finish.
+				testutil.WaitFor(t, "the hint writes to finish", func() bool { n2, _ := c.reps["a"].HintsPending(); return n2 == n })
+				if tc.restart {
+					c.stop("a")
+					c.net.setDown("a", false)
+					c.start("a")
+					if got, _ := c.reps["a"].HintsPending(); got != n {
+						t.Fatalf("%d hints after restart, want %d", got, n)
+					}
+				}
+				c.net.setDown("c", false)
 				if tc.background {
-					cfg.HintInterval = 5 * time.Millisecond
-					cfg.MaxHintBackoff = 20 * time.Millisecond
+					c.reps["a"].Kick()
+					testutil.WaitFor(t, "the hints to be delivered", func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
+				} else {
+					got, err := c.reps["a"].DeliverHints(t.Context())
+					if err != nil || got != n {
+						t.Fatalf("delivered %d (%v), want %d", got, err, n)
+					}
+				}
+				for _, k := range keys {
+					if !c.stores["c"].has(k) {
+						t.Fatalf("%v not delivered to c", k)
+					}
+				}
+				files, _ := os.ReadDir(filepath.Join(c.dirs["a"], "hints"))
+				if len(files) != 0 {
+					t.Fatalf("%d hint files left after delivery", len(files))
 				}
 			})
-			c.net.setDown("c", true)
-			const n = 40
-			var keys []chunk.Key
-			for i := range n {
-				blob, key := makeBlob(t, i, 0)
-				res, err := c.reps["a"].Write(t.Context(), blob)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if len(res.StoredOn) < 2 {
-					t.Fatalf("stored on %v", res.StoredOn)
-				}
-				keys = append(keys, key)
-			}
-			// Let stragglers (the hint writes) finish.
-			testutil.WaitFor(t, "the hint writes to finish", func() bool { n2, _ := c.reps["a"].HintsPending(); return n2 == n })
-			if tc.restart {
-				c.stop("a")
-				c.net.setDown("a", false)
-				c.start("a")
-				if got, _ := c.reps["a"].HintsPending(); got != n {
-					t.Fatalf("%d hints after restart, want %d", got, n)
-				}
-			}
-			c.net.setDown("c", false)
-			if tc.background {
-				c.reps["a"].Kick()
-				testutil.WaitFor(t, "the hints to be delivered", func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
-			} else {
-				got, err := c.reps["a"].DeliverHints(t.Context())
-				if err != nil || got != n {
-					t.Fatalf("delivered %d (%v), want %d", got, err, n)
-				}
-			}
-			for _, k := range keys {
-				if !c.stores["c"].has(k) {
-					t.Fatalf("%v not delivered to c", k)
-				}
-			}
-			files, _ := os.ReadDir(filepath.Join(c.dirs["a"], "hints"))
-			if len(files) != 0 {
-				t.Fatalf("%d hint files left after delivery", len(files))
-			}
 		})
 	}
 }
@@ -334,24 +337,26 @@ func TestJoinRebalance(t *testing.T) {
 
 // The background loop rebalances on an epoch change by itself.
 func TestRebalanceLoop(t *testing.T) {
-	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
-		cfg.RingCheckInterval = 5 * time.Millisecond
-		cfg.RebalanceRetry = 10 * time.Millisecond
-		cfg.RebalanceBytesPerSec = 4 << 20
-	})
-	keys, _ := writeAll(t, c, "b", 0, 60)
-	c.start("d")
-	c.setRing("a", "b", "c", "d")
-	for _, r := range c.reps {
-		r.Kick()
-	}
-	testutil.WaitFor(t, "every key on exactly its replicas", func() bool {
-		for _, k := range keys {
-			if !slices.Equal(c.holders(k), c.replicaIDs(k)) {
-				return false
-			}
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+			cfg.RingCheckInterval = 5 * time.Millisecond
+			cfg.RebalanceRetry = 10 * time.Millisecond
+			cfg.RebalanceBytesPerSec = 4 << 20
+		})
+		keys, _ := writeAll(t, c, "b", 0, 60)
+		c.start("d")
+		c.setRing("a", "b", "c", "d")
+		for _, r := range c.reps {
+			r.Kick()
 		}
-		return true
+		testutil.WaitFor(t, "every key on exactly its replicas", func() bool {
+			for _, k := range keys {
+				if !slices.Equal(c.holders(k), c.replicaIDs(k)) {
+					return false
+				}
+			}
+			return true
+		})
 	})
 }
 
@@ -783,21 +788,23 @@ func TestHintExpiryAndDeparture(t *testing.T) {
 // A drain that cannot reach a new owner keeps going until ctx ends and
 // reports what is pending; it deletes nothing.
 func TestDrainWithOwnerDown(t *testing.T) {
-	c := newCluster(t, []string{"a", "b", "c", "d"}, func(id string, cfg *Config) {
-		cfg.RebalanceRetry = 5 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c", "d"}, func(id string, cfg *Config) {
+			cfg.RebalanceRetry = 5 * time.Millisecond
+		})
+		writeAll(t, c, "a", 0, 40)
+		held := c.stores["d"].len()
+		c.net.setDown("a", true)
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+		defer cancel()
+		st, err := c.reps["d"].Drain(ctx)
+		if !errors.Is(err, context.DeadlineExceeded) || st.Pending == 0 {
+			t.Fatalf("drain with an owner down: %+v, %v", st, err)
+		}
+		if c.stores["d"].len() != held {
+			t.Fatalf("drain deleted local chunks")
+		}
 	})
-	writeAll(t, c, "a", 0, 40)
-	held := c.stores["d"].len()
-	c.net.setDown("a", true)
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
-	defer cancel()
-	st, err := c.reps["d"].Drain(ctx)
-	if !errors.Is(err, context.DeadlineExceeded) || st.Pending == 0 {
-		t.Fatalf("drain with an owner down: %+v, %v", st, err)
-	}
-	if c.stores["d"].len() != held {
-		t.Fatalf("drain deleted local chunks")
-	}
 }
 
 // With R=1 a chunk whose only replica moved is still read, from the
@@ -833,14 +840,16 @@ func TestReadFromPreviousRing(t *testing.T) {
 
 // The background anti-entropy loop converges replicas by itself.
 func TestAntiEntropyLoop(t *testing.T) {
-	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
-		cfg.AntiEntropyInterval = 5 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+			cfg.AntiEntropyInterval = 5 * time.Millisecond
+		})
+		blob, key := makeBlob(t, 1, 0)
+		if _, err := c.stores["a"].Put(t.Context(), blob); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
 	})
-	blob, key := makeBlob(t, 1, 0)
-	if _, err := c.stores["a"].Put(t.Context(), blob); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
 }
 
 // Reads go to the nearest healthy replica: one that just failed is tried
