@@ -1,7 +1,6 @@
 package auth
 
 import (
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -49,7 +48,7 @@ func FuzzAuthorizationHeader(f *testing.F) {
 		f.Add(seed)
 	}
 	f.Fuzz(func(t *testing.T, hdr string) {
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(AuthorizationHeader, hdr))
+		ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs(AuthorizationHeader, hdr))
 		p, err := g.Authorize(ctx, "/kvmesh.v1.Client/Get")
 		if err == nil && p.TokenID != tok[:idLen] {
 			t.Fatalf("header %q authorised as %+v", hdr, p)

@@ -174,7 +174,7 @@ func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)
 
 func newTestClient(t *testing.T, seeds ...string) *Client {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
 	c, err := New(ctx, Config{Seeds: seeds, RPCTimeout: 2 * time.Second, Backoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond, Logger: quiet()})
 	if err != nil {

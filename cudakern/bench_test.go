@@ -3,7 +3,6 @@
 package cudakern
 
 import (
-	"context"
 	"math/rand/v2"
 	"runtime"
 	"slices"
@@ -136,7 +135,7 @@ func BenchmarkInject(b *testing.B) {
 			j := benchJob(b, c.srcDT, c.dstDT, c.order, c.style)
 			in := NewInjector(Config{})
 			defer in.Close()
-			ctx := context.Background()
+			ctx := b.Context()
 			// The first call faults the cache pages in; an engine's cache is
 			// resident.
 			if err := in.Inject(ctx, j); err != nil {
@@ -229,7 +228,7 @@ func BenchmarkInjectVsMemcpy(b *testing.B) {
 			defer in.Close()
 			n := writtenBytes(j)
 			w := in.Workers()
-			ctx := context.Background()
+			ctx := b.Context()
 			scatter := c.srcDT == c.dstDT
 			// Fault every page in before timing (an engine's cache is
 			// resident).
@@ -364,7 +363,7 @@ func BenchmarkDecodeThenInject(b *testing.B) {
 			}
 			in := NewInjector(Config{Workers: 1})
 			defer in.Close()
-			ctx := context.Background()
+			ctx := b.Context()
 			lb := len(j.Src) / layers
 			layer := make([]byte, lb)
 			one := *j

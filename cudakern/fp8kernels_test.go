@@ -2,7 +2,6 @@ package cudakern
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
@@ -271,11 +270,11 @@ func TestInjectFP8SinglePassMatchesGo(t *testing.T) {
 						}
 						wj := *j
 						wj.Dst = want
-						if err := slow.Inject(context.Background(), &wj); err != nil {
+						if err := slow.Inject(t.Context(), &wj); err != nil {
 							t.Fatal(err)
 						}
 						fast.ntMin = ntMin
-						if err := fast.Inject(context.Background(), j); err != nil {
+						if err := fast.Inject(t.Context(), j); err != nil {
 							t.Fatal(err)
 						}
 						for i := range want {

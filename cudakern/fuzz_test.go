@@ -2,7 +2,6 @@ package cudakern
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"math/rand/v2"
 	"testing"
@@ -82,7 +81,7 @@ func FuzzInject(f *testing.F) {
 		if at(0)&8 != 0 {
 			inj = inNT
 		}
-		err = inj.Inject(context.Background(), j)
+		err = inj.Inject(t.Context(), j)
 		if err != nil {
 			if !errors.Is(err, ErrInvalidJob) && !errors.Is(err, pagedkv.ErrInvalidLayout) {
 				t.Fatalf("unexpected error class: %v", err)

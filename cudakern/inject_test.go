@@ -282,7 +282,7 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 							t.Fatal("this job should take the NT kernels")
 						}
 					}
-					if err := in.Inject(context.Background(), j); err != nil {
+					if err := in.Inject(t.Context(), j); err != nil {
 						t.Fatal(err)
 					}
 					over, total := checkJob(t, j, guard)
@@ -315,7 +315,7 @@ func TestInjectEqualsEnginePath(t *testing.T) {
 				lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 64, DType: dt}
 				c := jobCase{srcDT: dt, layout: lay, tokens: 40, srcHeads: 4, pos: 100, layers: 1}
 				j, _ := buildJob(t, rng, c, tab)
-				if err := in.Inject(context.Background(), j); err != nil {
+				if err := in.Inject(t.Context(), j); err != nil {
 					t.Fatal(err)
 				}
 				hd := lay.HeadDim
@@ -361,7 +361,7 @@ func TestInjectWorkersAgree(t *testing.T) {
 		in := NewInjector(Config{Workers: w})
 		rng := rand.New(rand.NewPCG(15, 16)) // same job every time
 		j, _ := buildJob(t, rng, c, tab)
-		if err := in.Inject(context.Background(), j); err != nil {
+		if err := in.Inject(t.Context(), j); err != nil {
 			t.Fatal(err)
 		}
 		in.Close()
@@ -433,7 +433,7 @@ func TestInjectInvalid(t *testing.T) {
 			rng := rand.New(rand.NewPCG(17, 18))
 			j, guard := buildJob(t, rng, base, tab)
 			c.mut(j)
-			err := in.Inject(context.Background(), j)
+			err := in.Inject(t.Context(), j)
 			if !errors.Is(err, c.want) {
 				t.Fatalf("err = %v, want %v", err, c.want)
 			}
@@ -455,7 +455,7 @@ func TestInjectCancelledAndClosed(t *testing.T) {
 	}
 	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 8, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}
 	j, guard := buildJob(t, rand.New(rand.NewPCG(1, 1)), jobCase{srcDT: chunk.BF16, layout: lay, tokens: 10, srcHeads: 2, layers: 2}, tab)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if err := in.Inject(ctx, j); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: err = %v", err)
@@ -467,7 +467,7 @@ func TestInjectCancelledAndClosed(t *testing.T) {
 	}
 	in.Close()
 	in.Close()
-	if err := in.Inject(context.Background(), j); !errors.Is(err, ErrClosed) {
+	if err := in.Inject(t.Context(), j); !errors.Is(err, ErrClosed) {
 		t.Fatalf("closed: err = %v", err)
 	}
 }
@@ -480,7 +480,7 @@ func TestInjectNoAlloc(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	for _, dt := range allDTypes {
 		lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 128, DType: dt}

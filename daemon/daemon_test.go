@@ -172,7 +172,7 @@ func TestDaemonRefillFlags(t *testing.T) {
 // TestRun starts the daemon as kvmeshd does, reads its ready line and
 // stops it by cancelling (what SIGTERM does in main).
 func TestRun(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -12,7 +11,7 @@ import (
 func BenchmarkPrefill(b *testing.B) {
 	e := newTestEngine(b, BenchModel(), 1)
 	toks := randTokens(rand.New(rand.NewPCG(1, 1)), 256, e.cfg.VocabSize)
-	ctx := context.Background()
+	ctx := b.Context()
 	b.ResetTimer()
 	cpu0 := cputime.Process()
 	for b.Loop() {
@@ -32,7 +31,7 @@ func BenchmarkPrefill(b *testing.B) {
 func BenchmarkDecode(b *testing.B) {
 	e := newTestEngine(b, BenchModel(), 1)
 	toks := randTokens(rand.New(rand.NewPCG(1, 1)), 256, e.cfg.VocabSize)
-	ctx := context.Background()
+	ctx := b.Context()
 	s, _ := e.NewSequence(0)
 	defer s.Release()
 	if _, err := s.Append(ctx, toks); err != nil {

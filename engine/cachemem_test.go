@@ -2,7 +2,6 @@ package engine
 
 import (
 	"bytes"
-	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -13,7 +12,7 @@ import (
 // the same logits as one on the Go heap, and its CacheMemory is exactly
 // that memory; unusable memory is refused.
 func TestCacheMemory(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	c := tinyConfig()
 	ts, err := RandomTensors(c, 3, 0)
 	if err != nil {

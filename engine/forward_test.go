@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -161,7 +160,7 @@ func TestForwardMatchesReference(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				got, err := s.Append(context.Background(), toks)
+				got, err := s.Append(t.Context(), toks)
 				s.Release()
 				if err != nil {
 					t.Fatal(err)
@@ -182,7 +181,7 @@ func TestForwardMatchesReference(t *testing.T) {
 
 func TestDecodeMatchesPrefill(t *testing.T) {
 	e := newTestEngine(t, variants()["qwen3-qknorm"], 5)
-	ctx := context.Background()
+	ctx := t.Context()
 	r := rand.New(rand.NewPCG(5, 6))
 	toks := randTokens(r, 40, e.cfg.VocabSize)
 	full, _ := e.NewSequence(3)
@@ -242,7 +241,7 @@ func TestCacheAccounting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	ctx := context.Background()
+	ctx := t.Context()
 	s, _ := e.NewSequence(0)
 	if _, err := s.Append(ctx, make([]uint32, 40)); err != nil {
 		t.Fatal(err)
@@ -269,7 +268,7 @@ func TestCacheAccounting(t *testing.T) {
 }
 
 func TestPureGoPath(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	c := variants()["qwen3-qknorm"]
 	dir := t.TempDir()
 	if _, err := WriteRandomModel(dir, c, 13, 1); err != nil {

@@ -17,7 +17,7 @@ import (
 // prefill runs segments with no source (prompt injection).
 func prefill(t testing.TB, e *Engine, start int, segs []Segment) *Response {
 	t.Helper()
-	resp, err := e.Run(context.Background(), nil, Request{StartPos: start, Segments: segs})
+	resp, err := e.Run(t.Context(), nil, Request{StartPos: start, Segments: segs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,7 +28,7 @@ func TestExactInjection(t *testing.T) {
 	// Positions: encoded at s, injected at t; float32 angle rounding grows
 	// with position (REFERENCE.md), and these stay below 1100.
 	vs := variants()
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, name := range sortedNames(vs) {
 		for _, pos := range []struct{ s, t int }{{0, 40}, {300, 5}, {17, 1000}} {
 			t.Run(fmt.Sprintf("%s/s=%d/t=%d", name, pos.s, pos.t), func(t *testing.T) {
@@ -82,7 +82,7 @@ func TestExactInjection(t *testing.T) {
 }
 
 func TestExactChainComposes(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	for _, name := range []string{"llama-neox", "qwen2-bias-tied", "qwen3-qknorm"} {
 		for _, kv := range []chunk.DType{chunk.F32, chunk.BF16} {
 			t.Run(fmt.Sprintf("%s/%v", name, kv), func(t *testing.T) {
@@ -164,7 +164,7 @@ type approxSetup struct {
 }
 
 func newApproxSetup(t testing.TB, c ModelConfig, nPrompts, chunksPer, w int) *approxSetup {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := newTestEngine(t, c, 31)
 	r := rand.New(rand.NewPCG(31, 32))
 	as := &approxSetup{e: e, standalone: NewMemStore(0), window: NewMemStore(0)}
@@ -194,7 +194,7 @@ func newApproxSetup(t testing.TB, c ModelConfig, nPrompts, chunksPer, w int) *ap
 }
 
 func TestApproximateRecompute(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	c := tinyConfig()
 	c.NumLayers = 6
 	as := newApproxSetup(t, c, 24, 4, 20)
@@ -307,7 +307,7 @@ func (f foreignSource) Lookup(_ context.Context, reqs []LookupRequest) ([]*chunk
 }
 
 func TestRunFallsBackToPrefill(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := newTestEngine(t, tinyConfig(), 41)
 	r := rand.New(rand.NewPCG(41, 42))
 	ch := randTokens(r, 10, e.cfg.VocabSize)
@@ -350,7 +350,7 @@ func TestRunFallsBackToPrefill(t *testing.T) {
 }
 
 func TestRunKeepsSequenceForDecode(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := newTestEngine(t, tinyConfig(), 51)
 	r := rand.New(rand.NewPCG(51, 52))
 	ch := randTokens(r, 10, e.cfg.VocabSize)
@@ -384,7 +384,7 @@ func TestRunKeepsSequenceForDecode(t *testing.T) {
 }
 
 func TestMemStorePrefersExactThenWindow(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 1, Hi: 2}
 	toks := []uint32{1, 2, 3}
 	mk := func(cx chunk.Context) *chunk.Entry {
@@ -488,7 +488,7 @@ func (s *storeInjector) InjectChunks(ctx context.Context, chunks []pagedkv.Injec
 }
 
 func TestRunInjected(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := newTestEngine(t, variants()["qwen3-qknorm"], 71)
 	r := rand.New(rand.NewPCG(71, 72))
 	var chunks [][]uint32
@@ -544,7 +544,7 @@ func TestRunInjected(t *testing.T) {
 }
 
 func TestRecomputeCheckLayer(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	c := tinyConfig()
 	as := newApproxSetup(t, c, 2, 3, 8)
 	e, L := as.e, c.NumLayers
@@ -578,7 +578,7 @@ func TestRecomputeCheckLayer(t *testing.T) {
 }
 
 func TestEncodePromptMatchesPerChunkEncoding(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := newTestEngine(t, variants()["llama-bias"], 81)
 	r := rand.New(rand.NewPCG(81, 82))
 	segs := []Segment{
@@ -621,7 +621,7 @@ func TestEncodePromptMatchesPerChunkEncoding(t *testing.T) {
 }
 
 func TestCacheOrderHND(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	c := variants()["llama-gptj"]
 	dir := t.TempDir()
 	if _, err := WriteRandomModel(dir, c, 91, 1); err != nil {

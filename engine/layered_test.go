@@ -92,7 +92,7 @@ func (li *layeredInjector) InjectPlanned(ctx context.Context, chunks []pagedkv.I
 // after its plan and a node without plans all end as the sequential path
 // over the same final answers would.
 func TestRunInjectedLayered(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := newTestEngine(t, variants()["qwen3-qknorm"], 81)
 	r := rand.New(rand.NewPCG(81, 82))
 	var chunks [][]uint32

@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"context"
 	"math/rand/v2"
 	"testing"
 
@@ -14,7 +13,7 @@ import (
 // other prefixes, then windows (widest first), then standalone; ties to the
 // smaller ID.
 func TestMemStoreRanking(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	spec := testutil.Spec()
 	fp := spec.Fingerprint()
 	toks := []uint32{1, 2, 3}
@@ -61,7 +60,7 @@ func TestMemStoreRanking(t *testing.T) {
 // store (kvtier.Store.Best) picks, whatever the order of the puts, so that
 // the engine's tests and benchmarks rank as a cluster does.
 func TestMemStoreRankingMatchesNode(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	spec := testutil.Spec()
 	fp := spec.Fingerprint()
 	r := rand.New(rand.NewPCG(1, 2))

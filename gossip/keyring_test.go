@@ -48,7 +48,7 @@ func joinRefused(t *testing.T, id, seed string, mod func(*Config)) {
 	cfg := testConfig(id)
 	mod(&cfg)
 	x := start(t, cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
 	if _, err := x.Join(ctx, []string{seed}); err == nil {
 		t.Fatalf("%s joined", id)
@@ -65,7 +65,7 @@ func spread(t *testing.T, gs []*Gossip, i int, v uint64) {
 	t.Helper()
 	m := gs[i].LocalMeta()
 	m.Capacity.DRAMBytes = v
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(t.Context(), waitLimit)
 	defer cancel()
 	if err := gs[i].UpdateMeta(ctx, m); err != nil {
 		t.Fatal(err)

@@ -55,7 +55,7 @@ func (b batchingRemote) BestBatch(ctx context.Context, keys []chunk.Key) []Found
 // the keys without a local exact entry when the Remote batches, and one
 // Best per such key when it does not.
 func TestFetchBatch(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(8, 8))
 	spec := testSpec(chunk.BF16)
 	fp := spec.Fingerprint()
@@ -198,7 +198,7 @@ func TestServiceBatchFetcher(t *testing.T) {
 		px := newPipeFixture(t, 3, 9, chunk.CodecRaw, nil)
 		bf := &batchFetcher{memFetcher: px.f, dup: dup}
 		px.s.cfg.Fetcher = bf
-		resp, err := px.s.Inject(context.Background(), px.req)
+		resp, err := px.s.Inject(t.Context(), px.req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -239,7 +239,7 @@ func TestOnPlan(t *testing.T) {
 		equalLayers(t, "cache at plan", px.mem, px.before)
 	}
 	px.req.OnLayer = func(int) { layers++ }
-	resp, err := px.s.Inject(context.Background(), px.req)
+	resp, err := px.s.Inject(t.Context(), px.req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@
 package inject
 
 import (
-	"context"
 	"log/slog"
 	"math/rand/v2"
 	"runtime"
@@ -90,7 +89,7 @@ func measure(b *testing.B, bytes int64, op func()) {
 // Throughput is KV bytes written into the cache.
 func BenchmarkInject50x24(b *testing.B) {
 	st := newBenchSetup(b)
-	ctx := context.Background()
+	ctx := b.Context()
 	rope, err := cudakern.NewRopeTable(st.spec, 8192)
 	if err != nil {
 		b.Fatal(err)

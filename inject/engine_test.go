@@ -63,7 +63,7 @@ func tinyEngine(t *testing.T) *engine.Engine {
 // matches and writes exactly the bytes engine.Run's injection writes
 // (cudakern with the engine's layout and RoPE table).
 func TestEngineCacheBytes(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := tinyEngine(t)
 	spec, fp, lay := e.Spec(), e.Fingerprint(), e.Layout()
 	rng := rand.New(rand.NewPCG(8, 9))
@@ -212,7 +212,7 @@ func (si serviceInjector) InjectChunks(ctx context.Context, chunks []pagedkv.Inj
 // APPROXIMATE chunk repaired with r = 100% gives prefill's logits again;
 // a MISS is prefilled.
 func TestEngineForwardPass(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	e := tinyEngine(t)
 	spec, fp := e.Spec(), e.Fingerprint()
 	lay, mem := e.CacheMemory()

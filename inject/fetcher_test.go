@@ -50,7 +50,7 @@ func (r *fakeRemote) Get(_ context.Context, key chunk.Key) ([]byte, error) {
 // as chunk.Better ranks them, local when the replicas hold none better;
 // errors and misses; local blobs stay pinned until released.
 func TestTierFetcher(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(4, 4))
 	spec := testSpec(chunk.BF16)
 	fp := spec.Fingerprint()
@@ -119,7 +119,7 @@ func TestTierFetcher(t *testing.T) {
 // TestServiceOverKvtier: the Service fed by a real kvtier store through
 // TierFetcher writes what cudakern writes, and releases every pin.
 func TestServiceOverKvtier(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	rng := rand.New(rand.NewPCG(6, 6))
 	spec := testSpec(chunk.F16)
 	fp := spec.Fingerprint()

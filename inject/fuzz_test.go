@@ -74,7 +74,7 @@ func FuzzInjectBlob(f *testing.F) {
 	defer s.Close()
 	lay := pagedkv.CacheLayout{Order: pagedkv.HND, NumBlocks: 2, BlockSize: 4, KVHeads: 1, HeadDim: 8, DType: chunk.F32}
 	mem := layersOf(2, lay)
-	id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: 2, HeadLo: 1, HeadHi: 2,
+	id, err := s.RegisterInProcess(f.Context(), Descriptor{Fingerprint: fp, Layers: 2, HeadLo: 1, HeadHi: 2,
 		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 64}, mem)
 	if err != nil {
 		f.Fatal(err)
@@ -95,7 +95,7 @@ func FuzzInjectBlob(f *testing.F) {
 			copy(mem[l], guard[l])
 		}
 		bf.blob = blob
-		resp, err := s.Inject(context.Background(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
+		resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
 			Context: chunk.StandaloneContext(), Pos: 9, Slots: slots}}})
 		if err != nil {
 			t.Fatal(err)

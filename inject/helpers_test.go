@@ -199,7 +199,7 @@ func directInject(t testing.TB, inj *cudakern.Injector, rope *cudakern.RopeTable
 	}
 	j := cudakern.Job{Rope: rope, Src: e.KV, SrcDType: e.DType, Tokens: len(e.Tokens), SrcHeads: e.KVHeads,
 		HeadLo: headLo, HeadHi: headHi, Pos: pos, Slots: slots, Layout: lay, Dst: dst}
-	if err := inj.Inject(context.Background(), &j); err != nil {
+	if err := inj.Inject(t.Context(), &j); err != nil {
 		t.Fatal(err)
 	}
 }

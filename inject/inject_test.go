@@ -3,7 +3,6 @@
 package inject
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -34,7 +33,7 @@ func registerMem(t *testing.T, s *Service, kind memKind, d Descriptor, lay paged
 	d.Layouts = []pagedkv.CacheLayout{lay}
 	if kind == inProc {
 		layers := layersOf(d.Layers, lay)
-		id, err := s.RegisterInProcess(context.Background(), d, layers)
+		id, err := s.RegisterInProcess(t.Context(), d, layers)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -54,7 +53,7 @@ func registerMem(t *testing.T, s *Service, kind memKind, d Descriptor, lay paged
 		}
 	})
 	d.Memory = sc.Memory
-	id, err := s.Register(context.Background(), d)
+	id, err := s.Register(t.Context(), d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +138,7 @@ func TestInjectMatchesDirect(t *testing.T) {
 				}
 				req.Chunks = append(req.Chunks, ch)
 			}
-			resp, err := s.Inject(context.Background(), req)
+			resp, err := s.Inject(t.Context(), req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -236,7 +235,7 @@ func TestMatchAndVerification(t *testing.T) {
 			f := newMemFetcher()
 			s := newService(t, f, spec, nil)
 			layers := layersOf(spec.Layers, lay)
-			id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
+			id, err := s.RegisterInProcess(t.Context(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
 				Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1024}, layers)
 			if err != nil {
 				t.Fatal(err)
@@ -283,7 +282,7 @@ func TestMatchAndVerification(t *testing.T) {
 			if tc.tokens {
 				ch.Tokens = toks
 			}
-			resp, err := s.Inject(context.Background(), &Request{Cache: id, Chunks: []Chunk{ch,
+			resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{ch,
 				{Tokens: ntoks, Context: prefix, Pos: 300, Slots: slots[1]}}})
 			if err != nil {
 				t.Fatal(err)
@@ -314,7 +313,7 @@ func TestInvalidRequest(t *testing.T) {
 	f := newMemFetcher()
 	s := newService(t, f, spec, func(c *Config) { c.MaxChunks = 3 })
 	layers := layersOf(spec.Layers, lay)
-	id, err := s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
+	id, err := s.RegisterInProcess(t.Context(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
 		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 100}, layers)
 	if err != nil {
 		t.Fatal(err)
@@ -353,7 +352,7 @@ func TestInvalidRequest(t *testing.T) {
 			req.Chunks[0].Slots = append([]int(nil), good.Slots...)
 			tc.mod(req)
 			before := f.calls.Load()
-			if _, err := s.Inject(context.Background(), req); !errors.Is(err, tc.want) {
+			if _, err := s.Inject(t.Context(), req); !errors.Is(err, tc.want) {
 				t.Fatalf("err %v, want %v", err, tc.want)
 			}
 			if f.calls.Load() != before {
@@ -370,7 +369,7 @@ func TestRegisterValidation(t *testing.T) {
 	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16}
 	lb := lay.LayerBytes()
 	s := newService(t, newMemFetcher(), spec, func(c *Config) { c.MaxCaches = 2 })
-	ctx := context.Background()
+	ctx := t.Context()
 
 	// A shm file big enough for packed layers, and one a byte short.
 	mk := func(name string, size int64) string {
@@ -526,7 +525,7 @@ func TestRopeTableShared(t *testing.T) {
 	fp := spec.Fingerprint()
 	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 1, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.BF16}
 	s := newService(t, newMemFetcher(), spec, nil)
-	ctx := context.Background()
+	ctx := t.Context()
 	var ids []CacheID
 	for _, heads := range [][2]int{{0, 2}, {2, 4}, {0, 2}} {
 		id, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: spec.Layers, HeadLo: heads[0], HeadHi: heads[1],

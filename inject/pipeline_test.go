@@ -43,7 +43,7 @@ func newPipeFixture(t *testing.T, layers, n int, codec chunk.Codec, mod func(*Co
 	px.s = newService(t, px.f, spec, mod)
 	px.mem = layersOf(layers, lay)
 	var err error
-	px.id, err = px.s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: fp, Layers: layers,
+	px.id, err = px.s.RegisterInProcess(t.Context(), Descriptor{Fingerprint: fp, Layers: layers,
 		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 8192}, px.mem)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestProgressInLayerOrder(t *testing.T) {
 				next++
 				equalLayers(t, fmt.Sprintf("at progress %d", l), px.mem[:l+1], px.want[:l+1])
 			}
-			resp, err := px.s.Inject(context.Background(), px.req)
+			resp, err := px.s.Inject(t.Context(), px.req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -114,7 +114,7 @@ func TestCancel(t *testing.T) {
 	t.Run("pipeline", func(t *testing.T) {
 		px := newPipeFixture(t, 6, 10, chunk.CodecRaw, nil)
 		base := runtime.NumGoroutine()
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		reported := -1
 		px.req.OnLayer = func(l int) {
@@ -135,7 +135,7 @@ func TestCancel(t *testing.T) {
 		}
 		testutil.WaitFor(t, "the goroutine count back to where it was", func() bool { return runtime.NumGoroutine() <= base })
 		px.req.OnLayer = nil
-		if _, err := px.s.Inject(context.Background(), px.req); err != nil {
+		if _, err := px.s.Inject(t.Context(), px.req); err != nil {
 			t.Fatal(err)
 		}
 		equalLayers(t, "after a later request", px.mem, px.want)
@@ -143,7 +143,7 @@ func TestCancel(t *testing.T) {
 	t.Run("fetch", func(t *testing.T) {
 		px := newPipeFixture(t, 3, 5, chunk.CodecRaw, nil)
 		px.f.block = true
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(t.Context())
 		go func() {
 			for px.f.inFlight.Load() < 5 {
 				time.Sleep(time.Millisecond)
@@ -157,7 +157,7 @@ func TestCancel(t *testing.T) {
 	})
 	t.Run("before", func(t *testing.T) {
 		px := newPipeFixture(t, 3, 5, chunk.CodecRaw, nil)
-		ctx, cancel := context.WithCancel(context.Background())
+		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
 		if _, err := px.s.Inject(ctx, px.req); !errors.Is(err, context.Canceled) {
 			t.Fatalf("err %v, want context.Canceled", err)
@@ -172,7 +172,7 @@ func TestCancel(t *testing.T) {
 		px.f.block = true
 		errc := make(chan error, 1)
 		go func() {
-			_, err := px.s.Inject(context.Background(), px.req)
+			_, err := px.s.Inject(t.Context(), px.req)
 			errc <- err
 		}()
 		for px.f.inFlight.Load() < 5 {
@@ -184,7 +184,7 @@ func TestCancel(t *testing.T) {
 		if err := <-errc; !errors.Is(err, ErrClosed) || !errors.Is(err, context.Canceled) {
 			t.Fatalf("inject during close: %v", err)
 		}
-		if _, err := px.s.Inject(context.Background(), px.req); !errors.Is(err, ErrClosed) {
+		if _, err := px.s.Inject(t.Context(), px.req); !errors.Is(err, ErrClosed) {
 			t.Fatalf("inject after close: %v", err)
 		}
 	})
@@ -193,7 +193,7 @@ func TestCancel(t *testing.T) {
 // TestFetchBound: at most FetchParallel fetches run at once.
 func TestFetchBound(t *testing.T) {
 	px := newPipeFixture(t, 2, 40, chunk.CodecRaw, func(c *Config) { c.FetchParallel = 3 })
-	if _, err := px.s.Inject(context.Background(), px.req); err != nil {
+	if _, err := px.s.Inject(t.Context(), px.req); err != nil {
 		t.Fatal(err)
 	}
 	if m := px.f.maxIn.Load(); m > 3 || m < 1 {
@@ -213,11 +213,11 @@ func TestUnregisterDuringInject(t *testing.T) {
 			}
 		}
 	}
-	if _, err := px.s.Inject(context.Background(), px.req); err != nil {
+	if _, err := px.s.Inject(t.Context(), px.req); err != nil {
 		t.Fatal(err)
 	}
 	equalLayers(t, "cache", px.mem, px.want)
-	if _, err := px.s.Inject(context.Background(), px.req); !errors.Is(err, ErrUnknownCache) {
+	if _, err := px.s.Inject(t.Context(), px.req); !errors.Is(err, ErrUnknownCache) {
 		t.Fatalf("err %v, want ErrUnknownCache", err)
 	}
 }
@@ -230,7 +230,7 @@ func TestConcurrentRequests(t *testing.T) {
 	for i := 0; i < 3; i++ {
 		m := cloneLayers(px.before)
 		lay := px.s.caches[px.id].layouts[0]
-		id, err := px.s.RegisterInProcess(context.Background(), Descriptor{Fingerprint: px.s.caches[px.id].desc.Fingerprint,
+		id, err := px.s.RegisterInProcess(t.Context(), Descriptor{Fingerprint: px.s.caches[px.id].desc.Fingerprint,
 			Layers: 3, Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 8192}, m)
 		if err != nil {
 			t.Fatal(err)
@@ -246,7 +246,7 @@ func TestConcurrentRequests(t *testing.T) {
 			req := *px.req
 			req.Cache = CacheID(int(px.id) + i)
 			for rep := 0; rep < 3; rep++ {
-				if _, err := px.s.Inject(context.Background(), &req); err != nil {
+				if _, err := px.s.Inject(t.Context(), &req); err != nil {
 					t.Error(err)
 				}
 			}
@@ -272,7 +272,7 @@ func TestFaultIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sc.Close()
-	id, err := s.Register(context.Background(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
+	id, err := s.Register(t.Context(), Descriptor{Fingerprint: fp, Layers: spec.Layers,
 		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 4096, Memory: sc.Memory})
 	if err != nil {
 		t.Fatal(err)
@@ -287,7 +287,7 @@ func TestFaultIsAnError(t *testing.T) {
 	if err := os.Truncate(path, 0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Inject(context.Background(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
+	_, err = s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
 		Context: chunk.StandaloneContext(), Pos: 0, Slots: slots}}})
 	if !errors.Is(err, ErrFault) {
 		t.Fatalf("err %v, want ErrFault", err)
@@ -327,7 +327,7 @@ func TestMetrics(t *testing.T) {
 	reg.MustRegister(px.s)
 	miss := Chunk{Tokens: []uint32{1, 2, 3}, Context: chunk.StandaloneContext(), Pos: 0, Slots: []int{-1, -1, -1}}
 	px.req.Chunks = append(px.req.Chunks, miss)
-	resp, err := px.s.Inject(context.Background(), px.req)
+	resp, err := px.s.Inject(t.Context(), px.req)
 	if err != nil {
 		t.Fatal(err)
 	}

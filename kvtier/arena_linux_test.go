@@ -4,7 +4,6 @@ package kvtier
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"slices"
 	"sync"
@@ -53,7 +52,7 @@ func fillStore(t testing.TB, s *Store, blob []byte) []chunk.Key {
 	var keys []chunk.Key
 	for i := uint64(1); s.arena.freePages() >= s.arena.pagesFor(len(blob)); i++ {
 		keys = append(keys, rekey(t, blob, i))
-		if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+		if _, err := s.Put(t.Context(), blob, PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -120,7 +119,7 @@ func TestReleaseToOS(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openTest(t, Config{DRAMBytes: budget, PageSize: 64 << 10, ReleaseBytes: tc.release})
-			ctx := context.Background()
+			ctx := t.Context()
 			blob := bigBlob(t, 8)
 			var keys []uint64
 			for i := uint64(1); ; i++ {
@@ -207,7 +206,7 @@ func TestFullTierDoesNotPunch(t *testing.T) {
 	blob := bigBlob(t, 4)
 	for i := uint64(1); i <= 64; i++ {
 		rekey(t, blob, i)
-		if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+		if _, err := s.Put(t.Context(), blob, PutOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -281,7 +280,7 @@ func BenchmarkPutFresh(b *testing.B) {
 func putTotal(b *testing.B, s *Store, blob []byte, total int, base uint64) {
 	for i := uint64(1); i <= uint64(total/len(blob)); i++ {
 		rekey(b, blob, base+i)
-		if _, err := s.Put(context.Background(), blob, PutOptions{}); err != nil {
+		if _, err := s.Put(b.Context(), blob, PutOptions{}); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -365,7 +364,7 @@ func TestReadsDuringRelease(t *testing.T) {
 		t.Run(pol.String(), func(t *testing.T) {
 			const release = 4 << 20
 			s := openTest(t, Config{DRAMBytes: 16 << 20, PageSize: 64 << 10, ReleaseBytes: release, Policy: pol})
-			ctx := context.Background()
+			ctx := t.Context()
 			keys := fillStore(t, s, bigBlob(t, 8))
 			live := keys[len(keys)-1]
 			want, err := s.Get(ctx, live)
@@ -473,7 +472,7 @@ func TestReadsDuringRelease(t *testing.T) {
 // what the call that crosses the threshold pays if it punches itself.
 func BenchmarkGetDuringRelease(b *testing.B) {
 	s := openTest(b, Config{DRAMBytes: 192 << 20, PageSize: 64 << 10, ReleaseBytes: 32 << 20})
-	ctx := context.Background()
+	ctx := b.Context()
 	blob := bigBlob(b, 8)
 	var keys []chunk.Key
 	for i := uint64(1); i <= 160; i++ {

@@ -1,7 +1,6 @@
 package kvtier
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -52,7 +51,7 @@ func BenchmarkPut(b *testing.B) {
 					bufs[w] = bigBlob(b, sz.tokens)
 				}
 				b.SetBytes(int64(len(bufs[0])))
-				ctx := context.Background()
+				ctx := b.Context()
 				// Fill the tier first: a node runs full, putting into
 				// pages that evictions free (already faulted in).
 				base := uint64(1 << 40)
@@ -100,7 +99,7 @@ func BenchmarkGet(b *testing.B) {
 					blob := bigBlob(b, sz.tokens)
 					n := min(64, int((200<<20)/len(blob)))
 					keys := make([]any, n)
-					ctx := context.Background()
+					ctx := b.Context()
 					for i := range keys {
 						k := rekey(b, blob, uint64(i+1))
 						keys[i] = k
@@ -239,7 +238,7 @@ func TestWaste(t *testing.T) {
 	}
 	// The same arithmetic as the arena charges, checked on a real store.
 	s := openTest(t, Config{DRAMBytes: 64 << 20, PageSize: 64 << 10})
-	ctx := context.Background()
+	ctx := t.Context()
 	var alloc, used int64
 	for i, tokens := range []int{16, 17, 33, 20} {
 		blob := bigBlob(t, tokens)
@@ -266,7 +265,7 @@ func TestHeapIndependentOfStoredBytes(t *testing.T) {
 	if raceEnabled {
 		n = 32 // the detector's shadow of every copied byte makes this slow
 	}
-	ctx := context.Background()
+	ctx := t.Context()
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)

@@ -2,7 +2,6 @@ package kvtier
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -28,7 +27,7 @@ func TestConcurrentHits(t *testing.T) {
 			for _, b := range bs {
 				want[keyOf(t, b)] = b
 			}
-			ctx := context.Background()
+			ctx := t.Context()
 			ops := 2000
 			if raceEnabled {
 				ops = 600

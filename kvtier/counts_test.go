@@ -1,7 +1,6 @@
 package kvtier
 
 import (
-	"context"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -30,7 +29,7 @@ func tierOf(s *Store, key chunk.Key) (Tier, bool) {
 // index, that the total is the entries the test knows are live, and that
 // the entry a step moved is where the step put it.
 func TestCountsAfterMixedMoves(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	var now atomic.Int64
 	now.Store(time.Unix(1e9, 0).UnixNano())

@@ -2,7 +2,6 @@ package kvtier
 
 import (
 	"bytes"
-	"context"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -73,11 +72,11 @@ func FuzzPut(f *testing.F) {
 	lim := chunk.Limits{MaxBlobBytes: 1 << 16, MaxRawBytes: 1 << 16, MaxTokens: 256, MaxLayers: 16, MaxKVHeads: 16, MaxHeadDim: 64}
 	s := openTest(f, Config{DRAMBytes: 16 * 4096, Limits: lim})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		hd, err := s.Put(context.Background(), data, PutOptions{})
+		hd, err := s.Put(t.Context(), data, PutOptions{})
 		if err != nil {
 			return
 		}
-		h, err := s.Get(context.Background(), hd.Key)
+		h, err := s.Get(t.Context(), hd.Key)
 		if err != nil {
 			return // evicted by a later put of the same run
 		}

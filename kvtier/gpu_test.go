@@ -2,7 +2,6 @@ package kvtier
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"testing"
 	"time"
@@ -59,7 +58,7 @@ func TestGPUTier(t *testing.T) {
 }
 
 func testGPUTier(t *testing.T, dev testDevice) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 8 * 4096, DiskDir: t.TempDir(), DiskBytes: 1 << 20, GPU: dev})
 	bs := blobs(t, 12, 12) // 3264 bytes each (3328 rounded up to 256): three fit on the device
 	for _, b := range bs {

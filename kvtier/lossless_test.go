@@ -2,7 +2,6 @@ package kvtier
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
 	"math/rand/v2"
 	"testing"
@@ -30,7 +29,7 @@ func TestDiskLossless(t *testing.T) {
 	if err != nil || len(enc) >= len(probe) {
 		t.Skipf("this build's lossless codec does not shrink the test entry (%v)", err)
 	}
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	cfg := Config{DRAMBytes: 4096 * 4, DiskDir: dir, DiskBytes: 1 << 20, PageSize: 4096, Logger: slog.New(slog.DiscardHandler)}
 	s, err := Open(cfg)

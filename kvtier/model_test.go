@@ -74,7 +74,7 @@ func TestModel(t *testing.T) {
 				cfg.DiskDir = t.TempDir()
 			}
 			s := openTest(t, cfg)
-			ctx := context.Background()
+			ctx := t.Context()
 			bs, vs := corpus(t, 24)
 			ref := map[chunk.Key]refEntry{}
 			live := func(k chunk.Key) (refEntry, bool) {
@@ -230,7 +230,7 @@ func testConcurrentBudgets(t *testing.T, dev testDevice) {
 	for _, b := range bs {
 		want[keyOf(t, b)] = b
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	var wg sync.WaitGroup
 	errc := make(chan error, 16)

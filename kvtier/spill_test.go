@@ -1,7 +1,6 @@
 package kvtier
 
 import (
-	"context"
 	"log/slog"
 	"testing"
 )
@@ -11,7 +10,7 @@ import (
 // every one of them, bit for bit. A spill stops at the disk budget rather
 // than evict what the disk tier holds.
 func TestSpillKeepsDRAMEntriesAcrossReopen(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	cfg := Config{DRAMBytes: 16 * 4096, DiskDir: dir, DiskBytes: 1 << 20, PageSize: 4096, Logger: slog.New(slog.DiscardHandler)}
 	s, err := Open(cfg)
@@ -62,10 +61,10 @@ func TestSpillKeepsDRAMEntriesAcrossReopen(t *testing.T) {
 // TestSpillWithoutDiskTier moves nothing.
 func TestSpillWithoutDiskTier(t *testing.T) {
 	s := openTest(t, Config{DRAMBytes: 16 * 4096})
-	if _, err := s.Put(context.Background(), blobs(t, 1, 12)[0], PutOptions{}); err != nil {
+	if _, err := s.Put(t.Context(), blobs(t, 1, 12)[0], PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if n, b := s.Spill(context.Background()); n != 0 || b != 0 {
+	if n, b := s.Spill(t.Context()); n != 0 || b != 0 {
 		t.Fatalf("spilled %d entries, %d bytes without a disk tier", n, b)
 	}
 }

@@ -1,14 +1,13 @@
 package kvtier
 
 import (
-	"context"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
 
 func TestCollector(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 4 * 4096, DiskDir: t.TempDir(), DiskBytes: 1 << 20})
 	bs := blobs(t, 6, 12)
 	for _, b := range bs {

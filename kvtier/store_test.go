@@ -11,7 +11,7 @@ import (
 )
 
 func TestPutGetDeleteDRAM(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 1 << 20})
 	blob := makeBlob(t, testFP, 1, 40, chunk.StandaloneContext(), 2) // ~5 KiB: two pages
 	for _, at := range []int{len(blob) - 1, len(blob) / 2, 300} {
@@ -62,7 +62,7 @@ func TestPutGetDeleteDRAM(t *testing.T) {
 }
 
 func TestConflict(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 1 << 20})
 	a := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
 	// Same tokens and context (so the same key), other KV bytes.
@@ -87,7 +87,7 @@ func TestConflict(t *testing.T) {
 }
 
 func TestBest(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 1 << 20})
 	fp2 := chunk.ModelSpec{Family: "qwen2", Layers: 2, KVHeads: 2, HeadDim: 16, DType: chunk.BF16,
 		RopeStyle: chunk.RopeNeoX, RopeTheta: 1e6}.Fingerprint()
@@ -128,7 +128,7 @@ func TestBest(t *testing.T) {
 }
 
 func TestTTL(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	now := time.Unix(1000, 0)
 	s := openTest(t, Config{DRAMBytes: 1 << 20, Now: func() time.Time { return now }})
 	blob := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
@@ -154,7 +154,7 @@ func TestCloseAndCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
+	ctx := t.Context()
 	bs := blobs(t, 5, 12)
 	for _, b := range bs[:4] {
 		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
@@ -192,7 +192,7 @@ func TestCloseAndCancel(t *testing.T) {
 // DeleteIf drops the key only while it holds the bytes the caller names:
 // other bytes and an absent key are refused and leave the store as it is.
 func TestDeleteIf(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	blob := makeBlob(t, testFP, 1, 16, chunk.StandaloneContext(), 2)
 	hd, err := chunk.ParseHeader(blob, chunk.Limits{})
 	if err != nil {

@@ -2,7 +2,6 @@ package kvtier
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"log/slog"
 	"os"
@@ -26,7 +25,7 @@ func blobs(t testing.TB, n, tokens int) [][]byte {
 
 func mustGet(t *testing.T, s *Store, blob []byte) pinned.Bytes {
 	t.Helper()
-	h, err := s.Get(context.Background(), keyOf(t, blob))
+	h, err := s.Get(t.Context(), keyOf(t, blob))
 	if err != nil {
 		t.Fatalf("get: %v", err)
 	}
@@ -37,7 +36,7 @@ func mustGet(t *testing.T, s *Store, blob []byte) pinned.Bytes {
 }
 
 func TestScatteredPagesGetOneView(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 64 * 4096})
 	small := blobs(t, 32, 12) // 3 KiB + header: one page each
 	for _, b := range small {
@@ -87,7 +86,7 @@ func TestScatteredPagesGetOneView(t *testing.T) {
 }
 
 func TestDemoteToDiskAndPromote(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	s := openTest(t, Config{DRAMBytes: 16 * 4096, DiskDir: dir, DiskBytes: 1 << 20})
 	bs := blobs(t, 40, 12) // one page each; DRAM holds 16
@@ -117,7 +116,7 @@ func TestDemoteToDiskAndPromote(t *testing.T) {
 }
 
 func TestPinnedSurvivesPressure(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 8 * 4096})
 	bs := blobs(t, 30, 12)
 	if _, err := s.Put(ctx, bs[0], PutOptions{}); err != nil {
@@ -167,7 +166,7 @@ func TestPinnedSurvivesPressure(t *testing.T) {
 }
 
 func TestOversizedGoesToDisk(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	s := openTest(t, Config{DRAMBytes: 2 * 4096, DiskDir: t.TempDir(), DiskBytes: 1 << 20})
 	big := makeBlob(t, testFP, 5, 200, chunk.StandaloneContext(), 2)
 	bad := bytes.Clone(big)
@@ -192,7 +191,7 @@ func TestOversizedGoesToDisk(t *testing.T) {
 // TestDiskRecovery crashes the disk tier every way a write can be cut
 // short and checks what a restart keeps.
 func TestDiskRecovery(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	cfg := Config{DRAMBytes: 4 * 4096, DiskDir: dir, DiskBytes: 1 << 20, PageSize: 4096, Logger: slog.New(slog.DiscardHandler)}
 	s, err := Open(cfg)
@@ -278,7 +277,7 @@ func TestDiskRecovery(t *testing.T) {
 
 // A file corrupted after startup is caught when read, never served.
 func TestDiskCorruptionAtRead(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	s := openTest(t, Config{DRAMBytes: 2 * 4096, DiskDir: dir, DiskBytes: 1 << 20})
 	bs := blobs(t, 6, 12)

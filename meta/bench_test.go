@@ -1,7 +1,6 @@
 package meta
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"testing"
@@ -102,7 +101,7 @@ func BenchmarkLookupToken(b *testing.B) {
 	b.Run("store", func(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
-			ctx := context.Background()
+			ctx := b.Context()
 			i := 0
 			for pb.Next() {
 				if _, err := s.LookupToken(ctx, toks[i%len(toks)].ID); err != nil {
@@ -121,7 +120,7 @@ func BenchmarkLookupToken(b *testing.B) {
 		}
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
-			ctx := context.Background()
+			ctx := b.Context()
 			i := 0
 			for pb.Next() {
 				if _, err := v.Verify(ctx, presented[i%len(presented)]); err != nil {

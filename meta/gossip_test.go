@@ -113,7 +113,7 @@ func TestWithGossip(t *testing.T) {
 			break
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitTimeout)
+	ctx, cancel := context.WithTimeout(t.Context(), waitTimeout)
 	defer cancel()
 	if err := ms[leaver].g.Leave(ctx); err != nil {
 		t.Fatal(err)

@@ -98,7 +98,7 @@ func TestLeaveNeedsCommit(t *testing.T) {
 	for _, id := range c.running() {
 		c.fwd.set("grpc-"+id, nil)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(t.Context(), 500*time.Millisecond)
 	defer cancel()
 	err := f.Leave(ctx)
 	if err == nil {

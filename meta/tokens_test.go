@@ -2,7 +2,6 @@ package meta
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -198,7 +197,7 @@ func TestStoreTokens(t *testing.T) {
 	}
 	got.Hash[0] ^= 1 // a copy: the stored record is unchanged
 	v := auth.NewVerifier(s)
-	p, err := v.Verify(context.Background(), tok.String())
+	p, err := v.Verify(t.Context(), tok.String())
 	if err != nil || p.TokenID != rec.ID || p.Scopes != rec.Scopes {
 		t.Fatalf("verify = %+v, %v", p, err)
 	}
@@ -219,7 +218,7 @@ func TestStoreTokens(t *testing.T) {
 	if err := s.DeleteToken(ctxT(t), rec.ID); err != nil {
 		t.Fatalf("second delete: %v", err)
 	}
-	if _, err := v.Verify(context.Background(), tok.String()); !errors.Is(err, auth.ErrUnauthenticated) {
+	if _, err := v.Verify(t.Context(), tok.String()); !errors.Is(err, auth.ErrUnauthenticated) {
 		t.Fatalf("deleted token verified: %v", err)
 	}
 	if len(s.Tokens()) != 0 {

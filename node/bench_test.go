@@ -1,7 +1,6 @@
 package node_test
 
 import (
-	"context"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -35,7 +34,7 @@ func benchEntries(b *testing.B, spec chunk.ModelSpec, n, size int) ([]chunk.Key,
 func BenchmarkClusterPutGet(b *testing.B) {
 	nodes := startClusterDRAM(b, 3, 512<<20)
 	c := newClient(b, nodes[0])
-	ctx := context.Background()
+	ctx := b.Context()
 	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16,
 		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000, TokenizerID: "bench"}
 	if _, err := c.RegisterModel(ctx, spec); err != nil {

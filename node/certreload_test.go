@@ -198,7 +198,7 @@ func TestCertStartRules(t *testing.T) {
 // presenting the node's own certificate, and /metrics counts the refusal.
 func TestCertReloadKeepsServing(t *testing.T) {
 	p := newCertPKI(t, "n1")
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	n, err := New(Config{NodeID: "n1", DataDir: t.TempDir(), TLS: p.files, LocalTiming: true, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {

@@ -53,7 +53,7 @@ func TestCluster5(t *testing.T) {
 	}
 	nodes := startCluster(t, 5)
 	c := newClient(t, nodes...)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(5, 5))
 	spec := testutil.Spec()

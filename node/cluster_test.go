@@ -49,7 +49,7 @@ func newClient(t testing.TB, nodes ...*node.Node) *client.Client {
 	for _, nd := range nodes {
 		seeds = append(seeds, nd.GRPCAddr())
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -63,7 +63,7 @@ func TestCluster3(t *testing.T) {
 	testutil.SkipIfShort(t, "a 3-node cluster through failures")
 	nodes := startCluster(t, 3)
 	c := newClient(t, nodes[1])
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	rng := rand.New(rand.NewPCG(1, 1))
 	spec := testutil.Spec()

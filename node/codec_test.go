@@ -25,7 +25,7 @@ import (
 // lossy entry is stored as it came.
 func TestClusterCodec(t *testing.T) {
 	nodes := startCluster(t, 2)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	set := meta.Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: meta.DefaultSettings().Codec}
 	if err := nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {

@@ -36,7 +36,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 		}
 	}
 	c := newClient(t, rest...)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
@@ -123,7 +123,7 @@ func TestRestartedNodeRefills(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes, cfgs := startReplCluster(t, 3)
 			c := newClient(t, nodes[0], nodes[1])
-			ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 			defer cancel()
 			if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 				t.Fatal(err)

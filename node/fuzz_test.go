@@ -78,7 +78,7 @@ func newFuzzEnv(f *testing.F) *fuzzEnv {
 	if err != nil {
 		f.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(f.Context(), 60*time.Second)
 	defer cancel()
 	if err := n.Start(ctx); err != nil {
 		_ = n.Close()
@@ -180,7 +180,7 @@ func (e *fuzzEnv) unrestrictedAdmin(f *testing.F) (api.AdminClient, string) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(f.Context(), 30*time.Second)
 	defer cancel()
 	if err := e.n.meta.PutToken(ctx, rec); err != nil {
 		f.Fatal(err)
@@ -205,7 +205,7 @@ func (e *fuzzEnv) withCache(f *testing.F) {
 	}
 	f.Cleanup(func() { _ = shm.Close() })
 	e.shm = shm
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(f.Context(), 10*time.Second)
 	defer cancel()
 	resp, err := api.NewInjectorClient(e.cc).RegisterCache(ctx, e.registerRequest())
 	if err != nil {
@@ -300,7 +300,7 @@ func (e *fuzzEnv) call(t *testing.T, what string, mutates bool, do func(ctx cont
 	if mutates {
 		before = e.state()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), e.timeout)
+	ctx, cancel := context.WithTimeout(t.Context(), e.timeout)
 	err := do(ctx)
 	cancel()
 	e.check(t, what, err)

@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"net"
 	"testing"
 
@@ -19,7 +18,7 @@ func TestLocalPeer(t *testing.T) {
 		{&net.UnixAddr{Name: "/run/kvmesh.sock", Net: "unix"}, true},
 		{nil, false},
 	} {
-		ctx := context.Background()
+		ctx := t.Context()
 		if tc.addr != nil {
 			ctx = peer.NewContext(ctx, &peer.Peer{Addr: tc.addr})
 		}

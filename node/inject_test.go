@@ -31,7 +31,7 @@ func TestInjectRPC(t *testing.T) {
 	nodes := startCluster(t, 1)
 	nd := nodes[0]
 	c := newClient(t, nd)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	spec := testutil.Spec()
 	fp, err := c.RegisterModel(ctx, spec)
@@ -140,7 +140,7 @@ func TestInjectRPC(t *testing.T) {
 func TestReplicaBestBatch(t *testing.T) {
 	nodes := startCluster(t, 3)
 	c := newClient(t, nodes...)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	spec := testutil.Spec()
 	fp, err := c.RegisterModel(ctx, spec)

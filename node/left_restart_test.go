@@ -30,7 +30,7 @@ func TestDrainedNodeRestart(t *testing.T) {
 		seeds = []string{nodes[0].GossipAddr()}
 	}
 	nodetest.WaitRing(t, 3, nodes...)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	if err := nodes[2].Leave(ctx); err != nil {
 		t.Fatal(err)

@@ -19,7 +19,7 @@ func TestInterceptorRecoversPanics(t *testing.T) {
 	n := startCluster(t, 1)[0]
 	unary, stream := n.Interceptors()
 	before := n.Panics()
-	_, err := unary(context.Background(), nil, &grpc.UnaryServerInfo{FullMethod: "/test/Unary"},
+	_, err := unary(t.Context(), nil, &grpc.UnaryServerInfo{FullMethod: "/test/Unary"},
 		func(ctx context.Context, req any) (any, error) { panic("boom") })
 	if status.Code(err) != codes.Internal {
 		t.Fatalf("unary panic: %v, want Internal", err)

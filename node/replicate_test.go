@@ -109,7 +109,7 @@ func TestReplicaKilledDuringWrites(t *testing.T) {
 	testutil.SkipIfShort(t, "a 3-node cluster under writes")
 	nodes, _ := startReplCluster(t, 3)
 	c := newClient(t, nodes[0], nodes[1])
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
@@ -165,7 +165,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 	testutil.SkipIfShort(t, "a 3-node cluster and a restart")
 	nodes, cfgs := startReplCluster(t, 3)
 	c := newClient(t, nodes[0], nodes[1])
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
@@ -240,7 +240,7 @@ func TestJoinRebalances(t *testing.T) {
 	testutil.SkipIfShort(t, "a cluster that grows")
 	nodes, _ := startReplCluster(t, 3)
 	c := newClient(t, nodes...)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func TestDrainMovesEverything(t *testing.T) {
 	testutil.SkipIfShort(t, "a 3-node cluster and a drain")
 	nodes, _ := startReplCluster(t, 4)
 	c := newClient(t, nodes[:3]...)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
@@ -354,7 +354,7 @@ func TestSingleNodeQuorumAndDrain(t *testing.T) {
 		t.Fatalf("quorum on a 1-node ring: R=%d W=%d, want 1 and 1", r, w)
 	}
 	c := newClient(t, nd)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
 		t.Fatal(err)
@@ -382,7 +382,7 @@ func TestSingleNodeQuorumAndDrain(t *testing.T) {
 func BenchmarkDrain(b *testing.B) {
 	nodes, _ := startReplCluster(b, 4)
 	c := newClient(b, nodes[:3]...)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
 	defer cancel()
 	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {

@@ -25,7 +25,7 @@ import (
 // leader" until the deadline).
 func TestSettingsCompareAndSet(t *testing.T) {
 	nodes := startCluster(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	admins := make([]api.AdminClient, len(nodes))
 	for i, nd := range nodes {
@@ -108,7 +108,7 @@ func TestSettingsCompareAndSet(t *testing.T) {
 // state has the last value each admin set.
 func TestSettingsPartialChangesKeepEachOther(t *testing.T) {
 	nodes := startCluster(t, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	admin := func(nd *node.Node) api.AdminClient {
 		cc, err := grpc.NewClient(nd.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -36,7 +36,7 @@ func TestSettingsChangeR(t *testing.T) {
 		seeds = []string{nodes[0].GossipAddr()}
 	}
 	nodetest.WaitRing(t, 3, nodes...)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
 	cc, err := grpc.NewClient(nodes[1].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -1,7 +1,6 @@
 package replication
 
 import (
-	"context"
 	"testing"
 	"time"
 )
@@ -35,7 +34,7 @@ func BenchmarkWrite(b *testing.B) {
 					}
 					b.StartTimer()
 				}
-				if _, err := c.reps["a"].Write(context.Background(), blobs[i%pool]); err != nil {
+				if _, err := c.reps["a"].Write(b.Context(), blobs[i%pool]); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -64,20 +63,20 @@ func BenchmarkRebalanceJoin(b *testing.B) {
 				for i := range bc.chunks {
 					blob, _ := makeSizedBlob(b, i, 0, 512, 8) // 256 KiB
 					for _, id := range []string{"a", "b", "c"} {
-						if _, err := c.stores[id].Put(context.Background(), blob); err != nil {
+						if _, err := c.stores[id].Put(b.Context(), blob); err != nil {
 							b.Fatal(err)
 						}
 					}
 				}
 				for _, id := range []string{"a", "b", "c"} {
-					c.reps[id].Rebalance(context.Background())
+					c.reps[id].Rebalance(b.Context())
 					stored += int64(c.stores[id].bytes())
 				}
 				c.start("d")
 				c.setRing("a", "b", "c", "d")
 				start := time.Now()
 				for _, id := range []string{"a", "b", "c", "d"} {
-					st, err := c.reps[id].Rebalance(context.Background())
+					st, err := c.reps[id].Rebalance(b.Context())
 					if err != nil || st.Pending != 0 {
 						b.Fatalf("%s: %+v %v", id, st, err)
 					}

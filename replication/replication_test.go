@@ -1020,7 +1020,7 @@ func TestDivergedReplicasConverge(t *testing.T) {
 				}
 			}
 			for i, id := range c.replicaIDs(key) {
-				if _, err := c.stores[id].Put(context.Background(), blobs[i]); err != nil {
+				if _, err := c.stores[id].Put(t.Context(), blobs[i]); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -1039,13 +1039,13 @@ func TestDivergedReplicasConverge(t *testing.T) {
 			case "anti-entropy":
 				for round := 0; round < 2 && !converged(); round++ {
 					for _, id := range c.replicaIDs(key) {
-						if _, err := c.reps[id].AntiEntropy(context.Background()); err != nil {
+						if _, err := c.reps[id].AntiEntropy(t.Context()); err != nil {
 							t.Fatal(err)
 						}
 					}
 				}
 			case "read repair":
-				if err := c.reps["a"].checkReplicas(context.Background(), key); err != nil {
+				if err := c.reps["a"].checkReplicas(t.Context(), key); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -55,7 +55,7 @@ func FuzzClusterStoreLookup(f *testing.F) {
 		s := NewClusterStore(fc, StoreConfig{Fingerprint: fp, Limits: chunk.Limits{MaxLayers: 4, MaxTokens: 64, MaxKVHeads: 4, MaxHeadDim: 16, MaxBlobBytes: 1 << 16, MaxRawBytes: 1 << 16}})
 		req := engine.LookupRequest{Key: key, Tokens: toks}
 		for _, src := range []engine.ChunkSource{s, PrefixOnly(s)} {
-			got, err := src.Lookup(context.Background(), []engine.LookupRequest{req, req})
+			got, err := src.Lookup(t.Context(), []engine.LookupRequest{req, req})
 			if err != nil {
 				continue
 			}

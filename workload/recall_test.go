@@ -55,7 +55,7 @@ func handful(set *EvalSet, n int, tasks []string, ks ...int) *EvalSet {
 // training).
 func TestRecallModelAnswersHeldOut(t *testing.T) {
 	e, set := recallEngine(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	ref, err := LoadTorchReference(filepath.Join(recallDir, "reference.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +115,7 @@ func TestRecallModelAnswersHeldOut(t *testing.T) {
 // bit for bit, and the lossless codec gives raw's answers.
 func TestRecallExactReuseKeepsAnswers(t *testing.T) {
 	e, set := recallEngine(t)
-	ctx := context.Background()
+	ctx := t.Context()
 	stores := func(ctx context.Context, enc Encoding, codec chunk.Codec) (*engine.Engine, engine.ChunkStore, error) {
 		return e, engine.NewMemStore(codec), nil
 	}

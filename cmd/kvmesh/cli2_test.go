@@ -18,7 +18,7 @@ import (
 // TestEntryErrors: put, delete, then get and delete of the deleted key
 // say "NotFound" in one line, not a chain of errors per replica.
 func TestEntryErrors(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	nd := nodetest.Start(t, 1, nodetest.Config{}).Nodes[0]
 	if _, err := nd.Meta().RegisterModel(ctx, testutil.Spec()); err != nil {
@@ -46,7 +46,7 @@ func TestEntryErrors(t *testing.T) {
 // TestHungSeed: an address that accepts connections and never answers
 // costs -connect-timeout, then the next address is used.
 func TestHungSeed(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	nd := nodetest.Start(t, 1, nodetest.Config{}).Nodes[0]
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -80,7 +80,7 @@ func TestHungSeed(t *testing.T) {
 // TestTLSHint: a client without a certificate against a node that wants
 // mutual TLS is told so, not "error reading server preface: EOF".
 func TestTLSHint(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	dir := t.TempDir()
 	if _, err := tlsconf.GenerateFiles(dir, tlsconf.CertRequest{Name: "n1", Hosts: []string{"127.0.0.1"}, Usage: tlsconf.UsageNode}); err != nil {
@@ -100,7 +100,7 @@ func TestTLSHint(t *testing.T) {
 // cluster that is not there), status says so and exits 1, and an admin
 // write fails at once with the same words instead of waiting for one.
 func TestNoLeader(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	cfg := nodetest.NodeConfig(t, "n1", []string{"127.0.0.1:1"})
 	cfg.Insecure = true

@@ -37,7 +37,7 @@ func runCLI(ctx context.Context, args ...string) (stdout, stderr string, code in
 // commands, subcommands, flags and stray arguments are usage errors that
 // touch nothing.
 func TestExitCodes(t *testing.T) {
-	ctx := context.Background()
+	ctx := t.Context()
 	dir := t.TempDir()
 	t.Chdir(dir)
 	for _, tc := range []struct {
@@ -85,7 +85,7 @@ func TestExitCodes(t *testing.T) {
 // rewrites it). Addresses, epochs and versions are replaced by
 // placeholders.
 func TestGolden(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
 	nd := nodetest.Start(t, 1, nodetest.Config{}).Nodes[0]
 	addr := nd.GRPCAddr()

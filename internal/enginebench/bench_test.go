@@ -1,7 +1,6 @@
 package enginebench
 
 import (
-	"context"
 	"strings"
 	"testing"
 
@@ -35,7 +34,7 @@ func newTestEngine(t testing.TB, seed uint64) *engine.Engine {
 
 func TestRunBenchSmall(t *testing.T) {
 	e := newTestEngine(t, 61)
-	res, err := Run(context.Background(), e, engine.NewMemStore(0), Config{
+	res, err := Run(t.Context(), e, engine.NewMemStore(0), Config{
 		Ks: []int{2, 6}, FactTokens: 8, QueryTokens: 4, Trials: 1, Window: 6, FidelityPrompts: 3, FidelityK: 3, Seed: 1,
 	})
 	if err != nil {

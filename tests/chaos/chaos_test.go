@@ -88,7 +88,7 @@ func TestChaos(t *testing.T) {
 	sd := seed(t)
 	t.Logf("chaos: seed %d (replay with KVMESH_CHAOS_SEED=%d)", sd, sd)
 
-	ctx, cancel := context.WithTimeout(context.Background(), runBound)
+	ctx, cancel := context.WithTimeout(t.Context(), runBound)
 	defer cancel()
 	dir, err := os.MkdirTemp("", fmt.Sprintf("kvmesh-chaos-%d-", sd))
 	if err != nil {
@@ -129,7 +129,7 @@ func TestChaos(t *testing.T) {
 				p.Kill()
 			}
 			if r.fw != nil {
-				if err := r.fw.Close(context.Background()); err != nil {
+				if err := r.fw.Close(t.Context()); err != nil {
 					t.Errorf("chaos: removing iptables rules and cgroups (tag %s): %v", r.fw.Tag(), err)
 				}
 			}

@@ -1,7 +1,6 @@
 package chaos
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -160,7 +159,7 @@ func nodeWrite(t *testing.T, x *expecter, mem [][]byte, in *injection, j int, bl
 	}
 	job := cudakern.Job{Rope: x.rope, Src: e.KV, SrcDType: e.DType, Tokens: len(e.Tokens), SrcHeads: e.KVHeads,
 		HeadLo: in.headLo, HeadHi: in.headHi, Pos: pos, Slots: in.chunks[j].slots, Layout: in.lay, Dst: mem}
-	if err := x.kern.Inject(context.Background(), &job); err != nil {
+	if err := x.kern.Inject(t.Context(), &job); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -114,7 +114,7 @@ func start(tb testing.TB, bin, id, host, dataDir string, args ...string) *harnes
 			tb.Logf("log of %s (tail):\n%s", id, b)
 		}
 	})
-	if err := p.Start(context.Background()); err != nil {
+	if err := p.Start(tb.Context()); err != nil {
 		tb.Fatal(err)
 	}
 	return p

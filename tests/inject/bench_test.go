@@ -25,7 +25,7 @@ import (
 //	go test -run '^$' -bench TTFT -benchtime 10x ./tests/inject
 func BenchmarkTTFT(b *testing.B) {
 	bin := buildKvmeshd(b)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(b.Context(), 5*time.Minute)
 	defer cancel()
 	c := startCluster(b, ctx, bin)
 	mc := engine.ModelConfig{
@@ -44,7 +44,7 @@ func BenchmarkTTFT(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer inj.Close(context.Background())
+	defer inj.Close(b.Context())
 
 	const maxK, factTokens, window = 50, 24, 20
 	rng := rand.New(rand.NewPCG(5, 6))

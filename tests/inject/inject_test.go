@@ -49,7 +49,7 @@ func buildKvmeshd(t testing.TB) string {
 	if err := harness.Bindable(hosts...); err != nil {
 		t.Skip(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	bin, err := harness.Build(ctx, t.TempDir())
 	if errors.Is(err, harness.ErrNoGo) {
@@ -234,7 +234,7 @@ func maxAbsDiff(a, b []float32) float64 {
 func TestInjectEndToEnd(t *testing.T) {
 	testutil.SkipIfShort(t, "builds kvmeshd and starts 3 processes")
 	bin := buildKvmeshd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
 	c := startCluster(t, ctx, bin)
 	e, shm := newEngine(t, tinyModel(), chunk.F32)
@@ -249,7 +249,7 @@ func TestInjectEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer inj.Close(context.Background())
+	defer inj.Close(t.Context())
 
 	rng := rand.New(rand.NewPCG(3, 4))
 	toks := func(n int) []uint32 {

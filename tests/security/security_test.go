@@ -98,7 +98,7 @@ func call(t *testing.T, addr string, creds credentials.TransportCredentials, tok
 		t.Fatal(err)
 	}
 	defer cc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
 	defer cancel()
 	if peer {
 		_, err = api.NewPeerClient(cc).Digest(ctx, &api.DigestRequest{})
@@ -130,7 +130,7 @@ func newToken(t *testing.T, n *node.Node, name string, scopes auth.Scope, ns aut
 		t.Fatal(err)
 	}
 	// A raft write, perhaps forwarded or waiting out an election.
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	if err := n.Meta().PutToken(ctx, rec); err != nil {
 		t.Fatal(err)
@@ -141,7 +141,7 @@ func newToken(t *testing.T, n *node.Node, name string, scopes auth.Scope, ns aut
 func dial(t *testing.T, n *node.Node, cfg client.Config) *client.Client {
 	t.Helper()
 	cfg.Seeds, cfg.Logger, cfg.Attempts = []string{n.GRPCAddr()}, quiet(), 1
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	c, err := client.New(ctx, cfg)
 	if err != nil {
