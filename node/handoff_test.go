@@ -1,13 +1,14 @@
-package node
+package node_test
 
 import (
-	"fmt"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // A node without a disk tier that is closed (SIGTERM) hands the chunks it
@@ -16,21 +17,12 @@ import (
 // its Close both hold them again.
 func TestCloseHandsChunksToOtherOwners(t *testing.T) {
 	testutil.SkipIfShort(t, "starts a three-node cluster")
-	nodes := make([]*Node, 3)
-	var seeds []string
-	for i := range nodes {
-		cfg := Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: t.TempDir(), Seeds: seeds, BootstrapExpect: 3,
-			DRAMBytes: 64 << 20, LocalTiming: true, DeadGrace: time.Hour, RPCTimeout: 5 * time.Second,
-			Logger: testLogger(t), Insecure: true}
+	nodes := nodetest.Start(t, 3, nodetest.Config{Node: func(i int, cfg *node.Config) {
+		cfg.DRAMBytes, cfg.HTTPAddr, cfg.RPCTimeout = 64<<20, "", 5*time.Second
 		if i == 0 {
 			cfg.ShutdownHandoff = 20 * time.Second
 		}
-		nodes[i] = startConfigured(t, cfg)
-		if i == 0 {
-			seeds = []string{nodes[0].GossipAddr()}
-		}
-	}
-	waitRing(t, nodes, 3)
+	}}).Nodes
 	c := newClient(t, nodes...)
 	spec := testutil.Spec()
 	if _, err := c.RegisterModel(t.Context(), spec); err != nil {
@@ -45,20 +37,20 @@ func TestCloseHandsChunksToOtherOwners(t *testing.T) {
 		}
 		keys = append(keys, key)
 	}
-	holdAll := func(nd *Node) bool {
+	holdAll := func(nd *node.Node) bool {
 		for _, k := range keys {
-			if !nd.store.Contains(k) {
+			if !nd.Store().Contains(k) {
 				return false
 			}
 		}
 		return true
 	}
 	for _, nd := range nodes {
-		testutil.WaitFor(t, nd.cfg.NodeID+" holding every key", func() bool { return holdAll(nd) })
+		testutil.WaitFor(t, nd.ID()+" holding every key", func() bool { return holdAll(nd) })
 	}
 	for _, nd := range nodes[1:] {
 		for _, k := range keys {
-			if err := nd.store.Delete(k); err != nil {
+			if err := nd.Store().Delete(k); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -68,7 +60,7 @@ func TestCloseHandsChunksToOtherOwners(t *testing.T) {
 	}
 	for _, nd := range nodes[1:] {
 		if !holdAll(nd) {
-			t.Fatalf("%s lacks keys after n1 closed: the handoff did not reach it", nd.cfg.NodeID)
+			t.Fatalf("%s lacks keys after n1 closed: the handoff did not reach it", nd.ID())
 		}
 	}
 }
