@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
@@ -78,11 +80,75 @@ type entryVector struct {
 	Writer string `json:"writer"`
 }
 
+// specCheck is a spec Validate must accept (with its fingerprint) or
+// refuse: one model, one fingerprint. NegZero names Scaling fields set to
+// -0.0 after reading (JSON cannot carry the sign of a zero to every
+// reader).
+type specCheck struct {
+	Name    string    `json:"name"`
+	Spec    ModelSpec `json:"spec"`
+	NegZero []string  `json:"negative_zero,omitempty"`
+	Valid   bool      `json:"valid"`
+	FP      string    `json:"fingerprint,omitempty"`
+}
+
 type vectorFile struct {
-	Comment string        `json:"comment"`
-	Specs   []specVector  `json:"specs"`
-	IDs     []idVector    `json:"ids"`
-	Entries []entryVector `json:"entries"`
+	Comment    string        `json:"comment"`
+	Specs      []specVector  `json:"specs"`
+	SpecChecks []specCheck   `json:"spec_checks"`
+	IDs        []idVector    `json:"ids"`
+	Entries    []entryVector `json:"entries"`
+}
+
+// withNegZero returns s with the named Scaling fields set to -0.0.
+func withNegZero(s ModelSpec, names []string) ModelSpec {
+	nz := math.Copysign(0, -1)
+	for _, n := range names {
+		switch n {
+		case "Factor":
+			s.Scaling.Factor = nz
+		case "BetaFast":
+			s.Scaling.BetaFast = nz
+		case "AttentionFactor":
+			s.Scaling.AttentionFactor = nz
+		default:
+			panic("withNegZero: field " + n)
+		}
+	}
+	return s
+}
+
+func vectorSpecChecks() []specCheck {
+	with := func(s ModelSpec, f func(*ModelSpec)) ModelSpec { f(&s); return s }
+	out := []specCheck{
+		{Name: "llama, beta_fast -0.0", Spec: llamaSpec, NegZero: []string{"BetaFast"}},
+		{Name: "tiny, factor and attention_factor -0.0", Spec: tinySpec, NegZero: []string{"Factor", "AttentionFactor"}},
+		{Name: "llama, beta_fast 32 (llama3 does not use it)", Spec: with(llamaSpec, func(s *ModelSpec) { s.Scaling.BetaFast = 32 })},
+		{Name: "tiny, default with factor 8", Spec: with(tinySpec, func(s *ModelSpec) { s.Scaling = RopeScaling{Type: "default", Factor: 8} })},
+		{Name: "yarn with max_positions (dynamic's)", Spec: with(tinySpec, func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "yarn", Factor: 4, OriginalMaxPositions: 4096, MaxPositions: 5}
+		})},
+		{Name: "linear, factor -1", Spec: with(tinySpec, func(s *ModelSpec) { s.Scaling = RopeScaling{Type: "linear", Factor: -1} })},
+		{Name: "llama, original_max_positions 2^32+8192", Spec: with(llamaSpec, func(s *ModelSpec) { s.Scaling.OriginalMaxPositions = 1<<32 + 8192 })},
+		{Name: "llama, original_max_positions 2^31-1", Spec: with(llamaSpec, func(s *ModelSpec) { s.Scaling.OriginalMaxPositions = MaxSpecPositions })},
+		{Name: "dynamic, max_positions 2^31", Spec: with(tinySpec, func(s *ModelSpec) {
+			s.Scaling = RopeScaling{Type: "dynamic", Factor: 2, MaxPositions: MaxSpecPositions + 1}
+		})},
+		{Name: "layers 1025", Spec: with(tinySpec, func(s *ModelSpec) { s.Layers = 1025 })},
+		{Name: "rotary dim 3", Spec: with(tinySpec, func(s *ModelSpec) { s.RotaryDim = 3 })},
+		{Name: "rope theta 1", Spec: with(tinySpec, func(s *ModelSpec) { s.RopeTheta = 1 })},
+		{Name: "salt of 256 bytes", Spec: with(tinySpec, func(s *ModelSpec) { s.Salt = strings.Repeat("s", 256) })},
+		{Name: "salt of 257 bytes", Spec: with(tinySpec, func(s *ModelSpec) { s.Salt = strings.Repeat("s", 257) })},
+		{Name: "family of 257 bytes", Spec: with(tinySpec, func(s *ModelSpec) { s.Family = strings.Repeat("f", 257) })},
+		{Name: "tokenizer id of 128 two-byte characters (256 bytes)", Spec: with(tinySpec, func(s *ModelSpec) { s.TokenizerID = strings.Repeat("é", 128) })},
+	}
+	for i := range out {
+		s := withNegZero(out[i].Spec, out[i].NegZero)
+		if out[i].Valid = s.Validate() == nil; out[i].Valid {
+			out[i].FP = s.Fingerprint().String()
+		}
+	}
+	return out
 }
 
 func vectorSpecs() []specVector {
@@ -214,7 +280,7 @@ func writeVectors(t *testing.T) {
 	specs := vectorSpecs()
 	vf := vectorFile{
 		Comment: "Written by `go test ./chunk -run TestSharedVectors -update`; read by chunk/vectors_test.go and python/tests/test_vectors.py.",
-		Specs:   specs, IDs: vectorIDs(specs),
+		Specs:   specs, SpecChecks: vectorSpecChecks(), IDs: vectorIDs(specs),
 	}
 	for i, e := range vectorEntries() {
 		codecs := []Codec{CodecRaw, CodecLossless, CodecInt8, CodecInt4, CodecFP8}
@@ -279,8 +345,18 @@ func TestSharedVectors(t *testing.T) {
 			t.Errorf("spec %s: fingerprint %s, want %s", sv.Name, got, sv.FP)
 		}
 	}
-	if len(vf.IDs) == 0 || len(vf.Entries) == 0 {
-		t.Fatal("vectors.json has no IDs or entries")
+	if len(vf.IDs) == 0 || len(vf.Entries) == 0 || len(vf.SpecChecks) == 0 {
+		t.Fatal("vectors.json has no IDs, entries or spec checks")
+	}
+	for _, sc := range vf.SpecChecks {
+		s := withNegZero(sc.Spec, sc.NegZero)
+		err := s.Validate()
+		if (err == nil) != sc.Valid {
+			t.Errorf("spec check %q: Validate %v, want valid %v", sc.Name, err, sc.Valid)
+		}
+		if err == nil && s.Fingerprint().String() != sc.FP {
+			t.Errorf("spec check %q: fingerprint %v, want %s", sc.Name, s.Fingerprint(), sc.FP)
+		}
 	}
 	for _, iv := range vf.IDs {
 		fp, ok := fps[iv.Spec]

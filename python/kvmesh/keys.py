@@ -115,6 +115,82 @@ class RopeScaling:
     max_positions: int = 0
 
 
+MAX_SPEC_STRING = 256  # bytes of UTF-8 in each string field
+MAX_SPEC_POSITIONS = (1 << 31) - 1  # the position fields travel as int32
+
+# Per scaling type, the fields it uses; every other one must be 0.
+_SCALING_FIELDS = {
+    "": (), "default": (), "linear": ("factor",), "dynamic": ("factor", "max_positions"),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_positions"),
+    "yarn": ("factor", "original_max_positions", "beta_fast", "beta_slow", "attention_factor"),
+}
+_SCALING_ORDER = ("factor", "low_freq_factor", "high_freq_factor", "original_max_positions", "beta_fast",
+                  "beta_slow", "attention_factor", "max_positions")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _spec_problem(sp: "ModelSpec") -> str:
+    """The first reason sp is invalid, in the order of Go's Validate, or ""."""
+    sc = sp.scaling
+    for name, v in (("family", sp.family), ("scaling type", sc.type), ("weights revision", sp.weights_revision),
+                    ("tokenizer id", sp.tokenizer_id), ("salt", sp.salt)):
+        try:
+            n = len(v.encode("utf-8")) if isinstance(v, str) else -1
+        except UnicodeEncodeError:
+            n = -1
+        if not 0 <= n <= MAX_SPEC_STRING:
+            return f"{name}: must be UTF-8 of at most {MAX_SPEC_STRING} bytes"
+    for name in ("layers", "kv_heads", "head_dim", "rotary_dim"):
+        if not _is_int(getattr(sp, name)):
+            return f"{name} {getattr(sp, name)!r} is not an integer"
+    theta = sp.rope_theta
+    if not sp.family:
+        return "family is empty"
+    if not 0 < sp.layers <= 1024:
+        return f"layers {sp.layers} out of range 1..1024"
+    if not 0 < sp.kv_heads <= 1024:
+        return f"kv heads {sp.kv_heads} out of range 1..1024"
+    if not (0 < sp.head_dim <= 4096 and sp.head_dim % 2 == 0):
+        return f"head dim {sp.head_dim} must be even and in 2..4096"
+    if not (isinstance(theta, (int, float)) and theta > 1 and math.isfinite(theta)):
+        return f"rope theta {theta} must be finite and > 1"
+    if not (0 <= sp.rotary_dim <= sp.head_dim and sp.rotary_dim % 2 == 0):
+        return f"rotary dim {sp.rotary_dim} must be even and at most head dim {sp.head_dim}"
+    used = _SCALING_FIELDS.get(sc.type)
+    if used is None:
+        return f"unknown rope scaling type {sc.type!r}"
+    for name in _SCALING_ORDER:
+        v = getattr(sc, name)
+        if name.endswith("positions"):
+            if not _is_int(v):
+                return f"scaling {name} {v!r} is not an integer"
+        elif not isinstance(v, (int, float)) or isinstance(v, bool):
+            return f"scaling {name} {v!r} is not a number"
+        if name not in used and v != 0:
+            return f"{sc.type!r} scaling does not use {name} ({v}): it must be 0"
+        if not math.isfinite(v) or v < 0:
+            return f"scaling {name} {v} must be finite and not negative"
+    if sc.original_max_positions > MAX_SPEC_POSITIONS or sc.max_positions > MAX_SPEC_POSITIONS:
+        return (f"scaling positions {sc.original_max_positions}, {sc.max_positions} out of range "
+                f"0..{MAX_SPEC_POSITIONS}")
+    if sc.type in ("linear", "dynamic"):
+        if not sc.factor > 0:
+            return f"{sc.type} scaling needs factor > 0"
+        if sc.type == "dynamic" and sc.max_positions <= 0:
+            return "dynamic scaling needs max positions"
+    elif sc.type == "llama3":
+        if not (sc.factor > 0 and 0 < sc.low_freq_factor < sc.high_freq_factor and sc.original_max_positions > 0):
+            return ("llama3 scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor, "
+                    "original max positions")
+    elif sc.type == "yarn":
+        if not (sc.factor > 0 and sc.original_max_positions > 0):
+            return "yarn scaling needs factor > 0 and original max positions"
+    return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """Everything that changes a model's KV bytes (chunk.ModelSpec)."""
@@ -142,39 +218,11 @@ class ModelSpec:
 
     def validate(self) -> None:
         """Raises ValueError with the first reason the spec is invalid, by
-        the rules of Go's ModelSpec.Validate."""
-        bad = []
-        if not self.family:
-            bad.append("family is empty")
-        elif not 0 < self.layers <= 1024:
-            bad.append(f"layers {self.layers} out of range 1..1024")
-        elif not 0 < self.kv_heads <= 1024:
-            bad.append(f"kv heads {self.kv_heads} out of range 1..1024")
-        elif not (0 < self.head_dim <= 4096 and self.head_dim % 2 == 0):
-            bad.append(f"head dim {self.head_dim} must be even and in 2..4096")
-        elif not (self.rope_theta > 1 and math.isfinite(self.rope_theta)):
-            bad.append(f"rope theta {self.rope_theta} must be finite and > 1")
-        elif not (0 <= self.rotary_dim <= self.head_dim and self.rotary_dim % 2 == 0):
-            bad.append(f"rotary dim {self.rotary_dim} must be even and at most head dim {self.head_dim}")
-        sc = self.scaling
-        if sc.type in ("", "default"):
-            pass
-        elif sc.type in ("linear", "dynamic"):
-            if not sc.factor > 0:
-                bad.append(f"{sc.type} scaling needs factor > 0")
-            elif sc.type == "dynamic" and sc.max_positions <= 0:
-                bad.append("dynamic scaling needs max positions")
-        elif sc.type == "llama3":
-            if not (sc.factor > 0 and 0 < sc.low_freq_factor < sc.high_freq_factor and sc.original_max_positions > 0):
-                bad.append("llama3 scaling needs factor > 0, 0 < low_freq_factor < high_freq_factor, "
-                           "original max positions")
-        elif sc.type == "yarn":
-            if not (sc.factor > 0 and sc.original_max_positions > 0):
-                bad.append("yarn scaling needs factor > 0 and original max positions")
-        else:
-            bad.append(f"unknown rope scaling type {sc.type!r}")
+        the rules of Go's ModelSpec.Validate (docs/KEYS.md section 1): one
+        model, one fingerprint."""
+        bad = _spec_problem(self)
         if bad:
-            raise ValueError("invalid model spec: " + bad[0])
+            raise ValueError("invalid model spec: " + bad)
 
     def canonical_encoding(self) -> bytes:
         """The bytes the fingerprint hashes (docs/KEYS.md section 1)."""
@@ -185,7 +233,7 @@ class ModelSpec:
             return struct.pack("<I", len(b)) + b
 
         u32 = lambda v: struct.pack("<I", v & 0xFFFFFFFF)
-        f64 = lambda v: struct.pack("<d", float(v))
+        f64 = lambda v: struct.pack("<d", float(v) + 0.0)  # + 0.0: -0.0 is written as 0.0
         return b"".join([
             s("kvmesh-spec-v1"), s(self.family), u32(self.layers), u32(self.kv_heads), u32(self.head_dim),
             bytes([int(self.dtype), int(self.rope_style)]), f64(self.rope_theta), u32(self.rotary),

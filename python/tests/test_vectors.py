@@ -166,6 +166,29 @@ def test_det_log_close_to_math_log():
         assert abs(det_log(u) - math.log(u)) <= math.ulp(math.log(u))  # < 1 ulp, as Go's math.Log
 
 
+def spec_check_cases():
+    return [pytest.param(sc, id=sc["name"]) for sc in load()["spec_checks"]]
+
+
+@pytest.mark.parametrize("sc", spec_check_cases())
+def test_spec_checks(sc):
+    """One model, one fingerprint: validate accepts and refuses exactly what
+    Go's Validate does (unused scaling fields, integer ranges, string
+    limits), and -0.0 fingerprints as 0.0."""
+    import dataclasses
+    s = spec_of(sc["spec"])
+    names = {"Factor": "factor", "BetaFast": "beta_fast", "AttentionFactor": "attention_factor"}
+    if sc.get("negative_zero"):
+        s = dataclasses.replace(s, scaling=dataclasses.replace(
+            s.scaling, **{names[n]: -0.0 for n in sc["negative_zero"]}))
+    if sc["valid"]:
+        s.validate()
+        assert str(s.fingerprint()) == sc["fingerprint"]
+    else:
+        with pytest.raises(ValueError, match="invalid model spec"):
+            s.validate()
+
+
 @pytest.mark.parametrize("change,reason", [
     (dict(family=""), "family is empty"),
     (dict(layers=0), "layers 0"),
@@ -174,6 +197,11 @@ def test_det_log_close_to_math_log():
     (dict(rotary_dim=6, head_dim=4), "rotary dim"),
     (dict(scaling=RopeScaling("llama3", 8, 4, 1, 8192)), "llama3 scaling"),
     (dict(scaling=RopeScaling("ntk")), "unknown rope scaling"),
+    (dict(scaling=RopeScaling("llama3", 8, 1, 4, 8192, beta_fast=32)), "does not use beta_fast"),
+    (dict(scaling=RopeScaling("default", 8)), "does not use factor"),
+    (dict(scaling=RopeScaling("llama3", 8, 1, 4, (1 << 32) + 8192)), "out of range"),
+    (dict(salt="x" * 257), "salt"),
+    (dict(layers=1.5), "not an integer"),
 ])
 def test_spec_validate(change, reason):
     import dataclasses
