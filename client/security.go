@@ -23,6 +23,9 @@ func DialOptions(cfg Config) ([]grpc.DialOption, error) {
 		return nil, err
 	}
 	opts := append(sec, grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(maxRecvBytes)))
+	// The transport tuning for tensor streams (fixed large windows, larger
+	// socket buffers), as the nodes use it.
+	opts = append(opts, api.DialOptions()...)
 	return append(opts, cfg.DialOptions...), nil
 }
 

@@ -30,6 +30,8 @@ type peerPool struct {
 	// creds dial peers (node certificate over mutual TLS); nil means
 	// plaintext.
 	creds credentials.TransportCredentials
+	// linkRate paces every connection (Config.PeerLinkBytesPerSec).
+	linkRate int64
 }
 
 func newPeerPool(log *slog.Logger) *peerPool {
@@ -51,10 +53,11 @@ func (p *peerPool) conn(addr string) (*grpc.ClientConn, error) {
 	if creds == nil {
 		creds = insecure.NewCredentials()
 	}
-	c, err := grpc.NewClient(addr,
+	c, err := grpc.NewClient(addr, append(api.DialOptions(),
+		grpc.WithContextDialer(pacedDialer(p.linkRate)),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(8<<20)),
-	)
+	)...)
 	if err != nil {
 		return nil, fmt.Errorf("node: peer %s: %w", addr, err)
 	}

@@ -184,6 +184,7 @@ func (n *Node) openStore(context.Context) error {
 func (n *Node) startPeers(context.Context) error {
 	n.peers = newPeerPool(n.log)
 	n.peers.creds = n.sec.tls.NodeClientCredentials()
+	n.peers.linkRate = n.cfg.PeerLinkBytesPerSec
 	n.undo.push("peer connections", func() error { n.peers.close(); return nil })
 	return nil
 }
@@ -325,7 +326,7 @@ func (n *Node) serveHTTP(context.Context) error {
 const grpcStopTimeout = 5 * time.Second
 
 func (n *Node) serveGRPC(context.Context) error {
-	n.grpcSrv = grpc.NewServer(append(n.serverOptions(),
+	n.grpcSrv = grpc.NewServer(append(append(n.serverOptions(), api.ServerOptions()...),
 		grpc.ForceServerCodecV2(api.Codec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(8<<20),
