@@ -16,11 +16,11 @@ const (
 	// AdmitReuse keeps what is predicted to be read again and weighs
 	// eviction by how an entry can be reused (see Reuse).
 	//
-	// Admission. An encoding usable at any position (standalone, or at the
-	// prefix root, which is the same computation) and a window encoding
-	// are kept: an indexer encodes them on purpose, for reuse. So is the
-	// first prefix-chained encoding of a content (a chat's history, a
-	// document seen for the first time, a passage so far held only
+	// Admission. An encoding usable at any position (standalone, which is
+	// also the one key of a chunk at the start of a prompt) and a window
+	// encoding are kept: an indexer encodes them on purpose, for reuse. So
+	// is the first prefix-chained encoding of a content (a chat's history,
+	// a document seen for the first time, a passage so far held only
 	// standalone): any prompt can use it, EXACT after the same prefix and
 	// otherwise as the best approximation chunk.Better knows, since it saw
 	// the system prompt and real text before it. Another prefix-chained
@@ -31,9 +31,9 @@ const (
 	// entries they name, Config.DoorkeeperBytes). A RAG prompt that puts
 	// its passages in a novel order therefore writes nothing new, while a
 	// prefix that recurs (a popular first passage after the system prompt)
-	// is kept from its second sighting on. A standalone put while the
-	// root encoding of the same content is held is refused as a duplicate;
-	// a root put replaces a standalone twin.
+	// is kept from its second sighting on. Equivalent encodings need no
+	// rule here: one computation has one key (chunk.Canonical), so a
+	// second put of it is a put of the same key.
 	//
 	// Eviction. Within S3-FIFO, an entry gets its class's reuse credit
 	// (Reuse.weight) in place of hits when it is put and when it enters
@@ -69,15 +69,13 @@ func ParseAdmission(s string) (Admission, error) {
 type Reuse uint8
 
 const (
-	// ReusePrefix: after a prefix other than the root; EXACT only for a
-	// prompt that starts with the same chunks.
+	// ReusePrefix: after a prefix; EXACT only for a prompt that starts
+	// with the same chunks.
 	ReusePrefix Reuse = iota
 	// ReuseWindow: after a window of w tokens.
 	ReuseWindow
-	// ReuseRoot: at the start of a prompt (the prefix root); EXACT for
-	// every prompt that starts with the chunk, usable anywhere else.
-	ReuseRoot
-	// ReuseStandalone: encoded alone; usable at any position.
+	// ReuseStandalone: encoded alone; usable at any position, and EXACT
+	// at the start of a prompt.
 	ReuseStandalone
 	// NumReuse is the number of classes.
 	NumReuse
@@ -89,8 +87,6 @@ func (r Reuse) String() string {
 		return "prefix"
 	case ReuseWindow:
 		return "window"
-	case ReuseRoot:
-		return "prefix_root"
 	case ReuseStandalone:
 		return "standalone"
 	}
@@ -105,9 +101,6 @@ func ReuseOf(key chunk.Key) Reuse {
 	case chunk.ContextWindow:
 		return ReuseWindow
 	}
-	if key.Context.ID == chunk.PrefixRoot(key.Fingerprint) {
-		return ReuseRoot
-	}
 	return ReusePrefix
 }
 
@@ -115,19 +108,13 @@ func ReuseOf(key chunk.Key) Reuse {
 // AdmitReuse: rounds of S3-FIFO's main queue it survives without a hit.
 func (r Reuse) weight() uint32 {
 	switch r {
-	case ReuseStandalone, ReuseRoot:
+	case ReuseStandalone:
 		return 2
 	case ReuseWindow:
 		return 1
 	}
 	return 0
 }
-
-// Refusal reasons.
-const (
-	refuseDuplicate = iota // an equivalent encoding is held
-	refuseUnproven         // a further prefix copy, its key seen once
-)
 
 // ReuseStats counts one reuse class.
 type ReuseStats struct {
@@ -136,44 +123,30 @@ type ReuseStats struct {
 	Entries     int
 	StoredBytes int64
 	// Admitted counts new entries stored; Refused the puts AdmitReuse
-	// turned away, by reason (duplicate: an equivalent encoding is held;
-	// unproven: a further prefix-chained copy of a content, its key seen
-	// once);
-	// Evicted the entries dropped from the store for room. Bytes are the
-	// entries' sizes as put.
-	Admitted, AdmittedBytes           uint64
-	RefusedDuplicate, RefusedUnproven uint64
-	RefusedBytes                      uint64
-	Evicted                           uint64
+	// turned away (a further prefix-chained copy of a content, its key
+	// seen once); Evicted the entries dropped from the store for room.
+	// Bytes are the entries' sizes as put.
+	Admitted, AdmittedBytes uint64
+	Refused, RefusedBytes   uint64
+	Evicted                 uint64
 }
 
-// admitReuse decides a put of a new key under AdmitReuse: ok false
-// refuses it (why says why); replace, when set, is a twin the put
-// supersedes. mu held exclusively.
-func (s *Store) admitReuse(key chunk.Key, size int) (ok bool, why int, replace *entry) {
-	class := ReuseOf(key)
-	var chained, twin bool
+// admitReuse decides a put of a new key under AdmitReuse. mu held
+// exclusively.
+func (s *Store) admitReuse(key chunk.Key, size int) bool {
+	if ReuseOf(key) != ReusePrefix {
+		return true
+	}
+	chained := false
 	for _, e := range s.groups[groupKey{key.Fingerprint, key.Content}] {
-		if e.loading || e.dead {
-			continue
-		}
-		switch c := ReuseOf(e.key); {
-		case c == ReusePrefix:
+		if !e.loading && !e.dead && ReuseOf(e.key) == ReusePrefix {
 			chained = true
-		case class == ReuseStandalone && c == ReuseRoot:
-			twin = true
-		case class == ReuseRoot && c == ReuseStandalone:
-			replace = e
+			break
 		}
 	}
-	switch {
-	case twin:
-		return false, refuseDuplicate, nil
-	case class != ReusePrefix || !chained:
-		return true, 0, replace
-	case s.door.take(key):
-		return true, 0, nil
+	if !chained || s.door.take(key) {
+		return true
 	}
 	s.door.add(key, int64(size))
-	return false, refuseUnproven, nil
+	return false
 }

@@ -8,8 +8,7 @@ import (
 
 // AdmitReuse keeps encodings usable anywhere, windows and the first
 // prefix-chained encoding of a content; another prefix copy only on its
-// second put. (A chunk at the start of a prompt has one key, standalone:
-// the root of a prefix chain is not a key, so no root twin is ever put.)
+// second put. (A chunk at the start of a prompt has one key, standalone.)
 func TestAdmitReuse(t *testing.T) {
 	s := openTest(t, Config{DRAMBytes: 1 << 20, Admission: AdmitReuse})
 	ctx := t.Context()
@@ -48,21 +47,20 @@ func TestAdmitReuse(t *testing.T) {
 	}
 
 	r := s.Stats().Reuse
-	want := map[Reuse][3]uint64{ // admitted, refused duplicate, refused unproven
-		ReuseStandalone: {2, 0, 0},
-		ReusePrefix:     {3, 0, 2},
-		ReuseWindow:     {1, 0, 0},
-		ReuseRoot:       {0, 0, 0},
+	want := map[Reuse][2]uint64{ // admitted, refused
+		ReuseStandalone: {2, 0},
+		ReusePrefix:     {3, 2},
+		ReuseWindow:     {1, 0},
 	}
 	for c, w := range want {
-		got := [3]uint64{r[c].Admitted, r[c].RefusedDuplicate, r[c].RefusedUnproven}
+		got := [2]uint64{r[c].Admitted, r[c].Refused}
 		if got != w {
-			t.Errorf("%v: admitted/duplicate/unproven %v, want %v", c, got, w)
+			t.Errorf("%v: admitted/refused %v, want %v", c, got, w)
 		}
 	}
 	// Held now: passage and system prompt standalone; three prefix
 	// encodings (the first, the repeated prompt, the chat turn); a window.
-	held := map[Reuse]int{ReuseStandalone: 2, ReusePrefix: 3, ReuseWindow: 1, ReuseRoot: 0}
+	held := map[Reuse]int{ReuseStandalone: 2, ReusePrefix: 3, ReuseWindow: 1}
 	for c, n := range held {
 		if r[c].Entries != n {
 			t.Errorf("%v: %d entries held, want %d", c, r[c].Entries, n)
@@ -88,7 +86,7 @@ func TestAdmitAllKeepsEverything(t *testing.T) {
 // first, then windows, then encodings usable anywhere; S3-FIFO alone
 // evicts in insertion order.
 func TestWeightedEvictionOrder(t *testing.T) {
-	classes := []Reuse{ReuseStandalone, ReusePrefix, ReuseWindow, ReuseRoot, ReusePrefix, ReuseStandalone, ReuseWindow, ReusePrefix}
+	classes := []Reuse{ReuseStandalone, ReusePrefix, ReuseWindow, ReuseStandalone, ReusePrefix, ReuseStandalone, ReuseWindow, ReusePrefix}
 	order := func(weighted bool) []Reuse {
 		p := newS3FIFO(int64(10 * len(classes))) // full: evictions come when a tier is
 		p.weighted = weighted

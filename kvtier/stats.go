@@ -102,11 +102,11 @@ var (
 	descFreeRes    = prometheus.NewDesc("kvtier_free_resident_bytes", "Freed DRAM pages the process still holds, not yet returned to the OS.", []string{"tier"}, nil)
 	descReleased   = prometheus.NewDesc("kvtier_released_bytes_total", "Freed DRAM pages returned to the OS.", []string{"tier"}, nil)
 
-	descReuseEntries  = prometheus.NewDesc("kvtier_reuse_entries", "Entries held (all tiers) by reuse class: standalone, prefix_root, window, prefix.", []string{"reuse"}, nil)
+	descReuseEntries  = prometheus.NewDesc("kvtier_reuse_entries", "Entries held (all tiers) by reuse class: standalone, window, prefix.", []string{"reuse"}, nil)
 	descReuseBytes    = prometheus.NewDesc("kvtier_reuse_stored_bytes", "Bytes of the entries held (all tiers, as put) by reuse class.", []string{"reuse"}, nil)
 	descAdmitted      = prometheus.NewDesc("kvtier_admitted_total", "New entries stored, by reuse class.", []string{"reuse"}, nil)
 	descAdmittedBytes = prometheus.NewDesc("kvtier_admitted_bytes_total", "Bytes of the new entries stored, by reuse class.", []string{"reuse"}, nil)
-	descRefused       = prometheus.NewDesc("kvtier_refused_total", "Puts the admission policy turned away, by reuse class and reason (duplicate: an equivalent encoding is held; unproven: a further prefix-chained copy of a content, its key seen once).", []string{"reuse", "reason"}, nil)
+	descRefused       = prometheus.NewDesc("kvtier_refused_total", "Puts the admission policy turned away (a further prefix-chained copy of a content, its key seen once), by reuse class.", []string{"reuse"}, nil)
 	descRefusedBytes  = prometheus.NewDesc("kvtier_refused_bytes_total", "Bytes of the puts the admission policy turned away, by reuse class.", []string{"reuse"}, nil)
 	descReuseEvicted  = prometheus.NewDesc("kvtier_reuse_evictions_total", "Entries dropped from the store for room (any tier), by reuse class.", []string{"reuse"}, nil)
 )
@@ -152,8 +152,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descReuseBytes, prometheus.GaugeValue, float64(r.StoredBytes), l)
 		ch <- prometheus.MustNewConstMetric(descAdmitted, prometheus.CounterValue, float64(r.Admitted), l)
 		ch <- prometheus.MustNewConstMetric(descAdmittedBytes, prometheus.CounterValue, float64(r.AdmittedBytes), l)
-		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(r.RefusedDuplicate), l, "duplicate")
-		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(r.RefusedUnproven), l, "unproven")
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(r.Refused), l)
 		ch <- prometheus.MustNewConstMetric(descRefusedBytes, prometheus.CounterValue, float64(r.RefusedBytes), l)
 		ch <- prometheus.MustNewConstMetric(descReuseEvicted, prometheus.CounterValue, float64(r.Evicted), l)
 	}

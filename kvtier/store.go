@@ -669,20 +669,10 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 	}
 	reuse := ReuseOf(hd.Key)
 	rs := &s.reuse[reuse]
-	if s.cfg.Admission == AdmitReuse {
-		ok, why, twin := s.admitReuse(hd.Key, len(blob))
-		if !ok {
-			if why == refuseDuplicate {
-				rs.RefusedDuplicate++
-			} else {
-				rs.RefusedUnproven++
-			}
-			rs.RefusedBytes += uint64(len(blob))
-			return hd, nil
-		}
-		if twin != nil && !twin.busy {
-			s.remove(twin)
-		}
+	if s.cfg.Admission == AdmitReuse && !s.admitReuse(hd.Key, len(blob)) {
+		rs.Refused++
+		rs.RefusedBytes += uint64(len(blob))
+		return hd, nil
 	}
 	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true, reuse: reuse}
 	s.link(e)

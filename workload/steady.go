@@ -355,8 +355,7 @@ func runSteadyPolicy(ctx context.Context, env SteadyEnv, cfg SteadyConfig, corpu
 				s := &h.Stats[c]
 				s.Admitted += r.Admitted
 				s.AdmittedBytes += r.AdmittedBytes
-				s.RefusedDuplicate += r.RefusedDuplicate
-				s.RefusedUnproven += r.RefusedUnproven
+				s.Refused += r.Refused
 				s.RefusedBytes += r.RefusedBytes
 				s.Evicted += r.Evicted
 			}

@@ -127,7 +127,7 @@ func (r *SteadyResult) Markdown(env Env, plots []string) string {
 		case p.Admission == kvtier.AdmitAll:
 			fmt.Fprintf(&b, "- **%s**: every put is kept; the DRAM tier's S3-FIFO evicts.\n", p.Name)
 		default:
-			fmt.Fprintf(&b, "- **%s**: kvtier.AdmitReuse (node.Config.Admission): encodings usable anywhere, windows and the only encoding of a content are kept; a prefix-chained copy of content held otherwise only on the second put of its key (a doorkeeper of refused keys, bounded by the DRAM budget in bytes); S3-FIFO credits an entry by reuse class (anywhere > window > prefix-only).\n", p.Name)
+			fmt.Fprintf(&b, "- **%s**: kvtier.AdmitReuse (node.Config.Admission): standalone and window encodings and the first prefix-chained encoding of a content are kept; a further prefix-chained copy only on the second put of its key (a doorkeeper of refused keys, bounded by the DRAM budget in bytes); S3-FIFO credits an entry by reuse class (standalone 2 rounds of the main queue, window 1, prefix 0).\n", p.Name)
 		}
 	}
 
@@ -141,17 +141,17 @@ func (r *SteadyResult) Markdown(env Env, plots []string) string {
 	}
 
 	b.WriteString("\nHow to read it:\n\n")
-	b.WriteString("- Knobs: `node.Config.Admission` (`kvtier.AdmitReuse`; the default is still `AdmitAll`) and `kvtier.Config.DoorkeeperBytes` (default: the DRAM budget). Nothing was tuned for this run: the doorkeeper and the class credits (usable anywhere 2, window 1, prefix 0) are the defaults. Metrics: `kvtier_admitted_total`, `kvtier_refused_total{reason}`, `kvtier_reuse_evictions_total`, `kvtier_reuse_entries`, `kvtier_reuse_stored_bytes`, all by reuse class, in every node's registry.\n")
+	b.WriteString("- Knobs: `node.Config.Admission` (`kvtier.AdmitReuse`; the default is still `AdmitAll`) and `kvtier.Config.DoorkeeperBytes` (default: the DRAM budget). Nothing was tuned for this run: the doorkeeper and the class credits (standalone 2, window 1, prefix 0) are the defaults. Metrics: `kvtier_admitted_total`, `kvtier_refused_total`, `kvtier_reuse_evictions_total`, `kvtier_reuse_entries`, `kvtier_reuse_stored_bytes`, all by reuse class, in every node's registry.\n")
 	b.WriteString("- The speedup is TTFT end to end (lookup RPC, Gets over gRPC, lossless decode, rotate and scatter, the forward pass): on a model this small those fixed costs weigh, so it sits well below the work speedup (token-layers not computed), which is what a larger model would approach.\n")
 	b.WriteString("- Accuracy: the model has random weights, so the measure is fidelity to full prefill (top-1 agreement of the next token and KL) on the sampled queries (50 per window). The trained recall model (train/recall) was not used: its prompts are facts of about 5 tokens, so TTFT there is all lookup and fetch, and its evaluation set has no corpus of 1000 passages with repeated retrieval.\n")
 	b.WriteString("- `-steady-json FILE` keeps every query's measurements; `kvmesh-bench -steady -steady-report FILE -out DIR` renders this page and its plots again from it without rerunning.\n")
 	b.WriteString("\n## What the store holds at the end\n\nAll nodes together (each entry counted once per replica).\n\n")
-	b.WriteString("| policy | reuse class | entries | MiB | admitted | refused (duplicate / unproven) | evicted |\n|---|---|---:|---:|---:|---:|---:|\n")
+	b.WriteString("| policy | reuse class | entries | MiB | admitted | refused | evicted |\n|---|---|---:|---:|---:|---:|---:|\n")
 	for _, run := range r.Runs {
 		h := run.Holdings[len(run.Holdings)-1]
 		for cl := kvtier.Reuse(0); cl < kvtier.NumReuse; cl++ {
 			s := h.Stats[cl]
-			fmt.Fprintf(&b, "| %s | %v | %d | %.1f | %d | %d / %d | %d |\n", run.Policy.Name, cl, h.N[cl], mib(h.Bytes[cl]), s.Admitted, s.RefusedDuplicate, s.RefusedUnproven, s.Evicted)
+			fmt.Fprintf(&b, "| %s | %v | %d | %.1f | %d | %d | %d |\n", run.Policy.Name, cl, h.N[cl], mib(h.Bytes[cl]), s.Admitted, s.Refused, s.Evicted)
 		}
 	}
 
