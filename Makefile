@@ -140,14 +140,14 @@ bench-steady:
 	$(GO) run ./cmd/kvmesh-bench -steady -timeout 90m -out docs/bench
 
 # The restart chaos scenario (tests/chaos/restart_test.go) at soak size: 5
-# DRAM-only nodes holding 700 MB each under read and write load, a rolling
+# DRAM-only nodes holding 500 MB each under read and write load, a rolling
 # restart, back-to-back kill -9s and three two-node failures, all paced only
 # by readiness; lost and wrong must be 0. The report goes to out/soak.txt
 # (and docs/BENCHMARKS.md by hand). `make test` runs it at 3 x 300 MB with
 # kvmeshd's default disk tier.
 soak:
 	mkdir -p out
-	KVMESH_RESTART_NODES=5 KVMESH_RESTART_MB=700 KVMESH_RESTART_PAIRS=3 KVMESH_RESTART_DISK=0 KVMESH_RESTART_REPORT=$(CURDIR)/out/soak.txt \
+	KVMESH_RESTART_NODES=5 KVMESH_RESTART_MB=500 KVMESH_RESTART_PAIRS=3 KVMESH_RESTART_DISK=0 KVMESH_RESTART_REPORT=$(CURDIR)/out/soak.txt \
 		$(GO) test -run '^TestRestartChaos$$' -count 1 -v -timeout 60m ./tests/chaos
 
 # Rebalance of a 3-node cluster holding 10 GiB (R=1, real kvmeshd processes)

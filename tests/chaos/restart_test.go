@@ -475,10 +475,13 @@ func (rr *restartRun) restartAndWait(ctx context.Context, p *harness.Proc, fault
 		rr.t.Errorf("%s: %v", fault, err)
 		return
 	}
-	st, err := rr.cl.Stats(ctx, p.Addr("grpc"))
 	entries := int64(-1)
-	if err == nil {
-		entries = int64(st.Entries)
+	for try := 0; try < 5 && entries < 0; try++ {
+		if st, err := rr.cl.Stats(ctx, p.Addr("grpc")); err == nil {
+			entries = int64(st.Entries)
+		} else {
+			time.Sleep(200 * time.Millisecond)
+		}
 	}
 	rr.logf("%s: %s ready %.1fs after its start, holding %d entries", fault, p.ID(), time.Since(start).Seconds(), entries)
 }
@@ -549,8 +552,15 @@ func (rr *restartRun) underReplicated(ctx context.Context, keys []ackedEntry, re
 func (rr *restartRun) sampleAtW(ctx context.Context, e ackedEntry, acked time.Time) {
 	defer rr.samples.Done()
 	fault := rr.inFault.Load()
+	var last error
 	for time.Since(acked) < 2*fullReplBound {
-		if under, err := rr.underReplicated(ctx, []ackedEntry{e}, false); err == nil && under == 0 {
+		under, err := rr.underReplicated(ctx, []ackedEntry{e}, false)
+		if err != nil {
+			last = err
+		} else if under > 0 {
+			last = fmt.Errorf("%d below R", under)
+		}
+		if err == nil && under == 0 {
 			d := time.Since(acked)
 			rr.mu.Lock()
 			if fault || rr.inFault.Load() {
@@ -567,6 +577,7 @@ func (rr *restartRun) sampleAtW(ctx context.Context, e ackedEntry, acked time.Ti
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+	rr.logf("key %v still below R copies %v after its Put: %v", e.key, time.Since(acked).Round(time.Second), last)
 	rr.mu.Lock()
 	rr.faultAtW = append(rr.faultAtW, time.Since(acked))
 	rr.mu.Unlock()
