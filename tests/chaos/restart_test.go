@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -426,7 +427,12 @@ func (rr *restartRun) conn(addr string) (*grpc.ClientConn, error) {
 	if cc := rr.conns[addr]; cc != nil {
 		return cc, nil
 	}
+	// Reconnect within a second of a node's return: gRPC's default backoff
+	// (up to 2 minutes) would time the checker's own reconnection, not
+	// the cluster's replication.
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond,
+			Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: 2 * time.Second}),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(64<<20)))
 	if err != nil {
 		return nil, err
