@@ -10,7 +10,11 @@
 // orders its entries with its own policy instance, S3-FIFO by default (a
 // probationary FIFO, a main FIFO with reinsertion and a ghost queue, all
 // weighted by bytes): frequency-aware admission and eviction that beats
-// LRU on skewed traces (see the benchmarks). Pinned entries are never
+// LRU on skewed traces (see the benchmarks). With Config.Admission set to
+// AdmitReuse, a put is kept only when it is predicted to be read again (a
+// doorkeeper turns away further prefix-chained copies of a content until
+// their key recurs) and S3-FIFO credits entries by how they can be reused
+// (Reuse: standalone, window, prefix). Pinned entries are never
 // evicted or demoted; a budget is never exceeded because the bytes are
 // charged before they are written.
 //
