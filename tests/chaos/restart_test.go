@@ -324,7 +324,7 @@ func TestRestartChaos(t *testing.T) {
 				select {
 				case <-stop:
 					return
-				case <-time.After(20 * time.Millisecond):
+				case <-time.After(100 * time.Millisecond):
 				}
 				rr.mu.Lock()
 				if len(rr.acked) == 0 {
@@ -580,7 +580,7 @@ func (rr *restartRun) sampleAtW(ctx context.Context, e ackedEntry, acked time.Ti
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(20 * time.Millisecond):
+		case <-time.After(50 * time.Millisecond):
 		}
 	}
 	rr.logf("key %v still below R copies %v after its Put: %v", e.key, time.Since(acked).Round(time.Second), last)
