@@ -14,6 +14,7 @@ import (
 	"unicode"
 
 	"github.com/kvmesh/kvmesh/gossip/gossipkey"
+	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/tlsconf"
@@ -35,8 +36,10 @@ type FileConfig struct {
 	Bootstrap       bool   `json:"bootstrap,omitempty"`
 	BootstrapExpect int    `json:"bootstrap_expect"`
 	DRAM            string `json:"dram"`
-	Disk            string `json:"disk"`
-	DeadGrace       string `json:"dead_grace"`
+	// Admission is the DRAM tier's admission policy: "all" or "reuse".
+	Admission string `json:"admission"`
+	Disk      string `json:"disk"`
+	DeadGrace string `json:"dead_grace"`
 	// RaftRemoveAfter is how long a dead node stays a raft voter.
 	RaftRemoveAfter string `json:"raft_remove_after"`
 	RPCTimeout      string `json:"rpc_timeout"`
@@ -118,6 +121,7 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("raft", &fc.Raft, file.Raft)
 	str("dram", &fc.DRAM, file.DRAM)
 	str("dram-release", &fc.DRAMRelease, file.DRAMRelease)
+	str("admission", &fc.Admission, file.Admission)
 	str("disk", &fc.Disk, file.Disk)
 	str("dead-grace", &fc.DeadGrace, file.DeadGrace)
 	str("raft-remove-after", &fc.RaftRemoveAfter, file.RaftRemoveAfter)
@@ -198,6 +202,12 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if dram == 0 {
 		return cfg, fmt.Errorf("%w: -dram 0: the DRAM tier needs a positive budget", ErrUsage)
 	}
+	admission := kvtier.AdmitAll // unset in a config built by hand
+	if fc.Admission != "" {
+		if admission, err = kvtier.ParseAdmission(fc.Admission); err != nil {
+			return cfg, fmt.Errorf("%w: -admission: %w", ErrUsage, err)
+		}
+	}
 	dramRelease, err := dramReleaseFlag().parse(fc.DRAMRelease)
 	if err != nil {
 		return cfg, err
@@ -229,7 +239,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	rcfg.AntiEntropyInterval = antiEntropy
 	cfg = node.Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: addrs.grpc, HTTPAddr: addrs.http, GossipAddr: addrs.gossip, RaftAddr: addrs.raft,
-		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, DiskBytes: disk, DeadGrace: grace,
+		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, Admission: admission, DiskBytes: disk, DeadGrace: grace,
 		RaftRemoveAfter: raftRemove, RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
 		// Without a disk tier, SIGTERM hands the node's chunks to their

@@ -5,6 +5,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/kvtier"
 )
 
 // TestDRAMReleaseFlags: -dram-release reaches kvtier's ReleaseBytes, "off"
@@ -55,6 +57,29 @@ func TestDRAMReleaseFileAndFlags(t *testing.T) {
 		}
 		if fc.DRAMRelease != tc.want {
 			t.Fatalf("flag %q (set %v) with the file's \"off\": %q, want %q", tc.flag, tc.set, fc.DRAMRelease, tc.want)
+		}
+	}
+}
+
+// TestAdmissionFlag: -admission reaches node.Config.Admission; unset is
+// kvtier.AdmitAll.
+func TestAdmissionFlag(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want kvtier.Admission
+	}{
+		{"", kvtier.AdmitAll},
+		{"all", kvtier.AdmitAll},
+		{"reuse", kvtier.AdmitReuse},
+	} {
+		fc := FileConfig{ID: "x", DataDir: t.TempDir(), LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RaftRemoveAfter: "1m", Bootstrap: true,
+			RPCTimeout: "1s", Admission: tc.in}
+		cfg, err := fc.Config(io.Discard)
+		if err != nil {
+			t.Fatalf("-admission %q: %v", tc.in, err)
+		}
+		if cfg.Admission != tc.want {
+			t.Fatalf("-admission %q: %v, want %v", tc.in, cfg.Admission, tc.want)
 		}
 	}
 }

@@ -124,6 +124,7 @@ func TestFlagRefusals(t *testing.T) {
 		{[]string{"-bootstrap", "-http", "on"}, "-http"},
 		{[]string{"-bootstrap", "-dram", "0"}, "-dram 0"},
 		{[]string{"-bootstrap", "-dram", "lots"}, "-dram"},
+		{[]string{"-bootstrap", "-admission", "lru"}, "-admission"},
 		{[]string{"-join", "seedhost"}, `-join "seedhost"`},
 		{[]string{"-join", "h:7401,h:0"}, `-join "h:0"`},
 		{[]string{"-bootstrap", "-disk", "-1G"}, "-disk"},
