@@ -32,9 +32,15 @@ func (s *clientService) RegisterModel(ctx context.Context, req *api.RegisterMode
 	return &api.RegisterModelResponse{Fingerprint: api.ProtoFingerprint(fp)}, nil
 }
 
+// Models lists the registered models the caller may touch: a token with
+// a namespace sees only the models inside it, so one tenant does not
+// learn another's models.
 func (s *clientService) Models(ctx context.Context, _ *api.ModelsRequest) (*api.ModelsResponse, error) {
 	resp := &api.ModelsResponse{}
 	for _, spec := range s.n.meta.Models() {
+		if checkFingerprint(ctx, spec.Fingerprint()) != nil {
+			continue
+		}
 		resp.Models = append(resp.Models, &api.ModelInfo{Fingerprint: api.ProtoFingerprint(spec.Fingerprint()), Spec: api.ProtoSpec(spec)})
 	}
 	return resp, nil

@@ -290,6 +290,26 @@ func TestClientAccess(t *testing.T) {
 		wantCode(t, "delete B", err, codes.PermissionDenied)
 		_, err = c.RegisterModel(ctx, specB)
 		wantCode(t, "register B", err, codes.PermissionDenied)
+		// Models lists only what the namespace holds; an unrestricted
+		// token lists both.
+		for _, tc := range []struct {
+			c    *client.Client
+			want []chunk.Fingerprint
+		}{{c, []chunk.Fingerprint{fpA}}, {ops, []chunk.Fingerprint{fpA, fpB}}} {
+			specs, err := tc.c.Models(ctx)
+			if err != nil {
+				t.Fatalf("models: %v", err)
+			}
+			var got []chunk.Fingerprint
+			for _, s := range specs {
+				got = append(got, s.Fingerprint())
+			}
+			slices.SortFunc(got, func(a, b chunk.Fingerprint) int { return strings.Compare(a.String(), b.String()) })
+			slices.SortFunc(tc.want, func(a, b chunk.Fingerprint) int { return strings.Compare(a.String(), b.String()) })
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("models: %v, want %v", got, tc.want)
+			}
+		}
 	})
 	t.Run("chunks per request", func(t *testing.T) {
 		// The client splits lookups at node.MaxLookupBatch; this node's
