@@ -138,17 +138,7 @@ func (g *Guard) Authorize(ctx context.Context, method string) (*Principal, error
 	if !known {
 		return nil, g.deny(&authError{code: codes.PermissionDenied, err: ErrPermissionDenied, msg: "method " + method + " is not in the authorisation table"}, method, nil)
 	}
-	p := &Principal{}
-	if pr, ok := peer.FromContext(ctx); ok {
-		if pr.Addr != nil {
-			p.Addr = pr.Addr.String()
-		}
-		if ti, ok := pr.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
-			cp := certPrincipal(ti.State.VerifiedChains[0][0], g.isNode)
-			cp.Addr = p.Addr
-			p = cp
-		}
-	}
+	p := g.transportPrincipal(ctx)
 	if p.Node || need == 0 {
 		return p, nil
 	}
@@ -178,6 +168,46 @@ func (g *Guard) Authorize(ctx context.Context, method string) (*Principal, error
 		return nil, g.deny(err, method, p)
 	}
 	return p, nil
+}
+
+// transportPrincipal names the caller by what the connection proves: its
+// remote address and its verified certificate, if any.
+func (g *Guard) transportPrincipal(ctx context.Context) *Principal {
+	p := &Principal{}
+	if pr, ok := peer.FromContext(ctx); ok {
+		if pr.Addr != nil {
+			p.Addr = pr.Addr.String()
+		}
+		if ti, ok := pr.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 && len(ti.State.VerifiedChains[0]) > 0 {
+			cp := certPrincipal(ti.State.VerifiedChains[0][0], g.isNode)
+			cp.Addr = p.Addr
+			p = cp
+		}
+	}
+	return p
+}
+
+// Identify says who the call in ctx claims to be, for logs and audit
+// records of calls whether or not Authorize let them in: the remote
+// address, the verified certificate's name (and whether it is a node's),
+// and the ID of a well-formed bearer token. It checks no secret and
+// grants no scope: the token ID of a refused call is only what the
+// caller presented.
+func (g *Guard) Identify(ctx context.Context) *Principal {
+	p := g.transportPrincipal(ctx)
+	if tok, err := bearer(ctx); err == nil {
+		if t, err := ParseToken(tok); err == nil {
+			p.TokenID = t.ID
+		}
+	}
+	return p
+}
+
+// Scope returns the scope method needs, and false for a method the
+// Guard denies because its table lacks it.
+func (g *Guard) Scope(method string) (Scope, bool) {
+	s, ok := g.methods[method]
+	return s, ok
 }
 
 func (g *Guard) deny(err error, method string, p *Principal) error {

@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/peer"
 	reflectionv1 "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	reflectionv1alpha "google.golang.org/grpc/reflection/grpc_reflection_v1alpha"
@@ -312,5 +315,57 @@ func TestDefaultMethodsCoverAPI(t *testing.T) {
 	}
 	if m[api.Client_RegisterModel_FullMethodName] != ScopeAdmin || m[api.Client_Put_FullMethodName] != ScopeWrite {
 		t.Error("admin/write assignments")
+	}
+}
+
+// TestIdentify: Identify names a caller the Guard refuses as far as the
+// call shows it (address, certificate, the presented token's ID) and one
+// it lets in as Authorize does.
+func TestIdentify(t *testing.T) {
+	ca, err := tlsconf.GenerateCA("test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice, err := tlsconf.GenerateCert(ca, "alice", []string{"10.0.0.9"}, tlsconf.UsageClient)
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := newMemTable()
+	reader := table.add(t, "reader", ScopeRead, nil, time.Time{})
+	id, _, _ := strings.Cut(reader, ".")
+	g := NewGuard(Config{Verifier: NewVerifier(table), Methods: testMethods, Logger: discard()})
+	withToken := func(ctx context.Context, tok string) context.Context {
+		return metadata.NewIncomingContext(ctx, metadata.Pairs(AuthorizationHeader, "Bearer "+tok))
+	}
+	forged := id + "." + strings.Repeat("A", 43)
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		want codes.Code
+		p    Principal
+	}{
+		{"no certificate, no token", tlsPeer(nil), codes.Unauthenticated, Principal{Addr: "10.0.0.9:4000"}},
+		{"certificate, malformed token", withToken(tlsPeer(alice.Cert), "junk"), codes.Unauthenticated,
+			Principal{CertName: "alice", Addr: "10.0.0.9:4000"}},
+		{"forged secret", withToken(tlsPeer(alice.Cert), forged), codes.Unauthenticated,
+			Principal{TokenID: id, CertName: "alice", Addr: "10.0.0.9:4000"}},
+		{"valid token", withToken(tlsPeer(alice.Cert), reader), codes.OK,
+			Principal{TokenID: id, CertName: "alice", Addr: "10.0.0.9:4000"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := g.Authorize(tc.ctx, svc+"Read")
+			if got := status.Code(err); got != tc.want {
+				t.Fatalf("Authorize: %v, want %v", err, tc.want)
+			}
+			if got := g.Identify(tc.ctx); !reflect.DeepEqual(*got, tc.p) {
+				t.Fatalf("Identify: %+v, want %+v", *got, tc.p)
+			}
+		})
+	}
+	if s, ok := g.Scope(svc + "Admin"); !ok || s != ScopeAdmin {
+		t.Errorf("Scope(Admin) = %v %v", s, ok)
+	}
+	if _, ok := g.Scope(svc + "Unlisted"); ok {
+		t.Error("Scope(Unlisted) known")
 	}
 }

@@ -46,6 +46,11 @@ type FileConfig struct {
 	LocalTiming     bool   `json:"local_timing"`
 	Rejoin          bool   `json:"rejoin,omitempty"`
 	LogLevel        string `json:"log_level"`
+	// LogFormat is "text" (the default) or "json", for the log and the
+	// audit log; AuditLog names the audit log's file ("-": stderr; "":
+	// no audit log).
+	LogFormat string `json:"log_format"`
+	AuditLog  string `json:"audit_log"`
 	// AntiEntropy is the period of anti-entropy rounds ("off" disables
 	// them); StartupPull (default true) refills a node from its peers once
 	// it is back in the ring after a start.
@@ -127,6 +132,8 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("raft-remove-after", &fc.RaftRemoveAfter, file.RaftRemoveAfter)
 	str("rpc-timeout", &fc.RPCTimeout, file.RPCTimeout)
 	str("log-level", &fc.LogLevel, file.LogLevel)
+	str("log-format", &fc.LogFormat, file.LogFormat)
+	str("audit-log", &fc.AuditLog, file.AuditLog)
 	str("anti-entropy", &fc.AntiEntropy, file.AntiEntropy)
 	str("rebalance-rate", &fc.RebalanceRate, file.RebalanceRate)
 	str("rebalance-recv-rate", &fc.RebalanceRecvRate, file.RebalanceRecvRate)
@@ -163,6 +170,10 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(fc.LogLevel)); err != nil {
 		return cfg, fmt.Errorf("%w: -log-level %q: want debug, info, warn or error", ErrUsage, fc.LogLevel)
+	}
+	logger, err := newLogger(logOut, fc.LogFormat, lvl)
+	if err != nil {
+		return cfg, err
 	}
 	if fc.ID == "" {
 		h, err := os.Hostname()
@@ -246,7 +257,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		// other owners that lack them, for at most this long.
 		ShutdownHandoff: 30 * time.Second,
 		Replication:     rcfg,
-		Logger:          slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: lvl})),
+		Logger:          logger,
 	}
 	return cfg, fc.securityConfig(&cfg)
 }

@@ -45,6 +45,12 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	audit, closeAudit, err := fc.openAuditLog(stderr)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = closeAudit() }()
+	cfg.AuditLogger = audit
 	tokens, err := fc.tokenRecords()
 	if err != nil {
 		return err

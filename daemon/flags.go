@@ -66,6 +66,8 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&fc.LogFormat, "log-format", "text", "log format, of the log and the audit log: text or json")
+	fs.StringVar(&fc.AuditLog, "audit-log", "", "audit log of admin calls, refused ones included: a file appended to, \"-\" for stderr (default: none)")
 	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
 	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))

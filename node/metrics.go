@@ -18,6 +18,9 @@ type metrics struct {
 	// transcoded counts client puts stored in another codec than they
 	// came in, by the codec stored.
 	transcoded *prometheus.CounterVec
+	// refused counts requests refused (refusalReason), by method and
+	// reason.
+	refused *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -47,8 +50,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		transcoded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_transcoded_puts_total", Help: "Client puts stored in the cluster codec rather than the one they came in, by the codec stored.",
 		}, []string{"codec"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_requests_refused_total",
+			Help: "gRPC requests refused, by method and reason (unauthenticated, permission_denied, invalid_argument, out_of_range, resource_exhausted, failed_precondition, unavailable); the Guard's refusals are counted here and not in kvmesh_rpc_requests_total.",
+		}, []string{"method", "reason"}),
 	}
-	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards, m.transcoded,
+	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards, m.transcoded, m.refused,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
 }

@@ -133,6 +133,10 @@ type Config struct {
 	GossipKeyringFile string
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
+	// AuditLogger receives one record ("audit") per call of a method that
+	// needs the admin scope, refused calls included: who, what, the
+	// arguments that matter, the result. Nil: no audit log.
+	AuditLogger *slog.Logger
 }
 
 // Defaults of Config.

@@ -234,7 +234,9 @@ func (n *Node) checkChunks(what string, count int) error {
 
 // serverOptions are the gRPC server options security adds: credentials
 // and the Guard and limiter interceptors, which run before the node's own
-// (panic recovery, metrics) so those see only authorised calls.
+// (panic recovery, metrics) so those see only authorised calls. The call
+// observer (refusals, audit) runs before them all, so it sees their
+// refusals too.
 func (n *Node) serverOptions() []grpc.ServerOption {
 	n.sec.startGuard(n.cfg, n.meta, n.log)
 	// Here rather than in New: Start runs once per node, so the
@@ -242,10 +244,11 @@ func (n *Node) serverOptions() []grpc.ServerOption {
 	if err := n.sec.registerTLSMetrics(n.registry); err != nil {
 		n.log.Warn("node: register TLS metrics", "err", err)
 	}
+	obs := newCallObserver(n, n.sec.guard)
 	return []grpc.ServerOption{
 		grpc.Creds(n.sec.tls.ServerCredentials()),
-		grpc.ChainUnaryInterceptor(n.sec.guard.UnaryInterceptor(), n.unaryInterceptor),
-		grpc.ChainStreamInterceptor(n.sec.guard.StreamInterceptor(), n.sec.limiter.StreamInterceptor(), n.streamInterceptor),
+		grpc.ChainUnaryInterceptor(obs.unary, n.sec.guard.UnaryInterceptor(), n.unaryInterceptor),
+		grpc.ChainStreamInterceptor(obs.stream, n.sec.guard.StreamInterceptor(), n.sec.limiter.StreamInterceptor(), n.streamInterceptor),
 	}
 }
 
