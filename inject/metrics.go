@@ -1,6 +1,10 @@
 package inject
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
 
 // metrics are the Service's Prometheus metrics; the Service is their
 // Collector.
@@ -16,7 +20,7 @@ type metrics struct {
 }
 
 func newMetrics() *metrics {
-	return &metrics{
+	m := &metrics{
 		requests: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_inject_requests_total", Help: "Inject requests served.",
 		}),
@@ -45,6 +49,12 @@ func newMetrics() *metrics {
 			Name: "kvmesh_inject_faults_total", Help: "Inject requests stopped by a fault in registered memory.",
 		}),
 	}
+	// Every result has a series from the start, so rates and alerts see
+	// zeros rather than nothing.
+	for _, r := range []chunk.Match{chunk.MatchExact, chunk.MatchApproximate, chunk.MatchMiss} {
+		m.chunks.WithLabelValues(r.String())
+	}
+	return m
 }
 
 func (m *metrics) all() []prometheus.Collector {

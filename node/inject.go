@@ -21,6 +21,9 @@ func (n *Node) startInject() (*injector, error) {
 		Name: "kvmesh_inject_fetched_bytes_total",
 		Help: "Entry bytes the injection path read, by source (local tier, peer replica).",
 	}, []string{"source"})}
+	// Both sources have a series from the start.
+	in.fetched.WithLabelValues("local")
+	in.fetched.WithLabelValues("peer")
 	svc, err := inject.New(inject.Config{
 		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: replicaRemote{n}}, c: in.fetched},
 		Models:  nodeModels{n},

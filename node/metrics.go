@@ -1,6 +1,9 @@
 package node
 
 import (
+	"slices"
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -58,6 +61,54 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards, m.transcoded, m.refused,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 	return m
+}
+
+// registry is the node's Prometheus registry. It remembers the collectors
+// registered on it, so that the metrics reference (docs/METRICS.md, kept
+// by TestMetricsDoc) can tell every metric the node describes, series or
+// not.
+type registry struct {
+	*prometheus.Registry
+	mu         sync.Mutex
+	collectors []prometheus.Collector
+}
+
+func (r *registry) Register(c prometheus.Collector) error {
+	if err := r.Registry.Register(c); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.collectors = append(r.collectors, c)
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *registry) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// described returns the Desc of every metric the registered collectors
+// describe (an unchecked collector describes none).
+func (r *registry) described() []*prometheus.Desc {
+	r.mu.Lock()
+	cs := slices.Clone(r.collectors)
+	r.mu.Unlock()
+	ch := make(chan *prometheus.Desc)
+	go func() {
+		defer close(ch)
+		for _, c := range cs {
+			c.Describe(ch)
+		}
+	}()
+	var out []*prometheus.Desc
+	for d := range ch {
+		out = append(out, d)
+	}
+	return out
 }
 
 // metaCollector exposes meta.Store's gauges, read at scrape time.

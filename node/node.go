@@ -219,7 +219,7 @@ type Node struct {
 	grpcSrv  *grpc.Server
 	httpLis  net.Listener
 	httpSrv  *http.Server
-	registry *prometheus.Registry
+	registry *registry
 	metrics  *metrics
 
 	// undo holds what Start started, newest last; Close (or a failing
@@ -247,7 +247,7 @@ func New(cfg Config) (*Node, error) {
 	if n.sec, err = newSecurity(cfg); err != nil {
 		return nil, err
 	}
-	n.registry = prometheus.NewRegistry()
+	n.registry = &registry{Registry: prometheus.NewRegistry()}
 	n.metrics = newMetrics(n.registry)
 	return n, nil
 }
