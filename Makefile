@@ -80,7 +80,7 @@ fuzz-run:
 		done; \
 	done
 
-test: tools fmt-check vet unit fuzz test-python
+test: tools fmt-check vet check-rules unit fuzz test-python
 
 # The fast loop while changing code: unit tests with -short, no race
 # detector; process, chaos and whole-cluster tests skip themselves
@@ -89,13 +89,32 @@ test-short:
 	$(GO) test -short -timeout 5m ./...
 
 # What the tests need from Debian: iptables for the chaos suite's partitions
-# (without it, or without root, those scenarios SKIP and say why).
+# (without it, or without root, those scenarios SKIP and say why); promtool
+# (package prometheus) for check-rules.
 tools:
 	@command -v iptables >/dev/null 2>&1 || { \
 		echo "installing iptables from Debian"; \
 		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iptables >/dev/null) || \
 		echo "warning: iptables could not be installed; partition scenarios will SKIP"; }
+	@command -v promtool >/dev/null 2>&1 || { \
+		echo "installing prometheus (promtool) from Debian"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) || \
+		echo "warning: prometheus could not be installed; check-rules will SKIP"; }
+
+# The Prometheus alert rules: syntax, and alerts firing on test series.
+.PHONY: check-rules docs
+PROM_RULES := deploy/prometheus/kvmesh-rules.yml
+check-rules:
+	@if command -v promtool >/dev/null 2>&1; then \
+		promtool check rules $(PROM_RULES) && promtool test rules $(PROM_RULES:.yml=_test.yml); \
+	else echo "warning: promtool missing (make tools installs it); $(PROM_RULES) not checked"; fi
+
+# The metrics reference, docs/METRICS.md, from a node's registry (node's
+# TestMetricsDoc fails when they disagree).
+docs:
+	$(GO) test -count=1 -run '^TestMetricsDoc$$' ./node -update
 
 # redis-server from Debian, the reference of `make bench-redis`.
 redis-tools:
