@@ -106,8 +106,9 @@ func metricsDoc(ms []docMetric) string {
 Every kvmesh node serves these at ` + "`http://HTTP/metrics`" + ` (kvmeshd ` + "`-http`" + `), in the Prometheus
 text format. This page is generated from the registry of a node started in process, by ` + "`make docs`" + `
 (` + "`go test ./node -run TestMetricsDoc -update`" + `); ` + "`TestMetricsDoc`" + ` fails when the two disagree. Labels
-are the ones the node's series carry. ` + "`deploy/prometheus/kvmesh-rules.yml`" + ` (alerts) and
-` + "`deploy/grafana/kvmesh.json`" + ` (a dashboard) use them; docs/OPERATIONS.md says how.
+are the ones the node's series carry. The alert rules (` + "`deploy/prometheus/kvmesh-rules.yml`" + `) and the
+Grafana dashboard (` + "`deploy/grafana/kvmesh.json`" + `) use them; the README's Observability section says
+where logs, audit records, metrics, the dashboard and the rules are.
 
 | metric | type | labels | help |
 |---|---|---|---|
