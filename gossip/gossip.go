@@ -145,7 +145,8 @@ type Config struct {
 	// background until one does (as Consul's retry_join).
 	Seeds []string
 	// Logger defaults to slog.Default(); memberlist's own log lines go to
-	// it at their level.
+	// it at their level. Records carry no node ID of their own: the
+	// caller's logger names the node (node.New's does).
 	Logger *slog.Logger
 	// SecretKey, if set, encrypts gossip with AES (16, 24 or 32 bytes);
 	// all members need the same key. Keyring overrides it.
@@ -331,7 +332,7 @@ func Start(cfg Config) (*Gossip, error) {
 	}
 	g := &Gossip{
 		cfg:     cfg,
-		log:     cfg.Logger.With("component", "gossip", "node", cfg.NodeID),
+		log:     cfg.Logger.With("component", "gossip"),
 		meta:    cfg.Meta,
 		metaB:   metaB,
 		members: make(map[string]*MemberStatus),

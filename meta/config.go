@@ -127,7 +127,9 @@ type Config struct {
 	// empty.
 	WALSegmentSize int
 
-	// Logger receives raft's and this package's logs; default slog.Default().
+	// Logger receives raft's and this package's logs; default
+	// slog.Default(). Records carry no node ID of their own: the caller's
+	// logger names the node (node.New's does).
 	Logger *slog.Logger
 }
 

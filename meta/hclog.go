@@ -2,9 +2,11 @@ package meta
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -13,14 +15,105 @@ import (
 // slogHCLog adapts a *slog.Logger to the hclog.Logger that raft and raft-wal
 // take, so the whole process logs through one handler. Levels map one to one
 // (hclog Trace becomes slog Debug-4) and the handler decides what is shown.
+// hclog's value wrappers (hclog.Fmt, Hex, Quote...) are rendered as hclog
+// renders them, not passed on as their raw parts, and a logger derived with
+// Named, ResetNamed or With carries each attribute once.
 type slogHCLog struct {
-	l    *slog.Logger
+	base *slog.Logger // the logger given, with the component
+	comp string       // the component: the name newHCLog was given
 	name string
-	args []any
+	args []any // implied arguments (With), rendered, one value per key
+	l    *slog.Logger
 }
 
 func newHCLog(l *slog.Logger, name string) hclog.Logger {
-	return &slogHCLog{l: l.With("component", name), name: name}
+	base := l.With("component", name)
+	return &slogHCLog{base: base, comp: name, name: name, l: base}
+}
+
+// derive returns a logger named name with implied arguments args: the
+// subsystem (when it is not the component itself) and args are added once
+// to the base logger, never on top of an earlier derivation's.
+func (h *slogHCLog) derive(name string, args []any) *slogHCLog {
+	l := h.base
+	if name != h.comp {
+		l = l.With("subsystem", name)
+	}
+	if len(args) > 0 {
+		l = l.With(args...)
+	}
+	return &slogHCLog{base: h.base, comp: h.comp, name: name, args: args, l: l}
+}
+
+// hclogArgs renders hclog's value wrappers as hclog's own formatter does:
+// hclog.Fmt's format and arguments through fmt.Sprintf, Hex, Octal and
+// Binary as numbers with their prefix, Quote quoted, any other
+// fmt.Stringer but an error by its String. A missing last value
+// becomes hclog's EXTRA_VALUE_AT_END key. A key the process's records
+// already carry (slog's time, level, msg, source; node, component,
+// subsystem) is prefixed with the component ("raft.node"), so a record
+// never holds one key twice (raft logs its own "node" and a "time").
+func hclogArgs(comp string, args []any) []any {
+	if len(args) == 0 {
+		return nil
+	}
+	out := make([]any, 0, len(args)+1)
+	if len(args)%2 == 1 {
+		args = append(args[:len(args)-1:len(args)-1], hclog.MissingKey, args[len(args)-1])
+	}
+	for i := 0; i < len(args); i += 2 {
+		k, v := args[i], args[i+1]
+		ks, ok := k.(string)
+		if !ok {
+			ks = fmt.Sprint(k)
+		}
+		switch ks {
+		case slog.TimeKey, slog.LevelKey, slog.MessageKey, slog.SourceKey, "node", "component", "subsystem":
+			ks = comp + "." + ks
+		}
+		k = ks
+		switch st := v.(type) {
+		case hclog.Format:
+			v = fmt.Sprint([]any(st)...)
+			if len(st) > 0 {
+				if f, ok := st[0].(string); ok {
+					v = fmt.Sprintf(f, st[1:]...)
+				}
+			}
+		case hclog.Hex:
+			v = "0x" + strconv.FormatUint(uint64(st), 16)
+		case hclog.Octal:
+			v = "0" + strconv.FormatUint(uint64(st), 8)
+		case hclog.Binary:
+			v = "0b" + strconv.FormatUint(uint64(st), 2)
+		case hclog.Quote:
+			v = strconv.Quote(string(st))
+		case error:
+		case fmt.Stringer:
+			// As hclog prints it (raft's "Node at ADDR [Follower]"); a JSON
+			// handler would show only its exported fields.
+			v = st.String()
+		}
+		out = append(out, k, v)
+	}
+	return out
+}
+
+// mergeArgs returns the implied arguments prev with next's added, a key
+// given again taking its new value in place.
+func mergeArgs(prev, next []any) []any {
+	out := append([]any(nil), prev...)
+outer:
+	for i := 0; i+1 < len(next); i += 2 {
+		for j := 0; j+1 < len(out); j += 2 {
+			if out[j] == next[i] {
+				out[j+1] = next[i+1]
+				continue outer
+			}
+		}
+		out = append(out, next[i], next[i+1])
+	}
+	return out
 }
 
 func slogLevel(level hclog.Level) slog.Level {
@@ -43,7 +136,7 @@ func (h *slogHCLog) Log(level hclog.Level, msg string, args ...any) {
 	if !h.l.Enabled(ctx, lv) {
 		return
 	}
-	h.l.Log(ctx, lv, msg, args...)
+	h.l.Log(ctx, lv, msg, hclogArgs(h.comp, args)...)
 }
 
 func (h *slogHCLog) Trace(msg string, args ...any) { h.Log(hclog.Trace, msg, args...) }
@@ -65,7 +158,7 @@ func (h *slogHCLog) IsError() bool { return h.enabled(hclog.Error) }
 func (h *slogHCLog) ImpliedArgs() []any { return h.args }
 
 func (h *slogHCLog) With(args ...any) hclog.Logger {
-	return &slogHCLog{l: h.l.With(args...), name: h.name, args: append(append([]any(nil), h.args...), args...)}
+	return h.derive(h.name, mergeArgs(h.args, hclogArgs(h.comp, args)))
 }
 
 func (h *slogHCLog) Name() string { return h.name }
@@ -74,11 +167,11 @@ func (h *slogHCLog) Named(name string) hclog.Logger {
 	if h.name != "" {
 		name = h.name + "." + name
 	}
-	return &slogHCLog{l: h.l.With("subsystem", name), name: name, args: h.args}
+	return h.derive(name, h.args)
 }
 
 func (h *slogHCLog) ResetNamed(name string) hclog.Logger {
-	return &slogHCLog{l: h.l.With("subsystem", name), name: name, args: h.args}
+	return h.derive(name, h.args)
 }
 
 // SetLevel is a no-op: the slog handler owns the level.

@@ -333,7 +333,7 @@ func (s *Store) refreshDepartures(ctx context.Context, now time.Time) error {
 			errs = append(errs, fmt.Errorf("refresh the tombstone of %s: %w", d.ID, err))
 			continue
 		}
-		s.log.Info("meta: departed node still in gossip; tombstone refreshed", "node", d.ID, "incarnation", d.Incarnation)
+		s.log.Info("meta: departed node still in gossip; tombstone refreshed", "member", d.ID, "incarnation", d.Incarnation)
 	}
 	return errors.Join(errs...)
 }

@@ -79,7 +79,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	log := cfg.Logger.With("node", cfg.NodeID)
+	log := cfg.Logger
 	walDir := filepath.Join(cfg.DataDir, "raft", "wal")
 	snapDir := filepath.Join(cfg.DataDir, "raft")
 	if err := os.MkdirAll(walDir, 0o755); err != nil {

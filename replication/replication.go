@@ -288,8 +288,10 @@ type Config struct {
 	// Limits bound the blobs accepted. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
 	// Now is the clock of writes, deletes and hints. Default time.Now.
-	Now    func() time.Time
-	Logger *slog.Logger // default slog.Default()
+	Now func() time.Time
+	// Logger defaults to slog.Default(). Records carry no node ID of
+	// their own: the caller's logger names the node (node.New's does).
+	Logger *slog.Logger
 }
 
 func (c *Config) setDefaults() error {
@@ -432,7 +434,7 @@ func New(cfg Config) (*Replicator, error) {
 	}
 	r := &Replicator{
 		cfg:      cfg,
-		log:      cfg.Logger.With("component", "replication", "node", cfg.NodeID),
+		log:      cfg.Logger.With("component", "replication"),
 		repairs:  make(chan repairTask, cfg.RepairQueue),
 		kick:     make(chan struct{}, 1),
 		hintKick: make(chan struct{}, 1),
