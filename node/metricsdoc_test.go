@@ -1,4 +1,4 @@
-package node
+package node_test
 
 import (
 	"context"
@@ -65,7 +65,7 @@ func nodeMetrics(t *testing.T) []docMetric {
 		t.Fatalf("put of an unknown model: %v", err)
 	}
 
-	mfs, err := n.registry.Gather()
+	mfs, err := n.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func nodeMetrics(t *testing.T) []docMetric {
 		have[m.name] = true
 	}
 	fqName := regexp.MustCompile(`fqName: "([^"]+)"`)
-	for _, d := range n.registry.described() {
+	for _, d := range n.DescribedMetrics() {
 		name := fqName.FindStringSubmatch(d.String())
 		if name == nil {
 			t.Fatalf("cannot read a metric name from %s", d)

@@ -1,10 +1,11 @@
-package node
+package node_test
 
 import (
 	"context"
 	"encoding/json"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,12 +18,32 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
+// lockedBuf is a log sink safe for the node's goroutines.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *lockedBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *lockedBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
 // refusedCount reads kvmesh_requests_refused_total{method, reason}.
-func refusedCount(t *testing.T, n *Node, method, reason string) float64 {
+func refusedCount(t *testing.T, n *node.Node, method, reason string) float64 {
 	t.Helper()
-	mfs, err := n.registry.Gather()
+	mfs, err := n.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,11 +70,12 @@ func refusedCount(t *testing.T, n *Node, method, reason string) float64 {
 // record naming the caller, the arguments and the result, and other
 // calls leave none.
 func TestRefusalsAndAudit(t *testing.T) {
-	var logs, audit syncBuf
-	n := startConfigured(t, Config{NodeID: "n1", DataDir: t.TempDir(), LocalTiming: true, Insecure: true, Tokens: true,
-		DRAMBytes: 16 << 20, HTTPAddr: "off",
-		Logger:      slog.New(slog.NewTextHandler(&logs, nil)),
-		AuditLogger: slog.New(slog.NewJSONHandler(&audit, nil))})
+	var logs, audit lockedBuf
+	cfg := nodetest.NodeConfig(t, "n1", nil)
+	cfg.Insecure, cfg.Tokens = true, true
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	cfg.AuditLogger = slog.New(slog.NewJSONHandler(&audit, nil))
+	n := nodetest.StartNode(t, cfg)
 	testutil.WaitFor(t, "n1 ready", func() bool { return n.Ready() == nil })
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
@@ -62,7 +84,7 @@ func TestRefusalsAndAudit(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := n.meta.PutToken(ctx, rec); err != nil {
+		if err := n.Meta().PutToken(ctx, rec); err != nil {
 			t.Fatal(err)
 		}
 		return tk.String(), rec.ID
@@ -172,7 +194,7 @@ func TestAuditArgsNil(t *testing.T) {
 		{(*api.DrainRequest)(nil), nil},
 		{nil, nil},
 	} {
-		_ = auditArgs(c[0], c[1])
+		_ = node.AuditArgs(c[0], c[1])
 	}
 }
 
@@ -193,7 +215,7 @@ func TestRefusalReason(t *testing.T) {
 		{api.Peer_Replicate_FullMethodName, codes.PermissionDenied, "permission_denied"},
 		{api.Admin_SetSettings_FullMethodName, codes.Unauthenticated, "unauthenticated"},
 	} {
-		if got := refusalReason(c.method, c.code); got != c.want {
+		if got := node.RefusalReason(c.method, c.code); got != c.want {
 			t.Errorf("refusalReason(%s, %v) = %q, want %q", c.method, c.code, got, c.want)
 		}
 	}
