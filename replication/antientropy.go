@@ -403,35 +403,46 @@ func (r *Replicator) pullItems(ctx context.Context, p string, items []*DigestIte
 	var (
 		mu   sync.Mutex
 		errs []error
-		wg   sync.WaitGroup
 	)
-	sem := make(chan struct{}, r.cfg.RebalanceConcurrency)
-	for _, it := range items {
+	if err := eachLimited(ctx, r.cfg.RebalanceConcurrency, len(items), func(i int) {
+		var one AntiEntropyStats
+		err := r.pullItem(ctx, p, items[i], &one)
+		mu.Lock()
+		defer mu.Unlock()
+		st.Deletes += one.Deletes
+		st.Refused += one.Refused
+		st.Pulled += one.Pulled
+		st.BytesPulled += one.BytesPulled
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}); err != nil {
+		return err
+	}
+	return errors.Join(errs...)
+}
+
+// eachLimited calls fn(i) for every i in [0, n), at most limit calls at
+// once, and waits for the calls it started. It returns ctx's error when
+// ctx ends before every call started.
+func eachLimited(ctx context.Context, limit, n int, fn func(i int)) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, max(limit, 1))
+	for i := range n {
 		select {
 		case sem <- struct{}{}:
 		case <-ctx.Done():
-			wg.Wait()
 			return ctx.Err()
 		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			var one AntiEntropyStats
-			err := r.pullItem(ctx, p, it, &one)
-			mu.Lock()
-			defer mu.Unlock()
-			st.Deletes += one.Deletes
-			st.Refused += one.Refused
-			st.Pulled += one.Pulled
-			st.BytesPulled += one.BytesPulled
-			if err != nil {
-				errs = append(errs, err)
-			}
+			fn(i)
 		}()
 	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return nil
 }
 
 // fixItem fixes one key given what this node (a) and the peer (b) hold;

@@ -341,41 +341,30 @@ func (r *Replicator) runBatch(ctx context.Context, batch []*job, st *RebalanceSt
 	}
 
 	var mu sync.Mutex
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, r.cfg.RebalanceConcurrency)
-	for _, p := range pushes {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			wg.Wait()
-			return ctx.Err()
+	if err := eachLimited(ctx, r.cfg.RebalanceConcurrency, len(pushes), func(i int) {
+		p := pushes[i]
+		n, err := r.transfer(ctx, p.target, p.j.localKey)
+		mu.Lock()
+		defer mu.Unlock()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %v: %w", p.target, p.j.key, err))
+			return
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			n, err := r.transfer(ctx, p.target, p.j.localKey)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, fmt.Errorf("%s %v: %w", p.target, p.j.key, err))
-				return
+		p.j.acked++
+		if n > 0 {
+			st.KeysMoved++
+			st.BytesMoved += int64(n)
+			if drain {
+				r.metrics.drainKeys.Add(1)
+				r.metrics.drainBytes.Add(int64(n))
+			} else {
+				r.metrics.rebalanceKeys.Add(1)
+				r.metrics.rebalanceBytes.Add(int64(n))
 			}
-			p.j.acked++
-			if n > 0 {
-				st.KeysMoved++
-				st.BytesMoved += int64(n)
-				if drain {
-					r.metrics.drainKeys.Add(1)
-					r.metrics.drainBytes.Add(int64(n))
-				} else {
-					r.metrics.rebalanceKeys.Add(1)
-					r.metrics.rebalanceBytes.Add(int64(n))
-				}
-			}
-		}()
+		}
+	}); err != nil {
+		return err
 	}
-	wg.Wait()
 	return errors.Join(errs...)
 }
 
