@@ -214,6 +214,17 @@ type Request struct {
 	// CheckLayer is the layer whose key deviation ranks tokens. 0 means 1
 	// (CacheBlend's default); it is clamped to the last layer.
 	CheckLayer int
+	// Select is how the recomputed tokens are chosen at the check layer;
+	// the zero value is SelectDeviation (CacheBlend's).
+	Select Selection
+	// FallbackBound is the guardrail. When > 0, every APPROXIMATE chunk's
+	// key deviation at the check layer is measured (ChunkResult.Deviation),
+	// and a chunk whose deviation exceeds the bound is recomputed whole, in
+	// addition to the r fraction the selection picks among the other
+	// chunks' tokens. 0 (the default) turns it off. With a bound and r = 0
+	// the approximate tokens are still computed up to the check layer, to
+	// be measured.
+	FallbackBound float64
 	// Keep returns the sequence in the response for decoding; otherwise it
 	// is released.
 	Keep bool
@@ -224,6 +235,15 @@ type ChunkResult struct {
 	Segment int
 	Match   chunk.Match
 	Context chunk.Context // of the entry used (zero on a miss)
+	// Deviation is the chunk's relative key deviation at the check layer,
+	// sqrt(Σ|k_fresh − k_stored|² / Σ|k_fresh|²) over its tokens and KV
+	// heads: 0 for an exact copy, about 1.4 for unrelated keys of the same
+	// size. It is measured for APPROXIMATE chunks under recomputation or a
+	// fallback bound, and 0 otherwise.
+	Deviation float64
+	// Fallback: the chunk's deviation exceeded Request.FallbackBound and
+	// all its tokens were recomputed.
+	Fallback bool
 }
 
 // Response is the result of Run.
@@ -236,6 +256,7 @@ type Response struct {
 	Tokens      int // prompt length
 	Injected    int // tokens whose KV came from the source
 	Recomputed  int // approximate tokens kept after the check layer
+	Fallbacks   int // chunks recomputed whole by the fallback bound
 	Lookup      time.Duration
 	Inject      time.Duration
 	Compute     time.Duration
@@ -300,6 +321,12 @@ func (e *Engine) RunInjected(ctx context.Context, inj CacheInjector, req Request
 func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, req Request) (*Response, error) {
 	if req.Recompute < 0 || req.Recompute > 1 || math.IsNaN(req.Recompute) {
 		return nil, fmt.Errorf("engine: recompute ratio %v outside [0, 1]", req.Recompute)
+	}
+	if req.FallbackBound < 0 || math.IsNaN(req.FallbackBound) {
+		return nil, fmt.Errorf("engine: fallback bound %v is negative", req.FallbackBound)
+	}
+	if !req.Select.valid() {
+		return nil, fmt.Errorf("engine: unknown selection %v", req.Select)
 	}
 	resp := &Response{}
 	var all []uint32
@@ -411,7 +438,7 @@ func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []
 	plan := fwdPlan{logits: make([]float32, e.cfg.VocabSize), wait: wait}
 	var nApprox int
 	for t, m := range state {
-		if m == chunk.MatchExact || (m == chunk.MatchApproximate && req.Recompute == 0) {
+		if m == chunk.MatchExact || (m == chunk.MatchApproximate && !req.repairs()) {
 			continue
 		}
 		plan.active = append(plan.active, t)
@@ -420,16 +447,32 @@ func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []
 		}
 	}
 	if nApprox > 0 {
+		// group[t] is the index in resp.Chunks of the chunk token t belongs to.
+		group := make([]int, len(state))
+		for t := range group {
+			group[t] = -1
+		}
+		starts := segmentStarts(req.Segments)
+		for j, cr := range resp.Chunks {
+			lo := starts[cr.Segment]
+			for t := lo; t < lo+len(req.Segments[cr.Segment].Tokens) && t < len(state); t++ {
+				group[t] = j
+			}
+		}
 		plan.approx = make([]bool, len(plan.active))
+		plan.group = make([]int, len(plan.active))
 		for r, t := range plan.active {
 			plan.approx[r] = state[t] == chunk.MatchApproximate
+			plan.group[r] = group[t]
 		}
+		plan.groups = len(resp.Chunks)
 		plan.check = req.CheckLayer
 		if plan.check <= 0 {
 			plan.check = 1
 		}
 		plan.check = min(plan.check, e.cfg.NumLayers-1)
 		plan.keep = int(math.Ceil(req.Recompute * float64(nApprox)))
+		plan.sel, plan.bound = req.Select, req.FallbackBound
 	}
 	st, err := e.forward(ctx, s, plan)
 	if err != nil {
@@ -439,7 +482,29 @@ func (e *Engine) compute(ctx context.Context, s *Sequence, req Request, state []
 	resp.Logits = plan.logits
 	resp.TokenLayers = st.tokenLayers
 	resp.Recomputed = st.selected
+	for j, d := range st.deviation {
+		resp.Chunks[j].Deviation = d
+		if st.fallback[j] {
+			resp.Chunks[j].Fallback = true
+			resp.Fallbacks++
+		}
+	}
 	return nil
+}
+
+// repairs reports whether APPROXIMATE tokens are computed up to the check
+// layer: to be recomputed, or to be measured against the fallback bound.
+func (r *Request) repairs() bool { return r.Recompute > 0 || r.FallbackBound > 0 }
+
+// segmentStarts is the index of each segment's first token in the prompt.
+func segmentStarts(segs []Segment) []int {
+	starts := make([]int, len(segs))
+	n := 0
+	for i, sg := range segs {
+		starts[i] = n
+		n += len(sg.Tokens)
+	}
+	return starts
 }
 
 // injectLocal writes the looked-up entries through cudakern and records

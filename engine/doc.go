@@ -21,8 +21,11 @@
 // the same result bit for bit. APPROXIMATE chunks can be repaired by
 // deviation-guided recomputation (CacheBlend): every chunk token is
 // computed up to a check layer, the tokens whose keys deviate most from the
-// injected ones are kept, and only those are recomputed in later layers; the
-// forward pass counts the token-layers it computes.
+// injected ones (or that the question attends to most, or both: Selection)
+// are kept, and only those are recomputed in later layers; a guardrail
+// (Request.FallbackBound) recomputes whole any chunk whose key deviation at
+// the check layer exceeds a bound. The forward pass counts the token-layers
+// it computes.
 //
 // Linear layers and attention use AVX2+FMA assembly kernels on amd64 (pure
 // Go elsewhere, or with the purego build tag) on a fixed worker pool; a

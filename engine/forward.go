@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"sort"
 
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/pagedkv"
@@ -21,8 +20,15 @@ type fwdPlan struct {
 	// layers 0..check, and after that only if selected.
 	approx []bool
 	// check is the check layer; keep is the number of approximate tokens to
-	// keep recomputing after it (the top deviations).
+	// keep recomputing after it (the top scores under sel).
 	check, keep int
+	sel         Selection
+	// group[i] is the chunk (index in Response.Chunks) of active[i], or -1;
+	// groups is the number of chunks. bound, when > 0, recomputes whole
+	// every chunk whose relative key deviation at the check layer exceeds it.
+	group  []int
+	groups int
+	bound  float64
 	// capture, if non-nil, receives the pre-RoPE K and V of tokens
 	// [capLo, capHi) in float32, canonical layout
 	// [layer][K|V][token][kv_head][head_dim]. Those tokens must be active.
@@ -40,6 +46,10 @@ type fwdPlan struct {
 type fwdStats struct {
 	tokenLayers int // sum over layers of the tokens computed there
 	selected    int // approximate tokens kept after the check layer
+	// deviation and fallback, per chunk of the plan's groups: relative key
+	// deviation at the check layer, and whether the bound recomputed it.
+	deviation []float64
+	fallback  []bool
 }
 
 // scratch holds the forward pass's buffers, grown as needed and reused, so
@@ -50,7 +60,8 @@ type scratch struct {
 	h, x, o      []float32
 	q, k, v, att []float32
 	g, u         []float32
-	dev          []float64
+	dev, knorm   []float64
+	recv         []float64
 	order        []int
 	scores       [][]float32
 	offK, offV   []int32
@@ -320,9 +331,8 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		}
 		lw := &e.w.layers[l]
 		if approx != nil && l == p.check+1 {
-			n = e.selectTokens(active, approx, p.keep, H)
+			n = e.selectTokens(active, &p, H, &st)
 			active = active[:n]
-			st.selected = p.keep
 		}
 		st.tokenLayers += n
 		for r, i := range active {
@@ -355,10 +365,13 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		}
 		cl := e.cache[l]
 		if approx != nil && l == p.check {
-			e.deviation(cl.f, n)
+			e.checkLayer(cl.f, n)
 		}
 		if err := cudakern.ScatterF32(cl.b, e.layout, 0, sc.slots[:n], sc.k[:n*KV]); err != nil {
 			return st, fmt.Errorf("engine: store keys: %w", err)
+		}
+		if approx != nil && l == p.check && p.sel != SelectDeviation {
+			e.attentionReceived(cl.f, active, approx, s.slots, n)
 		}
 		if err := cudakern.ScatterF32(cl.b, e.layout, 1, sc.slots[:n], sc.v[:n*KV]); err != nil {
 			return st, fmt.Errorf("engine: store values: %w", err)
@@ -404,61 +417,4 @@ func (e *Engine) capture(p fwdPlan, l int, active []int, n int) {
 		copy(p.capture[base+t*KV:base+(t+1)*KV], e.sc.k[r*KV:(r+1)*KV])
 		copy(p.capture[base+(span+t)*KV:base+(span+t+1)*KV], e.sc.v[r*KV:(r+1)*KV])
 	}
-}
-
-// deviation records, for every active row, the squared L2 distance between
-// its fresh (rotated) keys and the keys the cache holds for its slot, before
-// the fresh ones overwrite them. Rotation preserves distances, so this is
-// the deviation of the pre-RoPE keys as CacheBlend ranks it.
-func (e *Engine) deviation(layer []float32, n int) {
-	c := &e.cfg
-	hd := c.HeadDim
-	sc := &e.sc
-	sc.dev = grow(sc.dev, n)
-	for r := 0; r < n; r++ {
-		var d float64
-		for h := 0; h < c.NumKVHeads; h++ {
-			off := e.layout.Offset(0, sc.slots[r], h) / 4
-			old := layer[off : off+hd]
-			fresh := sc.k[(r*c.NumKVHeads+h)*hd : (r*c.NumKVHeads+h+1)*hd]
-			for j, v := range fresh {
-				x := float64(v - old[j])
-				d += x * x
-			}
-		}
-		sc.dev[r] = d
-	}
-}
-
-// selectTokens keeps every non-approximate active row and the keep
-// approximate rows of largest deviation, compacting the active indices and
-// hidden rows in order. It returns the new row count.
-func (e *Engine) selectTokens(active []int, approx []bool, keep, H int) int {
-	sc := &e.sc
-	var cand []int
-	for r := range active {
-		if approx[r] {
-			cand = append(cand, r)
-		}
-	}
-	sort.SliceStable(cand, func(a, b int) bool { return sc.dev[cand[a]] > sc.dev[cand[b]] })
-	chosen := make([]bool, len(active))
-	for r := range active {
-		chosen[r] = !approx[r]
-	}
-	for _, r := range cand[:min(keep, len(cand))] {
-		chosen[r] = true
-	}
-	n := 0
-	for r, i := range active {
-		if !chosen[r] {
-			continue
-		}
-		active[n] = i
-		if n != r {
-			copy(sc.h[n*H:(n+1)*H], sc.h[r*H:(r+1)*H])
-		}
-		n++
-	}
-	return n
 }

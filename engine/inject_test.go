@@ -512,17 +512,18 @@ func TestRunInjected(t *testing.T) {
 	segs = append(segs, Segment{Tokens: randTokens(r, 5, e.cfg.VocabSize)})
 	layout, layers := e.CacheMemory()
 	node := &storeInjector{t: t, store: store, rope: e.rope, layout: layout, layers: layers}
-	for _, rec := range []float64{0, 0.5} {
-		want, err := e.Run(ctx, store, Request{StartPos: 20, Segments: segs, Recompute: rec})
+	for _, req := range []Request{{}, {Recompute: 0.5}, {Recompute: 0.5, Select: SelectBoth}, {FallbackBound: 1e-9}} {
+		req.StartPos, req.Segments = 20, segs
+		want, err := e.Run(ctx, store, req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, err := e.RunInjected(ctx, node, Request{StartPos: 20, Segments: segs, Recompute: rec})
+		got, err := e.RunInjected(ctx, node, req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := maxAbsDiff(got.Logits, want.Logits); d != 0 || got.TokenLayers != want.TokenLayers {
-			t.Fatalf("r=%v: injector path differs from the engine's: %g, %d vs %d token-layers", rec, d, got.TokenLayers, want.TokenLayers)
+		if d := maxAbsDiff(got.Logits, want.Logits); d != 0 || got.TokenLayers != want.TokenLayers || got.Fallbacks != want.Fallbacks {
+			t.Fatalf("r=%v %v bound %v: injector path differs from the engine's: %g, %d vs %d token-layers", req.Recompute, req.Select, req.FallbackBound, d, got.TokenLayers, want.TokenLayers)
 		}
 		wantMatch := []chunk.Match{chunk.MatchExact, chunk.MatchExact, chunk.MatchApproximate}
 		for j, cr := range got.Chunks {

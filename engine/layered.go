@@ -165,7 +165,7 @@ func (e *Engine) runLayered(ctx context.Context, li LayeredInjector, req Request
 	}
 	// Redo the pass from what the injector finally answered.
 	res, ierr := c.res, c.err
-	if ierr == nil && !(onlyLost(planned, res) && (req.Recompute == 0 || !approx)) {
+	if ierr == nil && !(onlyLost(planned, res) && (!req.repairs() || !approx)) {
 		ierr = errReplan
 	}
 	if ierr == nil {
