@@ -231,11 +231,28 @@ func split(planes *[4][losslessBlock]byte, raw []byte, dt DType) {
 }
 
 // merge is the inverse of split; every plane holds len(raw)/dt.Size() bytes.
-// The 16-bit cases take eight elements per step: one 8-byte load from each
-// plane, whose bytes spread into 16-bit lanes (spread) and combine into two
-// 8-byte stores, so merge costs a fraction of huff0's decoding of the
-// planes.
+// 16-bit elements go through the AVX2 kernels where useAVX2, 16 at a time,
+// and mergeGo does the rest.
 func merge(raw []byte, planes *[4][]byte, dt DType) {
+	n := len(raw) / 2
+	if k := n &^ 15; useAVX2 && dt != F32 && k > 0 {
+		p0, p1 := planes[0][:n], planes[1][:n]
+		if dt == BF16 {
+			mergeBF16AVX2(&raw[0], &p0[0], &p1[0], k)
+		} else {
+			mergeF16AVX2(&raw[0], &p0[0], &p1[0], k)
+		}
+		rest := [4][]byte{p0[k:], p1[k:]}
+		mergeGo(raw[2*k:2*n], &rest, dt)
+		return
+	}
+	mergeGo(raw, planes, dt)
+}
+
+// mergeGo is merge in Go: the kernels' reference. The 16-bit cases take
+// eight elements per step: one 8-byte load from each plane, whose bytes
+// spread into 16-bit lanes (spread) and combine into two 8-byte stores.
+func mergeGo(raw []byte, planes *[4][]byte, dt DType) {
 	switch dt {
 	case BF16:
 		n := len(raw) / 2

@@ -521,10 +521,9 @@ func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScra
 		case c.kind == quantFP8 && c.fp8FastRow(s.scale[:g.chans], s.scale32[:g.chans]):
 			for t := t0; t < t1; t++ {
 				q := codes[t*g.chans : (t+1)*g.chans]
-				if err := fp8Check(q); err != nil {
+				if err := fp8Row(dst[t*rowBytes:(t+1)*rowBytes], q, lut, s.scale32[:g.chans], c.dt); err != nil {
 					return err
 				}
-				fp8Row(dst[t*rowBytes:(t+1)*rowBytes], q, lut, s.scale32[:g.chans], c.dt)
 			}
 			continue
 		}
@@ -588,9 +587,6 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 			continue
 		}
 		q := c.getCodes(s.codes[:g.chans], codes, t*g.chans)
-		if err := fp8Check(q); err != nil {
-			return err
-		}
 		row := s.row[:g.chans]
 		for h := 0; h < g.heads; h++ {
 			for d0 := 0; d0 < g.dim; d0 += quantGroupDims {
@@ -602,8 +598,13 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 				a, b := h*g.dim+d0, h*g.dim+min(d0+quantGroupDims, g.dim)
 				out, qg := row[a:b], q[a:b]
 				if sc, ok := c.fp8Fast(scale); ok {
-					fp8Group(dst[t*rowBytes+a*es:t*rowBytes+b*es], qg, lut, sc, c.dt)
+					if err := fp8Group(dst[t*rowBytes+a*es:t*rowBytes+b*es], qg, lut, sc, c.dt); err != nil {
+						return err
+					}
 					continue
+				}
+				if err := fp8Check(qg); err != nil {
+					return err
 				}
 				for i, b := range qg {
 					out[i] = clampF32(float64(lut[b])*scale, lim)
@@ -655,25 +656,7 @@ func (c quantCodec) dequantGroup(out, q []byte, zero, scale, lim float64, s *qua
 		return
 	}
 	if z, sc, ok := c.fastParams(zero, scale); ok {
-		switch c.dt {
-		case BF16:
-			out = out[:2*len(q)]
-			for i, b := range q {
-				binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(z+float32(float32(b)*sc)))
-			}
-		default:
-			out = out[:2*len(q)]
-			for i, b := range q {
-				// f16Bits by hand: it is over the inlining budget, and a
-				// call per element cost 0.88 -> 0.57 GB/s per CPU-s here (-bench Decode/int8/f16).
-				v := z + float32(float32(b)*sc)
-				h, ok := halfNormal(v)
-				if !ok {
-					h = F32ToF16(v)
-				}
-				binary.LittleEndian.PutUint16(out[2*i:], h)
-			}
-		}
+		int8Group(out, q, z, sc, c.dt)
 		return
 	}
 	row := s.row[:len(q)]
@@ -681,6 +664,42 @@ func (c quantCodec) dequantGroup(out, q []byte, zero, scale, lim float64, s *qua
 		row[i] = clampF32(zero+float64(b)*scale, lim)
 	}
 	fromF32(out, row, c.dt)
+}
+
+// int8Group writes the outputs of int8 codes q sharing the float32
+// parameters z and sc that fastParams admitted (so dt is bf16 or f16).
+func int8Group(out, q []byte, z, sc float32, dt DType) {
+	out = out[:2*len(q)]
+	if k := len(q) &^ 7; useAVX2 && k > 0 {
+		if dt == BF16 {
+			int8GroupBF16AVX2(&out[0], &q[0], z, sc, k)
+		} else {
+			int8GroupF16AVX2(&out[0], &q[0], z, sc, k)
+		}
+		out, q = out[2*k:], q[k:]
+	}
+	int8GroupGo(out, q, z, sc, dt)
+}
+
+// int8GroupGo is int8Group in Go: the kernels' reference.
+func int8GroupGo(out, q []byte, z, sc float32, dt DType) {
+	out = out[:2*len(q)]
+	if dt == BF16 {
+		for i, b := range q {
+			binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(z+float32(float32(b)*sc)))
+		}
+		return
+	}
+	for i, b := range q {
+		// f16Bits by hand: it is over the inlining budget, and a
+		// call per element cost 0.88 -> 0.57 GB/s per CPU-s here (-bench Decode/int8/f16).
+		v := z + float32(float32(b)*sc)
+		h, ok := halfNormal(v)
+		if !ok {
+			h = F32ToF16(v)
+		}
+		binary.LittleEndian.PutUint16(out[2*i:], h)
+	}
 }
 
 // fp8 fast paths. The reference output of code b is
@@ -716,8 +735,31 @@ func (c quantCodec) fp8FastRow(scale []float64, s32 []float32) bool {
 }
 
 // fp8Group writes the outputs of codes q sharing scale sc (fp8Fast
-// admitted) into out, 16-bit dtype elements.
-func fp8Group(out, q []byte, lut *[256]float32, sc float32, dt DType) {
+// admitted) into out, 16-bit dtype elements; a NaN code is ErrCorrupt.
+func fp8Group(out, q []byte, lut *[256]float32, sc float32, dt DType) error {
+	out = out[:2*len(q)]
+	if k := len(q) &^ 7; useAVX2 && k > 0 {
+		var nan bool
+		if dt == BF16 {
+			nan = fp8GroupBF16AVX2(&out[0], &q[0], sc, k)
+		} else {
+			nan = fp8GroupF16AVX2(&out[0], &q[0], sc, k)
+		}
+		if nan {
+			return errFP8NaN()
+		}
+		out, q = out[2*k:], q[k:]
+	}
+	if err := fp8Check(q); err != nil {
+		return err
+	}
+	fp8GroupGo(out, q, lut, sc, dt)
+	return nil
+}
+
+// fp8GroupGo is fp8Group in Go, for codes without NaN: the kernels'
+// reference.
+func fp8GroupGo(out, q []byte, lut *[256]float32, sc float32, dt DType) {
 	out = out[:2*len(q)]
 	if dt == BF16 {
 		for len(q) >= 4 {
@@ -742,8 +784,32 @@ func fp8Group(out, q []byte, lut *[256]float32, sc float32, dt DType) {
 }
 
 // fp8Row writes a key row of codes q with per-channel scales (fp8Fast
-// admitted each) into out.
-func fp8Row(out, q []byte, lut *[256]float32, scale []float32, dt DType) {
+// admitted each) into out; a NaN code is ErrCorrupt.
+func fp8Row(out, q []byte, lut *[256]float32, scale []float32, dt DType) error {
+	out = out[:2*len(q)]
+	scale = scale[:len(q)]
+	if k := len(q) &^ 7; useAVX2 && k > 0 {
+		var nan bool
+		if dt == BF16 {
+			nan = fp8RowBF16AVX2(&out[0], &q[0], &scale[0], k)
+		} else {
+			nan = fp8RowF16AVX2(&out[0], &q[0], &scale[0], k)
+		}
+		if nan {
+			return errFP8NaN()
+		}
+		out, q, scale = out[2*k:], q[k:], scale[k:]
+	}
+	if err := fp8Check(q); err != nil {
+		return err
+	}
+	fp8RowGo(out, q, lut, scale, dt)
+	return nil
+}
+
+// fp8RowGo is fp8Row in Go, for codes without NaN: the kernels'
+// reference.
+func fp8RowGo(out, q []byte, lut *[256]float32, scale []float32, dt DType) {
 	out = out[:2*len(q)]
 	scale = scale[:len(q)]
 	if dt == BF16 {
@@ -767,7 +833,22 @@ func fp8Row(out, q []byte, lut *[256]float32, scale []float32, dt DType) {
 func (c quantCodec) dequantRow(out, q []byte, zero, scale []float32) {
 	out = out[:2*len(q)]
 	zero, scale = zero[:len(q)], scale[:len(q)]
-	if c.dt == BF16 {
+	if k := len(q) &^ 7; useAVX2 && k > 0 {
+		if c.dt == BF16 {
+			int8RowBF16AVX2(&out[0], &q[0], &zero[0], &scale[0], k)
+		} else {
+			int8RowF16AVX2(&out[0], &q[0], &zero[0], &scale[0], k)
+		}
+		out, q, zero, scale = out[2*k:], q[k:], zero[k:], scale[k:]
+	}
+	dequantRowGo(out, q, zero, scale, c.dt)
+}
+
+// dequantRowGo is dequantRow in Go: the kernels' reference.
+func dequantRowGo(out, q []byte, zero, scale []float32, dt DType) {
+	out = out[:2*len(q)]
+	zero, scale = zero[:len(q)], scale[:len(q)]
+	if dt == BF16 {
 		for i, b := range q {
 			binary.LittleEndian.PutUint16(out[2*i:], bf16Bits(zero[i]+float32(float32(b)*scale[i])))
 		}
@@ -908,17 +989,19 @@ func fp8Check(q []byte) error {
 	for len(q) >= 8 {
 		x := binary.LittleEndian.Uint64(q) & ^uint64(highs) ^ (0x7f * ones)
 		if (x-ones)&^x&highs != 0 {
-			return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
+			return errFP8NaN()
 		}
 		q = q[8:]
 	}
 	for _, b := range q {
 		if b&0x7f == 0x7f {
-			return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt)
+			return errFP8NaN()
 		}
 	}
 	return nil
 }
+
+func errFP8NaN() error { return fmt.Errorf("%w: fp8 NaN code", ErrCorrupt) }
 
 // getCodes returns the codes of elements [at, at+len(buf)), unpacking int4
 // into buf.

@@ -1,0 +1,348 @@
+//go:build !purego
+
+#include "textflag.h"
+
+// AVX2 decoding kernels (simd_amd64.go has their contracts). Each computes
+// the float32 value of the Go path with the same operations in the same
+// order (a product, then a sum; no fused multiply-add) and narrows it with
+// the same rounding: bf16 by integer round-to-nearest-even on the float32
+// bits, f16 by VCVTPS2PH with round-to-nearest-even, which is
+// F32ToF16 for every finite value.
+
+// fp8Sub is the float32 bits of the e4m3 codes without an implicit one
+// (exponent field 0), by their low 3 bits: m * 2^-9. They are looked up
+// rather than computed so that no float32 subnormal is ever an operand (a
+// subnormal operand costs a microcode assist).
+DATA fp8Sub<>+0(SB)/4, $0x00000000
+DATA fp8Sub<>+4(SB)/4, $0x3b000000
+DATA fp8Sub<>+8(SB)/4, $0x3b800000
+DATA fp8Sub<>+12(SB)/4, $0x3bc00000
+DATA fp8Sub<>+16(SB)/4, $0x3c000000
+DATA fp8Sub<>+20(SB)/4, $0x3c200000
+DATA fp8Sub<>+24(SB)/4, $0x3c400000
+DATA fp8Sub<>+28(SB)/4, $0x3c600000
+GLOBL fp8Sub<>(SB), RODATA|NOPTR, $32
+
+// BCAST fills the dwords of Y register y with the constant c, through AX.
+#define BCAST(c, x, y) \
+	MOVL         c, AX; \
+	MOVQ         AX, x; \
+	VPBROADCASTD x, y
+
+// BF16CONSTS loads the constants of BF16ROUND: Y14 = 0x7fff, Y15 = 1.
+#define BF16CONSTS \
+	BCAST($0x7fff, X14, Y14); \
+	BCAST($1, X15, Y15)
+
+// BF16STORE rounds the 8 float32 values in Y0 to bf16 (u += 0x7fff +
+// (u>>16)&1, keep the high half) and stores them at m. Uses Y1.
+#define BF16STORE(m) \
+	VPSRLD       $16, Y0, Y1; \
+	VPAND        Y15, Y1, Y1; \
+	VPADDD       Y14, Y0, Y0; \
+	VPADDD       Y1, Y0, Y0; \
+	VPSRLD       $16, Y0, Y0; \
+	VEXTRACTI128 $1, Y0, X1; \
+	VPACKUSDW    X1, X0, X0; \
+	VMOVDQU      X0, m
+
+// F16STORE rounds the 8 float32 values in Y0 to f16 and stores them at m.
+#define F16STORE(m) \
+	VCVTPS2PH $0, Y0, X0; \
+	VMOVDQU   X0, m
+
+// FP8CONSTS loads the constants of FP8LOAD: Y8 = 0x7f, Y9 = 120<<23,
+// Y10 = fp8Sub, Y11 = 8, Y12 = 0x80; Y13 accumulates NaN lanes.
+#define FP8CONSTS \
+	BCAST($0x7f, X8, Y8); \
+	BCAST($0x3c000000, X9, Y9); \
+	VMOVDQU fp8Sub<>(SB), Y10; \
+	BCAST($8, X11, Y11); \
+	BCAST($0x80, X12, Y12); \
+	VPXOR   Y13, Y13, Y13
+
+// FP8LOAD widens the 8 e4m3 codes at m to their float32 values in Y0
+// (FP8E4M3ToF32) and sets the lanes of Y13 whose code is NaN. A code with
+// a nonzero exponent field is (b&0x7f)<<20 + 120<<23; one without is
+// looked up in fp8Sub. Uses Y1-Y4.
+#define FP8LOAD(m) \
+	VPMOVZXBD m, Y0; \
+	VPAND     Y8, Y0, Y1; \
+	VPCMPEQD  Y8, Y1, Y2; \
+	VPOR      Y2, Y13, Y13; \
+	VPSLLD    $20, Y1, Y2; \
+	VPADDD    Y9, Y2, Y2; \
+	VPERMD    Y10, Y1, Y3; \
+	VPCMPGTD  Y1, Y11, Y4; \
+	VPBLENDVB Y4, Y3, Y2, Y2; \
+	VPAND     Y12, Y0, Y0; \
+	VPSLLD    $24, Y0, Y0; \
+	VPOR      Y2, Y0, Y0
+
+// NANRET stores whether any lane of Y13 is set at m.
+#define NANRET(m) \
+	VPTEST Y13, Y13; \
+	SETNE  m
+
+// func int8RowBF16AVX2(out, q *byte, zero, scale *float32, n int)
+TEXT ·int8RowBF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ zero+16(FP), R8
+	MOVQ scale+24(FP), R9
+	MOVQ n+32(FP), CX
+	BF16CONSTS
+	SHRQ $3, CX
+	JZ   i8rb_done
+
+i8rb_loop:
+	VPMOVZXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    (R9), Y0, Y0
+	VADDPS    (R8), Y0, Y0
+	BF16STORE((DI))
+	ADDQ      $8, SI
+	ADDQ      $32, R8
+	ADDQ      $32, R9
+	ADDQ      $16, DI
+	DECQ      CX
+	JNZ       i8rb_loop
+
+i8rb_done:
+	VZEROUPPER
+	RET
+
+// func int8RowF16AVX2(out, q *byte, zero, scale *float32, n int)
+TEXT ·int8RowF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ zero+16(FP), R8
+	MOVQ scale+24(FP), R9
+	MOVQ n+32(FP), CX
+	SHRQ $3, CX
+	JZ   i8rh_done
+
+i8rh_loop:
+	VPMOVZXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    (R9), Y0, Y0
+	VADDPS    (R8), Y0, Y0
+	F16STORE((DI))
+	ADDQ      $8, SI
+	ADDQ      $32, R8
+	ADDQ      $32, R9
+	ADDQ      $16, DI
+	DECQ      CX
+	JNZ       i8rh_loop
+
+i8rh_done:
+	VZEROUPPER
+	RET
+
+// func int8GroupBF16AVX2(out, q *byte, zero, scale float32, n int)
+TEXT ·int8GroupBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ         out+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS zero+16(FP), Y6
+	VBROADCASTSS scale+20(FP), Y7
+	MOVQ         n+24(FP), CX
+	BF16CONSTS
+	SHRQ         $3, CX
+	JZ           i8gb_done
+
+i8gb_loop:
+	VPMOVZXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    Y7, Y0, Y0
+	VADDPS    Y6, Y0, Y0
+	BF16STORE((DI))
+	ADDQ      $8, SI
+	ADDQ      $16, DI
+	DECQ      CX
+	JNZ       i8gb_loop
+
+i8gb_done:
+	VZEROUPPER
+	RET
+
+// func int8GroupF16AVX2(out, q *byte, zero, scale float32, n int)
+TEXT ·int8GroupF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ         out+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS zero+16(FP), Y6
+	VBROADCASTSS scale+20(FP), Y7
+	MOVQ         n+24(FP), CX
+	SHRQ         $3, CX
+	JZ           i8gh_done
+
+i8gh_loop:
+	VPMOVZXBD (SI), Y0
+	VCVTDQ2PS Y0, Y0
+	VMULPS    Y7, Y0, Y0
+	VADDPS    Y6, Y0, Y0
+	F16STORE((DI))
+	ADDQ      $8, SI
+	ADDQ      $16, DI
+	DECQ      CX
+	JNZ       i8gh_loop
+
+i8gh_done:
+	VZEROUPPER
+	RET
+
+// func fp8RowBF16AVX2(out, q *byte, scale *float32, n int) (nan bool)
+TEXT ·fp8RowBF16AVX2(SB), NOSPLIT, $0-33
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ scale+16(FP), R9
+	MOVQ n+24(FP), CX
+	BF16CONSTS
+	FP8CONSTS
+	SHRQ $3, CX
+	JZ   f8rb_done
+
+f8rb_loop:
+	FP8LOAD((SI))
+	VMULPS (R9), Y0, Y0
+	BF16STORE((DI))
+	ADDQ   $8, SI
+	ADDQ   $32, R9
+	ADDQ   $16, DI
+	DECQ   CX
+	JNZ    f8rb_loop
+
+f8rb_done:
+	NANRET(nan+32(FP))
+	VZEROUPPER
+	RET
+
+// func fp8RowF16AVX2(out, q *byte, scale *float32, n int) (nan bool)
+TEXT ·fp8RowF16AVX2(SB), NOSPLIT, $0-33
+	MOVQ out+0(FP), DI
+	MOVQ q+8(FP), SI
+	MOVQ scale+16(FP), R9
+	MOVQ n+24(FP), CX
+	FP8CONSTS
+	SHRQ $3, CX
+	JZ   f8rh_done
+
+f8rh_loop:
+	FP8LOAD((SI))
+	VMULPS (R9), Y0, Y0
+	F16STORE((DI))
+	ADDQ   $8, SI
+	ADDQ   $32, R9
+	ADDQ   $16, DI
+	DECQ   CX
+	JNZ    f8rh_loop
+
+f8rh_done:
+	NANRET(nan+32(FP))
+	VZEROUPPER
+	RET
+
+// func fp8GroupBF16AVX2(out, q *byte, scale float32, n int) (nan bool)
+TEXT ·fp8GroupBF16AVX2(SB), NOSPLIT, $0-33
+	MOVQ         out+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS scale+16(FP), Y7
+	MOVQ         n+24(FP), CX
+	BF16CONSTS
+	FP8CONSTS
+	SHRQ         $3, CX
+	JZ           f8gb_done
+
+f8gb_loop:
+	FP8LOAD((SI))
+	VMULPS Y7, Y0, Y0
+	BF16STORE((DI))
+	ADDQ   $8, SI
+	ADDQ   $16, DI
+	DECQ   CX
+	JNZ    f8gb_loop
+
+f8gb_done:
+	NANRET(nan+32(FP))
+	VZEROUPPER
+	RET
+
+// func fp8GroupF16AVX2(out, q *byte, scale float32, n int) (nan bool)
+TEXT ·fp8GroupF16AVX2(SB), NOSPLIT, $0-33
+	MOVQ         out+0(FP), DI
+	MOVQ         q+8(FP), SI
+	VBROADCASTSS scale+16(FP), Y7
+	MOVQ         n+24(FP), CX
+	FP8CONSTS
+	SHRQ         $3, CX
+	JZ           f8gh_done
+
+f8gh_loop:
+	FP8LOAD((SI))
+	VMULPS Y7, Y0, Y0
+	F16STORE((DI))
+	ADDQ   $8, SI
+	ADDQ   $16, DI
+	DECQ   CX
+	JNZ    f8gh_loop
+
+f8gh_done:
+	NANRET(nan+32(FP))
+	VZEROUPPER
+	RET
+
+// func mergeBF16AVX2(out, p0, p1 *byte, n int)
+TEXT ·mergeBF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ p0+8(FP), SI
+	MOVQ p1+16(FP), DX
+	MOVQ n+24(FP), CX
+	BCAST($0x80008000, X14, Y14)
+	BCAST($0x007f007f, X15, Y15)
+	SHRQ $4, CX
+	JZ   mb_done
+
+mb_loop:
+	VPMOVZXBW (SI), Y0
+	VPMOVZXBW (DX), Y1
+	VPSLLW    $7, Y0, Y0
+	VPSLLW    $8, Y1, Y2
+	VPAND     Y14, Y2, Y2
+	VPAND     Y15, Y1, Y1
+	VPOR      Y0, Y1, Y1
+	VPOR      Y2, Y1, Y1
+	VMOVDQU   Y1, (DI)
+	ADDQ      $16, SI
+	ADDQ      $16, DX
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       mb_loop
+
+mb_done:
+	VZEROUPPER
+	RET
+
+// func mergeF16AVX2(out, p0, p1 *byte, n int)
+TEXT ·mergeF16AVX2(SB), NOSPLIT, $0-32
+	MOVQ out+0(FP), DI
+	MOVQ p0+8(FP), SI
+	MOVQ p1+16(FP), DX
+	MOVQ n+24(FP), CX
+	SHRQ $4, CX
+	JZ   mh_done
+
+mh_loop:
+	VMOVDQU    (SI), X0
+	VMOVDQU    (DX), X1
+	VPUNPCKLBW X0, X1, X2
+	VPUNPCKHBW X0, X1, X3
+	VMOVDQU    X2, (DI)
+	VMOVDQU    X3, 16(DI)
+	ADDQ       $16, SI
+	ADDQ       $16, DX
+	ADDQ       $32, DI
+	DECQ       CX
+	JNZ        mh_loop
+
+mh_done:
+	VZEROUPPER
+	RET
