@@ -69,6 +69,11 @@ type FileConfig struct {
 	RebalanceRecvStreams int    `json:"rebalance_recv_streams"`
 	RebalanceRecvRate    string `json:"rebalance_recv_rate"`
 	RebalanceYield       string `json:"rebalance_yield"`
+	// PeerLinkRate paces every connection this node dials to another
+	// node to this many bytes/s in each direction ("off", the default: no
+	// pacing): it emulates a slower network on one machine, for
+	// benchmarks of what a codec buys.
+	PeerLinkRate string `json:"peer_link_rate"`
 	// SecurityFileConfig holds tls, insecure, gossip_keyring_file and
 	// auth (below).
 	SecurityFileConfig
@@ -138,6 +143,7 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("rebalance-rate", &fc.RebalanceRate, file.RebalanceRate)
 	str("rebalance-recv-rate", &fc.RebalanceRecvRate, file.RebalanceRecvRate)
 	str("rebalance-yield", &fc.RebalanceYield, file.RebalanceYield)
+	str("peer-link-rate", &fc.PeerLinkRate, file.PeerLinkRate)
 	if !set["rebalance-recv-streams"] && file.RebalanceRecvStreams != 0 {
 		fc.RebalanceRecvStreams = file.RebalanceRecvStreams
 	}
@@ -248,11 +254,15 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		return cfg, err
 	}
 	rcfg.AntiEntropyInterval = antiEntropy
+	linkRate, err := peerLinkRateFlag().parse(fc.PeerLinkRate)
+	if err != nil {
+		return cfg, err
+	}
 	cfg = node.Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: addrs.grpc, HTTPAddr: addrs.http, GossipAddr: addrs.gossip, RaftAddr: addrs.raft,
 		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, Admission: admission, DiskBytes: disk, DeadGrace: grace,
 		RaftRemoveAfter: raftRemove, RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
-		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull,
+		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull, PeerLinkBytesPerSec: linkRate,
 		// Without a disk tier, SIGTERM hands the node's chunks to their
 		// other owners that lack them, for at most this long.
 		ShutdownHandoff: 30 * time.Second,

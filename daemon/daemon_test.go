@@ -169,6 +169,43 @@ func TestDaemonRefillFlags(t *testing.T) {
 	}
 }
 
+// TestPeerLinkRateFlag: -peer-link-rate (or the file's peer_link_rate)
+// reaches node.Config.PeerLinkBytesPerSec; "off", the default, is no
+// pacing.
+func TestPeerLinkRateFlag(t *testing.T) {
+	dir := t.TempDir()
+	base := FileConfig{ID: "x", DataDir: dir, LogLevel: "info", DRAM: "1G", Disk: "0", DeadGrace: "1s", RaftRemoveAfter: "1m", Bootstrap: true, RPCTimeout: "1s"}
+	for _, tc := range []struct {
+		in   string
+		want int64
+		ok   bool
+	}{{"", 0, true}, {"off", 0, true}, {"125000000", 125000000, true}, {"1G", 1 << 30, true}, {"0", 0, false}, {"fast", 0, false}} {
+		t.Run(tc.in, func(t *testing.T) {
+			fc := base
+			fc.PeerLinkRate = tc.in
+			cfg, err := fc.Config(io.Discard)
+			if (err == nil) != tc.ok {
+				t.Fatalf("err %v, want ok=%v", err, tc.ok)
+			}
+			if tc.ok && cfg.PeerLinkBytesPerSec != tc.want {
+				t.Fatalf("PeerLinkBytesPerSec %d, want %d", cfg.PeerLinkBytesPerSec, tc.want)
+			}
+		})
+	}
+	path := filepath.Join(dir, "kvmeshd.json")
+	if err := os.WriteFile(path, []byte(`{"peer_link_rate": "10M"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	fc := base
+	fc.PeerLinkRate = "off"
+	if err := mergeFile(path, &fc, map[string]bool{}); err != nil {
+		t.Fatal(err)
+	}
+	if fc.PeerLinkRate != "10M" {
+		t.Fatalf("merged peer link rate %q, want the file's 10M", fc.PeerLinkRate)
+	}
+}
+
 // TestRun starts the daemon as kvmeshd does, reads its ready line and
 // stops it by cancelling (what SIGTERM does in main).
 func TestRun(t *testing.T) {

@@ -74,6 +74,7 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, fmt.Sprintf("incoming rebalance blobs stored at once, 1 to %d; more wait, then senders are told to retry", maxRecvStreams))
 	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", rebalanceRecvRateFlag().usage("bytes/s of incoming rebalance blobs stored, over all senders"))
 	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
+	fs.StringVar(&fc.PeerLinkRate, "peer-link-rate", "off", peerLinkRateFlag().usage("bytes/s each direction of every connection this node dials to another node is paced to, emulating a slower network on one machine (benchmarks; e.g. 125000000 for 1 Gbit/s)"))
 	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -274,6 +275,10 @@ func rebalanceRateFlag() offFlag {
 
 func rebalanceRecvRateFlag() offFlag {
 	return offFlag{name: "rebalance-recv-rate", kind: offBytes, off: 0, offDoc: "uncapped", zero: zeroRefused}
+}
+
+func peerLinkRateFlag() offFlag {
+	return offFlag{name: "peer-link-rate", kind: offBytes, off: 0, offDoc: "no pacing", zero: zeroRefused}
 }
 
 func rebalanceYieldFlag() offFlag {

@@ -51,6 +51,13 @@ func TestOffFlags(t *testing.T) {
 		{rebalanceRecvRateFlag(), "200M", 200 << 20},
 		{rebalanceRecvRateFlag(), "-1M", refused},
 
+		// -peer-link-rate: off is 0 (node: no pacing); 0 refused.
+		{peerLinkRateFlag(), "", 0},
+		{peerLinkRateFlag(), "off", 0},
+		{peerLinkRateFlag(), "0", refused},
+		{peerLinkRateFlag(), "125000000", 125000000},
+		{peerLinkRateFlag(), "-1M", refused},
+
 		// -rebalance-yield: off is -1 (no waiting); 0 is off.
 		{rebalanceYieldFlag(), "", 0},
 		{rebalanceYieldFlag(), "off", -1},
