@@ -27,7 +27,7 @@ FUZZTIME ?= 8s
 ACCURACY_PROMPTS ?= 12
 TRAIN_FLAGS ?= --seed 1 --minutes 45 --nq 24 --steps 100000 --eval-every 100000 --eval-minutes 4 --eval-n 12
 
-.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy train-recall bench-rebalance bench-redis soak redis-tools run proto proto-python tools python-deps test-python clean
+.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy train-recall bench-rebalance bench-redis bench-linkrate soak redis-tools run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -181,6 +181,11 @@ bench-rebalance:
 # -putget-profile DIR for the nodes' pprof profiles of every point.
 bench-redis: redis-tools build
 	$(BIN)/kvmesh-bench -putget -kvmeshd $(BIN)/kvmeshd $(BENCH_REDIS_FLAGS)
+
+# Remote-hit TTFT at k=50 for each codec at emulated 1, 10 and 25 Gbit/s
+# peer links (kvmeshd -peer-link-rate) and unpaced, on 3 kvmeshd processes.
+bench-linkrate: build
+	$(BIN)/kvmesh-bench -linkrate -kvmeshd $(BIN)/kvmeshd $(BENCH_LINKRATE_FLAGS)
 
 # Answer accuracy of the trained recall model (train/recall) served each way
 # through a local cluster; writes docs/bench/ACCURACY.md and its plots.

@@ -8,6 +8,7 @@
 //	kvmesh-bench [-quick] [-seed N] [-out docs/bench]
 //	kvmesh-bench -accuracy train/recall [-accuracy-prompts N] [-out docs/bench]
 //	kvmesh-bench -putget [-kvmeshd bin/kvmeshd] [-putget-duration 3s] ...
+//	kvmesh-bench -linkrate [-kvmeshd bin/kvmeshd] [-linkrate-gbit 0,1,10,25] [-linkrate-codecs raw,lossless,int8,fp8]
 //	kvmesh-bench -steady [-steady-queries N] [-steady-policies none,all,reuse] [-out docs/bench]
 //
 // -accuracy instead loads the trained recall model (train/) and measures
@@ -19,6 +20,12 @@
 // redis-server, and prints one table of Put and Get throughput and
 // latency of the same entries on both, with their ratios, from the same
 // run (make bench-redis).
+//
+// -linkrate instead starts 3 kvmeshd processes whose peer connections are
+// paced to emulated link rates (-peer-link-rate) and prints the table of
+// remote-hit TTFT at k chunks for each codec at each rate, with each
+// codec's decode rate and the link rate below which it beats raw
+// (make bench-linkrate).
 //
 // -steady instead runs the steady-state RAG benchmark: a 1000-passage
 // corpus with Zipf popularity, two query nodes serving thousands of
@@ -69,7 +76,7 @@ func run() error {
 	accuracy := flag.String("accuracy", "", "instead: measure answer accuracy of the trained model in this directory each way, and write ACCURACY.md")
 	accPrompts := flag.Int("accuracy-prompts", 0, "prompts per task and k of the accuracy run (0: all of eval.json)")
 	putget := flag.Bool("putget", false, "instead: time Put and Get on 3 kvmeshd processes against redis-server (make bench-redis)")
-	kvmeshd := flag.String("kvmeshd", "", "with -putget: the kvmeshd binary (empty: build one)")
+	kvmeshd := flag.String("kvmeshd", "", "with -putget or -linkrate: the kvmeshd binary (empty: build one)")
 	pgDur := flag.Duration("putget-duration", 3*time.Second, "with -putget: timed work per point")
 	pgClients := flag.Int("putget-clients", 8, "with -putget: concurrent clients (kvmesh clients and Redis connections)")
 	pgSizes := flag.String("putget-sizes", "256KiB,1MiB,4MiB", "with -putget: raw entry sizes")
@@ -77,6 +84,11 @@ func run() error {
 	pgConfigs := flag.String("putget-rw", "3/2,1/1", "with -putget: replication R/W settings")
 	pgPool := flag.Int("putget-pool", 128<<20, "with -putget: bytes of distinct entries per point")
 	pgProfile := flag.String("putget-profile", "", "with -putget: write each point's CPU and allocation profiles of every node here")
+	linkRate := flag.Bool("linkrate", false, "instead: remote-hit TTFT for each codec at emulated link rates on 3 kvmeshd processes (make bench-linkrate)")
+	lrRates := flag.String("linkrate-gbit", "0,1,10,25", "with -linkrate: emulated peer link rates in Gbit/s (0: unpaced loopback)")
+	lrCodecs := flag.String("linkrate-codecs", "raw,lossless,int8,fp8", "with -linkrate: codecs the chunks are stored in")
+	lrK := flag.Int("linkrate-k", 50, "with -linkrate: chunks per request")
+	lrReps := flag.Int("linkrate-reps", 15, "with -linkrate: timed requests per codec and rate")
 	steady := flag.Bool("steady", false, "instead: run the steady-state RAG benchmark (two query nodes, a bounded store, each write-back policy) and write STEADY.md")
 	steadyQueries := flag.Int("steady-queries", 2000, "queries per query node of the -steady run")
 	steadyFull := flag.Int("steady-full-every", 2, "measure full prefill on every n-th query of the -steady run")
@@ -108,6 +120,20 @@ func run() error {
 			return err
 		}
 		return runPutGet(ctx, f, progress)
+	}
+	if *linkRate {
+		f := linkRateFlags{kvmeshd: *kvmeshd, k: *lrK, reps: *lrReps}
+		var err error
+		if f.rates, err = parseRates(*lrRates); err != nil {
+			return err
+		}
+		if f.codecs, err = parseCodecs(*lrCodecs); err != nil {
+			return err
+		}
+		if f.k < 1 || f.reps < 1 {
+			return fmt.Errorf("-linkrate-k and -linkrate-reps must be positive")
+		}
+		return runLinkRate(ctx, f, progress)
 	}
 	if *accuracy != "" {
 		return runAccuracy(ctx, accuracyFlags{model: *accuracy, prompts: *accPrompts, out: *out, nodes: *nodes,

@@ -270,10 +270,15 @@ func retry[T any](ctx context.Context, f func() (T, error)) (T, error) {
 // startNodes starts n kvmeshd processes that form one cluster, as
 // `kvmesh local-cluster` does.
 func startNodes(ctx context.Context, bin, dir string, n int) ([]*harness.Proc, error) {
+	return startNodesArgs(ctx, bin, dir, n, "1G", nil)
+}
+
+// startNodesArgs is startNodes with a DRAM budget and more flags.
+func startNodesArgs(ctx context.Context, bin, dir string, n int, dram string, extra []string) ([]*harness.Proc, error) {
 	var nodes []*harness.Proc
 	for i, host := range loopback.Hosts(n) {
 		id := fmt.Sprintf("n%d", i+1)
-		a := []string{"-bootstrap-expect", strconv.Itoa(n), "-local-timing", "-dram", "1G", "-disk", "0", "-log-level", "warn"}
+		a := append([]string{"-bootstrap-expect", strconv.Itoa(n), "-local-timing", "-dram", dram, "-disk", "0", "-log-level", "warn"}, extra...)
 		if i > 0 {
 			a = append(a, "-join", nodes[0].Addr("gossip"))
 		}
