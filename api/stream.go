@@ -7,7 +7,7 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
@@ -225,7 +225,8 @@ func (r *releaser) Put(*[]byte) { r.once.Do(r.p.Release) }
 // Transport tuning for tensor streams, for both ends of a connection: large
 // fixed HTTP/2 windows (which turn off gRPC's BDP estimation, so a
 // megabyte frame is not held behind window updates while the estimate
-// grows) and larger socket buffers.
+// grows), larger socket buffers, and a buffer pool that does not clear
+// what it hands out (framePool).
 const (
 	WindowBytes      = 16 << 20
 	ReadBufferBytes  = 256 << 10
@@ -235,11 +236,11 @@ const (
 // ServerOptions returns the server options of that tuning.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{grpc.InitialWindowSize(WindowBytes), grpc.InitialConnWindowSize(WindowBytes),
-		grpc.ReadBufferSize(ReadBufferBytes), grpc.WriteBufferSize(WriteBufferBytes)}
+		grpc.ReadBufferSize(ReadBufferBytes), grpc.WriteBufferSize(WriteBufferBytes), experimental.BufferPool(newFramePool())}
 }
 
 // DialOptions returns the dial options of that tuning.
 func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithInitialWindowSize(WindowBytes), grpc.WithInitialConnWindowSize(WindowBytes),
-		grpc.WithReadBufferSize(ReadBufferBytes), grpc.WithWriteBufferSize(WriteBufferBytes)}
+		grpc.WithReadBufferSize(ReadBufferBytes), grpc.WithWriteBufferSize(WriteBufferBytes), experimental.WithBufferPool(newFramePool())}
 }

@@ -489,9 +489,17 @@ func closeErr(st grpc.ClientStreamingClient[api.PutFrame, api.PutResponse], err 
 // Get reads the whole encoded entry of key and verifies every checksum. A
 // replica that sends corrupt bytes is skipped.
 func (c *Client) Get(ctx context.Context, key chunk.Key) ([]byte, error) {
+	return c.GetInto(ctx, key, nil)
+}
+
+// GetInto is Get reading the entry into buf when it has the capacity (else
+// into a new buffer): a caller that reads many entries reuses one buffer
+// instead of allocating, faulting in and clearing one of the entry's size
+// per call. The result aliases buf in that case.
+func (c *Client) GetInto(ctx context.Context, key chunk.Key, buf []byte) ([]byte, error) {
 	var blob []byte
 	err := c.do(ctx, &key.Content, func(ctx context.Context, cc *grpc.ClientConn) error {
-		hdr, data, err := c.get(ctx, cc, &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY})
+		hdr, data, err := c.get(ctx, cc, &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_ENTRY}, buf)
 		if err != nil {
 			return err
 		}
@@ -533,7 +541,7 @@ func (c *Client) GetRange(ctx context.Context, key chunk.Key, r chunk.Range) (Ra
 	req := &api.GetRequest{Key: api.ProtoKey(key), Format: api.Format_FORMAT_RAW,
 		LayerLo: uint32(r.LayerLo), LayerHi: uint32(r.LayerHi), HeadLo: uint32(r.HeadLo), HeadHi: uint32(r.HeadHi)}
 	err := c.do(ctx, &key.Content, func(ctx context.Context, cc *grpc.ClientConn) error {
-		hdr, data, err := c.get(ctx, cc, req)
+		hdr, data, err := c.get(ctx, cc, req, nil)
 		if err != nil {
 			return err
 		}
@@ -547,7 +555,9 @@ func (c *Client) GetRange(ctx context.Context, key chunk.Key, r chunk.Range) (Ra
 	return out, notFound(err)
 }
 
-func (c *Client) get(ctx context.Context, cc *grpc.ClientConn, req *api.GetRequest) (*api.GetHeader, []byte, error) {
+// get reads an answer into buf when it has the capacity, else into a new
+// buffer.
+func (c *Client) get(ctx context.Context, cc *grpc.ClientConn, req *api.GetRequest, buf []byte) (*api.GetHeader, []byte, error) {
 	st, err := api.NewClientClient(cc).Get(ctx, req)
 	if err != nil {
 		return nil, nil, err
@@ -562,7 +572,12 @@ func (c *Client) get(ctx context.Context, cc *grpc.ClientConn, req *api.GetReque
 	if hdr.TotalBytes > uint64(c.cfg.Limits.MaxBlobBytes) {
 		return nil, nil, status.Errorf(codes.ResourceExhausted, "answer of %d bytes exceeds limits", hdr.TotalBytes)
 	}
-	data := make([]byte, hdr.TotalBytes)
+	data := buf[:0]
+	if uint64(cap(buf)) >= hdr.TotalBytes {
+		data = buf[:hdr.TotalBytes]
+	} else {
+		data = make([]byte, hdr.TotalBytes)
+	}
 	if err := api.RecvBody(st, data); err != nil {
 		return nil, nil, err
 	}

@@ -288,6 +288,33 @@ func TestGetSkipsCorruptReplica(t *testing.T) {
 	}
 }
 
+// GetInto reads into the caller's buffer when it is large enough, and into
+// a new one when it is not; either way the bytes are the entry's.
+func TestGetIntoReusesBuffer(t *testing.T) {
+	_, nodes := startFakes(t, 3)
+	c := newTestClient(t, nodes[0].addr)
+	key, blob := testBlob(t, 6)
+	for _, f := range replicaNodes(c, nodes, key.Content) {
+		f.blobs[key] = blob
+	}
+	big := make([]byte, 0, len(blob)+10)
+	got, err := c.GetInto(t.Context(), key, big)
+	if err != nil || !bytes.Equal(got, blob) {
+		t.Fatalf("get into a large buffer: %v", err)
+	}
+	if &got[0] != &big[:1][0] {
+		t.Fatal("a buffer with room was not reused")
+	}
+	small := make([]byte, 0, len(blob)-1)
+	got, err = c.GetInto(t.Context(), key, small)
+	if err != nil || !bytes.Equal(got, blob) {
+		t.Fatalf("get into a small buffer: %v", err)
+	}
+	if cap(got) < len(blob) {
+		t.Fatalf("result capacity %d", cap(got))
+	}
+}
+
 func TestNotFound(t *testing.T) {
 	_, nodes := startFakes(t, 3)
 	c := newTestClient(t, nodes[0].addr)

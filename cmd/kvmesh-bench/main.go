@@ -83,7 +83,8 @@ func run() error {
 	pgCodecs := flag.String("putget-codecs", "raw,lossless", "with -putget: codecs (each also set as the cluster's)")
 	pgConfigs := flag.String("putget-rw", "3/2,1/1", "with -putget: replication R/W settings")
 	pgPool := flag.Int("putget-pool", 128<<20, "with -putget: bytes of distinct entries per point")
-	pgProfile := flag.String("putget-profile", "", "with -putget: write each point's CPU and allocation profiles of every node here")
+	pgProfile := flag.String("putget-profile", "", "with -putget: write each point's CPU and allocation profiles of every node, and the clients' CPU profile, here")
+	pgNodeArgs := flag.String("putget-kvmeshd-args", "-dram-release off", "with -putget: more kvmeshd flags, space separated (the default keeps the pages the deletes between rounds free resident, as a full node reuses what it evicts)")
 	linkRate := flag.Bool("linkrate", false, "instead: remote-hit TTFT for each codec at emulated link rates on 3 kvmeshd processes (make bench-linkrate)")
 	lrRates := flag.String("linkrate-gbit", "0,1,10,25", "with -linkrate: emulated peer link rates in Gbit/s (0: unpaced loopback)")
 	lrCodecs := flag.String("linkrate-codecs", "raw,lossless,int8,fp8", "with -linkrate: codecs the chunks are stored in")
@@ -108,7 +109,8 @@ func run() error {
 		}
 	}
 	if *putget {
-		f := putGetFlags{kvmeshd: *kvmeshd, duration: *pgDur, clients: *pgClients, poolBytes: *pgPool, profile: *pgProfile}
+		f := putGetFlags{kvmeshd: *kvmeshd, duration: *pgDur, clients: *pgClients, poolBytes: *pgPool, profile: *pgProfile,
+			nodeArgs: strings.Fields(*pgNodeArgs)}
 		var err error
 		if f.sizes, err = parseSizes(*pgSizes); err != nil {
 			return err

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,7 +40,8 @@ type putGetFlags struct {
 	sizes     []int
 	codecs    []chunk.Codec
 	configs   []rw
-	profile   string // directory for pprof profiles of the nodes ("" none)
+	profile   string   // directory for pprof profiles of the nodes ("" none)
+	nodeArgs  []string // more kvmeshd flags
 }
 
 // rw is a replication setting: R copies, W acknowledged before a Put
@@ -102,6 +104,7 @@ type pointResult struct {
 	bytes    int64
 	wall     time.Duration
 	cpu      time.Duration // server processes' CPU time during the timed work
+	client   time.Duration // this process's CPU time (the clients) during it
 	lat      []time.Duration
 	blobSize int
 }
@@ -117,6 +120,9 @@ func (p pointResult) pct(q float64) time.Duration {
 
 // cpuPerGB is the servers' CPU seconds per GB moved.
 func (p pointResult) cpuPerGB() float64 { return p.cpu.Seconds() / (float64(p.bytes) / 1e9) }
+
+// clientPerGB is the clients' CPU seconds per GB moved.
+func (p pointResult) clientPerGB() float64 { return p.client.Seconds() / (float64(p.bytes) / 1e9) }
 
 func ms(d time.Duration) string {
 	v := float64(d.Microseconds()) / 1e3
@@ -168,7 +174,7 @@ func runPutGet(ctx context.Context, f putGetFlags, progress func(string)) error 
 		}
 	}
 	loadStart := loadAvg()
-	nodes, err := startNodes(ctx, f.kvmeshd, dir, 3)
+	nodes, err := startNodesArgs(ctx, f.kvmeshd, dir, 3, "1G", f.nodeArgs)
 	defer func() {
 		var wg sync.WaitGroup
 		for _, p := range nodes {
@@ -395,9 +401,10 @@ func phase(ctx context.Context, f putGetFlags, blobSize int, pids []int, rounds 
 	res := pointResult{blobSize: blobSize}
 	for r := 0; r == 0 || res.wall < f.duration; r++ {
 		n, bytes := rounds(r)
-		cpu0 := cpuOf(pids)
+		cpu0, self0 := cpuOf(pids), cputime.Process()
 		lat, wall, err := timed(ctx, f.clients, n, round)
 		res.cpu += cpuOf(pids) - cpu0
+		res.client += cputime.Process() - self0
 		if err != nil {
 			return res, err
 		}
@@ -465,11 +472,14 @@ func kvmeshPoint(ctx context.Context, f putGetFlags, name string, clients []*cli
 	}
 	perRound := 2 * len(keys)
 	order := rand.Perm(len(keys))
+	// Each client reads into its own buffer, as each Redis connection does.
+	bufs := make([][]byte, len(clients))
 	stopProf = prof.start(ctx, name+"-get")
 	get, err = phase(ctx, f, len(blobs[0]), pids, func(int) (int, int64) { return perRound, 2 * total },
 		func(ctx context.Context, w, i int) error {
 			k := order[i%len(keys)]
-			b, err := clients[w].Get(ctx, keys[k])
+			b, err := clients[w].GetInto(ctx, keys[k], bufs[w])
+			bufs[w] = b
 			if err == nil && len(b) != len(blobs[k]) {
 				err = fmt.Errorf("get %v: %d bytes, put %d", keys[k], len(b), len(blobs[k]))
 			}
@@ -654,6 +664,16 @@ func (p *profiler) start(ctx context.Context, name string) (stop func()) {
 	// A phase lasts at least the duration: the profile covers its timed
 	// work (and a little of its untimed deletes).
 	secs := max(1, int(p.duration.Seconds()))
+	// This process (the clients) too, over the same phase.
+	self, err := os.Create(filepath.Join(p.dir, name+"-client.cpu.pprof"))
+	if err == nil {
+		if err := pprof.StartCPUProfile(self); err != nil {
+			self.Close()
+			self = nil
+		}
+	} else {
+		self = nil
+	}
 	var wg sync.WaitGroup
 	for _, n := range p.nodes {
 		url := fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", n.Addr("http"), secs)
@@ -661,6 +681,10 @@ func (p *profiler) start(ctx context.Context, name string) (stop func()) {
 	}
 	return func() {
 		wg.Wait()
+		if self != nil {
+			pprof.StopCPUProfile()
+			self.Close()
+		}
 		for _, n := range p.nodes {
 			fetch(ctx, "http://"+n.Addr("http")+"/debug/pprof/allocs",
 				filepath.Join(p.dir, fmt.Sprintf("%s-%s.allocs.pprof", name, n.ID())))
@@ -699,11 +723,12 @@ func putGetMarkdown(f putGetFlags, rows []row, loadStart, loadEnd string) string
 		fmt.Fprintf(&b, "| %d %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", r.cfg.r, r.cfg.w, r.codec, sizeCell(r.size, r.stored),
 			r.kPut.cell(), r.redisSet.cell(), ratio(r.kPut, r.redisSet), r.kGet.cell(), r.redisGet.cell(), ratio(r.kGet, r.redisGet))
 	}
-	b.WriteString("\nServer CPU seconds per GB moved (all kvmeshd processes; all redis-server processes):\n\n")
+	b.WriteString("\nCPU seconds per GB moved, servers (all kvmeshd processes; all redis-server processes) + clients (this process's 8 clients):\n\n")
 	b.WriteString("| R W | codec | entry bytes | kvmesh Put | Redis SET | kvmesh Get | Redis GET |\n|---|---|---:|---:|---:|---:|---:|\n")
+	cell := func(p pointResult) string { return fmt.Sprintf("%.2f + %.2f", p.cpuPerGB(), p.clientPerGB()) }
 	for _, r := range rows {
-		fmt.Fprintf(&b, "| %d %d | %s | %s | %.2f | %.2f | %.2f | %.2f |\n", r.cfg.r, r.cfg.w, r.codec, sizeCell(r.size, r.stored),
-			r.kPut.cpuPerGB(), r.redisSet.cpuPerGB(), r.kGet.cpuPerGB(), r.redisGet.cpuPerGB())
+		fmt.Fprintf(&b, "| %d %d | %s | %s | %s | %s | %s | %s |\n", r.cfg.r, r.cfg.w, r.codec, sizeCell(r.size, r.stored),
+			cell(r.kPut), cell(r.redisSet), cell(r.kGet), cell(r.redisGet))
 	}
 	return b.String()
 }
