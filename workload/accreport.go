@@ -2,7 +2,6 @@ package workload
 
 import (
 	"fmt"
-	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -34,92 +33,155 @@ type SpeedPoint struct {
 	TokensPerS float64 `json:"tokens_per_s"`
 }
 
+// SpeedCompare is one prompt's prefill speed by the engine and by PyTorch
+// at the same thread count, measured in the same run one after the other.
+type SpeedCompare struct {
+	Threads       int
+	Tokens        int
+	Engine, Torch float64 // tokens per second, best of their runs; Torch 0 if not measured
+}
+
 // AccuracyReport is everything the accuracy benchmark writes.
 type AccuracyReport struct {
 	Env    Env
 	Model  string // the model directory
 	Result *AccuracyResult
 	Curve  []CurvePoint
-	// Engine and Torch are prefill speeds on the same prompts and threads;
-	// TorchThreads is what PyTorch ran with.
-	Engine, Torch []SpeedPoint
-	TorchThreads  int
+	// Speed compares the engine's prefill with PyTorch's on the same
+	// prompts; TorchNote says how PyTorch ran (or why it did not).
+	Speed     []SpeedCompare
+	TorchNote string
 	// LogitDiff is the largest |logit| difference between the engine and
 	// PyTorch over the reference prompts.
 	LogitDiff float64
-	Plots     []string
+	// CPU is the process CPU time the run took.
+	CPU   time.Duration
+	Plots []string
 }
 
 func pct(x float64) string { return fmt.Sprintf("%.1f", 100*x) }
 
-// target is one of the issue's bounds, measured.
+// target is one of the issue's bounds, measured: method got against
+// method ref (indices into Result.Methods, -1 when absent) over cells.
 type target struct {
 	what     string
-	got, ref float64
-	within   float64 // points
-	equal    bool
-	n        int // prompts behind got (and ref)
+	got, ref int
+	cells    []int
+	within   float64 // points; the target is got >= ref - within
+	equal    bool    // the target is the same answer on every prompt
+}
+
+// pooled sums method m's results over cells: correct answers and prompts.
+func (r *AccuracyReport) pooled(m int, cells []int) (k, n int) {
+	for _, ci := range cells {
+		s := &r.Result.Stats[ci][m]
+		k += s.Correct
+		n += s.N()
+	}
+	return k, n
+}
+
+// paired compares methods a and b prompt by prompt over cells.
+func (r *AccuracyReport) paired(a, b int, cells []int) (p Paired, differ int) {
+	for _, ci := range cells {
+		sa, sb := &r.Result.Stats[ci][a], &r.Result.Stats[ci][b]
+		for i := range min(len(sa.Right), len(sb.Right)) {
+			switch {
+			case sa.Right[i] && sb.Right[i]:
+				p.Both++
+			case sa.Right[i]:
+				p.OnlyA++
+			case sb.Right[i]:
+				p.OnlyB++
+			default:
+				p.Neither++
+			}
+			if !slices.Equal(sa.Answers[i], sb.Answers[i]) {
+				differ++
+			}
+		}
+	}
+	return p, differ
+}
+
+// method is the index of the named method, or -1.
+func (r *AccuracyReport) method(name string) int {
+	for i, m := range r.Result.Methods {
+		if m.Name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// cellsOf are the indices of task's cells (every cell when task is "")
+// and, when k > 0, only that k.
+func (r *AccuracyReport) cellsOf(task string, k int) []int {
+	var out []int
+	for ci, c := range r.Result.Cells {
+		if (task == "" || c.Task == task) && (k == 0 || c.K == k) {
+			out = append(out, ci)
+		}
+	}
+	return out
 }
 
 func (r *AccuracyReport) targets() []target {
 	res := r.Result
-	find := func(name string) int {
-		for i, m := range res.Methods {
-			if m.Name == name {
-				return i
-			}
-		}
-		return -1
-	}
-	acc := func(task string, k, m int) float64 {
-		if m < 0 {
-			return math.NaN()
-		}
-		if s := res.Cell(Cell{task, k}, m); s != nil {
-			return s.Accuracy()
-		}
-		return math.NaN()
-	}
-	all := func(m int) float64 {
-		if m < 0 {
-			return math.NaN()
-		}
-		var ok, n int
-		for ci := range res.Cells {
-			ok += res.Stats[ci][m].Correct
-			n += res.Stats[ci][m].N()
-		}
-		if n == 0 {
-			return math.NaN()
-		}
-		return float64(ok) / float64(n)
-	}
-	cellN := func(task string, k int) int {
-		if s := res.Cell(Cell{task, k}, 0); s != nil {
-			return s.N()
-		}
-		return 0
-	}
-	allN := 0
-	for ci := range res.Cells {
-		allN += res.Stats[ci][0].N()
-	}
 	w := res.Config.Window
 	var ts []target
 	for _, name := range []string{"APPROX standalone, r=15%", fmt.Sprintf("APPROX window w=%d, r=15%%", w), "APPROX after system prompt, r=15%"} {
 		ts = append(ts, target{what: "facts k=50, " + name + " within 1 point of full prefill",
-			got: acc("facts", 50, find(name)), ref: acc("facts", 50, 0), within: 1, n: cellN("facts", 50)})
+			got: r.method(name), ref: 0, cells: r.cellsOf("facts", 50), within: 1})
 	}
 	// Each codec against raw, for EXACT hits and for window encodings at
 	// the codec ratio (whose raw method has no codec suffix).
 	win := fmt.Sprintf("APPROX window w=%d, r=%.0f%%", w, 100*res.Config.CodecRecompute)
+	all := r.cellsOf("", 0)
 	for _, base := range []struct{ raw, prefix string }{{"kvmesh EXACT, raw", "kvmesh EXACT, "}, {win, win + ", "}} {
-		raw := all(find(base.raw))
+		raw := r.method(base.raw)
 		ts = append(ts,
-			target{what: base.prefix + "lossless identical to raw (all tasks)", got: all(find(base.prefix + "lossless")), ref: raw, equal: true, n: allN},
-			target{what: base.prefix + "int8 within 1 point of raw (all tasks)", got: all(find(base.prefix + "int8")), ref: raw, within: 1, n: allN})
+			target{what: base.prefix + "lossless identical to raw (all tasks)", got: r.method(base.prefix + "lossless"), ref: raw, cells: all, equal: true},
+			target{what: base.prefix + "int8 within 1 point of raw (all tasks)", got: r.method(base.prefix + "int8"), ref: raw, cells: all, within: 1})
 	}
 	return ts
+}
+
+// accCell renders k of n as a percentage with its count and Wilson 95%
+// interval.
+func accCell(k, n int) string {
+	if n == 0 {
+		return "-"
+	}
+	lo, hi := Wilson(k, n)
+	return fmt.Sprintf("%.1f (%d/%d, %.0f-%.0f)", 100*float64(k)/float64(n), k, n, 100*lo, 100*hi)
+}
+
+// diffCell renders a paired difference in points with its 95% interval.
+func diffCell(p Paired) string {
+	lo, hi := p.DiffInterval()
+	return fmt.Sprintf("%+.1f [%+.1f, %+.1f]", 100*p.Diff(), 100*lo, 100*hi)
+}
+
+// verdict decides a target from the interval of got - ref: met when the
+// whole interval is above -within, not met when it is all below, and
+// undecided otherwise (more prompts needed); "identical" targets are met
+// when no answer differs.
+func (t target) verdict(p Paired, differ int) string {
+	if t.equal {
+		if differ == 0 {
+			return "yes"
+		}
+		return fmt.Sprintf("no: %d answers differ", differ)
+	}
+	lo, hi := p.DiffInterval()
+	switch b := -t.within / 100; {
+	case lo >= b:
+		return "yes"
+	case hi < b:
+		return "no"
+	}
+	return "undecided: the interval straddles the bound"
 }
 
 // Markdown renders the report.
@@ -142,33 +204,44 @@ func (r *AccuracyReport) Markdown() string {
 	p("- rag: k passages of 2-3 sentences about entities, question `? <entity> <attribute>`, answer a span (1-3 tokens) of one passage;\n")
 	p("- twohop: k facts, half `<person> works_at <entity> .`, half `<entity> in <city> .`; question `? <person> city`.\n\n")
 	p("Served by the reference engine (%d workers, KV %s, stored with each codec) from a local cluster of %d nodes (R=%d),\n", env.Workers, env.KVDType, env.Nodes, env.Replicas)
-	p("%d prompts per task and k; CPU: %d x %s, %s. Load average at start %s, at end %s (the machine is shared:\n", r.promptsPerCell(), env.CPUs, env.CPUModel, env.GoVersion, env.LoadStart, env.LoadEnd)
-	p("wall times are inflated by other work; compute is counted in tokens).\n\n")
+	p("%d prompts per task and k", r.promptsPerCell())
+	if res.Budgeted {
+		p(" (the run's time budget, %v, stopped it before the set's end; prompts are taken round-robin over the cells)", res.Config.Budget)
+	}
+	p("; CPU: %d x %s, %s. Load average at start %s, at end %s (the machine is shared:\n", env.CPUs, env.CPUModel, env.GoVersion, env.LoadStart, env.LoadEnd)
+	p("wall times are inflated by other work; compute is counted in tokens). The run took %v of wall time and %v of CPU time.\n\n",
+		env.Elapsed.Round(time.Second), r.CPU.Round(time.Second))
+	p("Every accuracy comes with its count and its Wilson 95%% interval, e.g. `85.0 (34/40, 71-93)`. A difference between two\n")
+	p("ways is taken prompt by prompt (both ran on the same prompts) with Newcombe's paired 95%% interval, in points.\n\n")
 	p("Ways: full prefill (no store); prefix caching (vLLM/SGLang rule: only the leading EXACT chunks, here the system\n")
 	p("prompt); kvmesh EXACT (an earlier identical request wrote its chunks back keyed by their prefix); kvmesh APPROXIMATE with\n")
 	p("chunks encoded standalone, after the system prompt and a window of the w = %d tokens before them in the order they\n", res.Config.Window)
 	p("were written (a memory store's order, not the prompt's), or right after the system prompt, served with CacheBlend\n")
-	p("recompute r (layer-1 key deviation picks the tokens).\n\n")
+	p("recompute r (layer-1 key deviation picks the tokens unless the way says `select attention`: the attention the\n")
+	p("question pays them at layer 1, or `select both`; `bound b`: a chunk whose relative key deviation at layer 1 exceeds b\n")
+	p("is recomputed whole).\n\n")
 
-	p("## Targets\n\n| target | prompts | measured | reference | met |\n|---|---|---|---|---|\n")
+	p("## Targets\n\nMet when the whole 95%% interval of the difference lies within the bound, not met when it lies wholly\n")
+	p("outside, undecided otherwise. A 1-point bound needs a few hundred prompts: with no answer changed the interval's\n")
+	p("half-width is about 3/n (n prompts), so at 40 prompts a cell cannot show it.\n\n")
+	p("| target | measured | reference | difference (points) | met |\n|---|---|---|---|---|\n")
 	for _, t := range r.targets() {
-		met := "no"
-		switch {
-		case math.IsNaN(t.got) || math.IsNaN(t.ref):
-			met = "not measured"
-		case !t.equal && t.n > 0 && 100/float64(t.n) > t.within:
-			// One prompt moves the score by more than the bound: the
-			// run is too small to decide the target either way.
-			met = fmt.Sprintf("undecided: one prompt is %.1f points", 100/float64(t.n))
-		case t.equal && t.got == t.ref:
-			met = "yes"
-		case !t.equal && 100*(t.ref-t.got) <= t.within+1e-9:
-			met = "yes"
+		if t.got < 0 || t.ref < 0 {
+			p("| %s | - | - | - | not measured |\n", t.what)
+			continue
 		}
-		p("| %s | %d | %s%% | %s%% | %s |\n", t.what, t.n, pct(t.got), pct(t.ref), met)
+		pr, differ := r.paired(t.got, t.ref, t.cells)
+		gk, gn := r.pooled(t.got, t.cells)
+		rk, rn := r.pooled(t.ref, t.cells)
+		d := diffCell(pr)
+		if t.equal {
+			d = fmt.Sprintf("%d of %d answers differ", differ, pr.N())
+		}
+		p("| %s | %s | %s | %s | %s |\n", t.what, accCell(gk, gn), accCell(rk, rn), d, t.verdict(pr, differ))
 	}
 	p("\nThe model's own target, >= 95%% exact match with full prefill on held-out facts and passages at every k, is the\nfull prefill row below.\n\n")
 
+	r.attempts(p)
 	p("## Exact match (%%) per task and k\n\n| way |")
 	for _, c := range res.Cells {
 		p(" %s k=%d |", c.Task, c.K)
@@ -181,7 +254,8 @@ func (r *AccuracyReport) Markdown() string {
 	for mi, me := range res.Methods {
 		p("| %s |", me.Name)
 		for ci := range res.Cells {
-			p(" %s |", pct(res.Stats[ci][mi].Accuracy()))
+			s := &res.Stats[ci][mi]
+			p(" %s |", accCell(s.Correct, s.N()))
 		}
 		p("\n")
 	}
@@ -238,17 +312,24 @@ func (r *AccuracyReport) Markdown() string {
 	}
 
 	p("\n## The baseline: prefill speed, engine and PyTorch\n\n")
-	p("Prefill of one prompt (best of 3) by the reference engine (%d workers) and by a plain PyTorch forward of the same\n", env.Workers)
-	p("model (`train/reference.py`, torch %d threads, Debian python3-torch with OpenBLAS). The engine's logits match\n", r.TorchThreads)
-	p("PyTorch's on the reference prompts to %.2g (largest |difference|).\n\n| tokens | engine tok/s | PyTorch tok/s |\n|---|---|---|\n", r.LogitDiff)
-	for i, e := range r.Engine {
-		t := "-"
-		if i < len(r.Torch) {
-			t = fmt.Sprintf("%.0f", r.Torch[i].TokensPerS)
+	p("Prefill of one prompt by the reference engine and by a plain PyTorch forward of the same model (`train/reference.py`,\n")
+	p("torch's own attention and OpenBLAS matmuls), at the same thread count, measured in this run one after the other\n")
+	p("(PyTorch, then the engine, for each thread count; best of 3 runs after a warm-up each). %s\n", r.TorchNote)
+	p("The engine's logits match PyTorch's on the reference prompts to %.2g (largest |difference|).\n\n", r.LogitDiff)
+	p("Two things make PyTorch look slower than it is when measured naively on this shared machine: OpenMP's default\n")
+	p("spin-waiting (with 2 threads and the other core busy, a forward took several times longer than with 1 thread, the\n")
+	p("~160 tok/s once recorded in reference.json), hence OMP_WAIT_POLICY=PASSIVE; and the first call's warm-up, which\n")
+	p("reference.py leaves out. The PyTorch forward (train/model.py) materialises every head's t x t attention scores\n")
+	p("(Debian's torch 1.13 has no fused attention), so its speed falls with the prompt's length.\n\n")
+	p("| threads | tokens | engine tok/s | PyTorch tok/s | engine / PyTorch |\n|---|---|---|---|---|\n")
+	for _, sp := range r.Speed {
+		t, ratio := "-", "-"
+		if sp.Torch > 0 {
+			t, ratio = fmt.Sprintf("%.0f", sp.Torch), fmt.Sprintf("%.1fx", sp.Engine/sp.Torch)
 		}
-		p("| %d | %.0f | %s |\n", e.Tokens, e.TokensPerS, t)
+		p("| %d | %d | %.0f | %s | %s |\n", sp.Threads, sp.Tokens, sp.Engine, t, ratio)
 	}
-	p("\nBoth ran on the shared machine at different moments; PyTorch's numbers were taken when reference.json was written.\n")
+	p("\n")
 
 	if len(r.Curve) > 0 {
 		p("\n## Training curve\n\nHeld-out exact match (teacher-forced greedy, on a small set of its own seed) during training; the largest k\n")
@@ -341,8 +422,10 @@ func (r *AccuracyReport) WritePlots(dir string) error {
 	for _, t := range r.tasks() {
 		var args []any
 		for mi, me := range res.Methods {
-			// The plot keeps the ways that differ: raw codec, and r = 15%.
-			if me.Codec != chunk.CodecRaw || (!me.Full && !me.Prefix && me.Enc != EncExact && me.Recompute != 0.15 && me.Recompute != 0) {
+			// The plot keeps the ways that differ: raw codec, and r = 15%,
+			// deviation selection and no bound.
+			if me.Codec != chunk.CodecRaw || me.Select != 0 || me.Bound != 0 ||
+				(!me.Full && !me.Prefix && me.Enc != EncExact && me.Recompute != 0.15 && me.Recompute != 0) {
 				continue
 			}
 			var xy plotter.XYs
@@ -371,4 +454,99 @@ func (r *AccuracyReport) WritePlots(dir string) error {
 		}
 	}
 	return nil
+}
+
+// attempts writes the tables of the recompute variants: token selection,
+// and the fallback bound.
+func (r *AccuracyReport) attempts(p func(string, ...any)) {
+	res := r.Result
+	cfg := &res.Config
+	all := r.cellsOf("", 0)
+	encs := []Encoding{EncStandalone, EncWindow}
+	// row writes one way's pooled results against full prefill.
+	type pooled struct {
+		k, n, same, fall, approx, tl, fullTL int
+		ttft                                 []time.Duration
+	}
+	pool := func(m int) pooled {
+		var o pooled
+		for _, ci := range all {
+			s, f := &res.Stats[ci][m], &res.Stats[ci][0]
+			o.k, o.n, o.same = o.k+s.Correct, o.n+s.N(), o.same+s.SameAsFull
+			o.fall, o.approx = o.fall+s.Fallbacks, o.approx+s.Approx
+			o.tl, o.fullTL = o.tl+s.TokenLayers, o.fullTL+f.TokenLayers
+			o.ttft = append(o.ttft, s.TTFT...)
+		}
+		return o
+	}
+	taskAcc := func(m int, task string, k int) string {
+		kk, n := r.pooled(m, r.cellsOf(task, k))
+		return accCell(kk, n)
+	}
+	p("## Which tokens to recompute\n\nAt r = %.0f%%, the tokens recomputed after layer 1 chosen by key deviation (CacheBlend's rule),\n", 100*cfg.CodecRecompute)
+	p("by the attention the question pays them at layer 1, or by both (the sum of the two scores, each divided by its\n")
+	p("largest value). Exact match over every task and k, the difference from full prefill prompt by prompt, per task.\n\n")
+	p("| way | all tasks | vs full prefill (points) | facts k=50 | rag | twohop | same answer as full %% | compute %% |\n|---|---|---|---|---|---|---|---|\n")
+	for _, enc := range encs {
+		base := cfg.approxName(enc, cfg.CodecRecompute)
+		names := []string{base}
+		for _, sel := range cfg.Selections {
+			names = append(names, base+", select "+sel.String())
+		}
+		for _, name := range names {
+			m := r.method(name)
+			if m < 0 {
+				continue
+			}
+			o := pool(m)
+			pr, _ := r.paired(m, 0, all)
+			p("| %s | %s | %s | %s | %s | %s | %s | %s |\n", name, accCell(o.k, o.n), diffCell(pr), taskAcc(m, "facts", 50),
+				taskAcc(m, "rag", 0), taskAcc(m, "twohop", 0), pct(float64(o.same)/float64(max(o.n, 1))), pct(float64(o.tl)/float64(max(o.fullTL, 1))))
+		}
+	}
+	p("\n## Guardrail: falling back to recomputing a chunk\n\n")
+	p("Each APPROXIMATE chunk's relative key deviation at layer 1, sqrt(sum |k_fresh - k_stored|^2 / sum |k_fresh|^2) over its\n")
+	p("tokens, is measured during the pass; a chunk above the bound b is recomputed whole, the r = %.0f%% selection picks among\n", 100*cfg.CodecRecompute)
+	p("the others. The deviations measured (quantiles over the APPROXIMATE chunks of every prompt):\n\n| encoding | chunks | p10 | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|---|\n")
+	for _, enc := range encs {
+		m := r.method(cfg.approxName(enc, cfg.CodecRecompute))
+		if m < 0 {
+			continue
+		}
+		var ds []float64
+		for _, ci := range all {
+			ds = append(ds, res.Stats[ci][m].Deviations...)
+		}
+		if len(ds) == 0 {
+			continue
+		}
+		slices.Sort(ds)
+		q := func(f float64) float64 { return ds[min(len(ds)-1, int(f*float64(len(ds))))] }
+		p("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f |\n", enc, len(ds), q(0.1), q(0.5), q(0.9), q(0.99), ds[len(ds)-1])
+	}
+	p("\nThe bound's effect (every task and k pooled; compute is the share of full prefill's (token, layer) computations,\n")
+	p("TTFT the median over every prompt):\n\n")
+	p("| way | all tasks | vs full prefill (points) | twohop | chunks recomputed whole %% | compute %% | TTFT p50 ms |\n|---|---|---|---|---|---|---|\n")
+	for _, enc := range encs {
+		base := cfg.approxName(enc, cfg.CodecRecompute)
+		names := []string{base}
+		for _, b := range cfg.Bounds {
+			names = append(names, fmt.Sprintf("%s, bound %g", base, b))
+		}
+		for _, name := range names {
+			m := r.method(name)
+			if m < 0 {
+				continue
+			}
+			o := pool(m)
+			pr, _ := r.paired(m, 0, all)
+			p("| %s | %s | %s | %s | %s | %s | %s |\n", name, accCell(o.k, o.n), diffCell(pr), taskAcc(m, "twohop", 0),
+				pct(float64(o.fall)/float64(max(o.approx, 1))), pct(float64(o.tl)/float64(max(o.fullTL, 1))), msf(quantile(o.ttft, 0.5)))
+		}
+	}
+	if m := r.method("full prefill"); m >= 0 {
+		p("| full prefill | %s | - | %s | - | 100.0 | %s |\n", func() string { k, n := r.pooled(m, all); return accCell(k, n) }(),
+			taskAcc(m, "twohop", 0), msf(quantile(pool(m).ttft, 0.5)))
+	}
+	p("\n")
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/engine"
@@ -57,6 +58,8 @@ type Method struct {
 	Enc       Encoding
 	Codec     chunk.Codec
 	Recompute float64
+	Select    engine.Selection // how recomputed tokens are chosen
+	Bound     float64          // the fallback bound (Request.FallbackBound); 0 off
 }
 
 // AccuracyConfig configures RunAccuracy. Zero fields take the defaults shown.
@@ -72,8 +75,23 @@ type AccuracyConfig struct {
 	// every method; the others serve EXACT and window w at CodecRecompute.
 	Codecs         []chunk.Codec
 	CodecRecompute float64 // 0.15
-	Seed           uint64
-	Progress       func(string)
+	// Selections are the token selections tried besides key deviation,
+	// on standalone and window encodings at CodecRecompute; {attention,
+	// both}.
+	Selections []engine.Selection
+	// Bounds are the fallback bounds tried on standalone and window
+	// encodings at CodecRecompute: relative key deviations at the check
+	// layer (engine.ChunkResult.Deviation); {0.5, 0.7, 0.9}. The report
+	// lists the deviations measured, to place them.
+	Bounds []float64
+	// Budget bounds the run's time: prompts are taken round-robin over
+	// the cells (the i-th prompt of every cell, then the (i+1)-th), and no
+	// round after the first starts once Budget has passed, so a cut run
+	// still has as many prompts in every cell (give or take one). 0: no
+	// bound.
+	Budget   time.Duration
+	Seed     uint64
+	Progress func(string)
 }
 
 func (c *AccuracyConfig) defaults() {
@@ -88,6 +106,12 @@ func (c *AccuracyConfig) defaults() {
 	}
 	if c.CodecRecompute == 0 {
 		c.CodecRecompute = 0.15
+	}
+	if c.Selections == nil {
+		c.Selections = []engine.Selection{engine.SelectAttention, engine.SelectBoth}
+	}
+	if c.Bounds == nil {
+		c.Bounds = []float64{0.5, 0.7, 0.9}
 	}
 	if c.Progress == nil {
 		c.Progress = func(string) {}
@@ -106,11 +130,7 @@ func (c *AccuracyConfig) Methods() []Method {
 	}
 	for _, enc := range []Encoding{EncStandalone, EncWindow, EncSystem} {
 		for _, r := range c.Recompute {
-			name := fmt.Sprintf("APPROX %s, r=%.0f%%", enc, 100*r)
-			if enc == EncWindow {
-				name = fmt.Sprintf("APPROX window w=%d, r=%.0f%%", c.Window, 100*r)
-			}
-			ms = append(ms, Method{Name: name, Enc: enc, Codec: chunk.CodecRaw, Recompute: r})
+			ms = append(ms, Method{Name: c.approxName(enc, r), Enc: enc, Codec: chunk.CodecRaw, Recompute: r})
 		}
 	}
 	for _, cd := range c.Codecs {
@@ -120,7 +140,26 @@ func (c *AccuracyConfig) Methods() []Method {
 		ms = append(ms, Method{Name: fmt.Sprintf("APPROX window w=%d, r=%.0f%%, %s", c.Window, 100*c.CodecRecompute, cd),
 			Enc: EncWindow, Codec: cd, Recompute: c.CodecRecompute})
 	}
+	for _, enc := range []Encoding{EncStandalone, EncWindow} {
+		for _, sel := range c.Selections {
+			ms = append(ms, Method{Name: c.approxName(enc, c.CodecRecompute) + ", select " + sel.String(),
+				Enc: enc, Codec: chunk.CodecRaw, Recompute: c.CodecRecompute, Select: sel})
+		}
+		for _, b := range c.Bounds {
+			ms = append(ms, Method{Name: fmt.Sprintf("%s, bound %g", c.approxName(enc, c.CodecRecompute), b),
+				Enc: enc, Codec: chunk.CodecRaw, Recompute: c.CodecRecompute, Bound: b})
+		}
+	}
 	return ms
+}
+
+// approxName names the APPROXIMATE method of enc at ratio r with the
+// default selection and no bound.
+func (c *AccuracyConfig) approxName(enc Encoding, r float64) string {
+	if enc == EncWindow {
+		return fmt.Sprintf("APPROX window w=%d, r=%.0f%%", c.Window, 100*r)
+	}
+	return fmt.Sprintf("APPROX %s, r=%.0f%%", enc, 100*r)
 }
 
 // Cell is one (task, k).
@@ -135,6 +174,16 @@ type AccStats struct {
 	Correct int // answers equal to the expected one
 	// SameAsFull counts answers equal to full prefill's, answer for answer.
 	SameAsFull int
+	// Answers and Right are each prompt's answer and whether it was
+	// correct, in the same prompt order for every method of the cell (so
+	// two methods compare prompt by prompt).
+	Answers [][]uint32
+	Right   []bool
+	// Deviations are the APPROXIMATE chunks' relative key deviations at
+	// the check layer (measured under recomputation or a bound);
+	// Fallbacks the chunks the bound recomputed whole.
+	Deviations []float64
+	Fallbacks  int
 }
 
 // Accuracy is the exact-match rate.
@@ -152,6 +201,10 @@ type AccuracyResult struct {
 	Cells   []Cell
 	// Stats[cell][method], in the orders of Cells and Methods.
 	Stats [][]AccStats
+	// Rounds is the number of prompts taken from each cell, and Budgeted
+	// whether the time budget stopped the run before the set was used up.
+	Rounds   int
+	Budgeted bool
 }
 
 // Cell returns the results of method m in cell c, or nil.
@@ -174,17 +227,9 @@ func RunAccuracy(ctx context.Context, base *engine.Engine, stores StoreFactory, 
 		return nil, fmt.Errorf("workload: accuracy needs an evaluation set")
 	}
 	res := &AccuracyResult{Config: cfg, Methods: cfg.Methods()}
-	type storeKey struct {
-		enc   Encoding
-		codec chunk.Codec
-	}
-	type store struct {
-		e *engine.Engine
-		s engine.ChunkStore
-	}
-	st := map[storeKey]store{}
+	st := map[accKey]accStore{}
 	for _, m := range res.Methods {
-		k := storeKey{m.Enc, m.Codec}
+		k := accKey{m.Enc, m.Codec}
 		if m.Full || st[k].e != nil {
 			continue
 		}
@@ -192,90 +237,141 @@ func RunAccuracy(ctx context.Context, base *engine.Engine, stores StoreFactory, 
 		if err != nil {
 			return nil, err
 		}
-		st[k] = store{e, s}
+		st[k] = accStore{e, s}
 	}
 	// The stores in a fixed order, so puts happen in the same order each run.
-	keys := make([]storeKey, 0, len(st))
+	keys := make([]accKey, 0, len(st))
 	for k := range st {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b storeKey) int {
+	slices.SortFunc(keys, func(a, b accKey) int {
 		if a.enc != b.enc {
 			return int(a.enc) - int(b.enc)
 		}
 		return int(a.codec) - int(b.codec)
 	})
 	limit := cfg.Set.AnswerLimit()
-	counts := map[Cell]int{}
-	for pi := range cfg.Set.Prompts {
-		p := &cfg.Set.Prompts[pi]
+	// The prompts of each cell, in the set's order.
+	byCell := map[Cell][]int{}
+	rounds := 0
+	for pi, p := range cfg.Set.Prompts {
 		c := Cell{p.Task, p.K}
-		if cfg.Prompts > 0 && counts[c] >= cfg.Prompts {
-			continue
-		}
-		counts[c]++
-		ci := slices.Index(res.Cells, c)
-		if ci < 0 {
-			ci = len(res.Cells)
+		if _, ok := byCell[c]; !ok {
 			res.Cells = append(res.Cells, c)
 			res.Stats = append(res.Stats, make([]AccStats, len(res.Methods)))
 		}
-		segs := p.Segments()
-		order := rand.New(rand.NewPCG(cfg.Seed, uint64(pi))).Perm(len(p.Chunks))
-		// Each encoding is computed once and keyed for every store of it.
-		encoded := map[Encoding][]keyed{}
-		for _, k := range keys {
-			ents, ok := encoded[k.enc]
-			if !ok {
-				var err error
-				if ents, err = encodePrompt(ctx, base, k.enc, p, segs, order, cfg.Window); err != nil {
-					return nil, err
-				}
-				encoded[k.enc] = ents
-			}
-			for _, ent := range ents {
-				if err := st[k].s.Put(ctx, ent.keyFor(st[k].e.Fingerprint())); err != nil {
-					return nil, err
-				}
-			}
+		byCell[c] = append(byCell[c], pi)
+		rounds = max(rounds, len(byCell[c]))
+	}
+	if cfg.Prompts > 0 {
+		rounds = min(rounds, cfg.Prompts)
+	}
+	start := time.Now()
+	served := 0
+	for round := 0; round < rounds; round++ {
+		if round > 0 && cfg.Budget > 0 && time.Since(start) > cfg.Budget {
+			res.Budgeted = true
+			cfg.Progress(fmt.Sprintf("accuracy: time budget %v spent after %d rounds; stopping", cfg.Budget, round))
+			break
 		}
-		var fullAns []uint32
-		var fullLogits []float32
-		for mi, m := range res.Methods {
-			as := &res.Stats[ci][mi]
-			e, src := base, engine.ChunkSource(nil)
-			if !m.Full {
-				s := st[storeKey{m.Enc, m.Codec}]
-				e, src = s.e, s.s
-				if m.Prefix {
-					src = PrefixOnly(src)
-				}
+		for ci, c := range res.Cells {
+			if round >= len(byCell[c]) {
+				continue
 			}
-			resp, err := serve(ctx, e, src, engine.Request{Segments: segs, Recompute: m.Recompute, Keep: true}, &as.Stats, fullLogits)
-			if err != nil {
-				return nil, fmt.Errorf("workload: %s on %s k=%d #%d: %w", m.Name, p.Task, p.K, p.Index, err)
-			}
-			logits := resp.Logits
-			ans, err := Decode(ctx, resp, cfg.Set.Stop, limit)
-			if err != nil {
+			pi := byCell[c][round]
+			if err := serveEval(ctx, base, st, keys, res, ci, pi, limit); err != nil {
 				return nil, err
 			}
-			if m.Full {
-				fullAns, fullLogits = ans, logits
-			}
-			if p.Correct(ans) {
-				as.Correct++
-			}
-			if slices.Equal(ans, fullAns) {
-				as.SameAsFull++
-			}
+			served++
 		}
-		if counts[c] == cfg.Prompts || (cfg.Prompts == 0 && pi+1 < len(cfg.Set.Prompts) && Cell{cfg.Set.Prompts[pi+1].Task, cfg.Set.Prompts[pi+1].K} != c) {
-			full := &res.Stats[ci][0]
-			cfg.Progress(fmt.Sprintf("accuracy %s k=%d: full prefill %.0f%% over %d prompts", c.Task, c.K, 100*full.Accuracy(), full.N()))
-		}
+		res.Rounds = round + 1
+		el := time.Since(start)
+		left := time.Duration(float64(el) / float64(round+1) * float64(rounds-round-1))
+		cfg.Progress(fmt.Sprintf("accuracy round %d/%d: %d prompts x %d ways in %v, about %v left",
+			round+1, rounds, served, len(res.Methods), el.Round(time.Second), left.Round(time.Second)))
 	}
 	return res, nil
+}
+
+// accStore is the engine and store of one (encoding, codec).
+type accStore struct {
+	e *engine.Engine
+	s engine.ChunkStore
+}
+
+type accKey struct {
+	enc   Encoding
+	codec chunk.Codec
+}
+
+// serveEval serves prompt pi of the set every way and records the results
+// in cell ci. Each store first gets the prompt's chunks as its encoding
+// stores them.
+func serveEval(ctx context.Context, base *engine.Engine, st map[accKey]accStore, keys []accKey, res *AccuracyResult, ci, pi, limit int) error {
+	cfg := &res.Config
+	p := &cfg.Set.Prompts[pi]
+	segs := p.Segments()
+	order := rand.New(rand.NewPCG(cfg.Seed, uint64(pi))).Perm(len(p.Chunks))
+	// Each encoding is computed once and keyed for every store of it.
+	encoded := map[Encoding][]keyed{}
+	for _, k := range keys {
+		ents, ok := encoded[k.enc]
+		if !ok {
+			var err error
+			if ents, err = encodePrompt(ctx, base, k.enc, p, segs, order, cfg.Window); err != nil {
+				return err
+			}
+			encoded[k.enc] = ents
+		}
+		for _, ent := range ents {
+			if err := st[k].s.Put(ctx, ent.keyFor(st[k].e.Fingerprint())); err != nil {
+				return err
+			}
+		}
+	}
+	var fullAns []uint32
+	var fullLogits []float32
+	for mi, m := range res.Methods {
+		as := &res.Stats[ci][mi]
+		e, src := base, engine.ChunkSource(nil)
+		if !m.Full {
+			s := st[accKey{m.Enc, m.Codec}]
+			e, src = s.e, s.s
+			if m.Prefix {
+				src = PrefixOnly(src)
+			}
+		}
+		req := engine.Request{Segments: segs, Recompute: m.Recompute, Select: m.Select, FallbackBound: m.Bound, Keep: true}
+		resp, err := serve(ctx, e, src, req, &as.Stats, fullLogits)
+		if err != nil {
+			return fmt.Errorf("workload: %s on %s k=%d #%d: %w", m.Name, p.Task, p.K, p.Index, err)
+		}
+		if m.Recompute > 0 || m.Bound > 0 {
+			for _, cr := range resp.Chunks {
+				if cr.Match == chunk.MatchApproximate {
+					as.Deviations = append(as.Deviations, cr.Deviation)
+				}
+			}
+		}
+		as.Fallbacks += resp.Fallbacks
+		logits := resp.Logits
+		ans, err := Decode(ctx, resp, cfg.Set.Stop, limit)
+		if err != nil {
+			return err
+		}
+		if m.Full {
+			fullAns, fullLogits = ans, logits
+		}
+		right := p.Correct(ans)
+		if right {
+			as.Correct++
+		}
+		as.Answers, as.Right = append(as.Answers, ans), append(as.Right, right)
+		if slices.Equal(ans, fullAns) {
+			as.SameAsFull++
+		}
+	}
+	return nil
 }
 
 // keyed is an encoding of a chunk, keyed for any fingerprint of the same
@@ -357,3 +453,6 @@ func encodePrompt(ctx context.Context, e *engine.Engine, enc Encoding, p *EvalPr
 	}
 	return out, nil
 }
+
+// ProcessCPU is the process's user+system CPU time, for a run's total.
+func ProcessCPU() time.Duration { return processCPU() }

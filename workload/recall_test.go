@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/engine"
@@ -146,6 +147,38 @@ func TestRecallExactReuseKeepsAnswers(t *testing.T) {
 		for mi, me := range res.Methods {
 			if me.Enc != EncExact && !me.Full && !me.Prefix && res.Stats[ci][mi].Approx == 0 {
 				t.Errorf("%s k=%d %s: no APPROXIMATE hit", c.Task, c.K, me.Name)
+			}
+		}
+	}
+}
+
+// A time budget cuts the run between rounds: every cell keeps the same
+// number of prompts, and every way answered the same prompts in the same
+// order (what the paired comparisons rely on).
+func TestAccuracyBudgetCutsRounds(t *testing.T) {
+	e, set := recallEngine(t)
+	stores := func(ctx context.Context, enc Encoding, codec chunk.Codec) (*engine.Engine, engine.ChunkStore, error) {
+		return e, engine.NewMemStore(codec), nil
+	}
+	cfg := AccuracyConfig{Set: handful(set, 3, []string{"facts", "twohop"}, 5), Recompute: []float64{0.15},
+		Codecs: []chunk.Codec{chunk.CodecRaw}, Bounds: []float64{1e-9}, Budget: time.Nanosecond}
+	res, err := RunAccuracy(t.Context(), e, stores, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Budgeted || res.Rounds != 1 || len(res.Cells) != 2 {
+		t.Fatalf("budgeted %v after %d rounds over %d cells, want a cut after 1 round over 2", res.Budgeted, res.Rounds, len(res.Cells))
+	}
+	for ci, c := range res.Cells {
+		for mi, m := range res.Methods {
+			s := &res.Stats[ci][mi]
+			if s.N() != 1 || len(s.Right) != 1 || len(s.Answers) != 1 || s.Right[0] != set.find(c.Task, c.K, 0).Correct(s.Answers[0]) {
+				t.Fatalf("%v %s: %d prompts, answers %v right %v", c, m.Name, s.N(), s.Answers, s.Right)
+			}
+			// A bound below every deviation recomputes every chunk:
+			// full prefill's answer.
+			if m.Bound > 0 && (s.SameAsFull != 1 || s.Fallbacks != s.Approx) {
+				t.Fatalf("%v %s: %d same as full, %d of %d chunks recomputed whole", c, m.Name, s.SameAsFull, s.Fallbacks, s.Approx)
 			}
 		}
 	}

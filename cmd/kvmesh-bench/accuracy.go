@@ -24,12 +24,15 @@ type accuracyFlags struct {
 	nodes   int
 	workers int
 	seed    uint64
+	budget  time.Duration // of the evaluation's prompt rounds; 0: none
+	python  string        // the interpreter that runs train/reference.py
+	threads []int         // thread counts of the prefill baseline
 }
 
 // runAccuracy measures answer accuracy of the trained model each way
 // through a local cluster, and writes ACCURACY.md with its plots.
 func runAccuracy(ctx context.Context, f accuracyFlags, progress func(string)) error {
-	start, loadStart := time.Now(), loadAvg()
+	start, cpu0, loadStart := time.Now(), workload.ProcessCPU(), loadAvg()
 	w, err := engine.LoadWeights(f.model)
 	if err != nil {
 		return err
@@ -76,7 +79,7 @@ func runAccuracy(ctx context.Context, f accuracyFlags, progress func(string)) er
 		}
 		return e, workload.NewClusterStore(l.Client, workload.StoreConfig{Fingerprint: fp, Codec: codec}), nil
 	}
-	res, err := workload.RunAccuracy(ctx, base, stores, workload.AccuracyConfig{Set: set, Prompts: f.prompts, Seed: f.seed, Progress: progress})
+	res, err := workload.RunAccuracy(ctx, base, stores, workload.AccuracyConfig{Set: set, Prompts: f.prompts, Budget: f.budget, Seed: f.seed, Progress: progress})
 	if err != nil {
 		return err
 	}
@@ -94,7 +97,6 @@ func runAccuracy(ctx context.Context, f accuracyFlags, progress func(string)) er
 	if err != nil {
 		return err
 	}
-	rep.Torch, rep.TorchThreads = ref.Speed, ref.Threads
 	for _, r := range ref.Logits {
 		got, err := logitsAfter(ctx, base, r.Tokens)
 		if err != nil {
@@ -104,24 +106,11 @@ func runAccuracy(ctx context.Context, f accuracyFlags, progress func(string)) er
 			rep.LogitDiff = math.Max(rep.LogitDiff, math.Abs(float64(got[i])-float64(r.Logits[i])))
 		}
 	}
-	// The engine prefills the prompts PyTorch was timed on: the first
-	// prompt of each (task, k) train/reference.py lists, by length.
-	for _, sp := range ref.Speed {
-		p := promptOfLength(set, sp.Tokens)
-		if p == nil {
-			continue
-		}
-		best := time.Duration(math.MaxInt64)
-		for range 4 {
-			t0 := time.Now()
-			if _, err := base.Run(ctx, nil, engine.Request{Segments: p.Segments()}); err != nil {
-				return err
-			}
-			best = min(best, time.Since(t0))
-		}
-		rep.Engine = append(rep.Engine, workload.SpeedPoint{Tokens: sp.Tokens, Seconds: best.Seconds(), TokensPerS: float64(sp.Tokens) / best.Seconds()})
+	if rep.Speed, rep.TorchNote, err = baseline(ctx, w, f, set, progress); err != nil {
+		return err
 	}
 	rep.Env.Elapsed = time.Since(start)
+	rep.CPU = workload.ProcessCPU() - cpu0
 	rep.Env.LoadEnd = loadAvg()
 	if f.out != "" {
 		if err := os.MkdirAll(f.out, 0o755); err != nil {

@@ -75,6 +75,9 @@ func run() error {
 	memSystem := flag.Int("memory-system", 32, "system prompt tokens of the memory-fact prompts (negative: none, the workload before SystemLen)")
 	accuracy := flag.String("accuracy", "", "instead: measure answer accuracy of the trained model in this directory each way, and write ACCURACY.md")
 	accPrompts := flag.Int("accuracy-prompts", 0, "prompts per task and k of the accuracy run (0: all of eval.json)")
+	accBudget := flag.Duration("accuracy-budget", 10*time.Minute, "with -accuracy: start no round of prompts (one per task and k) after this long (0: no bound)")
+	accPython := flag.String("accuracy-python", "/usr/bin/python3", "with -accuracy: the Python with torch that runs train/reference.py for the prefill baseline")
+	accThreads := flag.String("accuracy-threads", "1,2", "with -accuracy: thread counts of the engine-vs-PyTorch prefill baseline")
 	putget := flag.Bool("putget", false, "instead: time Put and Get on 3 kvmeshd processes against redis-server (make bench-redis)")
 	kvmeshd := flag.String("kvmeshd", "", "with -putget or -linkrate: the kvmeshd binary (empty: build one)")
 	pgDur := flag.Duration("putget-duration", 3*time.Second, "with -putget: timed work per point")
@@ -138,8 +141,12 @@ func run() error {
 		return runLinkRate(ctx, f, progress)
 	}
 	if *accuracy != "" {
+		threads, err := parseInts(*accThreads)
+		if err != nil {
+			return err
+		}
 		return runAccuracy(ctx, accuracyFlags{model: *accuracy, prompts: *accPrompts, out: *out, nodes: *nodes,
-			workers: *workers, seed: *seed}, progress)
+			workers: *workers, seed: *seed, budget: *accBudget, python: *accPython, threads: threads}, progress)
 	}
 	kvd, err := chunk.ParseDType(*kvType)
 	if err != nil {

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/workload"
+)
+
+// baseline measures prefill speed of the engine and of PyTorch on the same
+// model, prompts and thread count, one after the other in this run:
+// PyTorch through train/reference.py (next to the model directory), then an
+// engine of as many workers. PyTorch runs with OMP_WAIT_POLICY=PASSIVE:
+// OpenMP's default spin-waiting makes a 2-thread forward several times
+// slower than 1 thread on a machine whose other core is busy. If PyTorch
+// cannot run, the engine is measured alone and the note says why.
+func baseline(ctx context.Context, w *engine.Weights, f accuracyFlags, set *workload.EvalSet, progress func(string)) ([]workload.SpeedCompare, string, error) {
+	script := filepath.Join(filepath.Dir(filepath.Clean(f.model)), "reference.py")
+	var out []workload.SpeedCompare
+	torchOK, why := true, ""
+	for _, threads := range f.threads {
+		var torch []workload.SpeedPoint
+		if torchOK {
+			var err error
+			if torch, err = torchSpeed(ctx, f.python, script, f.model, threads); err != nil {
+				torchOK, why = false, err.Error()
+				progress("PyTorch baseline unavailable: " + why)
+			}
+		}
+		e, err := engine.New(w, engine.Config{Workers: threads, CacheTokens: 2048})
+		if err != nil {
+			return nil, "", err
+		}
+		for _, sp := range torch {
+			p := promptOfLength(set, sp.Tokens)
+			if p == nil {
+				continue
+			}
+			best := time.Duration(math.MaxInt64)
+			for i := range 4 { // the first is the warm-up
+				t0 := time.Now()
+				if _, err := e.Run(ctx, nil, engine.Request{Segments: p.Segments()}); err != nil {
+					e.Close()
+					return nil, "", err
+				}
+				if i > 0 {
+					best = min(best, time.Since(t0))
+				}
+			}
+			sc := workload.SpeedCompare{Threads: threads, Tokens: sp.Tokens, Engine: float64(sp.Tokens) / best.Seconds(), Torch: sp.TokensPerS}
+			out = append(out, sc)
+			progress(fmt.Sprintf("prefill %d tokens, %d threads: engine %.0f tok/s, PyTorch %.0f tok/s", sc.Tokens, threads, sc.Engine, sc.Torch))
+		}
+		e.Close()
+	}
+	if !torchOK {
+		return out, "PyTorch did not run here (" + why + "); the engine is not compared.", nil
+	}
+	return out, fmt.Sprintf("PyTorch ran as `OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N OMP_WAIT_POLICY=PASSIVE %s %s --threads N` (torch.set_num_threads(N)); the engine with N workers.", f.python, script), nil
+}
+
+// torchSpeed runs reference.py with threads and returns the prefill speeds
+// it measured (its prompts are the first of facts and rag at a few k).
+func torchSpeed(ctx context.Context, python, script, model string, threads int) ([]workload.SpeedPoint, error) {
+	tmp, err := os.MkdirTemp("", "kvmesh-torch-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	outFile := filepath.Join(tmp, "reference.json")
+	n := strconv.Itoa(threads)
+	cmd := exec.CommandContext(ctx, python, script, "--model", model, "--eval", filepath.Join(model, "eval.json"), "--out", outFile, "--threads", n)
+	cmd.Env = append(os.Environ(), "OMP_NUM_THREADS="+n, "OPENBLAS_NUM_THREADS="+n, "MKL_NUM_THREADS="+n, "OMP_WAIT_POLICY=PASSIVE")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", python, script, err, lastLine(b))
+	}
+	ref, err := workload.LoadTorchReference(outFile)
+	if err != nil {
+		return nil, err
+	}
+	return ref.Speed, nil
+}
+
+func lastLine(b []byte) string {
+	s := string(b)
+	for len(s) > 0 && s[len(s)-1] == '\n' {
+		s = s[:len(s)-1]
+	}
+	for i := len(s) - 1; i >= 0; i-- {
+		if s[i] == '\n' {
+			return s[i+1:]
+		}
+	}
+	return s
+}
+
+// parseInts parses a comma-separated list of positive integers.
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad count %q in %q", f, s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
