@@ -2,7 +2,9 @@ package workload
 
 import (
 	"context"
+	"encoding/json"
 	"math"
+	"os"
 	"path/filepath"
 	"slices"
 	"testing"
@@ -181,5 +183,53 @@ func TestAccuracyBudgetCutsRounds(t *testing.T) {
 				t.Fatalf("%v %s: %d same as full, %d of %d chunks recomputed whole", c, m.Name, s.SameAsFull, s.Fallbacks, s.Approx)
 			}
 		}
+	}
+}
+
+// recallFloor is train/recall/test_floor.json: how many of a fixed handful
+// of held-out prompts the committed model must answer right.
+type recallFloor struct {
+	PromptsPerCell int `json:"prompts_per_cell"` // the first n of every task and k
+	Measured       int `json:"measured_correct"` // what the model got when it was committed
+	MinCorrect     int `json:"min_correct"`      // Measured minus a margin
+}
+
+// The committed weights answer held-out questions (people and entities
+// never seen in training) with the accuracy they were committed with: the
+// first few prompts of every task and k, by full prefill, against the
+// expected answers of eval.json. The bound lives next to the model, so a
+// retrained model brings its own.
+func TestRecallModelAccuracyFloor(t *testing.T) {
+	e, set := recallEngine(t)
+	ctx := t.Context()
+	data, err := os.ReadFile(filepath.Join(recallDir, "test_floor.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var f recallFloor
+	if err := json.Unmarshal(data, &f); err != nil {
+		t.Fatal(err)
+	}
+	if f.PromptsPerCell <= 0 || f.MinCorrect <= 0 || f.MinCorrect > f.Measured {
+		t.Fatalf("test_floor.json: %+v", f)
+	}
+	right, n := 0, 0
+	for _, p := range handful(set, f.PromptsPerCell, []string{"facts", "rag", "twohop"}, 5, 10, 20, 50).Prompts {
+		resp, err := e.Run(ctx, nil, engine.Request{Segments: p.Segments(), Keep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ans, err := Decode(ctx, resp, set.Stop, set.AnswerLimit())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if p.Correct(ans) {
+			right++
+		}
+	}
+	t.Logf("%d of %d held-out answers right (committed with %d, floor %d)", right, n, f.Measured, f.MinCorrect)
+	if right < f.MinCorrect {
+		t.Fatalf("%d of %d held-out answers right, below the floor of %d (the model was committed with %d)", right, n, f.MinCorrect, f.Measured)
 	}
 }

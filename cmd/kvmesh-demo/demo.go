@@ -32,6 +32,7 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/ring"
+	"github.com/kvmesh/kvmesh/workload"
 )
 
 // demoConfig is what the demo runs; flags change it.
@@ -50,6 +51,12 @@ type demoConfig struct {
 	Replicas    int     // replication factor of the demo cluster
 	Seed        uint64
 	OutDir      string
+	// Model is the trained model's directory (config.json,
+	// model.safetensors, eval.json); empty: random weights of Hidden and
+	// Layers, and no answers.
+	Model string
+	// AnswerPrompts are the held-out prompts per task and k answered.
+	AnswerPrompts int
 }
 
 func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
@@ -70,6 +77,8 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	fs.IntVar(&c.Replicas, "replicas", 2, "replication factor (2 of 3 nodes: a third of the facts are remote to the engine's node)")
 	fs.Uint64Var(&c.Seed, "seed", 1, "random seed (model, facts, queries)")
 	fs.StringVar(&c.OutDir, "out", "out", "directory for the plot")
+	fs.StringVar(&c.Model, "model", "train/recall", "trained model directory (config.json, model.safetensors, eval.json); empty: random weights of -hidden and -layers")
+	fs.IntVar(&c.AnswerPrompts, "answer-prompts", 4, "held-out prompts per task and k answered each way (with -model)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -91,6 +100,8 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 		return c, errors.New("demo: replicas must be 1..3")
 	case c.Recompute < 0 || c.Recompute > 1:
 		return c, errors.New("demo: recompute must be in [0, 1]")
+	case c.Model != "" && c.AnswerPrompts <= 0:
+		return c, errors.New("demo: answer-prompts must be positive")
 	}
 	return c, nil
 }
@@ -152,11 +163,20 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	}
 	defer c.Close()
 
-	// The model, through the real writer and loader.
-	mc := demoModel(cfg)
-	mdir := filepath.Join(dir, "model")
-	if _, err := engine.WriteRandomModel(mdir, mc, cfg.Seed, 1); err != nil {
-		return err
+	// The trained model, or a random one through the real writer; both
+	// through the real loader.
+	mdir, kvd, about := cfg.Model, chunk.F32, "trained weights (%s), f32 KV (EXACT hits are bit-identical to prefill)"
+	var evalSet *workload.EvalSet
+	if cfg.Model == "" {
+		mdir, kvd, about = filepath.Join(dir, "model"), chunk.BF16, "random bf16 weights, bf16 KV"
+		if _, err := engine.WriteRandomModel(mdir, demoModel(cfg), cfg.Seed, 1); err != nil {
+			return err
+		}
+	} else {
+		about = fmt.Sprintf(about, cfg.Model)
+		if evalSet, err = workload.LoadEvalSet(filepath.Join(cfg.Model, "eval.json")); err != nil {
+			return fmt.Errorf("demo: %w (-model \"\" serves random weights)", err)
+		}
 	}
 	weights, err := engine.LoadWeights(mdir)
 	if err != nil {
@@ -171,7 +191,16 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 		}
 	}()
 	maxPrompt := slices.Max(cfg.Ks)*cfg.FactTokens + cfg.QueryTokens
-	e, err := engine.New(weights, engine.Config{CacheTokens: 2*maxPrompt + 256, KVDType: chunk.BF16, TokenizerID: "kvmesh-demo",
+	if evalSet != nil {
+		for _, p := range evalSet.Prompts {
+			n := len(p.System) + len(p.Question) + evalSet.AnswerLimit()
+			for _, c := range p.Chunks {
+				n += len(c)
+			}
+			maxPrompt = max(maxPrompt, n)
+		}
+	}
+	e, err := engine.New(weights, engine.Config{CacheTokens: 2*maxPrompt + 256, KVDType: kvd, TokenizerID: "kvmesh-demo",
 		Logger: log, CacheMemory: func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			var err error
 			if shm, err = inject.CreateShm("", layers, []pagedkv.CacheLayout{lay}); err != nil {
@@ -199,8 +228,9 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 		defer cancel()
 		_ = inj.Close(uctx)
 	}()
-	fmt.Fprintf(w, "model: llama %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, random bf16 weights, bf16 KV (%d bytes per token)\n",
-		mc.NumLayers, mc.HiddenSize, mc.NumHeads, mc.NumKVHeads, mc.HeadDim, mc.VocabSize, spec.KVBytesPerToken())
+	mc := e.Config()
+	fmt.Fprintf(w, "model: llama %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, %s (%d bytes per token)\n",
+		mc.NumLayers, mc.HiddenSize, mc.NumHeads, mc.NumKVHeads, mc.HeadDim, mc.VocabSize, about, spec.KVBytesPerToken())
 	fmt.Fprintf(w, "engine cache: %d layers x %s in shared memory %s, registered with %s (its local node)\n",
 		spec.Layers, units.Bytes(uint64(lay.LayerBytes())), shm.Memory.Path, local.ID())
 
@@ -237,6 +267,13 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 		return err
 	}
 	printDemo(w, cfg, res, fid)
+	if evalSet != nil {
+		cells, err := measureAnswers(ctx, cfg, e, c, inj, evalSet, stderr)
+		if err != nil {
+			return err
+		}
+		printAnswers(w, cfg, cfg.Model, cells)
+	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return err
 	}

@@ -1,10 +1,13 @@
 // Command kvmesh-demo is the in-process demo (`make run`): a 3-node
-// cluster over loopback gRPC, a random-weight model served by the
-// reference engine, memory facts ingested, then queries served by prompt
-// injection and by KV injection. It prints TTFT, hit kinds, bytes moved
-// and fidelity, and writes a plot.
+// cluster over loopback gRPC, the trained recall model (train/recall)
+// served by the reference engine, memory facts ingested, then queries
+// served by prompt injection and by KV injection. It prints TTFT, hit
+// kinds, bytes moved and fidelity, writes a plot, and answers held-out
+// questions of the model's evaluation set each way (prompt injection, KV
+// injection of EXACT and of APPROXIMATE entries) with their exact-match
+// accuracy beside TTFT. -model "" serves random weights instead.
 //
-//	kvmesh-demo [-facts N] [-k LIST] [-queries N] [-out DIR] ...
+//	kvmesh-demo [-model DIR] [-facts N] [-k LIST] [-queries N] [-answer-prompts N] [-out DIR] ...
 package main
 
 import (
