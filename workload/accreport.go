@@ -212,7 +212,7 @@ func (r *AccuracyReport) Markdown() string {
 	p("wall times are inflated by other work; compute is counted in tokens). The run took %v of wall time and %v of CPU time.\n\n",
 		env.Elapsed.Round(time.Second), r.CPU.Round(time.Second))
 	p("Every accuracy comes with its count and its Wilson 95%% interval, e.g. `85.0 (34/40, 71-93)`. A difference between two\n")
-	p("ways is taken prompt by prompt (both ran on the same prompts) with Newcombe's paired 95%% interval, in points.\n\n")
+	p("ways is taken prompt by prompt (both ran on the same prompts) with Tango's paired score 95%% interval, in points.\n\n")
 	p("Ways: full prefill (no store); prefix caching (vLLM/SGLang rule: only the leading EXACT chunks, here the system\n")
 	p("prompt); kvmesh EXACT (an earlier identical request wrote its chunks back keyed by their prefix); kvmesh APPROXIMATE with\n")
 	p("chunks encoded standalone, after the system prompt and a window of the w = %d tokens before them in the order they\n", res.Config.Window)
@@ -223,7 +223,7 @@ func (r *AccuracyReport) Markdown() string {
 
 	p("## Targets\n\nMet when the whole 95%% interval of the difference lies within the bound, not met when it lies wholly\n")
 	p("outside, undecided otherwise. A 1-point bound needs a few hundred prompts: with no answer changed the interval's\n")
-	p("half-width is about 3/n (n prompts), so at 40 prompts a cell cannot show it.\n\n")
+	p("half-width is 3.84/(n+3.84) for n prompts (380 prompts for 1 point), so at 40 prompts a cell cannot show it.\n\n")
 	p("| target | measured | reference | difference (points) | met |\n|---|---|---|---|---|\n")
 	for _, t := range r.targets() {
 		if t.got < 0 || t.ref < 0 {
@@ -314,7 +314,7 @@ func (r *AccuracyReport) Markdown() string {
 	p("\n## The baseline: prefill speed, engine and PyTorch\n\n")
 	p("Prefill of one prompt by the reference engine and by a plain PyTorch forward of the same model (`train/reference.py`,\n")
 	p("torch's own attention and OpenBLAS matmuls), at the same thread count, measured in this run one after the other\n")
-	p("(PyTorch, then the engine, for each thread count; best of 3 runs after a warm-up each). %s\n", r.TorchNote)
+	p("(PyTorch, then the engine, for each thread count; best of 3 runs after a warm-up each, and the best over the rounds).\n%s\n", r.TorchNote)
 	p("The engine's logits match PyTorch's on the reference prompts to %.2g (largest |difference|).\n\n", r.LogitDiff)
 	p("Two things make PyTorch look slower than it is when measured naively on this shared machine: OpenMP's default\n")
 	p("spin-waiting (with 2 threads and the other core busy, a forward took several times longer than with 1 thread, the\n")

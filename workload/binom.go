@@ -35,26 +35,46 @@ func (p Paired) Diff() float64 {
 	return float64(p.OnlyA-p.OnlyB) / float64(p.N())
 }
 
-// DiffInterval is the 95% interval of Diff for paired outcomes (Newcombe's
-// method 10: the Wilson intervals of both accuracies, combined with the
-// correlation of the pairs). Two ways that answer alike on most prompts get
-// a narrow interval, as they should; two independent samples would not.
+// DiffInterval is the 95% interval of Diff for paired outcomes: Tango's
+// score interval, the differences d for which the score statistic of the
+// discordant counts, (OnlyA - OnlyB - n d) / sqrt(n (2 q + d - d^2)) with q
+// the constrained maximum-likelihood share of OnlyB, stays within +-1.96.
+// Two ways that answer alike get a narrow interval, as they should; and
+// unlike Wald's or Newcombe's intervals it does not collapse when no
+// answer differs: with none of n prompts discordant it is about
+// +-3.84/(n+3.84).
 func (p Paired) DiffInterval() (lo, hi float64) {
-	n := p.N()
+	n := float64(p.N())
 	if n == 0 {
 		return -1, 1
 	}
-	a, b, c, d := float64(p.Both), float64(p.OnlyA), float64(p.OnlyB), float64(p.Neither)
-	ka, kb := p.Both+p.OnlyA, p.Both+p.OnlyB
-	p1, p2 := float64(ka)/float64(n), float64(kb)/float64(n)
-	l1, u1 := Wilson(ka, n)
-	l2, u2 := Wilson(kb, n)
-	var phi float64
-	if den := (a + b) * (c + d) * (a + c) * (b + d); den > 0 {
-		phi = (a*d - b*c) / math.Sqrt(den)
+	b, c := float64(p.OnlyA), float64(p.OnlyB)
+	score := func(d float64) float64 {
+		A := 2 * n
+		B := -b - c + (2*n-b+c)*d
+		C := -c * d * (1 - d)
+		q := (math.Sqrt(max(0, B*B-4*A*C)) - B) / (2 * A)
+		num := b - c - n*d
+		v := n * (2*q + d - d*d)
+		if v <= 0 {
+			return math.Copysign(math.Inf(1), num)
+		}
+		return num / math.Sqrt(v)
 	}
-	dl := (p1-l1)*(p1-l1) - 2*phi*(p1-l1)*(u2-p2) + (u2-p2)*(u2-p2)
-	du := (u1-p1)*(u1-p1) - 2*phi*(u1-p1)*(p2-l2) + (p2-l2)*(p2-l2)
-	D := p1 - p2
-	return max(-1, D-math.Sqrt(max(0, dl))), min(1, D+math.Sqrt(max(0, du)))
+	// score falls as d rises: bisect for score = +z below the estimate and
+	// score = -z above it.
+	solve := func(lo, hi, target float64) float64 {
+		for range 100 {
+			mid := (lo + hi) / 2
+			if score(mid) > target {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		return (lo + hi) / 2
+	}
+	d := p.Diff()
+	const eps = 1e-12
+	return solve(-1+eps, d, z95), solve(d, 1-eps, -z95)
 }

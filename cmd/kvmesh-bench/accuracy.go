@@ -27,6 +27,7 @@ type accuracyFlags struct {
 	budget  time.Duration // of the evaluation's prompt rounds; 0: none
 	python  string        // the interpreter that runs train/reference.py
 	threads []int         // thread counts of the prefill baseline
+	rounds  int           // of the prefill baseline, alternating PyTorch and the engine
 }
 
 // runAccuracy measures answer accuracy of the trained model each way
