@@ -2697,6 +2697,213 @@ func (*MetaApplyResponse) Descriptor() ([]byte, []int) {
 	return file_kvmesh_proto_rawDescGZIP(), []int{35}
 }
 
+// FetchManyRequest asks the receiving node for the stored entries of many
+// keys in one stream (the injection path's reads from a replica): their
+// stored bytes, in the stored codec.
+type FetchManyRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Keys          []*Key                 `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchManyRequest) Reset() {
+	*x = FetchManyRequest{}
+	mi := &file_kvmesh_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchManyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchManyRequest) ProtoMessage() {}
+
+func (x *FetchManyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchManyRequest.ProtoReflect.Descriptor instead.
+func (*FetchManyRequest) Descriptor() ([]byte, []int) {
+	return file_kvmesh_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *FetchManyRequest) GetKeys() []*Key {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// FetchManyEntry answers one key of a FetchMany, in request order: found
+// with the entry's head (its bytes before the payload: fixed header, layer
+// table, tokens, header checksum) and its whole size, or not found with the
+// status code saying why (NOT_FOUND; UNAVAILABLE while the node recovers).
+type FetchManyEntry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Found         bool                   `protobuf:"varint,1,opt,name=found,proto3" json:"found,omitempty"`
+	TotalBytes    uint64                 `protobuf:"varint,2,opt,name=total_bytes,json=totalBytes,proto3" json:"total_bytes,omitempty"`
+	Head          []byte                 `protobuf:"bytes,3,opt,name=head,proto3" json:"head,omitempty"`
+	Code          uint32                 `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchManyEntry) Reset() {
+	*x = FetchManyEntry{}
+	mi := &file_kvmesh_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchManyEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchManyEntry) ProtoMessage() {}
+
+func (x *FetchManyEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchManyEntry.ProtoReflect.Descriptor instead.
+func (*FetchManyEntry) Descriptor() ([]byte, []int) {
+	return file_kvmesh_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *FetchManyEntry) GetFound() bool {
+	if x != nil {
+		return x.Found
+	}
+	return false
+}
+
+func (x *FetchManyEntry) GetTotalBytes() uint64 {
+	if x != nil {
+		return x.TotalBytes
+	}
+	return 0
+}
+
+func (x *FetchManyEntry) GetHead() []byte {
+	if x != nil {
+		return x.Head
+	}
+	return nil
+}
+
+func (x *FetchManyEntry) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+// FetchManyFrame is a frame of a FetchMany stream: first one header frame
+// per requested key, in request order; then data frames whose bytes,
+// concatenated, are the found entries' encoded layers ordered by layer,
+// then by key: layer 0 of every found entry (in request order), layer 1 of
+// every found entry, and so on. A receiver can verify and use layer l of
+// every entry as soon as it arrived. Frame boundaries carry no meaning.
+type FetchManyFrame struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*FetchManyFrame_Header
+	//	*FetchManyFrame_Data
+	Kind          isFetchManyFrame_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchManyFrame) Reset() {
+	*x = FetchManyFrame{}
+	mi := &file_kvmesh_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchManyFrame) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchManyFrame) ProtoMessage() {}
+
+func (x *FetchManyFrame) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchManyFrame.ProtoReflect.Descriptor instead.
+func (*FetchManyFrame) Descriptor() ([]byte, []int) {
+	return file_kvmesh_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *FetchManyFrame) GetKind() isFetchManyFrame_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *FetchManyFrame) GetHeader() *FetchManyEntry {
+	if x != nil {
+		if x, ok := x.Kind.(*FetchManyFrame_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *FetchManyFrame) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Kind.(*FetchManyFrame_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isFetchManyFrame_Kind interface {
+	isFetchManyFrame_Kind()
+}
+
+type FetchManyFrame_Header struct {
+	Header *FetchManyEntry `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type FetchManyFrame_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*FetchManyFrame_Header) isFetchManyFrame_Kind() {}
+
+func (*FetchManyFrame_Data) isFetchManyFrame_Kind() {}
+
 var File_kvmesh_proto protoreflect.FileDescriptor
 
 const file_kvmesh_proto_rawDesc = "" +
@@ -2892,7 +3099,19 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x04left\x18\a \x01(\bR\x04left\",\n" +
 	"\x10MetaApplyRequest\x12\x18\n" +
 	"\acommand\x18\x01 \x01(\fR\acommand\"\x13\n" +
-	"\x11MetaApplyResponse*z\n" +
+	"\x11MetaApplyResponse\"6\n" +
+	"\x10FetchManyRequest\x12\"\n" +
+	"\x04keys\x18\x01 \x03(\v2\x0e.kvmesh.v1.KeyR\x04keys\"o\n" +
+	"\x0eFetchManyEntry\x12\x14\n" +
+	"\x05found\x18\x01 \x01(\bR\x05found\x12\x1f\n" +
+	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
+	"totalBytes\x12\x12\n" +
+	"\x04head\x18\x03 \x01(\fR\x04head\x12\x12\n" +
+	"\x04code\x18\x04 \x01(\rR\x04code\"c\n" +
+	"\x0eFetchManyFrame\x123\n" +
+	"\x06header\x18\x01 \x01(\v2\x19.kvmesh.v1.FetchManyEntryH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
+	"\x04kind*z\n" +
 	"\vContextKind\x12\x1c\n" +
 	"\x18CONTEXT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17CONTEXT_KIND_STANDALONE\x10\x01\x12\x17\n" +
@@ -2915,14 +3134,15 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x06Delete\x12\x18.kvmesh.v1.DeleteRequest\x1a\x19.kvmesh.v1.DeleteResponse\x12:\n" +
 	"\x05Stats\x12\x17.kvmesh.v1.StatsRequest\x1a\x18.kvmesh.v1.StatsResponse\x12L\n" +
 	"\vClusterInfo\x12\x1d.kvmesh.v1.ClusterInfoRequest\x1a\x1e.kvmesh.v1.ClusterInfoResponse\x12<\n" +
-	"\x05Drain\x12\x17.kvmesh.v1.DrainRequest\x1a\x18.kvmesh.v1.DrainProgress0\x012\x89\x03\n" +
+	"\x05Drain\x12\x17.kvmesh.v1.DrainRequest\x1a\x18.kvmesh.v1.DrainProgress0\x012\xd0\x03\n" +
 	"\x04Peer\x12:\n" +
 	"\tReplicate\x12\x13.kvmesh.v1.PutFrame\x1a\x16.kvmesh.v1.PutResponse(\x01\x125\n" +
 	"\x05Fetch\x12\x15.kvmesh.v1.GetRequest\x1a\x13.kvmesh.v1.GetFrame0\x01\x12=\n" +
 	"\x06Digest\x12\x18.kvmesh.v1.DigestRequest\x1a\x19.kvmesh.v1.DigestResponse\x12F\n" +
 	"\tMetaApply\x12\x1b.kvmesh.v1.MetaApplyRequest\x1a\x1c.kvmesh.v1.MetaApplyResponse\x12=\n" +
 	"\x06Delete\x12\x18.kvmesh.v1.DeleteRequest\x1a\x19.kvmesh.v1.DeleteResponse\x12H\n" +
-	"\tGossipKey\x12\x1b.kvmesh.v1.GossipKeyRequest\x1a\x1e.kvmesh.v1.GossipKeyNodeResultB\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3"
+	"\tGossipKey\x12\x1b.kvmesh.v1.GossipKeyRequest\x1a\x1e.kvmesh.v1.GossipKeyNodeResult\x12E\n" +
+	"\tFetchMany\x12\x1b.kvmesh.v1.FetchManyRequest\x1a\x19.kvmesh.v1.FetchManyFrame0\x01B\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3"
 
 var (
 	file_kvmesh_proto_rawDescOnce sync.Once
@@ -2937,7 +3157,7 @@ func file_kvmesh_proto_rawDescGZIP() []byte {
 }
 
 var file_kvmesh_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvmesh_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_kvmesh_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
 var file_kvmesh_proto_goTypes = []any{
 	(ContextKind)(0),              // 0: kvmesh.v1.ContextKind
 	(Format)(0),                   // 1: kvmesh.v1.Format
@@ -2978,8 +3198,11 @@ var file_kvmesh_proto_goTypes = []any{
 	(*DrainProgress)(nil),         // 36: kvmesh.v1.DrainProgress
 	(*MetaApplyRequest)(nil),      // 37: kvmesh.v1.MetaApplyRequest
 	(*MetaApplyResponse)(nil),     // 38: kvmesh.v1.MetaApplyResponse
-	(*GossipKeyRequest)(nil),      // 39: kvmesh.v1.GossipKeyRequest
-	(*GossipKeyNodeResult)(nil),   // 40: kvmesh.v1.GossipKeyNodeResult
+	(*FetchManyRequest)(nil),      // 39: kvmesh.v1.FetchManyRequest
+	(*FetchManyEntry)(nil),        // 40: kvmesh.v1.FetchManyEntry
+	(*FetchManyFrame)(nil),        // 41: kvmesh.v1.FetchManyFrame
+	(*GossipKeyRequest)(nil),      // 42: kvmesh.v1.GossipKeyRequest
+	(*GossipKeyNodeResult)(nil),   // 43: kvmesh.v1.GossipKeyNodeResult
 }
 var file_kvmesh_proto_depIdxs = []int32{
 	0,  // 0: kvmesh.v1.Context.kind:type_name -> kvmesh.v1.ContextKind
@@ -3016,41 +3239,45 @@ var file_kvmesh_proto_depIdxs = []int32{
 	5,  // 31: kvmesh.v1.DigestRequest.keys:type_name -> kvmesh.v1.Key
 	5,  // 32: kvmesh.v1.DigestItem.key:type_name -> kvmesh.v1.Key
 	33, // 33: kvmesh.v1.DigestResponse.items:type_name -> kvmesh.v1.DigestItem
-	9,  // 34: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
-	11, // 35: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
-	15, // 36: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
-	17, // 37: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
-	22, // 38: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
-	25, // 39: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
-	27, // 40: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
-	30, // 41: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
-	35, // 42: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
-	15, // 43: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
-	17, // 44: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
-	32, // 45: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
-	37, // 46: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
-	25, // 47: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
-	39, // 48: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
-	10, // 49: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
-	13, // 50: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
-	16, // 51: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
-	20, // 52: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
-	24, // 53: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
-	26, // 54: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
-	29, // 55: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
-	31, // 56: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
-	36, // 57: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
-	16, // 58: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
-	20, // 59: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
-	34, // 60: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
-	38, // 61: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
-	26, // 62: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
-	40, // 63: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
-	49, // [49:64] is the sub-list for method output_type
-	34, // [34:49] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	5,  // 34: kvmesh.v1.FetchManyRequest.keys:type_name -> kvmesh.v1.Key
+	40, // 35: kvmesh.v1.FetchManyFrame.header:type_name -> kvmesh.v1.FetchManyEntry
+	9,  // 36: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
+	11, // 37: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
+	15, // 38: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
+	17, // 39: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
+	22, // 40: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
+	25, // 41: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
+	27, // 42: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
+	30, // 43: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
+	35, // 44: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
+	15, // 45: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
+	17, // 46: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
+	32, // 47: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
+	37, // 48: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
+	25, // 49: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
+	42, // 50: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
+	39, // 51: kvmesh.v1.Peer.FetchMany:input_type -> kvmesh.v1.FetchManyRequest
+	10, // 52: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
+	13, // 53: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
+	16, // 54: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
+	20, // 55: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
+	24, // 56: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
+	26, // 57: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
+	29, // 58: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
+	31, // 59: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
+	36, // 60: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
+	16, // 61: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
+	20, // 62: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
+	34, // 63: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
+	38, // 64: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
+	26, // 65: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
+	43, // 66: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
+	41, // 67: kvmesh.v1.Peer.FetchMany:output_type -> kvmesh.v1.FetchManyFrame
+	52, // [52:68] is the sub-list for method output_type
+	36, // [36:52] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_proto_init() }
@@ -3067,13 +3294,17 @@ func file_kvmesh_proto_init() {
 		(*GetFrame_Header)(nil),
 		(*GetFrame_Data)(nil),
 	}
+	file_kvmesh_proto_msgTypes[38].OneofWrappers = []any{
+		(*FetchManyFrame_Header)(nil),
+		(*FetchManyFrame_Data)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_proto_rawDesc), len(file_kvmesh_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   39,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -447,6 +447,7 @@ const (
 	Peer_MetaApply_FullMethodName = "/kvmesh.v1.Peer/MetaApply"
 	Peer_Delete_FullMethodName    = "/kvmesh.v1.Peer/Delete"
 	Peer_GossipKey_FullMethodName = "/kvmesh.v1.Peer/GossipKey"
+	Peer_FetchMany_FullMethodName = "/kvmesh.v1.Peer/FetchMany"
 )
 
 // PeerClient is the client API for Peer service.
@@ -465,6 +466,10 @@ type PeerClient interface {
 	// GossipKey applies one key ring operation to the receiving node's
 	// gossip keyring (the fan-out of Admin.GossipKeys).
 	GossipKey(ctx context.Context, in *GossipKeyRequest, opts ...grpc.CallOption) (*GossipKeyNodeResult, error)
+	// FetchMany streams the entries of many keys this node holds, layer by
+	// layer (FetchManyFrame), so one stream per replica carries all the
+	// chunks of an injection it serves.
+	FetchMany(ctx context.Context, in *FetchManyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchManyFrame], error)
 }
 
 type peerClient struct {
@@ -547,6 +552,25 @@ func (c *peerClient) GossipKey(ctx context.Context, in *GossipKeyRequest, opts .
 	return out, nil
 }
 
+func (c *peerClient) FetchMany(ctx context.Context, in *FetchManyRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[FetchManyFrame], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[2], Peer_FetchMany_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchManyRequest, FetchManyFrame]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_FetchManyClient = grpc.ServerStreamingClient[FetchManyFrame]
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -563,6 +587,10 @@ type PeerServer interface {
 	// GossipKey applies one key ring operation to the receiving node's
 	// gossip keyring (the fan-out of Admin.GossipKeys).
 	GossipKey(context.Context, *GossipKeyRequest) (*GossipKeyNodeResult, error)
+	// FetchMany streams the entries of many keys this node holds, layer by
+	// layer (FetchManyFrame), so one stream per replica carries all the
+	// chunks of an injection it serves.
+	FetchMany(*FetchManyRequest, grpc.ServerStreamingServer[FetchManyFrame]) error
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -590,6 +618,9 @@ func (UnimplementedPeerServer) Delete(context.Context, *DeleteRequest) (*DeleteR
 }
 func (UnimplementedPeerServer) GossipKey(context.Context, *GossipKeyRequest) (*GossipKeyNodeResult, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method GossipKey not implemented")
+}
+func (UnimplementedPeerServer) FetchMany(*FetchManyRequest, grpc.ServerStreamingServer[FetchManyFrame]) error {
+	return status.Errorf(codes.Unimplemented, "method FetchMany not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -702,6 +733,17 @@ func _Peer_GossipKey_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_FetchMany_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchManyRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PeerServer).FetchMany(m, &grpc.GenericServerStream[FetchManyRequest, FetchManyFrame]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_FetchManyServer = grpc.ServerStreamingServer[FetchManyFrame]
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -735,6 +777,11 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Fetch",
 			Handler:       _Peer_Fetch_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "FetchMany",
+			Handler:       _Peer_FetchMany_Handler,
 			ServerStreams: true,
 		},
 	},

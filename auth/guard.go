@@ -44,6 +44,7 @@ func DefaultMethods() map[string]Scope {
 		api.Peer_MetaApply_FullMethodName:           ScopePeer,
 		api.Peer_Delete_FullMethodName:              ScopePeer,
 		api.Peer_GossipKey_FullMethodName:           ScopePeer,
+		api.Peer_FetchMany_FullMethodName:           ScopePeer,
 		api.Admin_CreateToken_FullMethodName:        ScopeAdmin,
 		api.Admin_ListTokens_FullMethodName:         ScopeAdmin,
 		api.Admin_RevokeToken_FullMethodName:        ScopeAdmin,

@@ -9,7 +9,14 @@
 // a replica) for the encoded entry, in parallel with a bound, and verifies
 // it completely before any byte of it is written: fingerprint, content ID,
 // tokens, shape against the cache layout, and the checksum of every layer.
-// A chunk that fails is a MISS and nothing of it is written.
+// A chunk that fails is a MISS and nothing of it is written. An entry
+// still arriving from a replica (Fetched.Arriving: a stream that carries
+// the layers of every chunk read from that replica, in layer order) is
+// verified by its header, whose checksum covers every layer's, and each
+// of its layers against its checksum once it arrived, before it is
+// written: the pipeline waits for layer l of such entries before it
+// starts layer l, so decoding and writing follow the bytes as they come.
+// A layer that fails or never comes makes its chunk a MISS from there on.
 //
 // The hits then go through a two-stage pipeline by layer: workers decode
 // layer l+1 of every hit (chunk.DecodeRange for the cache's head range, any
@@ -30,7 +37,9 @@
 // ranks every chunk without a local exact entry with one BatchRemote call
 // (the node sends one Lookup per replica node, not one per chunk), then
 // reads the entries, Parallel at once, and the Service verifies each as it
-// arrives. Engine-side, engine.CacheInjector is what
+// arrives. With a StreamRemote, the entries chosen on the replicas are read
+// with one GetMany (a stream per replica node) and handed over as their
+// heads arrive. Engine-side, engine.CacheInjector is what
 // an engine calls (RunInjected); an adapter maps its InjectChunks onto
 // Inject (see serviceInjector in the tests).
 //

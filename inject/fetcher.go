@@ -31,6 +31,9 @@ type Found struct {
 	Key   chunk.Key
 	Match chunk.Match
 	Err   error
+	// From names the replica whose answer this is (opaque here: the
+	// Remote's own name for it), so a StreamRemote reads it there.
+	From string
 }
 
 // BatchRemote is a Remote that ranks many keys at once: one Lookup per
@@ -40,6 +43,20 @@ type BatchRemote interface {
 	// BestBatch is Best for every key (key.Context is the wanted context):
 	// out[i] answers keys[i].
 	BestBatch(ctx context.Context, keys []chunk.Key) []Found
+}
+
+// StreamRemote is a BatchRemote that reads many entries at once: one
+// stream per replica node, carrying every entry read from it, each handed
+// over as soon as its head arrived, its layers following (Fetched.Arriving).
+type StreamRemote interface {
+	BatchRemote
+	// GetMany reads keys[i] (a key BestBatch found) from the replica
+	// from[i] (its Found.From) and calls got(i, f, err) exactly once for
+	// each key, from any goroutine, possibly concurrently: when its head
+	// arrived (f.Blob has the whole size, f.Arriving tells when each layer
+	// is in place) or it failed. It returns once every call returned; if
+	// ctx ends, the keys not yet answered get an error.
+	GetMany(ctx context.Context, keys []chunk.Key, from []string, got func(i int, f Fetched, err error))
 }
 
 // TierFetcher is the node's Fetcher: an exact entry wherever it is, local
@@ -151,7 +168,15 @@ func (f TierFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found fun
 		}
 		rw.Wait()
 	}
+	// Keys a StreamRemote reads from the replicas go in one GetMany (a
+	// stream per replica node); the others resolve one by one.
+	sr, streams := f.Remote.(StreamRemote)
+	var many []int
 	for _, i := range pending {
+		if streams && remote[i].Err == nil && remoteFirst(locals[i], remote[i]) {
+			many = append(many, i)
+			continue
+		}
 		if !goBounded(func() {
 			got, err := f.resolve(ctx, locals[i], remote[i])
 			found(i, got, err)
@@ -159,6 +184,32 @@ func (f TierFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found fun
 			found(i, Fetched{}, ctx.Err())
 		}
 	}
+	if len(many) == 0 {
+		return
+	}
+	ks := make([]chunk.Key, len(many))
+	from := make([]string, len(many))
+	for j, i := range many {
+		ks[j], from[j] = remote[i].Key, remote[i].From
+	}
+	sr.GetMany(ctx, ks, from, func(j int, got Fetched, err error) {
+		i := many[j]
+		if err == nil {
+			got.Match = remote[i].Match
+			found(i, got, nil)
+			return
+		}
+		got, err = f.fallback(ctx, locals[i], err)
+		found(i, got, err)
+	})
+}
+
+// remoteFirst says whether the replicas' answer rf beats the local one la:
+// an exact replica entry, or a better approximate one (chunk.Better; the
+// local one when they are the same encoding: no network).
+func remoteFirst(la localAnswer, rf Found) bool {
+	return rf.Match == chunk.MatchExact ||
+		(rf.Match == chunk.MatchApproximate && (la.match == chunk.MatchMiss || chunk.Better(la.want, rf.Key.Context, la.key.Context)))
 }
 
 // localAnswer is the local tier's ranking of one key.
@@ -208,18 +259,22 @@ func (f TierFetcher) localExact(ctx context.Context, key chunk.Key) (localAnswer
 // the same encoding: no network). A local entry serves when the replicas'
 // read fails.
 func (f TierFetcher) resolve(ctx context.Context, la localAnswer, rf Found) (Fetched, error) {
-	lm := la.match
 	rerr := rf.Err
-	remoteFirst := rf.Match == chunk.MatchExact ||
-		(rf.Match == chunk.MatchApproximate && (lm == chunk.MatchMiss || chunk.Better(la.want, rf.Key.Context, la.key.Context)))
-	if f.Remote != nil && rerr == nil && remoteFirst {
+	if f.Remote != nil && rerr == nil && remoteFirst(la, rf) {
 		blob, err := f.Remote.Get(ctx, rf.Key)
 		if err == nil {
 			return Fetched{Blob: pinned.Owned(blob), Match: rf.Match}, nil
 		}
 		rerr = err
 	}
-	if lm == chunk.MatchApproximate {
+	return f.fallback(ctx, la, rerr)
+}
+
+// fallback settles a key the replicas did not serve (rerr: why, nil when
+// they hold nothing better): the local approximate entry if there is one,
+// else a miss.
+func (f TierFetcher) fallback(ctx context.Context, la localAnswer, rerr error) (Fetched, error) {
+	if la.match == chunk.MatchApproximate {
 		if got, err := f.local(ctx, la.key, chunk.MatchApproximate); err == nil {
 			return got, nil
 		}

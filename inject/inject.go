@@ -44,11 +44,13 @@ type Request struct {
 	//
 	// Chunk answers come only with the Response. All verification happens
 	// before the first layer is written, so a chunk written at layer l is
-	// normally written at every layer; the exception is an entry whose
+	// normally written at every layer. The exceptions: an entry whose
 	// checksums pass but whose codec payload does not decode at a later
-	// layer (only a writer that sealed a malformed payload makes one): it
-	// is answered MISS and its slots must be prefilled, though earlier
-	// layers of it were written.
+	// layer (only a writer that sealed a malformed payload makes one), and
+	// an entry still arriving from a replica (Fetched.Arriving) whose
+	// stream fails or whose layer fails its checksum: it is answered MISS
+	// and its slots must be prefilled, though earlier layers of it may
+	// have been written.
 	OnLayer func(layer int)
 	// OnPlan, if set, is called once on the Inject caller's goroutine when
 	// every chunk is fetched and verified, before anything is written,
@@ -351,9 +353,12 @@ func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err erro
 var errVerify = errors.New("inject: entry does not fit")
 
 // verify checks everything about h's entry that can be checked before
-// decoding: header, key, tokens, shape, every layer checksum, and that
-// cudakern accepts the job for every layer. After it, only a codec payload
-// that was sealed malformed by its writer can fail.
+// decoding: header, key, tokens, shape, every layer checksum (of an entry
+// still arriving: the header, whose checksum covers the layers'; each
+// layer is checked when it arrived), and that cudakern accepts the job for
+// every layer. After it, only a codec payload that was sealed malformed by
+// its writer, or a layer of an arriving entry that does not arrive or
+// fails its checksum, can fail.
 func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 	c := r.c
 	bad := func(format string, a ...any) error {
@@ -379,8 +384,12 @@ func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
 		return bad("tokens differ from the chunk's")
 	}
 	for l := range hd.Layers {
-		if _, err := hd.LayerPayload(h.f.Blob.Bytes(), l); err != nil {
-			return err
+		// An entry still arriving has its layers checked as they come
+		// (process); the header checked here covers their checksums.
+		if h.f.Arriving == nil {
+			if _, err := hd.LayerPayload(h.f.Blob.Bytes(), l); err != nil {
+				return err
+			}
 		}
 		if hd.Codec == chunk.CodecRaw && hd.Layers[l].Length != uint64(sh.LayerBytes()) {
 			return bad("raw layer %d of %d bytes, shape needs %d", l, hd.Layers[l].Length, sh.LayerBytes())
@@ -446,6 +455,10 @@ func (r *request) pipeline(onLayer func(int)) error {
 				subErr <- r.ctx.Err()
 				return
 			}
+			if err := r.arrived(l); err != nil {
+				subErr <- err
+				return
+			}
 			starts[l] = time.Now()
 			for lo := 0; lo < n; lo += batch {
 				r.wg.Add(1)
@@ -497,6 +510,26 @@ func (r *request) pipeline(onLayer func(int)) error {
 	return err
 }
 
+// arrived waits until layer l of every hit still arriving is in place. A
+// hit whose layer will not come (its stream failed) is a MISS from now on;
+// only the end of the request's context is an error.
+func (r *request) arrived(l int) error {
+	for _, h := range r.hits {
+		if h.f.Arriving == nil || h.failed.Load() {
+			continue
+		}
+		if err := h.f.Arriving.Ready(r.ctx, l); err != nil {
+			if r.ctx.Err() != nil {
+				return r.ctx.Err()
+			}
+			h.fail(fmt.Errorf("inject: layer %d did not arrive: %w", l, err))
+			r.s.m.arrivalFailures.Inc()
+			r.s.log.Warn("inject: entry stopped arriving; chunk is a miss", "key", h.hd.Key, "layer", l, "err", err)
+		}
+	}
+	return nil
+}
+
 // finish counts a task of layer t.layer done and announces the layer when
 // it was the last.
 func (r *request) finish(t task) {
@@ -527,11 +560,21 @@ func (r *request) process(w *worker, layer, i int) {
 	}
 	c := r.c
 	var src []byte
-	if h.raw {
+	switch {
+	case h.raw && h.f.Arriving != nil:
+		// Arrived just now: checked here, before it is written.
+		var err error
+		if src, err = h.hd.LayerPayload(h.f.Blob.Bytes(), layer); err != nil {
+			h.fail(fmt.Errorf("%w: %w", errVerify, err))
+			r.s.log.Warn("inject: entry failed verification; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
+			return
+		}
+	case h.raw:
 		ref := h.hd.Layers[layer]
 		at := h.hd.PayloadStart + int(ref.Offset)
 		src = h.f.Blob.Bytes()[at : at+int(ref.Length)]
-	} else {
+	default:
+		// DecodeRange checks the layer's checksum first.
 		if cap(w.buf) < h.dec {
 			w.buf = make([]byte, h.dec)
 		}

@@ -17,6 +17,9 @@ type metrics struct {
 	request  prometheus.Histogram
 	caches   prometheus.Gauge
 	faults   prometheus.Counter
+	// arrivalFailures counts hits lost because a layer of their entry
+	// never arrived (the replica's stream failed).
+	arrivalFailures prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -48,6 +51,10 @@ func newMetrics() *metrics {
 		faults: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_inject_faults_total", Help: "Inject requests stopped by a fault in registered memory.",
 		}),
+		arrivalFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_inject_arrival_failures_total",
+			Help: "Chunks streamed from a replica that became a miss because a layer did not arrive (their earlier layers were written).",
+		}),
 	}
 	// Every result has a series from the start, so rates and alerts see
 	// zeros rather than nothing.
@@ -58,7 +65,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults}
+	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults, m.arrivalFailures}
 }
 
 // Describe implements prometheus.Collector.

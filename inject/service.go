@@ -26,12 +26,27 @@ type Fetched struct {
 	// Local is true when Blob came from this node's own store (else from
 	// a peer).
 	Local bool
+	// Arriving is set when Blob is still being received (a stream from a
+	// replica): its head is in place, so the Service verifies the header
+	// (and with it every layer's checksum) at once, and its layers arrive
+	// in order: the Service waits for layer l before using it and checks
+	// it against its checksum then. Nil means Blob is whole.
+	Arriving Arriving
 	// Match is MatchExact when Blob's context is the wanted one,
 	// MatchApproximate for another encoding of the content, MatchMiss when
 	// nothing was found
 	// (Blob empty). The Service re-derives it from Blob's header, which is
 	// authoritative.
 	Match chunk.Match
+}
+
+// Arriving tells when the layers of an entry still being received are in
+// place.
+type Arriving interface {
+	// Ready returns nil once layers 0 to l of the blob are in place, or
+	// why they never will be (ctx's error if ctx ends first). Bytes in
+	// place are never written again. It may be called concurrently.
+	Ready(ctx context.Context, l int) error
 }
 
 // Fetcher finds the best stored entry for key (the wanted context in

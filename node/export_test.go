@@ -45,7 +45,7 @@ func (n *Node) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInt
 type ReplicaRemote = replicaRemote
 
 // RemoteOf is n's ReplicaRemote.
-func RemoteOf(n *Node) ReplicaRemote { return replicaRemote{n} }
+func RemoteOf(n *Node) ReplicaRemote { return replicaRemote{n: n, reads: n.inj.reads} }
 
 // Others are the replicas of content other than the node itself.
 func (r replicaRemote) Others(content chunk.ID) []string { return r.others(content) }
@@ -58,3 +58,10 @@ const LeftMarkerName = leftMarkerName
 
 // NodeIDFileName is the file in a data directory that names its node.
 const NodeIDFileName = nodeIDFileName
+
+// InjectReads reports the injection path's FetchMany streams and the
+// entries read in them (opened by the injection, shared with another).
+func InjectReads(n *Node) (streams, fetched, shared float64) {
+	r := n.inj.reads
+	return readCounter(r.streams), readCounter(r.entries.WithLabelValues("fetched")), readCounter(r.entries.WithLabelValues("shared"))
+}

@@ -405,7 +405,7 @@ func FuzzPeerService(f *testing.F) {
 	e := newFuzzEnv(f)
 	e.timeout = 300 * time.Millisecond
 	pk := api.ProtoKey(e.keys[1])
-	addSeeds(f, 6, []proto.Message{
+	addSeeds(f, 7, []proto.Message{
 		// Sent with body 0 (addSeeds): its own key.
 		&api.PutHeader{Key: api.ProtoKey(e.keys[0]), BlobBytes: uint64(len(e.blobs[0])), Direct: true, Kind: 3},
 		&api.GetRequest{Key: pk, Direct: true},
@@ -414,13 +414,14 @@ func FuzzPeerService(f *testing.F) {
 		&api.MetaApplyRequest{Command: []byte(`{"kind":1}`)},
 		&api.DeleteRequest{Key: pk, Direct: true, At: 1},
 		&api.GossipKeyRequest{Op: api.GossipKeyOp_GOSSIP_KEY_OP_INSTALL, Key: bytes.Repeat([]byte{1}, 32)},
+		&api.FetchManyRequest{Keys: []*api.Key{pk, api.ProtoKey(e.keys[0]), pk}},
 	}, e.blobs)
 	for kind := uint32(1); kind <= 4; kind++ {
 		e.addMislabelled(f, 0, true, kind)
 	}
 	pc := api.NewPeerClient(e.cc)
 	f.Fuzz(func(t *testing.T, sel uint8, msg, body []byte) {
-		switch sel % 6 {
+		switch sel % 7 {
 		case 0:
 			var hdr api.PutHeader
 			if proto.Unmarshal(msg, &hdr) == nil {
@@ -460,9 +461,28 @@ func FuzzPeerService(f *testing.F) {
 			if proto.Unmarshal(msg, &req) == nil {
 				e.call(t, "GossipKey", true, func(ctx context.Context) error { _, err := pc.GossipKey(ctx, &req); return err })
 			}
+		case 6:
+			var req api.FetchManyRequest
+			if proto.Unmarshal(msg, &req) == nil {
+				e.call(t, "FetchMany", false, func(ctx context.Context) error {
+					st, err := pc.FetchMany(ctx, &req)
+					if err != nil {
+						return err
+					}
+					// A stream the node sends must be well formed.
+					return api.RecvFetchMany(st, len(req.Keys), fuzzLimits, discardSink{})
+				})
+			}
 		}
 	})
 }
+
+// discardSink reads a FetchMany stream and keeps nothing.
+type discardSink struct{}
+
+func (discardSink) Found(int, []byte, *chunk.Header) {}
+func (discardSink) Missing(int, codes.Code)          {}
+func (discardSink) Layer(int, int)                   {}
 
 // FuzzInjectorService fuzzes RegisterCache (its path kept to the test's
 // own shared memory: a fuzzed path must not map another process's files),

@@ -24,8 +24,11 @@ func (n *Node) startInject() (*injector, error) {
 	// Both sources have a series from the start.
 	in.fetched.WithLabelValues("local")
 	in.fetched.WithLabelValues("peer")
+	remote := replicaRemote{n: n}
+	in.reads = newEntryReads(readsConfig{open: n.fetchMany, get: remote.Get, timeout: n.cfg.RPCTimeout})
+	remote.reads = in.reads
 	svc, err := inject.New(inject.Config{
-		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: replicaRemote{n}}, c: in.fetched},
+		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: remote}, c: in.fetched},
 		Models:  nodeModels{n},
 		Limits:  n.cfg.Limits,
 		Logger:  n.log,
@@ -37,9 +40,11 @@ func (n *Node) startInject() (*injector, error) {
 		_ = svc.Close()
 		return nil, fmt.Errorf("node: register injection metrics: %w", err)
 	}
-	if err := n.registry.Register(in.fetched); err != nil {
-		_ = svc.Close()
-		return nil, fmt.Errorf("node: register injection metrics: %w", err)
+	for _, c := range []prometheus.Collector{in.fetched, in.reads.streams, in.reads.entries} {
+		if err := n.registry.Register(c); err != nil {
+			_ = svc.Close()
+			return nil, fmt.Errorf("node: register injection metrics: %w", err)
+		}
 	}
 	in.svc = svc
 	return in, nil
@@ -51,7 +56,9 @@ func (in *injector) close() error {
 	if in == nil || in.svc == nil {
 		return nil
 	}
-	return in.svc.Close()
+	err := in.svc.Close()
+	in.reads.close()
+	return err
 }
 
 // InjectFetchedBytes reports the entry bytes the injection path read from
@@ -111,10 +118,20 @@ func (f countingFetcher) count(got inject.Fetched, err error) {
 	}
 }
 
-// replicaRemote is inject.Remote over the other replicas of a content ID:
-// a direct Lookup to each (in parallel), then a Fetch from the first in
-// ring order that holds the key, failing over to the next.
-type replicaRemote struct{ n *Node }
+// replicaRemote is inject.StreamRemote over the other replicas of a
+// content ID: a direct Lookup to each (in parallel), then the entries read
+// through reads (one FetchMany stream per replica node, shared reads of
+// the same key); Get reads one key with a Fetch from the first replica in
+// ring order that holds it, failing over to the next.
+type replicaRemote struct {
+	n     *Node
+	reads *entryReads
+}
+
+// GetMany implements inject.StreamRemote.
+func (r replicaRemote) GetMany(ctx context.Context, keys []chunk.Key, from []string, got func(int, inject.Fetched, error)) {
+	r.reads.GetMany(ctx, keys, from, got)
+}
 
 // others are the replicas of content other than this node, in ring order.
 func (r replicaRemote) others(content chunk.ID) []string {
@@ -180,6 +197,7 @@ func (r replicaRemote) BestBatch(ctx context.Context, keys []chunk.Key) []inject
 	}
 	wg.Wait()
 	best := make([]*api.LookupResult, len(keys))
+	from := make([]string, len(keys)) // the replica that answered best
 	answered := make([]bool, len(keys))
 	errs := make([][]error, len(keys))
 	for _, c := range calls {
@@ -191,12 +209,13 @@ func (r replicaRemote) BestBatch(ctx context.Context, keys []chunk.Key) []inject
 			a := c.res[j]
 			answered[i] = true
 			if betterAnswer(keys[i].Context, a, best[i]) {
-				best[i] = a
+				best[i], from[i] = a, c.addr
 			}
 		}
 	}
 	for i := range keys {
 		out[i] = r.pick(asked[i] > 0, answered[i], best[i], errs[i])
+		out[i].From = from[i]
 	}
 	return out
 }

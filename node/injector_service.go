@@ -24,6 +24,7 @@ type injector struct {
 	n       *Node
 	svc     *inject.Service
 	fetched *prometheus.CounterVec // source: local, peer
+	reads   *entryReads            // reads from replicas (fetchmany.go)
 }
 
 // localPeer reports whether the caller is on this machine: shared memory

@@ -31,6 +31,10 @@ func (s *peerService) Fetch(req *api.GetRequest, st grpc.ServerStreamingServer[a
 	return s.n.serveGet(req, st, true)
 }
 
+func (s *peerService) FetchMany(req *api.FetchManyRequest, st grpc.ServerStreamingServer[api.FetchManyFrame]) error {
+	return s.n.serveFetchMany(req, st)
+}
+
 func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
 	if req.From != "" || len(req.Keys) > 0 {
 		return s.n.serveDigest(ctx, req)

@@ -452,6 +452,10 @@ func (s *wayStats) p(q float64) time.Duration {
 type ttftPoint struct {
 	k    int
 	ways [numWays]wayStats
+	// plain times a plain gRPC stream of plainBytes (what a remote hit's
+	// query fetched from peers, on average) on the same loopback.
+	plain      wayStats
+	plainBytes int
 }
 
 func pick(r *rand.Rand, from []int, k int) []int {
@@ -528,12 +532,41 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 				}
 			}
 		}
-		fmt.Fprintf(stderr, "k=%d: prompt %v, local hit %v, remote hit %v (p50)\n", k,
+		if err := measurePlain(ctx, cfg, &pt); err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(stderr, "k=%d: prompt %v, local hit %v, remote hit %v, plain gRPC of %s %v (p50)\n", k,
 			pt.ways[wayPrompt].p(0.5).Round(10*time.Microsecond), pt.ways[wayNear].p(0.5).Round(10*time.Microsecond),
-			pt.ways[wayFar].p(0.5).Round(10*time.Microsecond))
+			pt.ways[wayFar].p(0.5).Round(10*time.Microsecond), units.Bytes(uint64(pt.plainBytes)), pt.plain.p(0.5).Round(10*time.Microsecond))
 		out = append(out, pt)
 	}
 	return out, nil
+}
+
+// measurePlain times a plain gRPC stream of the bytes a remote hit's query
+// fetched from peers (their mean), as many times as the queries, after one
+// untimed round.
+func measurePlain(ctx context.Context, cfg demoConfig, pt *ttftPoint) error {
+	pt.plainBytes = int(pt.ways[wayFar].peerBytes) / cfg.Queries
+	if pt.plainBytes == 0 {
+		return nil
+	}
+	p, err := startPlainGRPC(pt.plainBytes)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	dst := make([]byte, pt.plainBytes)
+	for q := -1; q < cfg.Queries; q++ {
+		d, err := p.fetch(ctx, dst)
+		if err != nil {
+			return err
+		}
+		if q >= 0 {
+			pt.plain.ttft = append(pt.plain.ttft, d)
+		}
+	}
+	return nil
 }
 
 type fidelityRow struct {
@@ -588,6 +621,16 @@ func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) 
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fx\t%.1fx\t\n", pt.k, pt.k*cfg.FactTokens+cfg.QueryTokens,
 			msOf(pre.p(0.5)), msOf(pre.p(0.99)), msOf(near.p(0.5)), msOf(near.p(0.99)), msOf(far.p(0.5)), msOf(far.p(0.99)),
 			pre.p(0.5).Seconds()/max(near.p(0.5).Seconds(), 1e-9), pre.p(0.5).Seconds()/max(far.p(0.5).Seconds(), 1e-9))
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "\nwhat a remote hit adds to a local one, against a plain gRPC stream of the same bytes on this loopback (p50, ms):")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "k\tpeer bytes per query\tremote - local\tplain gRPC\tratio\t")
+	for _, pt := range pts {
+		extra := pt.ways[wayFar].p(0.5) - pt.ways[wayNear].p(0.5)
+		plain := pt.plain.p(0.5)
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.2fx\t\n", pt.k, units.Bytes(uint64(pt.plainBytes)), msOf(extra), msOf(plain),
+			extra.Seconds()/max(plain.Seconds(), 1e-9))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nhits and bytes the engine's node fetched (node metrics), per way:")

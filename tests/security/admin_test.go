@@ -384,6 +384,13 @@ func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 			}
 			return err
 		},
+		"Peer.FetchMany": func() error {
+			st, err := peer.FetchMany(ctx, &api.FetchManyRequest{Keys: []*api.Key{pkey}})
+			if err == nil {
+				_, err = st.Recv()
+			}
+			return err
+		},
 		"Peer.Replicate": func() error {
 			return putStream(ctx, peer.Replicate, other, otherBlob, &api.PutHeader{Direct: true, Kind: 1})
 		},

@@ -375,6 +375,11 @@ class PeerStub(object):
                 request_serializer=admin__pb2.GossipKeyRequest.SerializeToString,
                 response_deserializer=admin__pb2.GossipKeyNodeResult.FromString,
                 )
+        self.FetchMany = channel.unary_stream(
+                '/kvmesh.v1.Peer/FetchMany',
+                request_serializer=kvmesh__pb2.FetchManyRequest.SerializeToString,
+                response_deserializer=kvmesh__pb2.FetchManyFrame.FromString,
+                )
 
 
 class PeerServicer(object):
@@ -421,6 +426,15 @@ class PeerServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchMany(self, request, context):
+        """FetchMany streams the entries of many keys this node holds, layer by
+        layer (FetchManyFrame), so one stream per replica carries all the
+        chunks of an injection it serves.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -453,6 +467,11 @@ def add_PeerServicer_to_server(servicer, server):
                     servicer.GossipKey,
                     request_deserializer=admin__pb2.GossipKeyRequest.FromString,
                     response_serializer=admin__pb2.GossipKeyNodeResult.SerializeToString,
+            ),
+            'FetchMany': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchMany,
+                    request_deserializer=kvmesh__pb2.FetchManyRequest.FromString,
+                    response_serializer=kvmesh__pb2.FetchManyFrame.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -564,5 +583,22 @@ class Peer(object):
         return grpc.experimental.unary_unary(request, target, '/kvmesh.v1.Peer/GossipKey',
             admin__pb2.GossipKeyRequest.SerializeToString,
             admin__pb2.GossipKeyNodeResult.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def FetchMany(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/kvmesh.v1.Peer/FetchMany',
+            kvmesh__pb2.FetchManyRequest.SerializeToString,
+            kvmesh__pb2.FetchManyFrame.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
