@@ -12,8 +12,9 @@ import (
 )
 
 // A FetchMany stream (Peer.FetchMany) carries the stored entries of many
-// keys: one header frame per key in request order (FetchManyEntry: found
-// with the entry's head and size, or a status code), then the found
+// keys: header frames answering every key in request order
+// (FetchManyEntry: found with the entry's head and size, or a status
+// code; as many per frame as fit about one data frame), then the found
 // entries' encoded layers as one byte sequence cut into data frames of any
 // size, ordered by layer, then by key. SendFetchMany and RecvFetchMany are
 // its two ends; layerOrder is the one rule of that order.
@@ -46,7 +47,7 @@ func layerOrder(layers []int, fn func(i, l int) bool) {
 	}
 }
 
-// SendFetchMany sends the header frames of items, then their layers in
+// SendFetchMany sends the heads of items, then their layers in
 // stream order as data frames of at most frameBytes (0 means
 // DefaultFrameBytes). Layer bytes are not copied: frames reference the
 // items' blobs.
@@ -55,6 +56,8 @@ func SendFetchMany(s MsgSender, items []FetchManyItem, frameBytes int) error {
 		frameBytes = DefaultFrameBytes
 	}
 	layers := make([]int, len(items))
+	heads := &FetchManyHeads{}
+	headBytes := 0
 	for i, it := range items {
 		e := &FetchManyEntry{Code: uint32(it.Code)}
 		if it.Head != nil {
@@ -62,8 +65,13 @@ func SendFetchMany(s MsgSender, items []FetchManyItem, frameBytes int) error {
 			e.Head = it.Blob.ReadOnlyData()[:it.Head.PayloadStart]
 			layers[i] = len(it.Head.Layers)
 		}
-		if err := SendHeader(s, e); err != nil {
-			return err
+		heads.Entries = append(heads.Entries, e)
+		headBytes += len(e.Head) + 16
+		if headBytes >= frameBytes || i == len(items)-1 {
+			if err := SendHeader(s, heads); err != nil {
+				return err
+			}
+			heads, headBytes = &FetchManyHeads{}, 0
 		}
 	}
 	var (
@@ -137,14 +145,22 @@ func RecvFetchMany(r MsgReceiver, n int, lim chunk.Limits, sink FetchManySink) e
 	blobs := make([][]byte, n)
 	heads := make([]*chunk.Header, n)
 	layers := make([]int, n)
+	var got []*FetchManyEntry
 	for i := range n {
-		var e FetchManyEntry
-		if err := RecvHeader(r, &e); err != nil {
-			if errors.Is(err, io.EOF) {
-				return fmt.Errorf("%w: %d of %d headers", ErrFetchMany, i, n)
+		if len(got) == 0 {
+			var h FetchManyHeads
+			if err := RecvHeader(r, &h); err != nil {
+				if errors.Is(err, io.EOF) {
+					return fmt.Errorf("%w: %d of %d headers", ErrFetchMany, i, n)
+				}
+				return err
 			}
-			return err
+			if got = h.Entries; len(got) == 0 || len(got) > n-i {
+				return fmt.Errorf("%w: %d headers after %d of %d", ErrFetchMany, len(got), i, n)
+			}
 		}
+		e := got[0]
+		got = got[1:]
 		if !e.Found {
 			sink.Missing(i, codes.Code(e.Code))
 			continue

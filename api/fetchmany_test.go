@@ -113,7 +113,7 @@ func TestFetchManyStream(t *testing.T) {
 			if err := RecvFetchMany(&w, len(items), chunk.Limits{}, &sinkLog{blobs: map[int][]byte{}}); !errors.Is(err, ErrLongBody) {
 				t.Fatalf("extra frame: %v", err)
 			}
-			// Fewer headers than keys asked.
+			// Only the first header frame (at frame=7, one head per frame).
 			w.msgs = full[:1]
 			if err := RecvFetchMany(&w, len(items), chunk.Limits{}, &sinkLog{blobs: map[int][]byte{}}); !errors.Is(err, ErrFetchMany) {
 				t.Fatalf("missing headers: %v", err)

@@ -2816,12 +2816,58 @@ func (x *FetchManyEntry) GetCode() uint32 {
 	return 0
 }
 
-// FetchManyFrame is a frame of a FetchMany stream: first one header frame
-// per requested key, in request order; then data frames whose bytes,
-// concatenated, are the found entries' encoded layers ordered by layer,
-// then by key: layer 0 of every found entry (in request order), layer 1 of
-// every found entry, and so on. A receiver can verify and use layer l of
-// every entry as soon as it arrived. Frame boundaries carry no meaning.
+// FetchManyHeads answers the next keys of a FetchMany, in request order.
+type FetchManyHeads struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Entries       []*FetchManyEntry      `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchManyHeads) Reset() {
+	*x = FetchManyHeads{}
+	mi := &file_kvmesh_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchManyHeads) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchManyHeads) ProtoMessage() {}
+
+func (x *FetchManyHeads) ProtoReflect() protoreflect.Message {
+	mi := &file_kvmesh_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchManyHeads.ProtoReflect.Descriptor instead.
+func (*FetchManyHeads) Descriptor() ([]byte, []int) {
+	return file_kvmesh_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *FetchManyHeads) GetEntries() []*FetchManyEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// FetchManyFrame is a frame of a FetchMany stream: first header frames
+// answering every requested key, in request order (as many keys per frame
+// as fit about one data frame); then data frames whose bytes, concatenated,
+// are the found entries' encoded layers ordered by layer, then by key:
+// layer 0 of every found entry (in request order), layer 1 of every found
+// entry, and so on. A receiver can verify and use layer l of every entry as
+// soon as it arrived. Data frame boundaries carry no meaning.
 type FetchManyFrame struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Kind:
@@ -2835,7 +2881,7 @@ type FetchManyFrame struct {
 
 func (x *FetchManyFrame) Reset() {
 	*x = FetchManyFrame{}
-	mi := &file_kvmesh_proto_msgTypes[38]
+	mi := &file_kvmesh_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2847,7 +2893,7 @@ func (x *FetchManyFrame) String() string {
 func (*FetchManyFrame) ProtoMessage() {}
 
 func (x *FetchManyFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_kvmesh_proto_msgTypes[38]
+	mi := &file_kvmesh_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2860,7 +2906,7 @@ func (x *FetchManyFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchManyFrame.ProtoReflect.Descriptor instead.
 func (*FetchManyFrame) Descriptor() ([]byte, []int) {
-	return file_kvmesh_proto_rawDescGZIP(), []int{38}
+	return file_kvmesh_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *FetchManyFrame) GetKind() isFetchManyFrame_Kind {
@@ -2870,7 +2916,7 @@ func (x *FetchManyFrame) GetKind() isFetchManyFrame_Kind {
 	return nil
 }
 
-func (x *FetchManyFrame) GetHeader() *FetchManyEntry {
+func (x *FetchManyFrame) GetHeader() *FetchManyHeads {
 	if x != nil {
 		if x, ok := x.Kind.(*FetchManyFrame_Header); ok {
 			return x.Header
@@ -2893,7 +2939,7 @@ type isFetchManyFrame_Kind interface {
 }
 
 type FetchManyFrame_Header struct {
-	Header *FetchManyEntry `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+	Header *FetchManyHeads `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
 }
 
 type FetchManyFrame_Data struct {
@@ -3107,9 +3153,11 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\vtotal_bytes\x18\x02 \x01(\x04R\n" +
 	"totalBytes\x12\x12\n" +
 	"\x04head\x18\x03 \x01(\fR\x04head\x12\x12\n" +
-	"\x04code\x18\x04 \x01(\rR\x04code\"c\n" +
+	"\x04code\x18\x04 \x01(\rR\x04code\"E\n" +
+	"\x0eFetchManyHeads\x123\n" +
+	"\aentries\x18\x01 \x03(\v2\x19.kvmesh.v1.FetchManyEntryR\aentries\"c\n" +
 	"\x0eFetchManyFrame\x123\n" +
-	"\x06header\x18\x01 \x01(\v2\x19.kvmesh.v1.FetchManyEntryH\x00R\x06header\x12\x14\n" +
+	"\x06header\x18\x01 \x01(\v2\x19.kvmesh.v1.FetchManyHeadsH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
 	"\x04kind*z\n" +
 	"\vContextKind\x12\x1c\n" +
@@ -3157,7 +3205,7 @@ func file_kvmesh_proto_rawDescGZIP() []byte {
 }
 
 var file_kvmesh_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_kvmesh_proto_msgTypes = make([]protoimpl.MessageInfo, 39)
+var file_kvmesh_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_kvmesh_proto_goTypes = []any{
 	(ContextKind)(0),              // 0: kvmesh.v1.ContextKind
 	(Format)(0),                   // 1: kvmesh.v1.Format
@@ -3200,9 +3248,10 @@ var file_kvmesh_proto_goTypes = []any{
 	(*MetaApplyResponse)(nil),     // 38: kvmesh.v1.MetaApplyResponse
 	(*FetchManyRequest)(nil),      // 39: kvmesh.v1.FetchManyRequest
 	(*FetchManyEntry)(nil),        // 40: kvmesh.v1.FetchManyEntry
-	(*FetchManyFrame)(nil),        // 41: kvmesh.v1.FetchManyFrame
-	(*GossipKeyRequest)(nil),      // 42: kvmesh.v1.GossipKeyRequest
-	(*GossipKeyNodeResult)(nil),   // 43: kvmesh.v1.GossipKeyNodeResult
+	(*FetchManyHeads)(nil),        // 41: kvmesh.v1.FetchManyHeads
+	(*FetchManyFrame)(nil),        // 42: kvmesh.v1.FetchManyFrame
+	(*GossipKeyRequest)(nil),      // 43: kvmesh.v1.GossipKeyRequest
+	(*GossipKeyNodeResult)(nil),   // 44: kvmesh.v1.GossipKeyNodeResult
 }
 var file_kvmesh_proto_depIdxs = []int32{
 	0,  // 0: kvmesh.v1.Context.kind:type_name -> kvmesh.v1.ContextKind
@@ -3240,44 +3289,45 @@ var file_kvmesh_proto_depIdxs = []int32{
 	5,  // 32: kvmesh.v1.DigestItem.key:type_name -> kvmesh.v1.Key
 	33, // 33: kvmesh.v1.DigestResponse.items:type_name -> kvmesh.v1.DigestItem
 	5,  // 34: kvmesh.v1.FetchManyRequest.keys:type_name -> kvmesh.v1.Key
-	40, // 35: kvmesh.v1.FetchManyFrame.header:type_name -> kvmesh.v1.FetchManyEntry
-	9,  // 36: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
-	11, // 37: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
-	15, // 38: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
-	17, // 39: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
-	22, // 40: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
-	25, // 41: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
-	27, // 42: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
-	30, // 43: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
-	35, // 44: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
-	15, // 45: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
-	17, // 46: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
-	32, // 47: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
-	37, // 48: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
-	25, // 49: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
-	42, // 50: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
-	39, // 51: kvmesh.v1.Peer.FetchMany:input_type -> kvmesh.v1.FetchManyRequest
-	10, // 52: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
-	13, // 53: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
-	16, // 54: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
-	20, // 55: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
-	24, // 56: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
-	26, // 57: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
-	29, // 58: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
-	31, // 59: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
-	36, // 60: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
-	16, // 61: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
-	20, // 62: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
-	34, // 63: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
-	38, // 64: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
-	26, // 65: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
-	43, // 66: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
-	41, // 67: kvmesh.v1.Peer.FetchMany:output_type -> kvmesh.v1.FetchManyFrame
-	52, // [52:68] is the sub-list for method output_type
-	36, // [36:52] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	40, // 35: kvmesh.v1.FetchManyHeads.entries:type_name -> kvmesh.v1.FetchManyEntry
+	41, // 36: kvmesh.v1.FetchManyFrame.header:type_name -> kvmesh.v1.FetchManyHeads
+	9,  // 37: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
+	11, // 38: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
+	15, // 39: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
+	17, // 40: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
+	22, // 41: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
+	25, // 42: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
+	27, // 43: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
+	30, // 44: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
+	35, // 45: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
+	15, // 46: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
+	17, // 47: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
+	32, // 48: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
+	37, // 49: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
+	25, // 50: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
+	43, // 51: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
+	39, // 52: kvmesh.v1.Peer.FetchMany:input_type -> kvmesh.v1.FetchManyRequest
+	10, // 53: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
+	13, // 54: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
+	16, // 55: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
+	20, // 56: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
+	24, // 57: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
+	26, // 58: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
+	29, // 59: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
+	31, // 60: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
+	36, // 61: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
+	16, // 62: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
+	20, // 63: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
+	34, // 64: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
+	38, // 65: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
+	26, // 66: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
+	44, // 67: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
+	42, // 68: kvmesh.v1.Peer.FetchMany:output_type -> kvmesh.v1.FetchManyFrame
+	53, // [53:69] is the sub-list for method output_type
+	37, // [37:53] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_proto_init() }
@@ -3294,7 +3344,7 @@ func file_kvmesh_proto_init() {
 		(*GetFrame_Header)(nil),
 		(*GetFrame_Data)(nil),
 	}
-	file_kvmesh_proto_msgTypes[38].OneofWrappers = []any{
+	file_kvmesh_proto_msgTypes[39].OneofWrappers = []any{
 		(*FetchManyFrame_Header)(nil),
 		(*FetchManyFrame_Data)(nil),
 	}
@@ -3304,7 +3354,7 @@ func file_kvmesh_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_kvmesh_proto_rawDesc), len(file_kvmesh_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   39,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
