@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ import (
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/engine"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
@@ -133,6 +135,11 @@ func runLinkRate(ctx context.Context, f linkRateFlags, progress func(string)) er
 		}
 	}
 	raw := int64(f.k * lrFactTokens * e.Spec().KVBytesPerToken())
+	xfer, err := loopbackCost(ctx, int(raw))
+	if err != nil {
+		return fmt.Errorf("loopback reference: %w", err)
+	}
+	progress(fmt.Sprintf("plain gRPC stream on loopback: %.2f CPU-s per GB, both ends", xfer*1e9))
 	results := make(map[float64][]lrResult)
 	for _, rate := range f.rates {
 		progress(fmt.Sprintf("link %s: starting 3 kvmeshd", rateName(rate)))
@@ -146,7 +153,7 @@ func runLinkRate(ctx context.Context, f linkRateFlags, progress func(string)) er
 		}
 		results[rate] = res
 	}
-	fmt.Print(linkRateMarkdown(f, far, raw, results, loadStart, loadAvg()))
+	fmt.Print(linkRateMarkdown(f, far, raw, xfer, results, loadStart, loadAvg()))
 	return nil
 }
 
@@ -220,6 +227,81 @@ func linkRateChunks(ctx context.Context, e *engine.Engine, c chunk.Codec, k int,
 		lc.decode = min(lc.decode, time.Since(t0))
 	}
 	return lc, nil
+}
+
+// sink receives Put streams into one reused buffer and drops them: the
+// plain gRPC stream the loopback reference times.
+type sink struct {
+	api.UnimplementedClientServer
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (s *sink) Put(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
+	var hdr api.PutHeader
+	if err := api.RecvHeader(st, &hdr); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if uint64(cap(s.buf)) < hdr.BlobBytes {
+		s.buf = make([]byte, hdr.BlobBytes)
+	}
+	if err := api.RecvBody(st, s.buf[:hdr.BlobBytes]); err != nil {
+		return err
+	}
+	return st.SendAndClose(&api.PutResponse{})
+}
+
+// loopbackCost streams n bytes at a time over a plain gRPC connection on
+// loopback, both ends in this process with kvmesh's transport settings,
+// and returns the CPU seconds both ends spend per byte: the transport's
+// share of moving a request's chunks, which no link rate removes.
+func loopbackCost(ctx context.Context, n int) (float64, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	srv := grpc.NewServer(append(api.ServerOptions(), grpc.ForceServerCodecV2(api.Codec()))...)
+	api.RegisterClientServer(srv, &sink{})
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	dialOpts, err := client.DialOptions(client.Config{})
+	if err != nil {
+		return 0, err
+	}
+	cc, err := grpc.NewClient(lis.Addr().String(), dialOpts...)
+	if err != nil {
+		return 0, err
+	}
+	defer cc.Close()
+	c := api.NewClientClient(cc)
+	blob := make([]byte, n)
+	put := func() error {
+		st, err := c.Put(ctx, grpc.ForceCodecV2(api.Codec()))
+		if err != nil {
+			return err
+		}
+		if err := api.SendHeader(st, &api.PutHeader{BlobBytes: uint64(n)}); err != nil {
+			return err
+		}
+		if err := api.SendBody(st, mem.SliceBuffer(blob), api.DefaultFrameBytes); err != nil {
+			return err
+		}
+		_, err = st.CloseAndRecv()
+		return err
+	}
+	if err := put(); err != nil { // connection up, buffers allocated
+		return 0, err
+	}
+	const rounds = 40
+	cpu0 := cputime.Process()
+	for range rounds {
+		if err := put(); err != nil {
+			return 0, err
+		}
+	}
+	return (cputime.Process() - cpu0).Seconds() / float64(rounds*n), nil
 }
 
 // gbit is bytes per second of a link of g Gbit/s.
@@ -424,7 +506,7 @@ func pct(d []time.Duration, q float64) time.Duration {
 	return d[min(len(d)-1, int(float64(len(d))*q))]
 }
 
-func linkRateMarkdown(f linkRateFlags, cs []*lrCodec, raw int64, results map[float64][]lrResult, loadStart, loadEnd string) string {
+func linkRateMarkdown(f linkRateFlags, cs []*lrCodec, raw int64, xfer float64, results map[float64][]lrResult, loadStart, loadEnd string) string {
 	var b strings.Builder
 	tokens := f.k * lrFactTokens
 	fmt.Fprintf(&b, "3 kvmeshd processes on loopback, each pacing the connections it dials to its peers with -peer-link-rate; an engine (4 layers, "+
@@ -450,6 +532,18 @@ func linkRateMarkdown(f linkRateFlags, cs []*lrCodec, raw int64, results map[flo
 		}
 		b.WriteString(" see docs/bench/ACCURACY.md |\n")
 	}
+	// Fastest codec at each rate, by remote p50.
+	b.WriteString("| fastest remote p50 | | | |")
+	for _, r := range f.rates {
+		best := 0
+		for i := range cs {
+			if pct(results[r][i].remote, 0.5) < pct(results[r][best].remote, 0.5) {
+				best = i
+			}
+		}
+		fmt.Fprintf(&b, " %s | |", cs[best].codec)
+	}
+	b.WriteString(" |\n")
 	b.WriteString("\nLocal-hit TTFT p50 ms (the same codec's chunks on n1; no link crossed):\n\n| codec |")
 	for _, r := range f.rates {
 		fmt.Fprintf(&b, " %s run |", rateName(r))
@@ -467,38 +561,51 @@ func linkRateMarkdown(f linkRateFlags, cs []*lrCodec, raw int64, results map[flo
 		b.WriteString("\n")
 	}
 	// A codec beats raw on a link of L bytes/s when the bytes it saves
-	// take longer to cross the link than decoding takes:
-	// N (B_raw - B_c) / L > N B_raw / D_c, so L < L* = D_c (1 - B_c/B_raw).
-	// The same crossover from the measured local TTFTs puts the decode
-	// cost as the run saw it (parallel, overlapped) in place of N B_raw / D_c.
-	var rawIdx = -1
+	// cost more to move than decoding costs: per token,
+	// (B_raw - B_c) (1/L + x) > B_raw / D_c, x the transport's CPU seconds
+	// per byte. So L < L* = 1 / (B_raw / (D_c (B_raw - B_c)) - x), and a
+	// codec whose decode costs less than the transport work it saves
+	// (denominator <= 0) wins at any rate. With x = 0: L* = D_c (1 - B_c/B_raw).
+	fmt.Fprintf(&b, "\nThe transport's own cost, a plain gRPC stream of %.2f MB on loopback with kvmesh's settings, both ends in one process: "+
+		"x = %.2f CPU-s per GB (%.1f Gbit/s a core).\n\n", float64(raw)/1e6, xfer*1e9, 8/(xfer*1e9))
+	rawIdx := -1
 	for i, c := range cs {
 		if c.codec == chunk.CodecRaw {
 			rawIdx = i
 		}
 	}
-	b.WriteString("\nCrossover: a codec beats raw below L* = D x (1 - B/B_raw) (D its one-core decode rate, B/B_raw its size against raw); " +
-		"measured: L* = N (B_raw - B) / (local TTFT of the codec - local TTFT of raw), local p50s averaged over the runs:\n\n" +
-		"| codec | B/B_raw | L* from decode rate, Gbit/s | L* from local TTFT, Gbit/s |\n|---|---:|---:|---:|\n")
+	b.WriteString("Crossover: a codec beats raw on links slower than L* = 1 / (B_raw / (D (B_raw - B)) - x) (D its one-core decode rate, " +
+		"B/B_raw its size against raw, x the transport's CPU per byte; with x = 0, L* = D (1 - B/B_raw)); " +
+		"from the run: L* = (B_raw - B) / (local TTFT of the codec - local TTFT of raw), local p50s averaged over the runs (x not included):\n\n" +
+		"| codec | B/B_raw | L* (x = 0), Gbit/s | L* (x measured), Gbit/s | L* from local TTFT, Gbit/s |\n|---|---:|---:|---:|---:|\n")
+	gb := func(bytesPerSec float64) string {
+		if bytesPerSec <= 0 || math.IsInf(bytesPerSec, 1) {
+			return "any"
+		}
+		return strconv.FormatFloat(bytesPerSec*8/1e9, 'f', 1, 64)
+	}
 	for i, c := range cs {
 		if i == rawIdx {
 			continue
 		}
 		ratio := float64(c.stored) / float64(raw)
+		d := decodeRate(raw, c) * 1e9
+		withX := math.Inf(1)
+		if den := 1/(d*(1-ratio)) - xfer; den > 0 {
+			withX = 1 / den
+		}
 		measured := "-"
 		if rawIdx >= 0 {
 			var dt float64
 			for _, r := range f.rates {
 				dt += (pct(results[r][i].local, 0.5) - pct(results[r][rawIdx].local, 0.5)).Seconds() / float64(len(f.rates))
 			}
-			saved := float64(raw - c.stored)
-			if dt <= 0 {
-				measured = "any (no measurable decode cost)"
-			} else {
-				measured = strconv.FormatFloat(saved/dt*8/1e9, 'f', 1, 64)
+			measured = "any"
+			if dt > 0 {
+				measured = gb(float64(raw-c.stored) / dt)
 			}
 		}
-		fmt.Fprintf(&b, "| %s | %.3f | %.1f | %s |\n", c.codec, ratio, decodeRate(raw, c)*(1-ratio)*8, measured)
+		fmt.Fprintf(&b, "| %s | %.3f | %s | %s | %s |\n", c.codec, ratio, gb(d*(1-ratio)), gb(withX), measured)
 	}
 	return b.String()
 }
