@@ -79,7 +79,7 @@ type lrCodec struct {
 	decode time.Duration // one goroutine decoding all k entries (best of 3)
 }
 
-// lrResult is a codec at a rate: remote (chunks on n2 and n3) and local
+// lrResult is a codec at a rate: remote (chunks on n2 only) and local
 // (chunks on n1, the engine's node) TTFT, sorted.
 type lrResult struct {
 	remote, local []time.Duration
@@ -90,7 +90,7 @@ type lrResult struct {
 // runLinkRate measures remote-hit TTFT at k chunks for each codec at each
 // emulated link rate: 3 kvmeshd processes paced with -peer-link-rate, an
 // engine in this process whose cache is registered with n1, the chunks
-// stored on n2 and n3 only, so n1 fetches every byte over a paced link.
+// stored on n2 only, so n1 fetches every byte over one paced link.
 func runLinkRate(ctx context.Context, f linkRateFlags, progress func(string)) error {
 	dir, err := os.MkdirTemp("", "kvmesh-linkrate-")
 	if err != nil {
@@ -122,7 +122,7 @@ func runLinkRate(ctx context.Context, f linkRateFlags, progress func(string)) er
 		return out
 	}
 	query := toks(lrQuery)
-	// far: chunks only on n2 and n3; near: the same codec's chunks (other
+	// far: chunks only on n2; near: the same codec's chunks (other
 	// facts) on n1 only, the local-hit reference.
 	var far, near []*lrCodec
 	for _, c := range f.codecs {
@@ -317,8 +317,8 @@ func rateName(g float64) string {
 // linkRatePoint starts a cluster paced at rate, stores the chunks and
 // times requests, codecs alternating request by request.
 func linkRatePoint(ctx context.Context, f linkRateFlags, e *engine.Engine, shm *inject.ShmCache, dir string, rate float64, far, near []*lrCodec, query []uint32) ([]lrResult, error) {
-	// No anti-entropy and no startup pull: n1 (an owner of every key at
-	// R=3) must not copy the chunks stored only on n2 and n3.
+	// No anti-entropy and no startup pull: n1 and n3 (owners of every key
+	// at R=3) must not copy the chunks stored only on n2.
 	extra := []string{"-anti-entropy", "off", "-startup-pull=false"}
 	if rate > 0 {
 		extra = append(extra, "-peer-link-rate", strconv.FormatInt(gbit(rate), 10))
@@ -366,11 +366,12 @@ func linkRatePoint(ctx context.Context, f linkRateFlags, e *engine.Engine, shm *
 		return nil, err
 	}
 	for i := range far {
+		// On n2 only: every remote byte crosses the one paced connection
+		// from n1 to n2 (chunks spread over n2 and n3 would cross two
+		// links at once, twice the emulated rate).
 		for j, blob := range far[i].blobs {
-			for _, p := range nodes[1:] {
-				if _, err := retry(ctx, func() (bool, error) { return true, putDirect(ctx, p.Addr("grpc"), blob, keyOf(blob)) }); err != nil {
-					return nil, fmt.Errorf("store chunk %d on %s: %w", j, p.ID(), err)
-				}
+			if _, err := retry(ctx, func() (bool, error) { return true, putDirect(ctx, nodes[1].Addr("grpc"), blob, keyOf(blob)) }); err != nil {
+				return nil, fmt.Errorf("store chunk %d on %s: %w", j, nodes[1].ID(), err)
 			}
 		}
 		for _, blob := range near[i].blobs {
@@ -511,7 +512,7 @@ func linkRateMarkdown(f linkRateFlags, cs []*lrCodec, raw int64, xfer float64, r
 	tokens := f.k * lrFactTokens
 	fmt.Fprintf(&b, "3 kvmeshd processes on loopback, each pacing the connections it dials to its peers with -peer-link-rate; an engine (4 layers, "+
 		"2 KV heads x 64, bf16: %d B of KV a token) whose cache is registered with n1; k=%d chunks of %d tokens (%.2f MB raw) stored on n2 "+
-		"and n3 only (remote) or on n1 only (local); %d requests per cell after %d warm-up, codecs alternating request by request. "+
+		"only (remote: every byte crosses the paced n1-n2 link) or on n1 only (local); %d requests per cell after %d warm-up, codecs alternating request by request. "+
 		"%d CPUs (%s), load %s -> %s.\n\n",
 		raw/int64(tokens), f.k, lrFactTokens, float64(raw)/1e6, f.reps, lrWarm, runtime.NumCPU(), cpuModel(), loadStart, loadEnd)
 	b.WriteString("Remote-hit TTFT p50 ms (p90), then remote minus local p50 ms, at each link rate:\n\n| codec | bytes/token | MB from peers | decode GB/s (1 core) |")
