@@ -64,6 +64,7 @@ type planeCodec struct{ dt DType }
 type planeScratch struct {
 	planes [4][losslessBlock]byte
 	huff   huff0.Scratch
+	dec    huffDecoder
 }
 
 var planeScratchPool = sync.Pool{New: func() any {
@@ -131,7 +132,7 @@ func (c planeCodec) decode(dst, enc []byte, sh Shape) error {
 			m := min(losslessBlock, (h+1)*half-b)
 			for p := 0; p < es; p++ {
 				var err error
-				planes[p], enc, err = readPlane(enc, s.planes[p][:m], &s.huff)
+				planes[p], enc, err = readPlane(enc, s.planes[p][:m], s)
 				if err != nil {
 					return fmt.Errorf("%w: block at element %d, plane %d: %v", ErrCorrupt, b, p, err)
 				}
@@ -145,10 +146,15 @@ func (c planeCodec) decode(dst, enc []byte, sh Shape) error {
 	return nil
 }
 
+// huffMultiMaxBits is the largest mean code length (bits a symbol, table
+// included) of the blocks that huffDecoder decodes.
+const huffMultiMaxBits = 4
+
 // readPlane decodes the plane block at the start of enc into buf (whose
 // length is the block size) and returns the plane, which may alias enc, and
-// the rest of enc.
-func readPlane(enc, buf []byte, hs *huff0.Scratch) (plane, rest []byte, err error) {
+// the rest of enc. 4X blocks of huff4XMin bytes or more and short codes
+// go through huffDecoder, the others through huff0's decoder.
+func readPlane(enc, buf []byte, s *planeScratch) (plane, rest []byte, err error) {
 	if len(enc) < 5 {
 		return nil, nil, errors.New("truncated plane header")
 	}
@@ -174,7 +180,25 @@ func readPlane(enc, buf []byte, hs *huff0.Scratch) (plane, rest []byte, err erro
 			buf[i] = body[0]
 		}
 		return buf, rest, nil
+	case planeHuff4X:
+		// huffDecoder pays off where a lookup finds several codes: the
+		// bf16 exponent plane (under 3 bits a symbol), not the f16 high
+		// byte (about 6).
+		if m < huff4XMin || len(body) > huffMultiMaxBits*m/8 {
+			break
+		}
+		data, err := s.dec.readTable(body)
+		if err != nil {
+			return nil, nil, err
+		}
+		if err := s.dec.decompress4X(buf, data); err != nil {
+			return nil, nil, err
+		}
+		return buf, rest, nil
+	}
+	switch mode {
 	case planeHuff1X, planeHuff4X:
+		hs := &s.huff
 		_, data, err := huff0.ReadTable(body, hs)
 		if err != nil {
 			return nil, nil, err

@@ -55,3 +55,15 @@ func mergeBF16AVX2(out, p0, p1 *byte, n int)
 
 //go:noescape
 func mergeF16AVX2(out, p0, p1 *byte, n int)
+
+// huffAsm selects huffFast4 (any amd64 CPU) over huffDecoder.fast2.
+const huffAsm = true
+
+// huffFast4 runs huffDecoder's fast loop over the four streams of st at
+// once (the Go loop, fast2, cannot keep four streams in registers): while
+// every stream has off >= 8 and pos <= end, a refill and huffRound
+// lookups of tab per stream, writing 4 bytes at out+pos per lookup. On
+// entry every bitsRead is at most 63.
+//
+//go:noescape
+func huffFast4(tab *[1 << huffWindow]uint64, out *byte, st *huffFastState)

@@ -346,3 +346,118 @@ mh_loop:
 mh_done:
 	VZEROUPPER
 	RET
+
+// Multi-symbol Huffman decoding (huff.go): four streams, each round a
+// refill and huffRound lookups per stream. State layout (huffFastState):
+// value [4]uint64 at 0, bitsRead at 32, off at 64, in at 96, pos at 128,
+// end at 160. Registers: R8-R11 the values, SI DI R12 R13 the output
+// pointers, DX the table, R15 the state.
+
+// HLOOK is one lookup of stream k: the entry of the top 11 bits of v; its
+// four symbol bytes are stored at p, which advances by the entry's count;
+// v shifts by its length, which bitsRead (at r) adds.
+#define HLOOK(v, p, r) \
+	MOVQ v, AX; \
+	SHRQ $53, AX; \
+	MOVQ (DX)(AX*8), AX; \
+	MOVL AX, (p); \
+	MOVQ AX, BX; \
+	SHRQ $32, BX; \
+	ANDL $7, BX; \
+	ADDQ BX, p; \
+	SHRQ $40, AX; \
+	MOVQ AX, CX; \
+	SHLQ CX, v; \
+	ADDQ AX, r(R15)
+
+// HREFILL reloads stream k's container: off -= bitsRead/8, bitsRead &= 7,
+// v = load64(in+off) << bitsRead.
+#define HREFILL(v, r, o, in) \
+	MOVQ r(R15), CX; \
+	MOVQ CX, AX; \
+	SHRQ $3, AX; \
+	MOVQ o(R15), BX; \
+	SUBQ AX, BX; \
+	MOVQ BX, o(R15); \
+	ANDQ $7, CX; \
+	MOVQ CX, r(R15); \
+	MOVQ in(R15), AX; \
+	MOVQ (AX)(BX*1), v; \
+	SHLQ CX, v
+
+#define HROUND \
+	HLOOK(R8, SI, 32); \
+	HLOOK(R9, DI, 40); \
+	HLOOK(R10, R12, 48); \
+	HLOOK(R11, R13, 56)
+
+// func huffFast4(tab *[2048]uint64, out *byte, st *huffFastState)
+TEXT ·huffFast4(SB), NOSPLIT, $0-24
+	MOVQ tab+0(FP), DX
+	MOVQ out+8(FP), AX
+	MOVQ st+16(FP), R15
+	MOVQ 0(R15), R8
+	MOVQ 8(R15), R9
+	MOVQ 16(R15), R10
+	MOVQ 24(R15), R11
+	MOVQ 128(R15), SI
+	ADDQ AX, SI
+	MOVQ 136(R15), DI
+	ADDQ AX, DI
+	MOVQ 144(R15), R12
+	ADDQ AX, R12
+	MOVQ 152(R15), R13
+	ADDQ AX, R13
+	// end becomes a pointer too.
+	ADDQ AX, 160(R15)
+	ADDQ AX, 168(R15)
+	ADDQ AX, 176(R15)
+	ADDQ AX, 184(R15)
+
+hf_loop:
+	CMPQ 64(R15), $8
+	JLT  hf_done
+	CMPQ 72(R15), $8
+	JLT  hf_done
+	CMPQ 80(R15), $8
+	JLT  hf_done
+	CMPQ 88(R15), $8
+	JLT  hf_done
+	CMPQ SI, 160(R15)
+	JHI  hf_done
+	CMPQ DI, 168(R15)
+	JHI  hf_done
+	CMPQ R12, 176(R15)
+	JHI  hf_done
+	CMPQ R13, 184(R15)
+	JHI  hf_done
+	HREFILL(R8, 32, 64, 96)
+	HREFILL(R9, 40, 72, 104)
+	HREFILL(R10, 48, 80, 112)
+	HREFILL(R11, 56, 88, 120)
+	HROUND
+	HROUND
+	HROUND
+	HROUND
+	HROUND
+	JMP  hf_loop
+
+hf_done:
+	MOVQ R8, 0(R15)
+	MOVQ R9, 8(R15)
+	MOVQ R10, 16(R15)
+	MOVQ R11, 24(R15)
+	MOVQ out+8(FP), AX
+	SUBQ AX, SI
+	MOVQ SI, 128(R15)
+	SUBQ AX, DI
+	MOVQ DI, 136(R15)
+	SUBQ AX, R12
+	MOVQ R12, 144(R15)
+	SUBQ AX, R13
+	MOVQ R13, 152(R15)
+	SUBQ AX, 160(R15)
+	SUBQ AX, 168(R15)
+	SUBQ AX, 176(R15)
+	SUBQ AX, 184(R15)
+	RET
