@@ -78,7 +78,7 @@ func run() error {
 	accBudget := flag.Duration("accuracy-budget", 10*time.Minute, "with -accuracy: start no round of prompts (one per task and k) after this long (0: no bound)")
 	accPython := flag.String("accuracy-python", "/usr/bin/python3", "with -accuracy: the Python with torch that runs train/reference.py for the prefill baseline")
 	accThreads := flag.String("accuracy-threads", "1,2", "with -accuracy: thread counts of the engine-vs-PyTorch prefill baseline")
-	accRounds := flag.Int("accuracy-baseline-rounds", 3, "with -accuracy: rounds of the prefill baseline (PyTorch then the engine at each thread count); each side keeps its best")
+	accRounds := flag.Int("accuracy-baseline-rounds", 3, "with -accuracy: rounds of the prefill baseline (PyTorch then the engine at each thread count; none after the first once 2 minutes have passed); each side keeps its best")
 	putget := flag.Bool("putget", false, "instead: time Put and Get on 3 kvmeshd processes against redis-server (make bench-redis)")
 	kvmeshd := flag.String("kvmeshd", "", "with -putget or -linkrate: the kvmeshd binary (empty: build one)")
 	pgDur := flag.Duration("putget-duration", 3*time.Second, "with -putget: timed work per point")
