@@ -179,9 +179,15 @@ func TestInjectArriving(t *testing.T) {
 			su := newArrivingSetup(t, c, nil)
 			var events []int
 			done := make(chan struct{})
-			defer func() { <-done }()
+			planned := false
+			defer func() {
+				if planned {
+					<-done // the feeder has finished
+				}
+			}()
 			req := &Request{Cache: su.id, Chunks: su.chunks,
 				OnPlan: func(res []Result) {
+					planned = true
 					for i, r := range res {
 						if r.Match != chunk.MatchExact {
 							t.Errorf("plan: chunk %d %v", i, r.Match)
