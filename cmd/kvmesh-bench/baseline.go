@@ -35,7 +35,7 @@ func baseline(ctx context.Context, w *engine.Weights, f accuracyFlags, set *work
 	best := map[key]*workload.SpeedCompare{}
 	var order []key
 	torchOK, why := true, ""
-	start := time.Now()
+	start, rounds := time.Now(), 0
 	for round := range max(f.rounds, 1) {
 		if round > 0 && time.Since(start) > baselineBudget {
 			progress(fmt.Sprintf("baseline: %v spent after %d rounds; stopping", time.Since(start).Round(time.Second), round))
@@ -95,6 +95,7 @@ func baseline(ctx context.Context, w *engine.Weights, f accuracyFlags, set *work
 			}
 			e.Close()
 		}
+		rounds++
 	}
 	out := make([]workload.SpeedCompare, 0, len(order))
 	for _, k := range order {
@@ -103,7 +104,7 @@ func baseline(ctx context.Context, w *engine.Weights, f accuracyFlags, set *work
 	if !torchOK {
 		return out, "PyTorch did not run here (" + why + "); the engine is not compared.", nil
 	}
-	return out, fmt.Sprintf("PyTorch ran as `OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N OMP_WAIT_POLICY=PASSIVE %s %s --threads N` (torch.set_num_threads(N)); the engine with N workers; %d rounds, each side's best. Load average when the baseline ended: %s.", f.python, script, max(f.rounds, 1), loadAvg()), nil
+	return out, fmt.Sprintf("PyTorch ran as `OMP_NUM_THREADS=N OPENBLAS_NUM_THREADS=N OMP_WAIT_POLICY=PASSIVE %s %s --threads N` (torch.set_num_threads(N)); the engine with N workers; %d of %d rounds (none starts after %v), each side's best. Load average when the baseline ended: %s.", f.python, script, rounds, max(f.rounds, 1), baselineBudget, loadAvg()), nil
 }
 
 // torchSpeed runs reference.py with threads and returns the prefill speeds
