@@ -100,6 +100,8 @@ def main():
     ap.add_argument("--eval-minutes", type=float, default=0, help="also evaluate this often")
     ap.add_argument("--eval-n", type=int, default=24)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--min-k", type=int, default=4,
+                    help="the curriculum's largest k starts here (a resumed model may already handle large k)")
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
@@ -122,6 +124,7 @@ def main():
         rng.setstate(st["rng"])
         level = st.get("level", 4)
         g.rng.setstate(st["grng"])
+    level = max(level, a.min_k)
     # A small held-out set (its own seed, not the committed evaluation's).
     ev = {}
     for p in gen.eval_sets(v, seed=99, ks=(5, 20, 50), n=a.eval_n):
