@@ -14,9 +14,10 @@ marker.
 Tasks (each chunk is what kvmesh stores as one unit):
   facts   k memory facts "<person> <relation> <value> ." in random order;
           question "? <person> <relation>" -> "<value> .".
-  rag     k passages "# <entity> : <attr> <value...> . <attr> <value...> ."
-          of 2-3 sentences; question "? <entity> <attr>" -> the value
-          span (1-3 tokens) and ".".
+  rag     k passages "# <entity> <attr> <value...> . <entity> <attr>
+          <value...> ." of 2-3 sentences, each naming the passage's
+          entity; question "? <entity> <attr>" -> the value span (one
+          token, or the two of a person's name) and ".".
   twohop  k facts, half "<person> works_at <entity> ." and half
           "<entity> in <city> ."; question "? <person> city" -> the city
           of the entity the person works at.
@@ -66,11 +67,13 @@ class Vocab:
         self.products = [f"prod{i}" for i in range(12)]
         self.sectors = [f"sect{i}" for i in range(8)]
         self.digits = [str(i) for i in range(10)]
+        self.years = [str(y) for y in range(1960, 2000)]
+        self.staff = [f"staff{n}" for n in range(10, 210, 10)]
         words = SPECIALS + SYSTEM + self.first + self.last + self.ent1 + self.ent2
         words += RELATIONS + ATTRS + ["works_at", "in", "city"]
         for r in RELATIONS:
             words += self.values[r]
-        words += self.cities + self.products + self.sectors + self.digits
+        words += self.cities + self.products + self.sectors + self.digits + self.years + self.staff
         self.words = []
         for w in words:
             if w not in self.words:
@@ -95,17 +98,38 @@ class Generator:
         self.v = vocab
         self.rng = random.Random(seed)
         held = split == "eval"
+        # Training prompts often draw their names from a few parts, so that
+        # many names share a first or second part: the model must match the
+        # whole name, not the part that happens to be unique in an easy prompt.
+        self.hard = not held
         self.people = [(a, b) for i, a in enumerate(vocab.first) for j, b in enumerate(vocab.last)
                        if _held_out(i, j) == held]
         self.ents = [(a, b) for i, a in enumerate(vocab.ent1) for j, b in enumerate(vocab.ent2)
                      if _held_out(i, j) == held]
+
+    def _names(self, pool, n):
+        """n distinct names from pool; in training, half the time from
+        few first and second parts (hard negatives)."""
+        rng = self.rng
+        if not self.hard or rng.random() < 0.5:
+            return rng.sample(pool, n)
+        firsts = sorted({p[0] for p in pool})
+        seconds = sorted({p[1] for p in pool})
+        allowed = set(pool)
+        side = 2
+        while True:
+            cand = [(a, b) for a in rng.sample(firsts, side) for b in rng.sample(seconds, side)
+                    if (a, b) in allowed]
+            if len(cand) >= n:
+                return rng.sample(cand, n)
+            side += 1
 
     # Each task returns (chunks, questions): chunks are word lists, questions
     # are (key words, answer words) pairs with distinct keys.
 
     def facts(self, k, nq):
         rng = self.rng
-        people = rng.sample(self.people, max(1, (k + 1) // 2))
+        people = self._names(self.people, max(1, (k + 1) // 2))
         keys, chunks = set(), []
         while len(chunks) < k:
             p, r = rng.choice(people), rng.choice(RELATIONS)
@@ -120,7 +144,7 @@ class Generator:
     def _attr_value(self, a):
         rng, v = self.rng, self.v
         if a == "founded":
-            return [rng.choice(["1", "2"]), rng.choice(v.digits), rng.choice(v.digits)]
+            return [rng.choice(v.years)]
         if a == "ceo":
             return list(rng.choice(self.people))
         if a == "city":
@@ -128,18 +152,20 @@ class Generator:
         if a == "product":
             return [rng.choice(v.products)]
         if a == "staff":
-            return [rng.choice(v.digits[1:]), rng.choice(v.digits)]
+            return [rng.choice(v.staff)]
         return [rng.choice(v.sectors)]
 
     def rag(self, k, nq):
         rng = self.rng
-        ents = rng.sample(self.ents, k)
+        ents = self._names(self.ents, k)
         chunks, cands = [], []
         for e in ents:
-            words = ["#", e[0], e[1], ":"]
+            # Each sentence names its entity, as encyclopedic passages do;
+            # the question's key is then the words before the answer span.
+            words = ["#"]
             for a in rng.sample(ATTRS, rng.choice([2, 3])):
                 val = self._attr_value(a)
-                words += [a] + val + ["."]
+                words += [e[0], e[1], a] + val + ["."]
                 cands.append(([e[0], e[1], a], val + ["."]))
             chunks.append(words)
         return chunks, rng.sample(cands, min(nq, len(cands)))
@@ -147,8 +173,8 @@ class Generator:
     def twohop(self, k, nq):
         rng = self.rng
         n = max(1, k // 2)
-        people = rng.sample(self.people, n)
-        ents = rng.sample(self.ents, n)
+        people = self._names(self.people, n)
+        ents = self._names(self.ents, n)
         works, located = [], []
         for p, e in zip(people, rng.sample(ents, n)):
             works.append(([p[0], p[1], "works_at", e[0], e[1], "."], p, e))
@@ -173,17 +199,31 @@ def prompt_words(chunks, key):
 
 
 def training_sequence(v, chunks, qs):
-    """Ids and a loss mask: the context, then each question and its answer;
-    only answer tokens are scored."""
+    """Ids, a loss mask and sources: the context, then each question and its
+    answer; only answer tokens are scored. sources[j] is, for an answer
+    token, the position in the context of the same token after the same
+    key (where a model that reads its context finds it), else -1."""
     words = ["<bos>"] + SYSTEM
     for c in chunks:
         words += c
-    mask = [0] * len(words)
+    n = len(words)
+    mask = [0] * n
+    sources = [-1] * n
     for key, ans in qs:
         q = ["?"] + key
+        src = _find(words, n, key + ans)
         words += q + ans
         mask += [0] * len(q) + [1] * len(ans)
-    return v.ids(words), mask
+        sources += [-1] * len(q) + [src + len(key) + j if src >= 0 else -1 for j in range(len(ans))]
+    return v.ids(words), mask, sources
+
+
+def _find(words, n, pat):
+    """The first position of pat in words[:n], or -1."""
+    for i in range(n - len(pat) + 1):
+        if words[i] == pat[0] and words[i:i + len(pat)] == pat:
+            return i
+    return -1
 
 
 def eval_sets(v, seed, ks=(5, 10, 20, 50), n=40, tasks=("facts", "rag", "twohop")):

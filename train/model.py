@@ -68,6 +68,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
         self.v_proj = nn.Linear(c.hidden, c.kv_heads * c.head_dim, bias=False)
         self.o_proj = nn.Linear(c.heads * c.head_dim, c.hidden, bias=False)
+        self.keep = False
 
     def forward(self, x, cos, sin):
         c = self.c
@@ -84,6 +85,8 @@ class Attention(nn.Module):
         att = (q @ k.transpose(-1, -2)) * (1.0 / math.sqrt(c.head_dim))
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         att = att.masked_fill(mask, float("-inf")).softmax(-1)
+        if self.keep:
+            self.att = att  # read by the training loop's attention loss
         y = att @ v
         return self.o_proj(y.transpose(1, 2).reshape(b, t, -1))
 

@@ -34,22 +34,24 @@ def batch_of(v, g, rng, task, k, budget, nq):
     total = 0
     while True:
         chunks, qs = g.sample(task, k, nq)
-        ids, mask = gen.training_sequence(v, chunks, qs)
+        ids, mask, src = gen.training_sequence(v, chunks, qs)
         if seqs and total + len(ids) > budget:
             break
-        seqs.append((ids, mask))
+        seqs.append((ids, mask, src))
         total += len(ids)
         if len(seqs) >= 64:
             break
     t = max(len(s[0]) for s in seqs)
     ids = torch.zeros(len(seqs), t, dtype=torch.long)
     tgt = torch.full((len(seqs), t), -100, dtype=torch.long)
-    for i, (s, m) in enumerate(seqs):
+    src = torch.full((len(seqs), t), -1, dtype=torch.long)
+    for i, (s, m, sr) in enumerate(seqs):
         ids[i, :len(s)] = torch.tensor(s)
         for j in range(1, len(s)):
             if m[j]:
                 tgt[i, j - 1] = s[j]
-    return ids, tgt
+                src[i, j - 1] = sr[j]
+    return ids, tgt, src
 
 
 def eval_batch(model, prompts):
@@ -95,6 +97,15 @@ def main():
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--inter", type=int, default=256)
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--head-dim", type=int, default=32)
+    ap.add_argument("--heads", type=int, default=0, help="attention heads (default hidden/head-dim)")
+    ap.add_argument("--kv-heads", type=int, default=0, help="key/value heads (default heads/2)")
+    ap.add_argument("--att-weight", type=float, default=0,
+                    help="weight of the attention-supervision loss (0: off)")
+    ap.add_argument("--att-layer", type=int, default=2, help="layer of the supervised head")
+    ap.add_argument("--att-head", type=int, default=0, help="the supervised head")
+    ap.add_argument("--ramp", type=float, default=0.8,
+                    help="fraction of the run at which the curriculum's largest k reaches 50 at the latest")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--eval-every", type=int, default=100)
     ap.add_argument("--eval-minutes", type=float, default=0, help="also evaluate this often")
@@ -109,9 +120,15 @@ def main():
     rng = random.Random(a.seed)
     v = gen.Vocab()
     g = gen.Generator(v, "train", a.seed)
+    heads = a.heads or a.hidden // a.head_dim
+    kv_heads = a.kv_heads or max(1, heads // 2)
     c = M.Config(vocab=v.size, hidden=a.hidden, inter=a.inter, layers=a.layers,
-                 heads=a.hidden // 32, kv_heads=max(1, a.hidden // 64), head_dim=32)
+                 heads=heads, kv_heads=kv_heads, head_dim=a.head_dim)
     model = M.Llama(c)
+    att_layer = None
+    if a.att_weight > 0:
+        att_layer = model.model.layers[a.att_layer].self_attn
+        att_layer.keep = True
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.98), weight_decay=0.01)
     os.makedirs(a.out, exist_ok=True)
     ck = os.path.join(a.out, "checkpoint.pt")
@@ -152,7 +169,7 @@ def main():
         # at 80% of the run.
         if ema > 0.85 and level < 50:
             level, ema = min(50, int(level * 1.3) + 1), 0.0
-        maxk = max(level, int(round(4 + 46 * min(1.0, frac / 0.8))))
+        maxk = max(level, int(round(4 + 46 * min(1.0, frac / a.ramp))))
         task = rng.choices(TASKS, TASK_P)[0]
         if rng.random() < 0.3:
             k = maxk
@@ -160,12 +177,22 @@ def main():
             k = int(round(math.exp(rng.uniform(0, math.log(maxk)))))
         if task == "twohop":
             k = max(2, k)
-        ids, tgt = batch_of(v, g, rng, task, k, a.budget, max(a.nq, k // 4))
+        ids, tgt, src = batch_of(v, g, rng, task, k, a.budget, max(a.nq, k // 2))
         # Only answer positions are scored, so only they go through lm_head.
         sel = tgt.view(-1) >= 0
         h = model.hidden(ids).reshape(-1, c.hidden)[sel]
         logits = model.lm_head(h)
         loss = F.cross_entropy(logits, tgt.view(-1)[sel])
+        if att_layer is not None:
+            # Attention supervision: one head learns to look where the answer
+            # is in the context (the token the position must predict, after
+            # the same key). Training only; the model is a plain Llama.
+            has = src >= 0
+            if has.any():
+                att = att_layer.att[:, a.att_head]  # [b, t, t]
+                bi, qi = has.nonzero(as_tuple=True)
+                p = att[bi, qi, src[bi, qi]]
+                loss = loss + a.att_weight * -(p + 1e-6).log().mean()
         ema = 0.9 * ema + 0.1 * (logits.argmax(-1) == tgt.view(-1)[sel]).float().mean().item()
         opt.zero_grad(set_to_none=True)
         loss.backward()
