@@ -22,7 +22,8 @@ Tasks (each chunk is what kvmesh stores as one unit):
           "<entity> in <city> ."; question "? <person> city" -> the city
           of the entity the person works at.
 
-People and entities are names of two sub-tokens. A fixed set of sub-token
+People and entities are names of two sub-tokens, no two in one prompt sharing
+a part (in training, a quarter of the prompts share parts on purpose). A fixed set of sub-token
 combinations never appears in training; the evaluation sets use only those
 (held-out entities), so the model must copy from its context, not recall.
 
@@ -58,10 +59,10 @@ class Vocab:
 
     def __init__(self, seed=7):
         rng = random.Random(seed)
-        self.first = _syllables(32, rng)          # person name, first part
-        self.last = _syllables(32, rng, "-")      # second part (distinct tokens)
-        self.ent1 = ["E" + s for s in _syllables(24, rng)]
-        self.ent2 = ["-" + s for s in _syllables(24, rng)]
+        self.first = _syllables(64, rng)          # person name, first part
+        self.last = _syllables(64, rng, "-")      # second part (distinct tokens)
+        self.ent1 = ["E" + s for s in _syllables(64, rng)]
+        self.ent2 = ["-" + s for s in _syllables(64, rng)]
         self.values = {r: [f"{r[:3]}{i}" for i in range(12)] for r in RELATIONS}
         self.cities = [f"city{i}" for i in range(16)]
         self.products = [f"prod{i}" for i in range(12)]
@@ -79,7 +80,7 @@ class Vocab:
             if w not in self.words:
                 self.words.append(w)
         self.id = {w: i for i, w in enumerate(self.words)}
-        self.size = 512
+        self.size = 576
         assert len(self.words) <= self.size, len(self.words)
 
     def ids(self, words):
@@ -87,8 +88,10 @@ class Vocab:
 
 
 def _held_out(i, j):
-    # About one combination in six is held out of training.
-    return (i * 7 + j * 3) % 6 == 0
+    # One combination in six is held out of training: j = i (mod 6), so
+    # that every part is in some held-out name and one prompt can hold up
+    # to 64 held-out names without a shared part.
+    return (i - j) % 6 == 0
 
 
 class Generator:
@@ -108,10 +111,20 @@ class Generator:
                      if _held_out(i, j) == held]
 
     def _names(self, pool, n):
-        """n distinct names from pool; in training, half the time from
-        few first and second parts (hard negatives)."""
+        """n names from pool, no two sharing a part (names are distinctive
+        within one context); in training, a quarter of the time from a few
+        first and second parts instead (hard negatives)."""
         rng = self.rng
-        if not self.hard or rng.random() < 0.5:
+        if not self.hard or rng.random() < 0.75:
+            for _ in range(100):
+                used0, used1, out = set(), set(), []
+                for p in rng.sample(pool, len(pool)):
+                    if p[0] not in used0 and p[1] not in used1:
+                        out.append(p)
+                        used0.add(p[0])
+                        used1.add(p[1])
+                        if len(out) == n:
+                            return out
             return rng.sample(pool, n)
         firsts = sorted({p[0] for p in pool})
         seconds = sorted({p[1] for p in pool})
