@@ -1,13 +1,18 @@
 """Trains the recall model on the generator's stream; writes the curve and
 checkpoints (HF layout) as it goes, so a partial run is usable.
 
-    nice -n 10 /usr/bin/python3 train/train.py --out train/recall --steps 3000 --seed 1
+    /usr/bin/python3 train/train.py --out out/recall-run $(TRAIN_FLAGS)   # see the Makefile
 
-Loss is on answer tokens only. The curriculum raises the largest k from 4
-to 50 as the model masters each (see the loop); each batch holds one task at
-one k. Held-out accuracy is greedy exact match measured by teacher forcing
-(greedy decoding gives the answer exactly when every answer position's
-argmax is the answer token).
+Loss is on answer tokens only, plus (with --att-weight) an attention loss
+that teaches one head of one layer to look at the answer token's source in
+the context: the position after the same key (a retrieval head found by
+gradient descent alone forms slowly; supervising where it should look makes
+the model learn to read its context in a fraction of the steps). The loss
+is for training only: the model is a plain Llama. The curriculum raises the
+largest k from 4 to 50 as the model masters each (see the loop); each batch
+holds one task at one k. Held-out accuracy is greedy exact match measured by
+teacher forcing (greedy decoding gives the answer exactly when every answer
+position's argmax is the answer token).
 """
 
 import argparse
@@ -104,6 +109,8 @@ def main():
                     help="weight of the attention-supervision loss (0: off)")
     ap.add_argument("--att-layer", type=int, default=2, help="layer of the supervised head")
     ap.add_argument("--att-head", type=int, default=0, help="the supervised head")
+    ap.add_argument("--task-p", default=",".join(str(p) for p in TASK_P),
+                    help="probabilities of facts, rag and twohop batches")
     ap.add_argument("--ramp", type=float, default=0.8,
                     help="fraction of the run at which the curriculum's largest k reaches 50 at the latest")
     ap.add_argument("--threads", type=int, default=1)
@@ -116,6 +123,7 @@ def main():
     a = ap.parse_args()
 
     torch.set_num_threads(a.threads)
+    task_p = [float(x) for x in a.task_p.split(",")]
     torch.manual_seed(a.seed)
     rng = random.Random(a.seed)
     v = gen.Vocab()
@@ -170,7 +178,7 @@ def main():
         if ema > 0.85 and level < 50:
             level, ema = min(50, int(level * 1.3) + 1), 0.0
         maxk = max(level, int(round(4 + 46 * min(1.0, frac / a.ramp))))
-        task = rng.choices(TASKS, TASK_P)[0]
+        task = rng.choices(TASKS, task_p)[0]
         if rng.random() < 0.3:
             k = maxk
         else:
