@@ -194,7 +194,7 @@ func (r *AccuracyReport) Markdown() string {
 	p("# Answer accuracy of kvmesh's KV reuse on a trained model\n\n")
 	p("Made by `make bench-accuracy` (`%s`) in %v; nothing here is edited by hand.\n\n", env.Command, env.Elapsed.Round(time.Second))
 	p("The model (`%s`) is a Llama-architecture decoder trained from scratch by `train/train.py` on the\n", r.Model)
-	p("synthetic corpus of `train/gen.py` (see `%s/README.md` for the command and seed): %d layers, hidden %d,\n", r.Model, m.NumLayers, m.HiddenSize)
+	p("synthetic corpus of `train/gen.py` (see `train/README.md` for the command and seed): %d layers, hidden %d,\n", m.NumLayers, m.HiddenSize)
 	p("%d heads of %d, %d KV heads, intermediate %d, vocabulary %d, RMSNorm, SwiGLU, NeoX RoPE (theta %g), %s weights.\n",
 		m.NumHeads, m.HeadDim, m.NumKVHeads, m.IntermediateSize, m.VocabSize, m.RopeTheta, m.DType)
 	p("Every prompt is a shared system prompt, k chunks and a question; the answer is decoded greedily up to\n")
