@@ -108,6 +108,7 @@ func measureAnswers(ctx context.Context, cfg demoConfig, e *engine.Engine, c *cl
 			} else {
 				if way == ansApprox {
 					req.Recompute = cfg.Recompute
+					req.FallbackBound = cfg.Fallback
 				}
 				resp, err = e.RunInjected(ctx, inj, req)
 			}
@@ -157,7 +158,8 @@ func p50(ds []time.Duration) time.Duration {
 // match and TTFT p50, and the totals with Wilson 95% intervals.
 func printAnswers(w io.Writer, cfg demoConfig, model string, cells []answerCell) {
 	fmt.Fprintf(w, "\nanswers on held-out prompts (%s/eval.json, the first %d per task and k; exact match of the greedy answer;\n", model, cfg.AnswerPrompts)
-	fmt.Fprintf(w, "same = as prompt injection's answer; KV APPROX: chunks encoded standalone, recompute r=%.0f%%), TTFT p50 in ms:\n", 100*cfg.Recompute)
+	fmt.Fprintf(w, "same = as prompt injection's answer; KV APPROX: chunks encoded standalone, recompute r=%.0f%%, %s), TTFT p50 in ms:\n",
+		100*cfg.Recompute, fallbackNote(cfg.Fallback))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "task\tk\tprompt tokens\tprompt inj. right\tTTFT\tKV EXACT right\tsame\tTTFT\tKV APPROX right\tsame\tTTFT\t")
 	var tot [numAns]answerWay
@@ -174,10 +176,20 @@ func printAnswers(w io.Writer, cfg demoConfig, model string, cells []answerCell)
 		n += c.prompts
 	}
 	tw.Flush()
-	names := [numAns]string{"prompt injection", "KV injection, EXACT", fmt.Sprintf("KV injection, APPROXIMATE r=%.0f%%", 100*cfg.Recompute)}
+	names := [numAns]string{"prompt injection", "KV injection, EXACT", fmt.Sprintf("KV injection, APPROXIMATE r=%.0f%% b=%g", 100*cfg.Recompute, cfg.Fallback)}
 	for way := range numAns {
 		lo, hi := workload.Wilson(tot[way].right, n)
 		fmt.Fprintf(w, "%-36s %3d/%d right = %5.1f%% (95%% interval %.0f-%.0f%%), %d/%d answers as prompt injection's\n",
 			names[way]+":", tot[way].right, n, 100*float64(tot[way].right)/float64(max(n, 1)), 100*lo, 100*hi, tot[way].same, n)
 	}
+}
+
+// fallbackNote says what the guardrail does in the answers table's header.
+// A trained model needs what came before a chunk (its system prompt):
+// standalone encodings deviate, and the guardrail recomputes those whole.
+func fallbackNote(b float64) string {
+	if b == 0 {
+		return "no guardrail"
+	}
+	return fmt.Sprintf("guardrail b=%g: a chunk deviating more at the check layer is recomputed whole", b)
 }

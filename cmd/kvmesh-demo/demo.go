@@ -46,6 +46,7 @@ type demoConfig struct {
 	Fidelity    int     // prompts of FidelityK facts measuring fidelity
 	FidelityK   int     // facts per fidelity prompt
 	Recompute   float64 // r of the repaired fidelity row
+	Fallback    float64 // guardrail bound of the APPROXIMATE answers (0: off)
 	Hidden      int     // model hidden size
 	Layers      int     // model layers
 	Replicas    int     // replication factor of the demo cluster
@@ -72,6 +73,7 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	fs.IntVar(&c.Fidelity, "fidelity", 16, "prompts measuring fidelity against full prefill")
 	fs.IntVar(&c.FidelityK, "fidelity-k", 10, "facts per fidelity prompt")
 	fs.Float64Var(&c.Recompute, "recompute", 0.15, "recompute ratio r of the repaired fidelity row")
+	fs.Float64Var(&c.Fallback, "fallback-bound", 0.5, "guardrail of the APPROXIMATE answers: a chunk whose relative key deviation at the check layer exceeds it is recomputed whole (0: off)")
 	fs.IntVar(&c.Hidden, "hidden", 256, "model hidden size (head dim 64, 2 KV heads)")
 	fs.IntVar(&c.Layers, "layers", 4, "model layers")
 	fs.IntVar(&c.Replicas, "replicas", 2, "replication factor (2 of 3 nodes: a third of the facts are remote to the engine's node)")
@@ -100,6 +102,8 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 		return c, errors.New("demo: replicas must be 1..3")
 	case c.Recompute < 0 || c.Recompute > 1:
 		return c, errors.New("demo: recompute must be in [0, 1]")
+	case c.Fallback < 0:
+		return c, errors.New("demo: fallback-bound must not be negative")
 	case c.Model != "" && c.AnswerPrompts <= 0:
 		return c, errors.New("demo: answer-prompts must be positive")
 	}
