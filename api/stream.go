@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -248,4 +250,23 @@ func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithInitialWindowSize(WindowBytes), grpc.WithInitialConnWindowSize(WindowBytes),
 		grpc.WithReadBufferSize(ReadBufferBytes), grpc.WithWriteBufferSize(WriteBufferBytes), grpc.WithSharedWriteBuffer(true),
 		experimental.WithBufferPool(newFramePool())}
+}
+
+// PutDirect stores blob on the node behind cc only, as a replica write
+// (PutHeader.Direct): the node neither forwards it nor looks for other
+// owners. Benchmarks and tests use it to place an entry on one node so
+// that the others must fetch it from there.
+func PutDirect(ctx context.Context, cc grpc.ClientConnInterface, blob []byte, key chunk.Key) error {
+	st, err := NewClientClient(cc).Put(ctx)
+	if err != nil {
+		return err
+	}
+	if err := SendHeader(st, &PutHeader{Key: ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
+		return err
+	}
+	if err := SendBody(st, mem.SliceBuffer(blob), DefaultFrameBytes); err != nil {
+		return err
+	}
+	_, err = st.CloseAndRecv()
+	return err
 }

@@ -486,18 +486,7 @@ func putDirect(ctx context.Context, addr string, blob []byte, key chunk.Key) err
 		return err
 	}
 	defer cc.Close()
-	st, err := api.NewClientClient(cc).Put(ctx)
-	if err != nil {
-		return err
-	}
-	if err := api.SendHeader(st, &api.PutHeader{Key: api.ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
-		return err
-	}
-	if err := api.SendBody(st, mem.SliceBuffer(blob), api.DefaultFrameBytes); err != nil {
-		return err
-	}
-	_, err = st.CloseAndRecv()
-	return err
+	return api.PutDirect(ctx, cc, blob, key)
 }
 
 func pct(d []time.Duration, q float64) time.Duration {
