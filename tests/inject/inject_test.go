@@ -74,7 +74,10 @@ func startCluster(t testing.TB, ctx context.Context, bin string) *cluster {
 	})
 	for i, h := range hosts {
 		id := fmt.Sprintf("n%d", i+1)
-		args := []string{"-local-timing", "-dram", "128M", "-rpc-timeout", "2s", "-bootstrap-expect", "3"}
+		// No startup pull: a fresh node's pull retries with backoff while
+		// its peers come up, and a late round would copy to n1 the chunks
+		// the tests place on n2 and n3 only for n1 to fetch.
+		args := []string{"-local-timing", "-dram", "128M", "-rpc-timeout", "2s", "-bootstrap-expect", "3", "-startup-pull=false"}
 		if i > 0 {
 			args = append(args, "-join", c.procs[0].Addr("gossip"))
 		}
