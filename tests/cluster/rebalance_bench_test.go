@@ -477,7 +477,7 @@ func summarise(ss []sample) string {
 }
 
 // metricSet is one scrape of a node's /metrics: "name{labels}" -> value.
-type metricSet map[string]float64
+type metricSet harness.Metrics
 
 func (m metricSet) get(name string) float64 { return m[name] }
 
@@ -501,40 +501,8 @@ func scrapeAll(ctx context.Context, tb testing.TB, nodes []*harness.Proc) []metr
 }
 
 func scrape(ctx context.Context, addr string) (metricSet, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("status %s", resp.Status)
-	}
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	m := metricSet{}
-	for _, line := range strings.Split(string(body), "\n") {
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		m[line[:i]] = v
-	}
-	return m, nil
+	m, err := harness.Scrape(ctx, addr)
+	return metricSet(m), err
 }
 
 // cpuProfile saves a CPU profile of the node at addr (/debug/pprof).

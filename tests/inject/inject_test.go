@@ -5,17 +5,13 @@
 package inject
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"net/http"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -149,23 +145,17 @@ func heldDirect(ctx context.Context, addr string, key chunk.Key) bool {
 // fetchedBytes scrapes kvmesh_inject_fetched_bytes_total of a node.
 func fetchedBytes(t testing.TB, httpAddr, source string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + httpAddr + "/metrics")
+	return metric(t, httpAddr, `kvmesh_inject_fetched_bytes_total{source="`+source+`"}`)
+}
+
+// metric is the value of one series on the node's /metrics (0 if absent).
+func metric(t testing.TB, httpAddr, series string) float64 {
+	t.Helper()
+	m, err := harness.Scrape(t.Context(), httpAddr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	prefix := `kvmesh_inject_fetched_bytes_total{source="` + source + `"} `
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), prefix); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return f
-		}
-	}
-	return 0
+	return m[series]
 }
 
 func tinyModel() engine.ModelConfig {
@@ -403,7 +393,8 @@ func TestInjectEndToEnd(t *testing.T) {
 		before := fetchedBytes(t, local.Addr("http"), "peer")
 		check(t, "remote", engine.Request{StartPos: 3, Segments: rs}, exactN(4), 1e-4)
 		if after := fetchedBytes(t, local.Addr("http"), "peer"); after <= before {
-			t.Errorf("peer fetched bytes %v -> %v, want growth", before, after)
+			t.Errorf("peer fetched bytes %v -> %v, want growth (n1 pulled %v keys from its peers)", before, after,
+				metric(t, local.Addr("http"), "kvmesh_replication_pull_keys_total"))
 		}
 	})
 
