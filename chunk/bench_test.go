@@ -190,7 +190,7 @@ func BenchmarkExponentPlane(b *testing.B) {
 			for i := 0; i < b.N; i++ {
 				enc = enc[:0]
 				for off := 0; off < n; off += losslessBlock {
-					enc = appendPlane(enc, plane[off:min(off+losslessBlock, n)], &hs)
+					enc = appendPlane(enc, plane[off:min(off+losslessBlock, n)], &hs, 8)
 				}
 			}
 			clk.report(b, n)

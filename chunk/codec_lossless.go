@@ -4,24 +4,41 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/klauspost/compress/huff0"
 )
 
-// The lossless codec splits each element into byte planes so that the
-// exponent, which KV tensors concentrate on a few values, lands in a plane of
-// its own, and entropy-codes every plane with huff0, storing a plane raw when
-// it does not shrink (the mantissa planes, in practice).
+// The lossless codec splits each element into planes so that the exponent,
+// which KV tensors concentrate on a few values, lands in a plane of its own,
+// and entropy-codes every plane with huff0, storing a plane raw when it does
+// not shrink (the mantissa planes, in practice).
 //
 // Planes per dtype (u is the element's bits):
 //
 //	bf16: exponent (u>>7)&0xff | sign<<7 | mantissa u&0x7f
-//	f16:  high byte u>>8 (sign, exponent, 2 mantissa bits) | low byte
+//	f16:  exponent (u>>10)&0x1f | low byte u&0xff | sign and mantissa bits 9, 8
 //	f32:  exponent (u>>23)&0xff | sign<<7 | mantissa bits 22..16 | bits 15..8 | bits 7..0
 //
-// Putting the whole bf16 exponent in one byte is never worse than coding the
+// Putting the whole exponent in one plane is never worse than coding the
 // high byte: H(exp) <= 1 + H(exp>>1), and the sign is close to a fair coin.
+// The f16 sign and the top two mantissa bits are close to incompressible,
+// so they are packed three bits an element (the bits plane, below) and the
+// exponent plane alone is entropy-coded: under 3 bits a symbol, which
+// huffDecoder decodes several symbols a lookup.
+//
+// The f16 layout is the second one: layers written before it (f16 planes
+// of the high byte u>>8 and the low byte) start with a plane mode byte
+// (0-3); a layer in today's f16 layout starts with layoutF16Exp, which no
+// plane mode equals, so a decoder tells the two apart by a layer's first
+// byte and both stay readable. bf16 and f32 layers have one layout and no
+// such byte.
+//
+// The f16 bits plane holds, per group of 16 elements of a block (the last
+// group of a block zero-padded), three u16 LE words: the signs (bit 15),
+// mantissa bits 9 and mantissa bits 8, element j of the group in bit j of
+// each word: 6 bytes per 16 elements.
 //
 // Why huff0 and not zstd: the planes have no repeated strings for LZ77 to
 // find, only a skewed byte histogram, which is what huff0 codes. Measured by
@@ -31,12 +48,14 @@ import (
 //	bf16 exponent plane   huff0 2.86x 0.6/1.4   zstd fastest 2.44x 0.15/0.75
 //	                      zstd default 2.34x 0.07/0.5   better 2.37x 0.07/0.7
 //	f16 high-byte plane   huff0 1.38x 0.7-0.9/1.3   zstd better 1.38x 0.3-0.45/1.1
-//	                      (zstd fastest and default leave it raw: 1.00x)
+//	(the layout before    (zstd fastest and default leave it raw: 1.00x)
+//	layoutF16Exp)
 //
 // huff0 wins on ratio and speed everywhere, so the codec uses huff0 alone.
 //
-// Layer layout: the K half then the V half, each cut into blocks of
-// losslessBlock elements (the last one shorter); per block, per plane:
+// Layer layout: for f16 the byte layoutF16Exp; then the K half then the V
+// half, each cut into blocks of losslessBlock elements (the last one
+// shorter); per block, per plane:
 //
 //	mode u8   (planeRaw, planeRLE, planeHuff1X, planeHuff4X)
 //	length u32 LE of the body
@@ -57,6 +76,46 @@ const (
 // bytes of jump table and pays off on larger blocks.
 const huff4XMin = 1 << 12
 
+// layoutF16Exp starts every f16 layer in the exponent layout (the planes
+// exponent, low byte, bits); it is no plane mode.
+const layoutF16Exp = 0x10
+
+// planeLayout is how a layer's elements are cut into planes.
+type planeLayout uint8
+
+const (
+	// layoutBytes: the byte planes of the table above, and for f16 the
+	// high and the low byte (the first f16 layout).
+	layoutBytes planeLayout = iota
+	// layoutExp16: f16 as exponent, low byte and bits planes.
+	layoutExp16
+)
+
+// planes returns how many planes a block of m elements has in layout l and
+// each one's size in bytes.
+func (l planeLayout) planes(dt DType, m int) (np int, size [4]int) {
+	if l == layoutExp16 {
+		return 3, [4]int{m, m, f16BitsBytes(m)}
+	}
+	return dt.Size(), [4]int{m, m, m, m}
+}
+
+// maxBits is the longest mean code (bits a symbol) of a huff0 coding of
+// plane p that encoders keep. The low byte and bits planes of the f16
+// exponent layout are close to incompressible: a coding that saves a few
+// bytes would cost a decode through huff0's decoder, so they are coded
+// only where huffDecoder takes them (huffMultiMaxBits) and otherwise
+// stored raw, which decodes for free.
+func (l planeLayout) maxBits(p int) int {
+	if l == layoutExp16 && p > 0 {
+		return huffMultiMaxBits
+	}
+	return 8
+}
+
+// f16BitsBytes is the size of the bits plane of m f16 elements.
+func f16BitsBytes(m int) int { return 6 * ((m + 15) / 16) }
+
 type planeCodec struct{ dt DType }
 
 // planeScratch holds one block of every plane; pooled so that encode and
@@ -73,40 +132,67 @@ var planeScratchPool = sync.Pool{New: func() any {
 	return s
 }}
 
+// encode writes f16 in the exponent layout and the other dtypes in byte
+// planes.
 func (c planeCodec) encode(dst, raw []byte, sh Shape) ([]byte, error) {
+	l := layoutBytes
+	if c.dt == F16 {
+		l = layoutExp16
+	}
+	return c.encodeLayout(dst, raw, l)
+}
+
+// encodeLayout is encode in layout l (tests write the first f16 layout
+// with it, which decoders still read).
+func (c planeCodec) encodeLayout(dst, raw []byte, l planeLayout) ([]byte, error) {
 	es := c.dt.Size()
 	n := len(raw) / es
-	if n*es != len(raw) || n%2 != 0 {
+	if n*es != len(raw) || n%2 != 0 || (l == layoutExp16 && c.dt != F16) {
 		return dst, fmt.Errorf("%w: layer of %d bytes for %v", ErrInvalidEntry, len(raw), c.dt)
 	}
 	s := planeScratchPool.Get().(*planeScratch)
 	defer planeScratchPool.Put(s)
+	if l == layoutExp16 {
+		dst = append(dst, layoutF16Exp)
+	}
 	half := n / 2
 	for h := 0; h < 2; h++ {
 		for b := h * half; b < (h+1)*half; b += losslessBlock {
 			m := min(losslessBlock, (h+1)*half-b)
-			split(&s.planes, raw[b*es:(b+m)*es], c.dt)
-			for p := 0; p < es; p++ {
-				dst = appendPlane(dst, s.planes[p][:m], &s.huff)
+			np, size := l.planes(c.dt, m)
+			if l == layoutExp16 {
+				splitF16Exp(&s.planes, raw[b*es:(b+m)*es])
+			} else {
+				split(&s.planes, raw[b*es:(b+m)*es], c.dt)
+			}
+			for p := 0; p < np; p++ {
+				dst = appendPlane(dst, s.planes[p][:size[p]], &s.huff, l.maxBits(p))
 			}
 		}
 	}
 	return dst, nil
 }
 
-// appendPlane appends one plane block in the smallest of its encodings.
-func appendPlane(dst, plane []byte, hs *huff0.Scratch) []byte {
+// appendPlane appends one plane block in the smallest of its encodings,
+// keeping a huff0 coding only where it takes at most maxBits bits a symbol
+// (table included): 8 keeps any that shrinks the plane.
+func appendPlane(dst, plane []byte, hs *huff0.Scratch, maxBits int) []byte {
 	var out []byte
 	var err error
 	mode := byte(planeHuff4X)
-	if len(plane) >= huff4XMin {
+	if maxBits < 8 && entropyBits(plane) > float64(maxBits)+0.01 {
+		// No Huffman code is shorter than the entropy: huff0 could only
+		// find a coding this plane does not keep. (The margin covers the
+		// rounding of the estimate, so the bytes are those of trying.)
+		err = huff0.ErrIncompressible
+	} else if len(plane) >= huff4XMin {
 		out, _, err = huff0.Compress4X(plane, hs)
 	} else {
 		mode = planeHuff1X
 		out, _, err = huff0.Compress1X(plane, hs)
 	}
 	switch {
-	case err == nil:
+	case err == nil && 8*len(out) <= maxBits*len(plane):
 	case errors.Is(err, huff0.ErrUseRLE):
 		mode, out = planeRLE, plane[:1]
 	default: // incompressible, or anything else: raw is always valid
@@ -123,6 +209,10 @@ func (c planeCodec) decode(dst, enc []byte, sh Shape) error {
 	if n*es != len(dst) || n%2 != 0 {
 		return fmt.Errorf("%w: layer of %d bytes for %v", ErrInvalidEntry, len(dst), c.dt)
 	}
+	l := layoutBytes
+	if c.dt == F16 && len(enc) > 0 && enc[0] == layoutF16Exp {
+		l, enc = layoutExp16, enc[1:]
+	}
 	s := planeScratchPool.Get().(*planeScratch)
 	defer planeScratchPool.Put(s)
 	var planes [4][]byte
@@ -130,14 +220,20 @@ func (c planeCodec) decode(dst, enc []byte, sh Shape) error {
 	for h := 0; h < 2; h++ {
 		for b := h * half; b < (h+1)*half; b += losslessBlock {
 			m := min(losslessBlock, (h+1)*half-b)
-			for p := 0; p < es; p++ {
+			np, size := l.planes(c.dt, m)
+			for p := 0; p < np; p++ {
 				var err error
-				planes[p], enc, err = readPlane(enc, s.planes[p][:m], s)
+				planes[p], enc, err = readPlane(enc, s.planes[p][:size[p]], s)
 				if err != nil {
 					return fmt.Errorf("%w: block at element %d, plane %d: %v", ErrCorrupt, b, p, err)
 				}
 			}
-			merge(dst[b*es:(b+m)*es], &planes, c.dt)
+			out := dst[b*es : (b+m)*es]
+			if l == layoutBytes {
+				merge(out, &planes, c.dt)
+			} else if !mergeF16Exp(out, planes[0], planes[1], planes[2]) {
+				return fmt.Errorf("%w: block at element %d: f16 exponent over 31 or bits past the block", ErrCorrupt, b)
+			}
 		}
 	}
 	if len(enc) != 0 {
@@ -182,8 +278,8 @@ func readPlane(enc, buf []byte, s *planeScratch) (plane, rest []byte, err error)
 		return buf, rest, nil
 	case planeHuff4X:
 		// huffDecoder pays off where a lookup finds several codes: the
-		// bf16 exponent plane (under 3 bits a symbol), not the f16 high
-		// byte (about 6).
+		// exponent planes (under 3 bits a symbol), not the f16 high byte
+		// of the first f16 layout (about 6).
 		if m < huff4XMin || len(body) > huffMultiMaxBits*m/8 {
 			break
 		}
@@ -218,6 +314,23 @@ func readPlane(enc, buf []byte, s *planeScratch) (plane, rest []byte, err error)
 		return out, rest, nil
 	}
 	return nil, nil, fmt.Errorf("plane mode %d", mode)
+}
+
+// entropyBits is the empirical entropy of plane's bytes, in bits a byte.
+func entropyBits(plane []byte) float64 {
+	var count [256]uint32
+	for _, b := range plane {
+		count[b]++
+	}
+	n := float64(len(plane))
+	h := 0.0
+	for _, c := range count {
+		if c != 0 {
+			p := float64(c) / n
+			h -= p * math.Log2(p)
+		}
+	}
+	return h
 }
 
 // split scatters the elements of raw into byte planes.
@@ -327,4 +440,102 @@ func spread(x uint32) uint64 {
 	v := uint64(x)
 	v = (v | v<<16) & 0x0000_ffff_0000_ffff
 	return (v | v<<8) & 0x00ff_00ff_00ff_00ff
+}
+
+// splitF16Exp scatters the f16 elements of raw into the planes of the
+// exponent layout: exponents, low bytes, and the bits plane. Whole groups
+// go four elements per 8-byte load.
+func splitF16Exp(planes *[4][losslessBlock]byte, raw []byte) {
+	n := len(raw) / 2
+	exp, lo, bits := planes[0][:n], planes[1][:n], planes[2][:f16BitsBytes(n)]
+	g := 0
+	for ; g+16 <= n; g += 16 {
+		var sign, m9, m8 uint16
+		for q := 0; q < 16; q += 4 {
+			v := binary.LittleEndian.Uint64(raw[2*(g+q):])
+			binary.LittleEndian.PutUint32(exp[g+q:], unspread(v>>10&0x001f_001f_001f_001f))
+			binary.LittleEndian.PutUint32(lo[g+q:], unspread(v&0x00ff_00ff_00ff_00ff))
+			sign |= gather4(v>>15) << q
+			m9 |= gather4(v>>9) << q
+			m8 |= gather4(v>>8) << q
+		}
+		w := bits[6*g/16:]
+		binary.LittleEndian.PutUint16(w, sign)
+		binary.LittleEndian.PutUint16(w[2:], m9)
+		binary.LittleEndian.PutUint16(w[4:], m8)
+	}
+	if g == n {
+		return
+	}
+	var sign, m9, m8 uint16
+	for j := 0; g+j < n; j++ {
+		i := g + j
+		u := binary.LittleEndian.Uint16(raw[2*i:])
+		exp[i] = byte(u>>10) & 0x1f
+		lo[i] = byte(u)
+		sign |= u >> 15 << j
+		m9 |= u >> 9 & 1 << j
+		m8 |= u >> 8 & 1 << j
+	}
+	w := bits[6*g/16:]
+	binary.LittleEndian.PutUint16(w, sign)
+	binary.LittleEndian.PutUint16(w[2:], m9)
+	binary.LittleEndian.PutUint16(w[4:], m8)
+}
+
+// unspread is the inverse of spread: the low bytes of the four 16-bit
+// lanes of v (whose high bytes are zero), lane 0 in byte 0.
+func unspread(v uint64) uint32 {
+	v = (v | v>>8) & 0x0000_ffff_0000_ffff
+	return uint32(v | v>>16)
+}
+
+// gather4 returns bit 0 of the four 16-bit lanes of v in bits 0-3: one
+// product puts lane i's bit (at 16i) at 48+i, and no other term reaches
+// bit 48.
+func gather4(v uint64) uint16 {
+	const lanes, m = 0x0001_0001_0001_0001, 1<<48 | 1<<33 | 1<<18 | 1<<3
+	return uint16((v & lanes) * m >> 48 & 0xf)
+}
+
+// mergeF16Exp is the inverse of splitF16Exp: it writes the len(raw)/2
+// elements whose planes are exp, lo (that many bytes each) and bits
+// (f16BitsBytes of them). It reports false where no split gives the
+// planes: an exponent over 31, or a set bit past the last element. Whole
+// groups of 16 go through the AVX2 kernel where useAVX2, and
+// mergeF16ExpGo does the rest.
+func mergeF16Exp(raw, exp, lo, bits []byte) bool {
+	n := len(raw) / 2
+	ok := true
+	if k := n &^ 15; useAVX2 && k > 0 {
+		exp, lo, bits = exp[:n], lo[:n], bits[:f16BitsBytes(n)]
+		ok = !mergeF16ExpAVX2(&raw[0], &exp[0], &lo[0], &bits[0], k)
+		raw, exp, lo, bits = raw[2*k:2*n], exp[k:], lo[k:], bits[6*k/16:]
+	}
+	return mergeF16ExpGo(raw, exp, lo, bits) && ok
+}
+
+// mergeF16ExpGo is mergeF16Exp in Go: the kernel's reference. It writes
+// every element even where it reports false, as the kernel does (an
+// exponent's bit 5 lands on the sign, its bits 6 and 7 shift out).
+func mergeF16ExpGo(raw, exp, lo, bits []byte) bool {
+	n := len(raw) / 2
+	raw, exp, lo, bits = raw[:2*n], exp[:n], lo[:n], bits[:f16BitsBytes(n)]
+	var or byte
+	var past uint16
+	for g := 0; 16*g < n; g++ {
+		w := bits[6*g : 6*g+6]
+		sign := binary.LittleEndian.Uint16(w)
+		m9 := binary.LittleEndian.Uint16(w[2:])
+		m8 := binary.LittleEndian.Uint16(w[4:])
+		k := min(16, n-16*g)
+		past |= (sign | m9 | m8) >> k // k == 16: shifts everything out
+		e, l, r := exp[16*g:16*g+k], lo[16*g:16*g+k], raw[32*g:32*g+2*k]
+		for j := range e {
+			or |= e[j]
+			u := sign>>j&1<<15 | uint16(e[j])<<10 | m9>>j&1<<9 | m8>>j&1<<8 | uint16(l[j])
+			binary.LittleEndian.PutUint16(r[2*j:], u)
+		}
+	}
+	return or < 32 && past == 0
 }

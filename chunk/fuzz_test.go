@@ -14,7 +14,8 @@ import (
 var fuzzLimits = Limits{MaxBlobBytes: 1 << 20, MaxRawBytes: 1 << 18, MaxTokens: 300, MaxLayers: 8, MaxKVHeads: 8, MaxHeadDim: 160}
 
 // fuzzSeeds are valid blobs of every codec and dtype, in shapes that reach
-// partial groups and odd int4 counts.
+// partial groups and odd int4 counts, and f16 lossless blobs in the first
+// f16 layout too.
 func fuzzSeeds() [][]byte {
 	rng := rand.New(rand.NewPCG(21, 22))
 	var seeds [][]byte
@@ -27,6 +28,13 @@ func fuzzSeeds() [][]byte {
 					panic(err)
 				}
 				seeds = append(seeds, blob)
+				if c == CodecLossless && dt == F16 {
+					// The first f16 layout, which stored entries hold.
+					if blob, err = f16V1Blob(e); err != nil {
+						panic(err)
+					}
+					seeds = append(seeds, blob)
+				}
 			}
 		}
 	}

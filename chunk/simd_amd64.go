@@ -56,6 +56,13 @@ func mergeBF16AVX2(out, p0, p1 *byte, n int)
 //go:noescape
 func mergeF16AVX2(out, p0, p1 *byte, n int)
 
+// mergeF16Exp: the f16 elements of the exponent layout's planes exp, lo
+// and bits (n/16 groups of 6 bytes), as mergeF16ExpGo writes them; bad
+// reports whether any exponent byte was over 31.
+
+//go:noescape
+func mergeF16ExpAVX2(out, exp, lo, bits *byte, n int) (bad bool)
+
 // huffAsm selects huffFast4 (any amd64 CPU) over huffDecoder.fast2.
 const huffAsm = true
 

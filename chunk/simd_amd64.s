@@ -347,6 +347,63 @@ mh_done:
 	VZEROUPPER
 	RET
 
+// laneBit is bit i in 16-bit lane i: a lane of a broadcast bits-plane word
+// ANDed with it equals it where the lane's element has the bit.
+DATA laneBit<>+0(SB)/8, $0x0008000400020001
+DATA laneBit<>+8(SB)/8, $0x0080004000200010
+DATA laneBit<>+16(SB)/8, $0x0800040002000100
+DATA laneBit<>+24(SB)/8, $0x8000400020001000
+GLOBL laneBit<>(SB), RODATA|NOPTR, $32
+
+// SPREADBIT sets bit b (the mask in Y register bit) of the 16 lanes of
+// Y0 whose bit is set in the 16-bit word at m. Uses Y1.
+#define SPREADBIT(m, bit) \
+	VPBROADCASTW m, Y1; \
+	VPAND        Y12, Y1, Y1; \
+	VPCMPEQW     Y12, Y1, Y1; \
+	VPAND        bit, Y1, Y1; \
+	VPOR         Y1, Y0, Y0
+
+// func mergeF16ExpAVX2(out, exp, lo, bits *byte, n int) (bad bool)
+TEXT ·mergeF16ExpAVX2(SB), NOSPLIT, $0-41
+	MOVQ    out+0(FP), DI
+	MOVQ    exp+8(FP), SI
+	MOVQ    lo+16(FP), DX
+	MOVQ    bits+24(FP), R8
+	MOVQ    n+32(FP), CX
+	VMOVDQU laneBit<>(SB), Y12
+	BCAST($0x80008000, X11, Y11)
+	BCAST($0x02000200, X10, Y10)
+	BCAST($0x01000100, X9, Y9)
+	VPXOR   Y13, Y13, Y13
+	SHRQ    $4, CX
+	JZ      me_done
+
+me_loop:
+	VPMOVZXBW (SI), Y0
+	VPOR      Y0, Y13, Y13
+	VPSLLW    $10, Y0, Y0
+	VPMOVZXBW (DX), Y2
+	VPOR      Y2, Y0, Y0
+	SPREADBIT((R8), Y11)
+	SPREADBIT(2(R8), Y10)
+	SPREADBIT(4(R8), Y9)
+	VMOVDQU   Y0, (DI)
+	ADDQ      $16, SI
+	ADDQ      $16, DX
+	ADDQ      $6, R8
+	ADDQ      $32, DI
+	DECQ      CX
+	JNZ       me_loop
+
+me_done:
+	// An exponent over 31 has a bit in 0xe0 of its (zero-extended) lane.
+	BCAST($0x00e000e0, X8, Y8)
+	VPTEST Y8, Y13
+	SETNE  bad+40(FP)
+	VZEROUPPER
+	RET
+
 // Multi-symbol Huffman decoding (huff.go): four streams, each round a
 // refill and huffRound lookups per stream. State layout (huffFastState):
 // value [4]uint64 at 0, bitsRead at 32, off at 64, in at 96, pos at 128,

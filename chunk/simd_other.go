@@ -19,4 +19,5 @@ func fp8GroupBF16AVX2(out, q *byte, scale float32, n int) bool             { pan
 func fp8GroupF16AVX2(out, q *byte, scale float32, n int) bool              { panic("chunk: no AVX2") }
 func mergeBF16AVX2(out, p0, p1 *byte, n int)                               { panic("chunk: no AVX2") }
 func mergeF16AVX2(out, p0, p1 *byte, n int)                                { panic("chunk: no AVX2") }
+func mergeF16ExpAVX2(out, exp, lo, bits *byte, n int) bool                 { panic("chunk: no AVX2") }
 func huffFast4(tab *[1 << huffWindow]uint64, out *byte, st *huffFastState) { panic("chunk: no asm") }

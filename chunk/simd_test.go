@@ -219,8 +219,9 @@ func TestSIMDMerge(t *testing.T) {
 // FuzzSIMDKernels compares the kernels with the Go loops on the fuzzer's
 // bytes: the first byte picks the dtype, the next four a group's zero and
 // scale (kept only where the fast paths admit them), the rest are the
-// codes, also read as two byte planes for merge, and as per-channel
-// parameters for the row kernels.
+// codes, also read as two byte planes for merge, as the three planes of
+// the f16 exponent layout, and as per-channel parameters for the row
+// kernels.
 func FuzzSIMDKernels(f *testing.F) {
 	rng := rand.New(rand.NewPCG(31, 4))
 	for _, n := range []int{0, 5, 8, 17, 64, 130} {
@@ -289,5 +290,19 @@ func FuzzSIMDKernels(f *testing.F) {
 		merge(got, &planes, dt)
 		mergeGo(want, &planes, dt)
 		check("merge")
+		// The f16 exponent layout's planes: m exponents, m low bytes and
+		// the bits, from the codes (exponents over 31 and bits past the
+		// end included, which both must report).
+		m := 16 * n / 38
+		for m > 0 && 2*m+f16BitsBytes(m) > n {
+			m--
+		}
+		got, want = got[:2*m], want[:2*m]
+		okGot := mergeF16Exp(got, q[:m], q[m:2*m], q[2*m:])
+		okWant := mergeF16ExpGo(want, q[:m], q[m:2*m], q[2*m:])
+		if okGot != okWant {
+			t.Fatalf("f16 exponent merge of %d: ok %v, want %v (data %x)", m, okGot, okWant, data)
+		}
+		check("f16 exponent merge")
 	})
 }

@@ -4,7 +4,8 @@
 An entry holds one chunk's key, tokens and pre-RoPE K and V in the layout
 [layer][K|V][token][kv_head][head_dim]. Python encodes raw entries byte for
 byte as Go does, and lossless entries that Go decodes (their byte planes are
-stored raw or run-length, not huff0-coded, so they are larger than Go's);
+stored raw or run-length, not huff0-coded, so they are larger than Go's; f16
+in the first lossless layout, high and low byte, which readers keep reading);
 it decodes every codec (raw, lossless with its huff0 planes, int8, int4,
 fp8) to the same bits as Go.
 """
@@ -306,10 +307,14 @@ def _decode_layer(codec: Codec, s: Shape, p: memoryview) -> bytes:
     return quant.decode_layer(p, codec.name.lower(), s.dtype, s.tokens, s.kv_heads, s.head_dim)
 
 
-# Lossless: byte planes in blocks of 65536 elements, the K half then the V
-# half; per block and plane: mode u8, length u32, body.
+# Lossless: planes in blocks of 65536 elements, the K half then the V half;
+# per block and plane: mode u8, length u32, body. Go writes f16 layers in the
+# exponent layout (they start with _LAYOUT_F16_EXP; planes exponent, low
+# byte, bits); an f16 layer starting with a mode is in the first layout
+# (high byte, low byte), which Python writes and every reader decodes.
 _BLOCK = 1 << 16
 _PLANE_RAW, _PLANE_RLE, _PLANE_HUFF1X, _PLANE_HUFF4X = 0, 1, 2, 3
+_LAYOUT_F16_EXP = 0x10
 
 
 def _split(raw: bytes, dt: DType) -> "list[np.ndarray]":
@@ -352,15 +357,37 @@ def _lossless_encode(raw: bytes, dt: DType) -> bytes:
     return bytes(out)
 
 
+def _f16_bits_bytes(m: int) -> int:
+    return 6 * ((m + 15) // 16)
+
+
+def _merge_f16_exp(exp: np.ndarray, lo: np.ndarray, bits: np.ndarray) -> np.ndarray:
+    """The f16 elements of the exponent layout's planes: per group of 16,
+    three u16 words (signs, mantissa bits 9, mantissa bits 8), element j in
+    bit j."""
+    m = len(exp)
+    if m and int(exp.max()) > 31:
+        raise CorruptEntry("f16 exponent over 31")
+    words = bits.view("<u2").reshape(-1, 3).astype(np.uint16)
+    j = np.arange(m)
+    g, k = j >> 4, (j & 15).astype(np.uint16)
+    if m % 16 and (words[-1] >> np.uint16(m % 16)).any():
+        raise CorruptEntry("f16 bits past the block's end")
+    bit = lambda w: (words[g, w] >> k) & np.uint16(1)  # noqa: E731
+    return (bit(0) << 15) | (exp.astype(np.uint16) << 10) | (bit(1) << 9) | (bit(2) << 8) | lo.astype(np.uint16)
+
+
 def _lossless_decode(enc: memoryview, s: Shape) -> bytes:
     dt = s.dtype
     es = dt.size
     n = s.layer_bytes // es
     out = np.empty(n, dtype="<u4" if es == 4 else "<u2")
-    pos = 0
+    exp_layout = dt is DType.F16 and len(enc) > 0 and enc[0] == _LAYOUT_F16_EXP
+    pos = 1 if exp_layout else 0
     for b, m in _blocks(n):
         planes = []
-        for p in range(es):
+        sizes = [m, m, _f16_bits_bytes(m)] if exp_layout else [m] * es
+        for p, size in enumerate(sizes):
             if len(enc) - pos < 5:
                 raise CorruptEntry(f"block at element {b}, plane {p}: truncated plane header")
             mode, ln = struct.unpack_from("<BI", enc, pos)
@@ -370,10 +397,10 @@ def _lossless_decode(enc: memoryview, s: Shape) -> bytes:
             body = enc[pos:pos + ln]
             pos += ln
             try:
-                planes.append(_read_plane(mode, body, m))
+                planes.append(_read_plane(mode, body, size))
             except huff0.Huff0Error as e:
                 raise CorruptEntry(f"block at element {b}, plane {p}: {e}") from None
-        out[b:b + m] = _merge(planes, dt)
+        out[b:b + m] = _merge_f16_exp(*planes) if exp_layout else _merge(planes, dt)
     if pos != len(enc):
         raise CorruptEntry(f"{len(enc) - pos} trailing bytes in lossless layer")
     return out.tobytes()

@@ -146,6 +146,37 @@ def test_corrupt_entries_are_refused():
         entrylib.decode(bytes(blob), entrylib.Limits(max_tokens=2))
 
 
+def test_f16_exponent_layout():
+    """An f16 lossless layer in the exponent layout (Go's encoders write it)
+    decodes bit for bit; an exponent over 31 or a bit past the block's end
+    is refused, as in Go."""
+    rng = np.random.default_rng(7)
+    m = 37  # elements per half: two groups of 16 and a tail of 5
+    u = rng.integers(0, 1 << 16, size=2 * m, dtype=np.uint16)
+
+    def layer(u, exp_over=None, past=False):
+        out = bytearray([0x10])
+        for h in (u[:m], u[m:]):
+            exp = ((h >> 10) & 0x1F).astype(np.uint8)
+            if exp_over is not None:
+                exp[exp_over] = 32
+            words = np.zeros((3, 3), dtype="<u2")
+            for j, x in enumerate(h):
+                for w, b in enumerate((15, 9, 8)):
+                    words[j >> 4, w] |= ((int(x) >> b) & 1) << (j & 15)
+            if past:
+                words[2, 0] |= 1 << 15
+            for plane in (exp.tobytes(), (h & 0xFF).astype(np.uint8).tobytes(), words.tobytes()):
+                out += struct.pack("<BI", 0, len(plane)) + plane
+        return memoryview(bytes(out))
+
+    s = entrylib.Shape(DType.F16, m, 1, 1, 1)
+    assert np.array_equal(np.frombuffer(entrylib._lossless_decode(layer(u), s), dtype="<u2"), u)
+    for bad in (layer(u, exp_over=3), layer(u, exp_over=m - 1), layer(u, past=True)):
+        with pytest.raises(kvmesh.CorruptEntry):
+            entrylib._lossless_decode(bad, s)
+
+
 def test_placement_vectors():
     v = json.loads((ROOT / "ring" / "testdata" / "placement_vectors.json").read_text())
     assert v["rings"]
