@@ -138,10 +138,6 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 	for k := range sc {
 		sc[k] = buf[k*n : (k+1)*n]
 	}
-	var mx [4]float32
-	for k := range mx {
-		mx[k] = float32(math.Inf(-1))
-	}
 	var r4 [4]float32
 	for j := 0; j < n; j++ {
 		off := t.layout.Offset(0, t.slots[j], g) / 4
@@ -154,21 +150,12 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 			}
 		}
 		for k := 0; k < m; k++ {
-			v := r4[k] * t.scale
-			sc[k][j] = v
-			mx[k] = max(mx[k], v)
+			sc[k][j] = r4[k]
 		}
 	}
 	var inv [4]float32
 	for k := 0; k < m; k++ {
-		var sum float32
-		s := sc[k]
-		for j, v := range s {
-			p := expNeg(v - mx[k])
-			s[j] = p
-			sum += p
-		}
-		inv[k] = 1 / sum
+		inv[k] = 1 / softmaxRow(sc[k], t.scale)
 		clear(t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd])
 	}
 	for j := 0; j < n; j++ {
@@ -205,26 +192,28 @@ func (t *attnTask) headsAVX(w, a, g, h0, m, n int) {
 	for h := h0; h < h0+m; h++ {
 		qv := t.q[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
 		qkAVX(&qv[0], &t.kv[0], &offK[0], n, hd, &s[0])
-		mx := float32(math.Inf(-1))
-		for j, v := range s {
-			v *= t.scale
-			s[j] = v
-			mx = max(mx, v)
-		}
-		var sum float32
-		for j, v := range s {
-			p := expNeg(v - mx)
-			s[j] = p
-			sum += p
-		}
+		inv := 1 / softmaxAVX(&s[0], n, t.scale)
 		out := t.out[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
-		clear(out)
-		pvAVX(&s[0], &t.kv[0], &offV[0], n, hd, &out[0])
-		inv := 1 / sum
-		for d := range out {
-			out[d] *= inv
-		}
+		pvAVX(&s[0], &t.kv[0], &offV[0], n, hd, inv, &out[0])
 	}
+}
+
+// softmaxRow replaces s[j] by e^(s[j]·scale − m), m the largest s[j]·scale,
+// and returns their sum; scale > 0. softmaxAVX is this in eight lanes.
+func softmaxRow(s []float32, scale float32) float32 {
+	mx := float32(math.Inf(-1))
+	for j, v := range s {
+		v *= scale
+		s[j] = v
+		mx = max(mx, v)
+	}
+	var sum float32
+	for j, v := range s {
+		p := expNeg(v - mx)
+		s[j] = p
+		sum += p
+	}
+	return sum
 }
 
 // expNeg is e^x for x <= 0 in float32 (softmax after subtracting the max):

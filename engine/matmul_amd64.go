@@ -24,4 +24,7 @@ func axpyAVX(alpha float32, x, y *float32, n int)
 func qkAVX(q, kv *float32, offs *int32, n, hd int, out *float32)
 
 //go:noescape
-func pvAVX(p, kv *float32, offs *int32, n, hd int, out *float32)
+func pvAVX(p, kv *float32, offs *int32, n, hd int, scale float32, out *float32)
+
+//go:noescape
+func softmaxAVX(s *float32, n int, scale float32) float32

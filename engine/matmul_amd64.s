@@ -243,17 +243,19 @@ qkdone:
 	VZEROUPPER
 	RET
 
-// func pvAVX(p, kv *float32, offs *int32, n, hd int, out *float32)
-// out[0:hd] += p[j] * kv[offs[j] : offs[j]+hd] for j = 0, 1, ..., n-1 in
-// order, each lane one fused multiply-add per j (the order axpyAVX gives).
+// func pvAVX(p, kv *float32, offs *int32, n, hd int, scale float32, out *float32)
+// out[0:hd] = scale * (p[0]*kv[offs[0]:][:hd] + p[1]*kv[offs[1]:][:hd] + ...),
+// the sum from zero in order j = 0, 1, ..., n-1, each lane one fused
+// multiply-add per j (the order axpyAVX gives), then one multiply.
 // hd is a multiple of 8; 64 lanes at a time stay in registers.
-TEXT ·pvAVX(SB), NOSPLIT, $0-48
+TEXT ·pvAVX(SB), NOSPLIT, $0-56
 	MOVQ p+0(FP), AX
 	MOVQ kv+8(FP), BX
 	MOVQ offs+16(FP), CX
 	MOVQ n+24(FP), DX
 	MOVQ hd+32(FP), R8
-	MOVQ out+40(FP), R9
+	VBROADCASTSS scale+40(FP), Y14
+	MOVQ out+48(FP), R9
 	SHLQ $2, R8 // hd in bytes
 	XORQ DI, DI // byte offset of the current lane block
 
@@ -261,14 +263,14 @@ pv64:
 	LEAQ 256(DI), R10
 	CMPQ R10, R8
 	JGT  pv8
-	VMOVUPS 0(R9)(DI*1), Y0
-	VMOVUPS 32(R9)(DI*1), Y1
-	VMOVUPS 64(R9)(DI*1), Y2
-	VMOVUPS 96(R9)(DI*1), Y3
-	VMOVUPS 128(R9)(DI*1), Y4
-	VMOVUPS 160(R9)(DI*1), Y5
-	VMOVUPS 192(R9)(DI*1), Y6
-	VMOVUPS 224(R9)(DI*1), Y7
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
 	XORQ SI, SI
 
 pv64j:
@@ -290,6 +292,14 @@ pv64j:
 	JMP  pv64j
 
 pv64s:
+	VMULPS Y14, Y0, Y0
+	VMULPS Y14, Y1, Y1
+	VMULPS Y14, Y2, Y2
+	VMULPS Y14, Y3, Y3
+	VMULPS Y14, Y4, Y4
+	VMULPS Y14, Y5, Y5
+	VMULPS Y14, Y6, Y6
+	VMULPS Y14, Y7, Y7
 	VMOVUPS Y0, 0(R9)(DI*1)
 	VMOVUPS Y1, 32(R9)(DI*1)
 	VMOVUPS Y2, 64(R9)(DI*1)
@@ -305,7 +315,7 @@ pv8:
 	LEAQ 32(DI), R10
 	CMPQ R10, R8
 	JGT  pvdone
-	VMOVUPS (R9)(DI*1), Y0
+	VXORPS Y0, Y0, Y0
 	XORQ SI, SI
 
 pv8j:
@@ -319,10 +329,188 @@ pv8j:
 	JMP  pv8j
 
 pv8s:
+	VMULPS Y14, Y0, Y0
 	VMOVUPS Y0, (R9)(DI*1)
 	MOVQ R10, DI
 	JMP  pv8
 
 pvdone:
+	VZEROUPPER
+	RET
+
+// Constants of softmaxAVX, eight lanes each: the same range reduction and
+// Taylor coefficients as expNeg, and the masks of a partial last block.
+DATA smxC<>+0(SB)/4, $0x3fb8aa3b   // log2(e)
+DATA smxC<>+4(SB)/4, $0x3f000000   // 0.5
+DATA smxC<>+8(SB)/4, $0x3f318000   // ln2hi = 0.693359375
+DATA smxC<>+12(SB)/4, $0xb95e8083  // ln2lo = -2.12194440e-4
+DATA smxC<>+16(SB)/4, $0xc2ae0000  // -87
+DATA smxC<>+20(SB)/4, $0x3f800000  // 1
+DATA smxC<>+24(SB)/4, $0x0000007f  // 127, the exponent bias
+DATA smxC<>+28(SB)/4, $0xff800000  // -Inf
+GLOBL smxC<>(SB), RODATA|NOPTR, $32
+
+DATA smxP<>+0(SB)/4, $0x3ab60b61   // 1/720
+DATA smxP<>+4(SB)/4, $0x3ab60b61
+DATA smxP<>+8(SB)/4, $0x3ab60b61
+DATA smxP<>+12(SB)/4, $0x3ab60b61
+DATA smxP<>+16(SB)/4, $0x3ab60b61
+DATA smxP<>+20(SB)/4, $0x3ab60b61
+DATA smxP<>+24(SB)/4, $0x3ab60b61
+DATA smxP<>+28(SB)/4, $0x3ab60b61
+DATA smxP<>+32(SB)/4, $0x3c088889  // 1/120
+DATA smxP<>+36(SB)/4, $0x3c088889
+DATA smxP<>+40(SB)/4, $0x3c088889
+DATA smxP<>+44(SB)/4, $0x3c088889
+DATA smxP<>+48(SB)/4, $0x3c088889
+DATA smxP<>+52(SB)/4, $0x3c088889
+DATA smxP<>+56(SB)/4, $0x3c088889
+DATA smxP<>+60(SB)/4, $0x3c088889
+DATA smxP<>+64(SB)/4, $0x3d2aaaab  // 1/24
+DATA smxP<>+68(SB)/4, $0x3d2aaaab
+DATA smxP<>+72(SB)/4, $0x3d2aaaab
+DATA smxP<>+76(SB)/4, $0x3d2aaaab
+DATA smxP<>+80(SB)/4, $0x3d2aaaab
+DATA smxP<>+84(SB)/4, $0x3d2aaaab
+DATA smxP<>+88(SB)/4, $0x3d2aaaab
+DATA smxP<>+92(SB)/4, $0x3d2aaaab
+DATA smxP<>+96(SB)/4, $0x3e2aaaab  // 1/6
+DATA smxP<>+100(SB)/4, $0x3e2aaaab
+DATA smxP<>+104(SB)/4, $0x3e2aaaab
+DATA smxP<>+108(SB)/4, $0x3e2aaaab
+DATA smxP<>+112(SB)/4, $0x3e2aaaab
+DATA smxP<>+116(SB)/4, $0x3e2aaaab
+DATA smxP<>+120(SB)/4, $0x3e2aaaab
+DATA smxP<>+124(SB)/4, $0x3e2aaaab
+DATA smxP<>+128(SB)/4, $0x3f000000 // 1/2
+DATA smxP<>+132(SB)/4, $0x3f000000
+DATA smxP<>+136(SB)/4, $0x3f000000
+DATA smxP<>+140(SB)/4, $0x3f000000
+DATA smxP<>+144(SB)/4, $0x3f000000
+DATA smxP<>+148(SB)/4, $0x3f000000
+DATA smxP<>+152(SB)/4, $0x3f000000
+DATA smxP<>+156(SB)/4, $0x3f000000
+GLOBL smxP<>(SB), RODATA|NOPTR, $160
+
+// Loading 8 lanes at smxMask<>+4*(8-r) gives a mask of the first r lanes.
+DATA smxMask<>+0(SB)/8, $0xffffffffffffffff
+DATA smxMask<>+8(SB)/8, $0xffffffffffffffff
+DATA smxMask<>+16(SB)/8, $0xffffffffffffffff
+DATA smxMask<>+24(SB)/8, $0xffffffffffffffff
+DATA smxMask<>+32(SB)/8, $0
+DATA smxMask<>+40(SB)/8, $0
+DATA smxMask<>+48(SB)/8, $0
+DATA smxMask<>+56(SB)/8, $0
+GLOBL smxMask<>(SB), RODATA|NOPTR, $64
+
+// EXPNEG sets Y4 to e^x of the lanes of Y0 (x <= 0) as expNeg computes
+// it (fused multiply-adds: one rounding where expNeg has two), 0 where
+// x < -87 or x is NaN. Uses Y1-Y3; needs Y8-Y12 and Y6 as softmaxAVX sets them.
+#define EXPNEG \
+	VCMPPS $0x1d, Y12, Y0, Y1 \
+	VMOVAPS Y0, Y2 \
+	VFMADD213PS Y10, Y11, Y2 \
+	VROUNDPS $9, Y2, Y2 \
+	VMOVAPS Y0, Y3 \
+	VFNMADD231PS Y9, Y2, Y3 \
+	VFNMADD231PS Y8, Y2, Y3 \
+	VMOVUPS smxP<>+0(SB), Y4 \
+	VFMADD213PS smxP<>+32(SB), Y3, Y4 \
+	VFMADD213PS smxP<>+64(SB), Y3, Y4 \
+	VFMADD213PS smxP<>+96(SB), Y3, Y4 \
+	VFMADD213PS smxP<>+128(SB), Y3, Y4 \
+	VFMADD213PS Y7, Y3, Y4 \
+	VFMADD213PS Y7, Y3, Y4 \
+	VCVTTPS2DQ Y2, Y2 \
+	VPADDD Y6, Y2, Y2 \
+	VPSLLD $23, Y2, Y2 \
+	VMULPS Y2, Y4, Y4 \
+	VANDPS Y1, Y4, Y4
+
+// func softmaxAVX(s *float32, n int, scale float32) float32
+// softmaxRow on s[0:n], n >= 1, scale > 0: s[j] = e^(s[j]·scale - m) with
+// m the largest s[j]·scale; returns the sum of the new s[j], added in
+// eight lanes (lane j%8) and reduced like HSUM. The first pass takes the
+// max of the raw scores: rounding s·scale is monotonic in s, so m is
+// exactly the max of the scaled ones.
+TEXT ·softmaxAVX(SB), NOSPLIT, $0-28
+	MOVQ s+0(FP), SI
+	MOVQ n+8(FP), DX
+	VBROADCASTSS scale+16(FP), Y15
+	MOVQ DX, CX
+	ANDQ $7, CX   // lanes of the partial last block
+	SUBQ CX, DX   // floats in whole blocks
+	SHLQ $2, DX
+	MOVQ $8, R8
+	SUBQ CX, R8
+	LEAQ smxMask<>(SB), R9
+	VMOVUPS (R9)(R8*4), Y5 // mask of the partial block's lanes
+	VBROADCASTSS smxC<>+28(SB), Y14
+	XORQ AX, AX
+
+smxmax:
+	CMPQ AX, DX
+	JGE  smxmaxt
+	VMAXPS (SI)(AX*1), Y14, Y14
+	ADDQ $32, AX
+	JMP  smxmax
+
+smxmaxt:
+	TESTQ CX, CX
+	JZ    smxmaxr
+	VMASKMOVPS (SI)(DX*1), Y5, Y0
+	VBROADCASTSS smxC<>+28(SB), Y1
+	VBLENDVPS Y5, Y0, Y1, Y0
+	VMAXPS Y0, Y14, Y14
+
+smxmaxr:
+	VEXTRACTF128 $1, Y14, X0
+	VMAXPS X0, X14, X14
+	VMOVHLPS X14, X14, X0
+	VMAXPS X0, X14, X14
+	VMOVSHDUP X14, X0
+	VMAXSS X0, X14, X14
+	VMULSS X15, X14, X14
+	VBROADCASTSS X14, Y14 // m
+	VBROADCASTSS smxC<>+0(SB), Y11
+	VBROADCASTSS smxC<>+4(SB), Y10
+	VBROADCASTSS smxC<>+8(SB), Y9
+	VBROADCASTSS smxC<>+12(SB), Y8
+	VBROADCASTSS smxC<>+16(SB), Y12
+	VBROADCASTSS smxC<>+20(SB), Y7
+	VPBROADCASTD smxC<>+24(SB), Y6
+	VXORPS Y13, Y13, Y13
+	XORQ AX, AX
+
+smxexp:
+	CMPQ AX, DX
+	JGE  smxexpt
+	VMULPS (SI)(AX*1), Y15, Y0
+	VSUBPS Y14, Y0, Y0
+	EXPNEG
+	VMOVUPS Y4, (SI)(AX*1)
+	VADDPS Y4, Y13, Y13
+	ADDQ $32, AX
+	JMP  smxexp
+
+smxexpt:
+	TESTQ CX, CX
+	JZ    smxsum
+	VMASKMOVPS (SI)(DX*1), Y5, Y0
+	VMULPS Y15, Y0, Y0
+	VSUBPS Y14, Y0, Y0
+	EXPNEG
+	VANDPS Y5, Y4, Y4
+	VMASKMOVPS Y4, Y5, (SI)(DX*1)
+	VADDPS Y4, Y13, Y13
+
+smxsum:
+	VEXTRACTF128 $1, Y13, X14
+	VADDPS X13, X14, X14
+	VMOVHLPS X14, X14, X15
+	VADDPS X15, X14, X14
+	VMOVSHDUP X14, X15
+	VADDSS X15, X14, X14
+	VMOVSS X14, ret+24(FP)
 	VZEROUPPER
 	RET

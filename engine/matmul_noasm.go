@@ -20,6 +20,10 @@ func qkAVX(q, kv *float32, offs *int32, n, hd int, out *float32) {
 	panic("engine: no AVX kernels in this build")
 }
 
-func pvAVX(p, kv *float32, offs *int32, n, hd int, out *float32) {
+func pvAVX(p, kv *float32, offs *int32, n, hd int, scale float32, out *float32) {
+	panic("engine: no AVX kernels in this build")
+}
+
+func softmaxAVX(s *float32, n int, scale float32) float32 {
 	panic("engine: no AVX kernels in this build")
 }

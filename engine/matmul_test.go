@@ -199,10 +199,15 @@ func TestAttentionKernels(t *testing.T) {
 			}
 			p := randSlice(r, n)
 			acc := randSlice(r, hd+1)
-			ref := append([]float32(nil), acc...)
-			pvAVX(&p[0], &kv[0], &offs[0], n, hd, &acc[0])
+			ref := make([]float32, hd+1)
+			ref[hd] = acc[hd]
+			const scale = 0.37
+			pvAVX(&p[0], &kv[0], &offs[0], n, hd, scale, &acc[0])
 			for j := 0; j < n; j++ {
 				axpyAVX(p[j], &kv[offs[j]], &ref[0], hd)
+			}
+			for d := range ref[:hd] {
+				ref[d] *= scale
 			}
 			for d := range acc {
 				if acc[d] != ref[d] {
@@ -211,4 +216,85 @@ func TestAttentionKernels(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestSoftmaxKernel checks softmaxAVX against softmaxRow and against
+// float64 over lengths around every multiple of eight, and at the edges of
+// the exponent's range.
+func TestSoftmaxKernel(t *testing.T) {
+	if !hasAVXKernels() {
+		t.Skip("no AVX2+FMA here")
+	}
+	r := rand.New(rand.NewPCG(11, 11))
+	check := func(t *testing.T, in []float32, scale float32) {
+		t.Helper()
+		n := len(in)
+		ref := append([]float32(nil), in...)
+		refSum := softmaxRow(ref, scale)
+		got := append(append([]float32(nil), in...), 42) // a guard past n
+		sum := softmaxAVX(&got[0], n, scale)
+		if got[n] != 42 {
+			t.Fatalf("n=%d: wrote past n", n)
+		}
+		mx := float32(math.Inf(-1))
+		for _, v := range in {
+			mx = max(mx, v*scale)
+		}
+		var want float64
+		for j, v := range in {
+			// x rounded to float32 as both compute it; the exponential
+			// of that x is what they approximate.
+			x := v*scale - mx
+			e := math.Exp(float64(x))
+			want += e
+			if e < 1e-37 {
+				if got[j] > 1e-37 || ref[j] > 1e-37 {
+					t.Fatalf("n=%d [%d]: e^%v = %v (Go %v), want ~0", n, j, x, got[j], ref[j])
+				}
+				continue
+			}
+			if rel := math.Abs(float64(got[j])-e) / e; rel > 4e-7 {
+				t.Fatalf("n=%d [%d]: e^%v = %v, want %v (rel %.2g)", n, j, x, got[j], e, rel)
+			}
+			if rel := math.Abs(float64(got[j]-ref[j])) / e; rel > 6e-7 {
+				t.Fatalf("n=%d [%d]: kernel %v, Go %v", n, j, got[j], ref[j])
+			}
+			if x == 0 && got[j] != 1 {
+				t.Fatalf("n=%d [%d]: the max gives %v, want 1", n, j, got[j])
+			}
+		}
+		// Float32 sums of n terms <= 1, in lanes or in a row.
+		tol := 1e-7 * float64(n) * want
+		if d := math.Abs(float64(sum) - want); d > tol {
+			t.Fatalf("n=%d: sum %v, want %v", n, sum, want)
+		}
+		if d := math.Abs(float64(refSum) - want); d > tol {
+			t.Fatalf("n=%d: Go sum %v, want %v", n, refSum, want)
+		}
+	}
+	lengths := []int{300, 511, 723, 1024}
+	for n := 1; n <= 70; n++ {
+		lengths = append(lengths, n)
+	}
+	for _, n := range lengths {
+		for _, spread := range []float64{0.1, 3, 30, 1000} {
+			s := randSlice(r, n)
+			for j := range s {
+				s[j] *= float32(spread)
+			}
+			check(t, s, 0.125)
+		}
+	}
+	// The exponent's range: x from 0 down past -87 (zero there), with the
+	// max at 0 and scale 1, in blocks that end at every lane.
+	var xs []float32
+	for x := float32(0); x > -100; x -= 0.0137 {
+		xs = append(xs, x)
+	}
+	xs = append(xs, -87, -86.99999, -87.00001, -88, -1e30, float32(math.Inf(-1)), -math.SmallestNonzeroFloat32, 0)
+	for lo := 0; lo < len(xs); lo += 61 {
+		check(t, append([]float32{0}, xs[lo:min(lo+61, len(xs))]...), 1)
+	}
+	check(t, []float32{5, 5, 5, 5, 5, 5, 5, 5, 5}, 0.5)
+	check(t, []float32{-3}, 0.125)
 }
