@@ -517,25 +517,50 @@ func mergeF16Exp(raw, exp, lo, bits []byte) bool {
 
 // mergeF16ExpGo is mergeF16Exp in Go: the kernel's reference. It writes
 // every element even where it reports false, as the kernel does (an
-// exponent's bit 5 lands on the sign, its bits 6 and 7 shift out).
+// exponent's bit 5 lands on the sign, its bits 6 and 7 shift out). Whole
+// groups go four elements per 8-byte store, the last partial group one
+// element at a time.
 func mergeF16ExpGo(raw, exp, lo, bits []byte) bool {
 	n := len(raw) / 2
 	raw, exp, lo, bits = raw[:2*n], exp[:n], lo[:n], bits[:f16BitsBytes(n)]
-	var or byte
-	var past uint16
-	for g := 0; 16*g < n; g++ {
-		w := bits[6*g : 6*g+6]
-		sign := binary.LittleEndian.Uint16(w)
-		m9 := binary.LittleEndian.Uint16(w[2:])
-		m8 := binary.LittleEndian.Uint16(w[4:])
-		k := min(16, n-16*g)
-		past |= (sign | m9 | m8) >> k // k == 16: shifts everything out
-		e, l, r := exp[16*g:16*g+k], lo[16*g:16*g+k], raw[32*g:32*g+2*k]
-		for j := range e {
-			or |= e[j]
-			u := sign>>j&1<<15 | uint16(e[j])<<10 | m9>>j&1<<9 | m8>>j&1<<8 | uint16(l[j])
-			binary.LittleEndian.PutUint16(r[2*j:], u)
+	var or uint32
+	g := 0
+	for ; g+16 <= n; g += 16 {
+		w, e, l, r := bits[6*g/16:6*g/16+6], exp[g:g+16], lo[g:g+16], raw[2*g:2*g+32]
+		sign := uint64(binary.LittleEndian.Uint16(w))
+		m9 := uint64(binary.LittleEndian.Uint16(w[2:]))
+		m8 := uint64(binary.LittleEndian.Uint16(w[4:]))
+		for q := 0; q < 16; q += 4 {
+			e4 := binary.LittleEndian.Uint32(e[q : q+4])
+			or |= e4
+			v := spread(e4)&0x003f_003f_003f_003f<<10 | spread(binary.LittleEndian.Uint32(l[q:q+4])) |
+				scatter4(sign>>q)<<15 | scatter4(m9>>q)<<9 | scatter4(m8>>q)<<8
+			binary.LittleEndian.PutUint64(r[2*q:2*q+8], v)
 		}
 	}
-	return or < 32 && past == 0
+	ok := or&0xe0e0_e0e0 == 0
+	if g == n {
+		return ok
+	}
+	w := bits[6*g/16:]
+	sign := binary.LittleEndian.Uint16(w)
+	m9 := binary.LittleEndian.Uint16(w[2:])
+	m8 := binary.LittleEndian.Uint16(w[4:])
+	k := n - g
+	ok = ok && (sign|m9|m8)>>k == 0
+	for j := 0; j < k; j++ {
+		e := exp[g+j]
+		ok = ok && e < 32
+		u := sign>>j&1<<15 | uint16(e)<<10 | m9>>j&1<<9 | m8>>j&1<<8 | uint16(lo[g+j])
+		binary.LittleEndian.PutUint16(raw[2*(g+j):], u)
+	}
+	return ok
+}
+
+// scatter4 is the inverse of gather4: bits 0-3 of x in bit 0 of four
+// 16-bit lanes. One product puts bit i at 16i (among others that no lane
+// bit holds).
+func scatter4(x uint64) uint64 {
+	const m, lanes = 1 | 1<<15 | 1<<30 | 1<<45, 0x0001_0001_0001_0001
+	return x & 0xf * m & lanes
 }

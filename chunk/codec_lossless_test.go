@@ -262,3 +262,19 @@ func TestLosslessF16FirstLayout(t *testing.T) {
 		}
 	}
 }
+
+// mergeF16ExpGo inverts splitF16Exp on every length and edge value on
+// every CPU (the kernel test needs AVX2; this holds the Go loop, which
+// other architectures run, to the split).
+func TestMergeF16ExpGo(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 5))
+	var planes [4][losslessBlock]byte
+	for n := 0; n <= 3*simdMaxLen; n++ {
+		raw := f16Layer(rng, n, "mixed")
+		splitF16Exp(&planes, raw)
+		got := make([]byte, 2*n)
+		if !mergeF16ExpGo(got, planes[0][:n], planes[1][:n], planes[2][:f16BitsBytes(n)]) || !bytes.Equal(got, raw) {
+			t.Fatalf("merge of split of %d elements: %x, want %x", n, got, raw)
+		}
+	}
+}
