@@ -26,7 +26,7 @@ FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f;
 FUZZTIME ?= 8s
 ACCURACY_PROMPTS ?= 0
 ACCURACY_BUDGET ?= 10m
-TRAIN_FLAGS ?= --seed 11 --minutes 55 --head-dim 64 --heads 4 --kv-heads 2 --budget 2048 --nq 12 --lr 3e-3 --ramp 0.4 --att-weight 1 --att-layer 3 --steps 1000000 --eval-every 1000000 --eval-minutes 4 --eval-n 12
+TRAIN_FLAGS ?= --seed 11 --head-dim 64 --heads 4 --kv-heads 2 --budget 2048 --nq 12 --ramp 0.4 --att-weight 1 --att-layer 3 --steps 1000000 --eval-every 1000000 --eval-n 12
 
 .PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy train-recall bench-rebalance bench-redis bench-linkrate soak redis-tools run proto proto-python tools python-deps test-python clean
 
@@ -197,14 +197,18 @@ bench-linkrate: build
 bench-accuracy:
 	$(GO) run ./cmd/kvmesh-bench -accuracy train/recall -accuracy-prompts $(ACCURACY_PROMPTS) -accuracy-budget $(ACCURACY_BUDGET) -timeout 60m -out docs/bench
 
-# Retrains the recall model (55 minutes on one core; Debian's
-# python3-torch, python3-numpy and libopenblas0-pthread), then writes its
-# evaluation set and PyTorch reference outputs.
+# Retrains the recall model in its three phases (99 minutes on one core;
+# Debian's python3-torch, python3-numpy and libopenblas0-pthread), then
+# writes its evaluation set and PyTorch reference outputs.
+TRAIN = OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 train/train.py --out out/recall-run $(TRAIN_FLAGS)
 train-recall:
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 train/train.py --out out/recall-run $(TRAIN_FLAGS)
+	rm -rf out/recall-run
+	$(TRAIN) --minutes 40 --stop-minutes 24 --eval-minutes 4 --lr 3e-3
+	$(TRAIN) --minutes 30 --eval-minutes 5 --lr 1.6e-3 --resume --min-k 50
+	$(TRAIN) --minutes 45 --eval-minutes 5 --lr 8e-4 --resume --min-k 50 --task-p 0.2,0.65,0.15
 	mkdir -p train/recall && cp out/recall-run/model/* out/recall-run/curve.jsonl train/recall/
 	/usr/bin/python3 train/gen.py --seed 1234 --n 40 --out train/recall/eval.json
-	/usr/bin/python3 train/reference.py --model train/recall --eval train/recall/eval.json --out train/recall/reference.json --threads 2
+	OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 train/reference.py --model train/recall --eval train/recall/eval.json --out train/recall/reference.json --threads 2
 
 bench-workloads-quick:
 	$(GO) run ./cmd/kvmesh-bench -quick -out docs/bench

@@ -118,6 +118,8 @@ def main():
     ap.add_argument("--eval-minutes", type=float, default=0, help="also evaluate this often")
     ap.add_argument("--eval-n", type=int, default=24)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--stop-minutes", type=float, default=0,
+                    help="end the run after this many minutes (the schedule still runs over --minutes)")
     ap.add_argument("--min-k", type=int, default=4,
                     help="the curriculum's largest k starts here (a resumed model may already handle large k)")
     a = ap.parse_args()
@@ -211,7 +213,8 @@ def main():
             print(f"step {step+1} frac {frac:.3f} loss {sum(losses[-20:])/20:.4f} acc {ema:.2f} maxk {maxk} lr {lr:.2e} "
                   f"t {time.time()-t0:.0f}s", flush=True)
         step += 1
-        done = step >= a.steps or (a.minutes > 0 and time.time() - t0 >= 60 * a.minutes)
+        done = step >= a.steps or (a.minutes > 0 and time.time() - t0 >= 60 * a.minutes) or \
+            (a.stop_minutes > 0 and time.time() - t0 >= 60 * a.stop_minutes)
         due = step % a.eval_every == 0 or (a.eval_minutes > 0 and time.time() - last_eval >= 60 * a.eval_minutes)
         if due or done:
             last_eval = time.time()
