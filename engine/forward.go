@@ -183,18 +183,30 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 }
 
 // headsAVX is heads4 with the assembly kernels: scores of four keys at a
-// time, and the weighted sum of values kept in registers across keys.
+// time, and the weighted sum of values kept in registers across keys. Heads
+// go in pairs, so each key and value row is read once for two of them; a
+// head's scores and output have the same bits alone or in a pair.
 func (t *attnTask) headsAVX(w, a, g, h0, m, n int) {
 	hd := t.hd
-	s := t.scores[w][:n]
+	s0 := t.scores[w][:n]
+	s1 := t.scores[w][n : 2*n]
 	offK := t.offK[g*t.seqLen : g*t.seqLen+n]
 	offV := t.offV[g*t.seqLen : g*t.seqLen+n]
-	for h := h0; h < h0+m; h++ {
+	h := h0
+	for ; h+2 <= h0+m; h += 2 {
+		q := t.q[(a*t.heads+h)*hd : (a*t.heads+h+2)*hd]
+		qk2AVX(&q[0], &q[hd], &t.kv[0], &offK[0], n, hd, &s0[0], &s1[0])
+		inv0 := 1 / softmaxAVX(&s0[0], n, t.scale)
+		inv1 := 1 / softmaxAVX(&s1[0], n, t.scale)
+		out := t.out[(a*t.heads+h)*hd : (a*t.heads+h+2)*hd]
+		pv2AVX(&s0[0], &s1[0], &t.kv[0], &offV[0], n, hd, inv0, inv1, &out[0], &out[hd])
+	}
+	if h < h0+m {
 		qv := t.q[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
-		qkAVX(&qv[0], &t.kv[0], &offK[0], n, hd, &s[0])
-		inv := 1 / softmaxAVX(&s[0], n, t.scale)
+		qkAVX(&qv[0], &t.kv[0], &offK[0], n, hd, &s0[0])
+		inv := 1 / softmaxAVX(&s0[0], n, t.scale)
 		out := t.out[(a*t.heads+h)*hd : (a*t.heads+h+1)*hd]
-		pvAVX(&s[0], &t.kv[0], &offV[0], n, hd, inv, &out[0])
+		pvAVX(&s0[0], &t.kv[0], &offV[0], n, hd, inv, &out[0])
 	}
 }
 

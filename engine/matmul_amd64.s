@@ -171,10 +171,27 @@ axdone:
 	VZEROUPPER
 	RET
 
+// QKSUM4 reduces accumulators A0-A3 (one key each) to their four sums in
+// X lanes 0-3: lane k is ((a0+a1)+(a2+a3)) + ((a4+a5)+(a6+a7)) of Ak.
+// QKSUM1 gives one accumulator's sum in lane 0 of X in the same order, so a
+// key's score has the same bits whichever lane or group it goes through.
+#define QKSUM4(A0, A1, A2, A3, X0, X1) \
+	VHADDPS A1, A0, A0 \
+	VHADDPS A3, A2, A2 \
+	VHADDPS A2, A0, A0 \
+	VEXTRACTF128 $1, A0, X1 \
+	VADDPS X1, X0, X0
+
+#define QKSUM1(A, X, X1) \
+	VHADDPS A, A, A \
+	VHADDPS A, A, A \
+	VEXTRACTF128 $1, A, X1 \
+	VADDSS X1, X, X
+
 // func qkAVX(q, kv *float32, offs *int32, n, hd int, out *float32)
 // out[j] = q · kv[offs[j] : offs[j]+hd] for j < n; hd is a multiple of 8.
 // Keys go four at a time (four independent chains); each key's lanes
-// accumulate d in steps of 8 and reduce like HSUM, in groups or alone.
+// accumulate d in steps of 8 and reduce like QKSUM1, in groups or alone.
 TEXT ·qkAVX(SB), NOSPLIT, $0-48
 	MOVQ q+0(FP), AX
 	MOVQ kv+8(FP), BX
@@ -210,10 +227,8 @@ qk4d:
 	ADDQ $32, SI
 	CMPQ SI, R8
 	JLT  qk4d
-	HSUM(Y0, X0, 0)
-	HSUM(Y1, X1, 4)
-	HSUM(Y2, X2, 8)
-	HSUM(Y3, X3, 12)
+	QKSUM4(Y0, Y1, Y2, Y3, X0, X1)
+	VMOVUPS X0, (R9)
 	ADDQ $16, CX
 	ADDQ $16, R9
 	SUBQ $4, DX
@@ -233,13 +248,108 @@ qk1d:
 	ADDQ $32, SI
 	CMPQ SI, R8
 	JLT  qk1d
-	HSUM(Y0, X0, 0)
+	QKSUM1(Y0, X0, X1)
+	VMOVSS X0, (R9)
 	ADDQ $4, CX
 	ADDQ $4, R9
 	DECQ DX
 	JMP  qk1
 
 qkdone:
+	VZEROUPPER
+	RET
+
+// func qk2AVX(q0, q1, kv *float32, offs *int32, n, hd int, out0, out1 *float32)
+// qkAVX for two query heads that share the keys (grouped-query attention):
+// each key row is loaded once for both; every score gets the bits qkAVX
+// gives it.
+TEXT ·qk2AVX(SB), NOSPLIT, $0-64
+	MOVQ q0+0(FP), AX
+	MOVQ q1+8(FP), DI
+	MOVQ kv+16(FP), BX
+	MOVQ offs+24(FP), CX
+	MOVQ n+32(FP), DX
+	MOVQ hd+40(FP), R8
+	MOVQ out0+48(FP), R9
+	MOVQ out1+56(FP), R14
+	SHLQ $2, R8 // hd in bytes
+
+q2k4:
+	CMPQ DX, $4
+	JLT  q2k1
+	MOVLQSX 0(CX), R10
+	MOVLQSX 4(CX), R11
+	MOVLQSX 8(CX), R12
+	MOVLQSX 12(CX), R13
+	LEAQ (BX)(R10*4), R10
+	LEAQ (BX)(R11*4), R11
+	LEAQ (BX)(R12*4), R12
+	LEAQ (BX)(R13*4), R13
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ SI, SI
+
+q2k4d:
+	VMOVUPS (AX)(SI*1), Y8
+	VMOVUPS (DI)(SI*1), Y9
+	VMOVUPS (R10)(SI*1), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	VMOVUPS (R11)(SI*1), Y11
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VMOVUPS (R12)(SI*1), Y12
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y12, Y9, Y6
+	VMOVUPS (R13)(SI*1), Y13
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ $32, SI
+	CMPQ SI, R8
+	JLT  q2k4d
+	QKSUM4(Y0, Y1, Y2, Y3, X0, X1)
+	QKSUM4(Y4, Y5, Y6, Y7, X4, X5)
+	VMOVUPS X0, (R9)
+	VMOVUPS X4, (R14)
+	ADDQ $16, CX
+	ADDQ $16, R9
+	ADDQ $16, R14
+	SUBQ $4, DX
+	JMP  q2k4
+
+q2k1:
+	CMPQ DX, $0
+	JLE  q2done
+	MOVLQSX 0(CX), R10
+	LEAQ (BX)(R10*4), R10
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	XORQ SI, SI
+
+q2k1d:
+	VMOVUPS (R10)(SI*1), Y10
+	VFMADD231PS (AX)(SI*1), Y10, Y0
+	VFMADD231PS (DI)(SI*1), Y10, Y4
+	ADDQ $32, SI
+	CMPQ SI, R8
+	JLT  q2k1d
+	QKSUM1(Y0, X0, X1)
+	QKSUM1(Y4, X4, X5)
+	VMOVSS X0, (R9)
+	VMOVSS X4, (R14)
+	ADDQ $4, CX
+	ADDQ $4, R9
+	ADDQ $4, R14
+	DECQ DX
+	JMP  q2k1
+
+q2done:
 	VZEROUPPER
 	RET
 
@@ -335,6 +445,115 @@ pv8s:
 	JMP  pv8
 
 pvdone:
+	VZEROUPPER
+	RET
+
+// func pv2AVX(p0, p1, kv *float32, offs *int32, n, hd int, scale0, scale1 float32, out0, out1 *float32)
+// pvAVX for two query heads that share the values: each value row is
+// loaded once for both. Each head's lanes see the same fused multiply-adds
+// in the same order as in pvAVX, so the same bits. 32 lanes of both heads
+// at a time stay in registers.
+TEXT ·pv2AVX(SB), NOSPLIT, $0-72
+	MOVQ p0+0(FP), AX
+	MOVQ p1+8(FP), R12
+	MOVQ kv+16(FP), BX
+	MOVQ offs+24(FP), CX
+	MOVQ n+32(FP), DX
+	MOVQ hd+40(FP), R8
+	VBROADCASTSS scale0+48(FP), Y12
+	VBROADCASTSS scale1+52(FP), Y13
+	MOVQ out0+56(FP), R9
+	MOVQ out1+64(FP), R13
+	SHLQ $2, R8 // hd in bytes
+	XORQ DI, DI // byte offset of the current lane block
+
+p2v32:
+	LEAQ 128(DI), R10
+	CMPQ R10, R8
+	JGT  p2v8
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ SI, SI
+
+p2v32j:
+	CMPQ SI, DX
+	JGE  p2v32s
+	VBROADCASTSS (AX)(SI*4), Y14
+	VBROADCASTSS (R12)(SI*4), Y15
+	MOVLQSX (CX)(SI*4), R11
+	LEAQ (BX)(R11*4), R11
+	ADDQ DI, R11
+	VMOVUPS 0(R11), Y8
+	VFMADD231PS Y8, Y14, Y0
+	VFMADD231PS Y8, Y15, Y4
+	VMOVUPS 32(R11), Y9
+	VFMADD231PS Y9, Y14, Y1
+	VFMADD231PS Y9, Y15, Y5
+	VMOVUPS 64(R11), Y10
+	VFMADD231PS Y10, Y14, Y2
+	VFMADD231PS Y10, Y15, Y6
+	VMOVUPS 96(R11), Y11
+	VFMADD231PS Y11, Y14, Y3
+	VFMADD231PS Y11, Y15, Y7
+	INCQ SI
+	JMP  p2v32j
+
+p2v32s:
+	VMULPS Y12, Y0, Y0
+	VMULPS Y12, Y1, Y1
+	VMULPS Y12, Y2, Y2
+	VMULPS Y12, Y3, Y3
+	VMULPS Y13, Y4, Y4
+	VMULPS Y13, Y5, Y5
+	VMULPS Y13, Y6, Y6
+	VMULPS Y13, Y7, Y7
+	VMOVUPS Y0, 0(R9)(DI*1)
+	VMOVUPS Y1, 32(R9)(DI*1)
+	VMOVUPS Y2, 64(R9)(DI*1)
+	VMOVUPS Y3, 96(R9)(DI*1)
+	VMOVUPS Y4, 0(R13)(DI*1)
+	VMOVUPS Y5, 32(R13)(DI*1)
+	VMOVUPS Y6, 64(R13)(DI*1)
+	VMOVUPS Y7, 96(R13)(DI*1)
+	MOVQ R10, DI
+	JMP  p2v32
+
+p2v8:
+	LEAQ 32(DI), R10
+	CMPQ R10, R8
+	JGT  p2vdone
+	VXORPS Y0, Y0, Y0
+	VXORPS Y4, Y4, Y4
+	XORQ SI, SI
+
+p2v8j:
+	CMPQ SI, DX
+	JGE  p2v8s
+	VBROADCASTSS (AX)(SI*4), Y14
+	VBROADCASTSS (R12)(SI*4), Y15
+	MOVLQSX (CX)(SI*4), R11
+	LEAQ (BX)(R11*4), R11
+	VMOVUPS (R11)(DI*1), Y8
+	VFMADD231PS Y8, Y14, Y0
+	VFMADD231PS Y8, Y15, Y4
+	INCQ SI
+	JMP  p2v8j
+
+p2v8s:
+	VMULPS Y12, Y0, Y0
+	VMULPS Y13, Y4, Y4
+	VMOVUPS Y0, (R9)(DI*1)
+	VMOVUPS Y4, (R13)(DI*1)
+	MOVQ R10, DI
+	JMP  p2v8
+
+p2vdone:
 	VZEROUPPER
 	RET
 

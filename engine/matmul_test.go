@@ -172,8 +172,8 @@ func TestAttentionKernels(t *testing.T) {
 		t.Skip("no AVX2+FMA here")
 	}
 	r := rand.New(rand.NewPCG(10, 10))
-	for _, hd := range []int{8, 16, 64, 96, 128} {
-		for _, n := range []int{1, 3, 4, 7, 33} {
+	for _, hd := range []int{8, 16, 32, 40, 64, 96, 128} {
+		for _, n := range []int{1, 2, 3, 4, 5, 7, 8, 9, 33} {
 			kv := randSlice(r, 50*hd)
 			offs := make([]int32, n)
 			for j := range offs {
@@ -197,6 +197,21 @@ func TestAttentionKernels(t *testing.T) {
 					t.Fatalf("qk hd=%d: key %d alone %v, in a group %v", hd, j, one, out[j])
 				}
 			}
+			// Two heads sharing the keys get qkAVX's bits each.
+			q1 := randSlice(r, hd)
+			out0, out1 := make([]float32, n+1), make([]float32, n+1)
+			out0[n], out1[n] = 42, 42
+			qk2AVX(&q[0], &q1[0], &kv[0], &offs[0], n, hd, &out0[0], &out1[0])
+			want1 := make([]float32, n)
+			qkAVX(&q1[0], &kv[0], &offs[0], n, hd, &want1[0])
+			for j := 0; j < n; j++ {
+				if out0[j] != out[j] || out1[j] != want1[j] {
+					t.Fatalf("qk2 hd=%d n=%d j=%d: %v %v, one head at a time %v %v", hd, n, j, out0[j], out1[j], out[j], want1[j])
+				}
+			}
+			if out0[n] != 42 || out1[n] != 42 {
+				t.Fatalf("qk2 hd=%d n=%d wrote past n", hd, n)
+			}
 			p := randSlice(r, n)
 			acc := randSlice(r, hd+1)
 			ref := make([]float32, hd+1)
@@ -213,6 +228,21 @@ func TestAttentionKernels(t *testing.T) {
 				if acc[d] != ref[d] {
 					t.Fatalf("pv hd=%d n=%d [%d]: %v, sequential axpy %v", hd, n, d, acc[d], ref[d])
 				}
+			}
+			// Two heads sharing the values get pvAVX's bits each.
+			p1 := randSlice(r, n)
+			acc1 := make([]float32, hd)
+			pvAVX(&p1[0], &kv[0], &offs[0], n, hd, 1.5, &acc1[0])
+			two := randSlice(r, 2*hd+1)
+			guard := two[2*hd]
+			pv2AVX(&p[0], &p1[0], &kv[0], &offs[0], n, hd, scale, 1.5, &two[0], &two[hd])
+			for d := 0; d < hd; d++ {
+				if two[d] != acc[d] || two[hd+d] != acc1[d] {
+					t.Fatalf("pv2 hd=%d n=%d [%d]: %v %v, one head at a time %v %v", hd, n, d, two[d], two[hd+d], acc[d], acc1[d])
+				}
+			}
+			if two[2*hd] != guard {
+				t.Fatalf("pv2 hd=%d n=%d wrote past 2*hd", hd, n)
 			}
 		}
 	}
