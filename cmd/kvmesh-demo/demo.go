@@ -684,6 +684,12 @@ func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) 
 		fmt.Fprintf(tw, "%s\t%.0f%%\t%.3f\t%.4g\t%.4g\t%.0f%%\t\n", r.name, 100*r.recompute, r.f.Top1Rate(), r.f.MeanKL(), r.f.MaxKL, 100*r.work)
 	}
 	tw.Flush()
+	if cfg.Model != "" && len(fid) > 0 {
+		// The timed facts are random tokens, text the trained model never
+		// saw; its fidelity on its own kind of text is the answers below
+		// and docs/bench/ACCURACY.md.
+		fmt.Fprintln(w, "(the facts are random tokens, outside what the trained model learnt: for its fidelity on real prompts see the answers below and docs/bench/ACCURACY.md)")
+	}
 }
 
 func plotTTFT(path string, pts []ttftPoint) error {
