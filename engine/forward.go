@@ -274,6 +274,15 @@ func rmsNorm(x, h, w []float32, rows, dim int, eps float64) {
 
 func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
 
+// siluMul sets g[i] = silu(g[i]) * u[i], the MLP's gate; siluMulAVX is this
+// in eight lanes with expNeg's polynomial.
+func siluMul(g, u []float32) {
+	u = u[:len(g)]
+	for i, v := range g {
+		g[i] = silu(v) * u[i]
+	}
+}
+
 // forward runs plan over s. Called with e.mu held.
 func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats, error) {
 	var st fwdStats
@@ -386,9 +395,10 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		rmsNorm(sc.x, sc.h, lw.postNorm, n, H, c.RMSNormEps)
 		e.pool.matmul(&sc.mm, sc.g, sc.x, lw.gate, nil, n, H, F)
 		e.pool.matmul(&sc.mm, sc.u, sc.x, lw.up, nil, n, H, F)
-		g, u := sc.g[:n*F], sc.u[:n*F]
-		for i, v := range g {
-			g[i] = silu(v) * u[i]
+		if e.attnAVX && F%8 == 0 {
+			siluMulAVX(&sc.g[0], &sc.u[0], n*F)
+		} else {
+			siluMul(sc.g[:n*F], sc.u[:n*F])
 		}
 		e.pool.matmul(&sc.mm, sc.o, sc.g, lw.down, nil, n, F, H)
 		for i, v := range sc.o[:n*H] {

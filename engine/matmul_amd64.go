@@ -34,3 +34,6 @@ func qk2AVX(q0, q1, kv *float32, offs *int32, n, hd int, out0, out1 *float32)
 
 //go:noescape
 func pv2AVX(p0, p1, kv *float32, offs *int32, n, hd int, scale0, scale1 float32, out0, out1 *float32)
+
+//go:noescape
+func siluMulAVX(gate, u *float32, n int)

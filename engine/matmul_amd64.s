@@ -567,7 +567,8 @@ DATA smxC<>+16(SB)/4, $0xc2ae0000  // -87
 DATA smxC<>+20(SB)/4, $0x3f800000  // 1
 DATA smxC<>+24(SB)/4, $0x0000007f  // 127, the exponent bias
 DATA smxC<>+28(SB)/4, $0xff800000  // -Inf
-GLOBL smxC<>(SB), RODATA|NOPTR, $32
+DATA smxC<>+32(SB)/4, $0xc2b00000  // -88
+GLOBL smxC<>(SB), RODATA|NOPTR, $36
 
 DATA smxP<>+0(SB)/4, $0x3ab60b61   // 1/720
 DATA smxP<>+4(SB)/4, $0x3ab60b61
@@ -731,5 +732,46 @@ smxsum:
 	VMOVSHDUP X14, X15
 	VADDSS X15, X14, X14
 	VMOVSS X14, ret+24(FP)
+	VZEROUPPER
+	RET
+
+// func siluMulAVX(gate, u *float32, n int)
+// siluMul on gate[0:n], u[0:n]; n is a multiple of 8. e^-x is EXPNEG's with
+// -x raised to at least -87 (for x > 87, 1 + e^-x rounds to 1 either way);
+// below x = -88 the product is 0 (silu(x) = x·e^x there is under 1e-36;
+// expNeg's e^-x would overflow). NaN stays NaN.
+TEXT ·siluMulAVX(SB), NOSPLIT, $0-24
+	MOVQ gate+0(FP), AX
+	MOVQ u+8(FP), BX
+	MOVQ n+16(FP), DX
+	SHLQ $2, DX
+	VBROADCASTSS smxC<>+0(SB), Y11
+	VBROADCASTSS smxC<>+4(SB), Y10
+	VBROADCASTSS smxC<>+8(SB), Y9
+	VBROADCASTSS smxC<>+12(SB), Y8
+	VBROADCASTSS smxC<>+16(SB), Y12
+	VBROADCASTSS smxC<>+20(SB), Y7
+	VPBROADCASTD smxC<>+24(SB), Y6
+	VBROADCASTSS smxC<>+32(SB), Y14
+	VXORPS Y13, Y13, Y13
+	XORQ SI, SI
+
+siluloop:
+	CMPQ SI, DX
+	JGE  siludone
+	VMOVUPS (AX)(SI*1), Y5
+	VCMPPS $0x05, Y14, Y5, Y15 // x >= -88 or NaN
+	VSUBPS Y5, Y13, Y0
+	VMAXPS Y12, Y0, Y0
+	EXPNEG
+	VADDPS Y7, Y4, Y4
+	VDIVPS Y4, Y5, Y5
+	VMULPS (BX)(SI*1), Y5, Y5
+	VANDPS Y15, Y5, Y5
+	VMOVUPS Y5, (AX)(SI*1)
+	ADDQ $32, SI
+	JMP  siluloop
+
+siludone:
 	VZEROUPPER
 	RET

@@ -35,3 +35,5 @@ func qk2AVX(q0, q1, kv *float32, offs *int32, n, hd int, out0, out1 *float32) {
 func pv2AVX(p0, p1, kv *float32, offs *int32, n, hd int, scale0, scale1 float32, out0, out1 *float32) {
 	panic("engine: no AVX kernels in this build")
 }
+
+func siluMulAVX(gate, u *float32, n int) { panic("engine: no AVX kernels in this build") }

@@ -328,3 +328,44 @@ func TestSoftmaxKernel(t *testing.T) {
 	check(t, []float32{5, 5, 5, 5, 5, 5, 5, 5, 5}, 0.5)
 	check(t, []float32{-3}, 0.125)
 }
+
+// TestSiluKernel checks siluMulAVX against siluMul over the range where
+// e^-x is finite and past it on both sides.
+func TestSiluKernel(t *testing.T) {
+	if !hasAVXKernels() {
+		t.Skip("no AVX2+FMA here")
+	}
+	r := rand.New(rand.NewPCG(12, 12))
+	var g []float32
+	for x := float32(-100); x < 100; x += 0.0123 {
+		g = append(g, x)
+	}
+	g = append(g, 0, -0, 1e-30, -1e-30, 87, 88, 89, -87, -88, -88.0001, -88.7, -89, 1e30, -1e30,
+		math.MaxFloat32, -math.MaxFloat32, float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN()))
+	for len(g)%8 != 0 {
+		g = append(g, float32(r.NormFloat64()))
+	}
+	u := randSlice(r, len(g)+1)
+	got := append(append([]float32(nil), g...), 42)
+	siluMulAVX(&got[0], &u[0], len(g))
+	if got[len(g)] != 42 {
+		t.Fatal("wrote past n")
+	}
+	ref := append([]float32(nil), g...)
+	siluMul(ref, u[:len(g)])
+	for i, x := range g {
+		want := float64(x) / (1 + math.Exp(-float64(x))) * float64(u[i])
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), -1) {
+			if !math.IsNaN(float64(ref[i])) || math.IsNaN(float64(x)) != math.IsNaN(float64(got[i])) {
+				t.Fatalf("silu(%v)*%v = %v, Go %v", x, u[i], got[i], ref[i])
+			}
+			continue
+		}
+		if d := math.Abs(float64(got[i]) - want); d > 6e-7*math.Abs(want)+1e-35 {
+			t.Fatalf("silu(%v)*%v = %v, want %v (Go %v)", x, u[i], got[i], want, ref[i])
+		}
+		if d := math.Abs(float64(ref[i]) - want); d > 6e-7*math.Abs(want)+1e-35 {
+			t.Fatalf("Go silu(%v)*%v = %v, want %v", x, u[i], ref[i], want)
+		}
+	}
+}
