@@ -142,12 +142,8 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 	for j := 0; j < n; j++ {
 		off := t.layout.Offset(0, t.slots[j], g) / 4
 		kr := t.kv[off : off+hd]
-		if t.avx {
-			dot1x4AVX(&kr[0], &qs[0][0], &qs[1][0], &qs[2][0], &qs[3][0], hd, &r4)
-		} else {
-			for k := 0; k < m; k++ {
-				r4[k] = dot(kr, qs[k])
-			}
+		for k := 0; k < m; k++ {
+			r4[k] = dot(kr, qs[k])
 		}
 		for k := 0; k < m; k++ {
 			sc[k][j] = r4[k]
@@ -164,10 +160,6 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 		for k := 0; k < m; k++ {
 			out := t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd]
 			p := sc[k][j]
-			if t.avx {
-				axpyAVX(p, &vr[0], &out[0], hd)
-				continue
-			}
 			vr := vr[:len(out)]
 			for d := range out {
 				out[d] += p * vr[d]

@@ -5,7 +5,8 @@ package engine
 // [n][out]. Work is split over blocks of w's rows on all workers; inside a
 // block, a 2×4 register tile (two x rows against four w rows) reuses every
 // load twice or four times. On amd64 with AVX2 and FMA the tile is an
-// assembly kernel (8 lanes, fused multiply-add); elsewhere, or with the
+// assembly kernel (8 lanes, fused multiply-add) that walks a block of x rows
+// in one call and reduces four columns' lanes together; elsewhere, or with the
 // purego tag, or when in is not a multiple of 8, it is pure Go. Either way a
 // row's result does not depend on the batch it is computed in.
 
@@ -126,33 +127,18 @@ func dot(a, b []float32) float32 {
 	return (s0 + s1) + (s2 + s3)
 }
 
-// doAVX is do with the assembly kernels. Columns past the last multiple of
-// four go through the 1×4 kernel with the last row repeated, so they get the
-// same bits as they would inside a tile.
+// doAVX is do with the assembly kernel: a block of four w rows (fewer at
+// the end, the last one repeated) against up to xBlock x rows per call.
 func (t *matmulTask) doAVX(lo, hi int) {
 	in, out := t.in, t.out
-	var r8 [8]float32
-	var r4 [4]float32
 	for x0 := 0; x0 < t.n; x0 += xBlock {
 		x1 := min(x0+xBlock, t.n)
 		for o := lo; o < hi; o += 4 {
-			m := min(4, hi-o)
 			w0 := &t.w[o*in]
 			w1 := &t.w[min(o+1, hi-1)*in]
 			w2 := &t.w[min(o+2, hi-1)*in]
 			w3 := &t.w[min(o+3, hi-1)*in]
-			i := x0
-			if m == 4 {
-				for ; i+2 <= x1; i += 2 {
-					dot2x4AVX(&t.x[i*in], &t.x[(i+1)*in], w0, w1, w2, w3, in, &r8)
-					copy(t.y[i*out+o:i*out+o+4], r8[:4])
-					copy(t.y[(i+1)*out+o:(i+1)*out+o+4], r8[4:])
-				}
-			}
-			for ; i < x1; i++ {
-				dot1x4AVX(&t.x[i*in], w0, w1, w2, w3, in, &r4)
-				copy(t.y[i*out+o:i*out+o+m], r4[:m])
-			}
+			mm4AVX(&t.x[x0*in], w0, w1, w2, w3, &t.y[x0*out+o], x1-x0, in, out, min(4, hi-o))
 		}
 		if t.bias != nil {
 			for i := x0; i < x1; i++ {

@@ -9,12 +9,6 @@ import "golang.org/x/sys/cpu"
 func hasAVXKernels() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }
 
 //go:noescape
-func dot2x4AVX(xa, xb, w0, w1, w2, w3 *float32, n int, out *[8]float32)
-
-//go:noescape
-func dot1x4AVX(xa, w0, w1, w2, w3 *float32, n int, out *[4]float32)
-
-//go:noescape
 func dotAVX(a, b *float32, n int) float32
 
 //go:noescape
@@ -37,3 +31,6 @@ func pv2AVX(p0, p1, kv *float32, offs *int32, n, hd int, scale0, scale1 float32,
 
 //go:noescape
 func siluMulAVX(gate, u *float32, n int)
+
+//go:noescape
+func mm4AVX(x, w0, w1, w2, w3, y *float32, rows, in, ldy, m int)

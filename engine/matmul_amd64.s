@@ -2,109 +2,9 @@
 
 #include "textflag.h"
 
-// HSUM reduces the 8 lanes of Y to a float32 stored at OFF(R9), always in
-// the same order, so every kernel gives one (row, column) the same bits.
-#define HSUM(Y, X, OFF) \
-	VEXTRACTF128 $1, Y, X14 \
-	VADDPS X, X14, X14 \
-	VMOVHLPS X14, X14, X15 \
-	VADDPS X15, X14, X14 \
-	VMOVSHDUP X14, X15 \
-	VADDSS X15, X14, X14 \
-	VMOVSS X14, OFF(R9)
-
-// func dot2x4AVX(xa, xb, w0, w1, w2, w3 *float32, n int, out *[8]float32)
-// out[0:4] = xa·w0..w3, out[4:8] = xb·w0..w3; n is a multiple of 8.
-TEXT ·dot2x4AVX(SB), NOSPLIT, $0-64
-	MOVQ xa+0(FP), AX
-	MOVQ xb+8(FP), BX
-	MOVQ w0+16(FP), CX
-	MOVQ w1+24(FP), DX
-	MOVQ w2+32(FP), SI
-	MOVQ w3+40(FP), DI
-	MOVQ n+48(FP), R8
-	MOVQ out+56(FP), R9
-	SHLQ $2, R8
-	XORQ R10, R10
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-	VXORPS Y4, Y4, Y4
-	VXORPS Y5, Y5, Y5
-	VXORPS Y6, Y6, Y6
-	VXORPS Y7, Y7, Y7
-
-loop2:
-	CMPQ R10, R8
-	JGE  done2
-	VMOVUPS (AX)(R10*1), Y8
-	VMOVUPS (BX)(R10*1), Y9
-	VMOVUPS (CX)(R10*1), Y10
-	VFMADD231PS Y10, Y8, Y0
-	VFMADD231PS Y10, Y9, Y4
-	VMOVUPS (DX)(R10*1), Y11
-	VFMADD231PS Y11, Y8, Y1
-	VFMADD231PS Y11, Y9, Y5
-	VMOVUPS (SI)(R10*1), Y12
-	VFMADD231PS Y12, Y8, Y2
-	VFMADD231PS Y12, Y9, Y6
-	VMOVUPS (DI)(R10*1), Y13
-	VFMADD231PS Y13, Y8, Y3
-	VFMADD231PS Y13, Y9, Y7
-	ADDQ $32, R10
-	JMP  loop2
-
-done2:
-	HSUM(Y0, X0, 0)
-	HSUM(Y1, X1, 4)
-	HSUM(Y2, X2, 8)
-	HSUM(Y3, X3, 12)
-	HSUM(Y4, X4, 16)
-	HSUM(Y5, X5, 20)
-	HSUM(Y6, X6, 24)
-	HSUM(Y7, X7, 28)
-	VZEROUPPER
-	RET
-
-// func dot1x4AVX(xa, w0, w1, w2, w3 *float32, n int, out *[4]float32)
-// out[0:4] = xa·w0..w3 with the same per-lane order as dot2x4AVX.
-TEXT ·dot1x4AVX(SB), NOSPLIT, $0-56
-	MOVQ xa+0(FP), AX
-	MOVQ w0+8(FP), CX
-	MOVQ w1+16(FP), DX
-	MOVQ w2+24(FP), SI
-	MOVQ w3+32(FP), DI
-	MOVQ n+40(FP), R8
-	MOVQ out+48(FP), R9
-	SHLQ $2, R8
-	XORQ R10, R10
-	VXORPS Y0, Y0, Y0
-	VXORPS Y1, Y1, Y1
-	VXORPS Y2, Y2, Y2
-	VXORPS Y3, Y3, Y3
-
-loop1:
-	CMPQ R10, R8
-	JGE  done1
-	VMOVUPS (AX)(R10*1), Y8
-	VFMADD231PS (CX)(R10*1), Y8, Y0
-	VFMADD231PS (DX)(R10*1), Y8, Y1
-	VFMADD231PS (SI)(R10*1), Y8, Y2
-	VFMADD231PS (DI)(R10*1), Y8, Y3
-	ADDQ $32, R10
-	JMP  loop1
-
-done1:
-	HSUM(Y0, X0, 0)
-	HSUM(Y1, X1, 4)
-	HSUM(Y2, X2, 8)
-	HSUM(Y3, X3, 12)
-	VZEROUPPER
-	RET
-
 // func dotAVX(a, b *float32, n int) float32
-// n is a multiple of 8; two accumulators, reduced like HSUM.
+// n is a multiple of 8; two accumulators, added, then the high half folded
+// onto the low one and the lanes added in pairs.
 TEXT ·dotAVX(SB), NOSPLIT, $0-28
 	MOVQ a+0(FP), AX
 	MOVQ b+8(FP), BX
@@ -350,6 +250,99 @@ q2k1d:
 	JMP  q2k1
 
 q2done:
+	VZEROUPPER
+	RET
+
+// func mm4AVX(x, w0, w1, w2, w3, y *float32, rows, in, ldy, m int)
+// For i < rows and c < m (1 <= m <= 4): y[i*ldy+c] = x[i*in:][:in] · wc[:in];
+// in is a multiple of 8. Rows go two at a time (a 2×4 tile: eight
+// independent chains, each w load used twice), the last one alone if rows
+// is odd; every (row, column) accumulates in steps of 8 and reduces like
+// QKSUM1, so its bits do not depend on the rows or columns beside it.
+TEXT ·mm4AVX(SB), NOSPLIT, $0-80
+	MOVQ x+0(FP), AX
+	MOVQ w0+8(FP), R10
+	MOVQ w1+16(FP), R11
+	MOVQ w2+24(FP), R12
+	MOVQ w3+32(FP), R13
+	MOVQ y+40(FP), R9
+	MOVQ rows+48(FP), DX
+	MOVQ in+56(FP), R8
+	MOVQ ldy+64(FP), R14
+	MOVQ m+72(FP), CX
+	SHLQ $2, R8  // in bytes
+	SHLQ $2, R14 // ldy bytes
+	MOVQ $8, BX
+	SUBQ CX, BX
+	LEAQ smxMask<>(SB), DI
+	VMOVUPS (DI)(BX*4), X15 // the first m lanes
+	LEAQ (AX)(R8*1), BX     // row b of the pair
+	LEAQ (R9)(R14*1), DI    // its output
+
+mm2:
+	CMPQ DX, $2
+	JLT  mm1
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ SI, SI
+
+mm2k:
+	VMOVUPS (AX)(SI*1), Y8
+	VMOVUPS (BX)(SI*1), Y9
+	VMOVUPS (R10)(SI*1), Y10
+	VFMADD231PS Y10, Y8, Y0
+	VFMADD231PS Y10, Y9, Y4
+	VMOVUPS (R11)(SI*1), Y11
+	VFMADD231PS Y11, Y8, Y1
+	VFMADD231PS Y11, Y9, Y5
+	VMOVUPS (R12)(SI*1), Y12
+	VFMADD231PS Y12, Y8, Y2
+	VFMADD231PS Y12, Y9, Y6
+	VMOVUPS (R13)(SI*1), Y13
+	VFMADD231PS Y13, Y8, Y3
+	VFMADD231PS Y13, Y9, Y7
+	ADDQ $32, SI
+	CMPQ SI, R8
+	JLT  mm2k
+	QKSUM4(Y0, Y1, Y2, Y3, X0, X1)
+	QKSUM4(Y4, Y5, Y6, Y7, X4, X5)
+	VMASKMOVPS X0, X15, (R9)
+	VMASKMOVPS X4, X15, (DI)
+	LEAQ (AX)(R8*2), AX
+	LEAQ (BX)(R8*2), BX
+	LEAQ (R9)(R14*2), R9
+	LEAQ (DI)(R14*2), DI
+	SUBQ $2, DX
+	JMP  mm2
+
+mm1:
+	CMPQ DX, $0
+	JLE  mmdone
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	XORQ SI, SI
+
+mm1k:
+	VMOVUPS (AX)(SI*1), Y8
+	VFMADD231PS (R10)(SI*1), Y8, Y0
+	VFMADD231PS (R11)(SI*1), Y8, Y1
+	VFMADD231PS (R12)(SI*1), Y8, Y2
+	VFMADD231PS (R13)(SI*1), Y8, Y3
+	ADDQ $32, SI
+	CMPQ SI, R8
+	JLT  mm1k
+	QKSUM4(Y0, Y1, Y2, Y3, X0, X1)
+	VMASKMOVPS X0, X15, (R9)
+
+mmdone:
 	VZEROUPPER
 	RET
 
@@ -650,7 +643,7 @@ GLOBL smxMask<>(SB), RODATA|NOPTR, $64
 // func softmaxAVX(s *float32, n int, scale float32) float32
 // softmaxRow on s[0:n], n >= 1, scale > 0: s[j] = e^(s[j]·scale - m) with
 // m the largest s[j]·scale; returns the sum of the new s[j], added in
-// eight lanes (lane j%8) and reduced like HSUM. The first pass takes the
+// eight lanes (lane j%8) and reduced as dotAVX reduces. The first pass takes the
 // max of the raw scores: rounding s·scale is monotonic in s, so m is
 // exactly the max of the scaled ones.
 TEXT ·softmaxAVX(SB), NOSPLIT, $0-28

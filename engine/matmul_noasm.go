@@ -4,14 +4,6 @@ package engine
 
 func hasAVXKernels() bool { return false }
 
-func dot2x4AVX(xa, xb, w0, w1, w2, w3 *float32, n int, out *[8]float32) {
-	panic("engine: no AVX kernels in this build")
-}
-
-func dot1x4AVX(xa, w0, w1, w2, w3 *float32, n int, out *[4]float32) {
-	panic("engine: no AVX kernels in this build")
-}
-
 func dotAVX(a, b *float32, n int) float32 { panic("engine: no AVX kernels in this build") }
 
 func axpyAVX(alpha float32, x, y *float32, n int) { panic("engine: no AVX kernels in this build") }
@@ -37,3 +29,7 @@ func pv2AVX(p0, p1, kv *float32, offs *int32, n, hd int, scale0, scale1 float32,
 }
 
 func siluMulAVX(gate, u *float32, n int) { panic("engine: no AVX kernels in this build") }
+
+func mm4AVX(x, w0, w1, w2, w3, y *float32, rows, in, ldy, m int) {
+	panic("engine: no AVX kernels in this build")
+}
