@@ -31,7 +31,7 @@
 // Go elsewhere, or with the purego build tag) on a fixed worker pool.
 // Attention reads each key and value row once for the query heads that
 // share it, two at a time, and does the softmax row in eight lanes, as the
-// MLP does its SiLU gate; a
+// MLP does its SiLU gate and RMSNorm its rows; a
 // token's result does not depend on the batch it was computed in, so
 // injected KV followed by a prefill of the rest gives the logits of a full
 // prefill to float32 rounding of RoPE angles.

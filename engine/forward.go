@@ -264,6 +264,17 @@ func rmsNorm(x, h, w []float32, rows, dim int, eps float64) {
 	}
 }
 
+// rmsNorm is rmsNorm with the model's epsilon, on rmsNormAVX where the
+// kernels run and dim is a multiple of 8.
+func (e *Engine) rmsNorm(x, h, w []float32, rows, dim int) {
+	if e.attnAVX && dim%8 == 0 {
+		x, h, w = x[:rows*dim], h[:rows*dim], w[:dim]
+		rmsNormAVX(&x[0], &h[0], &w[0], rows, dim, e.cfg.RMSNormEps)
+		return
+	}
+	rmsNorm(x, h, w, rows, dim, e.cfg.RMSNormEps)
+}
+
 func silu(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
 
 // siluMul sets g[i] = silu(g[i]) * u[i], the MLP's gate; siluMulAVX is this
@@ -340,13 +351,13 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		for r, i := range active {
 			sc.slots[r] = s.slots[i]
 		}
-		rmsNorm(sc.x, sc.h, lw.inputNorm, n, H, c.RMSNormEps)
+		e.rmsNorm(sc.x, sc.h, lw.inputNorm, n, H)
 		e.pool.matmul(&sc.mm, sc.q, sc.x, lw.q, lw.qBias, n, H, Q)
 		e.pool.matmul(&sc.mm, sc.k, sc.x, lw.k, lw.kBias, n, H, KV)
 		e.pool.matmul(&sc.mm, sc.v, sc.x, lw.v, lw.vBias, n, H, KV)
 		if c.QKNorm {
-			rmsNorm(sc.q, sc.q, lw.qNorm, n*c.NumHeads, hd, c.RMSNormEps)
-			rmsNorm(sc.k, sc.k, lw.kNorm, n*c.NumKVHeads, hd, c.RMSNormEps)
+			e.rmsNorm(sc.q, sc.q, lw.qNorm, n*c.NumHeads, hd)
+			e.rmsNorm(sc.k, sc.k, lw.kNorm, n*c.NumKVHeads, hd)
 		}
 		if p.capture != nil {
 			e.capture(p, l, active, n)
@@ -384,7 +395,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		for i, v := range sc.o[:n*H] {
 			sc.h[i] += v
 		}
-		rmsNorm(sc.x, sc.h, lw.postNorm, n, H, c.RMSNormEps)
+		e.rmsNorm(sc.x, sc.h, lw.postNorm, n, H)
 		e.pool.matmul(&sc.mm, sc.g, sc.x, lw.gate, nil, n, H, F)
 		e.pool.matmul(&sc.mm, sc.u, sc.x, lw.up, nil, n, H, F)
 		if e.attnAVX && F%8 == 0 {
@@ -400,7 +411,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 	*at = attnTask{}
 	if p.logits != nil {
 		sc.x = grow(sc.x, H)
-		rmsNorm(sc.x, sc.h[(n-1)*H:n*H], e.w.norm, 1, H, c.RMSNormEps)
+		e.rmsNorm(sc.x, sc.h[(n-1)*H:n*H], e.w.norm, 1, H)
 		e.pool.matmul(&sc.mm, p.logits, sc.x, e.w.lmHead, nil, 1, H, c.VocabSize)
 	}
 	return st, nil

@@ -34,3 +34,6 @@ func siluMulAVX(gate, u *float32, n int)
 
 //go:noescape
 func mm4AVX(x, w0, w1, w2, w3, y *float32, rows, in, ldy, m int)
+
+//go:noescape
+func rmsNormAVX(x, h, w *float32, rows, dim int, eps float64)

@@ -768,3 +768,63 @@ siluloop:
 siludone:
 	VZEROUPPER
 	RET
+
+// func rmsNormAVX(x, h, w *float32, rows, dim int, eps float64)
+// rmsNorm with dim a multiple of 8: the squares summed in float64 in eight
+// lanes (two vectors of four), the scale computed as rmsNorm computes it,
+// and x = h*inv*w rounded after each multiply as there.
+TEXT ·rmsNormAVX(SB), NOSPLIT, $0-48
+	MOVQ x+0(FP), DI
+	MOVQ h+8(FP), SI
+	MOVQ w+16(FP), BX
+	MOVQ rows+24(FP), DX
+	MOVQ dim+32(FP), R8
+	VMOVSD eps+40(FP), X13
+	VCVTSI2SDQ R8, X12, X12 // dim as float64
+	MOVQ $0x3ff0000000000000, AX
+	MOVQ AX, X11          // 1.0
+	SHLQ $2, R8           // dim in bytes
+
+rmsrow:
+	CMPQ DX, $0
+	JLE  rmsdone
+	VXORPD Y0, Y0, Y0
+	VXORPD Y1, Y1, Y1
+	XORQ CX, CX
+
+rmsss:
+	VCVTPS2PD (SI)(CX*1), Y2
+	VCVTPS2PD 16(SI)(CX*1), Y3
+	VFMADD231PD Y2, Y2, Y0
+	VFMADD231PD Y3, Y3, Y1
+	ADDQ $32, CX
+	CMPQ CX, R8
+	JLT  rmsss
+	VADDPD Y1, Y0, Y0
+	VEXTRACTF128 $1, Y0, X1
+	VADDPD X1, X0, X0
+	VUNPCKHPD X0, X0, X1
+	VADDSD X1, X0, X0
+	VDIVSD X12, X0, X0
+	VADDSD X13, X0, X0
+	VSQRTSD X0, X0, X0
+	VDIVSD X0, X11, X0
+	VCVTSD2SS X0, X0, X0
+	VBROADCASTSS X0, Y4
+	XORQ CX, CX
+
+rmsmul:
+	VMULPS (SI)(CX*1), Y4, Y5
+	VMULPS (BX)(CX*1), Y5, Y5
+	VMOVUPS Y5, (DI)(CX*1)
+	ADDQ $32, CX
+	CMPQ CX, R8
+	JLT  rmsmul
+	ADDQ R8, SI
+	ADDQ R8, DI
+	DECQ DX
+	JMP  rmsrow
+
+rmsdone:
+	VZEROUPPER
+	RET

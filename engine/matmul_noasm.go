@@ -33,3 +33,7 @@ func siluMulAVX(gate, u *float32, n int) { panic("engine: no AVX kernels in this
 func mm4AVX(x, w0, w1, w2, w3, y *float32, rows, in, ldy, m int) {
 	panic("engine: no AVX kernels in this build")
 }
+
+func rmsNormAVX(x, h, w *float32, rows, dim int, eps float64) {
+	panic("engine: no AVX kernels in this build")
+}

@@ -369,3 +369,39 @@ func TestSiluKernel(t *testing.T) {
 		}
 	}
 }
+
+// TestRMSNormKernel checks rmsNormAVX against rmsNorm, in place and not.
+func TestRMSNormKernel(t *testing.T) {
+	if !hasAVXKernels() {
+		t.Skip("no AVX2+FMA here")
+	}
+	r := rand.New(rand.NewPCG(13, 13))
+	for _, dim := range []int{8, 16, 64, 128, 136, 512} {
+		for _, rows := range []int{1, 2, 5} {
+			for _, spread := range []float32{1e-20, 1e-3, 1, 1e15} {
+				h, w := randSlice(r, rows*dim), randSlice(r, dim)
+				for i := range h {
+					h[i] *= spread
+				}
+				want := make([]float32, rows*dim)
+				rmsNorm(want, h, w, rows, dim, 1e-5)
+				got := make([]float32, rows*dim+1)
+				got[rows*dim] = 42
+				rmsNormAVX(&got[0], &h[0], &w[0], rows, dim, 1e-5)
+				inPlace := append([]float32(nil), h...)
+				rmsNormAVX(&inPlace[0], &inPlace[0], &w[0], rows, dim, 1e-5)
+				if got[rows*dim] != 42 {
+					t.Fatalf("dim=%d rows=%d: wrote past the rows", dim, rows)
+				}
+				for i, v := range want {
+					// The float64 sums differ in order only: the float32
+					// scale is almost always the same, and one rounding off
+					// at worst.
+					if d := math.Abs(float64(got[i] - v)); d > 3e-7*math.Abs(float64(v)) || inPlace[i] != got[i] {
+						t.Fatalf("dim=%d rows=%d spread=%g [%d]: %v (in place %v), Go %v", dim, rows, spread, i, got[i], inPlace[i], v)
+					}
+				}
+			}
+		}
+	}
+}
