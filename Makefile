@@ -197,7 +197,7 @@ bench-linkrate: build
 bench-accuracy:
 	$(GO) run ./cmd/kvmesh-bench -accuracy train/recall -accuracy-prompts $(ACCURACY_PROMPTS) -accuracy-budget $(ACCURACY_BUDGET) -timeout 60m -out docs/bench
 
-# Retrains the recall model in its three phases (99 minutes on one core;
+# Retrains the recall model in its four phases (129 minutes on one core;
 # Debian's python3-torch, python3-numpy and libopenblas0-pthread), then
 # writes its evaluation set and PyTorch reference outputs.
 TRAIN = OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 /usr/bin/python3 train/train.py --out out/recall-run $(TRAIN_FLAGS)
@@ -206,6 +206,7 @@ train-recall:
 	$(TRAIN) --minutes 40 --stop-minutes 24 --eval-minutes 4 --lr 3e-3
 	$(TRAIN) --minutes 30 --eval-minutes 5 --lr 1.6e-3 --resume --min-k 50
 	$(TRAIN) --minutes 45 --eval-minutes 5 --lr 8e-4 --resume --min-k 50 --task-p 0.2,0.65,0.15
+	$(TRAIN) --minutes 30 --eval-minutes 5 --lr 5e-4 --resume --min-k 50 --task-p 0.15,0.75,0.1
 	mkdir -p train/recall && cp out/recall-run/model/* out/recall-run/curve.jsonl train/recall/
 	/usr/bin/python3 train/gen.py --seed 1234 --n 40 --out train/recall/eval.json
 	OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 train/reference.py --model train/recall --eval train/recall/eval.json --out train/recall/reference.json --threads 2
