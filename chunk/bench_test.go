@@ -103,38 +103,56 @@ func BenchmarkDecode(b *testing.B) {
 	}
 }
 
+// smallChunk is a 24-token chunk of a small model (4 layers, 2 KV heads,
+// head dim 64; the shape of the demo's and the link-rate benchmark's
+// model): each K or V half of a layer is 3072 elements, planes too small
+// for huff0's 4X format at its default threshold.
+func smallChunk(dt DType) *Entry {
+	return synthEntry(rand.New(rand.NewPCG(24, uint64(dt))), dt, 24, 4, 2, 64)
+}
+
 // BenchmarkDecodeLayer decodes as the injection path does: a layer at a
 // time (DecodeRange of one layer) into one reused layer-sized buffer, so
 // the output stays in cache instead of streaming a whole entry to memory.
-// cpu_GB/s is of 16-bit output bytes per CPU-second.
+// cpu_GB/s is of 16-bit output bytes per CPU-second. The Llama-shaped
+// chunk's cases are named codec/dtype, the small chunk's codec/dtype/small.
 func BenchmarkDecodeLayer(b *testing.B) {
 	for _, dt := range []DType{BF16, F16} {
-		e := llamaChunk(dt)
-		for _, c := range []Codec{CodecLossless, CodecInt8, CodecFP8} {
-			b.Run(c.String()+"/"+dt.String(), func(b *testing.B) {
-				blob, err := Encode(nil, e, c)
-				if err != nil {
-					b.Fatal(err)
-				}
-				hd, err := ParseHeader(blob, Limits{})
-				if err != nil {
-					b.Fatal(err)
-				}
-				dst := make([]byte, hd.Shape.LayerBytes())
-				b.SetBytes(int64(len(e.KV)))
-				b.ReportAllocs()
-				b.ResetTimer()
-				clk := startClock()
-				for i := 0; i < b.N; i++ {
-					for l := range hd.Shape.Layers {
-						if err := DecodeRange(dst, blob, &hd, Range{LayerLo: l, LayerHi: l + 1}, nil); err != nil {
-							b.Fatal(err)
-						}
+		for _, shape := range []struct {
+			suffix string
+			e      *Entry
+		}{{"", llamaChunk(dt)}, {"/small", smallChunk(dt)}} {
+			benchDecodeLayer(b, dt, shape.e, shape.suffix)
+		}
+	}
+}
+
+// benchDecodeLayer runs BenchmarkDecodeLayer's cases on entry e.
+func benchDecodeLayer(b *testing.B, dt DType, e *Entry, suffix string) {
+	for _, c := range []Codec{CodecLossless, CodecInt8, CodecFP8} {
+		b.Run(c.String()+"/"+dt.String()+suffix, func(b *testing.B) {
+			blob, err := Encode(nil, e, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			hd, err := ParseHeader(blob, Limits{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			dst := make([]byte, hd.Shape.LayerBytes())
+			b.SetBytes(int64(len(e.KV)))
+			b.ReportAllocs()
+			b.ResetTimer()
+			clk := startClock()
+			for i := 0; i < b.N; i++ {
+				for l := range hd.Shape.Layers {
+					if err := DecodeRange(dst, blob, &hd, Range{LayerLo: l, LayerHi: l + 1}, nil); err != nil {
+						b.Fatal(err)
 					}
 				}
-				clk.report(b, len(e.KV))
-			})
-		}
+			}
+			clk.report(b, len(e.KV))
+		})
 	}
 }
 

@@ -134,3 +134,51 @@ func FuzzHuffDecoder(f *testing.F) {
 		checkHuffSame(t, d, data[2:], m, "fuzzed block")
 	})
 }
+
+// directMulti is multi's entry for the window w, found by decoding the
+// window a code at a time.
+func directMulti(d *huffDecoder, w uint32) uint64 {
+	var syms, n, used uint32
+	for n < huffMaxSyms {
+		e := d.single[(w<<used&(1<<huffWindow-1))>>(huffWindow-d.tableLog)]
+		nb := uint32(e & 0xff)
+		if nb > huffWindow-used {
+			break
+		}
+		syms |= uint32(e>>8) << (8 * n)
+		n++
+		used += nb
+	}
+	return uint64(syms) | uint64(n)<<32 | uint64(used)<<40
+}
+
+// TestHuffFillMatchesDirect: every entry of multi is the codes that
+// decoding its window one code at a time finds.
+func TestHuffFillMatchesDirect(t *testing.T) {
+	rng := rand.New(rand.NewPCG(41, 3))
+	var hs huff0.Scratch
+	hs.Reuse = huff0.ReusePolicyNone
+	d := &huffDecoder{}
+	tables := 0
+	for _, p := range []float64{0.97, 0.8, 0.5, 0.3, 0.1, 0.02} {
+		for _, tl := range []uint8{0, 5, 8, 9, 11} {
+			hs.TableLog = tl
+			enc, _, err := huff0.Compress1X(huffPlane(rng, 5000, p), &hs)
+			if err != nil {
+				continue
+			}
+			if _, err := d.readTable(enc); err != nil {
+				t.Fatal(err)
+			}
+			tables++
+			for w := range uint32(1 << huffWindow) {
+				if got, want := d.multi[w], directMulti(d, w); got != want {
+					t.Fatalf("p %v tablelog %d: entry %#x is %#x, want %#x", p, d.tableLog, w, got, want)
+				}
+			}
+		}
+	}
+	if tables < 20 {
+		t.Fatalf("only %d tables", tables)
+	}
+}

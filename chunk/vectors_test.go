@@ -77,8 +77,9 @@ type entryVector struct {
 	Checksum string `json:"checksum"`
 	// Writer is "go" for entries chunk.Encode wrote, "python" for the
 	// ones the Python encoder wrote, "go-f16v1" for f16 lossless entries
-	// Go wrote in the first f16 layout, before the exponent layout (every
-	// reader must decode those two).
+	// Go wrote in the first f16 layout, before the exponent layout, and
+	// "go-1x" for lossless entries Go wrote when blocks under 4096
+	// elements were huff0 1X (every reader must decode those).
 	Writer string `json:"writer"`
 }
 
