@@ -265,11 +265,16 @@ def main():
     ap.add_argument("--seed", type=int, default=1234, help="evaluation seed")
     ap.add_argument("--n", type=int, default=40, help="prompts per task and k")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--tasks", default="facts,rag,twohop", help="tasks, comma-separated")
+    ap.add_argument("--ks", default="5,10,20,50", help="values of k, comma-separated")
     ap.add_argument("--vocab-out")
     a = ap.parse_args()
     v = Vocab()
+    tasks = tuple(a.tasks.split(","))
+    ks = tuple(int(k) for k in a.ks.split(","))
     with open(a.out, "w") as f:
-        json.dump({"seed": a.seed, "stop": v.id["."], "prompts": eval_sets(v, a.seed, n=a.n)}, f, separators=(",", ":"))
+        json.dump({"seed": a.seed, "stop": v.id["."], "prompts": eval_sets(v, a.seed, ks=ks, n=a.n, tasks=tasks)}, f,
+                  separators=(",", ":"))
     if a.vocab_out:
         with open(a.vocab_out, "w") as f:
             json.dump(v.words, f)

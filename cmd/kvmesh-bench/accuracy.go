@@ -19,6 +19,7 @@ import (
 // accuracyFlags are the -accuracy mode's settings.
 type accuracyFlags struct {
 	model   string // model directory: config.json, model.safetensors, eval.json, reference.json, curve.jsonl
+	eval    string // the evaluation set; empty: the model directory's eval.json
 	prompts int    // per task and k; 0 = all
 	out     string
 	nodes   int
@@ -38,7 +39,11 @@ func runAccuracy(ctx context.Context, f accuracyFlags, progress func(string)) er
 	if err != nil {
 		return err
 	}
-	set, err := workload.LoadEvalSet(filepath.Join(f.model, "eval.json"))
+	evalPath := f.eval
+	if evalPath == "" {
+		evalPath = filepath.Join(f.model, "eval.json")
+	}
+	set, err := workload.LoadEvalSet(evalPath)
 	if err != nil {
 		return err
 	}

@@ -74,6 +74,7 @@ func run() error {
 	quiet := flag.Bool("q", false, "no progress lines on stderr")
 	memSystem := flag.Int("memory-system", 32, "system prompt tokens of the memory-fact prompts (negative: none, the workload before SystemLen)")
 	accuracy := flag.String("accuracy", "", "instead: measure answer accuracy of the trained model in this directory each way, and write ACCURACY.md")
+	accEval := flag.String("accuracy-eval", "", "with -accuracy: the evaluation set (train/gen.py's JSON; default: eval.json in the model directory)")
 	accPrompts := flag.Int("accuracy-prompts", 0, "prompts per task and k of the accuracy run (0: all of eval.json)")
 	accBudget := flag.Duration("accuracy-budget", 10*time.Minute, "with -accuracy: start no round of prompts (one per task and k) after this long (0: no bound)")
 	accPython := flag.String("accuracy-python", "/usr/bin/python3", "with -accuracy: the Python with torch that runs train/reference.py for the prefill baseline")
@@ -146,7 +147,7 @@ func run() error {
 		if err != nil {
 			return err
 		}
-		return runAccuracy(ctx, accuracyFlags{model: *accuracy, prompts: *accPrompts, out: *out, nodes: *nodes,
+		return runAccuracy(ctx, accuracyFlags{model: *accuracy, eval: *accEval, prompts: *accPrompts, out: *out, nodes: *nodes,
 			workers: *workers, seed: *seed, budget: *accBudget, python: *accPython, threads: threads, rounds: *accRounds}, progress)
 	}
 	kvd, err := chunk.ParseDType(*kvType)
