@@ -192,7 +192,7 @@ func (r *AccuracyReport) Markdown() string {
 	env := r.Env
 	m := env.Model
 	p("# Answer accuracy of kvmesh's KV reuse on a trained model\n\n")
-	p("Made by `make bench-accuracy` (`%s`) in %v; nothing here is edited by hand.\n\n", env.Command, env.Elapsed.Round(time.Second))
+	p("Made by `%s` (`make bench-accuracy`, or `make bench-accuracy-facts50` for the 400 facts prompts at k=50) in %v; nothing here is edited by hand.\n\n", env.Command, env.Elapsed.Round(time.Second))
 	p("The model (`%s`) is a Llama-architecture decoder trained from scratch by `train/train.py` on the\n", r.Model)
 	p("synthetic corpus of `train/gen.py` (see `train/README.md` for the command and seed): %d layers, hidden %d,\n", m.NumLayers, m.HiddenSize)
 	p("%d heads of %d, %d KV heads, intermediate %d, vocabulary %d, RMSNorm, SwiGLU, NeoX RoPE (theta %g), %s weights.\n",
