@@ -468,8 +468,9 @@ func (s *wayStats) p(q float64) time.Duration {
 type ttftPoint struct {
 	k    int
 	ways [numWays]wayStats
-	// plain times a plain gRPC stream of plainBytes (what a remote hit's
-	// query fetched from peers, on average) on the same loopback.
+	// plain times, in each round right after the remote hit, a plain gRPC
+	// stream of the bytes that hit fetched from peers, on the same
+	// loopback; plainBytes is their mean.
 	plain      wayStats
 	plainBytes int
 }
@@ -518,6 +519,13 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 			return nil, fmt.Errorf("demo: k=%d exceeds the facts on one side (%d local, %d remote)", k, len(near), len(far))
 		}
 		pt := ttftPoint{k: k}
+		var plain *plainGRPC
+		defer func() {
+			if plain != nil {
+				plain.close()
+			}
+		}()
+		var plainBuf []byte
 		for q := -1; q < cfg.Queries; q++ {
 			query := randTokens(rng, cfg.QueryTokens, e.Config().VocabSize)
 			for way := range numWays {
@@ -541,10 +549,31 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 				if err != nil {
 					return nil, err
 				}
+				l1, p1 := local.InjectFetchedBytes()
+				if way == wayFar && p1 > p0 {
+					// The same bytes over a plain stream, right after the
+					// remote hit, so both see the same load.
+					n := int(p1 - p0)
+					if plain == nil || n > len(plainBuf) {
+						if plain != nil {
+							plain.close()
+						}
+						if plain, err = startPlainGRPC(2 * n); err != nil {
+							return nil, err
+						}
+						plainBuf = make([]byte, 2*n)
+					}
+					pd, err := plain.fetch(ctx, plainBuf[:n])
+					if err != nil {
+						return nil, err
+					}
+					if q >= 0 {
+						pt.plain.ttft = append(pt.plain.ttft, pd)
+					}
+				}
 				if q < 0 {
 					continue
 				}
-				l1, p1 := local.InjectFetchedBytes()
 				s := &pt.ways[way]
 				s.ttft = append(s.ttft, d)
 				s.localBytes += l1 - l0
@@ -565,41 +594,13 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 				}
 			}
 		}
-		if err := measurePlain(ctx, cfg, &pt); err != nil {
-			return nil, err
-		}
+		pt.plainBytes = int(pt.ways[wayFar].peerBytes) / cfg.Queries
 		fmt.Fprintf(stderr, "k=%d: prompt %v, local hit %v, remote hit %v, plain gRPC of %s %v (p50)\n", k,
 			pt.ways[wayPrompt].p(0.5).Round(10*time.Microsecond), pt.ways[wayNear].p(0.5).Round(10*time.Microsecond),
 			pt.ways[wayFar].p(0.5).Round(10*time.Microsecond), units.Bytes(uint64(pt.plainBytes)), pt.plain.p(0.5).Round(10*time.Microsecond))
 		out = append(out, pt)
 	}
 	return out, nil
-}
-
-// measurePlain times a plain gRPC stream of the bytes a remote hit's query
-// fetched from peers (their mean), as many times as the queries, after one
-// untimed round.
-func measurePlain(ctx context.Context, cfg demoConfig, pt *ttftPoint) error {
-	pt.plainBytes = int(pt.ways[wayFar].peerBytes) / cfg.Queries
-	if pt.plainBytes == 0 {
-		return nil
-	}
-	p, err := startPlainGRPC(pt.plainBytes)
-	if err != nil {
-		return err
-	}
-	defer p.close()
-	dst := make([]byte, pt.plainBytes)
-	for q := -1; q < cfg.Queries; q++ {
-		d, err := p.fetch(ctx, dst)
-		if err != nil {
-			return err
-		}
-		if q >= 0 {
-			pt.plain.ttft = append(pt.plain.ttft, d)
-		}
-	}
-	return nil
 }
 
 type fidelityRow struct {
