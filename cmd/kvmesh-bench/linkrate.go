@@ -395,6 +395,7 @@ func linkRatePoint(ctx context.Context, f linkRateFlags, e *engine.Engine, shm *
 		return append(segs, engine.Segment{Tokens: query})
 	}
 	res := make([]lrResult, len(far))
+	fetched := make([]float64, len(far)) // peer bytes of the timed remote requests
 	for rep := range lrWarm + f.reps {
 		for i := range far {
 			for _, way := range []struct {
@@ -417,7 +418,7 @@ func linkRatePoint(ctx context.Context, f linkRateFlags, e *engine.Engine, shm *
 				}
 				if rep >= lrWarm {
 					if way.into == &res[i].remote {
-						res[i].peerBytes += (after - before) / float64(f.reps)
+						fetched[i] += after - before
 					} else {
 						res[i].localPeer += after - before
 					}
@@ -432,7 +433,10 @@ func linkRatePoint(ctx context.Context, f linkRateFlags, e *engine.Engine, shm *
 		}
 	}
 	for i := range res {
-		if res[i].localPeer > 0 || res[i].peerBytes < float64(far[i].stored) {
+		// Whole byte counts summed, then divided: summing per-request
+		// shares of them would round under the stored size.
+		res[i].peerBytes = fetched[i] / float64(f.reps)
+		if res[i].localPeer > 0 || fetched[i] < float64(f.reps)*float64(far[i].stored) {
 			return nil, fmt.Errorf("%s: remote requests fetched %.0f bytes from peers of %d; local ones %.0f: chunks moved",
 				far[i].codec, res[i].peerBytes, far[i].stored, res[i].localPeer)
 		}
