@@ -262,11 +262,23 @@ func PutDirect(ctx context.Context, cc grpc.ClientConnInterface, blob []byte, ke
 		return err
 	}
 	if err := SendHeader(st, &PutHeader{Key: ProtoKey(key), BlobBytes: uint64(len(blob)), Direct: true}); err != nil {
-		return err
+		return PutSendErr(st, err)
 	}
 	if err := SendBody(st, mem.SliceBuffer(blob), DefaultFrameBytes); err != nil {
-		return err
+		return PutSendErr(st, err)
 	}
 	_, err = st.CloseAndRecv()
+	return err
+}
+
+// PutSendErr is the error of a failed send on a Put stream: the server's
+// status when the server already answered (gRPC then reports io.EOF to
+// the sender and keeps the status for the receive), else err.
+func PutSendErr(st grpc.ClientStreamingClient[PutFrame, PutResponse], err error) error {
+	if errors.Is(err, io.EOF) {
+		if _, rerr := st.CloseAndRecv(); rerr != nil {
+			return rerr
+		}
+	}
 	return err
 }

@@ -447,10 +447,10 @@ func (c *Client) Put(ctx context.Context, blob []byte) (PutResult, error) {
 		}
 		defer func() { c.noteEpoch(md) }()
 		if err := api.SendHeader(st, &api.PutHeader{Key: api.ProtoKey(hd.Key), BlobBytes: uint64(len(blob))}); err != nil {
-			return closeErr(st, err)
+			return api.PutSendErr(st, err)
 		}
 		if err := api.SendBody(st, mem.SliceBuffer(blob), c.cfg.FrameBytes); err != nil {
-			return closeErr(st, err)
+			return api.PutSendErr(st, err)
 		}
 		resp, err = st.CloseAndRecv()
 		return err
@@ -473,17 +473,6 @@ func (c *Client) PutEntry(ctx context.Context, e *chunk.Entry) (PutResult, error
 		return PutResult{}, err
 	}
 	return c.Put(ctx, blob)
-}
-
-// closeErr returns the server's status when a send failed because the
-// server already answered (Send then reports io.EOF).
-func closeErr(st grpc.ClientStreamingClient[api.PutFrame, api.PutResponse], err error) error {
-	if errors.Is(err, io.EOF) {
-		if _, rerr := st.CloseAndRecv(); rerr != nil {
-			return rerr
-		}
-	}
-	return err
 }
 
 // Get reads the whole encoded entry of key and verifies every checksum. A
