@@ -514,18 +514,13 @@ func promptOf(facts [][]uint32, idx []int, query []uint32) []engine.Segment {
 func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engine.CacheInjector, local *node.Node,
 	facts [][]uint32, near, far []int, rng *rand.Rand, stderr io.Writer) ([]ttftPoint, error) {
 	var out []ttftPoint
+	var plain plainRef
+	defer plain.close()
 	for _, k := range cfg.Ks {
 		if k > len(near) || k > len(far) {
 			return nil, fmt.Errorf("demo: k=%d exceeds the facts on one side (%d local, %d remote)", k, len(near), len(far))
 		}
 		pt := ttftPoint{k: k}
-		var plain *plainGRPC
-		defer func() {
-			if plain != nil {
-				plain.close()
-			}
-		}()
-		var plainBuf []byte
 		for q := -1; q < cfg.Queries; q++ {
 			query := randTokens(rng, cfg.QueryTokens, e.Config().VocabSize)
 			for way := range numWays {
@@ -553,17 +548,7 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 				if way == wayFar && p1 > p0 {
 					// The same bytes over a plain stream, right after the
 					// remote hit, so both see the same load.
-					n := int(p1 - p0)
-					if plain == nil || n > len(plainBuf) {
-						if plain != nil {
-							plain.close()
-						}
-						if plain, err = startPlainGRPC(2 * n); err != nil {
-							return nil, err
-						}
-						plainBuf = make([]byte, 2*n)
-					}
-					pd, err := plain.fetch(ctx, plainBuf[:n])
+					pd, err := plain.time(ctx, int(p1-p0))
 					if err != nil {
 						return nil, err
 					}

@@ -93,3 +93,31 @@ func (p *plainGRPC) close() {
 	_ = p.conn.Close()
 	p.srv.Stop()
 }
+
+// plainRef times plain streams of any size: it starts a plainGRPC holding
+// twice the bytes first asked for, and a larger one when a stream asks
+// for more than it holds.
+type plainRef struct {
+	p   *plainGRPC
+	buf []byte
+}
+
+// time times one plain stream of n bytes.
+func (r *plainRef) time(ctx context.Context, n int) (time.Duration, error) {
+	if r.p == nil || n > len(r.buf) {
+		r.close()
+		p, err := startPlainGRPC(2 * n)
+		if err != nil {
+			return 0, err
+		}
+		r.p, r.buf = p, make([]byte, 2*n)
+	}
+	return r.p.fetch(ctx, r.buf[:n])
+}
+
+func (r *plainRef) close() {
+	if r.p != nil {
+		r.p.close()
+		r.p = nil
+	}
+}
