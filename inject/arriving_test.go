@@ -156,8 +156,8 @@ func (su *arrivingSetup) want(t *testing.T, layers [2]int) [][]byte {
 	return want
 }
 
-// check: chunk 1 is written whole; chunk 0, whose layer failed did not
-// arrive or failed its checksum, is not written at that layer, and at
+// check: chunk 1 is written whole; chunk 0, whose layer failed (it did
+// not arrive or failed its checksum), is not written at that layer, and at
 // every other layer either not written or written with its right bytes.
 // The pipeline works on a few layers at once, so layers on either side of
 // the failed one may have been written before the failure was seen; a
