@@ -63,6 +63,19 @@
 // package supports it and it shrinks them; promotion restores the exact
 // bytes that were put.
 //
+// Receiving into the arena. A node that receives an entry off the network
+// can write it straight into DRAM pages: Lend allocates them as a put of
+// that size would (and counts them against the tier, capped by
+// Config.LendBytes), the caller writes the body into them, and Put of
+// exactly those bytes checks the layer checksums in place (a read pass)
+// and makes the pages the entry's DRAM copy: one copy fewer than a Put of
+// a heap buffer. The loan pins the pages like a Get: the caller still
+// reads them (to forward to replicas) until Release, an entry deleted or
+// evicted meanwhile frees them at that Release, and pages no entry took
+// (a put that conflicts, is a no-op, is refused or fails, or none at all)
+// go back to the arena then. Pages an entry already holds are never
+// adopted a second time; a put of them copies or is a no-op as usual.
+//
 // Pins. Get lends the entry as a pinned.Bytes: a DRAM hit is a view of the
 // arena whose pages stay valid, and whose entry stays put, until Release;
 // a disk hit that cannot be promoted, and a GPU hit, are a private copy

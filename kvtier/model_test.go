@@ -85,6 +85,7 @@ func TestModel(t *testing.T) {
 				}
 				return r, ok
 			}
+			var loans []*Loan
 			ops := 600
 			if tc.cfg.DiskBytes > 0 {
 				ops = 350 // every demotion fsyncs
@@ -103,7 +104,23 @@ func TestModel(t *testing.T) {
 					if rng.IntN(4) == 0 {
 						ttl = time.Duration(1+rng.IntN(5)) * time.Second
 					}
-					_, err := s.Put(ctx, blob, PutOptions{TTL: ttl})
+					// Half the puts write the blob into lent pages first, as
+					// a node receives a body, and keep up to two loans out.
+					body := blob
+					if rng.IntN(2) == 0 {
+						if l, err := s.Lend(ctx, len(blob)); err == nil {
+							copy(l.Bytes(), blob)
+							body = l.Bytes()
+							loans = append(loans, l)
+						} else if !errors.Is(err, ErrNoSpace) {
+							t.Fatalf("op %d: lend: %v", op, err)
+						}
+					}
+					_, err := s.Put(ctx, body, PutOptions{TTL: ttl})
+					for len(loans) > 2 {
+						loans[0].Release()
+						loans = loans[1:]
+					}
 					switch {
 					case errors.Is(err, ErrConflict):
 						if !inRef || bytes.Equal(r.blob, blob) {
@@ -200,6 +217,9 @@ func TestModel(t *testing.T) {
 					}
 				}
 				checkCounts(t, s)
+			}
+			for _, l := range loans {
+				l.Release()
 			}
 			st := checkBudgets(t, s)
 			s.mu.Lock()

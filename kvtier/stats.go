@@ -28,6 +28,12 @@ type TierStats struct {
 	// releases returned to the OS.
 	FreeResidentBytes int64
 	ReleasedBytes     uint64
+	// LentBytes (DRAM only) is the whole pages of the loans not yet
+	// released (Lend), those an entry took included; they count in Bytes
+	// and PinnedBytes. AdoptedPuts counts the puts whose entry took a
+	// loan's pages instead of a copy.
+	LentBytes   int64
+	AdoptedPuts uint64
 }
 
 // Stats is a snapshot of the Store.
@@ -74,6 +80,8 @@ func (s *Store) Stats() Stats {
 		if Tier(t) == TierDRAM && !s.freed {
 			ts.FreeResidentBytes = int64(s.arena.freeResidentPages()) * int64(s.arena.pageSize)
 			ts.ReleasedBytes = s.released
+			ts.LentBytes = s.lentBytes
+			ts.AdoptedPuts = s.adopted
 		}
 		st.Tiers[t] = ts
 		st.Entries += ts.Entries
@@ -101,6 +109,8 @@ var (
 	descPromotions = prometheus.NewDesc("kvtier_promotions_total", "Entries moved into the tier from below.", []string{"tier"}, nil)
 	descFreeRes    = prometheus.NewDesc("kvtier_free_resident_bytes", "Freed DRAM pages the process still holds, not yet returned to the OS.", []string{"tier"}, nil)
 	descReleased   = prometheus.NewDesc("kvtier_released_bytes_total", "Freed DRAM pages returned to the OS.", []string{"tier"}, nil)
+	descLent       = prometheus.NewDesc("kvtier_lent_bytes", "DRAM pages lent to receive entries into, not yet released.", []string{"tier"}, nil)
+	descAdopted    = prometheus.NewDesc("kvtier_adopted_puts_total", "Puts whose entry took the lent pages it was received into, without a copy.", []string{"tier"}, nil)
 
 	descReuseEntries  = prometheus.NewDesc("kvtier_reuse_entries", "Entries held (all tiers) by reuse class: standalone, window, prefix.", []string{"reuse"}, nil)
 	descReuseBytes    = prometheus.NewDesc("kvtier_reuse_stored_bytes", "Bytes of the entries held (all tiers, as put) by reuse class.", []string{"reuse"}, nil)
@@ -112,7 +122,7 @@ var (
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descFreeRes, descReleased,
+	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descFreeRes, descReleased, descLent, descAdopted,
 		descReuseEntries, descReuseBytes, descAdmitted, descAdmittedBytes, descRefused, descRefusedBytes, descReuseEvicted} {
 		ch <- d
 	}
@@ -144,6 +154,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if t.Tier == TierDRAM {
 			g(descFreeRes, float64(t.FreeResidentBytes))
 			n(descReleased, t.ReleasedBytes)
+			g(descLent, float64(t.LentBytes))
+			n(descAdopted, t.AdoptedPuts)
 		}
 	}
 	for _, r := range st.Reuse {

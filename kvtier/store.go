@@ -105,6 +105,10 @@ type Config struct {
 	// recurs before as many bytes of other refused prefixes came by as
 	// the DRAM tier holds.
 	DoorkeeperBytes int64
+	// LendBytes bounds the DRAM pages lent at once (Lend), whole pages,
+	// so that bodies still arriving cannot evict or pin the whole tier.
+	// Default DRAMBytes/4; negative means Lend always refuses.
+	LendBytes int64
 	// Limits bound the entries Put accepts. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
 	// SkipVerify skips checking every layer checksum on Put (the header is
@@ -158,9 +162,11 @@ func (e *entry) tier() Tier {
 	return TierDisk
 }
 
-// dramCopy is an entry's pages in the arena. pins counts the Gets whose
-// Bytes are not yet released; io counts the Store's own unlocked reads and writes of the view. The pages go back
-// to the arena once the copy is detached from its entry and both are zero.
+// dramCopy is an entry's pages in the arena, or pages lent by Lend that
+// no entry holds yet (detached). pins counts the Gets whose Bytes are not
+// yet released, plus one while the pages are lent; io counts the Store's
+// own unlocked reads and writes of the view. The pages go back to the
+// arena once the copy is detached from its entry and both are zero.
 // pins is atomic because Get and Release change it under the read lock;
 // everything that decides on it (eviction, freeing) holds the write lock,
 // which excludes them.
@@ -227,6 +233,13 @@ type Store struct {
 	// sharedHits: the policy records hits under the read lock, so DRAM
 	// hits need no exclusive lock (S3-FIFO; LRU moves its list).
 	sharedHits bool
+	// loans are the DRAM pages lent by Lend and not yet released, by the
+	// address of their view's first byte, so that Put recognises them;
+	// lentBytes is their whole pages; adopted counts the puts that took
+	// lent pages as the entry's DRAM copy.
+	loans     map[*byte]*dramCopy
+	lentBytes int64
+	adopted   uint64
 	// released counts the DRAM bytes the releaser returned to the OS (a
 	// punch in flight shows as arena.reservedPages() > 0).
 	released uint64
@@ -270,8 +283,12 @@ func Open(cfg Config) (*Store, error) {
 	if cfg.DoorkeeperBytes <= 0 {
 		cfg.DoorkeeperBytes = cfg.DRAMBytes
 	}
+	if cfg.LendBytes == 0 {
+		cfg.LendBytes = cfg.DRAMBytes / 4
+	}
 	s := &Store{cfg: cfg, log: cfg.Logger, index: make(map[chunk.Key]*entry), groups: make(map[groupKey][]*entry),
-		door: ghost{capacity: cfg.DoorkeeperBytes, at: make(map[chunk.Key]*gnode)}}
+		loans: make(map[*byte]*dramCopy),
+		door:  ghost{capacity: cfg.DoorkeeperBytes, at: make(map[chunk.Key]*gnode)}}
 	for r := range s.reuse {
 		s.reuse[r].Reuse = Reuse(r)
 	}
@@ -633,7 +650,10 @@ func (s *Store) lookup(k chunk.Key) *entry {
 // Put stores blob, an encoded chunk entry, and returns its header. Putting
 // a key again with the same bytes is a no-op (it extends the TTL); with
 // other bytes it fails with ErrConflict. The blob is copied: the caller
-// keeps it. Under AdmitReuse a put the policy refuses stores nothing and
+// keeps it. A blob that is exactly the bytes of a Loan of this store is
+// not copied: its checksums are checked in place and the entry takes the
+// loan's pages (see Lend); the caller still reads them until it releases
+// the loan. Under AdmitReuse a put the policy refuses stores nothing and
 // returns no error, as a cache that chose not to keep it: Stats counts it.
 func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.Header, error) {
 	// The payload's checksums are checked while it is copied (place), in
@@ -676,7 +696,11 @@ func (s *Store) Put(ctx context.Context, blob []byte, opts PutOptions) (chunk.He
 	}
 	e := &entry{key: hd.Key, checksum: hd.Checksum, size: len(blob), codec: hd.Codec, expires: expires, loading: true, reuse: reuse}
 	s.link(e)
-	err = s.place(ctx, e, blob, &hd)
+	if c := s.adoptable(blob); c != nil {
+		err = s.adopt(e, c, &hd)
+	} else {
+		err = s.place(ctx, e, blob, &hd)
+	}
 	s.loaded(e)
 	if err != nil {
 		if !e.dead {
