@@ -159,6 +159,14 @@ func (p *BodyPool) Put(b []byte) {
 // RecvBody is RecvBodyGrow with buffers from p: the returned buffer goes
 // back with Put once its holders are done with it.
 func (p *BodyPool) RecvBody(r MsgReceiver, total, initial int) ([]byte, error) {
+	return p.RecvBodyEach(r, total, initial, nil)
+}
+
+// RecvBodyEach is RecvBody that also hands each data frame to each (unless
+// nil) as it arrives, with the body received so far (the frame is its
+// tail): each may take references to the frame's buffers (Ref) to pass
+// them on; the receive drops its own after each returns.
+func (p *BodyPool) RecvBodyEach(r MsgReceiver, total, initial int, each func(frame mem.BufferSlice, sofar []byte)) ([]byte, error) {
 	buf := p.Get(min(total, max(initial, 0)))
 	for len(buf) < total {
 		var f Frame
@@ -187,6 +195,9 @@ func (p *BodyPool) RecvBody(r MsgReceiver, total, initial int) ([]byte, error) {
 		}
 		buf = buf[:len(buf)+n]
 		f.Data.CopyTo(buf[len(buf)-n:])
+		if each != nil {
+			each(f.Data, buf)
+		}
 		f.Data.Free()
 	}
 	return buf, nil
@@ -195,26 +206,33 @@ func (p *BodyPool) RecvBody(r MsgReceiver, total, initial int) ([]byte, error) {
 // PinnedBuffer hands lent bytes to gRPC as a mem.Buffer that releases them
 // once gRPC and every holder of a slice of it are done. That lets a store
 // hand a pinned, zero-copy view of a blob to the transport and unpin it
-// exactly when the last frame was written. Tiny data (at most 1 KiB, below
-// gRPC's pooling threshold) is copied and released at once; Owned bytes
-// (nothing to release) are sent as they are.
+// exactly when the last frame was written. Owned bytes (nothing to
+// release) are sent as they are.
 func PinnedBuffer(p pinned.Bytes) mem.Buffer {
-	data := p.Bytes()
 	if !p.Held() {
-		return mem.SliceBuffer(data)
+		return mem.SliceBuffer(p.Bytes())
 	}
-	if mem.IsBelowBufferPoolingThreshold(cap(data)) {
-		cp := append([]byte(nil), data...)
-		p.Release()
-		return mem.SliceBuffer(cp)
-	}
-	return mem.NewBuffer(&data, &releaser{p: p})
+	return LentBuffer(p.Bytes(), p.Release)
 }
 
-// releaser is a one-shot mem.BufferPool whose Put releases the lent bytes.
+// LentBuffer hands data, which its owner recycles, to gRPC as a
+// mem.Buffer: free runs once, when gRPC and every holder of a slice of the
+// buffer dropped their references. Tiny data (at most 1 KiB, below gRPC's
+// pooling threshold, where it would not count references) is copied and
+// free runs at once.
+func LentBuffer(data []byte, free func()) mem.Buffer {
+	if mem.IsBelowBufferPoolingThreshold(cap(data)) {
+		cp := append([]byte(nil), data...)
+		free()
+		return mem.SliceBuffer(cp)
+	}
+	return mem.NewBuffer(&data, &releaser{free: free})
+}
+
+// releaser is a one-shot mem.BufferPool whose Put runs free.
 type releaser struct {
 	once sync.Once
-	p    pinned.Bytes
+	free func()
 }
 
 func (r *releaser) Get(length int) *[]byte {
@@ -222,7 +240,7 @@ func (r *releaser) Get(length int) *[]byte {
 	return &b
 }
 
-func (r *releaser) Put(*[]byte) { r.once.Do(r.p.Release) }
+func (r *releaser) Put(*[]byte) { r.once.Do(r.free) }
 
 // Transport tuning for tensor streams, for both ends of a connection: large
 // fixed HTTP/2 windows (which turn off gRPC's BDP estimation, so a

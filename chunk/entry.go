@@ -235,6 +235,17 @@ func getID(b []byte) ID {
 	return ID{Lo: binary.LittleEndian.Uint64(b), Hi: binary.LittleEndian.Uint64(b[8:])}
 }
 
+// PeekCodec returns the codec named by the first bytes of an entry that
+// is still arriving; false until prefix holds them, or when prefix does
+// not start an entry of this version. It checks nothing else: ParseHeader
+// or Verify does, on the whole entry.
+func PeekCodec(prefix []byte) (Codec, bool) {
+	if len(prefix) < 8 || string(prefix[:4]) != Magic || binary.LittleEndian.Uint16(prefix[4:]) != Version {
+		return 0, false
+	}
+	return Codec(prefix[6]), true
+}
+
 // ParseHeader reads and verifies the header of blob (not the payload). It
 // allocates only the layer table and token IDs, both bounded by lim. A key
 // that does not name the entry (CheckKey) is refused with an error wrapping

@@ -151,3 +151,40 @@ func TestKeyMustNameEntry(t *testing.T) {
 		}
 	}
 }
+
+// TestPeekCodec: the first bytes of an entry name its codec, as the whole
+// entry's header does; too few bytes, or bytes that do not start an entry
+// of this version, name none.
+func TestPeekCodec(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 8))
+	e := testEntry(rng, BF16, 4, 2, 2, 8)
+	for i := 0; i < len(e.KV); i += 2 {
+		e.KV[i+1] &= 0x3f // finite values, as quantisers need
+	}
+	for _, c := range []Codec{CodecRaw, CodecLossless, CodecInt8, CodecFP8} {
+		blob, err := Encode(nil, e, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hd, err := ParseHeader(blob, Limits{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := PeekCodec(blob[:8]); !ok || got != hd.Codec || got != c {
+			t.Errorf("%v: peek says %v, %v", c, got, ok)
+		}
+		if _, ok := PeekCodec(blob[:7]); ok {
+			t.Errorf("%v: a codec from 7 bytes", c)
+		}
+		bad := bytes.Clone(blob[:8])
+		bad[4]++ // another version
+		if _, ok := PeekCodec(bad); ok {
+			t.Errorf("%v: a codec from another version's header", c)
+		}
+		bad = bytes.Clone(blob[:8])
+		bad[0] = 'X'
+		if _, ok := PeekCodec(bad); ok {
+			t.Errorf("%v: a codec from bytes with another magic", c)
+		}
+	}
+}

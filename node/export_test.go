@@ -36,6 +36,9 @@ func (n *Node) PeerClient(addr string) (api.PeerClient, error) { return n.peers.
 // Panics is how many handler panics the node's interceptors recovered.
 func (n *Node) Panics() float64 { return readCounter(n.metrics.panics) }
 
+// BytesOut is the node's kvmesh_bytes_out_total of op.
+func BytesOut(n *Node, op string) float64 { return readCounter(n.metrics.bytesOut.WithLabelValues(op)) }
+
 // Interceptors are the node's gRPC server interceptors.
 func (n *Node) Interceptors() (grpc.UnaryServerInterceptor, grpc.StreamServerInterceptor) {
 	return n.unaryInterceptor, n.streamInterceptor

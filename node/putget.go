@@ -87,9 +87,38 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if err != nil {
 		return err
 	}
+	// A client's entry that is stored as it comes (already in the
+	// cluster's codec) goes on to the other replicas frame by frame as it
+	// arrives (cut-through), so that they hold it by the time its last
+	// byte reaches this node. One to transcode is forwarded once whole.
+	set := n.meta.Settings()
+	var sw *replication.StreamWrite
+	defer func() {
+		if sw != nil {
+			sw.Abort() // a no-op once Finish ran
+		}
+	}()
+	var each func(mem.BufferSlice, []byte)
+	if !direct && !hdr.Direct {
+		decided := false
+		each = func(frame mem.BufferSlice, sofar []byte) {
+			if !decided {
+				decided = true
+				if c, ok := chunk.PeekCodec(sofar); ok && chunk.StoredCodec(c, set.Codec) == c {
+					// On an error (no replicas) WriteOwned reports it below.
+					sw, _ = n.repl.BeginWrite(ctx, key, int(hdr.BlobBytes))
+				}
+			}
+			if sw != nil {
+				for _, b := range frame {
+					sw.Send(b)
+				}
+			}
+		}
+	}
 	// Room for the announced size only as data arrives (beyond
 	// putUpfrontBytes): a header alone must not reserve MaxBlobBytes.
-	blob, err := n.bodies.RecvBody(st, int(hdr.BlobBytes), putUpfrontBytes)
+	blob, err := n.bodies.RecvBodyEach(st, int(hdr.BlobBytes), putUpfrontBytes, each)
 	if err != nil {
 		return err
 	}
@@ -133,7 +162,6 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID},
 			AlreadyStored: kept != hd.Checksum, KeptChecksum: kept})
 	}
-	set := n.meta.Settings()
 	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, set.ReplicationFactor) {
 		n.metrics.forwards.Inc()
 	}
@@ -158,7 +186,12 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 		recycle = false
 		release = func() { n.bodies.Put(blob) }
 	}
-	res, err := n.repl.WriteOwned(ctx, stored, release)
+	var res replication.WriteResult
+	if sw != nil && &stored[0] == &blob[0] {
+		res, err = sw.Finish(ctx, stored, hd.Checksum, release)
+	} else {
+		res, err = n.repl.WriteOwned(ctx, stored, release)
+	}
 	if err != nil {
 		return err
 	}

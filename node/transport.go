@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/mem"
+
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-// transport implements replication.Transport over the Peer service. Node
+// transport implements replication.Transport and StreamTransport over the Peer service. Node
 // IDs resolve to gRPC addresses through the ring, then gossip.
 type transport struct{ n *Node }
 
@@ -41,6 +44,76 @@ func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts
 	}
 	return keptChecksum(resp), nil
 }
+
+// OpenReplicate implements replication.StreamTransport: a Peer.Replicate
+// stream whose body follows as the caller sends it.
+func (t transport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts replication.ReplicateOptions) (replication.ReplicaStream, error) {
+	addr, err := t.addr(node)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := t.n.peers.peer(addr)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := t.n.withTimeout(ctx)
+	st, err := pc.Replicate(ctx)
+	if err != nil {
+		cancel()
+		return nil, replFromStatus(err)
+	}
+	if err := api.SendHeader(st, &api.PutHeader{Key: api.ProtoKey(key), BlobBytes: uint64(size),
+		Direct: true, Kind: uint32(opts.Kind), At: opts.At}); err != nil {
+		cancel()
+		return nil, replFromStatus(streamErr(st, err))
+	}
+	return &replicaStream{n: t.n, st: st, cancel: cancel}, nil
+}
+
+// replicaStream is a replication.ReplicaStream over Peer.Replicate.
+type replicaStream struct {
+	n      *Node
+	st     grpc.ClientStreamingClient[api.PutFrame, api.PutResponse]
+	cancel context.CancelFunc
+}
+
+// Send implements replication.ReplicaStream. A piece that is a gRPC
+// buffer (a frame this node received) goes out as it is; others are lent
+// to gRPC, which drops the reference once it wrote them.
+func (s *replicaStream) Send(p replication.Piece) error {
+	var body mem.Buffer
+	if b, ok := p.(mem.Buffer); ok {
+		b.Ref()
+		body = b
+	} else {
+		p.Ref()
+		body = api.LentBuffer(p.ReadOnlyData(), p.Free)
+	}
+	n := body.Len()
+	err := api.SendBody(s.st, body, s.n.cfg.FrameBytes)
+	body.Free()
+	if err != nil {
+		return replFromStatus(streamErr(s.st, err))
+	}
+	// Counted as the bytes go out, not when the replica answers: a
+	// forward that starts before its entry is whole shows here.
+	s.n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(n))
+	return nil
+}
+
+// Close implements replication.ReplicaStream.
+func (s *replicaStream) Close() (uint64, error) {
+	defer s.cancel()
+	resp, err := s.st.CloseAndRecv()
+	if err != nil {
+		return 0, replFromStatus(err)
+	}
+	return keptChecksum(resp), nil
+}
+
+// Abort implements replication.ReplicaStream: cancelling the call resets
+// the stream, and the replica drops what it received.
+func (s *replicaStream) Abort() { s.cancel() }
 
 // keptChecksum is the checksum of the version a Put's receiver keeps; a
 // node that does not say (kept_checksum 0) kept the entry it was sent.

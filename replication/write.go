@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
 // WriteResult says where a write went.
@@ -41,60 +42,270 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 }
 
 // WriteOwned is Write for a caller that recycles blob: release (unless
-// nil) is called once no replica write uses blob any more, when every one
-// of them succeeded. After a failure it is not called: a transport may
-// still read a failed stream's bytes, so blob is left to the collector.
+// nil) is called once no replica write uses blob any more. With a
+// StreamTransport that is exact, whatever the outcome: the transport
+// drops its references to the bytes it sent. With a plain Transport it is
+// called only when every replica write succeeded (a transport may still
+// read a failed call's bytes), and after a failure blob is left to the
+// collector.
 func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()) (WriteResult, error) {
-	r.serving.begin()
-	defer r.serving.end()
 	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("replication: write: %w", err)
 	}
-	res := WriteResult{Key: hd.Key, Checksum: hd.Checksum}
-	n, w := r.quorum()
-	reps := r.ring().Replicas(hd.Key.Content, n)
-	if len(reps) == 0 {
-		return res, ErrNoReplicas
+	sw, err := r.BeginWrite(ctx, hd.Key, len(blob))
+	if err != nil {
+		return WriteResult{Key: hd.Key, Checksum: hd.Checksum}, err
 	}
-	w = min(w, len(reps))
-	opts := ReplicateOptions{Kind: KindWrite, At: r.now()}
+	return sw.Finish(ctx, blob, hd.Checksum, release)
+}
 
+// Piece is part of an entry in transit whose owner recycles its bytes:
+// they stay valid and unchanged until every reference is dropped. Ref
+// takes a reference and Free drops one. gRPC's mem.Buffer is a Piece.
+type Piece interface {
+	ReadOnlyData() []byte
+	Ref()
+	Free()
+}
+
+// ReplicaStream carries one entry to one replica while the entry is
+// still arriving.
+type ReplicaStream interface {
+	// Send sends the next bytes of the entry. The stream takes its own
+	// references to p and drops them once it no longer reads p; the
+	// caller keeps its reference.
+	Send(p Piece) error
+	// Close ends the entry and returns the checksum of the version the
+	// replica keeps (as Transport.Replicate).
+	Close() (kept uint64, err error)
+	// Abort ends the stream: the replica stores nothing.
+	Abort()
+}
+
+// StreamTransport is a Transport that can open a replica write before the
+// entry has arrived whole, so that a node forwards each piece of a
+// client's entry to the other replicas as it arrives (cut-through)
+// instead of after the last byte (store-then-forward).
+type StreamTransport interface {
+	OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions) (ReplicaStream, error)
+}
+
+// StreamWrite is a write of an entry that is still arriving: BeginWrite
+// opens it once the key and size are known, Send passes each piece to
+// the remote replicas, and Finish (once the entry is whole and checked)
+// or Abort ends it. One goroutine uses it; every StreamWrite is ended.
+type StreamWrite struct {
+	r       *Replicator
+	key     chunk.Key
+	size    int
+	w       int
+	opts    ReplicateOptions
+	reps    []ring.Member
+	streams []*replicaStream // one per remote replica of reps, in order
+	sent    int
+	ended   bool
+}
+
+// replicaStream is a StreamWrite's stream to one remote replica. st is
+// nil where none was opened (a plain Transport) or after a failure (err).
+type replicaStream struct {
+	node   string
+	st     ReplicaStream
+	cancel context.CancelFunc
+	err    error
+}
+
+// BeginWrite opens a write of an entry of size bytes under key on the R
+// replicas of its content ID: streams to the remote ones where the
+// Transport is a StreamTransport. A replica whose stream cannot be opened
+// gets a hint at Finish, as a failed write does.
+func (r *Replicator) BeginWrite(ctx context.Context, key chunk.Key, size int) (*StreamWrite, error) {
+	n, w := r.quorum()
+	reps := r.ring().Replicas(key.Content, n)
+	if len(reps) == 0 {
+		return nil, ErrNoReplicas
+	}
+	r.serving.begin()
+	sw := &StreamWrite{r: r, key: key, size: size, w: min(w, len(reps)), reps: reps,
+		opts: ReplicateOptions{Kind: KindWrite, At: r.now()}}
+	st, streaming := r.cfg.Transport.(StreamTransport)
+	for _, m := range reps {
+		if m.ID == r.cfg.NodeID {
+			continue
+		}
+		rs := &replicaStream{node: m.ID}
+		sw.streams = append(sw.streams, rs)
+		if !streaming {
+			continue
+		}
+		sctx, cancel := r.background()
+		rs.st, rs.err = st.OpenReplicate(sctx, m.ID, key, size, sw.opts)
+		if rs.err != nil {
+			rs.st = nil
+			cancel()
+			continue
+		}
+		rs.cancel = cancel
+	}
+	return sw, nil
+}
+
+// Send passes p, the next bytes of the entry, to every remote replica's
+// stream. A replica whose stream fails is dropped from the write (it gets
+// a hint at Finish); Send itself does not fail.
+func (sw *StreamWrite) Send(p Piece) {
+	sw.sent += len(p.ReadOnlyData())
+	for _, rs := range sw.streams {
+		if rs.st == nil {
+			continue
+		}
+		if err := rs.st.Send(p); err != nil {
+			rs.fail(err)
+		}
+	}
+}
+
+func (rs *replicaStream) fail(err error) {
+	rs.st.Abort()
+	rs.cancel()
+	rs.st, rs.err = nil, err
+}
+
+// Abort ends the write without storing anything: the entry turned out
+// invalid or its sender went away.
+func (sw *StreamWrite) Abort() {
+	if sw.ended {
+		return
+	}
+	sw.ended = true
+	for _, rs := range sw.streams {
+		if rs.st != nil {
+			rs.fail(errAborted)
+		}
+	}
+	sw.r.serving.end()
+}
+
+var errAborted = errors.New("replication: write aborted")
+
+// heldBlob is the Piece of a whole blob that Finish lends to the replica
+// streams; release runs when the last reference is dropped.
+type heldBlob struct {
+	data    []byte
+	refs    atomic.Int32
+	release func()
+}
+
+func (b *heldBlob) ReadOnlyData() []byte { return b.data }
+func (b *heldBlob) Ref()                 { b.refs.Add(1) }
+func (b *heldBlob) Free() {
+	if b.refs.Add(-1) == 0 && b.release != nil {
+		b.release()
+	}
+}
+
+// tailPiece is the part of a heldBlob from an offset on.
+type tailPiece struct {
+	*heldBlob
+	off int
+}
+
+func (t tailPiece) ReadOnlyData() []byte { return t.data[t.off:] }
+
+// Finish completes the write of blob, the whole entry (checksum sum),
+// whose first bytes went through Send: it sends the rest, stores blob
+// here if this node is a replica, and returns once W replicas stored it.
+// Replica writes still in flight then go on in the background (bounded
+// by CallTimeout), so blob must not be modified after the call; release
+// is called as WriteOwned says. A replica that cannot be reached gets a
+// hint on this node. With fewer than W acknowledgements the error wraps
+// ErrQuorum (the replicas that did store the chunk keep it).
+func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, release func()) (WriteResult, error) {
+	r := sw.r
+	if sw.ended {
+		return WriteResult{}, errAborted
+	}
+	sw.ended = true
+	defer r.serving.end()
+	res := WriteResult{Key: sw.key, Checksum: sum}
+	if len(blob) != sw.size || sw.sent > len(blob) {
+		for _, rs := range sw.streams {
+			if rs.st != nil {
+				rs.fail(errAborted)
+			}
+		}
+		return res, fmt.Errorf("replication: write %v: %d bytes sent of an entry of %d, finished with %d", sw.key, sw.sent, sw.size, len(blob))
+	}
 	type ack struct {
 		node   string
 		kept   uint64
 		err    error
 		hinted bool
 	}
+	reps := sw.reps
 	acks := make(chan ack, len(reps))
 	if !r.track(len(reps)) {
+		for _, rs := range sw.streams {
+			if rs.st != nil {
+				rs.fail(ErrClosed)
+			}
+		}
 		return res, ErrClosed
 	}
+	// The streams hold the blob through a Piece: release runs once the
+	// last of them and this call drop it. A plain Transport cannot say
+	// when it stops reading a failed call's bytes: then release runs only
+	// if every replica write succeeded.
+	_, exact := r.cfg.Transport.(StreamTransport)
+	held := &heldBlob{data: blob}
+	held.refs.Store(1)
 	var left atomic.Int32
 	var failed atomic.Bool
 	left.Store(int32(len(reps)))
+	done := func(a ack) {
+		if a.err != nil {
+			failed.Store(true)
+		}
+		if left.Add(-1) == 0 {
+			if exact || !failed.Load() {
+				held.release = release
+			}
+			held.Free()
+		}
+	}
+	hint := func(a *ack) {
+		if a.err != nil && !errors.Is(a.err, ErrRejected) {
+			a.hinted = r.addHint(a.node, sw.key, blob, sw.opts.At)
+		}
+	}
+	i := 0
 	for _, m := range reps {
+		var rs *replicaStream
+		if m.ID != r.cfg.NodeID {
+			rs = sw.streams[i]
+			i++
+		}
 		go func() {
 			defer r.wg.Done()
-			var a ack
-			defer func() {
-				if a.err != nil {
-					failed.Store(true)
-				}
-				if left.Add(-1) == 0 && release != nil && !failed.Load() {
-					release()
-				}
-			}()
-			ctx, cancel := r.background()
-			defer cancel()
-			a = ack{node: m.ID}
-			if m.ID == r.cfg.NodeID {
-				a.kept, a.err = r.storeLocal(ctx, blob, hd.Key, opts)
-			} else {
-				a.kept, a.err = r.cfg.Transport.Replicate(ctx, m.ID, blob, opts)
-				if a.err != nil && !errors.Is(a.err, ErrRejected) {
-					a.hinted = r.addHint(m.ID, hd.Key, blob, opts.At)
-				}
+			a := ack{node: m.ID}
+			defer func() { done(a) }()
+			switch {
+			case rs == nil:
+				ctx, cancel := r.background()
+				defer cancel()
+				a.kept, a.err = r.storeLocal(ctx, blob, sw.key, sw.opts)
+			case rs.st != nil:
+				a.kept, a.err = rs.finish(held, sw.sent)
+				hint(&a)
+			case rs.err != nil:
+				a.err = rs.err
+				hint(&a)
+			default: // a plain Transport
+				ctx, cancel := r.background()
+				defer cancel()
+				a.kept, a.err = r.cfg.Transport.Replicate(ctx, m.ID, blob, sw.opts)
+				hint(&a)
 			}
 			if a.err == nil {
 				r.metrics.replicaWrites.Add(1)
@@ -104,6 +315,7 @@ func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()
 			acks <- a
 		}()
 	}
+	w := sw.w
 	var errs []error
 	for range reps {
 		select {
@@ -126,11 +338,23 @@ func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()
 			}
 		case <-ctx.Done():
 			r.metrics.writeFailures.Add(1)
-			return res, fmt.Errorf("replication: write %v: %w", hd.Key, ctx.Err())
+			return res, fmt.Errorf("replication: write %v: %w", sw.key, ctx.Err())
 		}
 	}
 	r.metrics.writeFailures.Add(1)
-	return res, fmt.Errorf("%w: %d of %d stored %v (need %d): %w", ErrQuorum, len(res.StoredOn), len(reps), hd.Key, w, errors.Join(errs...))
+	return res, fmt.Errorf("%w: %d of %d stored %v (need %d): %w", ErrQuorum, len(res.StoredOn), len(reps), sw.key, w, errors.Join(errs...))
+}
+
+// finish sends blob's bytes from off on and closes the stream.
+func (rs *replicaStream) finish(held *heldBlob, off int) (uint64, error) {
+	defer rs.cancel()
+	if off < len(held.data) {
+		if err := rs.st.Send(tailPiece{held, off}); err != nil {
+			rs.st.Abort()
+			return 0, err
+		}
+	}
+	return rs.st.Close()
 }
 
 // Wins reports whether an entry with checksum a is kept over another
