@@ -74,7 +74,12 @@ func RecvHeader(r MsgReceiver, hdr proto.Message) error {
 // RecvBody receives data frames into dst until it is full. A header frame,
 // or more data than dst holds, is an error; so is the end of the stream
 // before dst is full (ErrShortBody).
-func RecvBody(r MsgReceiver, dst []byte) error {
+func RecvBody(r MsgReceiver, dst []byte) error { return RecvBodyEach(r, dst, nil) }
+
+// RecvBodyEach is RecvBody that also hands each data frame to each (unless
+// nil) as it arrives, with the body received so far (as
+// BodyPool.RecvBodyEach does).
+func RecvBodyEach(r MsgReceiver, dst []byte, each func(frame mem.BufferSlice, sofar []byte)) error {
 	off := 0
 	for off < len(dst) {
 		var f Frame
@@ -93,8 +98,11 @@ func RecvBody(r MsgReceiver, dst []byte) error {
 			return fmt.Errorf("%w: %d bytes past %d", ErrLongBody, n-(len(dst)-off), len(dst))
 		}
 		f.Data.CopyTo(dst[off:])
-		f.Data.Free()
 		off += n
+		if each != nil {
+			each(f.Data, dst[:off])
+		}
+		f.Data.Free()
 	}
 	return nil
 }

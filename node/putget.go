@@ -116,18 +116,16 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			}
 		}
 	}
-	// Room for the announced size only as data arrives (beyond
-	// putUpfrontBytes): a header alone must not reserve MaxBlobBytes.
-	blob, err := n.bodies.RecvBodyEach(st, int(hdr.BlobBytes), putUpfrontBytes, each)
+	blob, releaseBody, err := n.recvBody(ctx, st, int(hdr.BlobBytes), lendBody(direct, &hdr), each)
 	if err != nil {
 		return err
 	}
-	// The buffer goes back to the pool when this call returns, unless a
-	// replica write still uses it (then WriteOwned recycles it).
+	// The body is released when this call returns, unless a replica write
+	// still uses it (then WriteOwned releases it).
 	recycle := true
 	defer func() {
 		if recycle {
-			n.bodies.Put(blob)
+			releaseBody()
 		}
 	}()
 	var extra api.Frame
@@ -184,7 +182,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if &stored[0] == &blob[0] {
 		// Replica writes may outlive this call: they recycle the buffer.
 		recycle = false
-		release = func() { n.bodies.Put(blob) }
+		release = releaseBody
 	}
 	var res replication.WriteResult
 	if sw != nil && &stored[0] == &blob[0] {
