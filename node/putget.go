@@ -110,9 +110,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 				}
 			}
 			if sw != nil {
-				for _, b := range frame {
-					sw.Send(b)
-				}
+				sw.Send(framePiece{frame})
 			}
 		}
 	}

@@ -77,28 +77,43 @@ type replicaStream struct {
 	cancel context.CancelFunc
 }
 
-// Send implements replication.ReplicaStream. A piece that is a gRPC
-// buffer (a frame this node received) goes out as it is; others are lent
-// to gRPC, which drops the reference once it wrote them.
+// Send implements replication.ReplicaStream. A frame this node received
+// (a framePiece) goes out as one frame, as it came, its buffers uncopied;
+// other pieces are lent to gRPC, which drops each reference once it wrote
+// the bytes.
 func (s *replicaStream) Send(p replication.Piece) error {
-	var body mem.Buffer
-	if b, ok := p.(mem.Buffer); ok {
-		b.Ref()
-		body = b
+	var err error
+	if f, ok := p.(framePiece); ok {
+		err = s.st.SendMsg(&api.Frame{Data: f.BufferSlice})
 	} else {
-		p.Ref()
-		body = api.LentBuffer(p.ReadOnlyData(), p.Free)
+		for _, part := range p.Parts(nil) {
+			p.Ref()
+			body := api.LentBuffer(part, p.Free)
+			err = api.SendBody(s.st, body, s.n.cfg.FrameBytes)
+			body.Free()
+			if err != nil {
+				break
+			}
+		}
 	}
-	n := body.Len()
-	err := api.SendBody(s.st, body, s.n.cfg.FrameBytes)
-	body.Free()
 	if err != nil {
 		return replFromStatus(streamErr(s.st, err))
 	}
 	// Counted as the bytes go out, not when the replica answers: a
 	// forward that starts before its entry is whole shows here.
-	s.n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(n))
+	s.n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(p.Len()))
 	return nil
+}
+
+// framePiece is a data frame a node received, as a replication.Piece: the
+// buffers gRPC read it into (one per HTTP/2 data frame).
+type framePiece struct{ mem.BufferSlice }
+
+func (f framePiece) Parts(dst [][]byte) [][]byte {
+	for _, b := range f.BufferSlice {
+		dst = append(dst, b.ReadOnlyData())
+	}
+	return dst
 }
 
 // Close implements replication.ReplicaStream.

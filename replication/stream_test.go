@@ -54,7 +54,9 @@ func (s *memStream) drop() {
 func (s *memStream) Close() (uint64, error) {
 	var blob []byte // a copy, as on a wire
 	for _, p := range s.pieces {
-		blob = append(blob, p.ReadOnlyData()...)
+		for _, b := range p.Parts(nil) {
+			blob = append(blob, b...)
+		}
 	}
 	s.drop()
 	r, err := s.t.n.route(s.ctx, s.t.from, s.node)
@@ -72,9 +74,10 @@ type countedPiece struct {
 	refs *atomic.Int32
 }
 
-func (p countedPiece) ReadOnlyData() []byte { return p.data }
-func (p countedPiece) Ref()                 { p.refs.Add(1) }
-func (p countedPiece) Free()                { p.refs.Add(-1) }
+func (p countedPiece) Parts(dst [][]byte) [][]byte { return append(dst, p.data) }
+func (p countedPiece) Len() int                    { return len(p.data) }
+func (p countedPiece) Ref()                        { p.refs.Add(1) }
+func (p countedPiece) Free()                       { p.refs.Add(-1) }
 
 // streamCluster is a 3-node cluster (R=3, W=2) whose transports stream.
 func streamCluster(t *testing.T) (*cluster, map[string]*streamTransport) {

@@ -62,9 +62,13 @@ func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()
 
 // Piece is part of an entry in transit whose owner recycles its bytes:
 // they stay valid and unchanged until every reference is dropped. Ref
-// takes a reference and Free drops one. gRPC's mem.Buffer is a Piece.
+// takes a reference and Free drops one. A transport sends a piece of a
+// kind it knows (node's are the gRPC frames it received) as it is, and
+// any other by its Parts.
 type Piece interface {
-	ReadOnlyData() []byte
+	// Parts appends the piece's bytes, in order, to dst.
+	Parts(dst [][]byte) [][]byte
+	Len() int
 	Ref()
 	Free()
 }
@@ -155,7 +159,7 @@ func (r *Replicator) BeginWrite(ctx context.Context, key chunk.Key, size int) (*
 // stream. A replica whose stream fails is dropped from the write (it gets
 // a hint at Finish); Send itself does not fail.
 func (sw *StreamWrite) Send(p Piece) {
-	sw.sent += len(p.ReadOnlyData())
+	sw.sent += p.Len()
 	for _, rs := range sw.streams {
 		if rs.st == nil {
 			continue
@@ -197,8 +201,9 @@ type heldBlob struct {
 	release func()
 }
 
-func (b *heldBlob) ReadOnlyData() []byte { return b.data }
-func (b *heldBlob) Ref()                 { b.refs.Add(1) }
+func (b *heldBlob) Parts(dst [][]byte) [][]byte { return append(dst, b.data) }
+func (b *heldBlob) Len() int                    { return len(b.data) }
+func (b *heldBlob) Ref()                        { b.refs.Add(1) }
 func (b *heldBlob) Free() {
 	if b.refs.Add(-1) == 0 && b.release != nil {
 		b.release()
@@ -211,7 +216,8 @@ type tailPiece struct {
 	off int
 }
 
-func (t tailPiece) ReadOnlyData() []byte { return t.data[t.off:] }
+func (t tailPiece) Parts(dst [][]byte) [][]byte { return append(dst, t.data[t.off:]) }
+func (t tailPiece) Len() int                    { return len(t.data) - t.off }
 
 // Finish completes the write of blob, the whole entry (checksum sum),
 // whose first bytes went through Send: it sends the rest, stores blob
