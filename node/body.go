@@ -6,6 +6,7 @@ import (
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
@@ -29,9 +30,7 @@ func (n *Node) newBody(ctx context.Context, size int) (buf []byte, release func(
 
 // recvBody receives the body of a Put stream, size bytes, and returns it
 // with its release (as newBody's). lend says whether the body may be
-// lent DRAM pages: only when release is certain to be called, whatever
-// becomes of the writes that read the body, since pages never released
-// stay out of the store for good. Otherwise, or when the store cannot
+// lent DRAM pages (lendBody). Otherwise, or when the store cannot
 // lend, the body is a recycled heap buffer that grows as data arrives.
 // each (unless nil) sees every frame as it arrives (api.RecvBodyEach).
 func (n *Node) recvBody(ctx context.Context, st api.MsgReceiver, size int, lend bool, each func(mem.BufferSlice, []byte)) ([]byte, func(), error) {
@@ -54,13 +53,24 @@ func (n *Node) recvBody(ctx context.Context, st api.MsgReceiver, size int, lend 
 }
 
 // lendBody says whether a Put stream's body may be received into lent
-// DRAM pages: a store here only (direct), whose call ends every use of the
-// body, of a write or a hint, which the store makes room for anyway. A
-// repair must not evict for room (it is refused instead) and a rebalance
-// is admitted after its body arrived: theirs go to the heap, as does a
-// client's entry, which replica writes may read after a failure ended the
-// call (replication.WriteOwned does not release it then).
-func lendBody(direct bool, hdr *api.PutHeader) bool {
-	k := replication.Kind(hdr.Kind)
-	return (direct || hdr.Direct) && (k == 0 || k == replication.KindWrite || k == replication.KindHint)
+// DRAM pages: an entry's write or hint, which the store makes room for
+// anyway. A repair must not evict for room (it is refused instead) and a
+// rebalance is admitted only after its body arrived: theirs go to the
+// heap. A client's entry may be lent because replication.WriteOwned and
+// StreamWrite.Finish release it on every path with a StreamTransport,
+// which the node's transport is (asserted below), failed replica writes
+// included: lent pages never released would stay out of the store. A
+// client's entry that this node only forwards (not one of its replicas)
+// is not lent: no entry here would take the pages.
+func (n *Node) lendBody(direct bool, hdr *api.PutHeader, key chunk.Key) bool {
+	if k := replication.Kind(hdr.Kind); k != 0 && k != replication.KindWrite && k != replication.KindHint {
+		return false
+	}
+	if direct || hdr.Direct {
+		return true
+	}
+	r := n.meta.Ring()
+	return r.Len() == 0 || r.IsReplica(key.Content, n.cfg.NodeID, n.meta.Settings().ReplicationFactor)
 }
+
+var _ replication.StreamTransport = transport{}

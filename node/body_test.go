@@ -20,10 +20,11 @@ import (
 
 func dramStats(n *node.Node) kvtier.TierStats { return n.Store().Stats().Tiers[kvtier.TierDRAM] }
 
-// A replica receives a write straight into DRAM pages that become the
-// entry (kvtier adopts the loan: no second copy), serves the right bytes,
-// and lends nothing once the writes are done.
-func TestReplicaWriteAdoptsLentBody(t *testing.T) {
+// Every replica of a client's write receives it straight into DRAM pages
+// that become the entry (kvtier adopts the loan: no second copy): the node
+// the client wrote to and the two it forwarded to. Each serves the right
+// bytes and lends nothing once the writes are done.
+func TestPutAdoptsLentBody(t *testing.T) {
 	nodes := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
@@ -37,24 +38,20 @@ func TestReplicaWriteAdoptsLentBody(t *testing.T) {
 	var keys []chunk.Key
 	var blobs [][]byte
 	for range puts {
+		// Lossless, the cluster's codec: stored as it comes.
 		k, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 64), chunk.StandaloneContext())
 		if _, err := c.Put(ctx, blob); err != nil {
 			t.Fatal(err)
 		}
 		keys, blobs = append(keys, k), append(blobs, blob)
 	}
-	// Three replicas of three nodes: each put reached the two nodes it did
-	// not arrive at through Peer.Replicate, into lent pages.
-	testutil.WaitFor(t, "replica writes adopted and loans back", func() bool {
-		var adopted uint64
+	testutil.WaitFor(t, "every replica write adopted and the loans back", func() bool {
 		for _, n := range nodes {
-			d := dramStats(n)
-			if d.LentBytes != 0 {
+			if d := dramStats(n); d.LentBytes != 0 || d.AdoptedPuts != puts {
 				return false
 			}
-			adopted += d.AdoptedPuts
 		}
-		return adopted == 2*puts
+		return true
 	})
 	for _, n := range nodes {
 		for i, k := range keys {
@@ -69,6 +66,50 @@ func TestReplicaWriteAdoptsLentBody(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A write that one replica cannot take (it is down) still gives the lent
+// body back once the replica writes are done: the forward to the lost
+// replica fails, it gets a hint, and no pages stay lent.
+func TestPutToLostReplicaReleasesLentBody(t *testing.T) {
+	nodes := startCluster(t, 3)
+	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
+	defer cancel()
+	c := newClient(t, nodes[0], nodes[1])
+	spec := testutil.Spec()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "model known everywhere", func() bool {
+		for _, n := range nodes {
+			if _, ok := n.Meta().Model(spec.Fingerprint()); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	if err := nodes[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(18, 3))
+	for range 3 {
+		_, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 64), chunk.StandaloneContext())
+		if _, err := c.Put(ctx, blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each write's forward to the lost replica fails and leaves a hint.
+	testutil.WaitFor(t, "hints for the lost replica and the loans back", func() bool {
+		hints := 0
+		for _, n := range nodes[:2] {
+			h, _ := n.Replicator().HintsPending()
+			hints += h
+			if d := dramStats(n); d.LentBytes != 0 || d.AdoptedPuts == 0 {
+				return false
+			}
+		}
+		return hints == 3
+	})
 }
 
 // A direct put whose stream ends before the announced bytes arrived gives

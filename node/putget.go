@@ -114,7 +114,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			}
 		}
 	}
-	blob, releaseBody, err := n.recvBody(ctx, st, int(hdr.BlobBytes), lendBody(direct, &hdr), each)
+	blob, releaseBody, err := n.recvBody(ctx, st, int(hdr.BlobBytes), n.lendBody(direct, &hdr, key), each)
 	if err != nil {
 		return err
 	}

@@ -174,12 +174,34 @@ func TestStreamWrite(t *testing.T) {
 			t.Fatal(err)
 		}
 		refs := send(sw, len(blob))
-		if _, err := sw.Finish(t.Context(), blob, hd.Checksum, nil); err == nil {
+		var released atomic.Int32
+		if _, err := sw.Finish(t.Context(), blob, hd.Checksum, func() { released.Add(1) }); err == nil {
 			t.Fatal("finished an entry of another size than announced")
+		}
+		// Finishing again, or after an abort, fails and releases too.
+		if _, err := sw.Finish(t.Context(), blob, hd.Checksum, func() { released.Add(1) }); err == nil {
+			t.Fatal("finished a write twice")
 		}
 		c.reps["a"].Close()
 		if refs.Load() != 0 || len(c.holders(key)) != 0 {
 			t.Fatalf("refs %d, holders %v", refs.Load(), c.holders(key))
+		}
+		if released.Load() != 2 {
+			t.Fatalf("release ran %d times for two failed finishes, want 2", released.Load())
+		}
+	})
+	t.Run("owned write that fails before any replica write", func(t *testing.T) {
+		c, _ := streamCluster(t)
+		var released atomic.Int32
+		if _, err := c.reps["a"].WriteOwned(t.Context(), blob[:10], func() { released.Add(1) }); err == nil {
+			t.Fatal("wrote a torn entry")
+		}
+		c.reps["a"].Close()
+		if _, err := c.reps["a"].WriteOwned(t.Context(), blob, func() { released.Add(1) }); err == nil {
+			t.Fatal("wrote through a closed replicator")
+		}
+		if released.Load() != 2 {
+			t.Fatalf("release ran %d times for two failed writes, want 2", released.Load())
 		}
 	})
 }

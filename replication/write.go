@@ -44,17 +44,20 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 // WriteOwned is Write for a caller that recycles blob: release (unless
 // nil) is called once no replica write uses blob any more. With a
 // StreamTransport that is exact, whatever the outcome: the transport
-// drops its references to the bytes it sent. With a plain Transport it is
-// called only when every replica write succeeded (a transport may still
-// read a failed call's bytes), and after a failure blob is left to the
-// collector.
+// drops its references to the bytes it sent, and a write that fails
+// before any replica write began releases blob at once. With a plain
+// Transport it is called only when every replica write succeeded (a
+// transport may still read a failed call's bytes), and after a failure
+// blob is left to the collector.
 func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()) (WriteResult, error) {
 	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
 	if err != nil {
+		releaseNow(release)
 		return WriteResult{}, fmt.Errorf("replication: write: %w", err)
 	}
 	sw, err := r.BeginWrite(ctx, hd.Key, len(blob))
 	if err != nil {
+		releaseNow(release)
 		return WriteResult{Key: hd.Key, Checksum: hd.Checksum}, err
 	}
 	return sw.Finish(ctx, blob, hd.Checksum, release)
@@ -193,6 +196,14 @@ func (sw *StreamWrite) Abort() {
 
 var errAborted = errors.New("replication: write aborted")
 
+// releaseNow runs release (unless nil) for a write that ends before any
+// replica write read its blob.
+func releaseNow(release func()) {
+	if release != nil {
+		release()
+	}
+}
+
 // heldBlob is the Piece of a whole blob that Finish lends to the replica
 // streams; release runs when the last reference is dropped.
 type heldBlob struct {
@@ -230,6 +241,7 @@ func (t tailPiece) Len() int                    { return len(t.data) - t.off }
 func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, release func()) (WriteResult, error) {
 	r := sw.r
 	if sw.ended {
+		releaseNow(release)
 		return WriteResult{}, errAborted
 	}
 	sw.ended = true
@@ -241,6 +253,7 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 				rs.fail(errAborted)
 			}
 		}
+		releaseNow(release)
 		return res, fmt.Errorf("replication: write %v: %d bytes sent of an entry of %d, finished with %d", sw.key, sw.sent, sw.size, len(blob))
 	}
 	type ack struct {
@@ -257,6 +270,7 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 				rs.fail(ErrClosed)
 			}
 		}
+		releaseNow(release)
 		return res, ErrClosed
 	}
 	// The streams hold the blob through a Piece: release runs once the
