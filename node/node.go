@@ -74,7 +74,7 @@ type Config struct {
 	RPCTimeout time.Duration
 	// PeerLinkBytesPerSec, when positive, paces the connections this node
 	// dials to other nodes to that many bytes per second in each
-	// direction, emulating a slower network (linkrate.go). Default 0: off.
+	// direction, emulating a slower network (internal/linkpace). Default 0: off.
 	PeerLinkBytesPerSec int64
 	// DeadGrace is how long a node may be dead before the leader removes it
 	// from the ring (meta.Config.DeadGrace). Default 30 s.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/linkpace"
 	"github.com/kvmesh/kvmesh/meta"
 )
 
@@ -30,7 +31,10 @@ type peerPool struct {
 	// creds dial peers (node certificate over mutual TLS); nil means
 	// plaintext.
 	creds credentials.TransportCredentials
-	// linkRate paces every connection (Config.PeerLinkBytesPerSec).
+	// linkRate paces every connection (Config.PeerLinkBytesPerSec), both
+	// directions, to emulate a slower network. Each node paces only the
+	// connections it dials (one per peer), so every direction of every
+	// node pair crosses exactly one pacer.
 	linkRate int64
 }
 
@@ -54,7 +58,7 @@ func (p *peerPool) conn(addr string) (*grpc.ClientConn, error) {
 		creds = insecure.NewCredentials()
 	}
 	c, err := grpc.NewClient(addr, append(api.DialOptions(),
-		grpc.WithContextDialer(pacedDialer(p.linkRate)),
+		grpc.WithContextDialer(linkpace.Dialer(p.linkRate)),
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()), grpc.MaxCallRecvMsgSize(8<<20)),
 	)...)

@@ -89,6 +89,7 @@ func run() error {
 	pgConfigs := flag.String("putget-rw", "3/2,1/1", "with -putget: replication R/W settings")
 	pgPool := flag.Int("putget-pool", 128<<20, "with -putget: bytes of distinct entries per point")
 	pgProfile := flag.String("putget-profile", "", "with -putget: write each point's CPU and allocation profiles of every node, and the clients' CPU profile, here")
+	pgClientRate := flag.Int64("putget-client-link-rate", 0, "with -putget: bytes/s each way every kvmesh client connection is paced to (0: unpaced; e.g. 125000000 for 1 Gbit/s, with -putget-kvmeshd-args '-peer-link-rate 125000000' for the peer links); Redis's connections stay unpaced")
 	pgNodeArgs := flag.String("putget-kvmeshd-args", "-dram-release off", "with -putget: more kvmeshd flags, space separated (the default keeps the pages the deletes between rounds free resident, as a full node reuses what it evicts)")
 	linkRate := flag.Bool("linkrate", false, "instead: remote-hit TTFT for each codec at emulated link rates on 3 kvmeshd processes (make bench-linkrate)")
 	lrRates := flag.String("linkrate-gbit", "0,1,10,25", "with -linkrate: emulated peer link rates in Gbit/s (0: unpaced loopback)")
@@ -115,7 +116,7 @@ func run() error {
 	}
 	if *putget {
 		f := putGetFlags{kvmeshd: *kvmeshd, duration: *pgDur, clients: *pgClients, poolBytes: *pgPool, profile: *pgProfile,
-			nodeArgs: strings.Fields(*pgNodeArgs)}
+			nodeArgs: strings.Fields(*pgNodeArgs), clientRate: *pgClientRate}
 		var err error
 		if f.sizes, err = parseSizes(*pgSizes); err != nil {
 			return err

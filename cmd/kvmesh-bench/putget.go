@@ -26,6 +26,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/cputime"
+	"github.com/kvmesh/kvmesh/internal/linkpace"
 	"github.com/kvmesh/kvmesh/internal/loopback"
 	"github.com/kvmesh/kvmesh/internal/resp"
 	"github.com/kvmesh/kvmesh/tests/harness"
@@ -42,6 +43,9 @@ type putGetFlags struct {
 	configs   []rw
 	profile   string   // directory for pprof profiles of the nodes ("" none)
 	nodeArgs  []string // more kvmeshd flags
+	// clientRate paces each kvmesh client's connections to this many
+	// bytes/s each way (0: unpaced); Redis's connections are not paced.
+	clientRate int64
 }
 
 // rw is a replication setting: R copies, W acknowledged before a Put
@@ -191,7 +195,11 @@ func runPutGet(ctx context.Context, f putGetFlags, progress func(string)) error 
 	}
 	clients := make([]*client.Client, f.clients)
 	for i := range clients {
-		if clients[i], err = client.New(ctx, client.Config{Seeds: seeds}); err != nil {
+		cfg := client.Config{Seeds: seeds}
+		if f.clientRate > 0 {
+			cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(linkpace.Dialer(f.clientRate))}
+		}
+		if clients[i], err = client.New(ctx, cfg); err != nil {
 			return err
 		}
 		defer clients[i].Close()

@@ -1,4 +1,4 @@
-package node
+package linkpace
 
 import (
 	"bytes"
@@ -8,15 +8,15 @@ import (
 )
 
 // TestPacedConn: a paced connection moves the same bytes both ways, in
-// pieces of at most linkBurst; rate 0 leaves the connection as it is.
+// pieces of at most Burst; rate 0 leaves the connection as it is.
 // (Its speed is measured by benchmarks, not asserted here.)
 func TestPacedConn(t *testing.T) {
 	a, b := net.Pipe()
 	defer b.Close()
-	if newPacedConn(a, 0) != a {
+	if Conn(a, 0) != a {
 		t.Fatal("rate 0 wrapped the connection")
 	}
-	pc := newPacedConn(a, 1<<30)
+	pc := Conn(a, 1<<30)
 	defer pc.Close()
 	msg := bytes.Repeat([]byte("kvmesh"), 50000) // several bursts
 	go func() {
