@@ -6,12 +6,14 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
 )
 
@@ -122,4 +124,90 @@ func BenchmarkClusterPutGet(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "batches/s")
 	})
+}
+
+// BenchmarkStorePut measures a client's Put into a single node (R=1,
+// W=1, raw entries in the raw cluster codec, so each is stored as it
+// arrives) with 8 concurrent requests, each one a new entry: the key is
+// deleted from the node's store after its put, so the next put of it
+// stores it again. It shows the node's receive-and-store path (the body
+// lent from the DRAM tier and adopted, or a heap buffer copied into it)
+// apart from replication. cpu-ns/op is the whole process's CPU time per
+// put, the client's included (run it alone).
+func BenchmarkStorePut(b *testing.B) {
+	n := startClusterDRAM(b, 1, 512<<20)[0]
+	c := newClient(b, n)
+	ctx := b.Context()
+	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16,
+		RopeStyle: chunk.RopeNeoX, RopeTheta: 500000, TokenizerID: "bench"}
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		b.Fatal(err)
+	}
+	set := meta.Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecRaw}
+	if err := n.Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
+		b.Fatal(err)
+	}
+	testutil.WaitFor(b, "the client to see R=1", func() bool {
+		if _, err := c.ClusterInfo(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return c.ReplicationFactor() == 1
+	})
+	const conc, count = 8, 32
+	for _, size := range []int{1 << 20, 4 << 20} {
+		keys := make([]chunk.Key, count)
+		blobs := make([][]byte, count)
+		tokens := size / spec.KVBytesPerToken()
+		for i := range count {
+			toks := make([]uint32, tokens)
+			for j := range toks {
+				toks[j] = uint32(i*tokens + j)
+			}
+			e := testutil.EntryOf(spec, toks, chunk.StandaloneContext(), testutil.PatternKV)
+			keys[i], blobs[i] = e.Key, testutil.Encode(b, e, chunk.CodecRaw)
+		}
+		b.Run(fmt.Sprintf("%dMiB", size>>20), func(b *testing.B) {
+			b.SetBytes(int64(len(blobs[0])))
+			var next atomic.Int64
+			var mu [count]sync.Mutex // one put of an entry at a time
+			a0 := n.Store().Stats().Tiers[kvtier.TierDRAM].AdoptedPuts
+			c0 := cpuTime(b)
+			b.ResetTimer()
+			var wg sync.WaitGroup
+			for range conc {
+				wg.Go(func() {
+					for {
+						i := int(next.Add(1)) - 1
+						if i >= b.N {
+							return
+						}
+						k := i % count
+						mu[k].Lock()
+						_, err := c.Put(ctx, blobs[k])
+						if err == nil {
+							err = n.Store().Delete(keys[k])
+						}
+						mu[k].Unlock()
+						if err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64((cpuTime(b)-c0).Nanoseconds())/float64(b.N), "cpu-ns/op")
+			b.ReportMetric(float64(n.Store().Stats().Tiers[kvtier.TierDRAM].AdoptedPuts-a0)/float64(b.N), "adopted/op")
+		})
+	}
+}
+
+// cpuTime is the process's user plus system CPU time.
+func cpuTime(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
