@@ -20,39 +20,50 @@ import (
 
 func dramStats(n *node.Node) kvtier.TierStats { return n.Store().Stats().Tiers[kvtier.TierDRAM] }
 
-// Every replica of a client's write receives it straight into DRAM pages
-// that become the entry (kvtier adopts the loan: no second copy): the node
-// the client wrote to and the two it forwarded to. Each serves the right
-// bytes and lends nothing once the writes are done.
-func TestPutAdoptsLentBody(t *testing.T) {
+// TestPutLentBody: the nodes that store an entry receive it straight into
+// DRAM pages that become the entry (kvtier adopts the loan: no second
+// copy), and every loan ends, however the put ends: a whole write, a put
+// whose stream breaks mid-body, a write one of whose replicas is down.
+// One 3-node cluster (R=3) for all.
+func TestPutLentBody(t *testing.T) {
 	nodes := startCluster(t, 3)
 	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
 	defer cancel()
-	c := newClient(t, nodes...)
+	c := newClient(t, nodes[0], nodes[1]) // not the node lost below
 	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
 	rng := rand.New(rand.NewPCG(18, 1))
+	// newBlob is a new entry in lossless, the cluster's codec: stored as it comes.
+	newBlob := func() (chunk.Key, []byte) {
+		return testutil.Blob(t, rng, spec, testutil.Tokens(rng, 64), chunk.StandaloneContext())
+	}
+	loansBack := func(what string, nodes []*node.Node, cond func(n *node.Node, d kvtier.TierStats) bool) {
+		t.Helper()
+		testutil.WaitFor(t, what, func() bool {
+			for _, n := range nodes {
+				if d := dramStats(n); d.LentBytes != 0 || d.PinnedBytes != 0 || !cond(n, d) {
+					return false
+				}
+			}
+			return true
+		})
+	}
+
+	// The node a client writes to and the two it forwards to each adopt
+	// the body they received, and serve the right bytes.
 	const puts = 4
 	var keys []chunk.Key
 	var blobs [][]byte
 	for range puts {
-		// Lossless, the cluster's codec: stored as it comes.
-		k, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 64), chunk.StandaloneContext())
+		k, blob := newBlob()
 		if _, err := c.Put(ctx, blob); err != nil {
 			t.Fatal(err)
 		}
 		keys, blobs = append(keys, k), append(blobs, blob)
 	}
-	testutil.WaitFor(t, "every replica write adopted and the loans back", func() bool {
-		for _, n := range nodes {
-			if d := dramStats(n); d.LentBytes != 0 || d.AdoptedPuts != puts {
-				return false
-			}
-		}
-		return true
-	})
+	loansBack("every replica write adopted", nodes, func(_ *node.Node, d kvtier.TierStats) bool { return d.AdoptedPuts == puts })
 	for _, n := range nodes {
 		for i, k := range keys {
 			b, err := n.Store().Get(ctx, k)
@@ -66,66 +77,13 @@ func TestPutAdoptsLentBody(t *testing.T) {
 			}
 		}
 	}
-}
 
-// A write that one replica cannot take (it is down) still gives the lent
-// body back once the replica writes are done: the forward to the lost
-// replica fails, it gets a hint, and no pages stay lent.
-func TestPutToLostReplicaReleasesLentBody(t *testing.T) {
-	nodes := startCluster(t, 3)
-	ctx, cancel := context.WithTimeout(t.Context(), 60*time.Second)
-	defer cancel()
-	c := newClient(t, nodes[0], nodes[1])
-	spec := testutil.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	testutil.WaitFor(t, "model known everywhere", func() bool {
-		for _, n := range nodes {
-			if _, ok := n.Meta().Model(spec.Fingerprint()); !ok {
-				return false
-			}
-		}
-		return true
-	})
-	if err := nodes[2].Close(); err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(18, 3))
-	for range 3 {
-		_, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 64), chunk.StandaloneContext())
-		if _, err := c.Put(ctx, blob); err != nil {
-			t.Fatal(err)
-		}
-	}
-	// Each write's forward to the lost replica fails and leaves a hint.
-	testutil.WaitFor(t, "hints for the lost replica and the loans back", func() bool {
-		hints := 0
-		for _, n := range nodes[:2] {
-			h, _ := n.Replicator().HintsPending()
-			hints += h
-			if d := dramStats(n); d.LentBytes != 0 || d.AdoptedPuts == 0 {
-				return false
-			}
-		}
-		return hints == 3
-	})
-}
-
-// A direct put whose stream ends before the announced bytes arrived gives
-// the lent pages back: the DRAM tier charges nothing afterwards.
-func TestBrokenPutReleasesLentBody(t *testing.T) {
-	n := startCluster(t, 1)[0]
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	c := newClient(t, n)
-	spec := testutil.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(18, 2))
-	k, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 64), chunk.StandaloneContext())
-	cc, err := grpc.NewClient(n.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+	// A direct put whose stream ends before the announced bytes arrived
+	// gives the lent pages back: the DRAM tier charges what it did before.
+	n0 := nodes[0]
+	before := dramStats(n0).Bytes
+	k, blob := newBlob()
+	cc, err := grpc.NewClient(n0.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
 	if err != nil {
 		t.Fatal(err)
@@ -144,16 +102,42 @@ func TestBrokenPutReleasesLentBody(t *testing.T) {
 	if _, err := st.CloseAndRecv(); err == nil {
 		t.Fatal("a put of half an entry succeeded")
 	}
-	testutil.WaitFor(t, "lent pages back", func() bool {
-		d := dramStats(n)
-		return d.LentBytes == 0 && d.Bytes == 0 && d.PinnedBytes == 0
-	})
+	loansBack("the broken put's pages back", nodes[:1], func(_ *node.Node, d kvtier.TierStats) bool { return d.Bytes == before })
 	// The same entry whole, direct: adopted.
 	if err := api.PutDirect(ctx, cc, blob, k); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "direct put adopted", func() bool {
-		d := dramStats(n)
-		return d.AdoptedPuts == 1 && d.LentBytes == 0
+	loansBack("the direct put adopted", nodes[:1], func(_ *node.Node, d kvtier.TierStats) bool { return d.AdoptedPuts == puts+1 })
+
+	// With a replica down, each write's forward to it fails and leaves a
+	// hint; the loans still end once the replica writes are done.
+	if err := nodes[2].Close(); err != nil {
+		t.Fatal(err)
+	}
+	var adopted [2]uint64
+	for i, n := range nodes[:2] {
+		adopted[i] = dramStats(n).AdoptedPuts
+	}
+	const lost = 3
+	for range lost {
+		_, blob := newBlob()
+		if _, err := c.Put(ctx, blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hints := func() int {
+		sum := 0
+		for _, n := range nodes[:2] {
+			h, _ := n.Replicator().HintsPending()
+			sum += h
+		}
+		return sum
+	}
+	loansBack("hints for the lost replica and the loans back", nodes[:2], func(n *node.Node, d kvtier.TierStats) bool {
+		i := 0
+		if n == nodes[1] {
+			i = 1
+		}
+		return d.AdoptedPuts == adopted[i]+lost && hints() == lost
 	})
 }
