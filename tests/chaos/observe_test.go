@@ -1,13 +1,10 @@
 package chaos
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
 // observer talks to single nodes directly (not through the client's
@@ -137,46 +135,14 @@ type usage struct {
 }
 
 func (o *observer) usage(ctx context.Context, httpAddr string) (usage, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
+	m, err := harness.ScrapeWith(ctx, o.http, httpAddr)
 	if err != nil {
 		return usage{}, err
 	}
-	resp, err := o.http.Do(req)
-	if err != nil {
-		return usage{}, err
-	}
-	defer resp.Body.Close()
-	var u usage
-	found := 0
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		name, val, ok := strings.Cut(sc.Text(), " ")
-		if !ok {
-			continue
-		}
-		var dst *float64
-		switch name {
-		case "go_goroutines":
-			dst = &u.goroutines
-		case "go_memstats_heap_inuse_bytes":
-			dst = &u.heapInuse
-		case "process_resident_memory_bytes":
-			dst = &u.rss
-		default:
-			continue
-		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(val), 64)
-		if err == nil {
-			*dst = f
-			found++
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return usage{}, err
-	}
-	if found < 2 {
+	g, okG := m["go_goroutines"]
+	h, okH := m["go_memstats_heap_inuse_bytes"]
+	if !okG || !okH {
 		return usage{}, fmt.Errorf("/metrics of %s lacks go_goroutines or go_memstats_heap_inuse_bytes", httpAddr)
 	}
-	return u, nil
+	return usage{goroutines: g, heapInuse: h, rss: m["process_resident_memory_bytes"]}, nil
 }

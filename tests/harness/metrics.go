@@ -17,13 +17,19 @@ type Metrics map[string]float64
 // Scrape reads the Prometheus text exposition at http://httpAddr/metrics
 // (10 s at most).
 func Scrape(ctx context.Context, httpAddr string) (Metrics, error) {
+	return ScrapeWith(ctx, http.DefaultClient, httpAddr)
+}
+
+// ScrapeWith is Scrape through c, for a caller that bounds its requests or
+// closes its idle connections itself.
+func ScrapeWith(ctx context.Context, c *http.Client, httpAddr string) (Metrics, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/metrics", nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := c.Do(req)
 	if err != nil {
 		return nil, err
 	}
