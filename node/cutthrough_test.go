@@ -59,7 +59,22 @@ func TestPutForwardsAsItArrives(t *testing.T) {
 			func() bool { return node.BytesOut(nodes[0], "replicate")-from >= float64(n) })
 	}
 
+	// A node streams to the replicas it has a connection up to, and sends
+	// others the entry once whole: a first put through nodes[0] connects
+	// it to its peers.
+	warm := func(t *testing.T) {
+		key, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 8), chunk.StandaloneContext())
+		st := start(t, key, blob)
+		if err := api.SendBody(st, mem.SliceBuffer(blob[len(blob)/2:]), 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.CloseAndRecv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	t.Run("whole entry", func(t *testing.T) {
+		warm(t)
 		// Lossless: the cluster's default codec, so the entry is stored as it comes.
 		key, blob := testutil.Blob(t, rng, spec, testutil.Tokens(rng, 300), chunk.StandaloneContext())
 		out0 := node.BytesOut(nodes[0], "replicate")

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -47,15 +48,23 @@ func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts
 
 // OpenReplicate implements replication.StreamTransport: a Peer.Replicate
 // stream whose body follows as the caller sends it.
-func (t transport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts replication.ReplicateOptions) (replication.ReplicaStream, error) {
+func (t transport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts replication.ReplicateOptions, wait bool) (replication.ReplicaStream, error) {
 	addr, err := t.addr(node)
 	if err != nil {
 		return nil, err
 	}
-	pc, err := t.n.peers.peer(addr)
+	cc, err := t.n.peers.conn(addr)
 	if err != nil {
 		return nil, err
 	}
+	if !wait && cc.GetState() != connectivity.Ready {
+		// Opening a stream would wait for the connection (a peer gone
+		// without a reset holds it for the dial timeout): the write sends
+		// this replica its entry once whole, while the connection comes up.
+		cc.Connect()
+		return nil, fmt.Errorf("%w: %s is %v", replication.ErrNoStreamNow, node, cc.GetState())
+	}
+	pc := api.NewPeerClient(cc)
 	ctx, cancel := t.n.withTimeout(ctx)
 	st, err := pc.Replicate(ctx)
 	if err != nil {

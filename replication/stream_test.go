@@ -16,9 +16,15 @@ import (
 type streamTransport struct {
 	*transport
 	opened atomic.Int64
+	// slow, if set, is a node with no connection up: a stream to it opens
+	// only when one may wait.
+	slow string
 }
 
-func (t *streamTransport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions) (ReplicaStream, error) {
+func (t *streamTransport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions, wait bool) (ReplicaStream, error) {
+	if node == t.slow && !wait {
+		return nil, ErrNoStreamNow
+	}
 	if _, err := t.n.route(ctx, t.from, node); err != nil {
 		return nil, err
 	}
@@ -167,6 +173,30 @@ func TestStreamWrite(t *testing.T) {
 			}
 		})
 	}
+	t.Run("replica not connected", func(t *testing.T) {
+		// The pieces go on to the replica that is connected; the other is
+		// not waited for, and gets the whole entry at Finish.
+		c, ts := streamCluster(t)
+		ts["a"].slow = "c"
+		a := c.reps["a"]
+		sw, err := a.BeginWrite(t.Context(), key, len(blob))
+		if err != nil {
+			t.Fatal(err)
+		}
+		refs := send(sw, len(blob))
+		if got := refs.Load(); got != 3 {
+			t.Fatalf("%d references to the 3 pieces held, want 3 (b's stream only)", got)
+		}
+		var released atomic.Int32
+		res, err := sw.Finish(t.Context(), blob, hd.Checksum, func() { released.Add(1) })
+		if err != nil || len(res.StoredOn) < 2 {
+			t.Fatalf("finish: %+v, %v", res, err)
+		}
+		a.Close()
+		if got := c.holders(key); len(got) != 3 || refs.Load() != 0 || released.Load() != 1 {
+			t.Fatalf("stored on %v, %d references held, released %d times", got, refs.Load(), released.Load())
+		}
+	})
 	t.Run("finish with other bytes than announced", func(t *testing.T) {
 		c, _ := streamCluster(t)
 		sw, err := c.reps["a"].BeginWrite(t.Context(), key, len(blob)+1)

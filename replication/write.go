@@ -95,8 +95,17 @@ type ReplicaStream interface {
 // client's entry to the other replicas as it arrives (cut-through)
 // instead of after the last byte (store-then-forward).
 type StreamTransport interface {
-	OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions) (ReplicaStream, error)
+	// OpenReplicate opens a stream to node. Unless wait, it must not wait
+	// for a connection that is not up: it returns an error wrapping
+	// ErrNoStreamNow instead, and that replica gets the whole entry at
+	// Finish (opened then with wait), so that a replica slow to answer
+	// delays nothing but its own copy.
+	OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions, wait bool) (ReplicaStream, error)
 }
+
+// ErrNoStreamNow is a StreamTransport's answer when it cannot open a
+// stream without waiting (the connection to the replica is not up).
+var ErrNoStreamNow = errors.New("replication: no stream to the replica now")
 
 // StreamWrite is a write of an entry that is still arriving: BeginWrite
 // opens it once the key and size are known, Send passes each piece to
@@ -147,8 +156,11 @@ func (r *Replicator) BeginWrite(ctx context.Context, key chunk.Key, size int) (*
 			continue
 		}
 		sctx, cancel := r.background()
-		rs.st, rs.err = st.OpenReplicate(sctx, m.ID, key, size, sw.opts)
+		rs.st, rs.err = st.OpenReplicate(sctx, m.ID, key, size, sw.opts, false)
 		if rs.err != nil {
+			if errors.Is(rs.err, ErrNoStreamNow) {
+				rs.err = nil // opened at Finish, sent whole
+			}
 			rs.st = nil
 			cancel()
 			continue
@@ -321,6 +333,9 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 			case rs.err != nil:
 				a.err = rs.err
 				hint(&a)
+			case exact: // no stream could be opened at once: one now, sent whole
+				a.kept, a.err = sw.openLate(rs, held)
+				hint(&a)
 			default: // a plain Transport
 				ctx, cancel := r.background()
 				defer cancel()
@@ -363,6 +378,19 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 	}
 	r.metrics.writeFailures.Add(1)
 	return res, fmt.Errorf("%w: %d of %d stored %v (need %d): %w", ErrQuorum, len(res.StoredOn), len(reps), sw.key, w, errors.Join(errs...))
+}
+
+// openLate opens rs's stream, waiting for its connection, and sends it
+// the whole blob.
+func (sw *StreamWrite) openLate(rs *replicaStream, held *heldBlob) (uint64, error) {
+	ctx, cancel := sw.r.background()
+	st, err := sw.r.cfg.Transport.(StreamTransport).OpenReplicate(ctx, rs.node, sw.key, sw.size, sw.opts, true)
+	if err != nil {
+		cancel()
+		return 0, err
+	}
+	rs.st, rs.cancel = st, cancel
+	return rs.finish(held, 0)
 }
 
 // finish sends blob's bytes from off on and closes the stream.
