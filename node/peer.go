@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -134,46 +133,6 @@ func (f forwarder) Apply(ctx context.Context, leaderGRPCAddr string, cmd []byte)
 		return fmt.Errorf("%w: %s", meta.ErrNotLeader, st.Message())
 	}
 	return fmt.Errorf("node: forward to leader %s: %w", leaderGRPCAddr, err)
-}
-
-// sendEntry streams blob to addr with Peer.Replicate. The blob's bytes go
-// to the transport without a copy; the reply says what the receiver kept.
-func (n *Node) sendEntry(ctx context.Context, addr string, hdr *api.PutHeader, blob []byte) (*api.PutResponse, error) {
-	pc, err := n.peers.peer(addr)
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := n.withTimeout(ctx)
-	defer cancel()
-	st, err := pc.Replicate(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if err := api.SendHeader(st, hdr); err != nil {
-		return nil, streamErr(st, err)
-	}
-	// blob is heap memory the caller does not modify: the transport may
-	// hold slices of it after SendMsg returns.
-	if err := api.SendBody(st, mem.SliceBuffer(blob), n.cfg.FrameBytes); err != nil {
-		return nil, streamErr(st, err)
-	}
-	resp, err := st.CloseAndRecv()
-	if err != nil {
-		return nil, err
-	}
-	n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(len(blob)))
-	return resp, nil
-}
-
-// streamErr turns the io.EOF a client-stream Send returns when the server
-// already answered into the server's status.
-func streamErr(st interface {
-	CloseAndRecv() (*api.PutResponse, error)
-}, err error) error {
-	if _, rerr := st.CloseAndRecv(); rerr != nil {
-		return rerr
-	}
-	return err
 }
 
 // fetchEntry reads the whole entry of key from addr with Peer.Fetch.

@@ -106,7 +106,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 				decided = true
 				if c, ok := chunk.PeekCodec(sofar); ok && chunk.StoredCodec(c, set.Codec) == c {
 					// On an error (no replicas) WriteOwned reports it below.
-					sw, _ = n.repl.BeginWrite(ctx, key, int(hdr.BlobBytes))
+					sw, _ = n.repl.BeginWrite(key, int(hdr.BlobBytes))
 				}
 			}
 			if sw != nil {

@@ -13,8 +13,9 @@ import (
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-// transport implements replication.Transport and StreamTransport over the Peer service. Node
-// IDs resolve to gRPC addresses through the ring, then gossip.
+// transport implements replication.Transport and StreamTransport over the
+// Peer service. Node IDs resolve to gRPC addresses through the ring, then
+// gossip.
 type transport struct{ n *Node }
 
 func (t transport) addr(id string) (string, error) {
@@ -29,26 +30,37 @@ func (t transport) addr(id string) (string, error) {
 	return "", fmt.Errorf("node: no address known for %s", id)
 }
 
+// Replicate implements replication.Transport: the stream of
+// OpenReplicate, sent the whole blob at once.
 func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts replication.ReplicateOptions) (uint64, error) {
-	addr, err := t.addr(node)
-	if err != nil {
-		return 0, err
-	}
 	hd, err := chunk.ParseHeader(blob, t.n.cfg.Limits)
 	if err != nil {
 		return 0, fmt.Errorf("%w: %w", replication.ErrRejected, err)
 	}
-	resp, err := t.n.sendEntry(ctx, addr, &api.PutHeader{Key: api.ProtoKey(hd.Key), BlobBytes: uint64(len(blob)),
-		Direct: true, Kind: uint32(opts.Kind), At: opts.At}, blob)
+	s, err := t.openReplicate(ctx, node, hd.Key, len(blob), opts, true)
 	if err != nil {
-		return 0, replFromStatus(err)
+		return 0, err
 	}
-	return keptChecksum(resp), nil
+	// blob is heap memory the caller does not modify: the transport may
+	// hold slices of it after the call.
+	if err := s.sendBody(mem.SliceBuffer(blob)); err != nil {
+		s.Abort()
+		return 0, err
+	}
+	return s.Close()
 }
 
 // OpenReplicate implements replication.StreamTransport: a Peer.Replicate
 // stream whose body follows as the caller sends it.
 func (t transport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts replication.ReplicateOptions, wait bool) (replication.ReplicaStream, error) {
+	s, err := t.openReplicate(ctx, node, key, size, opts, wait)
+	if err != nil {
+		return nil, err // not a nil *replicaStream in the interface
+	}
+	return s, nil
+}
+
+func (t transport) openReplicate(ctx context.Context, node string, key chunk.Key, size int, opts replication.ReplicateOptions, wait bool) (*replicaStream, error) {
 	addr, err := t.addr(node)
 	if err != nil {
 		return nil, err
@@ -74,7 +86,7 @@ func (t transport) OpenReplicate(ctx context.Context, node string, key chunk.Key
 	if err := api.SendHeader(st, &api.PutHeader{Key: api.ProtoKey(key), BlobBytes: uint64(size),
 		Direct: true, Kind: uint32(opts.Kind), At: opts.At}); err != nil {
 		cancel()
-		return nil, replFromStatus(streamErr(st, err))
+		return nil, replFromStatus(api.PutSendErr(st, err))
 	}
 	return &replicaStream{n: t.n, st: st, cancel: cancel}, nil
 }
@@ -91,26 +103,34 @@ type replicaStream struct {
 // other pieces are lent to gRPC, which drops each reference once it wrote
 // the bytes.
 func (s *replicaStream) Send(p replication.Piece) error {
-	var err error
 	if f, ok := p.(framePiece); ok {
-		err = s.st.SendMsg(&api.Frame{Data: f.BufferSlice})
-	} else {
-		for _, part := range p.Parts(nil) {
-			p.Ref()
-			body := api.LentBuffer(part, p.Free)
-			err = api.SendBody(s.st, body, s.n.cfg.FrameBytes)
-			body.Free()
-			if err != nil {
-				break
-			}
+		return s.sent(s.st.SendMsg(&api.Frame{Data: f.BufferSlice}), f.Len())
+	}
+	for _, part := range p.Parts(nil) {
+		p.Ref()
+		body := api.LentBuffer(part, p.Free)
+		err := s.sendBody(body)
+		body.Free()
+		if err != nil {
+			return err
 		}
 	}
+	return nil
+}
+
+// sendBody sends body as data frames.
+func (s *replicaStream) sendBody(body mem.Buffer) error {
+	return s.sent(api.SendBody(s.st, body, s.n.cfg.FrameBytes), body.Len())
+}
+
+// sent is the outcome of sending n bytes: the replica's status if the send
+// failed, else nil, with the bytes counted as they go out (not when the
+// replica answers: a forward that starts before its entry is whole shows).
+func (s *replicaStream) sent(err error, n int) error {
 	if err != nil {
-		return replFromStatus(streamErr(s.st, err))
+		return replFromStatus(api.PutSendErr(s.st, err))
 	}
-	// Counted as the bytes go out, not when the replica answers: a
-	// forward that starts before its entry is whole shows here.
-	s.n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(p.Len()))
+	s.n.metrics.bytesOut.WithLabelValues("replicate").Add(float64(n))
 	return nil
 }
 

@@ -135,7 +135,7 @@ func TestStreamWrite(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c, ts := streamCluster(t)
 			a := c.reps["a"]
-			sw, err := a.BeginWrite(t.Context(), key, len(blob))
+			sw, err := a.BeginWrite(key, len(blob))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -179,7 +179,7 @@ func TestStreamWrite(t *testing.T) {
 		c, ts := streamCluster(t)
 		ts["a"].slow = "c"
 		a := c.reps["a"]
-		sw, err := a.BeginWrite(t.Context(), key, len(blob))
+		sw, err := a.BeginWrite(key, len(blob))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -199,7 +199,7 @@ func TestStreamWrite(t *testing.T) {
 	})
 	t.Run("finish with other bytes than announced", func(t *testing.T) {
 		c, _ := streamCluster(t)
-		sw, err := c.reps["a"].BeginWrite(t.Context(), key, len(blob)+1)
+		sw, err := c.reps["a"].BeginWrite(key, len(blob)+1)
 		if err != nil {
 			t.Fatal(err)
 		}

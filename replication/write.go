@@ -55,7 +55,7 @@ func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()
 		releaseNow(release)
 		return WriteResult{}, fmt.Errorf("replication: write: %w", err)
 	}
-	sw, err := r.BeginWrite(ctx, hd.Key, len(blob))
+	sw, err := r.BeginWrite(hd.Key, len(blob))
 	if err != nil {
 		releaseNow(release)
 		return WriteResult{Key: hd.Key, Checksum: hd.Checksum}, err
@@ -134,9 +134,11 @@ type replicaStream struct {
 
 // BeginWrite opens a write of an entry of size bytes under key on the R
 // replicas of its content ID: streams to the remote ones where the
-// Transport is a StreamTransport. A replica whose stream cannot be opened
-// gets a hint at Finish, as a failed write does.
-func (r *Replicator) BeginWrite(ctx context.Context, key chunk.Key, size int) (*StreamWrite, error) {
+// Transport is a StreamTransport. It does not wait for a replica: the
+// streams outlive the caller's call (CallTimeout bounds them), and one
+// that cannot be opened at once is opened at Finish. A replica whose
+// stream fails gets a hint at Finish, as a failed write does.
+func (r *Replicator) BeginWrite(key chunk.Key, size int) (*StreamWrite, error) {
 	n, w := r.quorum()
 	reps := r.ring().Replicas(key.Content, n)
 	if len(reps) == 0 {
