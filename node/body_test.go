@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -83,12 +81,7 @@ func TestPutLentBody(t *testing.T) {
 	n0 := nodes[0]
 	before := dramStats(n0).Bytes
 	k, blob := newBlob()
-	cc, err := grpc.NewClient(n0.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := dialFrames(t, n0)
 	st, err := api.NewClientClient(cc).Put(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -59,6 +59,20 @@ func newClient(t testing.TB, nodes ...*node.Node) *client.Client {
 	return c
 }
 
+// dialFrames is a connection to n that sends and receives api.Frame with
+// the zero-copy codec, as the client and peers do; opts add to it. It is
+// closed when the test ends.
+func dialFrames(t testing.TB, n *node.Node, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(n.GRPCAddr(), append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec()))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cc.Close() })
+	return cc
+}
+
 func TestCluster3(t *testing.T) {
 	testutil.SkipIfShort(t, "a 3-node cluster through failures")
 	nodes := startCluster(t, 3)

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvmesh/kvmesh/api"
@@ -31,12 +30,7 @@ func TestPutForwardsAsItArrives(t *testing.T) {
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
-	cc, err := grpc.NewClient(nodes[0].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := dialFrames(t, nodes[0])
 	rng := rand.New(rand.NewPCG(18, 3))
 	// start sends the header and the first half of blob to nodes[0].
 	start := func(t *testing.T, key chunk.Key, blob []byte) grpc.ClientStreamingClient[api.PutFrame, api.PutResponse] {

@@ -7,9 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
@@ -124,12 +122,7 @@ func TestInjectStreams(t *testing.T) {
 	}
 
 	// Peer.FetchMany on the owner, with a key it lacks in the middle.
-	cc, err := grpc.NewClient(nodes[1].GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(api.Codec())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
+	cc := dialFrames(t, nodes[1])
 	missing := chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, testutil.Tokens(rng, 3)), Context: chunk.StandaloneContext()}
 	ask := []chunk.Key{keys[0], missing, keys[1]}
 	req := &api.FetchManyRequest{}
