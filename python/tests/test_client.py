@@ -4,6 +4,7 @@ placement, lookups, ranges, failover, and the errors a user sees."""
 import numpy as np
 import pytest
 
+import harness
 import kvmesh
 from kvmesh import Codec, Context, Entry, Key, LookupItem, Match, ModelSpec, Range
 from kvmesh.keys import DType, RopeStyle
@@ -140,6 +141,13 @@ def test_node_down_fails_over(own_cluster):
         fp = c.register_model(SPEC)
         e = make_entry(fp, [424242, 1, 2, 3])
         c.put(e)
+        # W = 1 acknowledges the first copy; the second may still be on its
+        # way. This test is about reading from the other replica, so it
+        # waits for that copy before the kill.
+        replicas = {m.id for m in c.ring.replicas(e.key.content, c.replication_factor)}
+        item = LookupItem(e.key.content, kvmesh.standalone_context())
+        harness.wait_for(lambda: {h.id for h in c.lookup(fp, [item])[0].holders} >= replicas, 30,
+                         "the entry on both replicas")
         owner = c.ring.owner(e.key.content)
         node = next(n for n in cluster.nodes if n.id == owner.id)
         node.kill()
