@@ -1,6 +1,7 @@
 package chunk
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -146,6 +147,19 @@ type Key struct {
 
 func (k Key) String() string {
 	return fmt.Sprintf("%s/%s/%s", k.Fingerprint, k.Content, k.Context)
+}
+
+// CompareKeys is the one order of keys: content ID, then fingerprint, then
+// context kind, window and context ID. Digest pages, merges of sorted key
+// lists and rebalancing walks all sort by it, so two nodes that exchange
+// sorted lists agree on their order.
+func CompareKeys(a, b Key) int {
+	return cmp.Or(
+		cmp.Compare(a.Content.Hi, b.Content.Hi), cmp.Compare(a.Content.Lo, b.Content.Lo),
+		cmp.Compare(a.Fingerprint.Hi, b.Fingerprint.Hi), cmp.Compare(a.Fingerprint.Lo, b.Fingerprint.Lo),
+		cmp.Compare(a.Context.Kind, b.Context.Kind), cmp.Compare(a.Context.Window, b.Context.Window),
+		cmp.Compare(a.Context.ID.Hi, b.Context.ID.Hi), cmp.Compare(a.Context.ID.Lo, b.Context.ID.Lo),
+	)
 }
 
 // Domain-separation constants XORed into the lane seeds, so a content ID, a

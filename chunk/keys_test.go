@@ -347,3 +347,38 @@ func TestOneComputationOneKey(t *testing.T) {
 		t.Errorf("WindowOrPrefix with nothing before: %v", got)
 	}
 }
+
+// TestCompareKeys: CompareKeys is a total order whose ties are equal keys,
+// and content ID decides first.
+func TestCompareKeys(t *testing.T) {
+	var keys []Key
+	for _, v := range []uint64{0, 1, math.MaxUint64} {
+		keys = append(keys,
+			Key{Content: ID{Hi: v}},
+			Key{Content: ID{Lo: v}, Fingerprint: Fingerprint{Hi: 1}},
+			Key{Fingerprint: Fingerprint{Lo: v}},
+			Key{Context: Context{Kind: ContextWindow, Window: uint32(v & 0xff), ID: ID{Lo: v}}},
+			Key{Context: Context{Kind: ContextPrefix, ID: ID{Hi: v}}},
+		)
+	}
+	for _, a := range keys {
+		for _, b := range keys {
+			ab, ba := CompareKeys(a, b), CompareKeys(b, a)
+			if ab != -ba {
+				t.Fatalf("CompareKeys(%v, %v) = %d but the reverse is %d", a, b, ab, ba)
+			}
+			if (ab == 0) != (a == b) {
+				t.Fatalf("CompareKeys(%v, %v) = %d for keys that are equal: %v", a, b, ab, a == b)
+			}
+			for _, c := range keys {
+				if ab < 0 && CompareKeys(b, c) < 0 && CompareKeys(a, c) >= 0 {
+					t.Fatalf("not transitive: %v < %v < %v", a, b, c)
+				}
+			}
+		}
+	}
+	lo, hi := Key{Content: ID{Lo: 1}, Fingerprint: Fingerprint{Hi: 9}}, Key{Content: ID{Lo: 2}}
+	if CompareKeys(lo, hi) >= 0 {
+		t.Fatal("the content ID does not decide before the fingerprint")
+	}
+}

@@ -387,7 +387,7 @@ func TestCluster3(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if n := len(seen); n > 0 && node.CompareKeys(seen[n-1], k) >= 0 {
+				if n := len(seen); n > 0 && chunk.CompareKeys(seen[n-1], k) >= 0 {
 					t.Fatalf("digest out of order at %v", k)
 				}
 				seen = append(seen, k)

@@ -53,9 +53,6 @@ func RemoteOf(n *Node) ReplicaRemote { return replicaRemote{n: n, reads: n.inj.r
 // Others are the replicas of content other than the node itself.
 func (r replicaRemote) Others(content chunk.ID) []string { return r.others(content) }
 
-// CompareKeys is the order Digest pages in.
-var CompareKeys = compareKeys
-
 // LeftMarkerName is the file that marks a data directory whose node left.
 const LeftMarkerName = leftMarkerName
 

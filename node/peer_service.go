@@ -1,7 +1,6 @@
 package node
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -55,13 +54,13 @@ func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.
 	var keys []chunk.Key
 	sums := make(map[chunk.Key][2]uint64)
 	s.n.store.Scan(func(k chunk.Key, sum uint64, size int) bool {
-		if after == nil || compareKeys(k, *after) > 0 {
+		if after == nil || chunk.CompareKeys(k, *after) > 0 {
 			keys = append(keys, k)
 			sums[k] = [2]uint64{sum, uint64(size)}
 		}
 		return true
 	})
-	slices.SortFunc(keys, compareKeys)
+	slices.SortFunc(keys, chunk.CompareKeys)
 	more := len(keys) > limit
 	if more {
 		keys = keys[:limit]
@@ -71,17 +70,6 @@ func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.
 		items = append(items, &api.DigestItem{Key: api.ProtoKey(k), Checksum: v[0], BlobBytes: v[1]})
 	}
 	return &api.DigestResponse{Items: items, More: more}, nil
-}
-
-// compareKeys orders keys by fingerprint, content, context kind, window and
-// context ID: the order Digest pages in.
-func compareKeys(a, b chunk.Key) int {
-	return cmp.Or(
-		cmp.Compare(a.Fingerprint.Hi, b.Fingerprint.Hi), cmp.Compare(a.Fingerprint.Lo, b.Fingerprint.Lo),
-		cmp.Compare(a.Content.Hi, b.Content.Hi), cmp.Compare(a.Content.Lo, b.Content.Lo),
-		cmp.Compare(a.Context.Kind, b.Context.Kind), cmp.Compare(a.Context.Window, b.Context.Window),
-		cmp.Compare(a.Context.ID.Hi, b.Context.ID.Hi), cmp.Compare(a.Context.ID.Lo, b.Context.ID.Lo),
-	)
 }
 
 func (s *peerService) MetaApply(ctx context.Context, req *api.MetaApplyRequest) (*api.MetaApplyResponse, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -182,19 +183,34 @@ func TestRefusalsAndAudit(t *testing.T) {
 }
 
 // TestAuditArgsNil: the arguments of an audit record are read from nil
-// messages without a panic (a failed handler answers a typed nil).
+// messages without a panic (a failed handler answers a typed nil), and
+// they name the request's fields: the same names, with zero values, for a
+// nil request as for an empty one.
 func TestAuditArgsNil(t *testing.T) {
-	for _, c := range [][2]any{
-		{(*api.CreateTokenRequest)(nil), (*api.CreateTokenResponse)(nil)},
-		{&api.CreateTokenRequest{}, &api.CreateTokenResponse{}},
-		{(*api.RevokeTokenRequest)(nil), (*api.RevokeTokenResponse)(nil)},
-		{(*api.GossipKeyRequest)(nil), (*api.GossipKeysResponse)(nil)},
-		{(*api.SetSettingsRequest)(nil), (*api.SetSettingsResponse)(nil)},
-		{(*api.RegisterModelRequest)(nil), (*api.RegisterModelResponse)(nil)},
-		{(*api.DrainRequest)(nil), nil},
-		{nil, nil},
+	names := func(attrs []slog.Attr) []string {
+		var out []string
+		for _, a := range attrs {
+			out = append(out, a.Key)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		req, resp any
+		want      []string
+	}{
+		{(*api.CreateTokenRequest)(nil), (*api.CreateTokenResponse)(nil), []string{"name", "scopes", "namespace", "ttl_seconds"}},
+		{&api.CreateTokenRequest{}, &api.CreateTokenResponse{}, []string{"name", "scopes", "namespace", "ttl_seconds"}},
+		{&api.CreateTokenRequest{}, &api.CreateTokenResponse{Info: &api.TokenInfo{Id: "t1"}}, []string{"name", "scopes", "namespace", "ttl_seconds", "id"}},
+		{(*api.RevokeTokenRequest)(nil), (*api.RevokeTokenResponse)(nil), []string{"id"}},
+		{(*api.GossipKeyRequest)(nil), (*api.GossipKeysResponse)(nil), []string{"op"}},
+		{(*api.SetSettingsRequest)(nil), (*api.SetSettingsResponse)(nil), []string{"replication_factor", "write_quorum", "codec"}},
+		{(*api.RegisterModelRequest)(nil), (*api.RegisterModelResponse)(nil), nil},
+		{(*api.DrainRequest)(nil), nil, []string{"keep_membership"}},
+		{nil, nil, nil},
 	} {
-		_ = node.AuditArgs(c[0], c[1])
+		if got := names(node.AuditArgs(c.req, c.resp)); !slices.Equal(got, c.want) {
+			t.Errorf("AuditArgs(%T, %T) names %v, want %v", c.req, c.resp, got, c.want)
+		}
 	}
 }
 

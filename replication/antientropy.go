@@ -40,27 +40,17 @@ func rangeOf(k chunk.Key) uint32 { return uint32(k.Content.Hi >> (64 - bucketBit
 // and either its checksum or that it is deleted. A bucket's hash is the
 // XOR of its items', so it does not depend on scan order.
 func itemHash(it DigestItem) uint64 {
-	h := mix(0x6b766d6573682e61 ^ it.Key.Content.Lo)
-	h = mix(h ^ it.Key.Content.Hi)
-	h = mix(h ^ it.Key.Fingerprint.Lo)
-	h = mix(h ^ it.Key.Fingerprint.Hi)
-	h = mix(h ^ uint64(it.Key.Context.Kind) ^ uint64(it.Key.Context.Window)<<8)
-	h = mix(h ^ it.Key.Context.ID.Lo)
-	h = mix(h ^ it.Key.Context.ID.Hi)
+	h := ring.Mix64(0x6b766d6573682e61 ^ it.Key.Content.Lo)
+	h = ring.Mix64(h ^ it.Key.Content.Hi)
+	h = ring.Mix64(h ^ it.Key.Fingerprint.Lo)
+	h = ring.Mix64(h ^ it.Key.Fingerprint.Hi)
+	h = ring.Mix64(h ^ uint64(it.Key.Context.Kind) ^ uint64(it.Key.Context.Window)<<8)
+	h = ring.Mix64(h ^ it.Key.Context.ID.Lo)
+	h = ring.Mix64(h ^ it.Key.Context.ID.Hi)
 	if it.Deleted {
-		return mix(h ^ 0x64656c657465642e)
+		return ring.Mix64(h ^ 0x64656c657465642e)
 	}
-	return mix(h ^ it.Checksum)
-}
-
-// mix is MurmurHash3's 64-bit finaliser.
-func mix(k uint64) uint64 {
-	k ^= k >> 33
-	k *= 0xff51afd7ed558ccd
-	k ^= k >> 33
-	k *= 0xc4ceb9fe1a85ec53
-	k ^= k >> 33
-	return k
+	return ring.Mix64(h ^ it.Checksum)
 }
 
 // pairSet selects, for this node and each of some peers, the keys both
@@ -130,7 +120,7 @@ func (ps *pairSet) items(iter func(func(DigestItem) bool), peer int, want map[ui
 			out = append(out, it)
 		}
 	})
-	slices.SortFunc(out, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b DigestItem) int { return chunk.CompareKeys(a.Key, b.Key) })
 	return out
 }
 
@@ -355,7 +345,7 @@ func (r *Replicator) syncPeer(ctx context.Context, ps *pairSet, j int, local []u
 // live keys mine holds that the peer still lacks afterwards (it was not
 // sent them, or refused them) are added to lacks.
 func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p string, mine, theirs []DigestItem, pull bool, st *AntiEntropyStats, lacks map[chunk.Key]bool) error {
-	slices.SortFunc(theirs, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(theirs, func(a, b DigestItem) int { return chunk.CompareKeys(a.Key, b.Key) })
 	var errs []error
 	var pulls []*DigestItem // taken after the walk, several at a time
 	i, k := 0, 0
@@ -365,10 +355,10 @@ func (r *Replicator) reconcile(ctx context.Context, rg *ring.Ring, n int, p stri
 		}
 		var a, b *DigestItem
 		switch {
-		case k >= len(theirs) || i < len(mine) && compareKeys(mine[i].Key, theirs[k].Key) < 0:
+		case k >= len(theirs) || i < len(mine) && chunk.CompareKeys(mine[i].Key, theirs[k].Key) < 0:
 			a = &mine[i]
 			i++
-		case i >= len(mine) || compareKeys(mine[i].Key, theirs[k].Key) > 0:
+		case i >= len(mine) || chunk.CompareKeys(mine[i].Key, theirs[k].Key) > 0:
 			b = &theirs[k]
 			k++
 		default:

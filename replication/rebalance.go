@@ -139,7 +139,7 @@ func (r *Replicator) pass(ctx context.Context, rg *ring.Ring, n int, old *ring.R
 		keys = append(keys, localKey{k, sum, size})
 		return true
 	})
-	slices.SortFunc(keys, func(a, b localKey) int { return compareKeys(a.key, b.key) })
+	slices.SortFunc(keys, func(a, b localKey) int { return chunk.CompareKeys(a.key, b.key) })
 	st.Keys = len(keys)
 	self := r.cfg.NodeID
 	member := rg.Contains(self)

@@ -182,7 +182,7 @@ func (r *Replicator) keyItems(keys []chunk.Key) []DigestItem {
 			out = append(out, it)
 		}
 	}
-	slices.SortFunc(out, func(a, b DigestItem) int { return compareKeys(a.Key, b.Key) })
+	slices.SortFunc(out, func(a, b DigestItem) int { return chunk.CompareKeys(a.Key, b.Key) })
 	return out
 }
 

@@ -248,7 +248,7 @@ func (ts *tombstones) list() []tombItem {
 		}
 	}
 	ts.mu.Unlock()
-	slices.SortFunc(out, func(a, b tombItem) int { return compareKeys(a.key, b.key) })
+	slices.SortFunc(out, func(a, b tombItem) int { return chunk.CompareKeys(a.key, b.key) })
 	return out
 }
 
@@ -261,22 +261,4 @@ func (ts *tombstones) close() error {
 	err := ts.f.Close()
 	ts.f = nil
 	return err
-}
-
-// compareKeys orders keys by content ID, then fingerprint, then context.
-func compareKeys(a, b chunk.Key) int {
-	for _, p := range [...][2]uint64{
-		{a.Content.Hi, b.Content.Hi}, {a.Content.Lo, b.Content.Lo},
-		{a.Fingerprint.Hi, b.Fingerprint.Hi}, {a.Fingerprint.Lo, b.Fingerprint.Lo},
-		{uint64(a.Context.Kind), uint64(b.Context.Kind)}, {uint64(a.Context.Window), uint64(b.Context.Window)},
-		{a.Context.ID.Hi, b.Context.ID.Hi}, {a.Context.ID.Lo, b.Context.ID.Lo},
-	} {
-		if p[0] != p[1] {
-			if p[0] < p[1] {
-				return -1
-			}
-			return 1
-		}
-	}
-	return 0
 }

@@ -99,7 +99,7 @@ func New(epoch uint64, members []Member) *Ring {
 		r.uniform = r.uniform && m.EffectiveWeight() == ms[0].EffectiveWeight()
 		r.nodes[i] = node{
 			seedLo: xxhash.Sum64String(m.ID) ^ seedMemberLo,
-			seedHi: fmix64(xxhash.Sum64String(m.ID) ^ seedMemberHi),
+			seedHi: Mix64(xxhash.Sum64String(m.ID) ^ seedMemberHi),
 			weight: m.EffectiveWeight(),
 		}
 	}
@@ -270,8 +270,8 @@ func (r *Ring) top(dst []candidate, content chunk.ID, n int) []candidate {
 // per key) at a fraction of the cost.
 func (r *Ring) score(content chunk.ID, i int) float64 {
 	nd := &r.nodes[i]
-	h := fmix64(content.Lo ^ nd.seedLo)
-	h = fmix64(h ^ content.Hi ^ nd.seedHi)
+	h := Mix64(content.Lo ^ nd.seedLo)
+	h = Mix64(h ^ content.Hi ^ nd.seedHi)
 	if r.uniform {
 		return float64(h >> 11)
 	}
@@ -281,9 +281,10 @@ func (r *Ring) score(content chunk.ID, i int) float64 {
 	return nd.weight / -detLog(u)
 }
 
-// fmix64 is MurmurHash3's 64-bit finaliser: a bijection with full
-// avalanche.
-func fmix64(k uint64) uint64 {
+// Mix64 is MurmurHash3's 64-bit finaliser: a bijection with full
+// avalanche. Placement scores with it, and anti-entropy digests fold keys
+// with it, so it is the one mixer of the module.
+func Mix64(k uint64) uint64 {
 	k ^= k >> 33
 	k *= 0xff51afd7ed558ccd
 	k ^= k >> 33
