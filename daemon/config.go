@@ -229,7 +229,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if err != nil {
 		return cfg, err
 	}
-	disk, err := diskBudget(fc.Disk, fc.DataDir)
+	disk, err := diskBudget(fc.Disk, fc.DataDir, logger)
 	if err != nil {
 		return cfg, err
 	}

@@ -59,7 +59,7 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget (positive)")
 	fs.StringVar(&fc.Admission, "admission", "all", "which puts the store keeps: all (every put, until evicted) or reuse (what is predicted to be read again: encodings usable at any position, windows, the first prefix-chained encoding of a content; another prefix-chained copy only on its second put; eviction weighted by reuse)")
 	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
-	fs.StringVar(&fc.Disk, "disk", autoDisk, "disk tier budget under data-dir/tier (0: no disk tier; auto: half the data directory's free space, at most 64G, none under 64M); SIGTERM writes DRAM to it and a restart reads it back")
+	fs.StringVar(&fc.Disk, "disk", autoDisk, "disk tier budget under data-dir/tier (0: no disk tier; auto: at the first start half the data directory's free space, at most 64G, none under 64M, kept in data-dir/disk-budget); SIGTERM writes DRAM to it and a restart reads it back")
 	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring (positive)")
 	fs.StringVar(&fc.RaftRemoveAfter, "raft-remove-after", "15m", "how long a dead node stays a raft voter (positive; never less than -dead-grace, the larger applies)")
 	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes (positive)")

@@ -289,3 +289,29 @@ func (d *diskDir) checkBytes(rel string, b []byte) (diskFile, error) {
 	}
 	return diskFile{rel: rel, key: k, checksum: sum, size: size, stored: int64(len(b)), codec: codec}, nil
 }
+
+// DiskUsage is the bytes of the entry files a disk tier in dir holds (0
+// when dir does not exist): what a budget computed from the file system's
+// free space must count as the tier's own.
+func DiskUsage(dir string) (int64, error) {
+	var n int64
+	for i := 0; i < 256; i++ {
+		sub := filepath.Join(dir, fmt.Sprintf("%02x", i))
+		ents, err := os.ReadDir(sub)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("kvtier: disk usage: %w", err)
+		}
+		for _, de := range ents {
+			if !de.Type().IsRegular() {
+				continue
+			}
+			if fi, err := de.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+	}
+	return n, nil
+}

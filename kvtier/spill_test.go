@@ -68,3 +68,57 @@ func TestSpillWithoutDiskTier(t *testing.T) {
 		t.Fatalf("spilled %d entries, %d bytes without a disk tier", n, b)
 	}
 }
+
+// TestRecoveryKeepsEntriesOverBudget: a store opened again with a smaller
+// disk budget than its files take keeps every valid file (one may be a
+// key's last copy), and then does not grow: each new entry evicts at
+// least its own size by policy, counted as evictions, until the tier
+// fits its budget.
+func TestRecoveryKeepsEntriesOverBudget(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	cfg := Config{DRAMBytes: 16 * 4096, DiskDir: dir, DiskBytes: 1 << 20, PageSize: 4096, Logger: slog.New(slog.DiscardHandler)}
+	s, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bs := blobs(t, 12, 12)
+	for _, b := range bs {
+		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, _ := s.Spill(ctx); n != len(bs) {
+		t.Fatalf("spilled %d of %d", n, len(bs))
+	}
+	full := s.Stats().Tiers[TierDisk].Bytes
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	small := cfg
+	small.DiskBytes = full / 3
+	s2 := openTest(t, small)
+	st := s2.Stats().Tiers[TierDisk]
+	if st.Entries != len(bs) || st.Bytes != full || st.Evictions != 0 {
+		t.Fatalf("reopened with a third of the budget: %d of %d entries, %d of %d bytes, %d evictions",
+			st.Entries, len(bs), st.Bytes, full, st.Evictions)
+	}
+	// New entries demote DRAM to disk: the tier shrinks, by policy.
+	prev := full
+	for i := range 40 {
+		if _, err := s2.Put(ctx, makeBlob(t, testFP, uint64(1000+i), 12, testStandalone, 2), PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		d := s2.Stats().Tiers[TierDisk]
+		if d.Bytes > prev {
+			t.Fatalf("put %d: the over-budget disk tier grew from %d to %d bytes", i, prev, d.Bytes)
+		}
+		prev = d.Bytes
+	}
+	d := s2.Stats().Tiers[TierDisk]
+	if d.Bytes > d.Budget || d.Evictions == 0 {
+		t.Fatalf("after 40 puts the disk tier holds %d bytes of a %d budget, %d evictions", d.Bytes, d.Budget, d.Evictions)
+	}
+	checkCounts(t, s2)
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -335,16 +336,26 @@ func Open(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// recoverDisk rebuilds the disk tier's index from its files. It keeps
+// every valid file, even beyond a budget that shrank since: a recovered
+// entry may be the last copy of a key, and the files are on disk already.
+// An over-budget tier then shrinks by the run-time policy as new entries
+// come (reserveDisk), counted as evictions. The files enter the policy in a random order:
+// they carry no access history, and the directory walk's order is the same
+// on every node, so evicting by it would drop the same keys on every
+// replica of them.
 func (s *Store) recoverDisk() error {
 	files, err := s.disk.recover(s.log)
 	if err != nil {
 		return err
 	}
+	rand.Shuffle(len(files), func(i, j int) { files[i], files[j] = files[j], files[i] })
 	ts := &s.tiers[TierDisk]
 	for _, f := range files {
-		if ts.used+f.stored > ts.budget || s.index[f.key] != nil {
-			// Over a budget that shrank since, or a duplicate of a key
-			// (one put under another checksum): keep the first.
+		if s.index[f.key] != nil {
+			// A duplicate of a key (one put under another checksum):
+			// keep the first.
+			s.log.Info("kvtier: dropping a second disk file of a key", "file", f.rel, "key", f.key)
 			_ = s.disk.remove(f.rel)
 			continue
 		}
@@ -353,6 +364,10 @@ func (s *Store) recoverDisk() error {
 		s.link(e)
 		ts.used += f.stored
 		s.admit(TierDisk, e, f.stored)
+	}
+	if ts.used > ts.budget {
+		s.log.Warn("kvtier: the disk tier holds more than its budget; every entry is kept, and new ones evict older ones by policy until it fits",
+			"bytes", ts.used, "budget", ts.budget, "entries", ts.entries)
 	}
 	return nil
 }
@@ -893,7 +908,14 @@ func (s *Store) reserveDisk(n int64) bool {
 	if n > ts.budget {
 		return false
 	}
-	for ts.used+n > ts.budget {
+	// A tier over its budget (recovered so) shrinks by n with each write
+	// of n bytes, evicting by policy, so that the excess goes as entries
+	// come rather than all at once.
+	limit := ts.budget
+	if ts.used > ts.budget {
+		limit = max(ts.budget, ts.used-n)
+	}
+	for ts.used+n > limit {
 		v := ts.pol.victim(func(p *pnode) bool { return p.owner.busy })
 		if v == nil {
 			return false

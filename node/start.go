@@ -160,11 +160,14 @@ func closeListener(l net.Listener) func() error {
 	}
 }
 
+// TierDir is where a node on dataDir keeps its disk tier.
+func TierDir(dataDir string) string { return filepath.Join(dataDir, "tier") }
+
 func (n *Node) openStore(context.Context) error {
 	cfg := n.cfg
 	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, ReleaseBytes: cfg.DRAMReleaseBytes, Admission: cfg.Admission, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
 	if cfg.DiskBytes > 0 {
-		tcfg.DiskDir, tcfg.DiskBytes = filepath.Join(cfg.DataDir, "tier"), cfg.DiskBytes
+		tcfg.DiskDir, tcfg.DiskBytes = TierDir(cfg.DataDir), cfg.DiskBytes
 	}
 	var err error
 	if n.store, err = kvtier.Open(tcfg); err != nil {

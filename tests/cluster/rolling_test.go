@@ -45,6 +45,17 @@ type restartCluster struct {
 // entries of 64 KiB drawn from seed.
 func startRestartCluster(t *testing.T, ctx context.Context, hosts []string, n int, seed uint64, extra ...string) *restartCluster {
 	t.Helper()
+	dirs := make([]string, len(hosts))
+	for i := range dirs {
+		dirs[i] = t.TempDir()
+	}
+	return startRestartClusterOn(t, ctx, hosts, dirs, n, seed, extra...)
+}
+
+// startRestartClusterOn is startRestartCluster with node i's data in
+// dirs[i].
+func startRestartClusterOn(t *testing.T, ctx context.Context, hosts, dirs []string, n int, seed uint64, extra ...string) *restartCluster {
+	t.Helper()
 	checkBindable(t, hosts...)
 	bin := buildKvmeshd(t)
 	common := append([]string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}, extra...)
@@ -54,7 +65,7 @@ func startRestartCluster(t *testing.T, ctx context.Context, hosts []string, n in
 		if i > 0 {
 			args = append(slices.Clone(common), "-join", rc.procs[0].Addr("gossip"))
 		}
-		rc.procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, t.TempDir(), args...)
+		rc.procs[i] = start(t, bin, fmt.Sprintf("n%d", i+1), h, dirs[i], args...)
 	}
 	for _, p := range rc.procs {
 		waitReady(t, ctx, p)
