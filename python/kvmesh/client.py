@@ -21,9 +21,13 @@ import numpy as np
 from . import entry as entrylib
 from ._pb import admin_pb2, admin_pb2_grpc, kvmesh_pb2, kvmesh_pb2_grpc
 from .errors import (DeadlineExceeded, InvalidArgument, KvmeshError, NoNodes, NotFound, PermissionDenied,
-                     ResourceExhausted, Unavailable, UnknownModel)
-from .keys import ID, Context, ContextKind, DType, Fingerprint, Key, ModelSpec, RopeScaling, RopeStyle
+                     ResourceExhausted, Unavailable, UnknownModel, UsageError)
+from .keys import (ID, Context, ContextKind, DType, Fingerprint, Key, ModelSpec, RopeScaling, RopeStyle, _fp, _is_int,
+                   want_context, want_id)
 from .placement import Member, Ring
+
+__all__ = ["Client", "TLSConfig", "Match", "LookupItem", "LookupResult", "PutResult", "RangeResult", "ClusterInfo",
+           "Settings", "translate"]
 
 EPOCH_HEADER = "kvmesh-epoch"
 DEFAULT_FRAME_BYTES = 1 << 20  # api.DefaultFrameBytes
@@ -57,10 +61,18 @@ _MATCH_OF = {kvmesh_pb2.LOOKUP_STATUS_MISS: Match.MISS, kvmesh_pb2.LOOKUP_STATUS
 
 @dataclasses.dataclass(frozen=True)
 class LookupItem:
-    """Asks for the best encoding of content for use after want."""
+    """Asks for the best encoding of content for use after want: the
+    context that makes an entry EXACT (the chunk's prefix-chain context,
+    usually); otherwise the node answers its best other encoding as
+    APPROXIMATE (chunk.Better: another prefix, then the widest window,
+    then standalone)."""
 
     content: ID
     want: Context
+
+    def __post_init__(self):
+        want_id(self.content, "LookupItem.content")
+        want_context(self.want, "LookupItem.want")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,6 +136,12 @@ class Settings:
 
 # Conversions between the wire messages and the package's types (as Go's
 # api/convert.go).
+
+def _want_key(key, what: str) -> Key:
+    if not isinstance(key, Key):
+        raise UsageError(f"{what}: want a kvmesh.Key, got {type(key).__name__}")
+    return key
+
 
 def _pid(i: ID) -> kvmesh_pb2.ID:
     return kvmesh_pb2.ID(lo=i.lo, hi=i.hi)
@@ -229,12 +247,19 @@ class Client:
                  frame_bytes: int = DEFAULT_FRAME_BYTES, limits: entrylib.Limits = entrylib.DEFAULT_LIMITS):
         if isinstance(seeds, str):
             seeds = [s for s in seeds.split(",") if s]
+        if not isinstance(seeds, (list, tuple)) or not all(isinstance(s, str) and s for s in seeds):
+            raise UsageError(f"kvmesh.Client: seeds: want host:port strings (a list, or one comma-separated string), "
+                             f"got {seeds!r}")
         if not seeds:
-            raise ValueError("kvmesh.Client: no seeds")
+            raise UsageError("kvmesh.Client: no seeds")
+        if tls is not None and not isinstance(tls, TLSConfig):
+            raise UsageError(f"kvmesh.Client: tls: want a kvmesh.TLSConfig, got {type(tls).__name__}")
+        if not isinstance(token, str):
+            raise UsageError(f"kvmesh.Client: token: want a string, got {type(token).__name__}")
         if token and "." not in token:
-            raise ValueError("kvmesh.Client: a token looks like <id>.<secret>")
+            raise UsageError("kvmesh.Client: a token looks like <id>.<secret>")
         if token and tls is None and not allow_token_without_tls:
-            raise ValueError("kvmesh.Client: refusing to send a token without TLS (pass tls=, or "
+            raise UsageError("kvmesh.Client: refusing to send a token without TLS (pass tls=, or "
                              "allow_token_without_tls=True for a loopback test cluster)")
         self.seeds = list(seeds)
         self.rpc_timeout, self.deadline = rpc_timeout, deadline
@@ -273,6 +298,7 @@ class Client:
         self.close()
 
     def close(self) -> None:
+        """Closes every connection; the client is unusable afterwards."""
         with self._lock:
             self._closed = True
             chans, self._channels = self._channels, {}
@@ -437,6 +463,8 @@ class Client:
 
     def register_model(self, spec: ModelSpec, timeout: "float | None" = None) -> Fingerprint:
         """Registers spec cluster-wide and returns its fingerprint."""
+        if not isinstance(spec, ModelSpec):
+            raise UsageError(f"register_model: want a kvmesh.ModelSpec, got {type(spec).__name__}")
         spec.validate()
         resp = self._do("RegisterModel", None, lambda a, t: self._stub(a).RegisterModel(
             kvmesh_pb2.RegisterModelRequest(spec=_pspec(spec)), metadata=self._metadata, timeout=t), timeout)
@@ -446,6 +474,7 @@ class Client:
         return fp
 
     def models(self, timeout: "float | None" = None) -> "list[ModelSpec]":
+        """The model specs registered with the cluster."""
         resp = self._do("Models", None, lambda a, t: self._stub(a).Models(
             kvmesh_pb2.ModelsRequest(), metadata=self._metadata, timeout=t), timeout)
         return [_spec(m.spec) for m in resp.models]
@@ -458,6 +487,8 @@ class Client:
         replica set."""
         if isinstance(blob, entrylib.Entry):
             blob = entrylib.encode(blob, codec)
+        if not isinstance(blob, (bytes, bytearray, memoryview)):
+            raise UsageError(f"put: want an Entry or its encoded bytes, got {type(blob).__name__}")
         blob = bytes(blob)
         hd = entrylib.parse_header(blob, self.limits)
         header = kvmesh_pb2.PutFrame(header=kvmesh_pb2.PutHeader(key=_pkey(hd.key), blob_bytes=len(blob)))
@@ -502,6 +533,7 @@ class Client:
         """The whole encoded entry of key, every checksum verified (a
         replica that sends corrupt bytes is skipped). NotFound if no
         replica holds it."""
+        _want_key(key, "get")
 
         def call(addr, t):
             _, data = self._get(addr, t, kvmesh_pb2.GetRequest(key=_pkey(key), format=kvmesh_pb2.FORMAT_ENTRY))
@@ -517,11 +549,15 @@ class Client:
 
     def get_entry(self, key: Key, timeout: "float | None" = None) -> entrylib.Entry:
         """Get, decoded here (get_range has the node decode)."""
+        _want_key(key, "get_entry")
         return entrylib.decode(self.get(key, timeout), self.limits)
 
     def get_range(self, key: Key, r: entrylib.Range = entrylib.Range(), timeout: "float | None" = None) -> RangeResult:
         """The decoded K/V of a layer and head range of key, decoded by the
         node (any codec)."""
+        _want_key(key, "get_range")
+        if not isinstance(r, entrylib.Range):
+            raise UsageError(f"get_range: want a kvmesh.Range, got {type(r).__name__}")
         req = kvmesh_pb2.GetRequest(key=_pkey(key), format=kvmesh_pb2.FORMAT_RAW, layer_lo=r.layer_lo,
                                     layer_hi=r.layer_hi, head_lo=r.head_lo, head_hi=r.head_hi)
 
@@ -541,6 +577,7 @@ class Client:
 
     def delete(self, key: Key, timeout: "float | None" = None) -> int:
         """Removes key from its replicas; returns how many held it."""
+        _want_key(key, "delete")
         resp = self._do(f"Delete {key}", key.content, lambda a, t: self._stub(a).Delete(
             kvmesh_pb2.DeleteRequest(key=_pkey(key)), metadata=self._metadata, timeout=t), timeout)
         return resp.deleted
@@ -548,7 +585,13 @@ class Client:
     def lookup(self, fp: Fingerprint, items: "Iterable[LookupItem]", timeout: "float | None" = None) -> "list[LookupResult]":
         """Answers items, in order, with one call per replica set (batches
         of at most 4096 items)."""
+        _fp(fp, "lookup")
+        if isinstance(items, LookupItem):
+            raise UsageError("lookup: want a list of LookupItems, got one (wrap it in a list)")
         items = list(items)
+        for i, it in enumerate(items):
+            if not isinstance(it, LookupItem):
+                raise UsageError(f"lookup: item {i}: want a kvmesh.LookupItem(content, want), got {type(it).__name__}")
         groups: dict = {}
         r = self._ring
         for i, it in enumerate(items):
@@ -600,6 +643,11 @@ class Client:
     def register_cache(self, addr: str, fingerprint: Fingerprint, cache, head_lo: int = 0, head_hi: int = 0,
                        max_positions: int = 0):
         """Registers a kvmesh.inject.PagedCache with the node at addr (the
-        node on this machine) and returns the Injector that fills it."""
+        node on this machine) and returns the Injector that fills it.
+        head_lo/head_hi: the model KV heads the cache holds (both 0: all).
+        max_positions bounds the target positions chunks may be injected
+        at (the size of the node's RoPE table for this cache; 0: the
+        node's default, 32768): an InjectChunk whose pos + len(tokens)
+        exceeds it is refused."""
         from .inject import register_cache
         return register_cache(self, addr, fingerprint, cache, head_lo, head_hi, max_positions)

@@ -19,8 +19,11 @@ import struct
 import numpy as np
 
 from . import huff0, quant
-from .errors import CorruptEntry, EntryTooLarge, InvalidEntry, UnsupportedEntry
+from .errors import CorruptEntry, EntryTooLarge, InvalidEntry, UnsupportedEntry, UsageError
 from .keys import ID, Context, ContextKind, DType, Key, check_key, xxh64
+
+__all__ = ["Codec", "Limits", "DEFAULT_LIMITS", "Shape", "Range", "Entry", "Header", "encode", "decode",
+           "decode_range", "parse_header", "verify"]
 
 MAGIC = b"KVMC"
 VERSION = 1
@@ -29,6 +32,8 @@ _LAYER_REF = 24
 
 
 class Codec(enum.IntEnum):
+    """How an entry's layers are coded: raw, lossless, or quantised (int8, int4, fp8)."""
+
     RAW = 1
     LOSSLESS = 2
     INT8 = 3
@@ -37,12 +42,16 @@ class Codec(enum.IntEnum):
 
     @classmethod
     def parse(cls, v: "str | int | Codec") -> "Codec":
+        names = ", ".join(c.name.lower() for c in cls)
         if isinstance(v, str):
             try:
                 return cls[v.upper()]
             except KeyError:
-                raise ValueError(f"unknown codec {v!r}") from None
-        return cls(int(v))
+                raise UsageError(f"unknown codec {v!r}: want one of {names}") from None
+        try:
+            return cls(int(v))
+        except (TypeError, ValueError):
+            raise UsageError(f"unknown codec {v!r}: want one of {names}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +97,7 @@ class Range:
     head_hi: int = 0
 
     def resolve(self, s: Shape) -> "Range":
+        """The range with its hi bounds filled in for s; InvalidEntry if outside s."""
         r = Range(self.layer_lo, self.layer_hi or s.layers, self.head_lo, self.head_hi or s.kv_heads)
         if not (0 <= r.layer_lo < r.layer_hi <= s.layers and 0 <= r.head_lo < r.head_hi <= s.kv_heads):
             raise InvalidEntry(f"range layers [{r.layer_lo},{r.layer_hi}) heads [{r.head_lo},{r.head_hi}) "
@@ -120,6 +130,8 @@ class Entry:
         """Builds an entry from a [layers, 2, tokens, kv_heads, head_dim]
         array (numpy, or anything with __array__). bf16 data must be given
         as uint16 bits with dtype=BF16 (kvmesh.torch converts tensors)."""
+        if not isinstance(key, Key):
+            raise InvalidEntry(f"Entry.from_kv: want a kvmesh.Key, got {type(key).__name__}")
         a = np.asarray(kv)
         if dtype is None:
             dtype = {np.dtype("float32"): DType.F32, np.dtype("float16"): DType.F16}.get(a.dtype)
@@ -167,6 +179,8 @@ def _check_shape(s: Shape, lim: Limits, err=InvalidEntry) -> None:
 
 def encode(e: Entry, codec: "Codec | str" = Codec.RAW) -> bytes:
     """Encodes e. RAW output is byte-identical to Go's chunk.Encode."""
+    if not isinstance(e, Entry):
+        raise UsageError(f"encode: want a kvmesh.Entry, got {type(e).__name__}")
     codec = Codec.parse(codec)
     s = e.shape
     _check_shape(s, Limits(max_raw_bytes=1 << 62))
@@ -206,7 +220,10 @@ def encode(e: Entry, codec: "Codec | str" = Codec.RAW) -> bytes:
 
 def parse_header(blob: bytes, limits: Limits = DEFAULT_LIMITS) -> Header:
     """Reads and verifies an entry's header (not its payload)."""
-    blob = memoryview(blob).cast("B")
+    try:
+        blob = memoryview(blob).cast("B")
+    except TypeError:
+        raise UsageError(f"want an encoded entry (bytes), got {type(blob).__name__}") from None
     if len(blob) > limits.max_blob_bytes:
         raise EntryTooLarge(f"blob of {len(blob)} bytes")
     if len(blob) < _FIXED:

@@ -5,11 +5,29 @@ gRPC status, when there is one, is kept in .code and .details."""
 from __future__ import annotations
 
 
+__all__ = ["KvmeshError", "UsageError", "EntryError", "CorruptEntry", "EntryTooLarge", "UnsupportedEntry",
+           "InvalidEntry", "NoNodes", "NotFound", "UnknownModel", "PermissionDenied", "InvalidArgument",
+           "DeadlineExceeded", "Unavailable", "ResourceExhausted"]
+
+
 class KvmeshError(Exception):
     """Base of every kvmesh error."""
 
     code = None  # the grpc.StatusCode, when a node answered with one
     details = ""
+
+
+class UsageError(KvmeshError, ValueError, TypeError):
+    """A call of this package got an argument it does not take (a wrong
+    type, length or value, or a call out of order); the message says what
+    it expected. It is a ValueError and a TypeError too, so code that
+    catches either keeps working."""
+
+
+def expect(cond: bool, what: str) -> None:
+    """Raises UsageError(what) unless cond."""
+    if not cond:
+        raise UsageError(what)
 
 
 class EntryError(KvmeshError, ValueError):

@@ -24,8 +24,11 @@ import numpy as np
 
 from ._pb import inject_pb2, inject_pb2_grpc
 from .entry import _np_dtype
-from .errors import KvmeshError
-from .keys import ID, Context, DType, Key
+from .errors import KvmeshError, UsageError
+from .keys import ID, Context, DType, Key, _is_int, tokens_array, want_context, want_id
+
+__all__ = ["NHD", "HND", "ALIGNMENT", "CacheLayout", "PagedCache", "InjectChunk", "InjectResult", "Injector",
+           "register_cache"]
 
 NHD, HND = 1, 2
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
@@ -42,6 +45,15 @@ class CacheLayout:
     dtype: DType = DType.F32
     order: int = NHD
 
+    def __post_init__(self):
+        for name in ("num_blocks", "block_size", "kv_heads", "head_dim"):
+            v = getattr(self, name)
+            if not _is_int(v) or v <= 0:
+                raise UsageError(f"CacheLayout.{name} {v!r}: want a positive int")
+        object.__setattr__(self, "dtype", DType.parse(self.dtype))
+        if self.order not in (NHD, HND):
+            raise UsageError(f"CacheLayout.order {self.order!r}: want kvmesh.inject.NHD or HND")
+
     @property
     def slots(self) -> int:
         return self.num_blocks * self.block_size
@@ -57,6 +69,7 @@ class CacheLayout:
         return (2, self.num_blocks, self.block_size, self.kv_heads, self.head_dim)
 
     def proto(self) -> inject_pb2.CacheLayout:
+        """The layout as the Injector service's message."""
         return inject_pb2.CacheLayout(order=self.order, num_blocks=self.num_blocks, block_size=self.block_size,
                                       kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=int(self.dtype))
 
@@ -69,6 +82,10 @@ class PagedCache:
     registered as /proc/<pid>/fd/<n>, so nothing is left behind."""
 
     def __init__(self, layers: int, layout: CacheLayout, shm_dir: "str | None" = None, name: str = "kvmesh-cache"):
+        if not _is_int(layers) or layers <= 0:
+            raise UsageError(f"PagedCache: layers {layers!r}: want a positive int (the model's layers)")
+        if not isinstance(layout, CacheLayout):
+            raise UsageError(f"PagedCache: want a kvmesh.inject.CacheLayout, got {type(layout).__name__}")
         self.layers, self.layout = layers, layout
         per = -(-layout.layer_bytes // ALIGNMENT) * ALIGNMENT
         self.offsets = [l * per for l in range(layers)]
@@ -89,6 +106,7 @@ class PagedCache:
                         for o in self.offsets]
 
     def layer(self, l: int) -> np.ndarray:
+        """Layer l as a writable numpy array over the shared memory."""
         return self._layers[l]
 
     def close(self) -> None:
@@ -113,13 +131,46 @@ class PagedCache:
 class InjectChunk:
     """Place the chunk `tokens` (content ID content) at absolute position
     pos, token i in cache slot slots[i] (-1: skip it). want is the context
-    that makes an entry EXACT (the prompt's prefix chain, usually)."""
+    that makes an entry EXACT (the prompt's prefix chain, usually).
+
+    A slot numbers a token's row in the paged cache: block b, offset o is
+    slot b * block_size + o, in every layer and for K and V alike. Positions
+    are what RoPE sees (the token's index in its prompt, plus the
+    prompt's start); slots are where the KV lives, in any order."""
 
     content: ID
     tokens: Sequence[int]
     want: Context
     pos: int
     slots: Sequence[int]
+
+    def __post_init__(self):
+        want_id(self.content, "InjectChunk.content")
+        t = tokens_array(self.tokens, "InjectChunk.tokens")
+        want_context(self.want, "InjectChunk.want")
+        if not _is_int(self.pos) or self.pos < 0:
+            raise UsageError(f"InjectChunk.pos {self.pos!r}: want the chunk's first position, a non-negative int")
+        sl = slots_array(self.slots, "InjectChunk.slots")
+        if len(sl) != len(t):
+            raise UsageError(f"InjectChunk: {len(sl)} slots for {len(t)} tokens: want one slot per token (-1 skips one)")
+
+
+def slots_array(slots, what: str = "slots") -> np.ndarray:
+    """slots (ints >= -1: a list, numpy array or torch tensor) as int64
+    numpy, or UsageError."""
+    if hasattr(slots, "detach") and hasattr(slots, "cpu"):
+        slots = slots.detach().cpu().numpy()
+    if isinstance(slots, (str, bytes)) or _is_int(slots):
+        raise UsageError(f"{what}: want a list of cache slots (ints, -1 to skip), got {type(slots).__name__}")
+    try:
+        a = np.asarray(slots)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{what}: want a list of cache slots (ints): {e}") from None
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if a.ndim != 1 or a.dtype.kind not in "iu" or a.min() < -1:
+        raise UsageError(f"{what}: want a flat list of cache slots (ints >= -1), got shape {a.shape}, dtype {a.dtype}")
+    return a.astype(np.int64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,6 +201,12 @@ class Injector:
         on_plan(matches) once every entry is fetched and verified, before
         anything is written."""
         from .client import _MATCH_OF, _key, _pcontext, _pid, translate
+        if isinstance(chunks, InjectChunk):
+            raise UsageError("inject: want a list of InjectChunks, got one (wrap it in a list)")
+        chunks = list(chunks)
+        for i, c in enumerate(chunks):
+            if not isinstance(c, InjectChunk):
+                raise UsageError(f"inject: chunk {i}: want a kvmesh.inject.InjectChunk, got {type(c).__name__}")
         req = inject_pb2.InjectRequest(cache_id=self.cache_id, plan=on_plan is not None, chunks=[
             inject_pb2.InjectChunk(content=_pid(c.content), tokens=list(c.tokens), want=_pcontext(c.want),
                                    pos=c.pos, slots=list(c.slots)) for c in chunks])
@@ -176,6 +233,7 @@ class Injector:
         raise KvmeshError(f"Inject on {self.addr}: the stream ended without results")
 
     def close(self) -> None:
+        """Unregisters the cache from the node."""
         from ._pb import inject_pb2 as pb
         from .client import translate
         try:
@@ -195,8 +253,15 @@ def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_l
                    max_positions: int = 0) -> Injector:
     """Registers cache with the node at addr (on this machine) for the model
     fingerprint; head_lo/head_hi: the model KV heads the cache holds (both
-    0: all)."""
+    0: all); max_positions: see Client.register_cache."""
     from .client import _pid, translate
+    if not isinstance(cache, PagedCache):
+        hint = (": allocate a PagedCache (shared memory the node can map) and view its layers with "
+                "kvmesh.torch.cache_tensor") if hasattr(cache, "dtype") or isinstance(cache, (list, tuple)) else ""
+        raise UsageError(f"register_cache: want a kvmesh.inject.PagedCache, got {type(cache).__name__}{hint}")
+    for name, v in (("head_lo", head_lo), ("head_hi", head_hi), ("max_positions", max_positions)):
+        if not _is_int(v) or v < 0:
+            raise UsageError(f"register_cache: {name} {v!r}: want a non-negative int")
     req = inject_pb2.RegisterCacheRequest(
         fingerprint=_pid(fingerprint), layers=cache.layers, layouts=[cache.layout.proto()], head_lo=head_lo,
         head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_SHM, path=cache.path,

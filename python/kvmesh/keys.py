@@ -12,6 +12,13 @@ from typing import Iterable, Sequence
 import numpy as np
 import xxhash
 
+from .errors import UsageError
+
+__all__ = ["ID", "Fingerprint", "DType", "RopeStyle", "RopeScaling", "ModelSpec", "ContextKind", "Context", "Key",
+           "content_id", "window_id", "window_context", "standalone_context", "prefix_root", "next_prefix",
+           "prefix_context", "prefix_chain", "canonical", "window_or_prefix", "check_key", "token_bytes",
+           "MAX_WINDOW"]
+
 M64 = (1 << 64) - 1
 
 # Lane seeds and domain tags: ASCII strings read as big-endian u64.
@@ -47,7 +54,7 @@ class DType(enum.IntEnum):
                          (cls.BF16, ("bf16", "bfloat16"))):
             if n in names:
                 return d
-        raise ValueError(f"unknown dtype {name!r}: want f32, f16 or bf16")
+        raise UsageError(f"unknown dtype {name!r}: want f32, f16 or bf16")
 
 
 class RopeStyle(enum.IntEnum):
@@ -58,6 +65,8 @@ class RopeStyle(enum.IntEnum):
 
 
 class ContextKind(enum.IntEnum):
+    """What a chunk was encoded after (chunk.ContextKind numbering)."""
+
     STANDALONE = 1
     WINDOW = 2
     PREFIX = 3
@@ -72,6 +81,12 @@ class ID:
     lo: int = 0
     hi: int = 0
 
+    def __post_init__(self):
+        for name in ("lo", "hi"):
+            v = getattr(self, name)
+            if not _is_int(v) or not 0 <= v <= M64:
+                raise UsageError(f"ID.{name} must be an integer in 0..2^64-1, got {v!r}")
+
     def __str__(self) -> str:
         return f"{self.hi:016x}{self.lo:016x}"
 
@@ -80,14 +95,19 @@ class ID:
 
     @classmethod
     def parse(cls, s: str) -> "ID":
-        if len(s) != 32:
-            raise ValueError(f"ID {s!r}: want 32 hex digits")
-        return cls(lo=int(s[16:], 16), hi=int(s[:16], 16))
+        if not isinstance(s, str) or len(s) != 32:
+            raise UsageError(f"ID {s!r}: want a string of 32 hex digits")
+        try:
+            return cls(lo=int(s[16:], 16), hi=int(s[:16], 16))
+        except ValueError:
+            raise UsageError(f"ID {s!r}: want 32 hex digits") from None
 
     def is_zero(self) -> bool:
+        """Both lanes are 0."""
         return self.lo == 0 and self.hi == 0
 
     def to_bytes(self) -> bytes:
+        """The 16 bytes Lo then Hi, little-endian (as entries store IDs)."""
         return struct.pack("<QQ", self.lo, self.hi)
 
     @classmethod
@@ -210,19 +230,24 @@ class ModelSpec:
 
     def __post_init__(self):
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
-        object.__setattr__(self, "rope_style", RopeStyle(int(self.rope_style)))
+        try:
+            object.__setattr__(self, "rope_style", RopeStyle(int(self.rope_style)))
+        except (TypeError, ValueError):
+            raise UsageError(f"rope_style {self.rope_style!r}: want RopeStyle.NEOX or RopeStyle.GPTJ") from None
+        if not isinstance(self.scaling, RopeScaling):
+            raise UsageError(f"scaling: want a RopeScaling, got {type(self.scaling).__name__}")
 
     @property
     def rotary(self) -> int:
         return self.rotary_dim or self.head_dim
 
     def validate(self) -> None:
-        """Raises ValueError with the first reason the spec is invalid, by
+        """Raises UsageError (a ValueError) with the first reason the spec is invalid, by
         the rules of Go's ModelSpec.Validate (docs/KEYS.md section 1): one
         model, one fingerprint."""
         bad = _spec_problem(self)
         if bad:
-            raise ValueError("invalid model spec: " + bad)
+            raise UsageError("invalid model spec: " + bad)
 
     def canonical_encoding(self) -> bytes:
         """The bytes the fingerprint hashes (docs/KEYS.md section 1)."""
@@ -243,19 +268,47 @@ class ModelSpec:
         ])
 
     def fingerprint(self) -> Fingerprint:
+        """The model's fingerprint: xxh64 of canonical_encoding() in two lanes."""
         e = self.canonical_encoding()
         return ID(xxh64(e, _SEED_FP_LO), xxh64(e, _SEED_FP_HI))
 
     def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token takes over all layers."""
         return self.layers * 2 * self.kv_heads * self.head_dim * self.dtype.size
+
+
+def tokens_array(tokens, what: str = "tokens") -> np.ndarray:
+    """tokens (a list of ints, a 1-D integer numpy array or torch tensor)
+    as an int64 numpy array, or UsageError saying what was expected."""
+    if isinstance(tokens, (str, bytes, ID)) or _is_int(tokens):
+        raise UsageError(f"{what}: want a list of token IDs (ints), got {type(tokens).__name__}")
+    if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # a torch tensor, without importing torch
+        tokens = tokens.detach().cpu().numpy()
+    try:
+        a = np.asarray(tokens)
+    except (TypeError, ValueError) as e:
+        raise UsageError(f"{what}: want a list of token IDs (ints): {e}") from None
+    if a.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if a.ndim != 1 or a.dtype.kind not in "iu":
+        raise UsageError(f"{what}: want a flat list of token IDs (ints), got an array of shape {a.shape} "
+                         f"and dtype {a.dtype}" + (" (a list of chunks? pass one chunk)" if a.ndim == 2 else ""))
+    a = a.astype(np.int64)
+    if a.min() < 0 or a.max() > 0xFFFFFFFF:
+        raise UsageError(f"{what}: token IDs must fit in uint32")
+    return a
 
 
 def token_bytes(tokens: "Sequence[int] | np.ndarray") -> bytes:
     """Token IDs as consecutive u32 LE (no length prefix)."""
-    a = np.asarray(tokens, dtype=np.int64)
-    if a.size and (a.min() < 0 or a.max() > 0xFFFFFFFF):
-        raise ValueError("token IDs must fit in uint32")
-    return a.astype("<u4").tobytes()
+    return tokens_array(tokens).astype("<u4").tobytes()
+
+
+def _fp(fp, what: str) -> "ID":
+    if not isinstance(fp, ID):
+        raise UsageError(f"{what}: want the model fingerprint (an ID: ModelSpec.fingerprint()), "
+                         f"got {type(fp).__name__}")
+    return fp
 
 
 def _lanes(lo: int, hi: int, tokens) -> ID:
@@ -265,6 +318,7 @@ def _lanes(lo: int, hi: int, tokens) -> ID:
 
 def content_id(fp: Fingerprint, tokens) -> ID:
     """Names a chunk's tokens for one model, wherever they appear."""
+    _fp(fp, "content_id")
     return _lanes(fp.lo ^ _DOM_CONTENT[0], fp.hi ^ _DOM_CONTENT[1], tokens)
 
 
@@ -278,7 +332,14 @@ class Context:
     id: ID = ID()
 
     def __post_init__(self):
-        object.__setattr__(self, "kind", ContextKind(int(self.kind)))
+        try:
+            object.__setattr__(self, "kind", ContextKind(int(self.kind)))
+        except (TypeError, ValueError):
+            raise UsageError(f"Context kind {self.kind!r}: want a ContextKind (STANDALONE, WINDOW or PREFIX)") from None
+        if not _is_int(self.window) or self.window < 0:
+            raise UsageError(f"Context window {self.window!r}: want a non-negative int")
+        if not isinstance(self.id, ID):
+            raise UsageError(f"Context id: want an ID, got {type(self.id).__name__}")
 
     def __str__(self) -> str:
         if self.kind is ContextKind.STANDALONE:
@@ -289,10 +350,13 @@ class Context:
 
 
 def standalone_context() -> Context:
+    """The context of a chunk encoded with nothing before it."""
     return Context(ContextKind.STANDALONE)
 
 
 def window_id(fp: Fingerprint, window_tokens) -> ID:
+    """The context ID of a window of tokens."""
+    _fp(fp, "window_id")
     return _lanes(fp.lo ^ _DOM_WINDOW[0], fp.hi ^ _DOM_WINDOW[1], window_tokens)
 
 
@@ -301,23 +365,28 @@ def window_context(fp: Fingerprint, w: int, window_tokens) -> Context:
     before it. An empty window is the standalone context; a window that
     holds every token before the chunk is its prefix encoding (use
     window_or_prefix, which keys it so)."""
-    if len(window_tokens) == 0:
+    if len(tokens_array(window_tokens, "window_context: window tokens")) == 0:
         return standalone_context()
     return Context(ContextKind.WINDOW, w, window_id(fp, window_tokens))
 
 
 def prefix_root(fp: Fingerprint) -> ID:
+    """The chain ID before a prompt's first chunk."""
+    _fp(fp, "prefix_root")
     return ID(fp.lo ^ _DOM_PREFIX[0], fp.hi ^ _DOM_PREFIX[1])
 
 
 def next_prefix(prev: ID, tokens) -> ID:
     """The chain ID after one more chunk; an empty chunk leaves it as is."""
-    if len(tokens) == 0:
+    if not isinstance(prev, ID):
+        raise UsageError(f"next_prefix: want the chain ID so far (an ID), got {type(prev).__name__}")
+    if len(tokens_array(tokens, "next_prefix: chunk")) == 0:
         return prev
     return _lanes(prev.lo ^ _DOM_PREFIX[0], prev.hi ^ _DOM_PREFIX[1], tokens)
 
 
 def prefix_context(prefix: ID) -> Context:
+    """The context of a chunk encoded after the prefix whose chain ID is prefix."""
     return Context(ContextKind.PREFIX, 0, prefix)
 
 
@@ -334,10 +403,16 @@ def canonical(fp: Fingerprint, c: Context) -> Context:
 def prefix_chain(fp: Fingerprint, chunks: Iterable) -> "tuple[list[Context], ID]":
     """The context of each chunk of a prompt cut into chunks (standalone
     while no token precedes it, else its prefix context), and the chain ID
-    after the last one."""
+    after the last one. chunks is a list of token lists."""
     root = p = prefix_root(fp)
     out = []
-    for c in chunks:
+    if isinstance(chunks, (str, bytes)) or _is_int(chunks):
+        raise UsageError(f"prefix_chain: want a list of chunks (token lists), got {type(chunks).__name__}")
+    for i, c in enumerate(chunks):
+        if _is_int(c):
+            raise UsageError("prefix_chain: want a list of chunks (token lists), got a list of ints: "
+                             "wrap one chunk as [tokens]")
+        tokens_array(c, f"prefix_chain: chunk {i}")
         out.append(standalone_context() if p == root else prefix_context(p))
         p = next_prefix(p, c)
     return out, p
@@ -347,7 +422,11 @@ def window_or_prefix(fp: Fingerprint, w: int, before) -> Context:
     """The key context of a chunk encoded after the last w tokens of before,
     the chunks that precede it in its prompt (chunk.WindowOrPrefix): their
     prefix context when the window holds all of them, else the window."""
-    before = [list(c) for c in before]
+    if not _is_int(w) or w < 0:
+        raise UsageError(f"window_or_prefix: window {w!r}: want a non-negative int")
+    if any(_is_int(c) for c in before):
+        raise UsageError("window_or_prefix: before is the list of chunks (token lists) before the chunk")
+    before = [tokens_array(c, "window_or_prefix: chunk").tolist() for c in before]
     flat = [t for c in before for t in c]
     if len(flat) <= w:
         _, end = prefix_chain(fp, before)
@@ -356,32 +435,59 @@ def window_or_prefix(fp: Fingerprint, w: int, before) -> Context:
 
 
 def check_key(key: "Key", tokens) -> None:
-    """Raises ValueError unless key names an entry holding tokens
+    """Raises UsageError (a ValueError) unless key names an entry holding tokens
     (chunk.CheckKey): the content ID is the one tokens give, and the
     context is canonical in form and the one key of its computation."""
     c = key.context
     if c.kind is ContextKind.STANDALONE and (c.window != 0 or not c.id.is_zero()):
-        raise ValueError(f"standalone context with ID {c.id} and window {c.window} (both must be zero)")
+        raise UsageError(f"standalone context with ID {c.id} and window {c.window} (both must be zero)")
     if c.kind is ContextKind.WINDOW and not 1 <= c.window <= MAX_WINDOW:
-        raise ValueError(f"window {c.window} out of range 1..{MAX_WINDOW}")
+        raise UsageError(f"window {c.window} out of range 1..{MAX_WINDOW}")
     if c.kind is ContextKind.PREFIX and c.window != 0:
-        raise ValueError(f"prefix context with window {c.window} (must be zero)")
+        raise UsageError(f"prefix context with window {c.window} (must be zero)")
     if canonical(key.fingerprint, c) != c:
-        raise ValueError(f"context {c} names the encoding of a chunk with nothing before it, which is keyed standalone")
+        raise UsageError(f"context {c} names the encoding of a chunk with nothing before it, which is keyed standalone")
     if content_id(key.fingerprint, tokens) != key.content:
-        raise ValueError(f"content ID {key.content} is not the one the {len(tokens)} tokens give")
+        raise UsageError(f"content ID {key.content} is not the one the {len(tokens)} tokens give")
 
 
 MAX_WINDOW = 1 << 24
 
 
+def want_context(c, what: str) -> Context:
+    """c if it is a Context, else UsageError naming the usual mistakes."""
+    if isinstance(c, Context):
+        return c
+    if isinstance(c, tuple) and len(c) == 2 and isinstance(c[1], ID):
+        raise UsageError(f"{what}: got the (contexts, end) pair that prefix_chain returns; "
+                         "pass one chunk's context, contexts[i]")
+    raise UsageError(f"{what}: want a kvmesh.Context (prefix_chain, window_or_prefix, standalone_context), "
+                     f"got {type(c).__name__}")
+
+
+def want_id(i, what: str) -> ID:
+    """i if it is an ID, else UsageError (tokens passed where a content ID
+    belongs is the usual mistake)."""
+    if isinstance(i, ID):
+        return i
+    if isinstance(i, (list, tuple)) or hasattr(i, "shape"):
+        raise UsageError(f"{what}: want the chunk's content ID (kvmesh.content_id(fp, tokens)), got its tokens")
+    raise UsageError(f"{what}: want a kvmesh.ID, got {type(i).__name__}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Key:
-    """Names one stored encoding of a chunk."""
+    """Names one stored encoding of a chunk: the model's fingerprint, the
+    chunk's content ID and the context it was encoded after."""
 
     fingerprint: Fingerprint
     content: ID
     context: Context
+
+    def __post_init__(self):
+        _fp(self.fingerprint, "Key.fingerprint")
+        want_id(self.content, "Key.content")
+        want_context(self.context, "Key.context")
 
     def __str__(self) -> str:
         return f"{self.fingerprint}/{self.content}/{self.context}"

@@ -17,6 +17,8 @@ from typing import Iterable, Sequence
 
 from .keys import ID, M64, xxh64
 
+__all__ = ["Member", "Ring", "fmix64", "det_log"]
+
 _SEED_MEMBER_LO = 0x72696E672E6C6F2E  # "ring.lo."
 _SEED_MEMBER_HI = 0x72696E672E68692E  # "ring.hi."
 
@@ -128,6 +130,7 @@ class Ring:
         return [self.members[i] for i in order[:n]]
 
     def owner(self, content: ID) -> "Member | None":
+        """The first replica of content (None on an empty ring)."""
         r = self.replicas(content, 1)
         return r[0] if r else None
 

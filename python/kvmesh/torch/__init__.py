@@ -18,9 +18,12 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from .entry import Entry
-from .inject import PagedCache
-from .keys import Context, DType, Fingerprint, Key, ModelSpec, content_id
+from ..entry import Entry
+from ..errors import UsageError
+from ..inject import PagedCache
+from ..keys import Context, DType, Fingerprint, Key, ModelSpec, _is_int, content_id, tokens_array, want_context
+
+__all__ = ["KVCapture", "cache_tensor", "chunk_entries", "to_numpy_kv"]
 
 _TORCH_DTYPE = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
 
@@ -28,6 +31,10 @@ _TORCH_DTYPE = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: 
 def cache_tensor(cache: PagedCache, layer: int) -> torch.Tensor:
     """Layer `layer` of a shared-memory cache as a torch tensor over the same
     memory (shape CacheLayout.shape); what the node writes shows up in it."""
+    if not isinstance(cache, PagedCache):
+        raise UsageError(f"cache_tensor: want a kvmesh.inject.PagedCache, got {type(cache).__name__}")
+    if not _is_int(layer) or not 0 <= layer < cache.layers:
+        raise UsageError(f"cache_tensor: layer {layer!r}: want an int in 0..{cache.layers - 1}")
     a = cache.layer(layer)
     if cache.layout.dtype == DType.BF16:
         # numpy has no bfloat16: the bits go through int16.
@@ -49,11 +56,15 @@ class KVCapture:
 
     def __init__(self, model: torch.nn.Module, spec: ModelSpec, k_pattern: str = r"(^|\.)k_proj$",
                  v_pattern: str = r"(^|\.)v_proj$", batch_row: int = 0):
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"KVCapture: want a torch.nn.Module, got {type(model).__name__}")
+        if not isinstance(spec, ModelSpec):
+            raise UsageError(f"KVCapture: want the model's kvmesh.ModelSpec, got {type(spec).__name__}")
         self.spec, self.row = spec, batch_row
         ks = [m for n, m in model.named_modules() if re.search(k_pattern, n)]
         vs = [m for n, m in model.named_modules() if re.search(v_pattern, n)]
         if len(ks) != spec.layers or len(vs) != spec.layers:
-            raise ValueError(f"found {len(ks)} key and {len(vs)} value modules for a {spec.layers}-layer spec "
+            raise UsageError(f"KVCapture: found {len(ks)} key and {len(vs)} value modules for a {spec.layers}-layer spec "
                              f"(patterns {k_pattern!r}, {v_pattern!r})")
         self._mods = list(zip(ks, vs))
         self._k: list = [[] for _ in ks]
@@ -83,11 +94,16 @@ class KVCapture:
 
     def kv(self) -> torch.Tensor:
         """[layers, 2, tokens, kv_heads, head_dim] in the model's dtype."""
+        if any(not k for k in self._k) or any(not v for v in self._v):
+            raise UsageError("KVCapture.kv: nothing captured yet: run the model's forward pass inside "
+                             "`with KVCapture(model, spec) as cap:` first")
         return torch.stack([torch.stack([torch.cat(k), torch.cat(v)]) for k, v in zip(self._k, self._v)])
 
 
 def to_numpy_kv(kv: torch.Tensor, dtype: DType) -> np.ndarray:
     """A KV tensor in the entry dtype as numpy (bf16 as uint16 bits)."""
+    if not isinstance(kv, torch.Tensor):
+        raise UsageError(f"to_numpy_kv: want a torch.Tensor, got {type(kv).__name__}")
     t = kv.detach().to("cpu", _TORCH_DTYPE[DType(dtype)]).contiguous()
     if DType(dtype) == DType.BF16:
         return t.view(torch.int16).numpy().view(np.uint16)
@@ -98,11 +114,25 @@ def chunk_entries(kv: torch.Tensor, spec: ModelSpec, tokens: Sequence[int], boun
                   contexts: "Sequence[Context]") -> "list[Entry]":
     """Entries of the chunks tokens[a:b] for (a, b) in bounds, from a captured
     kv ([layers, 2, len(tokens), kv_heads, head_dim]), each with its
-    context."""
+    context. bounds and contexts must be as long as each other."""
+    if not isinstance(spec, ModelSpec):
+        raise UsageError(f"chunk_entries: want the model's kvmesh.ModelSpec, got {type(spec).__name__}")
     fp: Fingerprint = spec.fingerprint()
+    toks = tokens_array(tokens, "chunk_entries: tokens")
+    bounds, contexts = list(bounds), list(contexts)
+    if len(bounds) != len(contexts):
+        raise UsageError(f"chunk_entries: {len(bounds)} bounds and {len(contexts)} contexts: want one context per chunk")
+    if not isinstance(kv, torch.Tensor) or kv.dim() != 5 or kv.shape[1] != 2 or kv.shape[2] < len(toks):
+        raise UsageError(f"chunk_entries: kv: want a tensor [layers, 2, >= {len(toks)}, kv_heads, head_dim] "
+                         f"(KVCapture.kv() of the tokens), got {getattr(kv, 'shape', type(kv).__name__)}")
     kvn = to_numpy_kv(kv, spec.dtype)
     out = []
-    for (a, b), ctx in zip(bounds, contexts):
-        t = list(tokens[a:b])
+    for i, (ab, ctx) in enumerate(zip(bounds, contexts, strict=True)):
+        if not (isinstance(ab, (tuple, list)) and len(ab) == 2 and all(_is_int(x) for x in ab)
+                and 0 <= ab[0] < ab[1] <= len(toks)):
+            raise UsageError(f"chunk_entries: bound {i} {ab!r}: want (a, b) with 0 <= a < b <= {len(toks)}")
+        a, b = ab
+        want_context(ctx, f"chunk_entries: context {i}")
+        t = toks[a:b].tolist()
         out.append(Entry.from_kv(Key(fp, content_id(fp, t), ctx), t, kvn[:, :, a:b], spec.dtype))
     return out
