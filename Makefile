@@ -81,7 +81,7 @@ fuzz-run:
 		done; \
 	done
 
-test: tools fmt-check vet check-rules unit fuzz test-python
+test: tools fmt-check vet cuda-check check-rules unit fuzz test-python
 
 # The fast loop while changing code: unit tests with -short, no race
 # detector; process, chaos and whole-cluster tests skip themselves
@@ -103,6 +103,41 @@ tools:
 		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) || \
 		echo "warning: prometheus could not be installed; check-rules will SKIP"; }
+
+# CUDA. The kernels (cudakern/kern: inject.cu around the __host__
+# __device__ arithmetic of inject.h) compile to PTX that is committed, like
+# the protobuf code; TestPTXFresh fails when it is stale. The host checks
+# run inject.h on the CPU against cudakern's Go kernels bit for bit
+# (TestHost*, with cgo only). Debian ships CUDA 11.8 in contrib and
+# non-free (the driver library it needs is in both): cuda-toolkit adds
+# those components in a sources file of its own, derived from the
+# machine's Debian sources, so it names no host they do not.
+NVCC ?= nvcc
+CUDA_SOURCES := /etc/apt/sources.list.d/kvmesh-cuda.sources
+CUDA_TAGGED = $(shell grep -rl --include='*.go' '^//go:build.*\bcuda\b' . | xargs -r -n1 dirname | sort -u)
+.PHONY: cuda cuda-toolkit cuda-check
+cuda-toolkit:
+	@command -v $(NVCC) >/dev/null 2>&1 || { \
+		echo "installing nvidia-cuda-toolkit from Debian contrib and non-free"; \
+		set -e; \
+		if [ -f /etc/apt/sources.list.d/debian.sources ]; then \
+			sed 's/^Components:.*$$/Components: contrib non-free/' /etc/apt/sources.list.d/debian.sources >$(CUDA_SOURCES); \
+		else \
+			grep -h '^deb .* main' /etc/apt/sources.list | sed 's/ main.*$$/ contrib non-free/' >$(CUDA_SOURCES:.sources=.list); \
+		fi; \
+		DEBIAN_FRONTEND=noninteractive apt-get update -qq; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nvidia-cuda-toolkit >/dev/null; }
+
+# The committed PTX (cudakern/kern/ptx), one file per architecture.
+cuda: cuda-toolkit
+	$(GO) generate ./cudakern/kern
+
+# What `make test` adds with the toolkit: the cuda-tagged build, vet of
+# every package with cuda-tagged files, the PTX checks and the host checks.
+cuda-check: cuda-toolkit
+	CGO_ENABLED=1 $(GO) build -tags cuda ./...
+	CGO_ENABLED=1 $(GO) vet -tags cuda $(CUDA_TAGGED)
+	CGO_ENABLED=1 $(GO) test -count=1 -run 'TestPTX|TestHost' ./cudakern/kern
 
 # The Prometheus alert rules: syntax, and alerts firing on test series.
 .PHONY: check-rules docs

@@ -108,7 +108,11 @@ func (j *Job) Validate() error {
 	return err
 }
 
-func (j *Job) plan() (plan, error) {
+func (j *Job) plan() (plan, error) { return j.planSrc(true) }
+
+// planSrc is plan; rawSrc false leaves j.Src unchecked, for a device job
+// whose source layers are codec payloads the caller sizes.
+func (j *Job) planSrc(rawSrc bool) (plan, error) {
 	p := plan{Job: *j}
 	bad := func(format string, a ...any) (plan, error) {
 		return plan{}, fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, a...))
@@ -179,7 +183,7 @@ func (j *Job) plan() (plan, error) {
 	if len(j.Dst) > 0 && p.srcLayer > math.MaxInt/len(j.Dst) {
 		return bad("source too large")
 	}
-	if len(j.Src) != len(j.Dst)*p.srcLayer {
+	if rawSrc && len(j.Src) != len(j.Dst)*p.srcLayer {
 		return bad("source of %d bytes, %d layers of %d tokens need %d", len(j.Src), len(j.Dst), j.Tokens, len(j.Dst)*p.srcLayer)
 	}
 	lb := l.LayerBytes()

@@ -1,0 +1,20 @@
+// The CUDA kernels of cudakern's fused inject. All arithmetic is in
+// inject.h, shared with the host build that checks it bit for bit
+// (cudakern/hostcheck); this file is only the launch geometry.
+//
+// kvm_inject: grid (tokens, layers), one block per token of a layer, its
+// threads striding over the token's work items (the rotating pairs and
+// pass-through dims of K, then V, of every head). vLLM's reshape_and_cache
+// has the same shape. A slot of -1 returns at once; error bits (codec
+// payloads only) are ORed into job.err.
+//
+// Built by `make cuda` (go generate ./cudakern) into ptx/inject_sm80.ptx and
+// ptx/inject_sm90.ptx with -fmad=false, so no multiply contracts into a
+// fused multiply-add.
+#include "inject.h"
+
+extern "C" __global__ void kvm_inject(kvm_job job) {
+	kvm_u32 err = kvm_token(&job, blockIdx.y, blockIdx.x, threadIdx.x, blockDim.x);
+	if (err != 0)
+		atomicOr((unsigned int *)job.err, err);
+}
