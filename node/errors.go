@@ -25,26 +25,108 @@ import (
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-// toStatus is the node's one mapping from errors to the gRPC statuses
-// callers branch on: every handler's error passes through it (the
+// statusRows is the node's one table from errors to the gRPC statuses
+// callers branch on, tried in order: an error wrapping two sentinels gets
+// the first one's row (a drain with no other member wraps
+// ErrNoDrainTarget and replication's ErrNoReplicas: FailedPrecondition,
+// not Unavailable; a tombstoned write wraps ErrTombstoned and ErrRejected).
+// Node's own sentinels come before the ones they wrap. A row with a reason
+// also carries an errdetails.ErrorInfo naming its sentinel: those are
+// replication's, whose reasons the Peer service's replication seam is
+// decoded by (replFromStatus), so they are the protocol between nodes.
+// meta's sentinels keep the codes the forwarder (forwarder.Apply) maps
+// back: a refused command, ErrLastVoter included, is InvalidArgument,
+// never FailedPrecondition, which it reads as "not the leader" and retries.
+var statusRows = []struct {
+	errs   []error
+	code   codes.Code
+	reason string // replication's ErrorInfo reason, or ""
+}{
+	{[]error{context.DeadlineExceeded}, codes.DeadlineExceeded, ""},
+	{[]error{context.Canceled}, codes.Canceled, ""},
+
+	{[]error{ErrNoDrainTarget, ErrDraining, ErrCannotLeave}, codes.FailedPrecondition, ""},
+	{[]error{gossipkey.ErrInvalidKey}, codes.InvalidArgument, ""},
+	{[]error{gossip.ErrShutdown}, codes.Unavailable, ""},
+	{[]error{gossip.ErrNotEncrypted, errKeyRefused}, codes.FailedPrecondition, ""},
+
+	{[]error{auth.ErrInvalidToken}, codes.InvalidArgument, ""},
+	{[]error{auth.ErrUnauthenticated}, codes.Unauthenticated, ""},
+	{[]error{auth.ErrPermissionDenied}, codes.PermissionDenied, ""},
+	// A token record looked up by ID (Admin.RevokeToken); the Guard
+	// answers an unknown bearer token Unauthenticated itself.
+	{[]error{auth.ErrUnknownToken}, codes.NotFound, ""},
+	{[]error{auth.ErrTooManyStreams}, codes.ResourceExhausted, ""},
+
+	{[]error{inject.ErrInvalidCache, inject.ErrInvalidRequest}, codes.InvalidArgument, ""},
+	{[]error{inject.ErrUnsupported}, codes.Unimplemented, ""},
+	{[]error{inject.ErrTooManyCaches}, codes.ResourceExhausted, ""},
+	{[]error{inject.ErrUnknownCache}, codes.NotFound, ""},
+	{[]error{inject.ErrFault}, codes.DataLoss, ""},
+	{[]error{inject.ErrClosed}, codes.Unavailable, ""},
+
+	{[]error{meta.ErrSettingsVersion}, codes.FailedPrecondition, ""},
+	{[]error{chunk.ErrTooLarge, kvtier.ErrNoSpace}, codes.ResourceExhausted, ""},
+	{[]error{chunk.ErrCorrupt, chunk.ErrInvalidEntry, chunk.ErrInvalidSpec, chunk.ErrUnsupported, api.ErrBadMessage,
+		api.ErrFrame, api.ErrLongBody, api.ErrShortBody, meta.ErrInvalidCommand}, codes.InvalidArgument, ""},
+
+	{[]error{replication.ErrTombstoned}, codes.FailedPrecondition, "TOMBSTONED"},
+	{[]error{replication.ErrNoRoom}, codes.ResourceExhausted, "NO_ROOM"},
+	{[]error{replication.ErrBusy}, codes.ResourceExhausted, "BUSY"},
+	// A miss that a replica with the key could still answer: the client
+	// tries another node.
+	{[]error{replication.ErrRecovering}, codes.Unavailable, "RECOVERING"},
+	{[]error{replication.ErrUnavailable}, codes.Unavailable, ""},
+	{[]error{replication.ErrNotFound}, codes.NotFound, "NOT_FOUND"},
+	{[]error{kvtier.ErrNotFound}, codes.NotFound, ""},
+	{[]error{kvtier.ErrConflict, replication.ErrConflict}, codes.AlreadyExists, ""},
+	// A write a replica refused in its present state (a tombstone, no
+	// room, an entry it would not take): not the caller's argument alone.
+	{[]error{replication.ErrRejected}, codes.FailedPrecondition, "REJECTED"},
+	{[]error{replication.ErrEpochMismatch}, codes.Aborted, "EPOCH_MISMATCH"},
+	{[]error{replication.ErrQuorum, replication.ErrNoReplicas, replication.ErrClosed}, codes.Unavailable, ""},
+	{[]error{meta.ErrStaleEpoch}, codes.Aborted, ""},
+	{[]error{meta.ErrNotLeader}, codes.FailedPrecondition, ""},
+	{[]error{meta.ErrNoLeader, kvtier.ErrClosed, meta.ErrClosed, errPoolClosed}, codes.Unavailable, ""},
+}
+
+// statusRow is the index of the first row of statusRows err matches, with
+// only the rows that carry a reason when reasoned; -1 if none does.
+func statusRow(err error, reasoned bool) int {
+	for i, r := range statusRows {
+		if reasoned && r.reason == "" {
+			continue
+		}
+		for _, e := range r.errs {
+			if errors.Is(err, e) {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// rowStatus is err as the status of row i: its code, and its sentinel's
+// ErrorInfo when the row has a reason.
+func rowStatus(i int, err error) error {
+	r := statusRows[i]
+	st := status.New(r.code, err.Error())
+	if r.reason != "" {
+		if d, derr := st.WithDetails(&errdetails.ErrorInfo{Reason: r.reason, Domain: replDomain}); derr == nil {
+			st = d // an ErrorInfo always marshals
+		}
+	}
+	return st.Err()
+}
+
+// toStatus maps every handler's error to its status by statusRows (the
 // interceptors apply it to whatever a handler returns; handlers whose
-// answers tests read without the interceptors call it themselves, which
-// is harmless: a status passes through unchanged). Sentinels of the
-// packages a handler calls (chunk, kvtier, meta, replication, auth,
-// inject, gossipkey, ring) and of node itself (drain, gossip key changes)
-// each have one code; anything else is Internal. The cases run in order,
-// so an error wrapping two sentinels gets the first one's code (a drain
-// with no other member wraps ErrNoDrainTarget and replication's
-// ErrNoReplicas: FailedPrecondition, not Unavailable). meta's sentinels
-// keep the codes the forwarder (forwarder.Apply) maps back: a refused
-// command, ErrLastVoter included, is InvalidArgument, never
-// FailedPrecondition, which it reads as "not the leader" and retries.
+// answers tests read without the interceptors call it themselves, which is
+// harmless: a status passes through unchanged). Anything no row matches
+// is Internal.
 //
-// Not here: the Peer service's replication seam (Replicate, Fetch,
-// Delete, Digest) answers through replToStatus, whose codes and
-// ErrorInfo reasons are the protocol replFromStatus decodes on the
-// sending node; and a handler's own refusal of a request it parsed (a
-// status built where the reason is known, as invalid does).
+// Not here: a handler's own refusal of a request it parsed (a status built
+// where the reason is known, as invalid does).
 func toStatus(err error) error {
 	if err == nil {
 		return nil
@@ -52,83 +134,10 @@ func toStatus(err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	var code codes.Code
-	switch {
-	case errors.Is(err, context.DeadlineExceeded):
-		code = codes.DeadlineExceeded
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-
-	// Node's own sentinels come before the ones they wrap.
-	case errors.Is(err, ErrNoDrainTarget), errors.Is(err, ErrDraining), errors.Is(err, ErrCannotLeave):
-		code = codes.FailedPrecondition
-	case errors.Is(err, gossipkey.ErrInvalidKey):
-		code = codes.InvalidArgument
-	case errors.Is(err, gossip.ErrShutdown):
-		code = codes.Unavailable
-	case errors.Is(err, gossip.ErrNotEncrypted), errors.Is(err, errKeyRefused):
-		code = codes.FailedPrecondition
-
-	case errors.Is(err, auth.ErrInvalidToken):
-		code = codes.InvalidArgument
-	case errors.Is(err, auth.ErrUnauthenticated):
-		code = codes.Unauthenticated
-	case errors.Is(err, auth.ErrPermissionDenied):
-		code = codes.PermissionDenied
-	case errors.Is(err, auth.ErrUnknownToken):
-		// A token record looked up by ID (Admin.RevokeToken); the Guard
-		// answers an unknown bearer token Unauthenticated itself.
-		code = codes.NotFound
-	case errors.Is(err, auth.ErrTooManyStreams):
-		code = codes.ResourceExhausted
-
-	case errors.Is(err, inject.ErrInvalidCache), errors.Is(err, inject.ErrInvalidRequest):
-		code = codes.InvalidArgument
-	case errors.Is(err, inject.ErrUnsupported):
-		code = codes.Unimplemented
-	case errors.Is(err, inject.ErrTooManyCaches):
-		code = codes.ResourceExhausted
-	case errors.Is(err, inject.ErrUnknownCache):
-		code = codes.NotFound
-	case errors.Is(err, inject.ErrFault):
-		code = codes.DataLoss
-	case errors.Is(err, inject.ErrClosed):
-		code = codes.Unavailable
-
-	case errors.Is(err, meta.ErrSettingsVersion):
-		code = codes.FailedPrecondition
-	case errors.Is(err, chunk.ErrTooLarge), errors.Is(err, kvtier.ErrNoSpace):
-		code = codes.ResourceExhausted
-	case errors.Is(err, chunk.ErrCorrupt), errors.Is(err, chunk.ErrInvalidEntry), errors.Is(err, chunk.ErrInvalidSpec),
-		errors.Is(err, chunk.ErrUnsupported), errors.Is(err, api.ErrBadMessage), errors.Is(err, api.ErrFrame),
-		errors.Is(err, api.ErrLongBody), errors.Is(err, api.ErrShortBody), errors.Is(err, meta.ErrInvalidCommand):
-		code = codes.InvalidArgument
-	case errors.Is(err, replication.ErrNoRoom):
-		code = codes.ResourceExhausted
-	case errors.Is(err, replication.ErrRecovering), errors.Is(err, replication.ErrUnavailable):
-		// A miss that a replica with the key could still answer: the
-		// client tries another node.
-		code = codes.Unavailable
-	case errors.Is(err, kvtier.ErrNotFound), errors.Is(err, replication.ErrNotFound):
-		code = codes.NotFound
-	case errors.Is(err, kvtier.ErrConflict), errors.Is(err, replication.ErrConflict):
-		code = codes.AlreadyExists
-	case errors.Is(err, replication.ErrRejected):
-		code = codes.FailedPrecondition
-	case errors.Is(err, replication.ErrEpochMismatch):
-		code = codes.Aborted
-	case errors.Is(err, replication.ErrQuorum), errors.Is(err, replication.ErrNoReplicas), errors.Is(err, replication.ErrClosed):
-		code = codes.Unavailable
-	case errors.Is(err, meta.ErrStaleEpoch):
-		code = codes.Aborted
-	case errors.Is(err, meta.ErrNotLeader):
-		code = codes.FailedPrecondition
-	case errors.Is(err, meta.ErrNoLeader), errors.Is(err, kvtier.ErrClosed), errors.Is(err, meta.ErrClosed), errors.Is(err, errPoolClosed):
-		code = codes.Unavailable
-	default:
-		code = codes.Internal
+	if i := statusRow(err, false); i >= 0 {
+		return rowStatus(i, err)
 	}
-	return status.Error(code, err.Error())
+	return status.Error(codes.Internal, err.Error())
 }
 
 // errUnknownModel is the FailedPrecondition answer for a fingerprint the

@@ -21,30 +21,13 @@ import (
 // replDomain is the ErrorInfo domain of replication's refusals.
 const replDomain = "replication.kvmesh"
 
-// replRefusals maps each sentinel to its code and reason, in the order
-// replToStatus tries them: an error wrapping two gets the first one's (a
-// tombstoned write wraps ErrRejected and ErrTombstoned).
-var replRefusals = []struct {
-	err    error
-	code   codes.Code
-	reason string
-}{
-	{replication.ErrTombstoned, codes.FailedPrecondition, "TOMBSTONED"},
-	{replication.ErrNoRoom, codes.ResourceExhausted, "NO_ROOM"},
-	{replication.ErrBusy, codes.ResourceExhausted, "BUSY"},
-	{replication.ErrRejected, codes.InvalidArgument, "REJECTED"},
-	{replication.ErrRecovering, codes.Unavailable, "RECOVERING"},
-	{replication.ErrNotFound, codes.NotFound, "NOT_FOUND"},
-	{replication.ErrEpochMismatch, codes.Aborted, "EPOCH_MISMATCH"},
-}
-
 // replToStatus turns an error of a replication Serve* method into the
-// gRPC status a Peer handler returns: tombstoned -> FailedPrecondition, no
-// room and busy -> ResourceExhausted, other refusals -> InvalidArgument,
-// a recovering node's miss -> Unavailable, not found -> NotFound, epoch mismatch -> Aborted, each with its reason.
-// A status passes through unchanged (unless it wraps a refusal or an
-// absence), and anything else keeps its error (gRPC answers Unknown, which
-// the sender treats as "unreachable, retry").
+// gRPC status a Peer handler returns: the first row of statusRows that has
+// a reason and that the error matches, so the codes are the client
+// service's and the reason names the sentinel. A status passes through
+// unchanged (unless it wraps a refusal or an absence), and anything else
+// keeps its error (gRPC answers Unknown, which the sender treats as
+// "unreachable, retry").
 func replToStatus(err error) error {
 	if err == nil {
 		return nil
@@ -52,15 +35,8 @@ func replToStatus(err error) error {
 	if _, ok := status.FromError(err); ok && !errors.Is(err, replication.ErrRejected) && !errors.Is(err, replication.ErrNotFound) {
 		return err
 	}
-	for _, r := range replRefusals {
-		if !errors.Is(err, r.err) {
-			continue
-		}
-		st, derr := status.New(r.code, err.Error()).WithDetails(&errdetails.ErrorInfo{Reason: r.reason, Domain: replDomain})
-		if derr != nil {
-			return status.Error(r.code, err.Error()) // an ErrorInfo always marshals
-		}
-		return st.Err()
+	if i := statusRow(err, true); i >= 0 {
+		return rowStatus(i, err)
 	}
 	return err
 }

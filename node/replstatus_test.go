@@ -95,3 +95,26 @@ func TestReplStatusRoundTrip(t *testing.T) {
 		})
 	}
 }
+
+// TestOneStatusCode: a sentinel has one code, whether a client's call or a
+// peer's replication call returns it; only the peer's carries the reason.
+func TestOneStatusCode(t *testing.T) {
+	for _, r := range statusRows {
+		if r.reason == "" {
+			continue
+		}
+		for _, e := range r.errs {
+			err := fmt.Errorf("%w: k", e)
+			client, peer := status.Code(toStatus(err)), status.Code(replToStatus(err))
+			if client != r.code || peer != r.code {
+				t.Errorf("%v: client service answers %v, Peer service %v; the table says %v", e, client, peer, r.code)
+			}
+			if got := replReason(status.Convert(replToStatus(err))); got != r.reason {
+				t.Errorf("%v: Peer reason %q, want %q", e, got, r.reason)
+			}
+		}
+	}
+	if c := status.Code(toStatus(replication.ErrRejected)); c != codes.FailedPrecondition {
+		t.Errorf("ErrRejected is %v, want FailedPrecondition", c)
+	}
+}
