@@ -454,5 +454,23 @@ func encodePrompt(ctx context.Context, e *engine.Engine, enc Encoding, p *EvalPr
 	return out, nil
 }
 
+// EncodeEval is what a store holds under encoding enc before prompt p
+// arrives (see the Encoding constants), keyed for e's fingerprint: with
+// EncExact the prompt's chunks keyed by their prefix, otherwise the system
+// prompt and every chunk as enc encodes it, the chunks written in order (a
+// permutation of p.Chunks' indices; EncWindow's windows follow it) and w
+// the window of EncWindow.
+func EncodeEval(ctx context.Context, e *engine.Engine, enc Encoding, p *EvalPrompt, order []int, w int) ([]*chunk.Entry, error) {
+	ks, err := encodePrompt(ctx, e, enc, p, p.Segments(), order, w)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*chunk.Entry, len(ks))
+	for i, k := range ks {
+		out[i] = k.keyFor(e.Fingerprint())
+	}
+	return out, nil
+}
+
 // ProcessCPU is the process's user+system CPU time, for a run's total.
 func ProcessCPU() time.Duration { return processCPU() }

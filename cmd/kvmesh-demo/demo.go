@@ -26,31 +26,28 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/engine"
-	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/internal/loopback"
 	"github.com/kvmesh/kvmesh/internal/units"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
-	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/ring"
 	"github.com/kvmesh/kvmesh/workload"
 )
 
 // demoConfig is what the demo runs; flags change it.
 type demoConfig struct {
-	Facts       int     // memory facts ingested
-	FactTokens  int     // tokens per fact
-	QueryTokens int     // tokens of the question after the facts
-	Window      int     // context window the facts are encoded with
-	Ks          []int   // facts retrieved per query
-	Queries     int     // timed queries per k and way
-	Fidelity    int     // prompts of FidelityK facts measuring fidelity
-	FidelityK   int     // facts per fidelity prompt
-	Recompute   float64 // r of the repaired fidelity row
-	Fallback    float64 // guardrail bound of the APPROXIMATE answers (0: off)
-	Hidden      int     // model hidden size
-	Layers      int     // model layers
-	Replicas    int     // replication factor of the demo cluster
+	Facts       int         // memory facts ingested
+	FactTokens  int         // tokens per fact
+	QueryTokens int         // tokens of the question after the facts
+	Window      int         // context window the facts are encoded with
+	Ks          []int       // facts retrieved per query
+	Queries     int         // timed queries per k and way
+	Recompute   float64     // r of the APPROXIMATE answers
+	Fallback    float64     // guardrail bound of the standalone APPROXIMATE answers (0: off)
+	Hidden      int         // model hidden size
+	Layers      int         // model layers
+	Replicas    int         // replication factor of the demo cluster
+	Codec       chunk.Codec // the cluster's codec for new entries
 	Seed        uint64
 	OutDir      string
 	// Model is the trained model's directory (config.json,
@@ -74,13 +71,12 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	fs.IntVar(&c.Window, "window", 20, "context window (tokens) the facts are encoded after")
 	ks := fs.String("k", "5,10,20,50", "facts retrieved per query, comma-separated")
 	fs.IntVar(&c.Queries, "queries", 20, "timed queries per k and way")
-	fs.IntVar(&c.Fidelity, "fidelity", 16, "prompts measuring fidelity against full prefill")
-	fs.IntVar(&c.FidelityK, "fidelity-k", 10, "facts per fidelity prompt")
-	fs.Float64Var(&c.Recompute, "recompute", 0.15, "recompute ratio r of the repaired fidelity row")
-	fs.Float64Var(&c.Fallback, "fallback-bound", 0.5, "guardrail of the APPROXIMATE answers: a chunk whose relative key deviation at the check layer exceeds it is recomputed whole (0: off)")
+	fs.Float64Var(&c.Recompute, "recompute", 0.15, "recompute ratio r of the APPROXIMATE answers")
+	fs.Float64Var(&c.Fallback, "fallback-bound", 0.5, "guardrail of the standalone APPROXIMATE answers: a chunk whose relative key deviation at the check layer exceeds it is recomputed whole (0: off)")
 	fs.IntVar(&c.Hidden, "hidden", 256, "model hidden size (head dim 64, 2 KV heads)")
 	fs.IntVar(&c.Layers, "layers", 4, "model layers")
 	fs.IntVar(&c.Replicas, "replicas", 2, "replication factor (2 of 3 nodes: a third of the facts are remote to the engine's node)")
+	codec := fs.String("codec", "raw", "codec the cluster stores entries in (raw, lossless, int8, int4, fp8): lossless saves about a fifth of f32 KV and costs the injection path its decode")
 	fs.Uint64Var(&c.Seed, "seed", 1, "random seed (model, facts, queries)")
 	fs.StringVar(&c.OutDir, "out", "out", "directory for the plot")
 	fs.StringVar(&c.Model, "model", "train/recall", "trained model directory (config.json, model.safetensors, eval.json); empty: random weights of -hidden and -layers")
@@ -88,6 +84,10 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	fs.IntVar(&c.AnswerPrompts, "answer-prompts", 4, "held-out prompts per task and k answered each way (with -model)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	var err error
+	if c.Codec, err = chunk.ParseCodec(*codec); err != nil {
+		return c, fmt.Errorf("demo: %w", err)
 	}
 	for _, s := range strings.Split(*ks, ",") {
 		k, err := strconv.Atoi(strings.TrimSpace(s))
@@ -97,9 +97,9 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 		c.Ks = append(c.Ks, k)
 	}
 	switch {
-	case c.Facts < 2*slices.Max(c.Ks) || c.Facts < c.FidelityK:
+	case c.Facts < 2*slices.Max(c.Ks):
 		return c, fmt.Errorf("demo: %d facts are too few for k up to %d", c.Facts, slices.Max(c.Ks))
-	case c.FactTokens <= 0 || c.QueryTokens <= 0 || c.Window < 0 || c.Queries <= 0 || c.Fidelity < 0 || c.FidelityK <= 0:
+	case c.FactTokens <= 0 || c.QueryTokens <= 0 || c.Window < 0 || c.Queries <= 0:
 		return c, errors.New("demo: sizes must be positive")
 	case c.Hidden < 64 || c.Hidden%64 != 0 || c.Layers < 2:
 		return c, errors.New("demo: hidden must be a multiple of 64, layers at least 2")
@@ -156,11 +156,12 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	}
 	set := nodes[0].Meta().Settings()
 	set.ReplicationFactor, set.WriteQuorum = cfg.Replicas, min(set.WriteQuorum, cfg.Replicas)
+	set.Codec = cfg.Codec
 	if err := nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 		return fmt.Errorf("demo: settings: %w", err)
 	}
 	for _, n := range nodes {
-		for n.Meta().Settings().ReplicationFactor != cfg.Replicas {
+		for n.Meta().Settings() != set {
 			if err := sleepCtx(ctx, 20*time.Millisecond); err != nil {
 				return err
 			}
@@ -191,14 +192,6 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// The engine's cache in shared memory (a memfd the node maps through
-	// /proc/<pid>/fd), closed after the engine.
-	var shm *inject.ShmCache
-	defer func() {
-		if shm != nil {
-			_ = shm.Close()
-		}
-	}()
 	maxPrompt := slices.Max(cfg.Ks)*cfg.FactTokens + cfg.QueryTokens
 	if evalSet != nil {
 		for _, p := range evalSet.Prompts {
@@ -209,34 +202,18 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 			maxPrompt = max(maxPrompt, n)
 		}
 	}
-	e, err := engine.New(weights, engine.Config{CacheTokens: 2*maxPrompt + 256, KVDType: kvd, TokenizerID: "kvmesh-demo",
-		Logger: log, CacheMemory: func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
-			var err error
-			if shm, err = inject.CreateShm("", layers, []pagedkv.CacheLayout{lay}); err != nil {
-				return nil, err
-			}
-			return shm.Layers, nil
-		}})
-	if err != nil {
-		return err
-	}
-	defer e.Close()
-	spec := e.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		return err
-	}
-	lay, _ := e.CacheMemory()
+	cacheTokens := 2*maxPrompt + 256
 	local := nodes[0]
-	inj, err := c.RegisterCache(ctx, local.GRPCAddr(), client.CacheRegistration{Fingerprint: e.Fingerprint(), Layers: spec.Layers,
-		Layouts: []pagedkv.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+	// The engine's cache in shared memory (a memfd the node maps through
+	// /proc/<pid>/fd), registered with its local node.
+	se, err := newServingEngine(ctx, c, local, weights, "kvmesh-demo", kvd, cacheTokens, log)
 	if err != nil {
 		return err
 	}
-	defer func() {
-		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = inj.Close(uctx)
-	}()
+	defer se.Close()
+	e, inj, shm := se.Engine, se.inj, se.shm
+	spec := e.Spec()
+	lay, _ := e.CacheMemory()
 	mc := e.Config()
 	fmt.Fprintf(w, "model: llama %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, %s (%d bytes per token)\n",
 		mc.NumLayers, mc.HiddenSize, mc.NumHeads, mc.NumKVHeads, mc.HeadDim, mc.VocabSize, about, spec.KVBytesPerToken())
@@ -252,8 +229,8 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "ingested %d facts of %d tokens (window w=%d), %s of entries, %d replicas each, in %v\n",
-		len(facts), cfg.FactTokens, cfg.Window, units.Bytes(uint64(stored)), cfg.Replicas, time.Since(t0).Round(time.Second))
+	fmt.Fprintf(w, "ingested %d facts of %d tokens (window w=%d), %s of entries (codec %s), %d replicas each, in %v\n",
+		len(facts), cfg.FactTokens, cfg.Window, units.Bytes(uint64(stored)), cfg.Codec, cfg.Replicas, time.Since(t0).Round(time.Second))
 
 	// Facts on the engine's node, and facts only on the others.
 	var near, far []int
@@ -278,17 +255,13 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	fid, err := measureFidelity(ctx, cfg, e, inj, facts, rng)
-	if err != nil {
-		return err
-	}
-	printDemo(w, cfg, res, fid)
+	printDemo(w, cfg, res)
+	var ans *answers
 	if evalSet != nil {
-		cells, err := measureAnswers(ctx, cfg, e, c, inj, evalSet, stderr)
-		if err != nil {
+		if ans, err = measureAnswers(ctx, cfg, se, c, local, weights, kvd, cacheTokens, log, evalSet, stderr); err != nil {
 			return err
 		}
-		printAnswers(w, cfg, cfg.Model, cells)
+		printAnswers(w, cfg, cfg.Model, ans)
 	}
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return err
@@ -298,7 +271,9 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 		return err
 	}
 	abs, _ := filepath.Abs(png)
-	fmt.Fprintf(w, "\nplot: %s\ntotal %v; stopping the cluster and removing %s\n", abs, time.Since(t0).Round(time.Second), dir)
+	fmt.Fprintf(w, "\nplot: %s\n", abs)
+	printSummary(w, cfg, res, ans)
+	fmt.Fprintf(w, "total %v; stopping the cluster and removing %s\n", time.Since(t0).Round(time.Second), dir)
 	return nil
 }
 
@@ -492,6 +467,11 @@ func (pt *ttftPoint) remoteExtra() time.Duration {
 	return d[len(d)/2]
 }
 
+// speedup is prompt injection's TTFT p50 over way's.
+func (pt *ttftPoint) speedup(way int) float64 {
+	return pt.ways[wayPrompt].p(0.5).Seconds() / max(pt.ways[way].p(0.5).Seconds(), 1e-9)
+}
+
 func pick(r *rand.Rand, from []int, k int) []int {
 	idx := r.Perm(len(from))[:k]
 	out := make([]int, k)
@@ -588,50 +568,9 @@ func measureTTFT(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engi
 	return out, nil
 }
 
-type fidelityRow struct {
-	name      string
-	recompute float64
-	f         engine.Fidelity
-	work      float64 // token-layers computed / full prefill's
-}
-
-// measureFidelity compares KV injection of runs of consecutive facts (as a
-// memory retrieves them, so their windows are mostly the real preceding
-// text) with full prefill, with r = 0 and r = cfg.Recompute.
-func measureFidelity(ctx context.Context, cfg demoConfig, e *engine.Engine, inj engine.CacheInjector, facts [][]uint32, rng *rand.Rand) ([]fidelityRow, error) {
-	rows := []fidelityRow{{name: fmt.Sprintf("window w=%d", cfg.Window)}, {name: fmt.Sprintf("window w=%d", cfg.Window), recompute: cfg.Recompute}}
-	work := make([]int, len(rows))
-	full := 0
-	for range cfg.Fidelity {
-		start := rng.IntN(len(facts) - cfg.FidelityK + 1)
-		idx := make([]int, cfg.FidelityK)
-		for i := range idx {
-			idx[i] = start + i
-		}
-		segs := promptOf(facts, idx, randTokens(rng, cfg.QueryTokens, e.Config().VocabSize))
-		ref, err := e.Run(ctx, nil, engine.Request{Segments: segs})
-		if err != nil {
-			return nil, err
-		}
-		full += ref.TokenLayers
-		for i := range rows {
-			got, err := e.RunInjected(ctx, inj, engine.Request{Segments: segs, Recompute: rows[i].recompute})
-			if err != nil {
-				return nil, err
-			}
-			rows[i].f.Add(ref.Logits, got.Logits)
-			work[i] += got.TokenLayers
-		}
-	}
-	for i := range rows {
-		rows[i].work = float64(work[i]) / float64(max(full, 1))
-	}
-	return rows, nil
-}
-
 func msOf(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d.Microseconds())/1000) }
 
-func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) {
+func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint) {
 	fmt.Fprintf(w, "TTFT over %d queries per k and way (%d-token question), ms:\n", cfg.Queries, cfg.QueryTokens)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "k\tprompt tokens\tprompt p50\tp99\tlocal hit p50\tp99\tremote hit p50\tp99\tspeedup local\tremote\t")
@@ -639,7 +578,7 @@ func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) 
 		pre, near, far := &pt.ways[wayPrompt], &pt.ways[wayNear], &pt.ways[wayFar]
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1fx\t%.1fx\t\n", pt.k, pt.k*cfg.FactTokens+cfg.QueryTokens,
 			msOf(pre.p(0.5)), msOf(pre.p(0.99)), msOf(near.p(0.5)), msOf(near.p(0.99)), msOf(far.p(0.5)), msOf(far.p(0.99)),
-			pre.p(0.5).Seconds()/max(near.p(0.5).Seconds(), 1e-9), pre.p(0.5).Seconds()/max(far.p(0.5).Seconds(), 1e-9))
+			pt.speedup(wayNear), pt.speedup(wayFar))
 	}
 	tw.Flush()
 	fmt.Fprintln(w, "\nwhat a remote hit adds to a local one (median over rounds of remote minus local in the same round), against a plain gRPC stream of the same bytes on this loopback (p50), ms:")
@@ -663,19 +602,6 @@ func printDemo(w io.Writer, cfg demoConfig, pts []ttftPoint, fid []fidelityRow) 
 		}
 	}
 	tw.Flush()
-	fmt.Fprintf(w, "\nfidelity against full prefill (%d prompts of %d consecutive facts; the facts' windows are APPROXIMATE contexts):\n", cfg.Fidelity, cfg.FidelityK)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "encoding\tr\ttop-1 agreement\tmean KL (nats)\tmax KL\tcompute vs prefill\t")
-	for _, r := range fid {
-		fmt.Fprintf(tw, "%s\t%.0f%%\t%.3f\t%.4g\t%.4g\t%.0f%%\t\n", r.name, 100*r.recompute, r.f.Top1Rate(), r.f.MeanKL(), r.f.MaxKL, 100*r.work)
-	}
-	tw.Flush()
-	if cfg.Model != "" && len(fid) > 0 {
-		// The timed facts are random tokens, text the trained model never
-		// saw; its fidelity on its own kind of text is the answers below
-		// and docs/bench/ACCURACY.md.
-		fmt.Fprintln(w, "(the facts are random tokens, outside what the trained model learnt: for its fidelity on real prompts see the answers below and docs/bench/ACCURACY.md)")
-	}
 }
 
 func plotTTFT(path string, pts []ttftPoint) error {
@@ -718,4 +644,39 @@ func startCPUProfile(path string) (stop func() error, err error) {
 		pprof.StopCPUProfile()
 		return f.Close()
 	}, nil
+}
+
+// printSummary writes the closing summary, every figure of it taken from
+// the tables above: the TTFT speedup at the largest k, the answers kept,
+// and the compute saved (ans is nil without a trained model).
+func printSummary(w io.Writer, cfg demoConfig, pts []ttftPoint, ans *answers) {
+	fmt.Fprintln(w, "\nsummary:")
+	pt := pts[len(pts)-1]
+	local, remote := pt.speedup(wayNear), pt.speedup(wayFar)
+	fmt.Fprintf(w, "- TTFT at k=%d (%d-token prompts, p50): KV injection %.1fx faster than prompt injection from a local hit, %.1fx from a remote hit.\n",
+		pt.k, pt.k*cfg.FactTokens+cfg.QueryTokens, local, remote)
+	if ans == nil {
+		return
+	}
+	n := countPrompts(ans.cells)
+	ex, ap := ans.total(ansExact), ans.total(ansSystem)
+	// Per task, as the answers table's rows sum them.
+	var tasks []string
+	same, prompts := map[string]int{}, map[string]int{}
+	for _, c := range ans.cells {
+		if !slices.Contains(tasks, c.task) {
+			tasks = append(tasks, c.task)
+		}
+		same[c.task] += c.ways[ansSystem].same
+		prompts[c.task] += c.prompts
+	}
+	var per []string
+	for _, t := range tasks {
+		per = append(per, fmt.Sprintf("%s %d/%d", t, same[t], prompts[t]))
+	}
+	fmt.Fprintf(w, "- answers kept on %d held-out prompts: %s %d of %d the same as prompt injection's, %s %d of %d (%s); right: %d, %d and %d of %d.\n",
+		n, ansName(cfg, ansExact), ex.same, n, ansName(cfg, ansSystem), ap.same, n, strings.Join(per, ", "), ans.total(ansPrompt).right, ex.right, ap.right, n)
+	faster, cells := ans.fastCells(ansSystem, 20)
+	fmt.Fprintf(w, "- compute saved: %s computes %.0f%% of full prefill's token-layers (%.0f%% saved), its TTFT below prompt injection's in %d of %d cells with k >= 20; %s computes %.0f%%.\n",
+		ansName(cfg, ansSystem), 100*ap.computed(), 100-100*ap.computed(), faster, cells, ansName(cfg, ansExact), 100*ex.computed())
 }

@@ -2,12 +2,14 @@
 // cluster over loopback gRPC, the trained recall model (train/recall)
 // served by the reference engine, memory facts ingested, then queries
 // served by prompt injection and by KV injection. It prints TTFT, hit
-// kinds, bytes moved and fidelity, writes a plot, and answers held-out
-// questions of the model's evaluation set each way (prompt injection, KV
-// injection of EXACT and of APPROXIMATE entries) with their exact-match
-// accuracy beside TTFT. -model "" serves random weights instead.
+// kinds and bytes moved, writes a plot, and answers held-out questions of
+// the model's evaluation set each way (prompt injection, KV injection of
+// EXACT entries, and of APPROXIMATE encodings with recompute) with their
+// exact-match accuracy, TTFT and compute, and their fidelity to full
+// prefill; a closing summary quotes the tables. -model "" serves random
+// weights instead (TTFT only).
 //
-//	kvmesh-demo [-model DIR] [-facts N] [-k LIST] [-queries N] [-answer-prompts N] [-out DIR] ...
+//	kvmesh-demo [-model DIR] [-facts N] [-k LIST] [-queries N] [-answer-prompts N] [-codec C] [-out DIR] ...
 package main
 
 import (
