@@ -56,6 +56,15 @@
 // heartbeats on transport goroutines that can outlive Raft.Shutdown, so the
 // transport is fenced before the log closes (see guardedTransport).
 //
+// raft-wal checks only the last batch of its log when it opens it, so every
+// entry also carries a checksum (checkedLog, in the entry's Extensions) and
+// Open reads the whole log, every snapshot and raft-wal's bolt meta store
+// before raft starts. Damage anywhere is ErrCorruptState, which names the
+// file and the way out (move DataDir/raft aside: the node then receives
+// the metadata from the leader); raft never applies a damaged entry. A log
+// written before checksums opens as it is: its entries are read unchecked,
+// those written from then on are checked.
+//
 // # Upgrades
 //
 // Every node of a cluster must run the same kvmesh version: mixed-version

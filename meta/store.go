@@ -16,6 +16,7 @@ import (
 	"github.com/hashicorp/raft"
 	raftwal "github.com/hashicorp/raft-wal"
 	"github.com/hashicorp/raft-wal/metadb"
+	waltypes "github.com/hashicorp/raft-wal/types"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
@@ -31,6 +32,7 @@ type Store struct {
 	fsm      *fsm
 	raft     *raft.Raft
 	wal      *raftwal.WAL
+	logs     *checkedLog        // wal's log, checked
 	walMeta  *metadb.BoltMetaDB // raft-wal's Close leaves it open
 	lock     *os.File           // flock on DataDir/raft/LOCK
 	raftAddr string
@@ -92,12 +94,19 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	// raft-wal v0.4.0's WAL.Close does not close its bolt meta store, whose
 	// file lock would then block the next Open of this directory forever;
 	// owning the meta store lets Close release it.
+	if err := verifyWALMeta(cfg.DataDir, walDir); err != nil {
+		_ = lock.Close()
+		return nil, err
+	}
 	walMeta := &metadb.BoltMetaDB{}
 	wal, err := raftwal.Open(walDir, raftwal.WithLogger(newHCLog(log, "raft-wal")),
 		raftwal.WithSegmentSize(cfg.WALSegmentSize), raftwal.WithMetaStore(walMeta))
 	if err != nil {
 		_ = walMeta.Close()
 		_ = lock.Close()
+		if errors.Is(err, waltypes.ErrCorrupt) {
+			return nil, corruptError(cfg.DataDir, walDir, err)
+		}
 		return nil, fmt.Errorf("meta: open raft log: %w", err)
 	}
 	ok := false
@@ -108,9 +117,22 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			_ = lock.Close()
 		}
 	}()
+	logs, err := newCheckedLog(wal, wal)
+	if err != nil {
+		return nil, err
+	}
+	if err := verifyLog(cfg.DataDir, logs); err != nil {
+		return nil, err
+	}
+	if err := logs.checkEnd(wal); err != nil {
+		return nil, corruptError(cfg.DataDir, "raft log "+walDir, err)
+	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(snapDir, cfg.SnapshotRetain, newHCLog(log, "raft-snap"))
 	if err != nil {
 		return nil, fmt.Errorf("meta: open snapshots: %w", err)
+	}
+	if err := verifySnapshots(cfg.DataDir, snaps, cfg.SnapshotRetain); err != nil {
+		return nil, err
 	}
 	var advertise net.Addr
 	if cfg.RaftAdvertise != "" {
@@ -122,7 +144,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft transport on %s: %w", cfg.RaftBind, err)
 	}
-	hasState, err := raft.HasExistingState(wal, wal, snaps)
+	hasState, err := raft.HasExistingState(logs, wal, snaps)
 	if err != nil {
 		_ = trans.Close()
 		return nil, fmt.Errorf("meta: inspect raft state: %w", err)
@@ -149,6 +171,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		cfg:           cfg,
 		log:           log,
 		wal:           wal,
+		logs:          logs,
 		walMeta:       walMeta,
 		lock:          lock,
 		raftAddr:      string(trans.LocalAddr()),
@@ -163,7 +186,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	s.peers.Store(&peersBox{cfg.Peers})
 	s.fsm = newFSM(s.notify)
-	r, err := raft.NewRaft(rc, s.fsm, wal, wal, snaps, gt)
+	r, err := raft.NewRaft(rc, s.fsm, logs, wal, snaps, gt)
 	if err != nil {
 		_ = trans.Close()
 		return nil, fmt.Errorf("meta: start raft: %w", err)
@@ -217,6 +240,9 @@ func (s *Store) close(snapshot bool) error {
 			// with a live raft.
 			s.log.Error("meta: raft log, snapshot store and data directory lock left open after the stuck raft shutdown", "dir", s.cfg.DataDir)
 		} else {
+			if rerr := s.logs.recordEnd(s.wal); rerr != nil {
+				s.log.Warn("meta: record the end of the raft log; the next start cannot tell a truncated log", "err", rerr)
+			}
 			if werr := s.wal.Close(); err == nil {
 				err = werr
 			}
