@@ -18,24 +18,6 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 )
 
-// lockedBuffer collects a running daemon's output for the test to read.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // TestListenAddrs: each listener defaults to the -grpc host with its own
 // fixed port, or to port 0 when -grpc has port 0; given addresses and
 // "off" stay.
@@ -125,10 +107,10 @@ func TestExitCode(t *testing.T) {
 
 // runDaemon runs Run with args in the background and returns its output
 // and a function that stops it and returns Run's error.
-func runDaemon(t *testing.T, args ...string) (stdout, stderr *lockedBuffer, stop func() error) {
+func runDaemon(t *testing.T, args ...string) (stdout, stderr *testutil.LogBuffer, stop func() error) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
-	stdout, stderr = new(lockedBuffer), new(lockedBuffer)
+	stdout, stderr = new(testutil.LogBuffer), new(testutil.LogBuffer)
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, args, stdout, stderr) }()
 	var once sync.Once
@@ -226,7 +208,7 @@ func TestDrainedDaemonExits(t *testing.T) {
 	seed := fieldOf(out1.String(), "kvmeshd listening", "gossip")
 
 	ctx, cancel := context.WithCancel(t.Context())
-	out2 := new(lockedBuffer)
+	out2 := new(testutil.LogBuffer)
 	done := make(chan error, 1)
 	go func() {
 		done <- Run(ctx, append([]string{"-id", "d2", "-data-dir", t.TempDir(), "-bootstrap-expect", "2", "-join", seed}, common...), out2, io.Discard)

@@ -406,7 +406,7 @@ func TestLateJoinerDoesNotBootstrap(t *testing.T) {
 // TestRestartOnNewPort restarts a follower on another raft port: the
 // leader updates its address in raft and the ring, and it catches up.
 func TestRestartOnNewPort(t *testing.T) {
-	var logs syncBuffer
+	var logs testutil.LogBuffer
 	c := newCluster(t, 3)
 	c.tweak = func(cfg *Config) {
 		cfg.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))

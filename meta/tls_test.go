@@ -1,12 +1,10 @@
 package meta
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -259,24 +257,6 @@ func TestClusterOverTLS(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestBootstrapRefusesImpostor: a node with another CA's certificate whose
 // ID puts it in the bootstrap set holds the bootstrap up (no node
 // bootstraps a configuration with it) until it is gone; then the genuine
@@ -289,7 +269,7 @@ func TestBootstrapRefusesImpostor(t *testing.T) {
 	for _, id := range genuine {
 		nodeTLS[id] = pki.tls(id, tlsconf.UsageNode)
 	}
-	var logs syncBuffer
+	var logs testutil.LogBuffer
 	c := newCluster(t, 3)
 	c.tweak = func(cfg *Config) {
 		cfg.TLS = nodeTLS[cfg.NodeID]

@@ -9,12 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -62,24 +62,6 @@ func (p *certPKI) write(t *testing.T, ca *tlsconf.CA, name string, usage tlsconf
 	return c.Cert
 }
 
-// syncBuf is a log sink safe for the node's goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // gatherCounter reads a counter from reg by name.
 func gatherCounter(t *testing.T, reg prometheus.Gatherer, name string) float64 {
 	t.Helper()
@@ -102,7 +84,7 @@ func gatherCounter(t *testing.T, reg prometheus.Gatherer, name string) float64 {
 // counted, and the old certificate stays in use.
 func TestCertReloadRules(t *testing.T) {
 	p := newCertPKI(t, "n1")
-	var logs syncBuf
+	var logs testutil.LogBuffer
 	sec, err := newSecurity(Config{NodeID: "n1", TLS: p.files, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)

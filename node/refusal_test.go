@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,24 +21,6 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 )
-
-// lockedBuf is a log sink safe for the node's goroutines.
-type lockedBuf struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *lockedBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *lockedBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // refusedCount reads kvmesh_requests_refused_total{method, reason}.
 func refusedCount(t *testing.T, n *node.Node, method, reason string) float64 {
@@ -71,7 +52,7 @@ func refusedCount(t *testing.T, n *node.Node, method, reason string) float64 {
 // record naming the caller, the arguments and the result, and other
 // calls leave none.
 func TestRefusalsAndAudit(t *testing.T) {
-	var logs, audit lockedBuf
+	var logs, audit testutil.LogBuffer
 	cfg := nodetest.NodeConfig(t, "n1", nil)
 	cfg.Insecure, cfg.Tokens = true, true
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))

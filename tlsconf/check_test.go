@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // presented runs a real TLS handshake, in process over a pipe, between
@@ -53,7 +55,7 @@ func TestReloadCheck(t *testing.T) {
 		return nil
 	}
 	cfg := p.issue("n1", UsageNode, time.Time{})
-	var logs logBuf
+	var logs testutil.LogBuffer
 	cfg.Logger, cfg.Check = slogTo(&logs), check
 	tl := load(t, cfg)
 	client := load(t, p.issue("alice", UsageClient, time.Time{}))

@@ -1,12 +1,12 @@
 package tlsconf
 
 import (
-	"bytes"
 	"crypto/tls"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // pki is a CA with files written in a temporary directory.
@@ -75,22 +75,4 @@ func crossTLS(t *testing.T, trust, other Config) *TLS {
 
 func discard() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-// logBuf is a concurrency-safe log sink.
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func slogTo(l *logBuf) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }
+func slogTo(l *testutil.LogBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(l, nil)) }

@@ -133,7 +133,7 @@ func TestNewErrors(t *testing.T) {
 }
 
 func TestInsecureWarns(t *testing.T) {
-	var buf logBuf
+	var buf testutil.LogBuffer
 	tl, err := New(Config{Insecure: true, Logger: slogTo(&buf)})
 	if err != nil {
 		t.Fatal(err)
