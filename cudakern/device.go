@@ -81,8 +81,8 @@ func deviceCodec(c chunk.Codec) (int32, bool) {
 }
 
 // DeviceJobOf checks j as Inject does and returns the kernels' view of it,
-// addresses zero. With codec chunk.CodecRaw the source layers are j.Src's
-// raw layers (j.Src is checked); with CodecInt8, CodecInt4 or CodecFP8 each
+// addresses zero. With codec chunk.CodecRaw the source layers are raw
+// canonical layers (j.Src, checked, or device memory when j.Src is nil); with CodecInt8, CodecInt4 or CodecFP8 each
 // source layer is that codec's encoded payload of one layer of an entry in
 // j.SrcDType (F32, F16 or BF16) with j.SrcHeads heads and j.Tokens tokens,
 // EncodedLayerBytes long (j.Src is not read), decoded in the same pass.
@@ -94,7 +94,7 @@ func DeviceJobOf(j *Job, codec chunk.Codec) (DeviceJob, error) {
 	if c != deviceRaw && j.SrcDType != chunk.F32 && j.SrcDType != chunk.F16 && j.SrcDType != chunk.BF16 {
 		return DeviceJob{}, fmt.Errorf("%w: %v payload of a %v entry", ErrInvalidJob, codec, j.SrcDType)
 	}
-	p, err := j.planSrc(c == deviceRaw)
+	p, err := j.planSrc(c == deviceRaw && j.Src != nil)
 	if err != nil {
 		return DeviceJob{}, err
 	}

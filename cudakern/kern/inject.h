@@ -1,7 +1,7 @@
 /*
  * The per-element arithmetic of cudakern's fused inject, shared by the CUDA
  * kernels (inject.cu, compiled by nvcc) and the host build that checks them
- * (cudakern/hostcheck, compiled by the C compiler through cgo). Both run the
+ * (host.go, compiled by the C compiler through cgo). Both run the
  * very same functions: only the launch geometry, which token and lane a
  * thread takes, belongs to the device alone.
  *

@@ -1,0 +1,416 @@
+//go:build cuda
+
+package gpu
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/cudakern/kern"
+)
+
+// ErrCorrupt wraps chunk.ErrCorrupt: a codec payload the kernel found
+// corrupt (the error bits of cudakern.DeviceErrParams and friends).
+var ErrCorrupt = fmt.Errorf("gpu: %w", chunk.ErrCorrupt)
+
+// Config configures Open.
+type Config struct {
+	// Device is the GPU's ordinal. Default 0.
+	Device int
+	// Threads is the block size, threads per token of a layer. Default 128.
+	Threads int
+}
+
+// Injector runs cudakern Jobs on one device, in its primary context (so
+// device pointers of other users of that context, such as the GPU tier's
+// slab, are valid here). One goroutine locked to an OS thread owns the
+// context, the module, the stream and the buffers; calls are handed to it
+// and serialized. It is safe for concurrent use.
+type Injector struct {
+	cfg  Config
+	name string
+	cc   int // compute capability, major*10+minor
+
+	mu     sync.RWMutex // held shared by calls using reqs, exclusively by Close
+	closed bool
+	reqs   chan req
+	done   chan struct{}
+
+	// Owned by run's goroutine.
+	fn      cu.Function
+	stream  cu.Stream
+	events  []cu.Event
+	meta    devBuf // job, addresses, slots, cos/sin, error word
+	data    devBuf // a host job's source and cache layers
+	staging []byte // the host image of meta
+}
+
+type req struct {
+	fn  func() error
+	res chan error
+}
+
+// devBuf is a device allocation that only grows.
+type devBuf struct {
+	ptr  cu.DevicePtr
+	size int64
+}
+
+func (b *devBuf) reserve(n int64) error {
+	if n <= b.size {
+		return nil
+	}
+	if b.size > 0 {
+		if err := cu.MemFree(b.ptr); err != nil {
+			return err
+		}
+		b.size = 0
+	}
+	n = max(n, 2*b.size, 1<<16)
+	p, err := cu.MemAlloc(n)
+	if err != nil {
+		return err
+	}
+	b.ptr, b.size = p, n
+	return nil
+}
+
+func (b *devBuf) free() error {
+	if b.size == 0 {
+		return nil
+	}
+	b.size = 0
+	return cu.MemFree(b.ptr)
+}
+
+func cuErr(what string, err error) error { return fmt.Errorf("gpu: cuda %s: %w", what, err) }
+
+// Open loads the kernel on cfg.Device. It fails when the device does not
+// answer or is older than sm_80.
+func Open(cfg Config) (*Injector, error) {
+	if cfg.Threads <= 0 {
+		cfg.Threads = 128
+	}
+	in := &Injector{cfg: cfg, reqs: make(chan req), done: make(chan struct{})}
+	ready := make(chan error, 1)
+	go in.run(ready)
+	if err := <-ready; err != nil {
+		<-in.done
+		return nil, err
+	}
+	return in, nil
+}
+
+// run owns the context: it reports setup on ready, serves reqs until they
+// are closed, then releases everything newest first.
+func (in *Injector) run(ready chan<- error) {
+	defer close(in.done)
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var undo []func() error
+	defer func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			_ = undo[i]()
+		}
+	}()
+	fail := func(what string, err error) { ready <- cuErr(what, err) }
+	dev, err := cu.GetDevice(in.cfg.Device)
+	if err != nil {
+		fail(fmt.Sprintf("device %d", in.cfg.Device), err)
+		return
+	}
+	maj, err1 := dev.Attribute(cu.ComputeCapabilityMajor)
+	minor, err2 := dev.Attribute(cu.ComputeCapabilityMinor)
+	if err := errors.Join(err1, err2); err != nil {
+		fail("compute capability", err)
+		return
+	}
+	in.cc = maj*10 + minor
+	in.name, _ = dev.Name()
+	ptx, err := kern.PTX(in.cc)
+	if err != nil {
+		ready <- err
+		return
+	}
+	ctx, err := dev.RetainPrimaryCtx()
+	if err != nil {
+		fail("retaining the primary context", err)
+		return
+	}
+	undo = append(undo, dev.ReleasePrimaryCtx)
+	if err := cu.SetCurrentContext(ctx); err != nil {
+		fail("making the context current", err)
+		return
+	}
+	undo = append(undo, func() error { return cu.SetCurrentContext(cu.CUContext{}) })
+	mod, err := cu.LoadData(string(ptx))
+	if err != nil {
+		fail("loading the PTX", err)
+		return
+	}
+	undo = append(undo, mod.Unload)
+	if in.fn, err = mod.Function(kern.Kernel); err != nil {
+		fail("finding "+kern.Kernel, err)
+		return
+	}
+	if in.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
+		fail("creating a stream", err)
+		return
+	}
+	undo = append(undo, in.stream.Destroy, in.meta.free, in.data.free, func() error {
+		for i := range in.events {
+			_ = cu.DestroyEvent(&in.events[i])
+		}
+		return nil
+	})
+	// Everything is freed after the stream drains.
+	undo = append(undo, in.stream.Synchronize)
+	ready <- nil
+	for r := range in.reqs {
+		r.res <- r.fn()
+	}
+}
+
+// do runs fn on the owner thread.
+func (in *Injector) do(fn func() error) error {
+	in.mu.RLock()
+	defer in.mu.RUnlock()
+	if in.closed {
+		return cudakern.ErrClosed
+	}
+	res := make(chan error, 1)
+	in.reqs <- req{fn: fn, res: res}
+	return <-res
+}
+
+// Device names the GPU and its compute capability.
+func (in *Injector) Device() string {
+	return fmt.Sprintf("%s (sm_%d)", in.name, in.cc)
+}
+
+// Workers is 1: one stream runs one job at a time.
+func (in *Injector) Workers() int { return 1 }
+
+// Close waits for the call in flight and frees the device state. Later
+// calls return cudakern.ErrClosed.
+func (in *Injector) Close() {
+	in.mu.Lock()
+	if !in.closed {
+		in.closed = true
+		close(in.reqs)
+	}
+	in.mu.Unlock()
+	<-in.done
+}
+
+// Target names device memory for InjectDevice.
+type Target struct {
+	// Codec is the encoding of the source layers: chunk.CodecRaw (j's
+	// canonical layers) or CodecInt8, CodecInt4, CodecFP8 (each layer's
+	// encoded payload, cudakern.EncodedLayerBytes long), decoded in the
+	// kernel's pass.
+	Codec chunk.Codec
+	// Src and Dst are the device addresses of each layer's source and of
+	// each layer of the cache, len(j.Dst) of each; j.Src (which may be
+	// nil) and j.Dst's bytes are not read.
+	Src, Dst []uint64
+	// LayerDone, if set, is called with each layer's index, in order, once
+	// that layer's kernel has finished (its event has fired).
+	LayerDone func(layer int)
+}
+
+// Inject runs j on the device with the bits of cudakern.Injector: j's
+// source and cache layers (host memory) are copied to the device, the
+// kernel runs, the cache layers are copied back. It is the fallback where
+// the cache is not device memory the node can reach.
+func (in *Injector) Inject(ctx context.Context, j *cudakern.Job) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dj, err := cudakern.DeviceJobOf(j, chunk.CodecRaw)
+	if err != nil {
+		return err
+	}
+	if j.Tokens == 0 || len(j.Dst) == 0 {
+		return nil
+	}
+	return in.do(func() error {
+		lb := int64(j.Layout.LayerBytes())
+		sb := int64(len(j.Src))
+		if err := in.data.reserve(sb + int64(len(j.Dst))*lb); err != nil {
+			return cuErr("allocating buffers", err)
+		}
+		src := make([]uint64, len(j.Dst))
+		dst := make([]uint64, len(j.Dst))
+		srcLayer := sb / int64(len(j.Dst))
+		// Every copy is queued on the stream, so the kernel follows them.
+		if err := cu.MemcpyHtoDAsync(in.data.ptr, unsafe.Pointer(unsafe.SliceData(j.Src)), sb, in.stream); err != nil {
+			return in.drain(cuErr("copying the source in", err))
+		}
+		for l, d := range j.Dst {
+			src[l] = uint64(in.data.ptr) + uint64(int64(l)*srcLayer)
+			dst[l] = uint64(in.data.ptr) + uint64(sb+int64(l)*lb)
+			if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst[l]), unsafe.Pointer(unsafe.SliceData(d)), lb, in.stream); err != nil {
+				return in.drain(cuErr("copying the cache in", err))
+			}
+		}
+		if err := in.launch(ctx, j, dj, src, dst, nil); err != nil {
+			return err
+		}
+		for l, d := range j.Dst {
+			if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(d)), cu.DevicePtr(dst[l]), lb, in.stream); err != nil {
+				return in.drain(cuErr("copying the cache out", err))
+			}
+		}
+		if err := in.stream.Synchronize(); err != nil {
+			return cuErr("copying the cache out", err)
+		}
+		return nil
+	})
+}
+
+// InjectDevice runs j from and into device memory (t): one launch per
+// layer on the injector's stream, an event recorded after each, so a
+// consumer can start on layer l while later layers are still written.
+// It returns when every layer is done. An invalid j, or a Target that does
+// not match it, writes nothing.
+func (in *Injector) InjectDevice(ctx context.Context, j *cudakern.Job, t Target) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dj, err := cudakern.DeviceJobOf(j, t.Codec)
+	if err != nil {
+		return err
+	}
+	if err := checkTarget(j, t); err != nil {
+		return err
+	}
+	if j.Tokens == 0 || len(j.Dst) == 0 {
+		return nil
+	}
+	return in.do(func() error { return in.launch(ctx, j, dj, t.Src, t.Dst, t.LayerDone) })
+}
+
+// checkTarget refuses addresses that cannot be the job's: a count that is
+// not one per layer, a null address, or one not aligned for the dtype's
+// elements.
+func checkTarget(j *cudakern.Job, t Target) error {
+	if len(t.Src) != len(j.Dst) || len(t.Dst) != len(j.Dst) {
+		return fmt.Errorf("%w: %d source and %d cache addresses for %d layers", cudakern.ErrInvalidJob, len(t.Src), len(t.Dst), len(j.Dst))
+	}
+	srcAlign := uint64(j.SrcDType.Size())
+	if t.Codec != chunk.CodecRaw {
+		srcAlign = 1
+	}
+	for l := range t.Src {
+		if t.Src[l] == 0 || t.Dst[l] == 0 || t.Src[l]%srcAlign != 0 || t.Dst[l]%uint64(j.Layout.DType.Size()) != 0 {
+			return fmt.Errorf("%w: layer %d: source %#x or cache %#x null or misaligned", cudakern.ErrInvalidJob, l, t.Src[l], t.Dst[l])
+		}
+	}
+	return nil
+}
+
+// launch uploads the job's metadata (the job, the layer addresses, the
+// slots and the cos/sin rows) in one copy, launches one kernel per layer,
+// records an event after each and waits for them in order. Owner thread.
+func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.DeviceJob, src, dst []uint64, layerDone func(int)) error {
+	layers := len(dst)
+	jobBytes := int(unsafe.Sizeof(dj))
+	off := func(n int) int { return (n + 255) &^ 255 }
+	addrAt := off(jobBytes)
+	slotAt := addrAt + off(16*layers)
+	csAt := slotAt + off(8*j.Tokens)
+	errAt := csAt + off(4*j.Tokens*int(dj.Half)*2)
+	total := errAt + 256
+	if err := in.meta.reserve(int64(total)); err != nil {
+		return cuErr("allocating the job", err)
+	}
+	if cap(in.staging) < total {
+		in.staging = make([]byte, total)
+	}
+	img := in.staging[:total]
+	clear(img)
+	base := uint64(in.meta.ptr)
+	dj.Src = base + uint64(addrAt)
+	dj.Dst = base + uint64(addrAt+8*layers)
+	dj.Slots = base + uint64(slotAt)
+	dj.CS = base + uint64(csAt)
+	dj.Err = base + uint64(errAt)
+	*(*cudakern.DeviceJob)(unsafe.Pointer(&img[0])) = dj
+	copy(unsafe.Slice((*uint64)(unsafe.Pointer(&img[addrAt])), layers), src)
+	copy(unsafe.Slice((*uint64)(unsafe.Pointer(&img[addrAt+8*layers])), layers), dst)
+	slots := unsafe.Slice((*int64)(unsafe.Pointer(&img[slotAt])), j.Tokens)
+	for i, s := range j.Slots {
+		slots[i] = int64(s)
+	}
+	cs := unsafe.Slice((*float32)(unsafe.Pointer(&img[csAt])), j.Tokens*int(dj.Half)*2)
+	j.CosSin(cs[:0])
+	if err := cu.MemcpyHtoDAsync(in.meta.ptr, unsafe.Pointer(&img[0]), int64(total), in.stream); err != nil {
+		return in.drain(cuErr("copying the job in", err))
+	}
+	for len(in.events) < layers {
+		ev, err := cu.MakeEvent(cu.DisableTiming)
+		if err != nil {
+			return in.drain(cuErr("creating an event", err))
+		}
+		in.events = append(in.events, ev)
+	}
+	jobPtr := in.meta.ptr
+	for l := 0; l < layers; l++ {
+		layer := int64(l)
+		args := []unsafe.Pointer{unsafe.Pointer(&jobPtr), unsafe.Pointer(&layer)}
+		if err := in.fn.Launch(j.Tokens, 1, 1, in.cfg.Threads, 1, 1, 0, in.stream, args); err != nil {
+			return in.drain(cuErr(fmt.Sprintf("launching layer %d", l), err))
+		}
+		if err := in.events[l].Record(in.stream); err != nil {
+			return in.drain(cuErr("recording an event", err))
+		}
+	}
+	for l := 0; l < layers; l++ {
+		if err := in.events[l].Synchronize(); err != nil {
+			return in.drain(cuErr(fmt.Sprintf("layer %d", l), err))
+		}
+		if layerDone != nil {
+			layerDone(l)
+		}
+	}
+	bits := (*uint32)(unsafe.Pointer(&img[errAt]))
+	if err := cu.MemcpyDtoHAsync(unsafe.Pointer(bits), in.meta.ptr+cu.DevicePtr(errAt), 4, in.stream); err != nil {
+		return in.drain(cuErr("reading the error word", err))
+	}
+	if err := in.stream.Synchronize(); err != nil {
+		return cuErr("reading the error word", err)
+	}
+	if *bits != 0 {
+		return fmt.Errorf("%w: device decode error bits %#x", ErrCorrupt, *bits)
+	}
+	return ctx.Err()
+}
+
+// drain waits for the stream after a failure, so that nothing queued still
+// reads the staging image, and returns err.
+func (in *Injector) drain(err error) error {
+	if serr := in.stream.Synchronize(); serr != nil {
+		return errors.Join(err, cuErr("synchronizing", serr))
+	}
+	return err
+}
+
+// The device kernel New chooses when this package is linked: device 0.
+func init() {
+	cudakern.RegisterDevice(func() (cudakern.Kernel, string, error) {
+		in, err := Open(Config{})
+		if err != nil {
+			return nil, "", err
+		}
+		return in, "cuda " + in.Device(), nil
+	})
+}
