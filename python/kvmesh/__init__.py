@@ -18,7 +18,7 @@ from .client import (Client, ClusterInfo, LookupItem, LookupResult, Match, PutRe
                      TLSConfig)
 from .entry import Codec, Entry, Header, Limits, Range, Shape, decode, decode_range, encode, parse_header, verify
 from .errors import (CorruptEntry, DeadlineExceeded, EntryError, EntryTooLarge, InvalidArgument, InvalidEntry,
-                     KvmeshError, NoNodes, NotFound, PermissionDenied, ResourceExhausted, Unavailable, UnknownModel,
+                     KvmeshError, ModelError, NoNodes, NotFound, PermissionDenied, ResourceExhausted, Unavailable, UnknownModel,
                      UnsupportedEntry, UsageError)
 from .keys import (ID, Context, ContextKind, DType, Fingerprint, Key, ModelSpec, RopeScaling, RopeStyle, canonical,
                    check_key, content_id, next_prefix, prefix_chain, prefix_context, prefix_root, standalone_context,
@@ -34,7 +34,7 @@ __all__ = [
     "verify",
     # errors
     "KvmeshError", "UsageError", "CorruptEntry", "DeadlineExceeded", "EntryError", "EntryTooLarge",
-    "InvalidArgument", "InvalidEntry", "NoNodes", "NotFound", "PermissionDenied", "ResourceExhausted",
+    "InvalidArgument", "InvalidEntry", "ModelError", "NoNodes", "NotFound", "PermissionDenied", "ResourceExhausted",
     "Unavailable", "UnknownModel", "UnsupportedEntry",
     # keys
     "ID", "Context", "ContextKind", "DType", "Fingerprint", "Key", "ModelSpec", "RopeScaling", "RopeStyle",

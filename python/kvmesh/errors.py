@@ -5,7 +5,7 @@ gRPC status, when there is one, is kept in .code and .details."""
 from __future__ import annotations
 
 
-__all__ = ["KvmeshError", "UsageError", "EntryError", "CorruptEntry", "EntryTooLarge", "UnsupportedEntry",
+__all__ = ["KvmeshError", "UsageError", "ModelError", "EntryError", "CorruptEntry", "EntryTooLarge", "UnsupportedEntry",
            "InvalidEntry", "NoNodes", "NotFound", "UnknownModel", "PermissionDenied", "InvalidArgument",
            "DeadlineExceeded", "Unavailable", "ResourceExhausted"]
 
@@ -28,6 +28,11 @@ def expect(cond: bool, what: str) -> None:
     """Raises UsageError(what) unless cond."""
     if not cond:
         raise UsageError(what)
+
+
+class ModelError(KvmeshError, ValueError):
+    """A config.json or checkpoint that cannot be a model this package runs
+    (invalid, or a family or option it does not implement)."""
 
 
 class EntryError(KvmeshError, ValueError):

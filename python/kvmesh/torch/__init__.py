@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..inject import PagedCache
 from ..keys import Context, DType, Fingerprint, Key, ModelSpec, _is_int, content_id, tokens_array, want_context
 
-__all__ = ["KVCapture", "cache_tensor", "chunk_entries", "to_numpy_kv"]
+__all__ = ["KVCapture", "cache_tensor", "chunk_entries", "to_numpy_kv", "LlamaModel"]
 
 _TORCH_DTYPE = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16}
 
@@ -136,3 +136,6 @@ def chunk_entries(kv: torch.Tensor, spec: ModelSpec, tokens: Sequence[int], boun
         t = toks[a:b].tolist()
         out.append(Entry.from_kv(Key(fp, content_id(fp, t), ctx), t, kvn[:, :, a:b], spec.dtype))
     return out
+
+
+from .llama import LlamaModel  # noqa: E402 (needs the helpers above)
