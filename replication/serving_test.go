@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -433,46 +434,50 @@ func TestRebalanceThroughBusyReceiver(t *testing.T) {
 // Incoming rebalance work yields to serving: a store waits while a read
 // is in flight here (ServingYield long), and goes on once it ends.
 func TestRebalanceYieldsToServing(t *testing.T) {
-	st := newGatedStore()
-	var servingAtPut atomic.Int64
-	servingAtPut.Store(-1)
-	var d *Replicator
-	c := newCluster(t, []string{"a", "b", "c"}, func(id string, conf *Config) {
-		if id == "d" {
-			conf.Store = st
-			conf.ServingYield = time.Hour
+	synctest.Test(t, func(t *testing.T) {
+		st := newGatedStore()
+		var servingAtPut atomic.Int64
+		servingAtPut.Store(-1)
+		var d *Replicator
+		c := newCluster(t, []string{"a", "b", "c"}, func(id string, conf *Config) {
+			if id == "d" {
+				conf.Store = st
+				conf.ServingYield = time.Hour
+			}
+		})
+		held, heldKey := makeBlob(t, 200, 0)
+		if _, err := st.memStore.Put(t.Context(), held); err != nil {
+			t.Fatal(err)
+		}
+		c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
+		d = c.start("d")
+		st.onPut = func() { servingAtPut.Store(int64(d.serving.inFlight())) }
+
+		rr, err := d.Read(t.Context(), heldKey) // a read in flight until Release
+		if err != nil {
+			t.Fatal(err)
+		}
+		blob, key := makeBlob(t, 201, 0)
+		done := make(chan error, 1)
+		go func() {
+			_, err := d.ServeReplicate(t.Context(), blob, ReplicateOptions{Kind: KindRebalance})
+			done <- err
+		}()
+		// Every goroutine of the bubble blocked: a store that did not yield
+		// would have run by now.
+		synctest.Wait()
+		if st.has(key) {
+			t.Fatal("rebalance store ran while a read was in flight")
+		}
+		rr.Blob.Release()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if !st.has(key) || servingAtPut.Load() != 0 {
+			t.Fatalf("stored %v with %d serving calls in flight", st.has(key), servingAtPut.Load())
+		}
+		if m := d.Metrics(); m.IncomingYields != 1 {
+			t.Fatalf("%d yields counted, want 1", m.IncomingYields)
 		}
 	})
-	held, heldKey := makeBlob(t, 200, 0)
-	if _, err := st.memStore.Put(t.Context(), held); err != nil {
-		t.Fatal(err)
-	}
-	c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
-	d = c.start("d")
-	st.onPut = func() { servingAtPut.Store(int64(d.serving.inFlight())) }
-
-	rr, err := d.Read(t.Context(), heldKey) // a read in flight until Release
-	if err != nil {
-		t.Fatal(err)
-	}
-	blob, key := makeBlob(t, 201, 0)
-	done := make(chan error, 1)
-	go func() {
-		_, err := d.ServeReplicate(t.Context(), blob, ReplicateOptions{Kind: KindRebalance})
-		done <- err
-	}()
-	time.Sleep(20 * time.Millisecond) // room for a store that does not yield
-	if st.has(key) {
-		t.Fatal("rebalance store ran while a read was in flight")
-	}
-	rr.Blob.Release()
-	if err := <-done; err != nil {
-		t.Fatal(err)
-	}
-	if !st.has(key) || servingAtPut.Load() != 0 {
-		t.Fatalf("stored %v with %d serving calls in flight", st.has(key), servingAtPut.Load())
-	}
-	if m := d.Metrics(); m.IncomingYields != 1 {
-		t.Fatalf("%d yields counted, want 1", m.IncomingYields)
-	}
 }
