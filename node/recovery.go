@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +14,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
 // ErrRecovering is why a node that is up is not ready yet: its metadata
@@ -30,7 +34,16 @@ type recovery struct {
 	restart      bool
 	metaCaughtUp atomic.Bool
 	pullDone     atomic.Bool
+	// ringWhy is set while this node's ring differs from the leader's at
+	// the same epoch (errRingDisagrees), nil otherwise.
+	ringWhy atomic.Pointer[string]
 }
+
+// errRingDisagrees: this node's ring differs from the leader's at the
+// same epoch. Every replica applies the same log, so the node's raft
+// state is damaged; it stays not ready rather than place keys by its
+// own ring.
+var errRingDisagrees = errors.New("ring differs from the leader's at the same epoch")
 
 // recovering returns why the node is still recovering, or nil.
 func (n *Node) recovering() error {
@@ -44,6 +57,9 @@ func (n *Node) recovering() error {
 func (n *Node) recoveringWhy() string {
 	switch {
 	case !n.rec.metaCaughtUp.Load():
+		if why := n.rec.ringWhy.Load(); why != nil {
+			return *why
+		}
 		return "metadata catching up with the leader"
 	case n.rec.restart && !n.rec.pullDone.Load():
 		return "startup pull running"
@@ -107,6 +123,7 @@ func (n *Node) recover(ctx context.Context) {
 	start := time.Now()
 	for {
 		err := n.catchUpMeta(ctx)
+		n.noteRing(err)
 		if err == nil {
 			break
 		}
@@ -177,7 +194,52 @@ func (n *Node) catchUpMeta(ctx context.Context) error {
 		case <-watch:
 		}
 	}
+	if r := n.meta.Ring(); r.Epoch() == info.Epoch {
+		if diff := ringDiff(r.Members(), info.Members); diff != "" {
+			return fmt.Errorf("%w: epoch %d, leader %s: %s", errRingDisagrees, info.Epoch, lid, diff)
+		}
+	}
 	return nil
+}
+
+// noteRing keeps the reason a ring disagreement gives (for State and
+// Ready) and logs it when it changes.
+func (n *Node) noteRing(err error) {
+	if !errors.Is(err, errRingDisagrees) {
+		n.rec.ringWhy.Store(nil)
+		return
+	}
+	why := err.Error()
+	if old := n.rec.ringWhy.Swap(&why); old == nil || *old != why {
+		n.log.Error("node: not ready: this node's ring differs from the leader's at the same epoch, so its raft state is damaged; "+
+			"stop it, move DATA/raft aside and start it again (docs/DEPLOY.md, \"Damaged Raft state\")", "err", err)
+	}
+}
+
+// ringDiff says how the ring members ours differ from the leader's
+// (ClusterInfo), "" when they are the same.
+func ringDiff(ours []ring.Member, leader []*api.Member) string {
+	theirs := make(map[string]ring.Member, len(leader))
+	for _, p := range leader {
+		theirs[p.Id] = api.MemberFromProto(p)
+	}
+	var diffs []string
+	for _, m := range ours {
+		t, ok := theirs[m.ID]
+		switch {
+		case !ok:
+			diffs = append(diffs, m.ID+" is not in the leader's ring")
+		case t.Weight != m.Weight:
+			diffs = append(diffs, fmt.Sprintf("%s has weight %g here, %g on the leader", m.ID, m.Weight, t.Weight))
+		case t != m:
+			diffs = append(diffs, fmt.Sprintf("%s is %+v here, %+v on the leader", m.ID, m, t))
+		}
+		delete(theirs, m.ID)
+	}
+	for _, id := range slices.Sorted(maps.Keys(theirs)) {
+		diffs = append(diffs, id+" is missing here")
+	}
+	return strings.Join(diffs, "; ")
 }
 
 // registerRecoveryMetric exports kvmesh_node_recovering: 1 while the node

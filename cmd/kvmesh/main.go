@@ -84,7 +84,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"status", "", "Members, leader, epoch, settings and each node's tiers. STATE is what each member reports: ready, recovering (metadata catching up or startup pull running), joining (no leader known, or not in the ring yet), left (drained), or unreachable; -format json adds state_reason. Exits 1 when the cluster has no leader (no quorum) or a member does not answer.", statusCmd},
-		{"ring", "", "Ring members and their share of 100000 sample content IDs (primary and any replica).", ringCmd},
+		{"ring", "", "Ring members, each one's state (as in status) and their share of 100000 sample content IDs (primary and any replica). A member whose own ring differs from the leader's at the same epoch (damaged Raft state) is recovering, and the line after the table says how.", ringCmd},
 		{"models", "", "Registered models.", modelsCmd},
 		{"register", "[-revision R] [-tokenizer T] [-dtype D] [-salt S] [-dry-run] FILE", registerUsage, registerCmd},
 		{"encode", "-spec FILE -kv FILE [-tokens FILE] [-context C] [-codec C] -o FILE", encodeUsage, encodeCmd},
@@ -360,6 +360,11 @@ type ringMember struct {
 	Weight         float64 `json:"weight"`
 	PrimaryPercent float64 `json:"primary_percent"`
 	ReplicaPercent float64 `json:"replica_percent"`
+	// State and StateReason are as in status: a member whose own ring
+	// differs from the leader's at the same epoch is recovering, and the
+	// reason says how the rings differ.
+	State       string `json:"state"`
+	StateReason string `json:"state_reason,omitempty"`
 }
 
 func ringCmd(ctx context.Context, e *env, args []string) error {
@@ -387,17 +392,31 @@ func ringCmd(ctx context.Context, e *env, args []string) error {
 	}
 	out := ringOut{Epoch: r.Epoch(), ReplicationFactor: rf, Samples: samples, Members: []ringMember{}}
 	for _, m := range r.Members() {
-		out.Members = append(out.Members, ringMember{m.ID, m.GRPCAddr, m.RaftAddr, m.GossipAddr, m.EffectiveWeight(),
-			100 * float64(primary[m.ID]) / samples, 100 * float64(replica[m.ID]) / samples})
+		rm := ringMember{ID: m.ID, GRPC: m.GRPCAddr, Raft: m.RaftAddr, Gossip: m.GossipAddr, Weight: m.EffectiveWeight(),
+			PrimaryPercent: 100 * float64(primary[m.ID]) / samples, ReplicaPercent: 100 * float64(replica[m.ID]) / samples}
+		if _, state, err := c.StatsAndState(c.ctx, m.GRPCAddr); err != nil {
+			rm.State, rm.StateReason = stateUnreachable, describe(err)
+		} else {
+			rm.State, rm.StateReason = api.SplitState(state)
+		}
+		out.Members = append(out.Members, rm)
 	}
 	return e.print(out, func(w io.Writer) error {
 		fmt.Fprintf(w, "epoch %d, %d members, R=%d\n", out.Epoch, len(out.Members), rf)
 		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NODE\tGRPC\tRAFT\tGOSSIP\tWEIGHT\tPRIMARY\tREPLICA")
+		fmt.Fprintln(tw, "NODE\tSTATE\tGRPC\tRAFT\tGOSSIP\tWEIGHT\tPRIMARY\tREPLICA")
 		for _, m := range out.Members {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.2f\t%.1f%%\t%.1f%%\n", m.ID, m.GRPC, m.Raft, m.Gossip, m.Weight, m.PrimaryPercent, m.ReplicaPercent)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%.1f%%\t%.1f%%\n", m.ID, m.State, m.GRPC, m.Raft, m.Gossip, m.Weight, m.PrimaryPercent, m.ReplicaPercent)
 		}
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		for _, m := range out.Members {
+			if m.StateReason != "" {
+				fmt.Fprintf(w, "%s: %s: %s\n", m.ID, m.State, m.StateReason)
+			}
+		}
+		return nil
 	})
 }
 
