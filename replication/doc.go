@@ -75,8 +75,8 @@
 // (ErrRejected, ErrTombstoned, ErrNoRoom), a busy receiver's ErrBusy,
 // ErrNotFound and ErrEpochMismatch survive the wire for errors.Is, and
 // every other failure counts as "unreachable".
-// Client puts go through Write (or the node stores the local copy and
-// calls Replicate for the others), client reads through Read, client
+// Client puts go through Write (or BeginWrite, which streams an entry to
+// the other replicas as it arrives), client reads through Read, client
 // deletes through Delete; Drain serves `kvmesh drain`; Collector goes to
 // the node's Prometheus registry.
 package replication

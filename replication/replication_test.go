@@ -734,21 +734,6 @@ func TestNonMemberKeepsCopies(t *testing.T) {
 	}
 }
 
-// The node seam: Replicate writes to the given replicas, hints the
-// unreachable one.
-func TestReplicateSeam(t *testing.T) {
-	c := newCluster(t, []string{"a", "b", "c"}, nil)
-	c.net.setDown("c", true)
-	blob, key := makeBlob(t, 9, 0)
-	acked := c.reps["a"].Replicate(t.Context(), key, blob, c.ring().Members())
-	if !slices.Equal(acked, []string{"b"}) {
-		t.Fatalf("acked %v, want [b]", acked)
-	}
-	if n, _ := c.reps["a"].HintsPending(); n != 1 || c.stores["a"].has(key) {
-		t.Fatalf("%d hints, local copy %v: want 1 hint and no local write", n, c.stores["a"].has(key))
-	}
-}
-
 // Hints expire after HintTTL, and hints for a node that left the ring are
 // dropped (its ranges moved to others).
 func TestHintExpiryAndDeparture(t *testing.T) {
