@@ -1,7 +1,8 @@
 // kvmesh node-side KV injection, version 1.
 //
 // An inference engine registers its paged KV cache with its LOCAL node once
-// (RegisterCache: a shared-memory file the node maps, or CUDA IPC handles),
+// (RegisterCache: a shared-memory file the node maps, handed over as a file
+// descriptor on the node's cache socket, or CUDA IPC handles),
 // then asks that node to inject stored chunks at positions of a new prompt
 // (Inject). The node fetches each chunk's best entry (its own tier first,
 // then a replica), verifies it completely, and writes post-RoPE K and V into
@@ -196,13 +197,15 @@ type RegisterCacheRequest struct {
 	// max_positions bounds target positions; 0: the node's default.
 	MaxPositions int32      `protobuf:"varint,6,opt,name=max_positions,json=maxPositions,proto3" json:"max_positions,omitempty"`
 	MemoryKind   MemoryKind `protobuf:"varint,7,opt,name=memory_kind,json=memoryKind,proto3,enum=kvmesh.v1.MemoryKind" json:"memory_kind,omitempty"`
-	// path: a file under /dev/shm or /proc/<pid>/fd/<n> (MEMORY_KIND_SHM).
-	Path string `protobuf:"bytes,8,opt,name=path,proto3" json:"path,omitempty"`
 	// offsets: byte offset of each layer in the file; empty: packed.
 	Offsets []int64 `protobuf:"varint,9,rep,packed,name=offsets,proto3" json:"offsets,omitempty"`
 	// device, ipc_handles: MEMORY_KIND_CUDA_IPC.
-	Device        int32    `protobuf:"varint,10,opt,name=device,proto3" json:"device,omitempty"`
-	IpcHandles    [][]byte `protobuf:"bytes,11,rep,name=ipc_handles,json=ipcHandles,proto3" json:"ipc_handles,omitempty"`
+	Device     int32    `protobuf:"varint,10,opt,name=device,proto3" json:"device,omitempty"`
+	IpcHandles [][]byte `protobuf:"bytes,11,rep,name=ipc_handles,json=ipcHandles,proto3" json:"ipc_handles,omitempty"`
+	// memory_handle (MEMORY_KIND_SHM) names the shared-memory file the
+	// caller sent over the node's cache socket (CacheSocket): the handle the
+	// socket answered. It is good for one registration, for a short while.
+	MemoryHandle  []byte `protobuf:"bytes,12,opt,name=memory_handle,json=memoryHandle,proto3" json:"memory_handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -286,13 +289,6 @@ func (x *RegisterCacheRequest) GetMemoryKind() MemoryKind {
 	return MemoryKind_MEMORY_KIND_UNSPECIFIED
 }
 
-func (x *RegisterCacheRequest) GetPath() string {
-	if x != nil {
-		return x.Path
-	}
-	return ""
-}
-
 func (x *RegisterCacheRequest) GetOffsets() []int64 {
 	if x != nil {
 		return x.Offsets
@@ -314,6 +310,99 @@ func (x *RegisterCacheRequest) GetIpcHandles() [][]byte {
 	return nil
 }
 
+func (x *RegisterCacheRequest) GetMemoryHandle() []byte {
+	if x != nil {
+		return x.MemoryHandle
+	}
+	return nil
+}
+
+type CacheSocketRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheSocketRequest) Reset() {
+	*x = CacheSocketRequest{}
+	mi := &file_inject_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheSocketRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheSocketRequest) ProtoMessage() {}
+
+func (x *CacheSocketRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_inject_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheSocketRequest.ProtoReflect.Descriptor instead.
+func (*CacheSocketRequest) Descriptor() ([]byte, []int) {
+	return file_inject_proto_rawDescGZIP(), []int{2}
+}
+
+// CacheSocketResponse names the node's cache socket, a unix stream socket
+// (a leading "@" is Linux's abstract namespace). An engine connects, sends
+// the 8 bytes "KVMFD\x00\x00\x01" with one file descriptor attached
+// (SCM_RIGHTS: a memfd or a file on tmpfs or hugetlbfs it holds open
+// read-write), and reads 33 bytes: 0 and a 32-byte memory_handle, or 1
+// (refused, with no reason given).
+type CacheSocketResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Address       string                 `protobuf:"bytes,1,opt,name=address,proto3" json:"address,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CacheSocketResponse) Reset() {
+	*x = CacheSocketResponse{}
+	mi := &file_inject_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CacheSocketResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CacheSocketResponse) ProtoMessage() {}
+
+func (x *CacheSocketResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_inject_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CacheSocketResponse.ProtoReflect.Descriptor instead.
+func (*CacheSocketResponse) Descriptor() ([]byte, []int) {
+	return file_inject_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CacheSocketResponse) GetAddress() string {
+	if x != nil {
+		return x.Address
+	}
+	return ""
+}
+
 type RegisterCacheResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	CacheId       uint64                 `protobuf:"varint,1,opt,name=cache_id,json=cacheId,proto3" json:"cache_id,omitempty"`
@@ -323,7 +412,7 @@ type RegisterCacheResponse struct {
 
 func (x *RegisterCacheResponse) Reset() {
 	*x = RegisterCacheResponse{}
-	mi := &file_inject_proto_msgTypes[2]
+	mi := &file_inject_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -335,7 +424,7 @@ func (x *RegisterCacheResponse) String() string {
 func (*RegisterCacheResponse) ProtoMessage() {}
 
 func (x *RegisterCacheResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[2]
+	mi := &file_inject_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -348,7 +437,7 @@ func (x *RegisterCacheResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RegisterCacheResponse.ProtoReflect.Descriptor instead.
 func (*RegisterCacheResponse) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{2}
+	return file_inject_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *RegisterCacheResponse) GetCacheId() uint64 {
@@ -367,7 +456,7 @@ type UnregisterCacheRequest struct {
 
 func (x *UnregisterCacheRequest) Reset() {
 	*x = UnregisterCacheRequest{}
-	mi := &file_inject_proto_msgTypes[3]
+	mi := &file_inject_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -379,7 +468,7 @@ func (x *UnregisterCacheRequest) String() string {
 func (*UnregisterCacheRequest) ProtoMessage() {}
 
 func (x *UnregisterCacheRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[3]
+	mi := &file_inject_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -392,7 +481,7 @@ func (x *UnregisterCacheRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterCacheRequest.ProtoReflect.Descriptor instead.
 func (*UnregisterCacheRequest) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{3}
+	return file_inject_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *UnregisterCacheRequest) GetCacheId() uint64 {
@@ -410,7 +499,7 @@ type UnregisterCacheResponse struct {
 
 func (x *UnregisterCacheResponse) Reset() {
 	*x = UnregisterCacheResponse{}
-	mi := &file_inject_proto_msgTypes[4]
+	mi := &file_inject_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -422,7 +511,7 @@ func (x *UnregisterCacheResponse) String() string {
 func (*UnregisterCacheResponse) ProtoMessage() {}
 
 func (x *UnregisterCacheResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[4]
+	mi := &file_inject_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -435,7 +524,7 @@ func (x *UnregisterCacheResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnregisterCacheResponse.ProtoReflect.Descriptor instead.
 func (*UnregisterCacheResponse) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{4}
+	return file_inject_proto_rawDescGZIP(), []int{6}
 }
 
 type InjectChunk struct {
@@ -454,7 +543,7 @@ type InjectChunk struct {
 
 func (x *InjectChunk) Reset() {
 	*x = InjectChunk{}
-	mi := &file_inject_proto_msgTypes[5]
+	mi := &file_inject_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -466,7 +555,7 @@ func (x *InjectChunk) String() string {
 func (*InjectChunk) ProtoMessage() {}
 
 func (x *InjectChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[5]
+	mi := &file_inject_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -479,7 +568,7 @@ func (x *InjectChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectChunk.ProtoReflect.Descriptor instead.
 func (*InjectChunk) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{5}
+	return file_inject_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *InjectChunk) GetContent() *ID {
@@ -532,7 +621,7 @@ type InjectRequest struct {
 
 func (x *InjectRequest) Reset() {
 	*x = InjectRequest{}
-	mi := &file_inject_proto_msgTypes[6]
+	mi := &file_inject_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -544,7 +633,7 @@ func (x *InjectRequest) String() string {
 func (*InjectRequest) ProtoMessage() {}
 
 func (x *InjectRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[6]
+	mi := &file_inject_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -557,7 +646,7 @@ func (x *InjectRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectRequest.ProtoReflect.Descriptor instead.
 func (*InjectRequest) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{6}
+	return file_inject_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *InjectRequest) GetCacheId() uint64 {
@@ -596,7 +685,7 @@ type InjectPlan struct {
 
 func (x *InjectPlan) Reset() {
 	*x = InjectPlan{}
-	mi := &file_inject_proto_msgTypes[7]
+	mi := &file_inject_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -608,7 +697,7 @@ func (x *InjectPlan) String() string {
 func (*InjectPlan) ProtoMessage() {}
 
 func (x *InjectPlan) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[7]
+	mi := &file_inject_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -621,7 +710,7 @@ func (x *InjectPlan) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectPlan.ProtoReflect.Descriptor instead.
 func (*InjectPlan) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{7}
+	return file_inject_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *InjectPlan) GetResults() []*LookupResult {
@@ -644,7 +733,7 @@ type InjectDone struct {
 
 func (x *InjectDone) Reset() {
 	*x = InjectDone{}
-	mi := &file_inject_proto_msgTypes[8]
+	mi := &file_inject_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -656,7 +745,7 @@ func (x *InjectDone) String() string {
 func (*InjectDone) ProtoMessage() {}
 
 func (x *InjectDone) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[8]
+	mi := &file_inject_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -669,7 +758,7 @@ func (x *InjectDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectDone.ProtoReflect.Descriptor instead.
 func (*InjectDone) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{8}
+	return file_inject_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *InjectDone) GetResults() []*LookupResult {
@@ -709,7 +798,7 @@ type InjectEvent struct {
 
 func (x *InjectEvent) Reset() {
 	*x = InjectEvent{}
-	mi := &file_inject_proto_msgTypes[9]
+	mi := &file_inject_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +810,7 @@ func (x *InjectEvent) String() string {
 func (*InjectEvent) ProtoMessage() {}
 
 func (x *InjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[9]
+	mi := &file_inject_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +823,7 @@ func (x *InjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectEvent.ProtoReflect.Descriptor instead.
 func (*InjectEvent) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{9}
+	return file_inject_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *InjectEvent) GetEvent() isInjectEvent_Event {
@@ -808,7 +897,7 @@ const file_inject_proto_rawDesc = "" +
 	"\bhead_dim\x18\x05 \x01(\x05R\aheadDim\x12\x14\n" +
 	"\x05dtype\x18\x06 \x01(\rR\x05dtype\x12\x17\n" +
 	"\ak_scale\x18\a \x01(\x02R\x06kScale\x12\x17\n" +
-	"\av_scale\x18\b \x01(\x02R\x06vScale\"\x87\x03\n" +
+	"\av_scale\x18\b \x01(\x02R\x06vScale\"\xa4\x03\n" +
 	"\x14RegisterCacheRequest\x12/\n" +
 	"\vfingerprint\x18\x01 \x01(\v2\r.kvmesh.v1.IDR\vfingerprint\x12\x16\n" +
 	"\x06layers\x18\x02 \x01(\x05R\x06layers\x120\n" +
@@ -817,13 +906,16 @@ const file_inject_proto_rawDesc = "" +
 	"\ahead_hi\x18\x05 \x01(\x05R\x06headHi\x12#\n" +
 	"\rmax_positions\x18\x06 \x01(\x05R\fmaxPositions\x126\n" +
 	"\vmemory_kind\x18\a \x01(\x0e2\x15.kvmesh.v1.MemoryKindR\n" +
-	"memoryKind\x12\x12\n" +
-	"\x04path\x18\b \x01(\tR\x04path\x12\x18\n" +
+	"memoryKind\x12\x18\n" +
 	"\aoffsets\x18\t \x03(\x03R\aoffsets\x12\x16\n" +
 	"\x06device\x18\n" +
 	" \x01(\x05R\x06device\x12\x1f\n" +
 	"\vipc_handles\x18\v \x03(\fR\n" +
-	"ipcHandles\"2\n" +
+	"ipcHandles\x12#\n" +
+	"\rmemory_handle\x18\f \x01(\fR\fmemoryHandleJ\x04\b\b\x10\tR\x04path\"\x14\n" +
+	"\x12CacheSocketRequest\"/\n" +
+	"\x13CacheSocketResponse\x12\x18\n" +
+	"\aaddress\x18\x01 \x01(\tR\aaddress\"2\n" +
 	"\x15RegisterCacheResponse\x12\x19\n" +
 	"\bcache_id\x18\x01 \x01(\x04R\acacheId\"3\n" +
 	"\x16UnregisterCacheRequest\x12\x19\n" +
@@ -856,8 +948,9 @@ const file_inject_proto_rawDesc = "" +
 	"MemoryKind\x12\x1b\n" +
 	"\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fMEMORY_KIND_SHM\x10\x01\x12\x18\n" +
-	"\x14MEMORY_KIND_CUDA_IPC\x10\x022\xf6\x01\n" +
-	"\bInjector\x12R\n" +
+	"\x14MEMORY_KIND_CUDA_IPC\x10\x022\xc4\x02\n" +
+	"\bInjector\x12L\n" +
+	"\vCacheSocket\x12\x1d.kvmesh.v1.CacheSocketRequest\x1a\x1e.kvmesh.v1.CacheSocketResponse\x12R\n" +
 	"\rRegisterCache\x12\x1f.kvmesh.v1.RegisterCacheRequest\x1a .kvmesh.v1.RegisterCacheResponse\x12X\n" +
 	"\x0fUnregisterCache\x12!.kvmesh.v1.UnregisterCacheRequest\x1a\".kvmesh.v1.UnregisterCacheResponse\x12<\n" +
 	"\x06Inject\x12\x18.kvmesh.v1.InjectRequest\x1a\x16.kvmesh.v1.InjectEvent0\x01B\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3"
@@ -875,42 +968,46 @@ func file_inject_proto_rawDescGZIP() []byte {
 }
 
 var file_inject_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inject_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_inject_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_inject_proto_goTypes = []any{
 	(MemoryKind)(0),                 // 0: kvmesh.v1.MemoryKind
 	(*CacheLayout)(nil),             // 1: kvmesh.v1.CacheLayout
 	(*RegisterCacheRequest)(nil),    // 2: kvmesh.v1.RegisterCacheRequest
-	(*RegisterCacheResponse)(nil),   // 3: kvmesh.v1.RegisterCacheResponse
-	(*UnregisterCacheRequest)(nil),  // 4: kvmesh.v1.UnregisterCacheRequest
-	(*UnregisterCacheResponse)(nil), // 5: kvmesh.v1.UnregisterCacheResponse
-	(*InjectChunk)(nil),             // 6: kvmesh.v1.InjectChunk
-	(*InjectRequest)(nil),           // 7: kvmesh.v1.InjectRequest
-	(*InjectPlan)(nil),              // 8: kvmesh.v1.InjectPlan
-	(*InjectDone)(nil),              // 9: kvmesh.v1.InjectDone
-	(*InjectEvent)(nil),             // 10: kvmesh.v1.InjectEvent
-	(*ID)(nil),                      // 11: kvmesh.v1.ID
-	(*Context)(nil),                 // 12: kvmesh.v1.Context
-	(*LookupResult)(nil),            // 13: kvmesh.v1.LookupResult
+	(*CacheSocketRequest)(nil),      // 3: kvmesh.v1.CacheSocketRequest
+	(*CacheSocketResponse)(nil),     // 4: kvmesh.v1.CacheSocketResponse
+	(*RegisterCacheResponse)(nil),   // 5: kvmesh.v1.RegisterCacheResponse
+	(*UnregisterCacheRequest)(nil),  // 6: kvmesh.v1.UnregisterCacheRequest
+	(*UnregisterCacheResponse)(nil), // 7: kvmesh.v1.UnregisterCacheResponse
+	(*InjectChunk)(nil),             // 8: kvmesh.v1.InjectChunk
+	(*InjectRequest)(nil),           // 9: kvmesh.v1.InjectRequest
+	(*InjectPlan)(nil),              // 10: kvmesh.v1.InjectPlan
+	(*InjectDone)(nil),              // 11: kvmesh.v1.InjectDone
+	(*InjectEvent)(nil),             // 12: kvmesh.v1.InjectEvent
+	(*ID)(nil),                      // 13: kvmesh.v1.ID
+	(*Context)(nil),                 // 14: kvmesh.v1.Context
+	(*LookupResult)(nil),            // 15: kvmesh.v1.LookupResult
 }
 var file_inject_proto_depIdxs = []int32{
-	11, // 0: kvmesh.v1.RegisterCacheRequest.fingerprint:type_name -> kvmesh.v1.ID
+	13, // 0: kvmesh.v1.RegisterCacheRequest.fingerprint:type_name -> kvmesh.v1.ID
 	1,  // 1: kvmesh.v1.RegisterCacheRequest.layouts:type_name -> kvmesh.v1.CacheLayout
 	0,  // 2: kvmesh.v1.RegisterCacheRequest.memory_kind:type_name -> kvmesh.v1.MemoryKind
-	11, // 3: kvmesh.v1.InjectChunk.content:type_name -> kvmesh.v1.ID
-	12, // 4: kvmesh.v1.InjectChunk.want:type_name -> kvmesh.v1.Context
-	6,  // 5: kvmesh.v1.InjectRequest.chunks:type_name -> kvmesh.v1.InjectChunk
-	13, // 6: kvmesh.v1.InjectPlan.results:type_name -> kvmesh.v1.LookupResult
-	13, // 7: kvmesh.v1.InjectDone.results:type_name -> kvmesh.v1.LookupResult
-	9,  // 8: kvmesh.v1.InjectEvent.done:type_name -> kvmesh.v1.InjectDone
-	8,  // 9: kvmesh.v1.InjectEvent.plan:type_name -> kvmesh.v1.InjectPlan
-	2,  // 10: kvmesh.v1.Injector.RegisterCache:input_type -> kvmesh.v1.RegisterCacheRequest
-	4,  // 11: kvmesh.v1.Injector.UnregisterCache:input_type -> kvmesh.v1.UnregisterCacheRequest
-	7,  // 12: kvmesh.v1.Injector.Inject:input_type -> kvmesh.v1.InjectRequest
-	3,  // 13: kvmesh.v1.Injector.RegisterCache:output_type -> kvmesh.v1.RegisterCacheResponse
-	5,  // 14: kvmesh.v1.Injector.UnregisterCache:output_type -> kvmesh.v1.UnregisterCacheResponse
-	10, // 15: kvmesh.v1.Injector.Inject:output_type -> kvmesh.v1.InjectEvent
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
+	13, // 3: kvmesh.v1.InjectChunk.content:type_name -> kvmesh.v1.ID
+	14, // 4: kvmesh.v1.InjectChunk.want:type_name -> kvmesh.v1.Context
+	8,  // 5: kvmesh.v1.InjectRequest.chunks:type_name -> kvmesh.v1.InjectChunk
+	15, // 6: kvmesh.v1.InjectPlan.results:type_name -> kvmesh.v1.LookupResult
+	15, // 7: kvmesh.v1.InjectDone.results:type_name -> kvmesh.v1.LookupResult
+	11, // 8: kvmesh.v1.InjectEvent.done:type_name -> kvmesh.v1.InjectDone
+	10, // 9: kvmesh.v1.InjectEvent.plan:type_name -> kvmesh.v1.InjectPlan
+	3,  // 10: kvmesh.v1.Injector.CacheSocket:input_type -> kvmesh.v1.CacheSocketRequest
+	2,  // 11: kvmesh.v1.Injector.RegisterCache:input_type -> kvmesh.v1.RegisterCacheRequest
+	6,  // 12: kvmesh.v1.Injector.UnregisterCache:input_type -> kvmesh.v1.UnregisterCacheRequest
+	9,  // 13: kvmesh.v1.Injector.Inject:input_type -> kvmesh.v1.InjectRequest
+	4,  // 14: kvmesh.v1.Injector.CacheSocket:output_type -> kvmesh.v1.CacheSocketResponse
+	5,  // 15: kvmesh.v1.Injector.RegisterCache:output_type -> kvmesh.v1.RegisterCacheResponse
+	7,  // 16: kvmesh.v1.Injector.UnregisterCache:output_type -> kvmesh.v1.UnregisterCacheResponse
+	12, // 17: kvmesh.v1.Injector.Inject:output_type -> kvmesh.v1.InjectEvent
+	14, // [14:18] is the sub-list for method output_type
+	10, // [10:14] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -922,7 +1019,7 @@ func file_inject_proto_init() {
 		return
 	}
 	file_kvmesh_proto_init()
-	file_inject_proto_msgTypes[9].OneofWrappers = []any{
+	file_inject_proto_msgTypes[11].OneofWrappers = []any{
 		(*InjectEvent_LayerWritten)(nil),
 		(*InjectEvent_Done)(nil),
 		(*InjectEvent_Plan)(nil),
@@ -933,7 +1030,7 @@ func file_inject_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inject_proto_rawDesc), len(file_inject_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   10,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

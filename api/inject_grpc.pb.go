@@ -1,7 +1,8 @@
 // kvmesh node-side KV injection, version 1.
 //
 // An inference engine registers its paged KV cache with its LOCAL node once
-// (RegisterCache: a shared-memory file the node maps, or CUDA IPC handles),
+// (RegisterCache: a shared-memory file the node maps, handed over as a file
+// descriptor on the node's cache socket, or CUDA IPC handles),
 // then asks that node to inject stored chunks at positions of a new prompt
 // (Inject). The node fetches each chunk's best entry (its own tier first,
 // then a replica), verifies it completely, and writes post-RoPE K and V into
@@ -29,6 +30,7 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
+	Injector_CacheSocket_FullMethodName     = "/kvmesh.v1.Injector/CacheSocket"
 	Injector_RegisterCache_FullMethodName   = "/kvmesh.v1.Injector/RegisterCache"
 	Injector_UnregisterCache_FullMethodName = "/kvmesh.v1.Injector/UnregisterCache"
 	Injector_Inject_FullMethodName          = "/kvmesh.v1.Injector/Inject"
@@ -38,9 +40,10 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// Injector is served by every node; RegisterCache with shared memory is
-// accepted from loopback peers only.
+// Injector is served by every node; CacheSocket and RegisterCache with
+// shared memory are accepted from loopback peers only.
 type InjectorClient interface {
+	CacheSocket(ctx context.Context, in *CacheSocketRequest, opts ...grpc.CallOption) (*CacheSocketResponse, error)
 	RegisterCache(ctx context.Context, in *RegisterCacheRequest, opts ...grpc.CallOption) (*RegisterCacheResponse, error)
 	UnregisterCache(ctx context.Context, in *UnregisterCacheRequest, opts ...grpc.CallOption) (*UnregisterCacheResponse, error)
 	Inject(ctx context.Context, in *InjectRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[InjectEvent], error)
@@ -52,6 +55,16 @@ type injectorClient struct {
 
 func NewInjectorClient(cc grpc.ClientConnInterface) InjectorClient {
 	return &injectorClient{cc}
+}
+
+func (c *injectorClient) CacheSocket(ctx context.Context, in *CacheSocketRequest, opts ...grpc.CallOption) (*CacheSocketResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CacheSocketResponse)
+	err := c.cc.Invoke(ctx, Injector_CacheSocket_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *injectorClient) RegisterCache(ctx context.Context, in *RegisterCacheRequest, opts ...grpc.CallOption) (*RegisterCacheResponse, error) {
@@ -97,9 +110,10 @@ type Injector_InjectClient = grpc.ServerStreamingClient[InjectEvent]
 // All implementations must embed UnimplementedInjectorServer
 // for forward compatibility.
 //
-// Injector is served by every node; RegisterCache with shared memory is
-// accepted from loopback peers only.
+// Injector is served by every node; CacheSocket and RegisterCache with
+// shared memory are accepted from loopback peers only.
 type InjectorServer interface {
+	CacheSocket(context.Context, *CacheSocketRequest) (*CacheSocketResponse, error)
 	RegisterCache(context.Context, *RegisterCacheRequest) (*RegisterCacheResponse, error)
 	UnregisterCache(context.Context, *UnregisterCacheRequest) (*UnregisterCacheResponse, error)
 	Inject(*InjectRequest, grpc.ServerStreamingServer[InjectEvent]) error
@@ -113,6 +127,9 @@ type InjectorServer interface {
 // pointer dereference when methods are called.
 type UnimplementedInjectorServer struct{}
 
+func (UnimplementedInjectorServer) CacheSocket(context.Context, *CacheSocketRequest) (*CacheSocketResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method CacheSocket not implemented")
+}
 func (UnimplementedInjectorServer) RegisterCache(context.Context, *RegisterCacheRequest) (*RegisterCacheResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method RegisterCache not implemented")
 }
@@ -141,6 +158,24 @@ func RegisterInjectorServer(s grpc.ServiceRegistrar, srv InjectorServer) {
 		t.testEmbeddedByValue()
 	}
 	s.RegisterService(&Injector_ServiceDesc, srv)
+}
+
+func _Injector_CacheSocket_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CacheSocketRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(InjectorServer).CacheSocket(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Injector_CacheSocket_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(InjectorServer).CacheSocket(ctx, req.(*CacheSocketRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
 func _Injector_RegisterCache_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
@@ -197,6 +232,10 @@ var Injector_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "kvmesh.v1.Injector",
 	HandlerType: (*InjectorServer)(nil),
 	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "CacheSocket",
+			Handler:    _Injector_CacheSocket_Handler,
+		},
 		{
 			MethodName: "RegisterCache",
 			Handler:    _Injector_RegisterCache_Handler,

@@ -35,6 +35,7 @@ func DefaultMethods() map[string]Scope {
 		api.Client_ClusterInfo_FullMethodName:   ScopeRead,
 		api.Client_Drain_FullMethodName:         ScopeAdmin,
 		// Injection reads chunks into the caller's own cache memory.
+		api.Injector_CacheSocket_FullMethodName:     ScopeRead,
 		api.Injector_RegisterCache_FullMethodName:   ScopeRead,
 		api.Injector_UnregisterCache_FullMethodName: ScopeRead,
 		api.Injector_Inject_FullMethodName:          ScopeRead,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
@@ -12,7 +13,7 @@ import (
 )
 
 // CacheRegistration describes an engine's paged KV cache placed in shared
-// memory (inject.CreateShm gives both the path and the offsets).
+// memory (inject.CreateShm gives both the file and the offsets).
 type CacheRegistration struct {
 	Fingerprint chunk.Fingerprint
 	Layers      int
@@ -22,8 +23,11 @@ type CacheRegistration struct {
 	HeadLo, HeadHi int
 	// MaxPositions bounds target positions; 0: the node's default.
 	MaxPositions int
-	// Path is the shared-memory file (/dev/shm/..., /proc/<pid>/fd/<n>).
-	Path string
+	// File is the shared-memory file, open read-write: a memfd or a file
+	// on tmpfs (/dev/shm) or hugetlbfs. RegisterCache hands the node this
+	// descriptor (the node's cache socket); the node maps it, so the
+	// caller may close File once RegisterCache returned.
+	File *os.File
 	// Offsets are the byte offsets of the layers in it; nil: packed.
 	Offsets []int64
 }
@@ -40,21 +44,36 @@ type Injector struct {
 }
 
 // RegisterCache registers reg with the node at addr (the engine's local
-// node) and returns the Injector that fills it.
+// node) and returns the Injector that fills it: it asks the node for its
+// cache socket, hands reg.File over on it (api.SendCacheFile) and
+// registers the cache under the handle the socket answered. The node
+// refuses (PermissionDenied, "refused") a file that is not shared memory
+// large enough for the layers, or one it holds or maps already.
 func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegistration) (*Injector, error) {
+	if reg.File == nil {
+		return nil, fmt.Errorf("client: register cache with %s: no shared-memory file", addr)
+	}
 	cc, err := c.conn(addr)
 	if err != nil {
 		return nil, err
 	}
 	ic := api.NewInjectorClient(cc)
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
+	defer cancel()
+	sock, err := ic.CacheSocket(ctx, &api.CacheSocketRequest{})
+	if err != nil {
+		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)
+	}
+	handle, err := api.SendCacheFile(ctx, sock.Address, reg.File)
+	if err != nil {
+		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)
+	}
 	req := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(reg.Fingerprint), Layers: int32(reg.Layers),
 		HeadLo: int32(reg.HeadLo), HeadHi: int32(reg.HeadHi), MaxPositions: int32(reg.MaxPositions),
-		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: reg.Path, Offsets: reg.Offsets}
+		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, MemoryHandle: handle, Offsets: reg.Offsets}
 	for _, l := range reg.Layouts {
 		req.Layouts = append(req.Layouts, api.ProtoLayout(l))
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
-	defer cancel()
 	resp, err := ic.RegisterCache(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)

@@ -1,8 +1,12 @@
 package client
 
 import (
+	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"testing"
@@ -28,6 +32,51 @@ type fakeInjector struct {
 	events   []*api.InjectEvent
 	err      error
 	unregged []uint64
+	sock     *net.UnixListener // the cache socket; nil: CacheSocket unimplemented
+	got      []os.FileInfo     // the files handed over on it
+}
+
+// fakeHandle is the handle the fake's cache socket answers.
+var fakeHandle = bytes.Repeat([]byte{7}, api.CacheHandleBytes)
+
+// listenCacheSocket starts the fake's cache socket: it takes one file per
+// connection and answers fakeHandle.
+func (f *fakeInjector) listenCacheSocket(t *testing.T) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: fmt.Sprintf("@kvmesh-client-test-%d-%d", os.Getpid(), rand.Uint64()), Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.sock = ln
+	done := make(chan struct{})
+	t.Cleanup(func() { ln.Close(); <-done })
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.AcceptUnix()
+			if err != nil {
+				return
+			}
+			file, err := api.RecvCacheFile(c)
+			if err == nil {
+				fi, serr := file.Stat()
+				file.Close()
+				if serr == nil {
+					f.mu.Lock()
+					f.got = append(f.got, fi)
+					f.mu.Unlock()
+				}
+				_ = api.AnswerCacheFile(c, fakeHandle)
+			}
+			c.Close()
+		}
+	}()
+}
+
+func (f *fakeInjector) CacheSocket(context.Context, *api.CacheSocketRequest) (*api.CacheSocketResponse, error) {
+	if f.sock == nil {
+		return nil, status.Error(codes.Unimplemented, "no cache socket")
+	}
+	return &api.CacheSocketResponse{Address: f.sock.Addr().String()}, nil
 }
 
 func (f *fakeInjector) RegisterCache(_ context.Context, r *api.RegisterCacheRequest) (*api.RegisterCacheResponse, error) {
@@ -77,6 +126,7 @@ func TestInjectorOverRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	fi := &fakeInjector{}
+	fi.listenCacheSocket(t)
 	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
 	api.RegisterInjectorServer(srv, fi)
 	go func() { _ = srv.Serve(lis) }()
@@ -85,12 +135,29 @@ func TestInjectorOverRPC(t *testing.T) {
 	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
 	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
-	inj, err := c.RegisterCache(ctx, lis.Addr().String(), CacheRegistration{Fingerprint: fp, Layers: 4,
-		Layouts: []pagedkv.CacheLayout{lay}, Path: "/dev/shm/x", Offsets: []int64{0, 4096, 8192, 12288}})
+	shm, err := os.CreateTemp(t.TempDir(), "cache")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := api.LayoutFromProto(fi.reg.Layouts[0]); got != lay || fi.reg.Path != "/dev/shm/x" || fi.reg.MemoryKind != api.MemoryKind_MEMORY_KIND_SHM ||
+	defer shm.Close()
+	inj, err := c.RegisterCache(ctx, lis.Addr().String(), CacheRegistration{Fingerprint: fp, Layers: 4,
+		Layouts: []pagedkv.CacheLayout{lay}, File: shm, Offsets: []int64{0, 4096, 8192, 12288}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The file went over the cache socket as a descriptor, and the
+	// registration names it by the handle the socket answered.
+	mine, err := shm.Stat()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi.mu.Lock()
+	got := fi.got
+	fi.mu.Unlock()
+	if len(got) != 1 || !os.SameFile(got[0], mine) {
+		t.Fatalf("the cache socket got %v, want the registered file", got)
+	}
+	if got, _ := api.LayoutFromProto(fi.reg.Layouts[0]); got != lay || !bytes.Equal(fi.reg.MemoryHandle, fakeHandle) || fi.reg.MemoryKind != api.MemoryKind_MEMORY_KIND_SHM ||
 		api.FingerprintFromProto(fi.reg.Fingerprint) != fp || !slices.Equal(fi.reg.Offsets, []int64{0, 4096, 8192, 12288}) {
 		t.Fatalf("registration sent %v", fi.reg)
 	}

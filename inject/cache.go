@@ -4,10 +4,8 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"path/filepath"
-	"regexp"
+	"os"
 	"slices"
-	"strings"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
@@ -17,9 +15,14 @@ import (
 // Errors callers branch on. Every error the Service returns wraps one of
 // them, a context error, or (for an unknown model) the ModelSource's error.
 var (
-	// ErrInvalidCache: a Descriptor or its memory does not describe a usable
-	// cache (layout, sizes, offsets, head range, path).
+	// ErrInvalidCache: a Descriptor does not describe a usable cache
+	// (layout, sizes, offsets, head range).
 	ErrInvalidCache = errors.New("inject: invalid cache registration")
+	// ErrRefused: the memory of a registration is not one the Service
+	// maps (not shared memory, too small, already registered). The error
+	// says no more: what the file is stays the caller's business, and the
+	// Service logs the reason.
+	ErrRefused = errors.New("inject: shared memory refused")
 	// ErrUnsupported: a memory kind this build cannot map (CUDA IPC).
 	ErrUnsupported = errors.New("inject: unsupported memory kind")
 	// ErrTooManyCaches: Config.MaxCaches registrations are already held.
@@ -44,9 +47,9 @@ type MemoryKind uint8
 const (
 	// MemoryInvalid is the zero kind.
 	MemoryInvalid MemoryKind = iota
-	// MemoryShm is a file the node maps MAP_SHARED: a path under one of
-	// Config.ShmDirs (default /dev/shm) or a memfd passed as
-	// /proc/<pid>/fd/<n>.
+	// MemoryShm is a file the node maps MAP_SHARED: a memfd or a file on
+	// tmpfs or hugetlbfs, which the engine hands over as an open
+	// descriptor (the node's cache socket), never by name.
 	MemoryShm
 	// MemoryCUDAIPC is device memory exported with cudaIpcGetMemHandle, one
 	// handle per layer. Not implemented in this build: ErrUnsupported.
@@ -71,8 +74,9 @@ func (k MemoryKind) String() string {
 // Memory names the bytes of a registered cache.
 type Memory struct {
 	Kind MemoryKind
-	// Path is the shared-memory file (MemoryShm).
-	Path string
+	// File is the shared-memory file (MemoryShm), open read-write.
+	// Register maps it and keeps nothing of it: the caller closes it.
+	File *os.File
 	// Offsets holds the byte offset of each layer in the file (MemoryShm),
 	// each a multiple of Alignment. Nil means the layers are packed in
 	// order from offset 0.
@@ -130,10 +134,14 @@ type cache struct {
 	headHi  int
 	shared  bool   // layers are a mapping that faults if the file shrinks
 	unmap   func() // nil for in-process memory
+	file    fileID // the mapped file (MemoryShm)
 
 	refs int  // injects using the cache
 	gone bool // unregistered; unmap when refs drops to 0
 }
+
+// fileID names a file: its device and inode. The zero value is no file.
+type fileID struct{ dev, ino uint64 }
 
 // ropeKey names a RoPE table: the model and the table's size.
 type ropeKey struct {
@@ -239,25 +247,4 @@ func shmOffsets(m *Memory, layouts []pagedkv.CacheLayout) (offs []int64, end int
 		}
 	}
 	return offs, end, nil
-}
-
-var procFD = regexp.MustCompile(`^/proc/[0-9]+/fd/[0-9]+$`)
-
-// checkShmPath accepts a path under one of dirs or a /proc/<pid>/fd/<n>
-// memfd path. follow reports whether the final component may be a
-// symbolic link (only the /proc fd links).
-func checkShmPath(path string, dirs []string) (follow bool, err error) {
-	if procFD.MatchString(path) {
-		return true, nil
-	}
-	if !filepath.IsAbs(path) || filepath.Clean(path) != path {
-		return false, fmt.Errorf("%w: shm path %q must be absolute and clean", ErrInvalidCache, path)
-	}
-	for _, d := range dirs {
-		d = filepath.Clean(d)
-		if strings.HasPrefix(path, d+"/") && !strings.Contains(path[len(d)+1:], "/") {
-			return false, nil
-		}
-	}
-	return false, fmt.Errorf("%w: shm path %q is not directly under %v nor /proc/<pid>/fd/<n>", ErrInvalidCache, path, dirs)
 }

@@ -6,10 +6,12 @@ import (
 	"encoding/binary"
 	"log/slog"
 	"math/rand/v2"
-	"path/filepath"
+	"os"
+	"runtime"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
@@ -125,25 +127,27 @@ func FuzzInjectBlob(f *testing.F) {
 	})
 }
 
-// FuzzDescriptorMemory feeds arbitrary layer offsets and paths to the
-// registration checks: they must never panic, and whatever they accept is
-// aligned, in bounds, free of overlap, and a path the node may map.
+// FuzzDescriptorMemory feeds arbitrary layer offsets and file sizes to
+// the registration checks: they must never panic, whatever they accept is
+// aligned, in bounds and free of overlap, and a shared-memory file is
+// mapped exactly when it holds every layer (a refusal saying nothing
+// more than ErrRefused).
 func FuzzDescriptorMemory(f *testing.F) {
-	f.Add(uint8(3), []byte{}, "/dev/shm/kvmesh-a")
-	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 0), 16384), "/proc/12/fd/3")
-	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 64), 0), "/dev/shm/../etc/x")
-	f.Add(uint8(1), binary.LittleEndian.AppendUint64(nil, 1<<63-64), "/dev/shm/a/b")
+	f.Add(uint8(3), []byte{}, int64(1<<20))
+	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 0), 16384), int64(16384))
+	f.Add(uint8(2), binary.LittleEndian.AppendUint64(binary.LittleEndian.AppendUint64(nil, 64), 0), int64(-1))
+	f.Add(uint8(1), binary.LittleEndian.AppendUint64(nil, 1<<63-64), int64(0))
 	lays := []pagedkv.CacheLayout{
 		{Order: pagedkv.NHD, NumBlocks: 4, BlockSize: 16, KVHeads: 4, HeadDim: 16, DType: chunk.BF16},
 		{Order: pagedkv.HND, NumBlocks: 1, BlockSize: 3, KVHeads: 1, HeadDim: 2, DType: chunk.FP8E4M3},
 	}
-	f.Fuzz(func(t *testing.T, layers uint8, raw []byte, path string) {
+	f.Fuzz(func(t *testing.T, layers uint8, raw []byte, size int64) {
 		n := int(layers%8) + 1
 		ls := make([]pagedkv.CacheLayout, n)
 		for i := range ls {
 			ls[i] = lays[(i+int(layers>>3))%2]
 		}
-		m := Memory{Kind: MemoryShm, Path: path}
+		m := Memory{Kind: MemoryShm}
 		if len(raw) > 0 {
 			for len(raw) >= 8 {
 				m.Offsets = append(m.Offsets, int64(binary.LittleEndian.Uint64(raw)))
@@ -167,14 +171,36 @@ func FuzzDescriptorMemory(f *testing.F) {
 				spans = append(spans, span{o, hi})
 			}
 		}
-		follow, err := checkShmPath(path, []string{"/dev/shm"})
-		if err == nil {
-			if follow != procFD.MatchString(path) {
-				t.Fatalf("%q: follow %v", path, follow)
+		if err != nil || runtime.GOOS != "linux" {
+			return
+		}
+		// The file: a memfd of size bytes (at most 1 MiB), or a missing one.
+		size = min(size, 1<<20)
+		var file *os.File
+		if size >= 0 {
+			fd, err := unix.MemfdCreate("kvmesh-fuzz", unix.MFD_CLOEXEC)
+			if err != nil {
+				t.Skip(err)
 			}
-			if !follow && (filepath.Dir(path) != "/dev/shm" || filepath.Clean(path) != path) {
-				t.Fatalf("accepted %q", path)
+			file = os.NewFile(uintptr(fd), "kvmesh-fuzz")
+			defer file.Close()
+			if err := file.Truncate(size); err != nil {
+				t.Fatal(err)
 			}
+		}
+		layers2, unmap, id, _, err := mapShm(file, offs, ls, end)
+		switch {
+		case err == nil && (file == nil || size < end):
+			t.Fatalf("mapped a file of %d bytes for layers ending at %d", size, end)
+		case err == nil:
+			defer unmap()
+			if id == (fileID{}) || len(layers2) != n {
+				t.Fatalf("mapped %d layers, file %v", len(layers2), id)
+			}
+		case file != nil && size >= end && end <= 1<<20:
+			t.Fatalf("refused a file of %d bytes for layers ending at %d: %v", size, end, err)
+		case err.Error() != ErrRefused.Error():
+			t.Fatalf("refusal says more than ErrRefused: %v", err)
 		}
 	})
 }

@@ -371,8 +371,17 @@ func TestRegisterValidation(t *testing.T) {
 	s := newService(t, newMemFetcher(), spec, func(c *Config) { c.MaxCaches = 2 })
 	ctx := t.Context()
 
-	// A shm file big enough for packed layers, and one a byte short.
-	mk := func(name string, size int64) string {
+	// A shm file big enough for packed layers, and one a byte short, each
+	// open read-write as an engine hands it over.
+	open := func(p string, flag int) *os.File {
+		f, err := os.OpenFile(p, flag, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	mk := func(name string, size int64) *os.File {
 		p := filepath.Join("/dev/shm", fmt.Sprintf("kvmesh-inject-reg-%d-%s", os.Getpid(), name))
 		if err := os.WriteFile(p, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -381,32 +390,23 @@ func TestRegisterValidation(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.Remove(p) })
-		return p
+		return open(p, os.O_RDWR)
 	}
 	full := mk("full", int64(3*lb))
 	short := mk("short", int64(3*lb-1))
-	link := filepath.Join("/dev/shm", fmt.Sprintf("kvmesh-inject-reg-%d-link", os.Getpid()))
-	if err := os.Symlink(full, link); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(link) })
+	readOnly := open(full.Name(), os.O_RDONLY)
+	dir := open("/dev/shm", os.O_RDONLY)
+	// A disk file: not shared memory (unless the test directory is tmpfs:
+	// then the case is skipped).
 	outside := filepath.Join(t.TempDir(), "cache")
 	if err := os.WriteFile(outside, make([]byte, 3*lb), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	// A disk file reached through /proc/<pid>/fd/<n>: the path is allowed,
-	// the file is not shared memory (unless the test directory is tmpfs:
-	// then the case is skipped).
-	df, err := os.OpenFile(outside, os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer df.Close()
-	diskFD := fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), df.Fd())
+	disk := open(outside, os.O_RDWR)
 
 	base := func() Descriptor {
 		return Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 512,
-			Memory: Memory{Kind: MemoryShm, Path: full}}
+			Memory: Memory{Kind: MemoryShm, File: full}}
 	}
 	badLay := lay
 	badLay.Order = 0
@@ -424,17 +424,16 @@ func TestRegisterValidation(t *testing.T) {
 		{"heads-vs-range", func(d *Descriptor) { d.HeadLo, d.HeadHi = 0, 2 }, ErrInvalidCache},
 		{"head-range", func(d *Descriptor) { d.HeadLo, d.HeadHi = 2, 6; d.Layouts[0].KVHeads = 4 }, ErrInvalidCache},
 		{"max-positions", func(d *Descriptor) { d.MaxPositions = -1 }, ErrInvalidCache},
-		{"file-too-small", func(d *Descriptor) { d.Memory.Path = short }, ErrInvalidCache},
+		{"file-too-small", func(d *Descriptor) { d.Memory.File = short }, ErrRefused},
 		{"offsets-count", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb)} }, ErrInvalidCache},
 		{"offset-unaligned", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb) + 8, int64(2*lb) + 64} }, ErrInvalidCache},
 		{"offset-negative", func(d *Descriptor) { d.Memory.Offsets = []int64{-64, 0, int64(lb)} }, ErrInvalidCache},
 		{"offsets-overlap", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb) - 64, int64(2 * lb)} }, ErrInvalidCache},
-		{"offset-past-end", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb), int64(3 * lb)} }, ErrInvalidCache},
-		{"path-outside", func(d *Descriptor) { d.Memory.Path = outside }, ErrInvalidCache},
-		{"not-shared-memory", func(d *Descriptor) { d.Memory.Path = diskFD }, ErrInvalidCache},
-		{"path-dotdot", func(d *Descriptor) { d.Memory.Path = "/dev/shm/../etc/passwd" }, ErrInvalidCache},
-		{"path-symlink", func(d *Descriptor) { d.Memory.Path = link }, ErrInvalidCache},
-		{"path-missing", func(d *Descriptor) { d.Memory.Path = "/dev/shm/kvmesh-no-such-file" }, ErrInvalidCache},
+		{"offset-past-end", func(d *Descriptor) { d.Memory.Offsets = []int64{0, int64(lb), int64(3 * lb)} }, ErrRefused},
+		{"not-shared-memory", func(d *Descriptor) { d.Memory.File = disk }, ErrRefused},
+		{"read-only", func(d *Descriptor) { d.Memory.File = readOnly }, ErrRefused},
+		{"directory", func(d *Descriptor) { d.Memory.File = dir }, ErrRefused},
+		{"no-file", func(d *Descriptor) { d.Memory.File = nil }, ErrRefused},
 		{"cuda-ipc", func(d *Descriptor) { d.Memory = Memory{Kind: MemoryCUDAIPC, IPCHandles: make([][]byte, 3)} }, ErrUnsupported},
 		{"in-process-kind", func(d *Descriptor) { d.Memory.Kind = MemoryInProcess }, ErrInvalidCache},
 		{"no-kind", func(d *Descriptor) { d.Memory.Kind = MemoryInvalid }, ErrInvalidCache},
@@ -448,8 +447,13 @@ func TestRegisterValidation(t *testing.T) {
 			d := base()
 			d.Layouts = append([]pagedkv.CacheLayout(nil), d.Layouts...)
 			tc.mod(&d)
-			if _, err := s.Register(ctx, d); !errors.Is(err, tc.want) {
+			_, err := s.Register(ctx, d)
+			if !errors.Is(err, tc.want) {
 				t.Fatalf("err %v, want %v", err, tc.want)
+			}
+			// A refusal of the file describes nothing about it.
+			if tc.want == ErrRefused && err.Error() != ErrRefused.Error() {
+				t.Errorf("refusal %q says more than %q", err, ErrRefused)
 			}
 		})
 	}
@@ -487,6 +491,16 @@ func TestRegisterValidation(t *testing.T) {
 	id1, err := s.Register(ctx, d)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// One file is one registration: a second caller could otherwise
+	// write into the first one's cache.
+	if _, err := s.Register(ctx, base()); !errors.Is(err, ErrRefused) {
+		t.Errorf("the same file registered twice: %v", err)
+	}
+	again := open(full.Name(), os.O_RDWR)
+	if _, err := s.Register(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 512,
+		Memory: Memory{Kind: MemoryShm, File: again}}); !errors.Is(err, ErrRefused) {
+		t.Errorf("the same file opened again and registered: %v", err)
 	}
 	id2, err := s.RegisterInProcess(ctx, Descriptor{Fingerprint: fp, Layers: 3, Layouts: []pagedkv.CacheLayout{lay}}, layersOf(3, lay))
 	if err != nil {

@@ -99,9 +99,6 @@ type Config struct {
 	MaxCaches int
 	// MaxChunks bounds the chunks of one request. Default 4096.
 	MaxChunks int
-	// ShmDirs are the directories whose files Register may map (besides
-	// /proc/<pid>/fd/<n> memfds). Default ["/dev/shm"].
-	ShmDirs []string
 	// Limits bound the entries accepted. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
 	// Logger defaults to slog.Default().
@@ -156,9 +153,6 @@ func New(cfg Config) (*Service, error) {
 	if cfg.MaxChunks <= 0 {
 		cfg.MaxChunks = DefaultMaxChunks
 	}
-	if len(cfg.ShmDirs) == 0 {
-		cfg.ShmDirs = []string{"/dev/shm"}
-	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -205,24 +199,28 @@ func (s *Service) Close() error {
 	return nil
 }
 
-// Register maps the shared memory d names and registers it. CUDA IPC
-// memory returns ErrUnsupported; in-process memory goes through
+// Register maps the memory d names and registers it. Each memory kind
+// has its own branch: shared memory (MemoryShm) is mapped here; CUDA IPC
+// returns ErrUnsupported in this build; in-process memory goes through
 // RegisterInProcess.
 func (s *Service) Register(ctx context.Context, d Descriptor) (CacheID, error) {
 	switch d.Memory.Kind {
 	case MemoryShm:
+		return s.registerShm(ctx, d)
 	case MemoryCUDAIPC:
 		return 0, fmt.Errorf("%w: %v (CUDA IPC needs the cuda build)", ErrUnsupported, d.Memory.Kind)
 	case MemoryInProcess:
 		return 0, fmt.Errorf("%w: in-process memory goes through RegisterInProcess", ErrInvalidCache)
-	default:
-		return 0, fmt.Errorf("%w: memory kind %v", ErrInvalidCache, d.Memory.Kind)
 	}
+	return 0, fmt.Errorf("%w: memory kind %v", ErrInvalidCache, d.Memory.Kind)
+}
+
+// registerShm maps d.Memory.File: shared memory of at least the layers'
+// size that no registration maps already (a second registration of one
+// file would let two callers write each other's cache). Refusals of the
+// file are ErrRefused alone; the reason goes to the log.
+func (s *Service) registerShm(ctx context.Context, d Descriptor) (CacheID, error) {
 	c, err := s.prepare(ctx, &d)
-	if err != nil {
-		return 0, err
-	}
-	follow, err := checkShmPath(d.Memory.Path, s.cfg.ShmDirs)
 	if err != nil {
 		return 0, err
 	}
@@ -231,7 +229,12 @@ func (s *Service) Register(ctx context.Context, d Descriptor) (CacheID, error) {
 		return 0, err
 	}
 	c.desc.Memory.Offsets = offs
-	if c.layers, c.unmap, err = mapShm(d.Memory.Path, follow, offs, c.layouts, end); err != nil {
+	c.desc.Memory.File = nil // not kept: the mapping outlives the descriptor
+	var why string
+	if c.layers, c.unmap, c.file, why, err = mapShm(d.Memory.File, offs, c.layouts, end); err != nil {
+		if why != "" {
+			s.log.Warn("inject: shared memory refused", "why", why)
+		}
 		return 0, err
 	}
 	c.shared = true
@@ -346,6 +349,14 @@ func (s *Service) add(c *cache) (CacheID, error) {
 	}
 	if len(s.caches) >= s.cfg.MaxCaches {
 		return fail(fmt.Errorf("%w: %d held", ErrTooManyCaches, len(s.caches)))
+	}
+	if c.file != (fileID{}) {
+		for _, o := range s.caches {
+			if o.file == c.file {
+				s.log.Warn("inject: shared memory refused", "why", "the file is registered already", "cache", o.id)
+				return fail(ErrRefused)
+			}
+		}
 	}
 	if shared = s.ropes[c.ropeKey]; shared == nil {
 		shared = &ropeRef{t: table}

@@ -11,53 +11,63 @@ import (
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
-// mapShm maps [0, end) of the file at path MAP_SHARED and returns the
-// layers at offs. follow allows the path's last component to be a link
-// (the /proc/<pid>/fd/<n> magic links); otherwise it must not be one, so a
-// link planted in /dev/shm cannot point the node at another file.
-func mapShm(path string, follow bool, offs []int64, layouts []pagedkv.CacheLayout, end int64) ([][]byte, func(), error) {
-	flags := unix.O_RDWR | unix.O_CLOEXEC
-	if !follow {
-		flags |= unix.O_NOFOLLOW
+// mapShm maps [0, end) of f MAP_SHARED and returns the layers at offs.
+// Only shared memory is mapped: a regular file on tmpfs or hugetlbfs (a
+// memfd is one) of at least end bytes; anything else is ErrRefused, with
+// the reason in why for the log alone.
+func mapShm(f *os.File, offs []int64, layouts []pagedkv.CacheLayout, end int64) (layers [][]byte, unmap func(), id fileID, why string, err error) {
+	refuse := func(format string, a ...any) ([][]byte, func(), fileID, string, error) {
+		return nil, nil, fileID{}, fmt.Sprintf(format, a...), ErrRefused
 	}
-	fd, err := unix.Open(path, flags, 0)
+	if f == nil {
+		return refuse("no file")
+	}
+	sc, err := f.SyscallConn()
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: open %s: %w", ErrInvalidCache, path, err)
+		return refuse("file: %v", err)
 	}
-	defer unix.Close(fd) // the mapping outlives the descriptor
+	var mem []byte
 	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, nil, fmt.Errorf("%w: stat %s: %w", ErrInvalidCache, path, err)
+	var ferr error
+	// The descriptor is used inside Control, so it cannot be closed under
+	// the checks and the mapping.
+	if err := sc.Control(func(fd uintptr) {
+		if ferr = unix.Fstat(int(fd), &st); ferr != nil {
+			return
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
+			ferr = fmt.Errorf("not a regular file (mode %#o)", st.Mode)
+			return
+		}
+		var fs unix.Statfs_t
+		if ferr = unix.Fstatfs(int(fd), &fs); ferr != nil {
+			return
+		}
+		if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
+			ferr = fmt.Errorf("not on tmpfs or hugetlbfs (filesystem %#x)", fs.Type)
+			return
+		}
+		if st.Size < end {
+			ferr = fmt.Errorf("%d bytes, the layers need %d", st.Size, end)
+			return
+		}
+		if end > int64(^uint(0)>>1) {
+			ferr = fmt.Errorf("mapping of %d bytes", end)
+			return
+		}
+		mem, ferr = unix.Mmap(int(fd), 0, int(end), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	}); err != nil {
+		return refuse("file: %v", err)
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFREG {
-		return nil, nil, fmt.Errorf("%w: %s is not a regular file", ErrInvalidCache, path)
+	if ferr != nil {
+		return refuse("%v", ferr)
 	}
-	// Only shared memory: a /proc/<pid>/fd/<n> path could otherwise name
-	// any file some process holds open, and the node would write KV into
-	// it.
-	var fs unix.Statfs_t
-	if err := unix.Fstatfs(fd, &fs); err != nil {
-		return nil, nil, fmt.Errorf("%w: statfs %s: %w", ErrInvalidCache, path, err)
-	}
-	if fs.Type != unix.TMPFS_MAGIC && fs.Type != unix.HUGETLBFS_MAGIC {
-		return nil, nil, fmt.Errorf("%w: %s is not on tmpfs or hugetlbfs (filesystem %#x)", ErrInvalidCache, path, fs.Type)
-	}
-	if st.Size < end {
-		return nil, nil, fmt.Errorf("%w: %s holds %d bytes, the layers need %d", ErrInvalidCache, path, st.Size, end)
-	}
-	if end > int64(^uint(0)>>1) {
-		return nil, nil, fmt.Errorf("%w: mapping of %d bytes", ErrInvalidCache, end)
-	}
-	mem, err := unix.Mmap(fd, 0, int(end), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-	if err != nil {
-		return nil, nil, fmt.Errorf("%w: mmap %s: %w", ErrInvalidCache, path, err)
-	}
-	layers := make([][]byte, len(offs))
+	layers = make([][]byte, len(offs))
 	for l, o := range offs {
 		n := int64(layouts[l].LayerBytes())
 		layers[l] = mem[o : o+n : o+n]
 	}
-	return layers, func() { _ = unix.Munmap(mem) }, nil
+	return layers, func() { _ = unix.Munmap(mem) }, fileID{uint64(st.Dev), st.Ino}, "", nil
 }
 
 // ShmCache is a paged KV cache placed in shared memory by the engine side:
@@ -72,7 +82,6 @@ type ShmCache struct {
 	Memory Memory
 
 	mem    []byte
-	fd     int    // memfd kept open while the cache lives; -1 for a named file
 	remove string // named file to remove on Close
 }
 
@@ -81,10 +90,10 @@ type ShmCache struct {
 const shmPage = 4096
 
 // CreateShm creates a shared-memory cache for layers of the given layouts
-// (one shared, or one per layer). An empty path creates an anonymous memfd
-// and names it /proc/<pid>/fd/<n>, which the node can open while this
-// process keeps it; otherwise path (for example /dev/shm/kvmesh-cache-0) is
-// created new, mode 0600, and removed by Close.
+// (one shared, or one per layer). An empty path creates an anonymous
+// memfd; otherwise path (for example /dev/shm/kvmesh-cache-0) is created
+// new, mode 0600, and removed by Close. Memory.File stays open until Close:
+// it is what the engine hands the node (client.Client.RegisterCache).
 func CreateShm(path string, layers int, layouts []pagedkv.CacheLayout) (*ShmCache, error) {
 	lays, err := layerLayouts(layouts, layers)
 	if err != nil {
@@ -99,15 +108,14 @@ func CreateShm(path string, layers int, layouts []pagedkv.CacheLayout) (*ShmCach
 		offs[l] = end
 		end += (int64(lay.LayerBytes()) + shmPage - 1) / shmPage * shmPage
 	}
-	c := &ShmCache{fd: -1}
+	c := &ShmCache{}
 	var fd int
 	if path == "" {
 		fd, err = unix.MemfdCreate("kvmesh-kv-cache", unix.MFD_CLOEXEC)
 		if err != nil {
 			return nil, fmt.Errorf("inject: memfd_create: %w", err)
 		}
-		c.fd = fd
-		path = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), fd)
+		path = "memfd:kvmesh-kv-cache"
 	} else {
 		fd, err = unix.Open(path, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_CLOEXEC|unix.O_NOFOLLOW, 0o600)
 		if err != nil {
@@ -132,15 +140,12 @@ func CreateShm(path string, layers int, layouts []pagedkv.CacheLayout) (*ShmCach
 	if err != nil {
 		return fail(fmt.Errorf("inject: mmap %s: %w", path, err))
 	}
-	if c.fd < 0 {
-		_ = unix.Close(fd)
-	}
 	c.Layers = make([][]byte, layers)
 	for l, o := range offs {
 		n := int64(lays[l].LayerBytes())
 		c.Layers[l] = c.mem[o : o+n : o+n]
 	}
-	c.Memory = Memory{Kind: MemoryShm, Path: path, Offsets: offs}
+	c.Memory = Memory{Kind: MemoryShm, File: os.NewFile(uintptr(fd), path), Offsets: offs}
 	return c, nil
 }
 
@@ -152,11 +157,11 @@ func (c *ShmCache) Close() error {
 		err = unix.Munmap(c.mem)
 		c.mem, c.Layers = nil, nil
 	}
-	if c.fd >= 0 {
-		if e := unix.Close(c.fd); err == nil {
+	if c.Memory.File != nil {
+		if e := c.Memory.File.Close(); err == nil {
 			err = e
 		}
-		c.fd = -1
+		c.Memory.File = nil
 	}
 	if c.remove != "" {
 		if e := os.Remove(c.remove); err == nil {

@@ -4,13 +4,14 @@ package inject
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
-func mapShm(path string, _ bool, _ []int64, _ []pagedkv.CacheLayout, _ int64) ([][]byte, func(), error) {
-	return nil, nil, fmt.Errorf("%w: shared-memory caches need linux (%s)", ErrUnsupported, path)
+func mapShm(*os.File, []int64, []pagedkv.CacheLayout, int64) ([][]byte, func(), fileID, string, error) {
+	return nil, nil, fileID{}, "", fmt.Errorf("%w: shared-memory caches need linux", ErrUnsupported)
 }
 
 // ShmCache is a paged KV cache placed in shared memory (linux only).

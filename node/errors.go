@@ -60,6 +60,7 @@ var statusRows = []struct {
 
 	{[]error{inject.ErrInvalidCache, inject.ErrInvalidRequest}, codes.InvalidArgument, ""},
 	{[]error{inject.ErrUnsupported}, codes.Unimplemented, ""},
+	{[]error{inject.ErrRefused, api.ErrCacheRefused}, codes.PermissionDenied, ""},
 	{[]error{inject.ErrTooManyCaches}, codes.ResourceExhausted, ""},
 	{[]error{inject.ErrUnknownCache}, codes.NotFound, ""},
 	{[]error{inject.ErrFault}, codes.DataLoss, ""},

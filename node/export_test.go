@@ -65,3 +65,7 @@ func InjectReads(n *Node) (streams, fetched, shared float64) {
 	r := n.inj.reads
 	return readCounter(r.streams), readCounter(r.entries.WithLabelValues("fetched")), readCounter(r.entries.WithLabelValues("shared"))
 }
+
+// HandOver hands f over on the cache socket of the node behind ic and
+// returns the handle to register it with.
+var HandOver = handOver

@@ -92,7 +92,7 @@ func TestInjectStreams(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = shm.Close() })
 		inj, err := c.RegisterCache(ctx, nd.GRPCAddr(), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
-			Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1024, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+			Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1024, File: shm.Memory.File, Offsets: shm.Memory.Offsets})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -207,18 +207,19 @@ func (e *fuzzEnv) withCache(f *testing.F) {
 	e.shm = shm
 	ctx, cancel := context.WithTimeout(f.Context(), 10*time.Second)
 	defer cancel()
-	resp, err := api.NewInjectorClient(e.cc).RegisterCache(ctx, e.registerRequest())
+	ic := api.NewInjectorClient(e.cc)
+	resp, err := ic.RegisterCache(ctx, e.registerRequest(handOver(f, ctx, ic, shm.Memory.File)))
 	if err != nil {
 		f.Fatal(err)
 	}
 	e.cache = resp.CacheId
 }
 
-func (e *fuzzEnv) registerRequest() *api.RegisterCacheRequest {
+func (e *fuzzEnv) registerRequest(handle []byte) *api.RegisterCacheRequest {
 	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 2, BlockSize: 16, KVHeads: e.spec.KVHeads, HeadDim: e.spec.HeadDim, DType: chunk.F16}
 	return &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(e.spec.Fingerprint()), Layers: int32(e.spec.Layers),
 		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MaxPositions: 256,
-		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: e.shm.Memory.Path, Offsets: e.shm.Memory.Offsets}
+		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, MemoryHandle: handle, Offsets: e.shm.Memory.Offsets}
 }
 
 // put sends one Put or Replicate stream: hdr, then body in frames.
@@ -493,7 +494,8 @@ func FuzzInjectorService(f *testing.F) {
 	e.withCache(f)
 	pk := api.ProtoKey(e.keys[0])
 	addSeeds(f, 3, []proto.Message{
-		e.registerRequest(),
+		e.registerRequest(nil),
+		e.registerRequest(bytes.Repeat([]byte{9}, api.CacheHandleBytes)),
 		&api.UnregisterCacheRequest{CacheId: e.cache + 1},
 		&api.InjectRequest{CacheId: e.cache, Chunks: []*api.InjectChunk{{Content: pk.Content, Tokens: []uint32{0, 7, 11, 13}, Want: pk.Context, Pos: 3, Slots: []int64{0, 1, 2, -1}}}},
 	}, nil)
@@ -505,8 +507,28 @@ func FuzzInjectorService(f *testing.F) {
 			if proto.Unmarshal(msg, &req) != nil {
 				return
 			}
-			if req.MemoryKind == api.MemoryKind_MEMORY_KIND_SHM || req.Path != "" {
-				req.Path = e.shm.Memory.Path
+			// A request without a handle gets one: a fresh memfd of a
+			// fuzzed size, or (odd selectors) the registered cache's own
+			// file, which must be refused. Any other handle is the
+			// fuzzer's, and refused unless it guessed one.
+			if req.MemoryKind == api.MemoryKind_MEMORY_KIND_SHM && len(req.MemoryHandle) == 0 {
+				ctx, cancel := context.WithTimeout(t.Context(), e.timeout)
+				file := e.shm.Memory.File
+				if sel&4 == 0 {
+					file = memfd(t, int64(len(msg))*512)
+				}
+				req.MemoryHandle = handOver(t, ctx, ic, file)
+				cancel()
+				if sel&4 != 0 {
+					e.call(t, "RegisterCache", false, func(ctx context.Context) error {
+						resp, err := ic.RegisterCache(ctx, &req)
+						if err == nil {
+							t.Fatalf("registered the registered cache's file again as %d", resp.CacheId)
+						}
+						return err
+					})
+					return
+				}
 			}
 			e.call(t, "RegisterCache", false, func(ctx context.Context) error {
 				resp, err := ic.RegisterCache(ctx, &req)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,12 @@ func (n *Node) startInject() (*injector, error) {
 		}
 	}
 	in.svc = svc
+	if runtime.GOOS == "linux" {
+		if in.sock, err = listenCacheSocket(n.log); err != nil {
+			_ = svc.Close()
+			return nil, err
+		}
+	}
 	return in, nil
 }
 
@@ -56,7 +63,7 @@ func (in *injector) close() error {
 	if in == nil || in.svc == nil {
 		return nil
 	}
-	err := in.svc.Close()
+	err := errors.Join(in.sock.close(), in.svc.Close())
 	in.reads.close()
 	return err
 }

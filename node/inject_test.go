@@ -2,10 +2,14 @@ package node_test
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net"
+	"os"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -52,7 +56,7 @@ func TestInjectRPC(t *testing.T) {
 	}
 	defer shm.Close()
 	reg := client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers, Layouts: []pagedkv.CacheLayout{lay},
-		MaxPositions: 1024, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
+		MaxPositions: 1024, File: shm.Memory.File, Offsets: shm.Memory.Offsets}
 	inj, err := c.RegisterCache(ctx, nd.GRPCAddr(), reg)
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +105,71 @@ func TestInjectRPC(t *testing.T) {
 	here := peer.NewContext(authed, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 5}})
 	remote := peer.NewContext(authed, &peer.Peer{Addr: &net.TCPAddr{IP: net.IPv4(10, 1, 2, 3), Port: 5}})
 	preg := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(fp), Layers: int32(spec.Layers),
-		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
+		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Offsets: shm.Memory.Offsets}
+	in := nd.Injector()
+	handle := func(f *os.File) []byte {
+		sock, err := in.CacheSocket(here, &api.CacheSocketRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := api.SendCacheFile(ctx, sock.Address, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	withHandle := func(h []byte) *api.RegisterCacheRequest {
+		r := proto.Clone(preg).(*api.RegisterCacheRequest)
+		r.MemoryHandle = h
+		return r
+	}
+	// A fresh file registers once under its handle; the handle is spent.
+	fresh, err := inject.CreateShm("", spec.Layers, []pagedkv.CacheLayout{lay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+	used := handle(fresh.Memory.File)
+	resp, err := in.RegisterCache(here, withHandle(used))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := in.UnregisterCache(here, &api.UnregisterCacheRequest{CacheId: resp.CacheId}); err != nil {
+		t.Fatal(err)
+	}
+	disk, err := os.CreateTemp(t.TempDir(), "cache")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer disk.Close()
+	if err := disk.Truncate(1 << 20); err != nil {
+		t.Fatal(err)
+	}
+	var fs unix.Statfs_t
+	onTmpfs := unix.Fstatfs(int(disk.Fd()), &fs) == nil && fs.Type == unix.TMPFS_MAGIC
+	// Every refusal of the memory is the same answer, whatever the file.
+	refusals := map[string]*api.RegisterCacheRequest{
+		"no handle":                     withHandle(nil),
+		"made-up handle":                withHandle(make([]byte, api.CacheHandleBytes)),
+		"spent handle":                  withHandle(used),
+		"the registered cache's file":   withHandle(handle(shm.Memory.File)),
+		"the file opened again by name": withHandle(handle(reopen(t, shm.Memory.File))),
+	}
+	if !onTmpfs {
+		refusals["a disk file"] = withHandle(handle(disk))
+	}
+	var answer string
+	for name, r := range refusals {
+		_, err := in.RegisterCache(here, r)
+		st := status.Convert(err)
+		if st.Code() != codes.PermissionDenied || (answer != "" && st.Message() != answer) {
+			t.Errorf("%s: %v, want PermissionDenied %q", name, err, answer)
+		}
+		answer = st.Message()
+	}
+	if _, err := in.CacheSocket(remote, &api.CacheSocketRequest{}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("cache socket asked from another machine: %v", err)
+	}
 	bad := proto.Clone(preg).(*api.RegisterCacheRequest)
 	bad.Layouts = []*api.CacheLayout{{Order: 1, NumBlocks: 4, BlockSize: 16, KvHeads: 3, HeadDim: 16, Dtype: 1}}
 	for _, tc := range []struct {
@@ -110,7 +178,11 @@ func TestInjectRPC(t *testing.T) {
 		code codes.Code
 	}{
 		{"remote caller", func() error { _, err := nd.Injector().RegisterCache(remote, preg); return err }, codes.PermissionDenied},
-		{"bad layout", func() error { _, err := nd.Injector().RegisterCache(here, bad); return err }, codes.InvalidArgument},
+		{"bad layout", func() error {
+			bad.MemoryHandle = handle(fresh.Memory.File)
+			_, err := nd.Injector().RegisterCache(here, bad)
+			return err
+		}, codes.InvalidArgument},
 		{"no memory kind", func() error {
 			r := proto.Clone(preg).(*api.RegisterCacheRequest)
 			r.MemoryKind = 0
@@ -190,4 +262,16 @@ func TestReplicaBestBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("one replica down")
+}
+
+// reopen opens f again through /proc/self/fd, as another process holding
+// it could, and closes the new file with the test.
+func reopen(t *testing.T, f *os.File) *os.File {
+	t.Helper()
+	g, err := os.OpenFile(fmt.Sprintf("/proc/self/fd/%d", f.Fd()), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { g.Close() })
+	return g
 }

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 
@@ -25,6 +26,23 @@ type injector struct {
 	svc     *inject.Service
 	fetched *prometheus.CounterVec // source: local, peer
 	reads   *entryReads            // reads from replicas (fetchmany.go)
+	sock    *cacheSocket           // nil where shared memory is unsupported
+}
+
+// errShmRefused is the one answer to a shared-memory registration the
+// node will not map: it says nothing about the file (whether it exists,
+// what it is, its size); the node logs why.
+var errShmRefused = status.Error(codes.PermissionDenied, "shared memory refused")
+
+// CacheSocket names the cache socket, to callers on this machine.
+func (in *injector) CacheSocket(ctx context.Context, _ *api.CacheSocketRequest) (*api.CacheSocketResponse, error) {
+	if !localPeer(ctx) {
+		return nil, status.Error(codes.PermissionDenied, "shared-memory caches register from this machine only")
+	}
+	if in.sock == nil {
+		return nil, status.Error(codes.Unimplemented, "shared-memory caches need linux")
+	}
+	return &api.CacheSocketResponse{Address: in.sock.address()}, nil
 }
 
 // localPeer reports whether the caller is on this machine: shared memory
@@ -62,8 +80,7 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 		HeadLo:       int(req.HeadLo),
 		HeadHi:       int(req.HeadHi),
 		MaxPositions: int(req.MaxPositions),
-		Memory: inject.Memory{Path: req.Path, Offsets: req.Offsets, Device: int(req.Device),
-			IPCHandles: req.IpcHandles},
+		Memory:       inject.Memory{Offsets: req.Offsets, Device: int(req.Device), IPCHandles: req.IpcHandles},
 	}
 	for i, l := range req.Layouts {
 		lay, err := api.LayoutFromProto(l)
@@ -72,18 +89,33 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 		}
 		d.Layouts = append(d.Layouts, lay)
 	}
+	// One branch per memory kind: each says where the memory comes from
+	// and what a caller must show for it.
 	switch req.MemoryKind {
 	case api.MemoryKind_MEMORY_KIND_SHM:
 		d.Memory.Kind = inject.MemoryShm
 		if !localPeer(ctx) {
 			return nil, status.Error(codes.PermissionDenied, "shared-memory caches register from this machine only")
 		}
+		// Only a file the caller handed over on the cache socket, once.
+		if in.sock == nil {
+			return nil, errShmRefused
+		}
+		f, err := in.sock.take(req.MemoryHandle)
+		if err != nil {
+			return nil, errShmRefused
+		}
+		defer f.Close() // mapped by Register, or refused
+		d.Memory.File = f
 	case api.MemoryKind_MEMORY_KIND_CUDA_IPC:
 		d.Memory.Kind = inject.MemoryCUDAIPC
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "memory kind %v", req.MemoryKind)
 	}
 	id, err := in.svc.Register(ctx, d)
+	if errors.Is(err, inject.ErrRefused) {
+		return nil, errShmRefused
+	}
 	if err != nil {
 		return nil, toStatus(err)
 	}

@@ -384,7 +384,7 @@ func linkRatePoint(ctx context.Context, f linkRateFlags, e *engine.Engine, shm *
 	}
 	lay, _ := e.CacheMemory()
 	inj, err := cl.RegisterCache(ctx, nodes[0].Addr("grpc"), client.CacheRegistration{Fingerprint: e.Fingerprint(), Layers: spec.Layers,
-		Layouts: []pagedkv.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, File: shm.Memory.File, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		return nil, err
 	}

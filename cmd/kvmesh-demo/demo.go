@@ -204,8 +204,8 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	}
 	cacheTokens := 2*maxPrompt + 256
 	local := nodes[0]
-	// The engine's cache in shared memory (a memfd the node maps through
-	// /proc/<pid>/fd), registered with its local node.
+	// The engine's cache in shared memory (a memfd handed to the node on
+	// its cache socket), registered with its local node.
 	se, err := newServingEngine(ctx, c, local, weights, "kvmesh-demo", kvd, cacheTokens, log)
 	if err != nil {
 		return err
@@ -218,7 +218,7 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	fmt.Fprintf(w, "model: llama %d layers, hidden %d, %d heads / %d KV heads x %d, vocab %d, %s (%d bytes per token)\n",
 		mc.NumLayers, mc.HiddenSize, mc.NumHeads, mc.NumKVHeads, mc.HeadDim, mc.VocabSize, about, spec.KVBytesPerToken())
 	fmt.Fprintf(w, "engine cache: %d layers x %s in shared memory %s, registered with %s (its local node)\n",
-		spec.Layers, units.Bytes(uint64(lay.LayerBytes())), shm.Memory.Path, local.ID())
+		spec.Layers, units.Bytes(uint64(lay.LayerBytes())), shm.Memory.File.Name(), local.ID())
 
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x64656d6f))
 	facts := make([][]uint32, cfg.Facts)

@@ -48,7 +48,7 @@ func newServingEngine(ctx context.Context, c *client.Client, local *node.Node, w
 	}
 	lay, _ := e.CacheMemory()
 	se.inj, err = c.RegisterCache(ctx, local.GRPCAddr(), client.CacheRegistration{Fingerprint: e.Fingerprint(), Layers: spec.Layers,
-		Layouts: []pagedkv.CacheLayout{lay}, Path: se.shm.Memory.Path, Offsets: se.shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, File: se.shm.Memory.File, Offsets: se.shm.Memory.Offsets})
 	if err != nil {
 		se.Close()
 		return nil, err

@@ -159,7 +159,7 @@ func (c *engineCache) ensure(ctx context.Context, cl *client.Client) error {
 	c.inj = nil
 	inj, err := cl.RegisterCache(ctx, c.p.Addr("grpc"), client.CacheRegistration{Fingerprint: baseSpec().Fingerprint(),
 		Layers: baseSpec().Layers, Layouts: []pagedkv.CacheLayout{c.lay}, HeadLo: c.headLo, HeadHi: c.headHi,
-		MaxPositions: injMaxPositions, Path: c.shm.Memory.Path, Offsets: c.shm.Memory.Offsets})
+		MaxPositions: injMaxPositions, File: c.shm.Memory.File, Offsets: c.shm.Memory.Offsets})
 	if err != nil {
 		return err
 	}

@@ -40,7 +40,7 @@ func BenchmarkTTFT(b *testing.B) {
 	}
 	lay, _ := e.CacheMemory()
 	inj, err := c.cl.RegisterCache(ctx, c.procs[0].Addr("grpc"), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []pagedkv.CacheLayout{lay}, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, File: shm.Memory.File, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		b.Fatal(err)
 	}

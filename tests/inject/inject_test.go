@@ -226,7 +226,7 @@ func TestInjectEndToEnd(t *testing.T) {
 	lay, _ := e.CacheMemory()
 	local := c.procs[0]
 	inj, err := c.cl.RegisterCache(ctx, local.Addr("grpc"), client.CacheRegistration{Fingerprint: fp, Layers: spec.Layers,
-		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 4096, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets})
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 4096, File: shm.Memory.File, Offsets: shm.Memory.Offsets})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ _sym_db = _symbol_database.Default()
 from . import kvmesh_pb2 as kvmesh__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cinject.proto\x12\tkvmesh.v1\x1a\x0ckvmesh.proto\"\x99\x01\n\x0b\x43\x61\x63heLayout\x12\r\n\x05order\x18\x01 \x01(\r\x12\x12\n\nnum_blocks\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x10\n\x08kv_heads\x18\x04 \x01(\x05\x12\x10\n\x08head_dim\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\r\x12\x0f\n\x07k_scale\x18\x07 \x01(\x02\x12\x0f\n\x07v_scale\x18\x08 \x01(\x02\"\x9c\x02\n\x14RegisterCacheRequest\x12\"\n\x0b\x66ingerprint\x18\x01 \x01(\x0b\x32\r.kvmesh.v1.ID\x12\x0e\n\x06layers\x18\x02 \x01(\x05\x12\'\n\x07layouts\x18\x03 \x03(\x0b\x32\x16.kvmesh.v1.CacheLayout\x12\x0f\n\x07head_lo\x18\x04 \x01(\x05\x12\x0f\n\x07head_hi\x18\x05 \x01(\x05\x12\x15\n\rmax_positions\x18\x06 \x01(\x05\x12*\n\x0bmemory_kind\x18\x07 \x01(\x0e\x32\x15.kvmesh.v1.MemoryKind\x12\x0c\n\x04path\x18\x08 \x01(\t\x12\x0f\n\x07offsets\x18\t \x03(\x03\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\x05\x12\x13\n\x0bipc_handles\x18\x0b \x03(\x0c\")\n\x15RegisterCacheResponse\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x04\"*\n\x16UnregisterCacheRequest\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x04\"\x19\n\x17UnregisterCacheResponse\"{\n\x0bInjectChunk\x12\x1e\n\x07\x63ontent\x18\x01 \x01(\x0b\x32\r.kvmesh.v1.ID\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12 \n\x04want\x18\x03 \x01(\x0b\x32\x12.kvmesh.v1.Context\x12\x0b\n\x03pos\x18\x04 \x01(\x03\x12\r\n\x05slots\x18\x05 \x03(\x03\"W\n\rInjectRequest\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x04\x12&\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x16.kvmesh.v1.InjectChunk\x12\x0c\n\x04plan\x18\x03 \x01(\x08\"6\n\nInjectPlan\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.LookupResult\"d\n\nInjectDone\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.LookupResult\x12\x15\n\rwritten_bytes\x18\x02 \x01(\x04\x12\x15\n\rdecoded_bytes\x18\x03 \x01(\x04\"}\n\x0bInjectEvent\x12\x17\n\rlayer_written\x18\x01 \x01(\x05H\x00\x12%\n\x04\x64one\x18\x02 \x01(\x0b\x32\x15.kvmesh.v1.InjectDoneH\x00\x12%\n\x04plan\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.InjectPlanH\x00\x42\x07\n\x05\x65vent*X\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fMEMORY_KIND_SHM\x10\x01\x12\x18\n\x14MEMORY_KIND_CUDA_IPC\x10\x02\x32\xf6\x01\n\x08Injector\x12R\n\rRegisterCache\x12\x1f.kvmesh.v1.RegisterCacheRequest\x1a .kvmesh.v1.RegisterCacheResponse\x12X\n\x0fUnregisterCache\x12!.kvmesh.v1.UnregisterCacheRequest\x1a\".kvmesh.v1.UnregisterCacheResponse\x12<\n\x06Inject\x12\x18.kvmesh.v1.InjectRequest\x1a\x16.kvmesh.v1.InjectEvent0\x01\x42\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cinject.proto\x12\tkvmesh.v1\x1a\x0ckvmesh.proto\"\x99\x01\n\x0b\x43\x61\x63heLayout\x12\r\n\x05order\x18\x01 \x01(\r\x12\x12\n\nnum_blocks\x18\x02 \x01(\x03\x12\x12\n\nblock_size\x18\x03 \x01(\x03\x12\x10\n\x08kv_heads\x18\x04 \x01(\x05\x12\x10\n\x08head_dim\x18\x05 \x01(\x05\x12\r\n\x05\x64type\x18\x06 \x01(\r\x12\x0f\n\x07k_scale\x18\x07 \x01(\x02\x12\x0f\n\x07v_scale\x18\x08 \x01(\x02\"\xb1\x02\n\x14RegisterCacheRequest\x12\"\n\x0b\x66ingerprint\x18\x01 \x01(\x0b\x32\r.kvmesh.v1.ID\x12\x0e\n\x06layers\x18\x02 \x01(\x05\x12\'\n\x07layouts\x18\x03 \x03(\x0b\x32\x16.kvmesh.v1.CacheLayout\x12\x0f\n\x07head_lo\x18\x04 \x01(\x05\x12\x0f\n\x07head_hi\x18\x05 \x01(\x05\x12\x15\n\rmax_positions\x18\x06 \x01(\x05\x12*\n\x0bmemory_kind\x18\x07 \x01(\x0e\x32\x15.kvmesh.v1.MemoryKind\x12\x0f\n\x07offsets\x18\t \x03(\x03\x12\x0e\n\x06\x64\x65vice\x18\n \x01(\x05\x12\x13\n\x0bipc_handles\x18\x0b \x03(\x0c\x12\x15\n\rmemory_handle\x18\x0c \x01(\x0cJ\x04\x08\x08\x10\tR\x04path\"\x14\n\x12\x43\x61\x63heSocketRequest\"&\n\x13\x43\x61\x63heSocketResponse\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\")\n\x15RegisterCacheResponse\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x04\"*\n\x16UnregisterCacheRequest\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x04\"\x19\n\x17UnregisterCacheResponse\"{\n\x0bInjectChunk\x12\x1e\n\x07\x63ontent\x18\x01 \x01(\x0b\x32\r.kvmesh.v1.ID\x12\x0e\n\x06tokens\x18\x02 \x03(\r\x12 \n\x04want\x18\x03 \x01(\x0b\x32\x12.kvmesh.v1.Context\x12\x0b\n\x03pos\x18\x04 \x01(\x03\x12\r\n\x05slots\x18\x05 \x03(\x03\"W\n\rInjectRequest\x12\x10\n\x08\x63\x61\x63he_id\x18\x01 \x01(\x04\x12&\n\x06\x63hunks\x18\x02 \x03(\x0b\x32\x16.kvmesh.v1.InjectChunk\x12\x0c\n\x04plan\x18\x03 \x01(\x08\"6\n\nInjectPlan\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.LookupResult\"d\n\nInjectDone\x12(\n\x07results\x18\x01 \x03(\x0b\x32\x17.kvmesh.v1.LookupResult\x12\x15\n\rwritten_bytes\x18\x02 \x01(\x04\x12\x15\n\rdecoded_bytes\x18\x03 \x01(\x04\"}\n\x0bInjectEvent\x12\x17\n\rlayer_written\x18\x01 \x01(\x05H\x00\x12%\n\x04\x64one\x18\x02 \x01(\x0b\x32\x15.kvmesh.v1.InjectDoneH\x00\x12%\n\x04plan\x18\x03 \x01(\x0b\x32\x15.kvmesh.v1.InjectPlanH\x00\x42\x07\n\x05\x65vent*X\n\nMemoryKind\x12\x1b\n\x17MEMORY_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0fMEMORY_KIND_SHM\x10\x01\x12\x18\n\x14MEMORY_KIND_CUDA_IPC\x10\x02\x32\xc4\x02\n\x08Injector\x12L\n\x0b\x43\x61\x63heSocket\x12\x1d.kvmesh.v1.CacheSocketRequest\x1a\x1e.kvmesh.v1.CacheSocketResponse\x12R\n\rRegisterCache\x12\x1f.kvmesh.v1.RegisterCacheRequest\x1a .kvmesh.v1.RegisterCacheResponse\x12X\n\x0fUnregisterCache\x12!.kvmesh.v1.UnregisterCacheRequest\x1a\".kvmesh.v1.UnregisterCacheResponse\x12<\n\x06Inject\x12\x18.kvmesh.v1.InjectRequest\x1a\x16.kvmesh.v1.InjectEvent0\x01\x42\"Z github.com/kvmesh/kvmesh/api;apib\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'inject_pb2', globals())
@@ -22,28 +22,32 @@ if _descriptor._USE_C_DESCRIPTORS == False:
 
   DESCRIPTOR._options = None
   DESCRIPTOR._serialized_options = b'Z github.com/kvmesh/kvmesh/api;api'
-  _MEMORYKIND._serialized_start=1097
-  _MEMORYKIND._serialized_end=1185
+  _MEMORYKIND._serialized_start=1180
+  _MEMORYKIND._serialized_end=1268
   _CACHELAYOUT._serialized_start=42
   _CACHELAYOUT._serialized_end=195
   _REGISTERCACHEREQUEST._serialized_start=198
-  _REGISTERCACHEREQUEST._serialized_end=482
-  _REGISTERCACHERESPONSE._serialized_start=484
-  _REGISTERCACHERESPONSE._serialized_end=525
-  _UNREGISTERCACHEREQUEST._serialized_start=527
-  _UNREGISTERCACHEREQUEST._serialized_end=569
-  _UNREGISTERCACHERESPONSE._serialized_start=571
-  _UNREGISTERCACHERESPONSE._serialized_end=596
-  _INJECTCHUNK._serialized_start=598
-  _INJECTCHUNK._serialized_end=721
-  _INJECTREQUEST._serialized_start=723
-  _INJECTREQUEST._serialized_end=810
-  _INJECTPLAN._serialized_start=812
-  _INJECTPLAN._serialized_end=866
-  _INJECTDONE._serialized_start=868
-  _INJECTDONE._serialized_end=968
-  _INJECTEVENT._serialized_start=970
-  _INJECTEVENT._serialized_end=1095
-  _INJECTOR._serialized_start=1188
-  _INJECTOR._serialized_end=1434
+  _REGISTERCACHEREQUEST._serialized_end=503
+  _CACHESOCKETREQUEST._serialized_start=505
+  _CACHESOCKETREQUEST._serialized_end=525
+  _CACHESOCKETRESPONSE._serialized_start=527
+  _CACHESOCKETRESPONSE._serialized_end=565
+  _REGISTERCACHERESPONSE._serialized_start=567
+  _REGISTERCACHERESPONSE._serialized_end=608
+  _UNREGISTERCACHEREQUEST._serialized_start=610
+  _UNREGISTERCACHEREQUEST._serialized_end=652
+  _UNREGISTERCACHERESPONSE._serialized_start=654
+  _UNREGISTERCACHERESPONSE._serialized_end=679
+  _INJECTCHUNK._serialized_start=681
+  _INJECTCHUNK._serialized_end=804
+  _INJECTREQUEST._serialized_start=806
+  _INJECTREQUEST._serialized_end=893
+  _INJECTPLAN._serialized_start=895
+  _INJECTPLAN._serialized_end=949
+  _INJECTDONE._serialized_start=951
+  _INJECTDONE._serialized_end=1051
+  _INJECTEVENT._serialized_start=1053
+  _INJECTEVENT._serialized_end=1178
+  _INJECTOR._serialized_start=1271
+  _INJECTOR._serialized_end=1595
 # @@protoc_insertion_point(module_scope)

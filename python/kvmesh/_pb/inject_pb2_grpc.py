@@ -6,8 +6,8 @@ from . import inject_pb2 as inject__pb2
 
 
 class InjectorStub(object):
-    """Injector is served by every node; RegisterCache with shared memory is
-    accepted from loopback peers only.
+    """Injector is served by every node; CacheSocket and RegisterCache with
+    shared memory are accepted from loopback peers only.
     """
 
     def __init__(self, channel):
@@ -16,6 +16,11 @@ class InjectorStub(object):
         Args:
             channel: A grpc.Channel.
         """
+        self.CacheSocket = channel.unary_unary(
+                '/kvmesh.v1.Injector/CacheSocket',
+                request_serializer=inject__pb2.CacheSocketRequest.SerializeToString,
+                response_deserializer=inject__pb2.CacheSocketResponse.FromString,
+                )
         self.RegisterCache = channel.unary_unary(
                 '/kvmesh.v1.Injector/RegisterCache',
                 request_serializer=inject__pb2.RegisterCacheRequest.SerializeToString,
@@ -34,9 +39,15 @@ class InjectorStub(object):
 
 
 class InjectorServicer(object):
-    """Injector is served by every node; RegisterCache with shared memory is
-    accepted from loopback peers only.
+    """Injector is served by every node; CacheSocket and RegisterCache with
+    shared memory are accepted from loopback peers only.
     """
+
+    def CacheSocket(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
 
     def RegisterCache(self, request, context):
         """Missing associated documentation comment in .proto file."""
@@ -59,6 +70,11 @@ class InjectorServicer(object):
 
 def add_InjectorServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'CacheSocket': grpc.unary_unary_rpc_method_handler(
+                    servicer.CacheSocket,
+                    request_deserializer=inject__pb2.CacheSocketRequest.FromString,
+                    response_serializer=inject__pb2.CacheSocketResponse.SerializeToString,
+            ),
             'RegisterCache': grpc.unary_unary_rpc_method_handler(
                     servicer.RegisterCache,
                     request_deserializer=inject__pb2.RegisterCacheRequest.FromString,
@@ -82,9 +98,26 @@ def add_InjectorServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Injector(object):
-    """Injector is served by every node; RegisterCache with shared memory is
-    accepted from loopback peers only.
+    """Injector is served by every node; CacheSocket and RegisterCache with
+    shared memory are accepted from loopback peers only.
     """
+
+    @staticmethod
+    def CacheSocket(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/kvmesh.v1.Injector/CacheSocket',
+            inject__pb2.CacheSocketRequest.SerializeToString,
+            inject__pb2.CacheSocketResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
 
     @staticmethod
     def RegisterCache(request,
