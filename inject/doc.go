@@ -43,10 +43,14 @@
 // an engine calls (RunInjected); an adapter maps its InjectChunks onto
 // Inject (see serviceInjector in the tests).
 //
-// Memory kinds: MemoryShm (a file under /dev/shm, or a memfd named by
-// /proc/<pid>/fd/<n>) and the in-process kind are implemented; MemoryCUDAIPC
-// is part of the descriptor so a GPU engine can register later, and is
-// refused with ErrUnsupported until the cuda build provides it. CreateShm is
-// the engine-side helper that creates and maps such a file so the engine can
+// Memory kinds: MemoryShm (a memfd, or a file on tmpfs or hugetlbfs,
+// handed to Register as an open file: the node's cache socket receives it
+// from the engine as a descriptor, so nothing is ever mapped by name; a
+// file a registration maps already is refused, and every refusal of the
+// memory is ErrRefused alone) and the in-process kind are implemented;
+// MemoryCUDAIPC is part of the descriptor so a GPU engine can register
+// later, and is refused with ErrUnsupported until the cuda build provides
+// it. Register dispatches on the kind, one branch each. CreateShm is the
+// engine-side helper that creates and maps such a file so the engine can
 // place its cache in it.
 package inject

@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
@@ -58,9 +59,20 @@ type security struct {
 // cacheOwner is who registered a cache, for what model.
 type cacheOwner struct {
 	fp chunk.Fingerprint
-	// principal is auth.Principal.Key of the registering caller: its
-	// token ID, else its certificate name, else its address.
+	// principal names the registering caller (cacheCaller).
 	principal string
+}
+
+// cacheCaller names a caller for the caches it registers: its token and
+// its certificate both (auth.Principal.Key is the token alone when there
+// is one), so neither another token on the same certificate nor another
+// certificate holding the same token reaches the cache.
+func cacheCaller(ctx context.Context) string {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return ""
+	}
+	return p.Key() + "|cert:" + p.CertName
 }
 
 // newSecurity loads cfg's TLS files (or turns TLS off, with a warning,
@@ -130,34 +142,27 @@ func (s *security) registerTLSMetrics(reg prometheus.Registerer) error {
 
 // rememberCache records the model and the registering caller of a cache.
 func (s *security) rememberCache(ctx context.Context, id uint64, fp chunk.Fingerprint) {
-	owner := ""
-	if p, ok := auth.FromContext(ctx); ok {
-		owner = p.Key()
-	}
-	s.caches.Store(id, cacheOwner{fp: fp, principal: owner})
+	s.caches.Store(id, cacheOwner{fp: fp, principal: cacheCaller(ctx)})
 }
 
 // forgetCache drops an unregistered cache.
 func (s *security) forgetCache(id uint64) { s.caches.Delete(id) }
 
-// checkCache refuses a caller other than the one that registered cache id
-// (another token, certificate or address), and one whose namespace does
-// not cover the cache's model, with PermissionDenied. An unknown ID
-// passes: the injector answers NotFound.
+// checkCache answers a caller other than the one that registered cache
+// id (another token, certificate or address), or one whose namespace does
+// not cover the cache's model, exactly as an unknown ID is answered
+// (NotFound): a cache is its registrant's, and nobody else learns that it
+// exists. An unknown ID passes: the injector answers it the same way.
 func (s *security) checkCache(ctx context.Context, id uint64) error {
 	v, ok := s.caches.Load(id)
 	if !ok {
 		return nil
 	}
 	o := v.(cacheOwner)
-	p, ok := auth.FromContext(ctx)
-	if !ok {
-		return status.Error(codes.PermissionDenied, "no authenticated caller")
+	if _, ok := auth.FromContext(ctx); ok && cacheCaller(ctx) == o.principal && checkFingerprint(ctx, o.fp) == nil {
+		return nil
 	}
-	if p.Key() != o.principal {
-		return status.Errorf(codes.PermissionDenied, "cache %d was registered by another caller", id)
-	}
-	return checkFingerprint(ctx, o.fp)
+	return toStatus(fmt.Errorf("%w: %d", inject.ErrUnknownCache, id))
 }
 
 // checkPeer refuses, with PermissionDenied, a caller that is not a

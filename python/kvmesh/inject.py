@@ -24,11 +24,11 @@ import numpy as np
 
 from ._pb import inject_pb2, inject_pb2_grpc
 from .entry import _np_dtype
-from .errors import KvmeshError, UsageError
+from .errors import KvmeshError, PermissionDenied, UsageError
 from .keys import ID, Context, DType, Key, _is_int, tokens_array, want_context, want_id
 
 __all__ = ["NHD", "HND", "ALIGNMENT", "CacheLayout", "PagedCache", "InjectChunk", "InjectResult", "Injector",
-           "register_cache"]
+           "register_cache", "send_cache_file"]
 
 NHD, HND = 1, 2
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
@@ -78,8 +78,11 @@ class PagedCache:
     """A paged KV cache of `layers` layers in one shared-memory file, each
     layer page-aligned. layer(l) is a writable numpy view of layer l (shape
     CacheLayout.shape; bf16 as uint16); kvmesh.torch.cache_tensor gives a
-    torch tensor over the same memory. By default the file is a memfd,
-    registered as /proc/<pid>/fd/<n>, so nothing is left behind."""
+    torch tensor over the same memory. By default the file is a memfd, so
+    nothing is left behind; shm_dir puts a named file there instead (on
+    tmpfs or hugetlbfs). register_cache hands the node the open file
+    descriptor (fileno()), never a path: the node maps only memory its
+    caller holds. path says what the file is, for messages."""
 
     def __init__(self, layers: int, layout: CacheLayout, shm_dir: "str | None" = None, name: str = "kvmesh-cache"):
         if not _is_int(layers) or layers <= 0:
@@ -93,7 +96,7 @@ class PagedCache:
         self._remove = None
         if shm_dir is None:
             self._fd = os.memfd_create(name, os.MFD_CLOEXEC)
-            self.path = f"/proc/{os.getpid()}/fd/{self._fd}"
+            self.path = f"memfd:{name}"
         else:
             import tempfile
             self._fd, self.path = tempfile.mkstemp(prefix=name + "-", dir=shm_dir)
@@ -104,6 +107,11 @@ class PagedCache:
         n = layout.layer_bytes // nd.itemsize
         self._layers = [np.frombuffer(self._mm, dtype=nd, count=n, offset=o).reshape(layout.shape)
                         for o in self.offsets]
+
+    def fileno(self) -> int:
+        """The shared-memory file's descriptor (what register_cache hands
+        the node)."""
+        return self._fd
 
     def layer(self, l: int) -> np.ndarray:
         """Layer l as a writable numpy array over the shared memory."""
@@ -262,13 +270,56 @@ def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_l
     for name, v in (("head_lo", head_lo), ("head_hi", head_hi), ("max_positions", max_positions)):
         if not _is_int(v) or v < 0:
             raise UsageError(f"register_cache: {name} {v!r}: want a non-negative int")
+    stub = inject_pb2_grpc.InjectorStub(client._channel(addr))
+    try:
+        sock = stub.CacheSocket(inject_pb2.CacheSocketRequest(), metadata=client._metadata,
+                                timeout=client.rpc_timeout)
+    except grpc.RpcError as e:
+        raise translate(e, "CacheSocket", addr) from None
+    handle = send_cache_file(sock.address, cache.fileno(), client.rpc_timeout)
     req = inject_pb2.RegisterCacheRequest(
         fingerprint=_pid(fingerprint), layers=cache.layers, layouts=[cache.layout.proto()], head_lo=head_lo,
-        head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_SHM, path=cache.path,
-        offsets=cache.offsets)
+        head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_SHM,
+        memory_handle=handle, offsets=cache.offsets)
     try:
-        resp = inject_pb2_grpc.InjectorStub(client._channel(addr)).RegisterCache(
-            req, metadata=client._metadata, timeout=client.rpc_timeout)
+        resp = stub.RegisterCache(req, metadata=client._metadata, timeout=client.rpc_timeout)
     except grpc.RpcError as e:
         raise translate(e, "RegisterCache", addr) from None
     return Injector(client, addr, resp.cache_id)
+
+
+# The cache socket's protocol (api/cachesocket.go): the hello with one
+# descriptor attached (SCM_RIGHTS), answered by a status byte (0 taken,
+# 1 refused) and, when taken, the handle to register the file with.
+CACHE_SOCKET_HELLO = b"KVMFD\x00\x00\x01"
+CACHE_HANDLE_BYTES = 32
+
+
+def send_cache_file(address: str, fd: int, timeout: "float | None" = None) -> bytes:
+    """Hands the open file descriptor fd to a node's cache socket at
+    address (a leading "@" is Linux's abstract namespace) and returns the
+    handle RegisterCacheRequest.memory_handle takes. The node keeps its own
+    copy of the descriptor; fd stays the caller's. A refusal raises
+    PermissionDenied, without a reason (the node logs it)."""
+    import socket
+    name = "\0" + address[1:] if address.startswith("@") else address
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            s.connect(name)
+            socket.send_fds(s, [CACHE_SOCKET_HELLO], [fd])
+            reply = b""
+            while len(reply) < 1 + CACHE_HANDLE_BYTES:
+                got = s.recv(1 + CACHE_HANDLE_BYTES - len(reply))
+                if not got:
+                    break
+                reply += got
+                if reply[:1] != b"\x00":
+                    break
+        except OSError as e:
+            raise KvmeshError(f"cache socket {address}: {e}") from None
+    if reply[:1] != b"\x00":
+        raise PermissionDenied(f"cache socket {address}: shared memory refused")
+    if len(reply) != 1 + CACHE_HANDLE_BYTES:
+        raise KvmeshError(f"cache socket {address}: short answer ({len(reply)} bytes)")
+    return reply[1:]

@@ -182,3 +182,60 @@ def test_layouts_and_dtypes(cluster, dtype):
     want_v = kv[1, 1].to({DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dt]).float()
     assert torch.equal(got[NHD][1], want_v)
     assert not torch.equal(got[NHD][0], kv[1, 0])  # K is rotated to position 100
+
+
+
+def test_registration_refusals(setup, cluster, tmp_path):
+    """The node maps only shared memory its caller hands over, once: a
+    second registration of a registered cache, a file on disk and a
+    made-up handle are each refused, with the same answer."""
+    import os
+    import subprocess
+    import grpc
+    from kvmesh._pb import inject_pb2, inject_pb2_grpc
+    from kvmesh.client import _pid
+    from kvmesh.inject import send_cache_file
+    fp = setup.spec.fingerprint()
+    node = cluster.nodes[0].grpc
+    with kvmesh.Client(cluster.seeds) as c, new_cache(setup, 64) as cache:
+        stub = inject_pb2_grpc.InjectorStub(c._channel(node))
+        sock = stub.CacheSocket(inject_pb2.CacheSocketRequest()).address
+
+        def register(handle):
+            req = inject_pb2.RegisterCacheRequest(
+                fingerprint=_pid(fp), layers=cache.layers, layouts=[cache.layout.proto()],
+                memory_kind=inject_pb2.MEMORY_KIND_SHM, memory_handle=handle, offsets=cache.offsets)
+            return stub.RegisterCache(req)
+
+        def attempt(fd=None, handle=None):
+            """Hands fd over (unless a handle is given) and registers it:
+            the answer of the step that refused."""
+            try:
+                if handle is None:
+                    handle = send_cache_file(sock, fd)
+                register(handle)
+            except kvmesh.PermissionDenied as e:  # the cache socket's refusal
+                return "socket", str(e).rsplit(": ", 1)[-1]
+            except grpc.RpcError as e:
+                return e.code(), e.details()
+            return "registered", None
+
+        with c.register_cache(node, fp, cache):
+            with pytest.raises(kvmesh.PermissionDenied):
+                c.register_cache(node, fp, cache)  # the same file again
+            answers = {}
+            fd = os.open(f"/proc/self/fd/{cache.fileno()}", os.O_RDWR)  # opened anew
+            try:
+                answers["reopened"] = attempt(fd)
+            finally:
+                os.close(fd)
+            disk = tmp_path / "cache"
+            disk.write_bytes(bytes(cache.size))
+            fs = subprocess.run(["stat", "-f", "-c", "%T", str(disk)], capture_output=True, text=True).stdout.strip()
+            if fs not in ("tmpfs", "hugetlbfs"):  # else it is shared memory, and mapped
+                with open(disk, "r+b") as f:
+                    answers["disk file"] = attempt(f.fileno())
+            answers["made-up handle"] = attempt(handle=bytes(32))
+            for what, (step, msg) in answers.items():
+                assert step in ("socket", grpc.StatusCode.PERMISSION_DENIED), (what, step, msg)
+                assert msg == "shared memory refused", (what, msg)

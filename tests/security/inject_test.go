@@ -2,12 +2,15 @@ package security_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
@@ -22,7 +25,8 @@ import (
 // TestInjectNamespace: a token for namespace B can neither register a
 // cache for a model of namespace A nor inject into or unregister the cache
 // a namespace-A token registered; nor can another token of namespace A:
-// a cache ID is bound to the token that registered it.
+// a cache ID is bound to the token that registered it, and anyone else is
+// answered as for an ID that does not exist.
 func TestInjectNamespace(t *testing.T) {
 	p := newPKI(t)
 	cfg := nodetest.NodeConfig(t, "n1", nil)
@@ -54,7 +58,7 @@ func TestInjectNamespace(t *testing.T) {
 	defer shm.Close()
 	reg := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(fpA), Layers: int32(specA.Layers),
 		Layouts: []*api.CacheLayout{api.ProtoLayout(lay)}, MaxPositions: 1024,
-		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Path: shm.Memory.Path, Offsets: shm.Memory.Offsets}
+		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, Offsets: shm.Memory.Offsets}
 
 	creds := tlsCreds(t, app)
 	injector := func(token string) api.InjectorClient {
@@ -68,33 +72,61 @@ func TestInjectNamespace(t *testing.T) {
 		return api.NewInjectorClient(cc)
 	}
 	a, b, a2 := injector(tenantA), injector(tenantB), injector(otherA)
+	withHandle := func(ic api.InjectorClient) *api.RegisterCacheRequest {
+		sock, err := ic.CacheSocket(ctx, &api.CacheSocketRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := api.SendCacheFile(ctx, sock.Address, shm.Memory.File)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := proto.Clone(reg).(*api.RegisterCacheRequest)
+		r.MemoryHandle = h
+		return r
+	}
 
-	_, err = b.RegisterCache(ctx, reg)
+	_, err = b.RegisterCache(ctx, withHandle(b))
 	wantCode(t, "B registers a cache of model A", err, codes.PermissionDenied)
-	resp, err := a.RegisterCache(ctx, reg)
+	resp, err := a.RegisterCache(ctx, withHandle(a))
 	if err != nil {
 		t.Fatalf("A registers its cache: %v", err)
 	}
-	st, err := b.Inject(ctx, &api.InjectRequest{CacheId: resp.CacheId})
-	if err == nil {
-		_, err = st.Recv()
+	// What a caller other than A hears of A's cache is what anyone hears
+	// of an ID nobody registered.
+	unknown := resp.CacheId + 1000
+	inject := func(ic api.InjectorClient, id uint64) error {
+		st, err := ic.Inject(ctx, &api.InjectRequest{CacheId: id})
+		if err == nil {
+			_, err = st.Recv()
+		}
+		return err
 	}
-	wantCode(t, "B injects into A's cache", err, codes.PermissionDenied)
-	_, err = b.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: resp.CacheId})
-	wantCode(t, "B unregisters A's cache", err, codes.PermissionDenied)
-	st, err = a2.Inject(ctx, &api.InjectRequest{CacheId: resp.CacheId})
-	if err == nil {
-		_, err = st.Recv()
+	unregister := func(ic api.InjectorClient, id uint64) error {
+		_, err := ic.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: id})
+		return err
 	}
-	wantCode(t, "another namespace-A token injects into A's cache", err, codes.PermissionDenied)
-	_, err = a2.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: resp.CacheId})
-	wantCode(t, "another namespace-A token unregisters A's cache", err, codes.PermissionDenied)
+	same := func(what string, got, want error) {
+		t.Helper()
+		g, w := status.Convert(got), status.Convert(want)
+		wm := strings.ReplaceAll(w.Message(), fmt.Sprint(unknown), fmt.Sprint(resp.CacheId))
+		if got == nil || g.Code() != w.Code() || g.Message() != wm {
+			t.Errorf("%s: %v; an unknown ID gets %v", what, got, want)
+		}
+	}
+	same("B injects into A's cache", inject(b, resp.CacheId), inject(b, unknown))
+	same("B unregisters A's cache", unregister(b, resp.CacheId), unregister(b, unknown))
+	same("another namespace-A token injects into A's cache", inject(a2, resp.CacheId), inject(a2, unknown))
+	same("another namespace-A token unregisters A's cache", unregister(a2, resp.CacheId), unregister(a2, unknown))
+	wantCode(t, "an unknown cache", inject(a2, unknown), codes.NotFound)
+	// Nor can B register A's file as a cache of its own model.
+	regB := withHandle(b)
+	layB := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 1, BlockSize: 16, KVHeads: specB.KVHeads, HeadDim: specB.HeadDim, DType: chunk.F32}
+	regB.Fingerprint, regB.Layers, regB.Layouts, regB.Offsets = api.ProtoFingerprint(fpB), int32(specB.Layers), []*api.CacheLayout{api.ProtoLayout(layB)}, nil
+	_, err = b.RegisterCache(ctx, regB)
+	wantCode(t, "B registers A's registered file for its own model", err, codes.PermissionDenied)
 	// The owner still can: the refusals changed nothing.
-	st, err = a.Inject(ctx, &api.InjectRequest{CacheId: resp.CacheId})
-	if err == nil {
-		_, err = st.Recv()
-	}
-	if status.Code(err) == codes.PermissionDenied {
+	if err := inject(a, resp.CacheId); status.Code(err) == codes.PermissionDenied || status.Code(err) == codes.NotFound {
 		t.Errorf("A injects into its own cache: %v", err)
 	}
 	if _, err := a.UnregisterCache(ctx, &api.UnregisterCacheRequest{CacheId: resp.CacheId}); err != nil {
