@@ -319,14 +319,8 @@ func (e *Engine) RunInjected(ctx context.Context, inj CacheInjector, req Request
 }
 
 func (e *Engine) run(ctx context.Context, src ChunkSource, inj CacheInjector, req Request) (*Response, error) {
-	if req.Recompute < 0 || req.Recompute > 1 || math.IsNaN(req.Recompute) {
-		return nil, fmt.Errorf("engine: recompute ratio %v outside [0, 1]", req.Recompute)
-	}
-	if req.FallbackBound < 0 || math.IsNaN(req.FallbackBound) {
-		return nil, fmt.Errorf("engine: fallback bound %v is negative", req.FallbackBound)
-	}
-	if !req.Select.valid() {
-		return nil, fmt.Errorf("engine: unknown selection %v", req.Select)
+	if err := checkRequest(req); err != nil {
+		return nil, err
 	}
 	resp := &Response{}
 	var all []uint32

@@ -65,6 +65,9 @@ type scratch struct {
 	order        []int
 	scores       [][]float32
 	offK, offV   []int32
+	rowSeq       []int
+	seqs         []attnSeq
+	last         []float32 // the last rows' logits of a batch, [seqs][vocab]
 	mm           matmulTask
 	attn         attnTask
 }
@@ -90,10 +93,13 @@ func (sc *scratch) indices(lo, hi int) []int {
 // done together, up to four at a time, so each key and value row is read
 // once for all of them.
 type attnTask struct {
-	q, out  []float32 // [n][heads][head_dim]
-	idx     []int     // token index of each active row
-	slots   []int     // slot of every token of the sequence
-	kv      []float32 // the cache layer
+	q, out []float32 // [n][heads][head_dim]
+	idx    []int     // token index of each active row in its sequence
+	// seqs are the sequences of the pass; rowSeq[a] is row a's (nil: all
+	// rows are of seqs[0]).
+	seqs   []attnSeq
+	rowSeq []int
+	kv     []float32 // the cache layer
 	layout  pagedkv.CacheLayout
 	heads   int
 	kvHeads int
@@ -102,10 +108,23 @@ type attnTask struct {
 	scale   float32
 	scores  [][]float32 // per worker, at least 4 × seq length
 	avx     bool        // use the assembly kernels
+}
+
+// attnSeq is one sequence of a forward pass as attention reads it.
+type attnSeq struct {
+	slots []int // slot of every token of the sequence
 	// offK and offV hold, for kv head g, the float offset of token j's key
 	// and value at [g*seqLen+j] (from cudakern's layout), for the kernels.
 	offK, offV []int32
 	seqLen     int
+}
+
+// seq is row a's sequence.
+func (t *attnTask) seq(a int) *attnSeq {
+	if t.rowSeq == nil {
+		return &t.seqs[0]
+	}
+	return &t.seqs[t.rowSeq[a]]
 }
 
 func (t *attnTask) do(w, lo, hi int) {
@@ -139,8 +158,9 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 		sc[k] = buf[k*n : (k+1)*n]
 	}
 	var r4 [4]float32
+	slots := t.seq(a).slots
 	for j := 0; j < n; j++ {
-		off := t.layout.Offset(0, t.slots[j], g) / 4
+		off := t.layout.Offset(0, slots[j], g) / 4
 		kr := t.kv[off : off+hd]
 		for k := 0; k < m; k++ {
 			r4[k] = dot(kr, qs[k])
@@ -155,7 +175,7 @@ func (t *attnTask) heads4(w, a, g, h0, m int) {
 		clear(t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd])
 	}
 	for j := 0; j < n; j++ {
-		off := t.layout.Offset(1, t.slots[j], g) / 4
+		off := t.layout.Offset(1, slots[j], g) / 4
 		vr := t.kv[off : off+hd]
 		for k := 0; k < m; k++ {
 			out := t.out[(a*t.heads+h0+k)*hd : (a*t.heads+h0+k+1)*hd]
@@ -182,8 +202,9 @@ func (t *attnTask) headsAVX(w, a, g, h0, m, n int) {
 	hd := t.hd
 	s0 := t.scores[w][:n]
 	s1 := t.scores[w][n : 2*n]
-	offK := t.offK[g*t.seqLen : g*t.seqLen+n]
-	offV := t.offV[g*t.seqLen : g*t.seqLen+n]
+	sq := t.seq(a)
+	offK := sq.offK[g*sq.seqLen : g*sq.seqLen+n]
+	offV := sq.offV[g*sq.seqLen : g*sq.seqLen+n]
 	h := h0
 	for ; h+2 <= h0+m; h += 2 {
 		q := t.q[(a*t.heads+h)*hd : (a*t.heads+h+2)*hd]
@@ -286,17 +307,43 @@ func siluMul(g, u []float32) {
 	}
 }
 
+// fwdSeq is one sequence of a batched forward pass: the token indices it
+// computes (ascending, its last token among them) and where its last
+// token's logits go (nil: nowhere).
+type fwdSeq struct {
+	s      *Sequence
+	active []int
+	logits []float32
+}
+
 // forward runs plan over s. Called with e.mu held.
 func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats, error) {
+	return e.forwardSeqs(ctx, []fwdSeq{{s: s, active: p.active, logits: p.logits}}, p)
+}
+
+// forwardSeqs runs one forward pass over the active tokens of several
+// sequences: their rows go through every matmul together, and each row
+// attends over its own sequence. A row's result does not depend on the
+// other rows (the matmuls' and attention's are per row), so a batch gives
+// every sequence the bits a pass of its own would. Recomputation, capture
+// and wait (p's) take one sequence. Called with e.mu held.
+func (e *Engine) forwardSeqs(ctx context.Context, seqs []fwdSeq, p fwdPlan) (fwdStats, error) {
 	var st fwdStats
 	if e.closed {
 		return st, ErrClosed
 	}
+	if len(seqs) != 1 && (p.approx != nil || p.capture != nil || p.wait != nil) {
+		return st, fmt.Errorf("engine: recomputation, capture and wait take one sequence")
+	}
 	c := &e.cfg
-	n := len(p.active)
-	seqLen := len(s.tokens)
-	if n == 0 || p.active[n-1] != seqLen-1 {
-		return st, fmt.Errorf("engine: forward must compute the last token")
+	n, maxLen := 0, 0
+	for _, f := range seqs {
+		m := len(f.active)
+		if m == 0 || f.active[m-1] != len(f.s.tokens)-1 {
+			return st, fmt.Errorf("engine: forward must compute the last token")
+		}
+		n += m
+		maxLen = max(maxLen, len(f.s.tokens))
 	}
 	H, Q, KV, F := c.HiddenSize, c.NumHeads*c.HeadDim, c.NumKVHeads*c.HeadDim, c.IntermediateSize
 	hd := c.HeadDim
@@ -315,29 +362,57 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		sc.scores = make([][]float32, e.pool.workers)
 	}
 	for w := range sc.scores {
-		sc.scores[w] = grow(sc.scores[w], 4*seqLen)
+		sc.scores[w] = grow(sc.scores[w], 4*maxLen)
 	}
-	// active is copied because selection compacts it.
-	active := append(sc.order[:0], p.active...)
-	sc.order = active
+	// active is copied because selection compacts it; with one sequence
+	// rowSeq stays nil.
+	active, rows := sc.order[:0], sc.rowSeq[:0]
+	for b, f := range seqs {
+		active = append(active, f.active...)
+		for range f.active {
+			rows = append(rows, b)
+		}
+	}
+	sc.order, sc.rowSeq = active, rows
+	var rowSeq []int
+	if len(seqs) > 1 {
+		rowSeq = rows
+	}
 	approx := p.approx
 	for r, i := range active {
-		copy(sc.h[r*H:(r+1)*H], e.w.embed[int(s.tokens[i])*H:(int(s.tokens[i])+1)*H])
+		tok := int(seqs[rowOf(rowSeq, r)].s.tokens[i])
+		copy(sc.h[r*H:(r+1)*H], e.w.embed[tok*H:(tok+1)*H])
 	}
 	at := &sc.attn
-	*at = attnTask{slots: s.slots, layout: e.layout, heads: c.NumHeads, kvHeads: c.NumKVHeads, group: c.NumHeads / c.NumKVHeads,
-		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores, avx: e.attnAVX, seqLen: seqLen}
+	*at = attnTask{layout: e.layout, heads: c.NumHeads, kvHeads: c.NumKVHeads, group: c.NumHeads / c.NumKVHeads,
+		hd: hd, scale: float32(1 / math.Sqrt(float64(hd))), scores: sc.scores, avx: e.attnAVX, rowSeq: rowSeq}
+	sc.seqs = grow(sc.seqs, len(seqs))
 	if at.avx {
-		sc.offK = grow(sc.offK, c.NumKVHeads*seqLen)
-		sc.offV = grow(sc.offV, c.NumKVHeads*seqLen)
-		for g := 0; g < c.NumKVHeads; g++ {
-			for j, slot := range s.slots[:seqLen] {
-				sc.offK[g*seqLen+j] = int32(e.layout.Offset(0, slot, g) / 4)
-				sc.offV[g*seqLen+j] = int32(e.layout.Offset(1, slot, g) / 4)
+		total := 0
+		for _, f := range seqs {
+			total += c.NumKVHeads * len(f.s.tokens)
+		}
+		sc.offK = grow(sc.offK, total)
+		sc.offV = grow(sc.offV, total)
+	}
+	base := 0
+	for b, f := range seqs {
+		seqLen := len(f.s.tokens)
+		sq := attnSeq{slots: f.s.slots, seqLen: seqLen}
+		if at.avx {
+			sq.offK = sc.offK[base : base+c.NumKVHeads*seqLen]
+			sq.offV = sc.offV[base : base+c.NumKVHeads*seqLen]
+			base += c.NumKVHeads * seqLen
+			for g := 0; g < c.NumKVHeads; g++ {
+				for j, slot := range f.s.slots[:seqLen] {
+					sq.offK[g*seqLen+j] = int32(e.layout.Offset(0, slot, g) / 4)
+					sq.offV[g*seqLen+j] = int32(e.layout.Offset(1, slot, g) / 4)
+				}
 			}
 		}
-		at.offK, at.offV = sc.offK, sc.offV
+		sc.seqs[b] = sq
 	}
+	at.seqs = sc.seqs
 	for l := range e.w.layers {
 		if err := ctx.Err(); err != nil {
 			return st, err
@@ -349,7 +424,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		}
 		st.tokenLayers += n
 		for r, i := range active {
-			sc.slots[r] = s.slots[i]
+			sc.slots[r] = seqs[rowOf(rowSeq, r)].s.slots[i]
 		}
 		e.rmsNorm(sc.x, sc.h, lw.inputNorm, n, H)
 		e.pool.matmul(&sc.mm, sc.q, sc.x, lw.q, lw.qBias, n, H, Q)
@@ -363,7 +438,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 			e.capture(p, l, active, n)
 		}
 		for r, i := range active {
-			pos := s.start + i
+			pos := seqs[rowOf(rowSeq, r)].s.start + i
 			for h := 0; h < c.NumHeads; h++ {
 				e.rope.RotateF32(sc.q[(r*c.NumHeads+h)*hd:(r*c.NumHeads+h+1)*hd], pos)
 			}
@@ -384,7 +459,7 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 			return st, fmt.Errorf("engine: store keys: %w", err)
 		}
 		if approx != nil && l == p.check && p.sel != SelectDeviation {
-			e.attentionReceived(cl.f, active, approx, s.slots, n)
+			e.attentionReceived(cl.f, active, approx, seqs[0].s.slots, n)
 		}
 		if err := cudakern.ScatterF32(cl.b, e.layout, 1, sc.slots[:n], sc.v[:n*KV]); err != nil {
 			return st, fmt.Errorf("engine: store values: %w", err)
@@ -409,12 +484,59 @@ func (e *Engine) forward(ctx context.Context, s *Sequence, p fwdPlan) (fwdStats,
 		}
 	}
 	*at = attnTask{}
-	if p.logits != nil {
-		sc.x = grow(sc.x, H)
-		e.rmsNorm(sc.x, sc.h[(n-1)*H:n*H], e.w.norm, 1, H)
-		e.pool.matmul(&sc.mm, p.logits, sc.x, e.w.lmHead, nil, 1, H, c.VocabSize)
-	}
+	e.logits(seqs, n)
 	return st, nil
+}
+
+// rowOf is the sequence of row r (rowSeq nil: one sequence).
+func rowOf(rowSeq []int, r int) int {
+	if rowSeq == nil {
+		return 0
+	}
+	return rowSeq[r]
+}
+
+// logits writes each sequence's last-token logits from the final hidden
+// states of the pass's n rows (a sequence's rows are contiguous, in order,
+// so its last row ends its run).
+func (e *Engine) logits(seqs []fwdSeq, n int) {
+	c := &e.cfg
+	H := c.HiddenSize
+	sc := &e.sc
+	if len(seqs) == 1 {
+		if lg := seqs[0].logits; lg != nil {
+			sc.x = grow(sc.x, H)
+			e.rmsNorm(sc.x, sc.h[(n-1)*H:n*H], e.w.norm, 1, H)
+			e.pool.matmul(&sc.mm, lg, sc.x, e.w.lmHead, nil, 1, H, c.VocabSize)
+		}
+		return
+	}
+	// Gather the last rows of the sequences that want logits, and run the
+	// head over them together.
+	sc.x = grow(sc.x, len(seqs)*H)
+	m, end := 0, 0
+	for _, f := range seqs {
+		end += len(f.active)
+		if f.logits == nil {
+			continue
+		}
+		copy(sc.x[m*H:(m+1)*H], sc.h[(end-1)*H:end*H])
+		m++
+	}
+	if m == 0 {
+		return
+	}
+	sc.o = grow(sc.o, m*H)
+	e.rmsNorm(sc.o, sc.x, e.w.norm, m, H)
+	sc.last = grow(sc.last, m*c.VocabSize)
+	e.pool.matmul(&sc.mm, sc.last, sc.o, e.w.lmHead, nil, m, H, c.VocabSize)
+	m = 0
+	for _, f := range seqs {
+		if f.logits != nil {
+			copy(f.logits[:c.VocabSize], sc.last[m*c.VocabSize:(m+1)*c.VocabSize])
+			m++
+		}
+	}
 }
 
 // capture copies the pre-RoPE K and V rows of the captured range.
