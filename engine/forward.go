@@ -97,9 +97,9 @@ type attnTask struct {
 	idx    []int     // token index of each active row in its sequence
 	// seqs are the sequences of the pass; rowSeq[a] is row a's (nil: all
 	// rows are of seqs[0]).
-	seqs   []attnSeq
-	rowSeq []int
-	kv     []float32 // the cache layer
+	seqs    []attnSeq
+	rowSeq  []int
+	kv      []float32 // the cache layer
 	layout  pagedkv.CacheLayout
 	heads   int
 	kvHeads int
