@@ -36,6 +36,10 @@ type FileConfig struct {
 	Bootstrap       bool   `json:"bootstrap,omitempty"`
 	BootstrapExpect int    `json:"bootstrap_expect"`
 	DRAM            string `json:"dram"`
+	// GPU is the GPU tier's budget ("0": none) on device GPUDevice; it
+	// needs a kvmeshd built with the cuda tag.
+	GPU       string `json:"gpu"`
+	GPUDevice int    `json:"gpu_device"`
 	// Admission is the DRAM tier's admission policy: "all" or "reuse".
 	Admission string `json:"admission"`
 	Disk      string `json:"disk"`
@@ -131,6 +135,10 @@ func mergeFile(path string, fc *FileConfig, set map[string]bool) error {
 	str("raft", &fc.Raft, file.Raft)
 	str("dram", &fc.DRAM, file.DRAM)
 	str("dram-release", &fc.DRAMRelease, file.DRAMRelease)
+	str("gpu", &fc.GPU, file.GPU)
+	if !set["gpu-device"] && file.GPUDevice != 0 {
+		fc.GPUDevice = file.GPUDevice
+	}
 	str("admission", &fc.Admission, file.Admission)
 	str("disk", &fc.Disk, file.Disk)
 	str("dead-grace", &fc.DeadGrace, file.DeadGrace)
@@ -219,6 +227,16 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	if dram == 0 {
 		return cfg, fmt.Errorf("%w: -dram 0: the DRAM tier needs a positive budget", ErrUsage)
 	}
+	gpu, err := ParseBytes(fc.GPU)
+	if fc.GPU == "" {
+		gpu, err = 0, nil
+	}
+	if err != nil {
+		return cfg, fmt.Errorf("%w: -gpu: %w", ErrUsage, err)
+	}
+	if fc.GPUDevice < 0 {
+		return cfg, fmt.Errorf("%w: -gpu-device %d: want a device ordinal, 0 or more", ErrUsage, fc.GPUDevice)
+	}
 	admission := kvtier.AdmitAll // unset in a config built by hand
 	if fc.Admission != "" {
 		if admission, err = kvtier.ParseAdmission(fc.Admission); err != nil {
@@ -260,7 +278,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 	}
 	cfg = node.Config{
 		NodeID: fc.ID, DataDir: fc.DataDir, GRPCAddr: addrs.grpc, HTTPAddr: addrs.http, GossipAddr: addrs.gossip, RaftAddr: addrs.raft,
-		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, Admission: admission, DiskBytes: disk, DeadGrace: grace,
+		Seeds: seeds, BootstrapExpect: expect, DRAMBytes: dram, DRAMReleaseBytes: dramRelease, GPUBytes: gpu, GPUDevice: fc.GPUDevice, Admission: admission, DiskBytes: disk, DeadGrace: grace,
 		RaftRemoveAfter: raftRemove, RPCTimeout: rpcTimeout, LocalTiming: fc.LocalTiming, Rejoin: fc.Rejoin,
 		NoStartupPull: fc.StartupPull != nil && !*fc.StartupPull, PeerLinkBytesPerSec: linkRate,
 		// Without a disk tier, SIGTERM hands the node's chunks to their

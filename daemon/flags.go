@@ -57,6 +57,8 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.BoolVar(&fc.Bootstrap, "bootstrap", false, "start a new one-node cluster (-bootstrap-expect 1); takes no -join")
 	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, fmt.Sprintf("start a new cluster of this many servers, 1 to %d, that find each other through -join (0: none; then -join is required)", MaxBootstrapExpect))
 	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget (positive)")
+	fs.StringVar(&fc.GPU, "gpu", "0", "GPU tier budget in device memory, reserved at start (0: no GPU tier; needs kvmeshd built with -tags cuda)")
+	fs.IntVar(&fc.GPUDevice, "gpu-device", 0, "ordinal of the GPU the GPU tier uses")
 	fs.StringVar(&fc.Admission, "admission", "all", "which puts the store keeps: all (every put, until evicted) or reuse (what is predicted to be read again: encodings usable at any position, windows, the first prefix-chained encoding of a content; another prefix-chained copy only on its second put; eviction weighted by reuse)")
 	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
 	fs.StringVar(&fc.Disk, "disk", autoDisk, "disk tier budget under data-dir/tier (0: no disk tier; auto: at the first start half the data directory's free space, at most 64G, none under 64M, kept in data-dir/disk-budget); SIGTERM writes DRAM to it and a restart reads it back")

@@ -50,6 +50,11 @@ type Config struct {
 	BootstrapExpect int
 	// DRAMBytes is the DRAM tier budget. Default 1 GiB.
 	DRAMBytes int64
+	// GPUBytes is the GPU tier's budget, a slab reserved on device
+	// GPUDevice at start (kvtier.OpenGPU); 0 means no GPU tier. A build
+	// without the cuda tag refuses a positive budget.
+	GPUBytes  int64
+	GPUDevice int
 	// DRAMReleaseBytes is how many bytes of freed DRAM pages stay resident
 	// before they go back to the OS (kvtier.Config.ReleaseBytes). Default
 	// (0) kvtier's, min(DRAMBytes/8, 64 MiB); negative: never.

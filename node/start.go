@@ -169,6 +169,15 @@ func (n *Node) openStore(context.Context) error {
 	if cfg.DiskBytes > 0 {
 		tcfg.DiskDir, tcfg.DiskBytes = TierDir(cfg.DataDir), cfg.DiskBytes
 	}
+	if cfg.GPUBytes > 0 {
+		dev, err := kvtier.OpenGPU(kvtier.GPUConfig{Device: cfg.GPUDevice, Bytes: cfg.GPUBytes})
+		if err != nil {
+			return fmt.Errorf("node: open GPU tier: %w", err)
+		}
+		// Pushed before the store, so it is freed after the store closes.
+		n.undo.push("GPU tier", dev.Close)
+		tcfg.GPU, tcfg.GPUBytes = dev, cfg.GPUBytes
+	}
 	var err error
 	if n.store, err = kvtier.Open(tcfg); err != nil {
 		return fmt.Errorf("node: open store: %w", err)
