@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // DeviceJob is a Job as the CUDA kernels read it: inject.h's kvm_job, field
@@ -154,4 +155,57 @@ func (j *Job) CosSin(dst []float32) []float32 {
 		dst = append(append(dst, c...), s...)
 	}
 	return dst
+}
+
+// CompactJob is j writing into a compact cache instead of j.Layout: the
+// same dtype, scales and heads, one slot per token (slot t for token t, -1
+// where j skips it), NHD, in new Dst layers. It writes exactly the head
+// vectors j writes, Tokens*KVHeads*HeadDim elements of K and of V per
+// layer, and ScatterCompact puts them into j's slots. It is the CUDA
+// injector's path for a cache in host memory: only those bytes cross the
+// bus.
+func CompactJob(j *Job) Job {
+	l := j.Layout
+	c := *j
+	c.Layout = compactLayout(j)
+	c.Slots = make([]int, j.Tokens)
+	for t, s := range j.Slots {
+		c.Slots[t] = t
+		if s < 0 {
+			c.Slots[t] = -1
+		}
+	}
+	c.Layout.KScale, c.Layout.VScale = l.KScale, l.VScale
+	c.Dst = make([][]byte, len(j.Dst))
+	for i := range c.Dst {
+		c.Dst[i] = make([]byte, c.Layout.LayerBytes())
+	}
+	return c
+}
+
+func compactLayout(j *Job) pagedkv.CacheLayout {
+	l := j.Layout
+	return pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: max(j.Tokens, 1), BlockSize: 1, KVHeads: l.KVHeads, HeadDim: l.HeadDim, DType: l.DType}
+}
+
+// ScatterCompact copies the head vectors c (CompactJob(j), run) wrote into
+// j.Dst, token by token, so that of two tokens naming one slot the later
+// wins, as in Inject.
+func ScatterCompact(j, c *Job) {
+	l, cl := j.Layout, compactLayout(j)
+	row := l.HeadDim * l.DType.Size()
+	for li, d := range j.Dst {
+		o := c.Dst[li]
+		for t, s := range j.Slots {
+			if s < 0 {
+				continue
+			}
+			for kv := 0; kv < 2; kv++ {
+				for h := 0; h < l.KVHeads; h++ {
+					from := cl.Offset(kv, t, h)
+					copy(d[l.Offset(kv, s, h):][:row], o[from:from+row])
+				}
+			}
+		}
+	}
 }

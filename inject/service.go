@@ -167,7 +167,13 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.base, s.stop = context.WithCancel(context.Background())
 	for i := 0; i < cfg.Workers; i++ {
-		w := &worker{inj: cudakern.NewInjector(cudakern.Config{Workers: 1})}
+		// A CUDA kernel where one is linked (the cuda build tag) and a
+		// device answers, the CPU Injector otherwise; the same bits.
+		inj, kind := cudakern.New(cudakern.Config{Workers: 1})
+		if i == 0 {
+			s.log.Info("injection kernel", "kernel", kind)
+		}
+		w := &worker{inj: inj}
 		s.wg.Add(1)
 		go s.work(w)
 	}
@@ -444,7 +450,7 @@ func (s *Service) drop(c *cache) {
 // injector (so workers write different chunks at once) and scratch that
 // lives as long as the worker, so a request allocates none.
 type worker struct {
-	inj     *cudakern.Injector
+	inj     cudakern.Kernel
 	job     cudakern.Job
 	dst     [1][]byte
 	buf     []byte // one decoded chunk layer

@@ -227,54 +227,63 @@ type Target struct {
 	LayerDone func(layer int)
 }
 
-// Inject runs j on the device with the bits of cudakern.Injector: j's
-// source and cache layers (host memory) are copied to the device, the
-// kernel runs, the cache layers are copied back. It is the fallback where
-// the cache is not device memory the node can reach.
+// Inject runs j on the device with the bits of cudakern.Injector, for a
+// cache in host memory (the fallback where the node cannot reach the
+// engine's device memory): j's source is copied to the device, the kernel
+// writes the tokens' head vectors into a compact device cache (one slot
+// per token), those bytes come back and are copied to their slots. Only
+// the bytes read and written cross the bus, not whole cache layers.
 func (in *Injector) Inject(ctx context.Context, j *cudakern.Job) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	dj, err := cudakern.DeviceJobOf(j, chunk.CodecRaw)
-	if err != nil {
+	if err := j.Validate(); err != nil {
 		return err
 	}
 	if j.Tokens == 0 || len(j.Dst) == 0 {
 		return nil
 	}
-	return in.do(func() error {
-		lb := int64(j.Layout.LayerBytes())
+	c := cudakern.CompactJob(j)
+	dj, err := cudakern.DeviceJobOf(&c, chunk.CodecRaw)
+	if err != nil {
+		return err
+	}
+	layers := len(j.Dst)
+	clb := int64(c.Layout.LayerBytes())
+	err = in.do(func() error {
 		sb := int64(len(j.Src))
-		if err := in.data.reserve(sb + int64(len(j.Dst))*lb); err != nil {
+		at := (sb + 255) &^ 255 // the compact cache, aligned
+		if err := in.data.reserve(at + int64(layers)*clb); err != nil {
 			return cuErr("allocating buffers", err)
 		}
-		src := make([]uint64, len(j.Dst))
-		dst := make([]uint64, len(j.Dst))
-		srcLayer := sb / int64(len(j.Dst))
-		// Every copy is queued on the stream, so the kernel follows them.
+		src := make([]uint64, layers)
+		dst := make([]uint64, layers)
+		for i := range src {
+			src[i] = uint64(in.data.ptr) + uint64(int64(i)*(sb/int64(layers)))
+			dst[i] = uint64(in.data.ptr) + uint64(at+int64(i)*clb)
+		}
+		// Queued on the stream, so the kernel follows the copy.
 		if err := cu.MemcpyHtoDAsync(in.data.ptr, unsafe.Pointer(unsafe.SliceData(j.Src)), sb, in.stream); err != nil {
 			return in.drain(cuErr("copying the source in", err))
 		}
-		for l, d := range j.Dst {
-			src[l] = uint64(in.data.ptr) + uint64(int64(l)*srcLayer)
-			dst[l] = uint64(in.data.ptr) + uint64(sb+int64(l)*lb)
-			if err := cu.MemcpyHtoDAsync(cu.DevicePtr(dst[l]), unsafe.Pointer(unsafe.SliceData(d)), lb, in.stream); err != nil {
-				return in.drain(cuErr("copying the cache in", err))
-			}
-		}
-		if err := in.launch(ctx, j, dj, src, dst, nil); err != nil {
+		if err := in.launch(ctx, &c, dj, src, dst, nil); err != nil {
 			return err
 		}
-		for l, d := range j.Dst {
-			if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(d)), cu.DevicePtr(dst[l]), lb, in.stream); err != nil {
-				return in.drain(cuErr("copying the cache out", err))
+		for i, d := range c.Dst {
+			if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(d)), cu.DevicePtr(dst[i]), clb, in.stream); err != nil {
+				return in.drain(cuErr("copying the result out", err))
 			}
 		}
 		if err := in.stream.Synchronize(); err != nil {
-			return cuErr("copying the cache out", err)
+			return cuErr("copying the result out", err)
 		}
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	cudakern.ScatterCompact(j, &c)
+	return nil
 }
 
 // InjectDevice runs j from and into device memory (t): one launch per

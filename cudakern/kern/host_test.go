@@ -394,3 +394,44 @@ func TestHostDecodeRejects(t *testing.T) {
 		})
 	}
 }
+
+// TestHostCompactMatchesCPU: the host-memory path of the CUDA injector
+// (CompactJob on the device, ScatterCompact on the host) gives the CPU
+// Injector's cache, duplicate slots included.
+func TestHostCompactMatchesCPU(t *testing.T) {
+	in := cudakern.NewInjector(cudakern.Config{Workers: 1})
+	defer in.Close()
+	rng := rand.New(rand.NewPCG(29, 5))
+	vs := variants()
+	for i, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND, pagedkv.NHD, pagedkv.HND} {
+		src, dst := dtypes[i], dtypes[3-i]
+		v := vs[3*i%len(vs)]
+		tab, err := cudakern.NewRopeTable(v.spec, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lay := pagedkv.CacheLayout{Order: order, NumBlocks: 4, BlockSize: 8, KVHeads: 2, HeadDim: 64, DType: dst, KScale: 2, VScale: 0.5}
+		c := jobCase{srcDT: src, layout: lay, tokens: 20, srcHeads: 3, lo: 1, hi: 3, pos: 50, layers: 2, skip: 6}
+		j, host := build(rng, c, tab, randValues(rng, src, 2*2*20*3*64))
+		j.Slots[7] = j.Slots[3] // the later token wins
+		cj := cudakern.CompactJob(j)
+		dj, err := cudakern.DeviceJobOf(&cj, chunk.CodecRaw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if bits := Run(dj, [][]byte{j.Src[:len(j.Src)/2], j.Src[len(j.Src)/2:]}, cj.Dst, cj.Slots, cj.CosSin(nil), 3); bits != 0 {
+			t.Fatalf("error bits %#x", bits)
+		}
+		hj := *j
+		hj.Dst = host
+		cudakern.ScatterCompact(&hj, &cj)
+		if err := in.Inject(context.Background(), j); err != nil {
+			t.Fatal(err)
+		}
+		for l := range host {
+			if k := sameElems(j.Dst[l], host[l], dst); k >= 0 {
+				t.Fatalf("%v->%v %v layer %d element %d differs", src, dst, order, l, k)
+			}
+		}
+	}
+}
