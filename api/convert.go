@@ -37,7 +37,7 @@ func ProtoContext(c chunk.Context) *Context {
 // ContextFromProto converts and checks a context.
 func ContextFromProto(p *Context) (chunk.Context, error) {
 	c := chunk.Context{Kind: chunk.ContextKind(p.GetKind()), Window: p.GetWindow(), ID: IDFromProto(p.GetId())}
-	if p == nil || !c.Kind.Valid() || p.GetKind() > ContextKind_CONTEXT_KIND_PREFIX {
+	if p == nil || !c.Kind.Valid() || p.GetKind() > ContextKind_CONTEXT_KIND_OPAQUE {
 		return c, fmt.Errorf("%w: context kind %v", ErrBadMessage, p.GetKind())
 	}
 	return c, nil

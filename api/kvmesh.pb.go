@@ -39,6 +39,7 @@ const (
 	ContextKind_CONTEXT_KIND_STANDALONE  ContextKind = 1
 	ContextKind_CONTEXT_KIND_WINDOW      ContextKind = 2
 	ContextKind_CONTEXT_KIND_PREFIX      ContextKind = 3
+	ContextKind_CONTEXT_KIND_OPAQUE      ContextKind = 4
 )
 
 // Enum value maps for ContextKind.
@@ -48,12 +49,14 @@ var (
 		1: "CONTEXT_KIND_STANDALONE",
 		2: "CONTEXT_KIND_WINDOW",
 		3: "CONTEXT_KIND_PREFIX",
+		4: "CONTEXT_KIND_OPAQUE",
 	}
 	ContextKind_value = map[string]int32{
 		"CONTEXT_KIND_UNSPECIFIED": 0,
 		"CONTEXT_KIND_STANDALONE":  1,
 		"CONTEXT_KIND_WINDOW":      2,
 		"CONTEXT_KIND_PREFIX":      3,
+		"CONTEXT_KIND_OPAQUE":      4,
 	}
 )
 
@@ -3159,12 +3162,13 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x0eFetchManyFrame\x123\n" +
 	"\x06header\x18\x01 \x01(\v2\x19.kvmesh.v1.FetchManyHeadsH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
-	"\x04kind*z\n" +
+	"\x04kind*\x93\x01\n" +
 	"\vContextKind\x12\x1c\n" +
 	"\x18CONTEXT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17CONTEXT_KIND_STANDALONE\x10\x01\x12\x17\n" +
 	"\x13CONTEXT_KIND_WINDOW\x10\x02\x12\x17\n" +
-	"\x13CONTEXT_KIND_PREFIX\x10\x03**\n" +
+	"\x13CONTEXT_KIND_PREFIX\x10\x03\x12\x17\n" +
+	"\x13CONTEXT_KIND_OPAQUE\x10\x04**\n" +
 	"\x06Format\x12\x10\n" +
 	"\fFORMAT_ENTRY\x10\x00\x12\x0e\n" +
 	"\n" +

@@ -160,6 +160,9 @@ func (e *Entry) Validate() error {
 	if err := CheckKey(e.Key, e.Tokens); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidEntry, err)
 	}
+	if e.Key.Context.Kind == ContextOpaque {
+		return fmt.Errorf("%w: %w: an opaque key on a chunk (EncodeOpaque writes opaque values)", ErrInvalidEntry, ErrNonCanonical)
+	}
 	if len(e.KV) != e.Shape().RawBytes() {
 		return fmt.Errorf("%w: %d KV bytes, shape needs %d", ErrInvalidEntry, len(e.KV), e.Shape().RawBytes())
 	}
@@ -178,6 +181,10 @@ func Encode(dst []byte, e *Entry, c Codec) ([]byte, error) {
 // encodeLayers appends the entry of a valid key, tokens and shape whose
 // raw layer l is layer(l) (read before the next call) to dst.
 func encodeLayers(dst []byte, key Key, tokens []uint32, sh Shape, c Codec, layer func(l int) ([]byte, error)) ([]byte, error) {
+	if key.Context.Kind == ContextOpaque && c.Lossy() {
+		// Opaque values keep every byte (chunk/opaque.go).
+		return dst, fmt.Errorf("%w: opaque entry in the lossy codec %v", ErrInvalidEntry, c)
+	}
 	lc, err := c.impl(sh.DType)
 	if err != nil {
 		return dst, err
@@ -326,6 +333,11 @@ func ParseHeader(blob []byte, lim Limits) (Header, error) {
 	// tokens do not give.
 	if err := CheckKey(hd.Key, hd.Tokens); err != nil {
 		return hd, fmt.Errorf("%w: %w", ErrCorrupt, err)
+	}
+	if hd.Key.Context.Kind == ContextOpaque {
+		if err := checkOpaque(&hd); err != nil {
+			return hd, fmt.Errorf("%w: %w", ErrCorrupt, err)
+		}
 	}
 	return hd, nil
 }

@@ -97,7 +97,8 @@ func TestKeyMustNameEntry(t *testing.T) {
 		{name: "prefix with a window", patch: func(k *Key) { k.Context = PrefixContext(PrefixRoot(fp)); k.Context.Window = 4 }},
 		{name: "window 0", patch: func(k *Key) { k.Context = WindowContext(fp, 0, []uint32{1}) }},
 		{name: "window over MaxWindow", patch: func(k *Key) { k.Context = WindowContext(fp, MaxWindow+1, []uint32{1}) }},
-		{name: "unknown kind", patch: func(k *Key) { k.Context.Kind = 4 }},
+		{name: "unknown kind", patch: func(k *Key) { k.Context.Kind = 5 }},
+		{name: "opaque context", patch: func(k *Key) { k.Context = OpaqueContext() }},
 		// One computation, one key: nothing before the chunk is standalone.
 		{name: "prefix at the chain root", patch: func(k *Key) { k.Context = PrefixContext(PrefixRoot(fp)) }},
 		{name: "window of no tokens", patch: func(k *Key) { k.Context = Context{Kind: ContextWindow, Window: 8, ID: WindowID(fp, nil)} }},

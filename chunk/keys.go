@@ -33,6 +33,10 @@ const (
 	// ContextPrefix: encoded after its whole prefix, identified by the
 	// prefix chain ID; such an entry is exact for that prefix.
 	ContextPrefix ContextKind = 3
+	// ContextOpaque: the entry is no chunk but an opaque value stored
+	// under a byte-string key (chunk/opaque.go); its content ID hashes
+	// that key, and it is never a match for a prompt.
+	ContextOpaque ContextKind = 4
 )
 
 func (k ContextKind) String() string {
@@ -43,12 +47,14 @@ func (k ContextKind) String() string {
 		return "window"
 	case ContextPrefix:
 		return "prefix"
+	case ContextOpaque:
+		return "opaque"
 	}
 	return fmt.Sprintf("context(%d)", uint8(k))
 }
 
 // Valid reports whether k is a known kind.
-func (k ContextKind) Valid() bool { return k >= ContextStandalone && k <= ContextPrefix }
+func (k ContextKind) Valid() bool { return k >= ContextStandalone && k <= ContextOpaque }
 
 // Context is what a chunk was encoded after: a kind and its ID (zero for
 // standalone). Window is w for ContextWindow: the number of tokens the
@@ -61,8 +67,8 @@ type Context struct {
 
 func (c Context) String() string {
 	switch c.Kind {
-	case ContextStandalone:
-		return "standalone"
+	case ContextStandalone, ContextOpaque:
+		return c.Kind.String()
 	case ContextWindow:
 		return fmt.Sprintf("window(%d):%s", c.Window, c.ID)
 	}
@@ -82,9 +88,9 @@ var ErrNonCanonical = errors.New("chunk: key does not name the entry")
 // zero ID and window, prefix a zero window, window a w in 1..MaxWindow.
 func (c Context) CheckCanonical() error {
 	switch c.Kind {
-	case ContextStandalone:
+	case ContextStandalone, ContextOpaque:
 		if !c.ID.IsZero() || c.Window != 0 {
-			return fmt.Errorf("%w: standalone context with ID %v and window %d (both must be zero)", ErrNonCanonical, c.ID, c.Window)
+			return fmt.Errorf("%w: %v context with ID %v and window %d (both must be zero)", ErrNonCanonical, c.Kind, c.ID, c.Window)
 		}
 	case ContextWindow:
 		if c.Window == 0 || c.Window > MaxWindow {
@@ -128,6 +134,11 @@ func Canonical(fp Fingerprint, c Context) Context {
 func CheckKey(k Key, tokens []uint32) error {
 	if err := k.Context.CheckCanonical(); err != nil {
 		return err
+	}
+	if k.Context.Kind == ContextOpaque {
+		// Its tokens are lengths (checkOpaque); DecodeOpaque checks the
+		// content ID against the key it stores.
+		return nil
 	}
 	if c := Canonical(k.Fingerprint, k.Context); c != k.Context {
 		return fmt.Errorf("%w: context %v names the encoding of a chunk with nothing before it, which is keyed %v", ErrNonCanonical, k.Context, c)

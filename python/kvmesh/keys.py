@@ -70,6 +70,7 @@ class ContextKind(enum.IntEnum):
     STANDALONE = 1
     WINDOW = 2
     PREFIX = 3
+    OPAQUE = 4  # an opaque value of the Redis-protocol door (chunk/opaque.go), no chunk
 
 
 @dataclasses.dataclass(frozen=True, order=True)

@@ -1,0 +1,94 @@
+package chunk
+
+import (
+	"bytes"
+	"errors"
+	"math/rand/v2"
+	"testing"
+)
+
+func TestOpaqueRoundTrip(t *testing.T) {
+	fp := OpaqueSpec("ns").Fingerprint()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, n := range []int{0, 1, 1022, 1023, 1024, 5000, 1 << 20} {
+		random := make([]byte, n)
+		for i := range random {
+			random[i] = byte(rng.Uint32())
+		}
+		for _, value := range [][]byte{random, make([]byte, n)} {
+			key := []byte("key-" + string(rune('a'+n%26)))
+			blob, err := EncodeOpaque(nil, fp, key, value, Limits{})
+			if err != nil {
+				t.Fatalf("%d bytes: %v", n, err)
+			}
+			hd, err := Verify(blob, Limits{})
+			if err != nil {
+				t.Fatalf("%d bytes: %v", n, err)
+			}
+			if hd.Key != OpaqueKey(fp, key) {
+				t.Fatalf("key %v, want %v", hd.Key, OpaqueKey(fp, key))
+			}
+			if kl, vl := OpaqueLens(&hd); kl != len(key) || vl != n {
+				t.Fatalf("lens %d, %d; want %d, %d", kl, vl, len(key), n)
+			}
+			got, err := DecodeOpaque(blob, key, Limits{})
+			if err != nil || !bytes.Equal(got, value) {
+				t.Fatalf("%d bytes: decode %v, equal %v", n, err, bytes.Equal(got, value))
+			}
+			if _, err := DecodeOpaque(blob, []byte("other"), Limits{}); !errors.Is(err, ErrNonCanonical) {
+				t.Fatalf("decode under another key: %v, want ErrNonCanonical", err)
+			}
+		}
+	}
+}
+
+// A value of zeros is stored smaller than raw; random bytes are not
+// stored larger than raw.
+func TestOpaqueCompresses(t *testing.T) {
+	fp := OpaqueSpec("").Fingerprint()
+	zeros, err := EncodeOpaque(nil, fp, []byte("k"), make([]byte, 1<<20), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, _ := ParseHeader(zeros, Limits{}); hd.Codec != CodecLossless || len(zeros) > 1<<16 {
+		t.Fatalf("1 MiB of zeros: codec %v, %d bytes", hd.Codec, len(zeros))
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	value := make([]byte, 1<<20)
+	for i := range value {
+		value[i] = byte(rng.Uint32())
+	}
+	blob, err := EncodeOpaque(nil, fp, []byte("k"), value, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, _ := ParseHeader(blob, Limits{}); hd.Codec != CodecRaw || len(blob) > len(value)+len(value)/200+2*OpaqueTokenBytes {
+		t.Fatalf("1 MiB of noise: codec %v, %d bytes", hd.Codec, len(blob))
+	}
+}
+
+func TestOpaqueRefused(t *testing.T) {
+	fp := OpaqueSpec("").Fingerprint()
+	blob, err := EncodeOpaque(nil, fp, []byte("k"), []byte("value"), Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Transcode(blob, CodecInt8, Limits{}); err == nil {
+		t.Fatal("an opaque entry transcoded to int8")
+	}
+	if _, err := EncodeOpaque(nil, fp, nil, make([]byte, MaxOpaqueBytes(Limits{})+1), Limits{}); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("a value over the limit: %v, want ErrTooLarge", err)
+	}
+	// A header that says more tokens than its lengths need is not the
+	// one form of its value.
+	hd, _ := ParseHeader(blob, Limits{})
+	raw := make([]byte, 3*OpaqueTokenBytes)
+	copy(raw, "kvalue")
+	long, err := encodeLayers(nil, hd.Key, []uint32{1, 5, 0}, opaqueShape(3), CodecRaw, func(int) ([]byte, error) { return raw, nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParseHeader(long, Limits{}); !errors.Is(err, ErrNonCanonical) {
+		t.Fatalf("an opaque entry of 3 tokens for 6 bytes: %v, want ErrNonCanonical", err)
+	}
+}
