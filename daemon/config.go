@@ -28,6 +28,8 @@ type FileConfig struct {
 	DataDir string   `json:"data_dir"`
 	GRPC    string   `json:"grpc"`
 	HTTP    string   `json:"http"`
+	// RESP is the Redis-protocol door's listen address ("": off).
+	RESP string `json:"resp,omitempty"`
 	Gossip  string   `json:"gossip"`
 	Raft    string   `json:"raft"`
 	Join    []string `json:"join"`

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/buildinfo"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/respserver"
 )
 
 // startTimeout bounds Node.Start: binding, opening the store and the
@@ -21,7 +23,7 @@ const startTimeout = time.Minute
 // Run is kvmeshd: it parses args (flags and an optional -config file),
 // starts a node, prints
 //
-//	kvmeshd listening node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT
+//	kvmeshd listening node=ID grpc=HOST:PORT gossip=HOST:PORT raft=HOST:PORT http=HOST:PORT [resp=HOST:PORT]
 //
 // to stdout once everything listens, and the same line starting with
 // "kvmeshd ready" once the node is ready (Node.Ready: in the ring, its
@@ -78,6 +80,16 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}()
 	addrs := fmt.Sprintf("node=%s grpc=%s gossip=%s raft=%s http=%s", n.ID(), n.GRPCAddr(), n.GossipAddr(), n.RaftAddr(), n.HTTPAddr())
+	respStopped := func() {}
+	if fc.RESP != "" {
+		addr, wait, err := serveRESP(ctx, n, fc.RESP, cfg.Logger)
+		if err != nil {
+			stop()
+			return errors.Join(err, n.Close())
+		}
+		respStopped = wait
+		addrs += " resp=" + addr
+	}
 	fmt.Fprintln(stdout, "kvmeshd listening", addrs)
 	announced := make(chan struct{})
 	go func() {
@@ -105,7 +117,30 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	} else {
 		cfg.Logger.Info("kvmeshd: shutting down", "node", n.ID())
 	}
+	// The door's commands use the node: they end first.
+	respStopped()
 	return n.Close()
+}
+
+// serveRESP serves the node's Redis-protocol door on addr until ctx ends;
+// wait returns once it has stopped. It returns the address it listens on.
+func serveRESP(ctx context.Context, n *node.Node, addr string, log *slog.Logger) (string, func(), error) {
+	srv, err := respserver.New(n.RESPConfig())
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return "", nil, fmt.Errorf("kvmeshd: -resp: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ctx, ln); err != nil {
+			log.Error("kvmeshd: the RESP listener failed", "addr", addr, "err", err)
+		}
+	}()
+	return ln.Addr().String(), func() { <-done }, nil
 }
 
 // Exit codes of kvmeshd (ExitCode).

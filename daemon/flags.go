@@ -51,6 +51,7 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs.StringVar(&fc.DataDir, "data-dir", "", "data directory: raft log, snapshots, disk tier (required)")
 	fs.StringVar(&fc.GRPC, "grpc", defaultGRPCAddr(), "gRPC listen address (port 0: any free port, and the other listeners' default port 0 too)")
 	fs.StringVar(&fc.HTTP, "http", "", fmt.Sprintf("HTTP listen address for /metrics, /healthz, /readyz, /debug/pprof (default: gRPC host, port %d; \"off\" disables)", DefaultHTTPPort))
+	fs.StringVar(&fc.RESP, "resp", "", "Redis-protocol (RESP) listen address: GET, SET, DEL and more on opaque values, with TLS when the node has it (default: off; docs/REDIS.md)")
 	fs.StringVar(&fc.Gossip, "gossip", "", fmt.Sprintf("gossip bind address, TCP and UDP (default: gRPC host, port %d)", DefaultGossipPort))
 	fs.StringVar(&fc.Raft, "raft", "", fmt.Sprintf("raft bind address (default: gRPC host, port %d)", DefaultRaftPort))
 	join := fs.String("join", "", "comma-separated gossip addresses of members to join; until one answers the node retries (backoff up to 30s), logs each failure and is not ready")

@@ -6,6 +6,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvmesh/kvmesh/respserver"
 )
 
 // metrics are the node's own Prometheus metrics; the store and the
@@ -24,6 +26,9 @@ type metrics struct {
 	// refused counts requests refused (refusalReason), by method and
 	// reason.
 	refused *prometheus.CounterVec
+	// resp are the Redis-protocol door's (RESPConfig), registered
+	// whether or not the node serves it.
+	resp *respserver.Metrics
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -60,6 +65,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards, m.transcoded, m.refused,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+	var err error
+	if m.resp, err = respserver.NewMetrics(reg); err != nil {
+		panic(err)
+	}
 	return m
 }
 

@@ -65,6 +65,11 @@ func nodeMetrics(t *testing.T) []docMetric {
 		t.Fatalf("put of an unknown model: %v", err)
 	}
 
+	rc := dialRESP(t, serveRESP(t, n))
+	do(t, rc, "OK", "SET", "k", "v")
+	do(t, rc, "v", "GET", "k")
+	do(t, rc, "-ERR unknown command*", "NOPE")
+
 	mfs, err := n.Registry().Gather()
 	if err != nil {
 		t.Fatal(err)
