@@ -24,15 +24,15 @@ import (
 // field mirrors the flag of the same name; flags given on the command line
 // win over the file.
 type FileConfig struct {
-	ID      string   `json:"id"`
-	DataDir string   `json:"data_dir"`
-	GRPC    string   `json:"grpc"`
-	HTTP    string   `json:"http"`
+	ID      string `json:"id"`
+	DataDir string `json:"data_dir"`
+	GRPC    string `json:"grpc"`
+	HTTP    string `json:"http"`
 	// RESP is the Redis-protocol door's listen address ("": off).
-	RESP string `json:"resp,omitempty"`
-	Gossip  string   `json:"gossip"`
-	Raft    string   `json:"raft"`
-	Join    []string `json:"join"`
+	RESP   string   `json:"resp,omitempty"`
+	Gossip string   `json:"gossip"`
+	Raft   string   `json:"raft"`
+	Join   []string `json:"join"`
 	// Bootstrap starts a new one-node cluster; BootstrapExpect a new
 	// cluster of that many servers. A node with neither joins (Join).
 	Bootstrap       bool   `json:"bootstrap,omitempty"`
