@@ -56,6 +56,14 @@ type demoConfig struct {
 	Model string
 	// AnswerPrompts are the held-out prompts per task and k answered.
 	AnswerPrompts int
+	// Sections are the parts run: ttft (the TTFT tables), answers, serving
+	// (the concurrency table), shape (TTFT against k at a realistic shape).
+	Sections []string
+	Serving  servingLoad
+	// The realistic shape: hidden size, layers, ks, queries per k, and
+	// the ks prompt injection also runs at.
+	ShapeHidden, ShapeLayers, ShapeQueries int
+	ShapeKs, ShapePromptKs                 []int
 	// CPUProfile, when set, is where a CPU profile of the timed TTFT
 	// queries is written.
 	CPUProfile string
@@ -82,8 +90,57 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	fs.StringVar(&c.Model, "model", "train/recall", "trained model directory (config.json, model.safetensors, eval.json); empty: random weights of -hidden and -layers")
 	fs.StringVar(&c.CPUProfile, "cpuprofile", "", "write a CPU profile of the timed TTFT queries to this file")
 	fs.IntVar(&c.AnswerPrompts, "answer-prompts", 4, "held-out prompts per task and k answered each way (with -model)")
+	sections := fs.String("sections", "ttft,answers,serving,shape", "parts to run: ttft, answers (with -model), serving (concurrent users), shape (TTFT against k at a realistic shape)")
+	srvUsers := fs.String("serve-users", "1,10,50", "closed-loop concurrent users of the serving table")
+	srvKs := fs.String("serve-k", "10", "facts retrieved per request in the serving table")
+	srvRates := fs.String("serve-rates", "", "open-loop offered rates (requests/s) of the serving table; empty: none")
+	fs.IntVar(&c.Serving.Generate, "serve-generate", 16, "tokens generated per request in the serving table")
+	fs.DurationVar(&c.Serving.Duration, "serve-duration", time.Second, "time per load level of the serving table (counted)")
+	fs.DurationVar(&c.Serving.Warm, "serve-warm", 300*time.Millisecond, "closed-loop warm-up per load level of the serving table (not counted)")
+	fs.IntVar(&c.ShapeHidden, "shape-hidden", 1024, "hidden size of the realistic shape (heads of 128, 8 KV heads)")
+	fs.IntVar(&c.ShapeLayers, "shape-layers", 8, "layers of the realistic shape")
+	shapeKs := fs.String("shape-k", "5,50", "facts per query at the realistic shape")
+	shapePromptKs := fs.String("shape-prompt-k", "5", "ks at which the realistic shape also runs prompt injection (a prefill at k=50 takes seconds)")
+	fs.IntVar(&c.ShapeQueries, "shape-queries", 3, "timed queries per k at the realistic shape")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	c.Sections = strings.Split(*sections, ",")
+	for _, s := range c.Sections {
+		if !slices.Contains([]string{"ttft", "answers", "serving", "shape"}, s) {
+			return c, fmt.Errorf("demo: unknown section %q", s)
+		}
+	}
+	for _, l := range []struct {
+		s   string
+		dst *[]int
+	}{{*srvUsers, &c.Serving.Users}, {*srvKs, &c.Serving.Ks}, {*shapeKs, &c.ShapeKs}, {*shapePromptKs, &c.ShapePromptKs}} {
+		for _, f := range strings.Split(l.s, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				continue
+			}
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				return c, fmt.Errorf("demo: bad number %q", f)
+			}
+			*l.dst = append(*l.dst, n)
+		}
+	}
+	for _, f := range strings.Split(*srvRates, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		r, err := strconv.ParseFloat(f, 64)
+		if err != nil || r <= 0 {
+			return c, fmt.Errorf("demo: bad rate %q", f)
+		}
+		c.Serving.Rates = append(c.Serving.Rates, r)
+	}
+	if len(c.Serving.Users) == 0 || len(c.Serving.Ks) == 0 || len(c.ShapeKs) == 0 || c.Serving.Generate < 1 || c.ShapeQueries < 1 {
+		return c, errors.New("demo: serving users and ks, shape ks, generate and shape queries must be given")
+	}
+	if c.ShapeHidden < 1024 || c.ShapeHidden%128 != 0 || c.ShapeLayers < 1 {
+		return c, errors.New("demo: shape hidden must be a multiple of 128 from 1024 (8 KV heads), layers at least 1")
 	}
 	var err error
 	if c.Codec, err = chunk.ParseCodec(*codec); err != nil {
@@ -248,16 +305,16 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res, err := measureTTFT(ctx, cfg, e, inj, local, facts, near, far, rng, stderr)
-	if perr := stopProfile(); err == nil {
-		err = perr
+	defer func() { _ = stopProfile() }()
+	var res []ttftPoint
+	if cfg.has("ttft") {
+		if res, err = measureTTFT(ctx, cfg, e, inj, local, facts, near, far, rng, stderr); err != nil {
+			return err
+		}
+		printDemo(w, cfg, res)
 	}
-	if err != nil {
-		return err
-	}
-	printDemo(w, cfg, res)
 	var ans *answers
-	if evalSet != nil {
+	if evalSet != nil && cfg.has("answers") {
 		if ans, err = measureAnswers(ctx, cfg, se, c, local, weights, kvd, cacheTokens, log, evalSet, stderr); err != nil {
 			return err
 		}
@@ -266,16 +323,53 @@ func demo(ctx context.Context, args []string, w, stderr io.Writer) error {
 	if err := os.MkdirAll(cfg.OutDir, 0o755); err != nil {
 		return err
 	}
-	png := filepath.Join(cfg.OutDir, "demo_ttft_vs_k.png")
-	if err := plotTTFT(png, res); err != nil {
+	var plots []string
+	if cfg.has("serving") {
+		sr, err := measureServing(ctx, cfg, c, local, weights, kvd, log, facts, near, far, cfg.Serving, stderr)
+		if err != nil {
+			return err
+		}
+		printServing(w, cfg, sr)
+		if len(cfg.Serving.Users) > 1 || len(cfg.Serving.Rates) > 1 {
+			if err := plotServing(cfg.OutDir, cfg, sr); err != nil {
+				return err
+			}
+			plots = append(plots, "serving_throughput.png")
+			if len(cfg.Serving.Rates) > 0 {
+				plots = append(plots, "serving_ttft_vs_rate.png")
+			}
+		}
+	}
+	if cfg.has("shape") {
+		sh, err := measureShape(ctx, cfg, c, local, log, cfg.ShapePromptKs, stderr)
+		if err != nil {
+			return err
+		}
+		printShape(w, cfg, sh, e.Config(), res)
+	}
+	if err := stopProfile(); err != nil {
 		return err
 	}
-	abs, _ := filepath.Abs(png)
-	fmt.Fprintf(w, "\nplot: %s\n", abs)
-	printSummary(w, cfg, res, ans)
+	if res != nil {
+		if err := plotTTFT(filepath.Join(cfg.OutDir, "demo_ttft_vs_k.png"), res); err != nil {
+			return err
+		}
+		plots = append([]string{"demo_ttft_vs_k.png"}, plots...)
+	}
+	for _, p := range plots {
+		abs, _ := filepath.Abs(filepath.Join(cfg.OutDir, p))
+		fmt.Fprintf(w, "\nplot: %s", abs)
+	}
+	fmt.Fprintln(w)
+	if res != nil {
+		printSummary(w, cfg, res, ans)
+	}
 	fmt.Fprintf(w, "total %v; stopping the cluster and removing %s\n", time.Since(t0).Round(time.Second), dir)
 	return nil
 }
+
+// has reports whether the section runs.
+func (c *demoConfig) has(section string) bool { return slices.Contains(c.Sections, section) }
 
 // startDemoCluster starts 3 in-process nodes over loopback gRPC and waits
 // until all of them are in the ring with a leader.

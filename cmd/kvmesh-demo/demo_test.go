@@ -24,7 +24,9 @@ func TestSummaryMatchesTables(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	var out bytes.Buffer
-	args := []string{"-model", "../../train/recall", "-facts", "200", "-k", "5,50", "-queries", "2", "-answer-prompts", "1", "-out", t.TempDir()}
+	args := []string{"-model", "../../train/recall", "-facts", "200", "-k", "5,50", "-queries", "2", "-answer-prompts", "1", "-out", t.TempDir(),
+		"-serve-users", "1,4", "-serve-warm", "50ms", "-serve-duration", "200ms", "-serve-generate", "3",
+		"-shape-hidden", "1024", "-shape-layers", "1", "-shape-k", "5,10", "-shape-queries", "1"}
 	if err := demo(ctx, args, &out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +137,10 @@ func TestSummaryMatchesTables(t *testing.T) {
 	}
 	if want := strings.Join(per, ", "); perTask != want {
 		t.Errorf("summary says %q per task; the answers table sums to %q", perTask, want)
+	}
+
+	if !strings.Contains(text, "concurrent serving") || !strings.Contains(text, "TTFT growth k=5->10 with KV injection") {
+		t.Error("the serving table or the realistic shape's growth is missing")
 	}
 
 	full := 0

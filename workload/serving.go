@@ -1,0 +1,172 @@
+package workload
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"gonum.org/v1/plot/plotter"
+)
+
+// ServingSample is one served request: its time to first token, its time
+// to the last generated token and how many tokens it generated.
+type ServingSample struct {
+	TTFT, Total time.Duration
+	Generated   int
+}
+
+// TPOT is the time per output token after the first.
+func (s ServingSample) TPOT() time.Duration {
+	if s.Generated < 2 {
+		return 0
+	}
+	return (s.Total - s.TTFT) / time.Duration(s.Generated-1)
+}
+
+// ServeFunc serves request n of user (closed loop) or of the arrival
+// process (open loop, user 0).
+type ServeFunc func(ctx context.Context, user, n int) (ServingSample, error)
+
+// ServingPoint is one load level: the requests finished within it and how
+// long it ran.
+type ServingPoint struct {
+	Users   int     // closed loop: concurrent users
+	Rate    float64 // open loop: offered requests per second
+	Elapsed time.Duration
+	Samples []ServingSample
+}
+
+// Throughput is finished requests per second.
+func (p *ServingPoint) Throughput() float64 {
+	return float64(len(p.Samples)) / max(p.Elapsed.Seconds(), 1e-9)
+}
+
+// TTFT is the q-quantile of the samples' TTFT.
+func (p *ServingPoint) TTFT(q float64) time.Duration {
+	return sampleQuantile(p.Samples, q, func(s ServingSample) time.Duration { return s.TTFT })
+}
+
+// TPOT is the q-quantile of the samples' time per output token.
+func (p *ServingPoint) TPOT(q float64) time.Duration {
+	return sampleQuantile(p.Samples, q, ServingSample.TPOT)
+}
+
+// sampleQuantile is quantile over f of every sample.
+func sampleQuantile(ss []ServingSample, q float64, f func(ServingSample) time.Duration) time.Duration {
+	d := make([]time.Duration, len(ss))
+	for i, s := range ss {
+		d[i] = f(s)
+	}
+	return quantile(d, q)
+}
+
+// ClosedLoop runs users concurrent users, each sending its next request
+// when the last is answered (the InferScale paper's load), for warm and
+// then d: the point is the requests that finish within d, over d (the
+// warm-up lets every user's first request, which all arrive at once, pass
+// before the count starts). The first error stops every user.
+func ClosedLoop(ctx context.Context, users int, warm, d time.Duration, serve ServeFunc) (ServingPoint, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		mu   sync.Mutex
+		pt   = ServingPoint{Users: users, Elapsed: d}
+		ferr error
+		wg   sync.WaitGroup
+	)
+	from := time.Now().Add(warm)
+	to := from.Add(d)
+	for u := range users {
+		wg.Go(func() {
+			for n := 0; time.Now().Before(to); n++ {
+				s, err := serve(ctx, u, n)
+				now := time.Now()
+				mu.Lock()
+				if err != nil {
+					if ferr == nil && ctx.Err() == nil {
+						ferr = fmt.Errorf("workload: user %d request %d: %w", u, n, err)
+					}
+					mu.Unlock()
+					cancel()
+					return
+				}
+				if !now.Before(from) && !now.After(to) {
+					pt.Samples = append(pt.Samples, s)
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return pt, ferr
+}
+
+// OpenLoop sends requests for d with Poisson arrivals at rate per second
+// (exponential gaps from seed, whatever the answers; the way llm-d and
+// LMCache load a server) and waits for every one sent. Elapsed runs to
+// the last answer, so a server past saturation shows its own rate.
+func OpenLoop(ctx context.Context, rate float64, d time.Duration, seed uint64, serve ServeFunc) (ServingPoint, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r := rand.New(rand.NewPCG(seed, uint64(rate*1000)))
+	var (
+		mu   sync.Mutex
+		pt   = ServingPoint{Rate: rate}
+		ferr error
+		wg   sync.WaitGroup
+	)
+	start := time.Now()
+	next := start
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for n := 0; ; n++ {
+		next = next.Add(time.Duration(r.ExpFloat64() / rate * float64(time.Second)))
+		if next.Sub(start) >= d {
+			break
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Go(func() {
+			s, err := serve(ctx, 0, n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				if ferr == nil && ctx.Err() == nil {
+					ferr = fmt.Errorf("workload: request %d: %w", n, err)
+				}
+				cancel()
+				return
+			}
+			pt.Samples = append(pt.Samples, s)
+		})
+	}
+	wg.Wait()
+	pt.Elapsed = time.Since(start)
+	if ferr == nil {
+		ferr = ctx.Err()
+	}
+	return pt, ferr
+}
+
+// PlotSeries is one named line of SavePlot.
+type PlotSeries struct {
+	Name string
+	XY   plotter.XYs
+}
+
+// SavePlot writes a line plot of ss to dir/file (PNG).
+func SavePlot(dir, file, title, x, y string, ss []PlotSeries) error {
+	in := make([]plotSeries, len(ss))
+	for i, s := range ss {
+		in[i] = plotSeries{s.Name, s.XY}
+	}
+	return savePlot(dir, file, title, x, y, in)
+}
