@@ -139,6 +139,20 @@ cuda-check: cuda-toolkit
 	CGO_ENABLED=1 $(GO) vet -tags cuda $(CUDA_TAGGED)
 	CGO_ENABLED=1 $(GO) test -count=1 -run 'TestPTX|TestHost' ./cudakern/kern
 
+# The payload of scripts/device/gpu-check.sh, the one prepared GPU run:
+# the cuda-tagged test binaries (the PTX embedded) and demo, in the ignored
+# out/gpu-check, at most 64 MiB (the device tool's carry limit).
+GPU_PAYLOAD := out/gpu-check
+.PHONY: gpu-payload
+gpu-payload: cuda-toolkit
+	rm -rf $(GPU_PAYLOAD) && mkdir -p $(GPU_PAYLOAD)
+	CGO_ENABLED=1 $(GO) test -tags cuda -c -ldflags=-s -o $(GPU_PAYLOAD)/cudakern_gpu.test ./cudakern/gpu
+	CGO_ENABLED=1 $(GO) test -tags cuda -c -ldflags=-s -o $(GPU_PAYLOAD)/kvtier_cuda.test ./kvtier
+	CGO_ENABLED=1 $(GO) build -tags cuda -trimpath -ldflags "-s $(LDFLAGS)" -o $(GPU_PAYLOAD)/kvmesh-demo ./cmd/kvmesh-demo
+	git rev-parse HEAD >$(GPU_PAYLOAD)/BUILT_AT
+	@n=$$(du -cb $(GPU_PAYLOAD) | tail -1 | cut -f1); echo "$(GPU_PAYLOAD): $$n bytes"; \
+		[ $$n -le 67108864 ] || { echo "over the 64 MiB carry limit"; exit 1; }
+
 # The Prometheus alert rules: syntax, and alerts firing on test series.
 .PHONY: check-rules docs
 PROM_RULES := deploy/prometheus/kvmesh-rules.yml

@@ -15,10 +15,12 @@
 //     cache dtype and scatters both into the named slots in one pass over the
 //     bytes, split over a fixed set of worker goroutines.
 //
-// The CPU implementation here is always built. A CUDA implementation will
-// live behind the `cuda` build tag and provide the same methods; callers
-// should declare the small interface they need (for example one with the
-// Inject method) rather than depend on the concrete type.
+// The CPU implementation here is always built. The CUDA one (package
+// cudakern/gpu, behind the `cuda` build tag) has the same methods (Kernel)
+// and the same bits: its arithmetic is cudakern/kern's inject.h, which the
+// host checks there hold to this package's kernels. New picks it when it
+// is linked and a device answers. DeviceJobOf is a Job as the kernels
+// read it.
 //
 // Speed: on amd64 with AVX2 (AVX-512 and AVX512-BF16 where present) every
 // path is vectorised (kernel_amd64.s), with the same bits as the Go code,

@@ -226,6 +226,11 @@ func (t *RopeTable) Row(pos int) (cos, sin []float32) {
 	return row[:t.half:t.half], row[t.half:]
 }
 
+// Rows returns every row of the table, position p's cos then sin at
+// [p*RotaryDim, (p+1)*RotaryDim), aliasing the table (the CUDA injector
+// uploads it once); the caller must not modify it.
+func (t *RopeTable) Rows() []float32 { return t.cs[:len(t.cs):len(t.cs)] }
+
 // rowBuf holds cos and sin computed on the fly for positions outside the
 // table; 2048 covers every head dim chunk.ModelSpec allows.
 type rowBuf [2 * 2048]float32

@@ -48,9 +48,51 @@ type Injector struct {
 	fn      cu.Function
 	stream  cu.Stream
 	events  []cu.Event
-	meta    devBuf // job, addresses, slots, cos/sin, error word
-	data    devBuf // a host job's source and cache layers
+	meta    devBuf // job, addresses, slots, error word
+	data    devBuf // a host job's source and compact cache layers
 	staging []byte // the host image of meta
+	tables  []table
+}
+
+// table is a RopeTable's rows in device memory, uploaded once: a job's
+// cos/sin are the rows of its positions there.
+type table struct {
+	t   *cudakern.RopeTable
+	buf devBuf
+}
+
+// maxTables bounds the tables kept on the device (a node serves a few
+// models; each table is MaxPositions*RotaryDim float32).
+const maxTables = 4
+
+// rows returns the device address of t's rows, uploading them the first
+// time (the oldest table makes room). Owner thread.
+func (in *Injector) rows(t *cudakern.RopeTable) (cu.DevicePtr, error) {
+	for i, tb := range in.tables {
+		if tb.t == t {
+			copy(in.tables[1:i+1], in.tables[:i]) // most recent first
+			in.tables[0] = tb
+			return tb.buf.ptr, nil
+		}
+	}
+	if len(in.tables) == maxTables {
+		old := in.tables[maxTables-1]
+		in.tables = in.tables[:maxTables-1]
+		if err := old.buf.free(); err != nil {
+			return 0, cuErr("freeing a rope table", err)
+		}
+	}
+	r := t.Rows()
+	tb := table{t: t}
+	if err := tb.buf.reserve(int64(4 * len(r))); err != nil {
+		return 0, cuErr("allocating a rope table", err)
+	}
+	if err := cu.MemcpyHtoD(tb.buf.ptr, unsafe.Pointer(unsafe.SliceData(r)), int64(4*len(r))); err != nil {
+		_ = tb.buf.free()
+		return 0, cuErr("copying a rope table", err)
+	}
+	in.tables = append([]table{tb}, in.tables...)
+	return tb.buf.ptr, nil
 }
 
 type req struct {
@@ -168,6 +210,9 @@ func (in *Injector) run(ready chan<- error) {
 	undo = append(undo, in.stream.Destroy, in.meta.free, in.data.free, func() error {
 		for i := range in.events {
 			_ = cu.DestroyEvent(&in.events[i])
+		}
+		for i := range in.tables {
+			_ = in.tables[i].buf.free()
 		}
 		return nil
 	})
@@ -327,17 +372,21 @@ func checkTarget(j *cudakern.Job, t Target) error {
 	return nil
 }
 
-// launch uploads the job's metadata (the job, the layer addresses, the
-// slots and the cos/sin rows) in one copy, launches one kernel per layer,
-// records an event after each and waits for them in order. Owner thread.
+// launch uploads the job's metadata (the job, the layer addresses and the
+// slots; the cos/sin rows are the table's, uploaded once) in one copy,
+// launches one kernel per layer, records an event after each and waits
+// for them in order. Owner thread.
 func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.DeviceJob, src, dst []uint64, layerDone func(int)) error {
 	layers := len(dst)
+	rows, err := in.rows(j.Rope)
+	if err != nil {
+		return err
+	}
 	jobBytes := int(unsafe.Sizeof(dj))
 	off := func(n int) int { return (n + 255) &^ 255 }
 	addrAt := off(jobBytes)
 	slotAt := addrAt + off(16*layers)
-	csAt := slotAt + off(8*j.Tokens)
-	errAt := csAt + off(4*j.Tokens*int(dj.Half)*2)
+	errAt := slotAt + off(8*j.Tokens)
 	total := errAt + 256
 	if err := in.meta.reserve(int64(total)); err != nil {
 		return cuErr("allocating the job", err)
@@ -351,7 +400,7 @@ func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.Dev
 	dj.Src = base + uint64(addrAt)
 	dj.Dst = base + uint64(addrAt+8*layers)
 	dj.Slots = base + uint64(slotAt)
-	dj.CS = base + uint64(csAt)
+	dj.CS = uint64(rows) + uint64(4*j.Pos*2*int(dj.Half))
 	dj.Err = base + uint64(errAt)
 	*(*cudakern.DeviceJob)(unsafe.Pointer(&img[0])) = dj
 	copy(unsafe.Slice((*uint64)(unsafe.Pointer(&img[addrAt])), layers), src)
@@ -360,8 +409,6 @@ func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.Dev
 	for i, s := range j.Slots {
 		slots[i] = int64(s)
 	}
-	cs := unsafe.Slice((*float32)(unsafe.Pointer(&img[csAt])), j.Tokens*int(dj.Half)*2)
-	j.CosSin(cs[:0])
 	if err := cu.MemcpyHtoDAsync(in.meta.ptr, unsafe.Pointer(&img[0]), int64(total), in.stream); err != nil {
 		return in.drain(cuErr("copying the job in", err))
 	}

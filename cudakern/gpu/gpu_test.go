@@ -286,12 +286,13 @@ func TestGPURefusals(t *testing.T) {
 	}
 }
 
-// benchLayout is one layer of a Llama-3-8B-like cache: 8 KV heads of 128
-// dims, bf16, 4096 tokens injected.
+// benchJob is 8 layers of a Llama-3-8B-like cache: 8 KV heads of 128
+// dims, bf16, 4096 tokens injected into slots 0..4095; its bytes are the
+// raw K and V the job writes.
 func benchJob(b *testing.B, in *Injector, codec chunk.Codec) (*cudakern.Job, Target, int64) {
 	rng := rand.New(rand.NewPCG(1, 2))
-	sp := chunk.ModelSpec{Family: "llama", Layers: 1, KVHeads: 8, HeadDim: 128, DType: chunk.BF16, RopeStyle: chunk.RopeNeoX, RopeTheta: 500000}
-	const tokens = 4096
+	const tokens, layers = 4096, 8
+	sp := chunk.ModelSpec{Family: "llama", Layers: layers, KVHeads: 8, HeadDim: 128, DType: chunk.BF16, RopeStyle: chunk.RopeNeoX, RopeTheta: 500000}
 	tab, err := cudakern.NewRopeTable(sp, tokens)
 	if err != nil {
 		b.Fatal(err)
@@ -301,13 +302,17 @@ func benchJob(b *testing.B, in *Injector, codec chunk.Codec) (*cudakern.Job, Tar
 	for i := range slots {
 		slots[i] = i
 	}
-	raw := values(rng, chunk.BF16, 2*tokens*8*128)
-	src := raw
+	raw := values(rng, chunk.BF16, layers*2*tokens*8*128)
+	lb := len(raw) / layers
+	srcs := make([][]byte, layers)
+	for l := range srcs {
+		srcs[l] = raw[l*lb : (l+1)*lb]
+	}
 	if codec != chunk.CodecRaw {
 		toks := make([]uint32, tokens)
 		fp := sp.Fingerprint()
 		e := &chunk.Entry{Key: chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, toks), Context: chunk.StandaloneContext()},
-			DType: chunk.BF16, Layers: 1, KVHeads: 8, HeadDim: 128, Tokens: toks, KV: raw}
+			DType: chunk.BF16, Layers: layers, KVHeads: 8, HeadDim: 128, Tokens: toks, KV: raw}
 		blob, err := chunk.Encode(nil, e, codec)
 		if err != nil {
 			b.Fatal(err)
@@ -316,18 +321,25 @@ func benchJob(b *testing.B, in *Injector, codec chunk.Codec) (*cudakern.Job, Tar
 		if err != nil {
 			b.Fatal(err)
 		}
-		if src, err = hd.LayerPayload(blob, 0); err != nil {
-			b.Fatal(err)
+		for l := range srcs {
+			if srcs[l], err = hd.LayerPayload(blob, l); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	j := &cudakern.Job{Rope: tab, SrcDType: chunk.BF16, Tokens: tokens, SrcHeads: 8, Slots: slots, Layout: lay,
-		Dst: [][]byte{make([]byte, lay.LayerBytes())}}
-	t := Target{Codec: codec, Src: []uint64{devAlloc(b, in, src)}, Dst: []uint64{devAlloc(b, in, j.Dst[0])}}
+		Dst: make([][]byte, layers)}
+	t := Target{Codec: codec}
+	for l := range j.Dst {
+		j.Dst[l] = make([]byte, lay.LayerBytes())
+		t.Src = append(t.Src, devAlloc(b, in, srcs[l]))
+		t.Dst = append(t.Dst, devAlloc(b, in, j.Dst[l]))
+	}
 	return j, t, int64(len(raw))
 }
 
-// BenchmarkGPUInject: rotate + scatter of one bf16 layer, device to device;
-// bytes are the raw K and V written.
+// BenchmarkGPUInject: rotate + scatter (raw) and fused dequant + rotate +
+// scatter (int8, int4, fp8) of 8 bf16 layers, device to device.
 func BenchmarkGPUInject(b *testing.B) {
 	in := open(b)
 	for _, codec := range []chunk.Codec{chunk.CodecRaw, chunk.CodecInt8, chunk.CodecInt4, chunk.CodecFP8} {
@@ -348,13 +360,13 @@ func BenchmarkGPUInject(b *testing.B) {
 // reference BenchmarkGPUInject is read against.
 func BenchmarkGPUCopy(b *testing.B) {
 	in := open(b)
-	j, tgt, n := benchJob(b, in, chunk.CodecRaw)
-	_ = j
+	const n = 8 * 2 * 4096 * 8 * 128 * 2
+	src, dst := devAlloc(b, in, make([]byte, n)), devAlloc(b, in, make([]byte, n))
 	b.SetBytes(n)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		err := in.do(func() error {
-			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(tgt.Dst[0]), cu.DevicePtr(tgt.Src[0]), n, in.stream); err != nil {
+			if err := cu.MemcpyDtoDAsync(cu.DevicePtr(dst), cu.DevicePtr(src), n, in.stream); err != nil {
 				return err
 			}
 			return in.stream.Synchronize()
