@@ -134,6 +134,13 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	if err := verifySnapshots(cfg.DataDir, snaps, cfg.SnapshotRetain); err != nil {
 		return nil, err
 	}
+	snapList, err := snaps.List()
+	if err != nil {
+		return nil, fmt.Errorf("meta: list snapshots: %w", err)
+	}
+	if err := verifyStable(cfg.DataDir, walDir, wal, logs, snapList); err != nil {
+		return nil, err
+	}
 	var advertise net.Addr
 	if cfg.RaftAdvertise != "" {
 		if advertise, err = net.ResolveTCPAddr("tcp", cfg.RaftAdvertise); err != nil {

@@ -163,3 +163,43 @@ func verifySnapshot(snaps *raft.FileSnapshotStore, id string) error {
 	_, err = decodeSnapshot(rc)
 	return err
 }
+
+// verifyStable checks raft's term and vote in the stable store (raft-wal
+// keeps them in wal-meta.db, whose values bbolt does not checksum) against
+// what raft guarantees: the current term is at least the term of every
+// entry and snapshot this node holds (raft persists a term before it
+// accepts anything of it), and the term of the last vote is not beyond
+// it. A flip that lowers the term could let the node vote twice in a term.
+func verifyStable(dataDir, walDir string, stable raft.StableStore, log *checkedLog, snaps []*raft.SnapshotMeta) error {
+	path := filepath.Join(walDir, metadb.FileName)
+	cur, err := stable.GetUint64([]byte("CurrentTerm"))
+	if err != nil {
+		return corruptError(dataDir, path, fmt.Errorf("raft's current term: %w", err))
+	}
+	voted, err := stable.GetUint64([]byte("LastVoteTerm"))
+	if err != nil {
+		return corruptError(dataDir, path, fmt.Errorf("raft's last vote term: %w", err))
+	}
+	if voted > cur {
+		return corruptError(dataDir, path, fmt.Errorf("raft voted in term %d, after its current term %d", voted, cur))
+	}
+	var held uint64
+	if len(snaps) > 0 {
+		held = snaps[0].Term
+	}
+	last, err := log.LastIndex()
+	if err != nil {
+		return corruptError(dataDir, "raft log", err)
+	}
+	if last > 0 {
+		var l raft.Log
+		if err := log.GetLog(last, &l); err != nil {
+			return corruptError(dataDir, "raft log", err)
+		}
+		held = max(held, l.Term)
+	}
+	if cur < held {
+		return corruptError(dataDir, path, fmt.Errorf("raft's current term %d is before term %d of the state it holds", cur, held))
+	}
+	return nil
+}

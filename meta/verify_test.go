@@ -418,3 +418,30 @@ func TestOpenDataDirWithoutChecksums(t *testing.T) {
 		t.Fatal("model written with a checksum not applied after a reopen")
 	}
 }
+
+// TestOpenRefusesDamagedTerm: raft's term and vote in wal-meta.db that
+// contradict the log it holds (as a bit flip in their values would; bbolt
+// checksums no values).
+func TestOpenRefusesDamagedTerm(t *testing.T) {
+	one := []byte{1, 0, 0, 0, 0, 0, 0, 0}
+	for name, tc := range map[string]struct {
+		set  map[string][]byte
+		want string
+	}{
+		"term before the log's": {map[string][]byte{"CurrentTerm": one, "LastVoteTerm": one}, "current term 1 is before term 2"},
+		"vote after the term":   {map[string][]byte{"LastVoteTerm": {0, 0, 0, 0, 0, 0, 0, 1}}, "after its current term"},
+		"term of 7 bytes":       {map[string][]byte{"CurrentTerm": {2, 0, 0, 0, 0, 0, 0}}, "current term"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cfg := soloWithModels(t, "rev-term")
+			w, md := rawWAL(t, filepath.Join(cfg.DataDir, "raft", "wal"))
+			for k, v := range tc.set {
+				if err := w.Set([]byte(k), v); err != nil {
+					t.Fatal(err)
+				}
+			}
+			closeWAL(t, w, md)
+			wantCorrupt(t, cfg, tc.want)
+		})
+	}
+}
