@@ -31,6 +31,7 @@ kvmesh-bench -accuracy's code on train/recall).
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import ipaddress
 import logging
@@ -127,6 +128,7 @@ class Mesh:
         self.layout = CacheLayout(-(-cache_tokens // block_size), block_size, s.kv_heads, s.head_dim, s.dtype)
         self.cache = PagedCache(s.layers, self.layout)
         self._injector = None
+        self.last: "Prefill | None" = None  # what the last prefill or generate did
         try:
             self._host = [cache_tensor(self.cache, l) for l in range(s.layers)]
             # On a GPU the model computes in its own cache; injected slots
@@ -251,9 +253,27 @@ class Mesh:
                         before, ctx = prefix, (prefix_context(end) if prefix else standalone_context())
                     ents.append(self._entry(c, ctx, self._encode(before, c)))
                     flat += c
-        for e in ents:
-            self.client.put(e)
+        self._put(ents, strict=True)
         return [e.key for e in ents]
+
+    def _put(self, ents: "list[Entry]", strict: bool) -> "list[Key]":
+        """Puts ents concurrently (the client is thread-safe); returns the
+        keys stored. strict: the first failure raises; otherwise failures
+        are logged and skipped (write-back is best effort)."""
+        if not ents:
+            return []
+        with concurrent.futures.ThreadPoolExecutor(min(8, len(ents))) as ex:
+            futs = [ex.submit(self.client.put, e) for e in ents]
+        stored = []
+        for e, f in zip(ents, futs, strict=True):
+            try:
+                f.result()
+                stored.append(e.key)
+            except KvmeshError as err:
+                if strict:
+                    raise
+                log.warning("kvmesh: write-back of %s failed: %s", e.key, err)
+        return stored
 
     # -- prefill -------------------------------------------------------------
 
@@ -267,12 +287,13 @@ class Mesh:
         ranks tokens (Go's Request.CheckLayer)."""
         with self._lock:
             out, _, _ = self._prefill(chunks, query, approximate, recompute, bound, write_back, accept, check_layer, 0)
+            self.last = out
         return out
 
     def generate(self, chunks, query, max_new_tokens: int = 8, stop=None, **options) -> "list[int]":
         """prefill(chunks, query, **options), then greedy decoding of up to
         max_new_tokens tokens, ending after a stop token (included; one ID
-        or several)."""
+        or several). Mesh.last holds the prefill's Prefill."""
         if not _is_int(max_new_tokens) or max_new_tokens < 0:
             raise UsageError(f"Mesh.generate: max_new_tokens {max_new_tokens!r}: want a non-negative int")
         allowed = {"approximate", "recompute", "bound", "write_back", "accept", "check_layer"}
@@ -284,6 +305,7 @@ class Mesh:
         with self._lock:
             out, all_, caches = self._prefill(chunks, query, o["approximate"], o["recompute"], o["bound"],
                                               o["write_back"], o["accept"], o["check_layer"], max_new_tokens)
+            self.last = out
             return self.model.decode(all_, out.logits, caches, list(range(len(all_))), max_new_tokens, stop)
 
     def _prefill(self, chunks, query, approximate, recompute, bound, write_back, accept, check_layer, extra):
@@ -405,12 +427,5 @@ class Mesh:
             kv = torch.stack([torch.stack([k[[rw[t] for t in range(lo, hi)]], v[[rw[t] for t in range(lo, hi)]]])
                               for (k, v), rw in zip(fw.kv, rows, strict=True)])
             ents.append(self._entry(c, ctxs[i], kv))
-        stored = []
-        for e in ents:
-            try:
-                self.client.put(e)
-                stored.append(e.key)
-            except KvmeshError as err:
-                log.warning("kvmesh: write-back of %s failed: %s", e.key, err)
-        return stored
+        return self._put(ents, strict=False)
 

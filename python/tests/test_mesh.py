@@ -74,7 +74,7 @@ def test_same_matches_and_answers_as_the_engine(cluster, torch_threads):
                 how = "bound" if m["bound"] else "recompute" if m["recompute"] else "use"
                 opts = dict(approximate=how, recompute=m["recompute"] or 0.15, bound=m["bound"] or 0.5)
                 got[name].append(mesh.generate(chunks, q, **gen, **opts))
-                matches[name].append(mesh.prefill(chunks, q, write_back=False, **opts).matches)
+                matches[name].append(mesh.last.matches)
         for name, m in methods.items():
             same = sum(a == b for a, b in zip(got[name], m["answers"], strict=True))
             print(f"{name}: {same} of {len(m['answers'])} answers as the engine's")

@@ -12,7 +12,7 @@ import kvmesh  # noqa: E402
 from kvmesh import Match  # noqa: E402
 from kvmesh.inject import CacheLayout, InjectChunk, PagedCache  # noqa: E402
 from kvmesh.torch import KVCapture, cache_tensor, chunk_entries  # noqa: E402
-from tinyllama import TinyLlama  # noqa: E402
+from kvmesh.torch.examples import TinyLlama  # noqa: E402
 
 CHUNK, SUFFIX, BLOCK = 64, 8, 16
 TOL = 1e-4
@@ -143,7 +143,7 @@ def test_capture_matches_pre_rope_keys(setup):
         with KVCapture(model, model.spec) as cap:
             model(tokens, pos, caches, pos, pos)
         kv = cap.kv()
-        from tinyllama import rotate
+        from kvmesh.torch.examples import rotate
         k_cache = caches[1].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[0, :n]
         assert torch.equal(rotate(kv[1, 0], model.cos[:n], model.sin[:n]), k_cache)
         assert torch.equal(kv[1, 1], caches[1].view(2, -1, model.spec.kv_heads, model.spec.head_dim)[1, :n])
@@ -239,3 +239,15 @@ def test_registration_refusals(setup, cluster, tmp_path):
             for what, (step, msg) in answers.items():
                 assert step in ("socket", grpc.StatusCode.PERMISSION_DENIED), (what, step, msg)
                 assert msg == "shared memory refused", (what, msg)
+
+
+def test_tiny_llama_checkpoint_loads_in_llama_model(model, tmp_path):
+    """save_pretrained writes TinyLlama as an HF checkpoint: LlamaModel runs
+    the same model."""
+    from kvmesh.torch import LlamaModel
+    from kvmesh.torch.examples import save_pretrained
+    save_pretrained(model, tmp_path)
+    lm = LlamaModel.from_pretrained(tmp_path)
+    tokens = prompt(0, 3)[:50]
+    ref = run_full(model, tokens)[-1]
+    assert (lm.prefill(tokens) - ref).abs().max().item() < 1e-4

@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tinyllama import rope_tables, rotate  # noqa: E402
+from kvmesh.torch.examples import rope_tables, rotate  # noqa: E402
 
 
 def unrotate(x, cos, sin):

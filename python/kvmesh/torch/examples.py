@@ -1,20 +1,31 @@
-"""A small Llama in PyTorch for the injection tests: RMSNorm, grouped-query
+"""Example models for trying kvmesh with PyTorch.
+
+TinyLlama is a small Llama as plain torch modules: RMSNorm, grouped-query
 attention with NeoX RoPE, SwiGLU MLP, in float32, with random weights. Its
 attention reads and writes a paged KV cache (kvmesh.inject.PagedCache, NHD)
 through a slot mapping, as vLLM's does, so the same code runs a full
 prefill and a prompt whose chunks kvmesh injected. Module names follow
-Hugging Face (model.layers[i].self_attn.k_proj, ...) so kvmesh.torch's
-default capture patterns find the pre-RoPE keys and values."""
+Hugging Face (layers[i].self_attn.k_proj, ...) so kvmesh.torch.KVCapture's
+default patterns find the pre-RoPE keys and values. save_pretrained writes
+it as a Hugging Face checkpoint that kvmesh.torch.LlamaModel loads.
+
+    model = TinyLlama(seed=7)
+    logits = model(tokens, positions, caches, slots, seq_slots)   # [T, vocab]
+"""
 
 from __future__ import annotations
 
+import json
 import math
+import os
 
 import numpy as np
 import torch
 from torch import nn
 
-from kvmesh.keys import DType, ModelSpec, RopeStyle
+from ..keys import DType, ModelSpec, RopeStyle
+
+__all__ = ["TinyLlama", "rope_tables", "rotate", "save_pretrained"]
 
 
 def rope_tables(head_dim: int, theta: float, positions: int):
@@ -36,6 +47,8 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class RMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2) + eps) * weight."""
+
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
@@ -46,6 +59,8 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
+    """Grouped-query attention over a paged cache (see TinyLlama.forward)."""
+
     def __init__(self, hidden, heads, kv_heads, head_dim):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
@@ -74,6 +89,8 @@ class Attention(nn.Module):
 
 
 class Layer(nn.Module):
+    """One decoder layer: attention and a SwiGLU MLP, each after an RMSNorm."""
+
     def __init__(self, hidden, heads, kv_heads, head_dim, ffn):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden)
@@ -90,9 +107,14 @@ class Layer(nn.Module):
 
 
 class TinyLlama(nn.Module):
+    """A random-weight Llama (seed picks the weights); .spec is its
+    kvmesh.ModelSpec."""
+
     def __init__(self, layers=2, hidden=64, heads=4, kv_heads=2, head_dim=16, ffn=128, vocab=512,
                  theta=10000.0, max_positions=4096, seed=0):
         super().__init__()
+        self.shape = dict(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, head_dim=head_dim, ffn=ffn,
+                          vocab=vocab, theta=theta, max_positions=max_positions)
         torch.manual_seed(seed)
         self.spec = ModelSpec("llama", layers, kv_heads, head_dim, DType.F32, RopeStyle.NEOX, theta,
                               weights_revision=f"tinyllama-test-seed{seed}", tokenizer_id="bytes")
@@ -115,3 +137,30 @@ class TinyLlama(nn.Module):
         for layer, cache in zip(self.layers, caches):
             x = layer(x, cos, sin, cache, slots, seq_slots, positions)
         return self.lm_head(self.norm(x))
+
+
+def save_pretrained(model: TinyLlama, path: str) -> None:
+    """Writes model as a Hugging Face Llama checkpoint (config.json and
+    model.safetensors, HF tensor names) that LlamaModel.from_pretrained
+    loads: the same forward pass, over plain tensors."""
+    from .. import safetensors
+    sh = model.shape
+    os.makedirs(path, exist_ok=True)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": sh["hidden"],
+           "intermediate_size": sh["ffn"], "num_hidden_layers": sh["layers"], "num_attention_heads": sh["heads"],
+           "num_key_value_heads": sh["kv_heads"], "head_dim": sh["head_dim"], "vocab_size": sh["vocab"],
+           "rms_norm_eps": 1e-5, "rope_theta": sh["theta"], "max_position_embeddings": sh["max_positions"],
+           "tie_word_embeddings": False, "torch_dtype": "float32"}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    out = {}
+    for name, t in model.state_dict().items():
+        if name.startswith("layers."):
+            i, rest = name.split(".", 2)[1:]
+            if rest.split(".")[0] in ("gate_proj", "up_proj", "down_proj"):
+                rest = "mlp." + rest
+            name = f"model.layers.{i}.{rest}"
+        elif name != "lm_head.weight":
+            name = "model." + name
+        out[name] = t.detach().cpu().numpy()
+    safetensors.write(os.path.join(path, "model.safetensors"), out, {"format": "pt"})
