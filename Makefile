@@ -29,7 +29,7 @@ ACCURACY_PROMPTS ?= 0
 ACCURACY_BUDGET ?= 10m
 TRAIN_FLAGS ?= --seed 11 --head-dim 64 --heads 4 --kv-heads 2 --budget 2048 --nq 12 --ramp 0.4 --att-weight 1 --att-layer 3 --steps 1000000 --eval-every 1000000 --eval-n 12
 
-.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy bench-accuracy-facts50 train-recall bench-rebalance bench-redis bench-linkrate soak redis-tools run proto proto-python tools python-deps test-python clean
+.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy bench-accuracy-facts50 bench-serving train-recall bench-rebalance bench-redis bench-linkrate soak redis-tools run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -250,6 +250,15 @@ bench-accuracy:
 # The facts k=50 target (APPROXIMATE with r=15% within 1 point of full
 # prefill) needs a few hundred prompts to decide: 400 held-out facts
 # prompts at k=50 of their own seed, every way, in docs/bench/facts50.
+# Concurrent serving through a 3-node cluster (engine.Scheduler): closed-loop
+# users and open-loop Poisson arrivals, each way, and TTFT against k at a
+# realistic shape; docs/bench/SERVING.md quotes its output.
+bench-serving:
+	mkdir -p out
+	$(GO) run ./cmd/kvmesh-demo -sections serving,shape -serve-users 1,10,25,50,100 -serve-k 10,50 \
+		-serve-rates 5,10,20,40,80 -serve-duration 1500ms -serve-warm 500ms \
+		-shape-k 5,10,20,50 -shape-prompt-k 5,50 -shape-queries 3 -cpuprofile out/serving.prof -out docs/bench | tee out/serving.txt
+
 bench-accuracy-facts50:
 	mkdir -p out
 	/usr/bin/python3 train/gen.py --seed 5678 --n 400 --tasks facts --ks 50 --out out/eval-facts50.json

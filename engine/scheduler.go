@@ -38,8 +38,13 @@ type Scheduler struct {
 
 	in   chan *job
 	stop chan struct{}
-	done chan struct{}
-	once sync.Once
+	// freed is closed (and replaced) whenever a request leaves, for
+	// requests waiting for cache slots.
+	mu    sync.Mutex
+	freed chan struct{}
+	live  int // requests holding slots
+	done  chan struct{}
+	once  sync.Once
 }
 
 // Served is one request's outcome through the Scheduler.
@@ -76,7 +81,7 @@ func NewScheduler(e *Engine, cfg SchedulerConfig) *Scheduler {
 	if cfg.MaxBatchTokens <= 0 {
 		cfg.MaxBatchTokens = 1024
 	}
-	s := &Scheduler{e: e, cfg: cfg, in: make(chan *job), stop: make(chan struct{}), done: make(chan struct{})}
+	s := &Scheduler{e: e, cfg: cfg, in: make(chan *job), stop: make(chan struct{}), done: make(chan struct{}), freed: make(chan struct{})}
 	go s.loop()
 	return s
 }
@@ -100,10 +105,10 @@ func (s *Scheduler) Serve(ctx context.Context, req Request, generate int) (*Serv
 	select {
 	case s.in <- j:
 	case <-ctx.Done():
-		j.s.Release()
+		s.release(j.s)
 		return nil, ctx.Err()
 	case <-s.stop:
-		j.s.Release()
+		s.release(j.s)
 		return nil, ErrClosed
 	}
 	<-j.finished
@@ -130,10 +135,7 @@ func (s *Scheduler) prepare(j *job) error {
 	if err != nil {
 		return err
 	}
-	e.mu.Lock()
-	err = seq.grow(all)
-	e.mu.Unlock()
-	if err != nil {
+	if err := s.reserve(j.ctx, seq, all); err != nil {
 		seq.Release()
 		return err
 	}
@@ -143,12 +145,39 @@ func (s *Scheduler) prepare(j *job) error {
 		e.injectRemote(j.ctx, s.cfg.Injector, req, starts, seq, j.state, j.resp)
 		j.resp.Inject = time.Since(t1)
 		if err := j.ctx.Err(); err != nil {
-			seq.Release()
+			s.release(seq)
 			return err
 		}
 	}
 	j.solo = req.repairs() && slices.Contains(j.state, chunk.MatchApproximate)
 	return nil
+}
+
+// reserve grows seq by tokens, waiting while the cache is full and other
+// requests hold slots (they free them as they finish): admission control,
+// so load past saturation queues instead of failing.
+func (s *Scheduler) reserve(ctx context.Context, seq *Sequence, tokens []uint32) error {
+	for {
+		s.mu.Lock()
+		freed, live := s.freed, s.live
+		s.e.mu.Lock()
+		err := seq.grow(tokens)
+		s.e.mu.Unlock()
+		if err == nil {
+			s.live++
+		}
+		s.mu.Unlock()
+		if !errors.Is(err, ErrCacheFull) || live == 0 {
+			return err
+		}
+		select {
+		case <-freed:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-s.stop:
+			return ErrClosed
+		}
+	}
 }
 
 // checkRequest validates a request's parameters.
@@ -325,7 +354,7 @@ func (s *Scheduler) failAll(batch []*job, err error) []*job {
 
 // finish releases the job's sequence and answers its caller.
 func (s *Scheduler) finish(j *job, err error) {
-	j.s.Release()
+	s.release(j.s)
 	if err != nil {
 		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 			err = fmt.Errorf("engine: scheduled request: %w", err)
@@ -336,4 +365,15 @@ func (s *Scheduler) finish(j *job, err error) {
 		j.res.Total = time.Since(j.t0)
 	}
 	close(j.finished)
+}
+
+// release returns a request's slots and wakes the requests waiting for
+// them.
+func (s *Scheduler) release(seq *Sequence) {
+	seq.Release()
+	s.mu.Lock()
+	s.live--
+	close(s.freed)
+	s.freed = make(chan struct{})
+	s.mu.Unlock()
 }

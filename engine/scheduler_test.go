@@ -201,6 +201,35 @@ func TestSchedulerMatchesAlone(t *testing.T) {
 	}
 }
 
+// TestSchedulerQueuesForCache: more concurrent requests than the cache
+// holds wait for slots instead of failing.
+func TestSchedulerQueuesForCache(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	e := newTestEngine(t, tinyConfig(), 4)
+	s := NewScheduler(e, SchedulerConfig{})
+	defer s.Close()
+	r := rand.New(rand.NewPCG(4, 5))
+	const n = 8 // 8 x 600 tokens in a cache of 2048
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		prompt := randTokens(r, 600, e.cfg.VocabSize)
+		wg.Go(func() {
+			_, errs[i] = s.Serve(ctx, Request{Segments: []Segment{{Tokens: prompt}}}, 2)
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("request %d: %v", i, err)
+		}
+	}
+	if free := e.FreeTokens(); free != 2048 {
+		t.Errorf("%d cache tokens free after the requests, want all 2048", free)
+	}
+}
+
 // TestSchedulerClose: a closed scheduler refuses requests.
 func TestSchedulerClose(t *testing.T) {
 	e := newTestEngine(t, tinyConfig(), 3)

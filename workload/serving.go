@@ -63,26 +63,40 @@ func sampleQuantile(ss []ServingSample, q float64, f func(ServingSample) time.Du
 }
 
 // ClosedLoop runs users concurrent users, each sending its next request
-// when the last is answered (the InferScale paper's load), for warm and
-// then d: the point is the requests that finish within d, over d (the
-// warm-up lets every user's first request, which all arrive at once, pass
-// before the count starts). The first error stops every user.
+// when the last is answered (the InferScale paper's load). The count
+// starts once every user has had a request answered and at least warm has
+// passed (the users' first requests all arrive at once), and runs for d:
+// the point is the requests that finish within it, over d. The first error
+// stops every user.
 func ClosedLoop(ctx context.Context, users int, warm, d time.Duration, serve ServeFunc) (ServingPoint, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	type done struct {
+		s  ServingSample
+		at time.Time
+	}
 	var (
-		mu   sync.Mutex
-		pt   = ServingPoint{Users: users, Elapsed: d}
-		ferr error
-		wg   sync.WaitGroup
+		mu      sync.Mutex
+		samples []done
+		ferr    error
+		wg      sync.WaitGroup
+		first   sync.WaitGroup // users without an answer yet
+		stop    = make(chan struct{})
 	)
-	from := time.Now().Add(warm)
-	to := from.Add(d)
+	start := time.Now()
+	first.Add(users)
 	for u := range users {
 		wg.Go(func() {
-			for n := 0; time.Now().Before(to); n++ {
+			for n := 0; ; n++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
 				s, err := serve(ctx, u, n)
-				now := time.Now()
+				if n == 0 {
+					first.Done()
+				}
 				mu.Lock()
 				if err != nil {
 					if ferr == nil && ctx.Err() == nil {
@@ -92,14 +106,33 @@ func ClosedLoop(ctx context.Context, users int, warm, d time.Duration, serve Ser
 					cancel()
 					return
 				}
-				if !now.Before(from) && !now.After(to) {
-					pt.Samples = append(pt.Samples, s)
-				}
+				samples = append(samples, done{s, time.Now()})
 				mu.Unlock()
 			}
 		})
 	}
+	// Every user's first answer (a failed user counts as answered: the
+	// error ends the run), then warm, then d.
+	first.Wait()
+	from := time.Now()
+	if w := start.Add(warm); w.After(from) {
+		from = w
+	}
+	to := from.Add(d)
+	t := time.NewTimer(time.Until(to))
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+	}
+	close(stop)
 	wg.Wait()
+	pt := ServingPoint{Users: users, Elapsed: d}
+	for _, s := range samples {
+		if !s.at.Before(from) && !s.at.After(to) {
+			pt.Samples = append(pt.Samples, s.s)
+		}
+	}
 	return pt, ferr
 }
 
