@@ -181,11 +181,11 @@ func (c quantCodec) encodeK(params, codes, raw []byte, g quantGeom, s *quantScra
 	for tg := 0; tg < g.kGroups; tg++ {
 		t0, t1 := tg*quantGroupTokens, min((tg+1)*quantGroupTokens, g.tokens)
 		lo, hi := s.lo[:g.chans], s.hi[:g.chans]
-		toF32(lo, raw[t0*rowBytes:(t0+1)*rowBytes], c.dt)
+		WidenRow(lo, raw[t0*rowBytes:(t0+1)*rowBytes], c.dt)
 		copy(hi, lo)
 		for t := t0 + 1; t < t1; t++ {
 			row := s.row[:g.chans]
-			toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
+			WidenRow(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
 			for i, v := range row {
 				// Plain compares, not min/max: NaN is caught below
 				// through Inf-free ranges instead.
@@ -207,7 +207,7 @@ func (c quantCodec) encodeK(params, codes, raw []byte, g quantGeom, s *quantScra
 		}
 		for t := t0; t < t1; t++ {
 			row := s.row[:g.chans]
-			toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
+			WidenRow(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
 			if hasNaN(row) {
 				return fmt.Errorf("%w: %v codec: NaN in keys of token %d", ErrInvalidEntry, c.kind, t)
 			}
@@ -227,7 +227,7 @@ func (c quantCodec) encodeV(params, codes, raw []byte, g quantGeom, s *quantScra
 	gi := 0
 	for t := 0; t < g.tokens; t++ {
 		row := s.row[:g.chans]
-		toF32(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
+		WidenRow(row, raw[t*rowBytes:(t+1)*rowBytes], c.dt)
 		if hasNaN(row) {
 			return fmt.Errorf("%w: %v codec: NaN in values of token %d", ErrInvalidEntry, c.kind, t)
 		}
@@ -543,7 +543,7 @@ func (c quantCodec) decodeK(dst, params, codes []byte, g quantGeom, s *quantScra
 					row[i] = clampF32(zero[i]+float64(b)*scale[i], lim)
 				}
 			}
-			fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
+			NarrowRow(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
 		}
 	}
 	return nil
@@ -609,7 +609,7 @@ func (c quantCodec) decodeV(dst, params, codes []byte, g quantGeom, s *quantScra
 				for i, b := range qg {
 					out[i] = clampF32(float64(lut[b])*scale, lim)
 				}
-				fromF32(dst[t*rowBytes+a*es:t*rowBytes+b*es], out, c.dt)
+				NarrowRow(dst[t*rowBytes+a*es:t*rowBytes+b*es], out, c.dt)
 			}
 		}
 	}
@@ -663,7 +663,7 @@ func (c quantCodec) dequantGroup(out, q []byte, zero, scale, lim float64, s *qua
 	for i, b := range q {
 		row[i] = clampF32(zero+float64(b)*scale, lim)
 	}
-	fromF32(out, row, c.dt)
+	NarrowRow(out, row, c.dt)
 }
 
 // int8Group writes the outputs of int8 codes q sharing the float32
@@ -940,7 +940,7 @@ func lookupPacked(out, src []byte, tab []uint32, stride int) {
 	}
 }
 
-// bf16Bits rounds a finite float32 to bf16 bits, to nearest even (fromF32's
+// bf16Bits rounds a finite float32 to bf16 bits, to nearest even (NarrowRow's
 // rounding).
 func bf16Bits(v float32) uint16 {
 	u := math.Float32bits(v)
@@ -1034,50 +1034,6 @@ func maxFinite(dt DType) float64 {
 		return float64(BF16ToF32(0x7f7f))
 	}
 	return math.MaxFloat32
-}
-
-// toF32 widens a row of dt elements.
-func toF32(dst []float32, src []byte, dt DType) {
-	switch dt {
-	case F32:
-		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
-		}
-	case F16:
-		src = src[:2*len(dst)]
-		for i := range dst {
-			dst[i] = F16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
-		}
-	case BF16:
-		src = src[:2*len(dst)]
-		for i := range dst {
-			dst[i] = BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
-		}
-	}
-}
-
-// fromF32 narrows a row of finite values (the decoders clamp them) into dt
-// elements, rounding to nearest even.
-func fromF32(dst []byte, src []float32, dt DType) {
-	switch dt {
-	case F32:
-		for i, v := range src {
-			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
-		}
-	case F16:
-		dst = dst[:2*len(src)]
-		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
-		}
-	case BF16:
-		dst = dst[:2*len(src)]
-		for i, v := range src {
-			// F32ToBF16 without its NaN case: v is finite.
-			u := math.Float32bits(v)
-			u += 0x7fff + (u>>16)&1
-			binary.LittleEndian.PutUint16(dst[2*i:], uint16(u>>16))
-		}
-	}
 }
 
 func (k quantKind) String() string {

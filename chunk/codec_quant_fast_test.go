@@ -162,7 +162,7 @@ func TestInt8FastParams(t *testing.T) {
 			for b := 0; b < 256; b++ {
 				ref := []float32{clampF32(zero+float64(b)*scale, lim)}
 				want := make([]byte, 2)
-				fromF32(want, ref, dt)
+				NarrowRow(want, ref, dt)
 				v := z + float32(float32(b)*s)
 				var got uint16
 				if dt == BF16 {

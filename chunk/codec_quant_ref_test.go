@@ -3,7 +3,7 @@ package chunk
 import "fmt"
 
 // The int8/int4 decoder as it was before the float32 and lookup-table fast
-// paths (float64 per element, a float32 row, then fromF32): the reference
+// paths (float64 per element, a float32 row, then NarrowRow): the reference
 // that TestQuantDecodeMatchesReference holds the decoder bit-identical to.
 // Only the names differ from that version.
 
@@ -76,7 +76,7 @@ func (c quantCodec) decodeKRef(dst, params, codes []byte, g quantGeom, s *quantS
 					row[i] = clampF32(zero[i]+float64(b)*scale[i], lim)
 				}
 			}
-			fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
+			NarrowRow(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
 		}
 	}
 	return nil
@@ -116,7 +116,7 @@ func (c quantCodec) decodeVRef(dst, params, codes []byte, g quantGeom, s *quantS
 				}
 			}
 		}
-		fromF32(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
+		NarrowRow(dst[t*rowBytes:(t+1)*rowBytes], row, c.dt)
 	}
 	return nil
 }

@@ -1,6 +1,10 @@
 package chunk
 
-import "math"
+import (
+	"encoding/binary"
+	"math"
+	"slices"
+)
 
 // Float conversions between float32 and the 16-bit and 8-bit storage types.
 // Narrowing rounds to nearest, ties to even; NaN stays NaN (quiet), Inf stays
@@ -120,4 +124,59 @@ func F32ToFP8E4M3(f float32) uint8 {
 		r++
 	}
 	return sign | uint8(r)
+}
+
+// WidenRow widens the len(dst) little-endian elements of dt at the start of
+// src (F32, F16 or BF16) exactly. Every row of float elements the module
+// reads (codecs, weights, entries) is widened here.
+func WidenRow(dst []float32, src []byte, dt DType) {
+	switch dt {
+	case F32:
+		src = src[:4*len(dst)]
+		for i := range dst {
+			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
+		}
+	case F16:
+		src = src[:2*len(dst)]
+		for i := range dst {
+			dst[i] = F16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
+		}
+	case BF16:
+		src = src[:2*len(dst)]
+		for i := range dst {
+			dst[i] = BF16ToF32(uint16(src[2*i]) | uint16(src[2*i+1])<<8)
+		}
+	}
+}
+
+// NarrowRow writes src as len(src) little-endian elements of dt (F32, F16
+// or BF16) at the start of dst, rounding to nearest even as F32ToF16 and
+// F32ToBF16 do (a NaN stays a NaN). Every row of float elements the module
+// writes is narrowed here.
+func NarrowRow(dst []byte, src []float32, dt DType) {
+	switch dt {
+	case F32:
+		dst = dst[:4*len(src)]
+		for i, v := range src {
+			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
+		}
+	case F16:
+		dst = dst[:2*len(src)]
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToF16(v))
+		}
+	case BF16:
+		dst = dst[:2*len(src)]
+		for i, v := range src {
+			binary.LittleEndian.PutUint16(dst[2*i:], F32ToBF16(v))
+		}
+	}
+}
+
+// AppendRow appends src narrowed to dt (NarrowRow) to dst.
+func AppendRow(dst []byte, src []float32, dt DType) []byte {
+	n := len(dst)
+	dst = slices.Grow(dst, len(src)*dt.Size())[:n+len(src)*dt.Size()]
+	NarrowRow(dst[n:], src, dt)
+	return dst
 }

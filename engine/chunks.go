@@ -98,7 +98,7 @@ func (e *Engine) Encode(ctx context.Context, before, tokens []uint32, cx chunk.C
 		Tokens:  append([]uint32(nil), tokens...),
 	}
 	ent.KV = make([]byte, 0, len(capture)*e.spec.DType.Size())
-	ent.KV = narrow(ent.KV, capture, e.spec.DType)
+	ent.KV = chunk.AppendRow(ent.KV, capture, e.spec.DType)
 	return ent, nil
 }
 
@@ -187,7 +187,7 @@ func (e *Engine) EncodePrompt(ctx context.Context, segs []Segment) ([]*chunk.Ent
 				HeadDim: c.HeadDim,
 				Tokens:  append([]uint32(nil), sg.Tokens...),
 			}
-			ent.KV = narrow(make([]byte, 0, len(kv)*e.spec.DType.Size()), kv, e.spec.DType)
+			ent.KV = chunk.AppendRow(make([]byte, 0, len(kv)*e.spec.DType.Size()), kv, e.spec.DType)
 			out[i] = ent
 		}
 		lo += m
@@ -622,6 +622,6 @@ func EntryF32(ent *chunk.Entry) ([]float32, error) {
 		return nil, errors.New("engine: entry KV size does not match its shape")
 	}
 	out := make([]float32, n)
-	widen(out, ent.KV, ent.DType)
+	chunk.WidenRow(out, ent.KV, ent.DType)
 	return out, nil
 }

@@ -2,12 +2,10 @@ package engine
 
 import (
 	"bufio"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -73,47 +71,10 @@ func ParseSafetensors(b []byte) (map[string]*Tensor, map[string]string, error) {
 			return nil, nil, fmt.Errorf("tensor %q: %w", name, err)
 		}
 		t := &Tensor{DType: dt, Shape: st.Shape, Data: make([]float32, st.NumElements())}
-		widen(t.Data, st.Data, dt)
+		chunk.WidenRow(t.Data, st.Data, dt)
 		out[name] = t
 	}
 	return out, meta, nil
-}
-
-// widen converts little-endian elements of dt into dst.
-func widen(dst []float32, src []byte, dt chunk.DType) {
-	switch dt {
-	case chunk.F32:
-		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
-		}
-	case chunk.F16:
-		for i := range dst {
-			dst[i] = chunk.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
-		}
-	case chunk.BF16:
-		for i := range dst {
-			dst[i] = chunk.BF16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
-		}
-	}
-}
-
-// narrow appends src rounded to dt, little-endian.
-func narrow(dst []byte, src []float32, dt chunk.DType) []byte {
-	switch dt {
-	case chunk.F16:
-		for _, v := range src {
-			dst = binary.LittleEndian.AppendUint16(dst, chunk.F32ToF16(v))
-		}
-	case chunk.BF16:
-		for _, v := range src {
-			dst = binary.LittleEndian.AppendUint16(dst, chunk.F32ToBF16(v))
-		}
-	default:
-		for _, v := range src {
-			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
-		}
-	}
-	return dst
 }
 
 // WriteSafetensors writes tensors (narrowed to each one's DType) in name
@@ -141,7 +102,7 @@ func WriteSafetensors(w io.Writer, tensors map[string]*Tensor, meta map[string]s
 	var buf []byte
 	for _, n := range names {
 		t := tensors[n]
-		buf = narrow(buf[:0], t.Data, t.DType)
+		buf = chunk.AppendRow(buf[:0], t.Data, t.DType)
 		if _, err := bw.Write(buf); err != nil {
 			return fmt.Errorf("engine: write safetensors: %w", err)
 		}

@@ -208,7 +208,7 @@ func weightsRevision(tensors map[string]*Tensor) string {
 			buf = binary.LittleEndian.AppendUint32(buf, uint32(s))
 		}
 		d.Write(buf)
-		buf = narrow(buf[:0], t.Data, chunk.F32)
+		buf = chunk.AppendRow(buf[:0], t.Data, chunk.F32)
 		d.Write(buf)
 	}
 	return fmt.Sprintf("xxh64:%016x", d.Sum64())
