@@ -12,16 +12,16 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 
-def start_cluster(base, n=3, replication=2, quorum=2):
+def start_cluster(base, n=3, replication=2, quorum=2, extra=None):
     """n kvmeshd nodes on loopback that form one ring, with the settings
     R = replication, W = quorum (R < n makes routing pick a proper
-    subset). The caller stops it."""
+    subset) and kvmeshd's further flags extra. The caller stops it."""
     import grpc
     import harness
     import kvmesh
     from kvmesh._pb import admin_pb2, admin_pb2_grpc
 
-    c = harness.Cluster(base, n)
+    c = harness.Cluster(base, n, extra)
     try:
         def formed():
             with kvmesh.Client(c.seeds, deadline=5) as cl:
