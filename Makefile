@@ -29,7 +29,7 @@ ACCURACY_PROMPTS ?= 0
 ACCURACY_BUDGET ?= 10m
 TRAIN_FLAGS ?= --seed 11 --head-dim 64 --heads 4 --kv-heads 2 --budget 2048 --nq 12 --ramp 0.4 --att-weight 1 --att-layer 3 --steps 1000000 --eval-every 1000000 --eval-n 12
 
-.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy bench-accuracy-facts50 bench-serving train-recall bench-rebalance bench-redis bench-linkrate soak redis-tools run proto proto-python tools python-deps test-python clean
+.PHONY: all build test test-short vet fmt-check unit fuzz fuzz-all bench bench-engine bench-workloads bench-workloads-quick bench-steady bench-accuracy bench-accuracy-facts50 bench-serving train-recall bench-rebalance bench-redis bench-resp bench-linkrate soak redis-tools run proto proto-python tools python-deps test-python clean
 
 all: build
 
@@ -104,6 +104,11 @@ tools:
 		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
 		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null) || \
 		echo "warning: prometheus could not be installed; check-rules will SKIP"; }
+	@{ command -v redis-cli && command -v redis-benchmark; } >/dev/null 2>&1 || { \
+		echo "installing redis-tools (redis-cli, redis-benchmark) from Debian"; \
+		(DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+		 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-tools >/dev/null) || \
+		echo "warning: redis-tools could not be installed; the Redis-protocol door's client tests will SKIP"; }
 
 # CUDA. The kernels (cudakern/kern: inject.cu around the __host__
 # __device__ arithmetic of inject.h) compile to PTX that is committed, like
@@ -177,10 +182,10 @@ redis-tools:
 # The Python package (python/) runs on Debian's python3 and packages, not on
 # whatever python3 comes first on PATH (a pyenv one lacks them).
 PYTHON := /usr/bin/python3
-PY_DEBS := python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-torch \
+PY_DEBS := python3-grpcio python3-protobuf python3-numpy python3-xxhash python3-pytest python3-torch python3-redis \
 	libopenblas0-pthread protobuf-compiler protobuf-compiler-grpc
 python-deps:
-	@{ $(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, torch' && \
+	@{ $(PYTHON) -c 'import grpc, google.protobuf, numpy, xxhash, pytest, torch, redis' && \
 		command -v protoc && command -v grpc_python_plugin; } >/dev/null 2>&1 || { \
 		echo "installing the Python suite's Debian packages"; \
 		DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
@@ -232,6 +237,14 @@ bench-rebalance:
 # -putget-profile DIR for the nodes' pprof profiles of every point.
 bench-redis: redis-tools build
 	$(BIN)/kvmesh-bench -putget -kvmeshd $(BIN)/kvmeshd $(BENCH_REDIS_FLAGS)
+
+# redis-benchmark (-t set,get -P 16 -c 8) against kvmesh's Redis-protocol
+# door (one node, and three with R = 3, W = 2) and against redis-server,
+# same value sizes (BENCH_RESP_SIZES, bytes); prints the table of
+# docs/BENCHMARKS.md.
+BENCH_RESP_SIZES ?= 4096 65536 1048576
+bench-resp: redis-tools build
+	KVMESHD=$(BIN)/kvmeshd scripts/bench-resp.sh "$(BENCH_RESP_SIZES)"
 
 # Remote-hit TTFT at k=50 for each codec at emulated 1, 10 and 25 Gbit/s
 # peer links (kvmeshd -peer-link-rate) and unpaced, on 3 kvmeshd processes.
