@@ -25,6 +25,15 @@ type Remote interface {
 	Get(ctx context.Context, key chunk.Key) ([]byte, error)
 }
 
+// Refetcher is a Fetcher that can replace a local entry found corrupt.
+// The Service calls Refetch once for a chunk whose local entry (Fetched
+// with Local set) fails verification: it drops the local copy stored
+// (Fetched.Key) and finds want again, from the replicas then; the local
+// copy is repaired from theirs. It answers as Fetch does.
+type Refetcher interface {
+	Refetch(ctx context.Context, stored, want chunk.Key, why error) (Fetched, error)
+}
+
 // Found is a replica set's answer for one key: the best key it holds and
 // how it fits, or why it could not answer.
 type Found struct {
@@ -290,5 +299,5 @@ func (f TierFetcher) local(ctx context.Context, key chunk.Key, m chunk.Match) (F
 	if err != nil {
 		return Fetched{}, err
 	}
-	return Fetched{Blob: b, Local: true, Match: m}, nil
+	return Fetched{Blob: b, Local: true, Key: key, Match: m}, nil
 }

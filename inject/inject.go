@@ -271,7 +271,7 @@ func (r *request) fetch(req *Request, results []Result) error {
 			f.Blob.Release()
 			return
 		}
-		hits[i], results[i] = r.accept(i, &req.Chunks[i], keys[i].Content, f, err)
+		hits[i], results[i] = r.accept(i, &req.Chunks[i], keys[i], f, err, true)
 	}
 	var err error
 	if bf, ok := r.s.cfg.Fetcher.(BatchFetcher); ok {
@@ -329,9 +329,12 @@ func (r *request) key(ch *Chunk) chunk.Key {
 	return chunk.Key{Fingerprint: fp, Content: content, Context: chunk.Canonical(fp, ch.Context)}
 }
 
-// accept verifies chunk i's fetched entry for content; a nil hit is a MISS
-// (and f is released).
-func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err error) (*hit, Result) {
+// accept verifies chunk i's fetched entry for key; a nil hit is a MISS
+// (and f is released). A local entry that fails verification is dropped
+// and fetched again from the replicas when the Fetcher is a Refetcher
+// (once: refetch).
+func (r *request) accept(i int, ch *Chunk, key chunk.Key, f Fetched, err error, refetch bool) (*hit, Result) {
+	content := key.Content
 	if err != nil || f.Match == chunk.MatchMiss || f.Blob.Len() == 0 {
 		f.Blob.Release()
 		if err != nil && r.ctx.Err() == nil {
@@ -342,6 +345,11 @@ func (r *request) accept(i int, ch *Chunk, content chunk.ID, f Fetched, err erro
 	h := &hit{idx: i, f: f, pos: ch.Pos, slots: ch.Slots}
 	if err := r.verify(h, content, ch); err != nil {
 		f.Blob.Release()
+		if rf, ok := r.s.cfg.Fetcher.(Refetcher); ok && f.Local && refetch {
+			r.s.log.Warn("inject: local entry failed verification; fetching it from a replica", "content", content, "err", err)
+			nf, ferr := rf.Refetch(r.ctx, f.Key, key, err)
+			return r.accept(i, ch, key, nf, ferr, false)
+		}
 		r.s.log.Warn("inject: entry failed verification; chunk is a miss", "content", content, "err", err)
 		return nil, Result{Reason: err}
 	}

@@ -24,8 +24,9 @@ type Fetched struct {
 	// nobody else holds).
 	Blob pinned.Bytes
 	// Local is true when Blob came from this node's own store (else from
-	// a peer).
+	// a peer); Key is the key it is stored under there.
 	Local bool
+	Key   chunk.Key
 	// Arriving is set when Blob is still being received (a stream from a
 	// replica): its head is in place, so the Service verifies the header
 	// (and with it every layer's checksum) at once, and its layers arrive

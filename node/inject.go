@@ -29,7 +29,7 @@ func (n *Node) startInject() (*injector, error) {
 	in.reads = newEntryReads(readsConfig{open: n.fetchMany, get: remote.Get, timeout: n.cfg.RPCTimeout})
 	remote.reads = in.reads
 	svc, err := inject.New(inject.Config{
-		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: remote}, c: in.fetched},
+		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: remote}, c: in.fetched, drop: n.repl.DropCorrupt},
 		Models:  nodeModels{n},
 		Limits:  n.cfg.Limits,
 		Logger:  n.log,
@@ -86,10 +86,19 @@ func (m nodeModels) Model(ctx context.Context, fp chunk.Fingerprint) (chunk.Mode
 }
 
 // countingFetcher counts the bytes a Fetcher returns by where they came
-// from: the local tier or a peer.
+// from: the local tier or a peer. It is an inject.Refetcher: a local copy
+// the injector found corrupt is dropped (drop: replication's DropCorrupt,
+// which has it repaired from a replica) and the key fetched again.
 type countingFetcher struct {
-	f inject.Fetcher
-	c *prometheus.CounterVec
+	f    inject.Fetcher
+	c    *prometheus.CounterVec
+	drop func(chunk.Key, error)
+}
+
+// Refetch implements inject.Refetcher.
+func (f countingFetcher) Refetch(ctx context.Context, stored, want chunk.Key, why error) (inject.Fetched, error) {
+	f.drop(stored, why)
+	return f.Fetch(ctx, want)
 }
 
 func (f countingFetcher) Fetch(ctx context.Context, key chunk.Key) (inject.Fetched, error) {

@@ -13,6 +13,7 @@ type metrics struct {
 	deletes, served                                          atomic.Int64
 
 	readsLocal, readsRemote, readsMissed, readsCorrupt atomic.Int64
+	localCorrupt                                       atomic.Int64
 
 	repairsQueued, repairsDropped, repairsDone, repairErrors atomic.Int64
 
@@ -39,6 +40,10 @@ type Metrics struct {
 	Writes, WriteFailures, ReplicaWrites, ReplicaWriteErrors int64
 	Deletes, Served                                          int64
 	ReadsLocal, ReadsRemote, ReadsMissed, ReadsCorrupt       int64
+	// LocalCorrupt counts this node's own copies found corrupt (by a
+	// read here or by a caller's verification) and dropped, so that
+	// the key is read from a replica and repaired here.
+	LocalCorrupt                                             int64
 	RepairsQueued, RepairsDropped, RepairsDone, RepairErrors int64
 	HintsStored, HintsRefused, HintsDelivered, HintsDropped  int64
 	HintsPending                                             int64
@@ -72,7 +77,7 @@ func (r *Replicator) Metrics() Metrics {
 		ReplicaWrites: m.replicaWrites.Load(), ReplicaWriteErrors: m.replicaWriteErrors.Load(),
 		Deletes: m.deletes.Load(), Served: m.served.Load(),
 		ReadsLocal: m.readsLocal.Load(), ReadsRemote: m.readsRemote.Load(),
-		ReadsMissed: m.readsMissed.Load(), ReadsCorrupt: m.readsCorrupt.Load(),
+		ReadsMissed: m.readsMissed.Load(), ReadsCorrupt: m.readsCorrupt.Load(), LocalCorrupt: m.localCorrupt.Load(),
 		RepairsQueued: m.repairsQueued.Load(), RepairsDropped: m.repairsDropped.Load(),
 		RepairsDone: m.repairsDone.Load(), RepairErrors: m.repairErrors.Load(),
 		HintsStored: m.hintsStored.Load(), HintsRefused: m.hintsRefused.Load(),
@@ -121,6 +126,7 @@ func descs() []metricDesc {
 		c("reads_remote_total", "Reads served by another replica.", func(m Metrics) int64 { return m.ReadsRemote }),
 		c("reads_missed_total", "Reads no node could serve.", func(m Metrics) int64 { return m.ReadsMissed }),
 		c("reads_corrupt_total", "Remote copies that failed verification.", func(m Metrics) int64 { return m.ReadsCorrupt }),
+		c("local_corrupt_total", "This node's own copies found corrupt and dropped (read again from a replica and repaired here).", func(m Metrics) int64 { return m.LocalCorrupt }),
 		c("repairs_queued_total", "Repairs queued.", func(m Metrics) int64 { return m.RepairsQueued }),
 		c("repairs_dropped_total", "Repairs dropped because the queue was full.", func(m Metrics) int64 { return m.RepairsDropped }),
 		c("repairs_done_total", "Replicas repaired.", func(m Metrics) int64 { return m.RepairsDone }),

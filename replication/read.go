@@ -56,6 +56,15 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	self := r.cfg.NodeID
 	blob, err := r.cfg.Store.Get(ctx, key)
 	if err == nil {
+		if verr := r.checkLocal(blob.Bytes(), key, true); verr != nil {
+			// A damaged copy here is a missing one: the replicas serve
+			// the read, and this node is repaired like one that lacks it.
+			blob.Release()
+			r.dropCorrupt(key, verr, false)
+			err = fmt.Errorf("%w: %w", ErrNotFound, verr)
+		}
+	}
+	if err == nil {
 		r.metrics.readsLocal.Add(1)
 		if isMember(reps, self) && r.chance() {
 			r.enqueue(repairTask{key: key, check: true})
@@ -399,4 +408,47 @@ func (r *Replicator) digestOf(ctx context.Context, node string, req DigestReques
 		return r.ServeDigest(ctx, req)
 	}
 	return r.cfg.Transport.Digest(ctx, node, req)
+}
+
+// checkLocal checks a copy read from this node's store: the key its
+// header names and, when full, every checksum (chunk.Verify; else the
+// header alone, chunk.ParseHeader). Copies are verified when stored; this
+// catches what changed them since (a write into the store's memory, a
+// failing disk), so that the node serves a replica's copy and repairs its
+// own instead of serving the damage. Read checks in full (its callers
+// send the bytes on unchecked); ServeFetch checks the header, as every
+// reader of a peer's copy verifies it in full and repairs a bad one.
+func (r *Replicator) checkLocal(blob []byte, key chunk.Key, full bool) error {
+	var hd chunk.Header
+	var err error
+	if full {
+		hd, err = chunk.Verify(blob, r.cfg.Limits)
+	} else {
+		hd, err = chunk.ParseHeader(blob, r.cfg.Limits)
+	}
+	if err != nil {
+		return err
+	}
+	if hd.Key != key {
+		return fmt.Errorf("%w: the copy of %v names %v", chunk.ErrCorrupt, key, hd.Key)
+	}
+	return nil
+}
+
+// DropCorrupt removes this node's copy of key, found corrupt (why), and
+// queues a check of its replicas, which repairs the copy here from
+// theirs; meanwhile reads of key are served by the replicas. The node's
+// readers call it when their own verification of a local copy fails (an
+// injection's); Read and ServeFetch do it for what their check finds.
+func (r *Replicator) DropCorrupt(key chunk.Key, why error) { r.dropCorrupt(key, why, true) }
+
+// dropCorrupt is DropCorrupt; check queues the replica check (Read
+// repairs this node itself, with the copy it fetched).
+func (r *Replicator) dropCorrupt(key chunk.Key, why error, check bool) {
+	r.metrics.localCorrupt.Add(1)
+	err := r.cfg.Store.Delete(key)
+	r.log.Error("local copy corrupt: dropped, to be read from a replica and repaired", "key", key, "why", why, "drop_err", err)
+	if check {
+		r.enqueue(repairTask{key: key, check: true})
+	}
 }

@@ -63,6 +63,15 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
 	r.serving.begin()
 	b, err := r.cfg.Store.Get(ctx, key)
+	if err == nil {
+		if verr := r.checkLocal(b.Bytes(), key, false); verr != nil {
+			// Answered as absent, so the reader asks another replica; the
+			// replica check DropCorrupt queues repairs this node.
+			b.Release()
+			r.DropCorrupt(key, verr)
+			err = fmt.Errorf("%w: %w", ErrNotFound, verr)
+		}
+	}
 	if err != nil {
 		r.serving.end()
 		if errors.Is(err, ErrNotFound) && r.cfg.Recovering() {

@@ -1,0 +1,80 @@
+package replication
+
+import (
+	"bytes"
+	"errors"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+// corrupt damages b's copy of key in place, as a write into the store's
+// memory would: the header's magic, or one payload byte.
+func (c *cluster) corrupt(t *testing.T, node string, key chunk.Key, header bool) {
+	t.Helper()
+	s := c.stores[node]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, ok := s.m[key]
+	if !ok {
+		t.Fatalf("%s lacks %v", node, key)
+	}
+	if header {
+		e.blob[0] ^= 0xff
+	} else {
+		e.blob[len(e.blob)-1] ^= 0x01
+	}
+}
+
+// TestReadFallsBackOnCorruptLocalCopy: a local copy whose header or
+// payload was damaged after it was stored is not served: Read returns a
+// replica's copy, drops the damaged one and repairs this node.
+func TestReadFallsBackOnCorruptLocalCopy(t *testing.T) {
+	for _, header := range []bool{true, false} {
+		c := newCluster(t, []string{"a", "b", "c"}, nil)
+		blob, key := makeBlob(t, 3, 0)
+		if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
+		c.corrupt(t, "b", key, header)
+		rr, err := c.reps["b"].Read(t.Context(), key)
+		if err != nil {
+			t.Fatalf("header %v: %v", header, err)
+		}
+		if !bytes.Equal(rr.Blob.Bytes(), blob) || rr.From == "b" {
+			t.Errorf("header %v: read %d bytes from %s, want the stored blob from a replica", header, rr.Blob.Len(), rr.From)
+		}
+		rr.Blob.Release()
+		c.waitRepairs()
+		got, err := c.stores["b"].Get(t.Context(), key)
+		if err != nil || !bytes.Equal(got.Bytes(), blob) {
+			t.Errorf("header %v: b not repaired: %v", header, err)
+		}
+		if m := c.reps["b"].Metrics(); m.LocalCorrupt != 1 {
+			t.Errorf("header %v: LocalCorrupt %d, want 1", header, m.LocalCorrupt)
+		}
+	}
+}
+
+// TestServeFetchCorruptCopyIsAbsent: a copy whose header was damaged is
+// answered as absent to a peer (which then reads another replica and
+// repairs this node), dropped, and repaired here.
+func TestServeFetchCorruptCopyIsAbsent(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	blob, key := makeBlob(t, 4, 0)
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
+	c.corrupt(t, "b", key, true)
+	if _, err := c.reps["b"].ServeFetch(t.Context(), key); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("fetch of a damaged copy: %v, want ErrNotFound", err)
+	}
+	c.waitRepairs()
+	testutil.WaitFor(t, "b repaired", func() bool {
+		got, err := c.stores["b"].Get(t.Context(), key)
+		return err == nil && bytes.Equal(got.Bytes(), blob)
+	})
+}
