@@ -21,7 +21,7 @@ FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSa
 	./auth:FuzzAuthorizationHeader ./node:FuzzClientService ./node:FuzzPeerService \
 	./node:FuzzInjectorService ./node:FuzzAdminService ./daemon:FuzzDaemonConfig \
 	./kvtier:FuzzExtentAllocator ./client:FuzzInjectResults ./node:FuzzPutKey ./respserver:FuzzReader \
-	./meta:FuzzOpenEntry
+	./meta:FuzzOpenEntry ./api:FuzzRecvCacheFile
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s

@@ -116,3 +116,48 @@ func TestCacheSocketAnswer(t *testing.T) {
 		t.Errorf("answers %x", got)
 	}
 }
+
+// FuzzRecvCacheFile sends arbitrary bytes with 0 to 11 descriptors to the
+// node's end of the cache socket: it takes a file exactly for the hello
+// with one descriptor, and every descriptor it does not take is closed.
+func FuzzRecvCacheFile(f *testing.F) {
+	f.Add([]byte(CacheSocketHello), uint8(1))
+	f.Add([]byte(CacheSocketHello), uint8(0))
+	f.Add([]byte(CacheSocketHello), uint8(2))
+	f.Add([]byte("KVMFD\x00\x00"), uint8(1))
+	f.Add([]byte(CacheSocketHello+"\x00"), uint8(9))
+	file, err := os.CreateTemp(f.TempDir(), "cache")
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer file.Close()
+	f.Fuzz(func(t *testing.T, data []byte, n uint8) {
+		if len(data) == 0 || len(data) > 64 {
+			return // an empty message carries no descriptor; a long one is many reads
+		}
+		fds := make([]int, int(n%12))
+		for i := range fds {
+			fds[i] = int(file.Fd())
+		}
+		a, b := socketPair(t)
+		before := openFDs(t)
+		var oob []byte
+		if len(fds) > 0 {
+			oob = syscall.UnixRights(fds...)
+		}
+		if _, _, err := a.WriteMsgUnix(data, oob, nil); err != nil {
+			t.Fatal(err)
+		}
+		got, err := RecvCacheFile(b)
+		want := string(data) == CacheSocketHello && len(fds) == 1
+		if (err == nil) != want {
+			t.Fatalf("%q with %d descriptors: taken %v, want %v (%v)", data, len(fds), err == nil, want, err)
+		}
+		if got != nil {
+			got.Close()
+		}
+		if after := openFDs(t); after != before {
+			t.Fatalf("%q with %d descriptors: %d descriptors open before, %d after", data, len(fds), before, after)
+		}
+	})
+}

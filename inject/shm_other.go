@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
