@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/bbolt"
+
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
@@ -22,7 +25,8 @@ import (
 // Damaged Raft state on disk (a flipped bit in an old log entry, a
 // truncated log, a damaged snapshot, a damaged wal-meta.db): kvmeshd must
 // refuse to start on it, exit 1 (not 2, which says "usage"), never panic,
-// and say what recovers the node. These tests run on 127.0.0.71-73.
+// and say what recovers the node; a ring that differs from the leader's
+// keeps a node not ready. These tests run on 127.0.0.71-73.
 
 // metaHosts are the loopback addresses of these tests.
 var metaHosts = []string{"127.0.0.71", "127.0.0.72", "127.0.0.73"}
@@ -272,4 +276,129 @@ func TestWALMetaDamagedRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantRefused(t, ctx, p, dir, path)
+}
+
+// TestRingDisagreementNotReady gives a follower a ring that differs from
+// the leader's at the same epoch, as a log written before entries had
+// checksums (read unchecked) with a flipped bit in a ring change would:
+// the follower, killed, gets a weight in its last ring-change entry
+// changed, that entry's checksum tag broken and the first checksummed
+// index moved past it. Restarted, it must not become ready, and its state
+// (what `kvmesh status` and `kvmesh ring` print) says how the rings
+// differ. Moving its raft directory aside brings it back.
+func TestRingDisagreementNotReady(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts processes")
+	}
+	checkBindable(t, metaHosts...)
+	bin := buildKvmeshd(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	var procs []*harness.Proc
+	var dirs []string
+	for i, h := range metaHosts {
+		dirs = append(dirs, t.TempDir())
+		args := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "32M", "-disk", "0", "-rpc-timeout", "3s"}
+		if i > 0 {
+			args = append(args, "-join", procs[0].Addr("gossip"))
+		}
+		procs = append(procs, start(t, bin, fmt.Sprintf("m%d", i+1), h, dirs[i], args...))
+	}
+	var seeds []string
+	for _, p := range procs {
+		seeds = append(seeds, p.Addr("grpc"))
+	}
+	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info := waitMembers(ctx, t, c, 3)
+	victim, vdir := procs[2], dirs[2]
+	if info.LeaderId == victim.ID() {
+		victim, vdir = procs[1], dirs[1]
+	}
+	for _, p := range procs {
+		waitReady(t, ctx, p)
+	}
+	// An entry after the ring change: raft-wal checks the last batch of
+	// its log, and drops it as torn when it fails.
+	registerRevs(t, ctx, procs[0], "rev-after-the-ring")
+	testutil.WaitFor(t, victim.ID()+" to apply the model", func() bool {
+		models, _, _, err := nodeView(ctx, victim.Addr("grpc"))
+		return err == nil && len(models) == 1
+	})
+	victim.Kill() // no snapshot: the restart applies its log again
+	<-victim.Exited()
+
+	segs, _ := filepath.Glob(filepath.Join(vdir, "raft", "wal", "*.wal"))
+	if len(segs) != 1 {
+		t.Fatalf("want one log segment, have %v", segs)
+	}
+	b, err := os.ReadFile(segs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := bytes.LastIndex(b, []byte(`"weight":`))
+	if w < 0 {
+		t.Fatal("no ring change with a weight in the log")
+	}
+	w += len(`"weight":`)
+	b[w] ^= 0x01 // 0.03125 -> 1.03125
+	if tag := bytes.Index(b[w:], []byte("kvc\x01")); tag >= 0 {
+		b[w+tag] ^= 0x01
+	}
+	if err := os.WriteFile(segs[0], b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	setStable(t, filepath.Join(vdir, "raft", "wal", "wal-meta.db"), "kvmesh_entry_checksums_from", 1<<62)
+
+	if err := victim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var state string
+	testutil.WaitFor(t, victim.ID()+" to report the ring difference", func() bool {
+		_, st, err := c.StatsAndState(ctx, victim.Addr("grpc"))
+		state = st
+		return err == nil && strings.Contains(st, "ring differs from the leader's")
+	})
+	t.Logf("%s: %s", victim.ID(), state)
+	if !strings.HasPrefix(state, "recovering") || !strings.Contains(state, "1.03125 here, 0.03125 on the leader") {
+		t.Fatalf("%s's state %q, want recovering with the weights that differ", victim.ID(), state)
+	}
+	if code, _, err := readyz(ctx, victim.Addr("http")); err != nil || code == 200 {
+		t.Fatalf("%s: /readyz %d %v while its ring differs", victim.ID(), code, err)
+	}
+
+	if err := victim.Terminate(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	raftDir := filepath.Join(vdir, "raft")
+	if err := os.Rename(raftDir, raftDir+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, ctx, victim)
+}
+
+// setStable sets key to v in the stable bucket of raft-wal's bolt meta
+// store at path, as raft-wal's SetUint64 writes it.
+func setStable(t *testing.T, path, key string, v uint64) {
+	t.Helper()
+	db, err := bbolt.Open(path, 0o600, &bbolt.Options{Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.Update(func(tx *bbolt.Tx) error {
+		b := tx.Bucket([]byte("stable"))
+		if b == nil {
+			return errors.New("no stable bucket")
+		}
+		return b.Put([]byte(key), binary.LittleEndian.AppendUint64(nil, v))
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
