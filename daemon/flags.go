@@ -13,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/replication"
 )
 
 // ErrUsage is wrapped by errors in kvmeshd's command line (an unknown
@@ -46,6 +47,8 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	fs := flag.NewFlagSet("kvmeshd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var fc FileConfig
+	// The defaults are the packages' own, so the two never drift.
+	repl := replication.DefaultConfig()
 	configPath := fs.String("config", "", "JSON configuration file (flags override it)")
 	fs.StringVar(&fc.ID, "id", "", "node ID, unique in the cluster and stable across restarts (default: the host name)")
 	fs.StringVar(&fc.DataDir, "data-dir", "", "data directory: raft log, snapshots, disk tier (required)")
@@ -57,26 +60,26 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	join := fs.String("join", "", "comma-separated gossip addresses of members to join; until one answers the node retries (backoff up to 30s), logs each failure and is not ready")
 	fs.BoolVar(&fc.Bootstrap, "bootstrap", false, "start a new one-node cluster (-bootstrap-expect 1); takes no -join")
 	fs.IntVar(&fc.BootstrapExpect, "bootstrap-expect", 0, fmt.Sprintf("start a new cluster of this many servers, 1 to %d, that find each other through -join (0: none; then -join is required)", MaxBootstrapExpect))
-	fs.StringVar(&fc.DRAM, "dram", "1G", "DRAM tier budget (positive)")
+	fs.StringVar(&fc.DRAM, "dram", FormatBytes(node.DefaultDRAMBytes), "DRAM tier budget (positive)")
 	fs.StringVar(&fc.GPU, "gpu", "0", "GPU tier budget in device memory, reserved at start (0: no GPU tier; needs kvmeshd built with -tags cuda)")
 	fs.IntVar(&fc.GPUDevice, "gpu-device", 0, "ordinal of the GPU the GPU tier uses")
 	fs.StringVar(&fc.Admission, "admission", "all", "which puts the store keeps: all (every put, until evicted) or reuse (what is predicted to be read again: encodings usable at any position, windows, the first prefix-chained encoding of a content; another prefix-chained copy only on its second put; eviction weighted by reuse)")
 	fs.StringVar(&fc.DRAMRelease, "dram-release", "", dramReleaseFlag().usage("bytes of freed DRAM pages kept resident before they go back to the OS (default: dram/8, at most 64M)"))
 	fs.StringVar(&fc.Disk, "disk", autoDisk, "disk tier budget under data-dir/tier (0: no disk tier; auto: at the first start half the data directory's free space, at most 64G, none under 64M, kept in data-dir/disk-budget); SIGTERM writes DRAM to it and a restart reads it back")
-	fs.StringVar(&fc.DeadGrace, "dead-grace", "30s", "how long a dead node stays in the ring (positive)")
-	fs.StringVar(&fc.RaftRemoveAfter, "raft-remove-after", "15m", "how long a dead node stays a raft voter (positive; never less than -dead-grace, the larger applies)")
-	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", "10s", "deadline of calls to other nodes (positive)")
+	fs.StringVar(&fc.DeadGrace, "dead-grace", FormatDuration(meta.DefaultDeadGrace), "how long a dead node stays in the ring (positive)")
+	fs.StringVar(&fc.RaftRemoveAfter, "raft-remove-after", FormatDuration(meta.DefaultRaftRemoveAfter), "how long a dead node stays a raft voter (positive; never less than -dead-grace, the larger applies)")
+	fs.StringVar(&fc.RPCTimeout, "rpc-timeout", FormatDuration(node.DefaultRPCTimeout), "deadline of calls to other nodes (positive)")
 	fs.BoolVar(&fc.LocalTiming, "local-timing", false, "fast failure detection for nodes on one machine")
 	fs.BoolVar(&fc.Rejoin, "rejoin", false, "start even though this data directory's node drained and left the cluster, and join it again")
 	fs.StringVar(&fc.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&fc.LogFormat, "log-format", "text", "log format, of the log and the audit log: text or json")
 	fs.StringVar(&fc.AuditLog, "audit-log", "", "audit log of admin calls, refused ones included: a file appended to, \"-\" for stderr (default: none)")
-	fs.StringVar(&fc.AntiEntropy, "anti-entropy", "5m", antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
+	fs.StringVar(&fc.AntiEntropy, "anti-entropy", FormatDuration(repl.AntiEntropyInterval), antiEntropyFlag().usage("period of anti-entropy rounds between replicas"))
 	startupPull := fs.Bool("startup-pull", true, "on start, once back in the ring, pull the chunks this node should hold from its peers")
-	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", "64M", rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))
-	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", 1, fmt.Sprintf("incoming rebalance blobs stored at once, 1 to %d; more wait, then senders are told to retry", maxRecvStreams))
+	fs.StringVar(&fc.RebalanceRate, "rebalance-rate", FormatBytes(repl.RebalanceBytesPerSec), rebalanceRateFlag().usage("bytes/s this node sends to new owners on a ring change"))
+	fs.IntVar(&fc.RebalanceRecvStreams, "rebalance-recv-streams", repl.IncomingRebalanceStreams, fmt.Sprintf("incoming rebalance blobs stored at once, 1 to %d; more wait, then senders are told to retry", maxRecvStreams))
 	fs.StringVar(&fc.RebalanceRecvRate, "rebalance-recv-rate", "off", rebalanceRecvRateFlag().usage("bytes/s of incoming rebalance blobs stored, over all senders"))
-	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", "100ms", rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
+	fs.StringVar(&fc.RebalanceYield, "rebalance-yield", FormatDuration(repl.ServingYield), rebalanceYieldFlag().usage("how long an incoming rebalance blob waits for serving calls in flight to finish"))
 	fs.StringVar(&fc.PeerLinkRate, "peer-link-rate", "off", peerLinkRateFlag().usage("bytes/s each direction of every connection this node dials to another node is paced to, emulating a slower network on one machine (benchmarks; e.g. 125000000 for 1 Gbit/s)"))
 	fc.securityFlags(fs)
 	if err := fs.Parse(args); err != nil {
@@ -153,6 +156,33 @@ func ParseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("bad byte size %q", s)
 	}
 	return v * mult, nil
+}
+
+// FormatBytes is n as ParseBytes reads it: in the largest unit that
+// divides it (64M, 1G, 1536K).
+func FormatBytes(n int64) string {
+	for _, u := range []struct {
+		suffix string
+		size   int64
+	}{{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if n != 0 && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// FormatDuration is d as a flag's default reads best: time.Duration's
+// form without its zero tails (5m, not 5m0s).
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // zeroMeans is what an offFlag makes of "0". It differs by flag, on

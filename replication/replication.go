@@ -194,7 +194,7 @@ type Transport interface {
 	Delete(ctx context.Context, node string, key chunk.Key, at int64) error
 }
 
-// Config configures New. Zero fields take the documented defaults.
+// Config configures New. Zero fields take DefaultConfig's values.
 type Config struct {
 	// NodeID is this node's ring member ID (required).
 	NodeID    string
@@ -294,82 +294,109 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-func (c *Config) setDefaults() error {
+// DefaultConfig is the configuration of every field New defaults: the
+// values a zero field takes. The caller sets NodeID, Store, Transport and
+// Placement (and may change the rest) before New.
+func DefaultConfig() Config {
+	return Config{
+		Quorum:                      func() (int, int) { return 3, 2 },
+		MaxHintBytes:                1 << 30,
+		MaxHints:                    100000,
+		HintTTL:                     3 * time.Hour,
+		HintInterval:                time.Second,
+		MaxHintBackoff:              time.Minute,
+		TombstoneTTL:                24 * time.Hour,
+		CallTimeout:                 10 * time.Second,
+		RepairQueue:                 1024,
+		RepairWorkers:               2,
+		ReadRepairChance:            0.1,
+		RebalanceBytesPerSec:        64 << 20,
+		RebalanceConcurrency:        4,
+		IncomingRebalanceStreams:    1,
+		IncomingRebalanceWait:       5 * time.Second,
+		IncomingRebalanceQueueBytes: 256 << 20,
+		ServingYield:                100 * time.Millisecond,
+		RebalanceSettle:             2 * time.Minute,
+		RingCheckInterval:           time.Second,
+		RebalanceRetry:              10 * time.Second,
+		AntiEntropyInterval:         5 * time.Minute,
+		SuspectFor:                  5 * time.Second,
+		Now:                         time.Now,
+		Recovering:                  func() bool { return false },
+	}
+}
+
+// Validate reports what New would refuse: a missing NodeID, Store,
+// Transport or Placement.
+func (c Config) Validate() error {
 	if c.NodeID == "" || c.Store == nil || c.Transport == nil || c.Placement == nil {
 		return errors.New("replication: NodeID, Store, Transport and Placement are required")
 	}
+	return nil
+}
+
+// setDefaults validates c and gives its zero fields DefaultConfig's values
+// (non-positive ones, for the counts that cannot be negative).
+func (c *Config) setDefaults() error {
+	if err := c.Validate(); err != nil {
+		return err
+	}
+	d := DefaultConfig()
+	zero := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
 	if c.Quorum == nil {
-		c.Quorum = func() (int, int) { return 3, 2 }
+		c.Quorum = d.Quorum
 	}
 	if c.MaxHintBytes == 0 {
-		c.MaxHintBytes = 1 << 30
+		c.MaxHintBytes = d.MaxHintBytes
 	}
 	if c.MaxHints == 0 {
-		c.MaxHints = 100000
+		c.MaxHints = d.MaxHints
 	}
-	if c.HintTTL == 0 {
-		c.HintTTL = 3 * time.Hour
-	}
-	if c.HintInterval == 0 {
-		c.HintInterval = time.Second
-	}
-	if c.MaxHintBackoff == 0 {
-		c.MaxHintBackoff = time.Minute
-	}
-	if c.TombstoneTTL == 0 {
-		c.TombstoneTTL = 24 * time.Hour
-	}
-	if c.CallTimeout == 0 {
-		c.CallTimeout = 10 * time.Second
-	}
+	zero(&c.HintTTL, d.HintTTL)
+	zero(&c.HintInterval, d.HintInterval)
+	zero(&c.MaxHintBackoff, d.MaxHintBackoff)
+	zero(&c.TombstoneTTL, d.TombstoneTTL)
+	zero(&c.CallTimeout, d.CallTimeout)
 	if c.RepairQueue == 0 {
-		c.RepairQueue = 1024
+		c.RepairQueue = d.RepairQueue
 	}
 	if c.RepairWorkers == 0 {
-		c.RepairWorkers = 2
+		c.RepairWorkers = d.RepairWorkers
 	}
 	if c.ReadRepairChance == 0 {
-		c.ReadRepairChance = 0.1
+		c.ReadRepairChance = d.ReadRepairChance
 	}
 	if c.RebalanceBytesPerSec == 0 {
-		c.RebalanceBytesPerSec = 64 << 20
+		c.RebalanceBytesPerSec = d.RebalanceBytesPerSec
 	}
 	if c.RebalanceConcurrency <= 0 {
-		c.RebalanceConcurrency = 4
+		c.RebalanceConcurrency = d.RebalanceConcurrency
 	}
 	if c.IncomingRebalanceStreams <= 0 {
-		c.IncomingRebalanceStreams = 1
+		c.IncomingRebalanceStreams = d.IncomingRebalanceStreams
 	}
 	c.IncomingRebalanceStreams = min(c.IncomingRebalanceStreams, 1<<12)
 	if c.IncomingRebalanceWait <= 0 {
-		c.IncomingRebalanceWait = 5 * time.Second
+		c.IncomingRebalanceWait = d.IncomingRebalanceWait
 	}
 	if c.IncomingRebalanceQueueBytes <= 0 {
-		c.IncomingRebalanceQueueBytes = 256 << 20
+		c.IncomingRebalanceQueueBytes = d.IncomingRebalanceQueueBytes
 	}
-	if c.ServingYield == 0 {
-		c.ServingYield = 100 * time.Millisecond
-	}
-	if c.RebalanceSettle == 0 {
-		c.RebalanceSettle = 2 * time.Minute
-	}
-	if c.RingCheckInterval == 0 {
-		c.RingCheckInterval = time.Second
-	}
-	if c.RebalanceRetry == 0 {
-		c.RebalanceRetry = 10 * time.Second
-	}
-	if c.AntiEntropyInterval == 0 {
-		c.AntiEntropyInterval = 5 * time.Minute
-	}
-	if c.SuspectFor == 0 {
-		c.SuspectFor = 5 * time.Second
-	}
+	zero(&c.ServingYield, d.ServingYield)
+	zero(&c.RebalanceSettle, d.RebalanceSettle)
+	zero(&c.RingCheckInterval, d.RingCheckInterval)
+	zero(&c.RebalanceRetry, d.RebalanceRetry)
+	zero(&c.AntiEntropyInterval, d.AntiEntropyInterval)
+	zero(&c.SuspectFor, d.SuspectFor)
 	if c.Now == nil {
-		c.Now = time.Now
+		c.Now = d.Now
 	}
 	if c.Recovering == nil {
-		c.Recovering = func() bool { return false }
+		c.Recovering = d.Recovering
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

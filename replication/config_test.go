@@ -1,0 +1,38 @@
+package replication
+
+import (
+	"reflect"
+	"testing"
+)
+
+// TestDefaultConfig: a Config with only the required fields set gets
+// exactly DefaultConfig's values, and Validate refuses a missing one.
+func TestDefaultConfig(t *testing.T) {
+	c := newCluster(t, []string{"a"}, nil)
+	base := Config{NodeID: "a", Store: newMemStore(), Transport: &transport{n: c.net, from: "a"}, Placement: PlacementFunc(c.ring)}
+	if err := (Config{NodeID: "a"}).Validate(); err == nil {
+		t.Error("Validate took a Config without Store, Transport and Placement")
+	}
+	got := base
+	if err := got.setDefaults(); err != nil {
+		t.Fatal(err)
+	}
+	want := DefaultConfig()
+	gv, wv := reflect.ValueOf(got), reflect.ValueOf(want)
+	for i := range gv.NumField() {
+		f := gv.Type().Field(i)
+		switch f.Type.Kind() {
+		case reflect.Func, reflect.Interface, reflect.Pointer:
+			if f.Name != "Logger" && gv.Field(i).IsNil() {
+				t.Errorf("%s not set", f.Name)
+			}
+			continue
+		}
+		if f.Name == "NodeID" || f.Name == "DataDir" || f.Name == "Limits" {
+			continue
+		}
+		if !reflect.DeepEqual(gv.Field(i).Interface(), wv.Field(i).Interface()) {
+			t.Errorf("%s = %v after defaults, DefaultConfig has %v", f.Name, gv.Field(i), wv.Field(i))
+		}
+	}
+}
