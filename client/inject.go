@@ -29,7 +29,23 @@ type CacheRegistration struct {
 	// caller may close File once RegisterCache returned.
 	File *os.File
 	// Offsets are the byte offsets of the layers in it; nil: packed.
+	// With CUDA, each layer's offset in its handle's allocation (nil: 0).
 	Offsets []int64
+	// CUDA, instead of File, names a cache in the engine's device memory:
+	// the node opens its CUDA IPC handles and writes hits into it there
+	// (a kvmeshd built with the cuda tag, on the engine's GPU; others
+	// answer Unimplemented). Where IPC is impossible, register shared
+	// memory (File) and copy it to the device from pinned memory.
+	CUDA *CUDAMemory
+}
+
+// CUDAMemory is a cache in device memory exported by CUDA IPC.
+type CUDAMemory struct {
+	// Device is the CUDA device ordinal.
+	Device int
+	// Handles holds one cudaIpcMemHandle_t (64 bytes) per layer; layers
+	// may share one (one allocation, several offsets).
+	Handles [][]byte
 }
 
 // Injector places chunks into a cache registered with one node: it
@@ -49,9 +65,12 @@ type Injector struct {
 // registers the cache under the handle the socket answered. The node
 // refuses (PermissionDenied, "refused") a file that is not shared memory
 // large enough for the layers, or one it holds or maps already.
+//
+// With reg.CUDA the cache is device memory, registered by its IPC handles
+// (MEMORY_KIND_CUDA_IPC) with no file.
 func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegistration) (*Injector, error) {
-	if reg.File == nil {
-		return nil, fmt.Errorf("client: register cache with %s: no shared-memory file", addr)
+	if (reg.File == nil) == (reg.CUDA == nil) {
+		return nil, fmt.Errorf("client: register cache with %s: want a shared-memory file or CUDA memory, one of them", addr)
 	}
 	cc, err := c.conn(addr)
 	if err != nil {
@@ -60,6 +79,11 @@ func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegist
 	ic := api.NewInjectorClient(cc)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RPCTimeout)
 	defer cancel()
+	if reg.CUDA != nil {
+		req := registerRequest(reg)
+		req.MemoryKind, req.Device, req.IpcHandles = api.MemoryKind_MEMORY_KIND_CUDA_IPC, int32(reg.CUDA.Device), reg.CUDA.Handles
+		return c.register(ctx, ic, addr, req)
+	}
 	sock, err := ic.CacheSocket(ctx, &api.CacheSocketRequest{})
 	if err != nil {
 		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)
@@ -68,12 +92,22 @@ func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegist
 	if err != nil {
 		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)
 	}
+	req := registerRequest(reg)
+	req.MemoryKind, req.MemoryHandle = api.MemoryKind_MEMORY_KIND_SHM, handle
+	return c.register(ctx, ic, addr, req)
+}
+
+// registerRequest is reg's request but for its memory.
+func registerRequest(reg CacheRegistration) *api.RegisterCacheRequest {
 	req := &api.RegisterCacheRequest{Fingerprint: api.ProtoFingerprint(reg.Fingerprint), Layers: int32(reg.Layers),
-		HeadLo: int32(reg.HeadLo), HeadHi: int32(reg.HeadHi), MaxPositions: int32(reg.MaxPositions),
-		MemoryKind: api.MemoryKind_MEMORY_KIND_SHM, MemoryHandle: handle, Offsets: reg.Offsets}
+		HeadLo: int32(reg.HeadLo), HeadHi: int32(reg.HeadHi), MaxPositions: int32(reg.MaxPositions), Offsets: reg.Offsets}
 	for _, l := range reg.Layouts {
 		req.Layouts = append(req.Layouts, api.ProtoLayout(l))
 	}
+	return req
+}
+
+func (c *Client) register(ctx context.Context, ic api.InjectorClient, addr string, req *api.RegisterCacheRequest) (*Injector, error) {
 	resp, err := ic.RegisterCache(ctx, req)
 	if err != nil {
 		return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)

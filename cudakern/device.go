@@ -95,7 +95,11 @@ func DeviceJobOf(j *Job, codec chunk.Codec) (DeviceJob, error) {
 	if c != deviceRaw && j.SrcDType != chunk.F32 && j.SrcDType != chunk.F16 && j.SrcDType != chunk.BF16 {
 		return DeviceJob{}, fmt.Errorf("%w: %v payload of a %v entry", ErrInvalidJob, codec, j.SrcDType)
 	}
-	p, err := j.planSrc(c == deviceRaw && j.Src != nil)
+	devDst := len(j.Dst) > 0
+	for _, d := range j.Dst {
+		devDst = devDst && d == nil
+	}
+	p, err := j.planSrc(c == deviceRaw && j.Src != nil, devDst)
 	if err != nil {
 		return DeviceJob{}, err
 	}
@@ -123,6 +127,9 @@ func DeviceJobOf(j *Job, codec chunk.Codec) (DeviceJob, error) {
 		DstVScale: p.dstVScale,
 	}, nil
 }
+
+// A Dst of nil layers (all of them) names device memory the caller
+// passes the kernel: only their count is checked.
 
 // EncodedLayerBytes is the size of one layer's payload of a quantizing
 // codec (chunk's quantized layer: group parameters and codes of K, then

@@ -108,11 +108,13 @@ func (j *Job) Validate() error {
 	return err
 }
 
-func (j *Job) plan() (plan, error) { return j.planSrc(true) }
+func (j *Job) plan() (plan, error) { return j.planSrc(true, false) }
 
 // planSrc is plan; rawSrc false leaves j.Src unchecked, for a device job
-// whose source layers are codec payloads the caller sizes.
-func (j *Job) planSrc(rawSrc bool) (plan, error) {
+// whose source layers are codec payloads the caller sizes; devDst true
+// leaves the Dst layers' bytes unchecked (nil: device memory), only their
+// count.
+func (j *Job) planSrc(rawSrc, devDst bool) (plan, error) {
 	p := plan{Job: *j}
 	bad := func(format string, a ...any) (plan, error) {
 		return plan{}, fmt.Errorf("%w: %s", ErrInvalidJob, fmt.Sprintf(format, a...))
@@ -188,7 +190,7 @@ func (j *Job) planSrc(rawSrc bool) (plan, error) {
 	}
 	lb := l.LayerBytes()
 	for i, d := range j.Dst {
-		if len(d) != lb {
+		if len(d) != lb && !devDst {
 			return bad("destination layer %d of %d bytes, layout needs %d", i, len(d), lb)
 		}
 	}

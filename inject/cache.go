@@ -52,7 +52,8 @@ const (
 	// descriptor (the node's cache socket), never by name.
 	MemoryShm
 	// MemoryCUDAIPC is device memory exported with cudaIpcGetMemHandle, one
-	// handle per layer. Not implemented in this build: ErrUnsupported.
+	// handle per layer, opened by the device kernel of a cuda build
+	// (cudakern/gpu); without one, ErrUnsupported.
 	MemoryCUDAIPC
 	// MemoryInProcess is memory handed to RegisterInProcess as slices (an
 	// embedded cluster, tests). Register refuses it.
@@ -82,7 +83,10 @@ type Memory struct {
 	// order from offset 0.
 	Offsets []int64
 	// Device and IPCHandles are for MemoryCUDAIPC: the CUDA device ordinal
-	// and one cudaIpcMemHandle_t (64 bytes) per layer.
+	// and one cudaIpcMemHandle_t (64 bytes) per layer; Offsets then holds
+	// each layer's byte offset in the allocation its handle exports (a
+	// framework's caching allocator hands out parts of larger blocks), nil
+	// meaning 0. Layers may share a handle.
 	Device     int
 	IPCHandles [][]byte
 }
@@ -132,9 +136,10 @@ type cache struct {
 	layers  [][]byte
 	headLo  int
 	headHi  int
-	shared  bool   // layers are a mapping that faults if the file shrinks
-	unmap   func() // nil for in-process memory
-	file    fileID // the mapped file (MemoryShm)
+	shared  bool                 // layers are a mapping that faults if the file shrinks
+	unmap   func()               // nil for in-process memory
+	dev     cudakern.DeviceCache // MemoryCUDAIPC: the engine's device memory; layers is nil
+	file    fileID               // the mapped file (MemoryShm)
 
 	refs int  // injects using the cache
 	gone bool // unregistered; unmap when refs drops to 0

@@ -48,9 +48,11 @@
 // from the engine as a descriptor, so nothing is ever mapped by name; a
 // file a registration maps already is refused, and every refusal of the
 // memory is ErrRefused alone) and the in-process kind are implemented;
-// MemoryCUDAIPC is part of the descriptor so a GPU engine can register
-// later, and is refused with ErrUnsupported until the cuda build provides
-// it. Register dispatches on the kind, one branch each. CreateShm is the
+// MemoryCUDAIPC is an engine's cache in its GPU memory, one IPC handle
+// per layer (and each layer's offset in its handle's allocation): checked
+// here, opened by the device kernel a cuda build links (cudakern.OpenIPC,
+// cudakern/gpu), and written there, the source staged through the device;
+// without a device kernel it is refused with ErrUnsupported. Register dispatches on the kind, one branch each. CreateShm is the
 // engine-side helper that creates and maps such a file so the engine can
 // place its cache in it.
 package inject

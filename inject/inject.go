@@ -600,9 +600,16 @@ func (r *request) process(w *worker, layer, i int) {
 		}
 		r.decoded.Add(int64(h.dec))
 	}
-	w.dst[0] = c.layers[layer]
-	r.job(&w.job, h, layer, src, w.dst[:])
-	err := w.inj.Inject(r.ctx, &w.job)
+	var err error
+	if c.dev != nil {
+		// Device memory (CUDA IPC): one nil layer names the cache's layer.
+		r.job(&w.job, h, layer, src, w.dst[:])
+		err = c.dev.Inject(r.ctx, &w.job, layer)
+	} else {
+		w.dst[0] = c.layers[layer]
+		r.job(&w.job, h, layer, src, w.dst[:])
+		err = w.inj.Inject(r.ctx, &w.job)
+	}
 	w.job = cudakern.Job{}
 	w.dst[0] = nil
 	if err != nil && r.ctx.Err() == nil {

@@ -22,8 +22,9 @@ type memKind string
 
 const (
 	inProc memKind = "inproc"
-	shmDir memKind = "shm"   // a named file in /dev/shm
-	memfd  memKind = "memfd" // an anonymous memfd by /proc/<pid>/fd/<n>
+	shmDir memKind = "shm"     // a named file in /dev/shm
+	memfd  memKind = "memfd"   // an anonymous memfd by /proc/<pid>/fd/<n>
+	ipc    memKind = "cudaipc" // CUDA IPC handles, opened by a stand-in device kernel
 )
 
 // registerMem registers layers of lay in the given memory and returns the
@@ -31,6 +32,9 @@ const (
 func registerMem(t *testing.T, s *Service, kind memKind, d Descriptor, lay pagedkv.CacheLayout) (CacheID, [][]byte) {
 	t.Helper()
 	d.Layouts = []pagedkv.CacheLayout{lay}
+	if kind == ipc {
+		return registerIPC(t, s, d, lay)
+	}
 	if kind == inProc {
 		layers := layersOf(d.Layers, lay)
 		id, err := s.RegisterInProcess(t.Context(), d, layers)
@@ -83,6 +87,8 @@ func TestInjectMatchesDirect(t *testing.T) {
 		{"bf16-fp8codec-hnd-shm-heads", chunk.BF16, chunk.BF16, pagedkv.HND, false, 0, 2, chunk.CodecFP8, shmDir},
 		{"f32-gptj-lossless-nhd-memfd", chunk.F32, chunk.F32, pagedkv.NHD, true, 0, 0, chunk.CodecLossless, memfd},
 		{"bf16-int4-gptj-inproc", chunk.BF16, chunk.BF16, pagedkv.NHD, true, 3, 4, chunk.CodecInt4, inProc},
+		{"bf16-raw-hnd-cudaipc-heads", chunk.BF16, chunk.BF16, pagedkv.HND, false, 1, 3, chunk.CodecRaw, ipc},
+		{"f16-int8-to-fp8-nhd-cudaipc", chunk.F16, chunk.FP8E4M3, pagedkv.NHD, false, 0, 0, chunk.CodecInt8, ipc},
 	}
 	for ci, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -434,7 +440,14 @@ func TestRegisterValidation(t *testing.T) {
 		{"read-only", func(d *Descriptor) { d.Memory.File = readOnly }, ErrRefused},
 		{"directory", func(d *Descriptor) { d.Memory.File = dir }, ErrRefused},
 		{"no-file", func(d *Descriptor) { d.Memory.File = nil }, ErrRefused},
-		{"cuda-ipc", func(d *Descriptor) { d.Memory = Memory{Kind: MemoryCUDAIPC, IPCHandles: make([][]byte, 3)} }, ErrUnsupported},
+		// CUDA IPC: checked, then refused for want of a device kernel.
+		{"cuda-ipc", func(d *Descriptor) { d.Memory = ipcMemory(3) }, ErrUnsupported},
+		{"cuda-ipc-count", func(d *Descriptor) { d.Memory = ipcMemory(2) }, ErrInvalidCache},
+		{"cuda-ipc-handle-size", func(d *Descriptor) { d.Memory = ipcMemory(3); d.Memory.IPCHandles[1] = make([]byte, 63) }, ErrInvalidCache},
+		{"cuda-ipc-device", func(d *Descriptor) { d.Memory = ipcMemory(3); d.Memory.Device = -1 }, ErrInvalidCache},
+		{"cuda-ipc-offsets", func(d *Descriptor) { d.Memory = ipcMemory(3); d.Memory.Offsets = []int64{0, 64} }, ErrInvalidCache},
+		{"cuda-ipc-offset", func(d *Descriptor) { d.Memory = ipcMemory(3); d.Memory.Offsets = []int64{0, 8, 64} }, ErrInvalidCache},
+		{"cuda-ipc-file", func(d *Descriptor) { d.Memory = ipcMemory(3); d.Memory.File = full }, ErrInvalidCache},
 		{"in-process-kind", func(d *Descriptor) { d.Memory.Kind = MemoryInProcess }, ErrInvalidCache},
 		{"no-kind", func(d *Descriptor) { d.Memory.Kind = MemoryInvalid }, ErrInvalidCache},
 	}

@@ -208,18 +208,73 @@ func (s *Service) Close() error {
 
 // Register maps the memory d names and registers it. Each memory kind
 // has its own branch: shared memory (MemoryShm) is mapped here; CUDA IPC
-// returns ErrUnsupported in this build; in-process memory goes through
+// (MemoryCUDAIPC) is opened by the device kernel of a cuda build
+// (ErrUnsupported without one); in-process memory goes through
 // RegisterInProcess.
 func (s *Service) Register(ctx context.Context, d Descriptor) (CacheID, error) {
 	switch d.Memory.Kind {
 	case MemoryShm:
 		return s.registerShm(ctx, d)
 	case MemoryCUDAIPC:
-		return 0, fmt.Errorf("%w: %v (CUDA IPC needs the cuda build)", ErrUnsupported, d.Memory.Kind)
+		return s.registerIPC(ctx, d)
 	case MemoryInProcess:
 		return 0, fmt.Errorf("%w: in-process memory goes through RegisterInProcess", ErrInvalidCache)
 	}
 	return 0, fmt.Errorf("%w: memory kind %v", ErrInvalidCache, d.Memory.Kind)
+}
+
+// registerIPC opens the engine's device memory d names: one CUDA IPC
+// handle per layer (64 bytes each) on device d.Memory.Device, each layer
+// at its offset in the handle's allocation. The handles and sizes are
+// checked here; opening them needs the device kernel cudakern/gpu links
+// in a cuda build (ErrUnsupported without it), which refuses a handle it
+// cannot open or an allocation too small for its layer (ErrInvalidCache).
+// Hits are then written straight into that memory, their source staged
+// through the device.
+func (s *Service) registerIPC(ctx context.Context, d Descriptor) (CacheID, error) {
+	c, err := s.prepare(ctx, &d)
+	if err != nil {
+		return 0, err
+	}
+	m := d.Memory
+	bad := func(format string, a ...any) (CacheID, error) {
+		return 0, fmt.Errorf("%w: CUDA IPC: %s", ErrInvalidCache, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case m.File != nil:
+		return bad("a file is for shared memory")
+	case m.Device < 0:
+		return bad("device %d", m.Device)
+	case len(m.IPCHandles) != len(c.layouts):
+		return bad("%d handles for %d layers", len(m.IPCHandles), len(c.layouts))
+	case m.Offsets != nil && len(m.Offsets) != len(c.layouts):
+		return bad("%d offsets for %d layers", len(m.Offsets), len(c.layouts))
+	}
+	sizes := make([]int, len(c.layouts))
+	for l, h := range m.IPCHandles {
+		if len(h) != cudakern.IPCHandleBytes {
+			return bad("layer %d handle of %d bytes, want %d", l, len(h), cudakern.IPCHandleBytes)
+		}
+		sizes[l] = c.layouts[l].LayerBytes()
+		if m.Offsets != nil && (m.Offsets[l] < 0 || m.Offsets[l]%Alignment != 0) {
+			return bad("layer %d offset %d: want a multiple of %d", l, m.Offsets[l], Alignment)
+		}
+	}
+	dev, err := cudakern.OpenIPC(m.Device, m.IPCHandles, m.Offsets, sizes)
+	if errors.Is(err, cudakern.ErrNoDevice) {
+		return 0, fmt.Errorf("%w: %v (CUDA IPC needs a cuda build and a device)", ErrUnsupported, m.Kind)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%w: CUDA IPC: %w", ErrInvalidCache, err)
+	}
+	c.dev = dev
+	c.unmap = func() {
+		if err := dev.Close(); err != nil {
+			s.log.Warn("inject: closing a CUDA IPC cache", "err", err)
+		}
+	}
+	c.desc.Memory.IPCHandles = nil // not kept: the mapping outlives the descriptor
+	return s.add(c)
 }
 
 // registerShm maps d.Memory.File: shared memory of at least the layers'

@@ -109,6 +109,10 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 		d.Memory.File = f
 	case api.MemoryKind_MEMORY_KIND_CUDA_IPC:
 		d.Memory.Kind = inject.MemoryCUDAIPC
+		// IPC handles open on this machine's GPUs only.
+		if !localPeer(ctx) {
+			return nil, status.Error(codes.PermissionDenied, "CUDA IPC caches register from this machine only")
+		}
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "memory kind %v", req.MemoryKind)
 	}

@@ -27,8 +27,8 @@ from .entry import _np_dtype
 from .errors import KvmeshError, PermissionDenied, UsageError
 from .keys import ID, Context, DType, Key, _is_int, tokens_array, want_context, want_id
 
-__all__ = ["NHD", "HND", "ALIGNMENT", "CacheLayout", "PagedCache", "InjectChunk", "InjectResult", "Injector",
-           "register_cache", "send_cache_file"]
+__all__ = ["NHD", "HND", "ALIGNMENT", "CacheLayout", "PagedCache", "CUDAPagedCache", "InjectChunk", "InjectResult",
+           "Injector", "register_cache", "send_cache_file", "cuda_ipc"]
 
 NHD, HND = 1, 2
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
@@ -127,6 +127,86 @@ class PagedCache:
         os.close(self._fd)
         if self._remove:
             os.unlink(self._remove)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    @staticmethod
+    def cuda(tensors, layout: CacheLayout) -> "CUDAPagedCache":
+        """A PagedCache over torch CUDA tensors (one per layer) instead of
+        shared memory: see CUDAPagedCache."""
+        return CUDAPagedCache(tensors, layout)
+
+
+# CUDA IPC handles (cudaIpcMemHandle_t) are 64 bytes; the node wants every
+# layer on a 64-byte boundary of its allocation.
+IPC_HANDLE_BYTES = 64
+_DEVICE_ALIGN = 64
+
+
+def cuda_ipc(tensors, layout: CacheLayout):
+    """The CUDA IPC registration of a cache whose layer l is the torch CUDA
+    tensor tensors[l] (contiguous, layout.layer_bytes): (device, one
+    64-byte handle per layer, each layer's byte offset in the allocation
+    its handle exports), from torch's own storage sharing. Layers of one
+    allocation share its handle."""
+    if not isinstance(layout, CacheLayout):
+        raise UsageError(f"cuda_ipc: want a kvmesh.inject.CacheLayout, got {type(layout).__name__}")
+    tensors = list(tensors)
+    if not tensors:
+        raise UsageError("cuda_ipc: no layers")
+    devices, handles, offsets = set(), [], []
+    for l, t in enumerate(tensors):
+        if not getattr(t, "is_cuda", False):
+            raise UsageError(f"cuda_ipc: layer {l} is not a CUDA tensor: register a PagedCache in shared memory "
+                             "and copy its layers to the device from pinned memory instead")
+        if not t.is_contiguous():
+            raise UsageError(f"cuda_ipc: layer {l} is not contiguous")
+        if t.numel() * t.element_size() != layout.layer_bytes:
+            raise UsageError(f"cuda_ipc: layer {l} of {t.numel() * t.element_size()} bytes, the layout needs "
+                             f"{layout.layer_bytes}")
+        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._untyped()
+        device, handle, _size, offset = storage._share_cuda_()[:4]
+        handle = bytes(handle)
+        if len(handle) != IPC_HANDLE_BYTES:
+            raise UsageError(f"cuda_ipc: layer {l}: torch gave a {len(handle)}-byte IPC handle")
+        offset += t.storage_offset() * t.element_size()
+        if offset % _DEVICE_ALIGN:
+            raise UsageError(f"cuda_ipc: layer {l} at byte {offset} of its allocation: the node needs "
+                             f"{_DEVICE_ALIGN}-byte alignment")
+        devices.add(int(device))
+        handles.append(handle)
+        offsets.append(int(offset))
+    if len(devices) != 1:
+        raise UsageError(f"cuda_ipc: layers on devices {sorted(devices)}: want one GPU")
+    return devices.pop(), handles, offsets
+
+
+class CUDAPagedCache:
+    """A paged KV cache in the engine's GPU memory: one torch CUDA tensor
+    per layer (contiguous, layout.layer_bytes each; the CacheLayout's
+    order and dtype). register_cache registers it with the local node by
+    CUDA IPC (MEMORY_KIND_CUDA_IPC, the handles from torch), and the node
+    writes hits straight into it. That needs a kvmeshd built with the cuda
+    tag on the same machine and GPU (others refuse it as unsupported);
+    where IPC is impossible, register a PagedCache in shared memory and
+    copy its layers to the device from pinned memory."""
+
+    def __init__(self, tensors, layout: CacheLayout):
+        self._tensors = list(tensors)
+        self.device, self.ipc_handles, self.offsets = cuda_ipc(self._tensors, layout)
+        self.layers, self.layout = len(self._tensors), layout
+
+    def layer(self, l: int):
+        """Layer l, the engine's own tensor."""
+        return self._tensors[l]
+
+    def close(self) -> None:
+        """Drops the references to the tensors (unregister first)."""
+        self._tensors = []
 
     def __enter__(self):
         return self
@@ -263,7 +343,7 @@ def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_l
     fingerprint; head_lo/head_hi: the model KV heads the cache holds (both
     0: all); max_positions: see Client.register_cache."""
     from .client import _pid, translate
-    if not isinstance(cache, PagedCache):
+    if not isinstance(cache, (PagedCache, CUDAPagedCache)):
         hint = (": allocate a PagedCache (shared memory the node can map) and view its layers with "
                 "kvmesh.torch.cache_tensor") if hasattr(cache, "dtype") or isinstance(cache, (list, tuple)) else ""
         raise UsageError(f"register_cache: want a kvmesh.inject.PagedCache, got {type(cache).__name__}{hint}")
@@ -271,6 +351,16 @@ def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_l
         if not _is_int(v) or v < 0:
             raise UsageError(f"register_cache: {name} {v!r}: want a non-negative int")
     stub = inject_pb2_grpc.InjectorStub(client._channel(addr))
+    if isinstance(cache, CUDAPagedCache):
+        req = inject_pb2.RegisterCacheRequest(
+            fingerprint=_pid(fingerprint), layers=cache.layers, layouts=[cache.layout.proto()], head_lo=head_lo,
+            head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_CUDA_IPC,
+            device=cache.device, ipc_handles=cache.ipc_handles, offsets=cache.offsets)
+        try:
+            resp = stub.RegisterCache(req, metadata=client._metadata, timeout=client.rpc_timeout)
+        except grpc.RpcError as e:
+            raise translate(e, "RegisterCache", addr) from None
+        return Injector(client, addr, resp.cache_id)
     try:
         sock = stub.CacheSocket(inject_pb2.CacheSocketRequest(), metadata=client._metadata,
                                 timeout=client.rpc_timeout)

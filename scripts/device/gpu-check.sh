@@ -6,7 +6,8 @@
 #      equals the CPU Injector bit for bit on every dtype pair and order
 #      (host-memory path), codec payloads decoded in the same pass from
 #      device memory (InjectDevice, one event per layer), bad targets
-#      refused.
+#      refused, and a cache exported by CUDA IPC injected from a second
+#      process.
 #   2. kvtier's GPU tier tests on the real device: put/get/evict, budgets,
 #      staging copies.
 #   3. A benchmark table: rotate+scatter and fused dequant+rotate+scatter

@@ -1,0 +1,178 @@
+//go:build cuda
+
+package gpu
+
+/*
+#cgo LDFLAGS: -lcuda
+#cgo linux CFLAGS: -I/usr/local/cuda/include
+#cgo linux LDFLAGS: -L/usr/local/cuda/lib64 -L/usr/local/cuda/lib64/stubs
+#include <cuda.h>
+#include <string.h>
+
+// gorgonia.org/cu has no binding for CUDA IPC.
+static CUresult kvmIpcOpen(CUdeviceptr *p, const void *handle) {
+	CUipcMemHandle h;
+	memcpy(&h, handle, sizeof h);
+	return cuIpcOpenMemHandle(p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+}
+static CUresult kvmIpcClose(CUdeviceptr p) { return cuIpcCloseMemHandle(p); }
+static CUresult kvmIpcExport(void *handle, CUdeviceptr p) {
+	CUipcMemHandle h;
+	CUresult r = cuIpcGetMemHandle(&h, p);
+	memcpy(handle, &h, sizeof h);
+	return r;
+}
+static CUresult kvmRange(CUdeviceptr p, size_t *size) {
+	CUdeviceptr base;
+	return cuMemGetAddressRange(&base, size, p);
+}
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"unsafe"
+
+	"gorgonia.org/cu"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
+)
+
+// IPCCache is an engine's paged cache in its device memory, opened here
+// from the CUDA IPC handles it exported: the node writes hits straight
+// into it, staging only the source through device memory.
+type IPCCache struct {
+	in     *Injector
+	mapped []uint64 // each distinct handle's mapping
+	layers []uint64 // each layer's address
+}
+
+// OpenIPC opens handles (cudakern.IPCHandleBytes each; layers may share
+// one, opened once) on the injector's device: layer l is layerBytes[l]
+// bytes at offsets[l] (nil: 0) in its handle's allocation.
+func (in *Injector) OpenIPC(handles [][]byte, offsets []int64, layerBytes []int) (*IPCCache, error) {
+	if len(handles) != len(layerBytes) || (offsets != nil && len(offsets) != len(handles)) {
+		return nil, fmt.Errorf("%w: %d handles, %d offsets for %d layers", cudakern.ErrInvalidJob, len(handles), len(offsets), len(layerBytes))
+	}
+	c := &IPCCache{in: in}
+	err := in.do(func() error {
+		open := map[string]uint64{}
+		for l, h := range handles {
+			if len(h) != cudakern.IPCHandleBytes {
+				return fmt.Errorf("%w: layer %d handle of %d bytes", cudakern.ErrInvalidJob, l, len(h))
+			}
+			p, ok := open[string(h)]
+			if !ok {
+				var d C.CUdeviceptr
+				if r := C.kvmIpcOpen(&d, unsafe.Pointer(&h[0])); r != C.CUDA_SUCCESS {
+					return fmt.Errorf("gpu: opening the IPC handle of layer %d: CUresult %d", l, int(r))
+				}
+				p = uint64(d)
+				open[string(h)] = p
+				c.mapped = append(c.mapped, p)
+			}
+			var off int64
+			if offsets != nil {
+				off = offsets[l]
+			}
+			var size C.size_t
+			if r := C.kvmRange(C.CUdeviceptr(p), &size); r != C.CUDA_SUCCESS || off < 0 || int64(size) < off+int64(layerBytes[l]) {
+				return fmt.Errorf("%w: layer %d: %d bytes at %d in an allocation of %d (CUresult %d)",
+					cudakern.ErrInvalidJob, l, layerBytes[l], off, int64(size), int(r))
+			}
+			c.layers = append(c.layers, p+uint64(off))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, errors.Join(err, c.unmap())
+	}
+	return c, nil
+}
+
+// exportIPC is what an engine does to register its cache: the IPC handle
+// of device memory p, for another process to open (tests).
+func (in *Injector) exportIPC(p uint64) ([]byte, error) {
+	h := make([]byte, cudakern.IPCHandleBytes)
+	err := in.do(func() error {
+		if r := C.kvmIpcExport(unsafe.Pointer(&h[0]), C.CUdeviceptr(p)); r != C.CUDA_SUCCESS {
+			return fmt.Errorf("gpu: exporting an IPC handle: CUresult %d", int(r))
+		}
+		return nil
+	})
+	return h, err
+}
+
+// Inject writes j (its source in host memory, j.Dst one nil layer) into
+// layer `layer` of the cache: the source is copied to the device, then
+// the kernel writes the slots in place.
+func (c *IPCCache) Inject(ctx context.Context, j *cudakern.Job, layer int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(j.Dst) != 1 || layer < 0 || layer >= len(c.layers) {
+		return fmt.Errorf("%w: layer %d of a %d-layer device cache, %d job layers", cudakern.ErrInvalidJob, layer, len(c.layers), len(j.Dst))
+	}
+	dj, err := cudakern.DeviceJobOf(j, chunk.CodecRaw)
+	if err != nil {
+		return err
+	}
+	if j.Tokens == 0 {
+		return nil
+	}
+	in := c.in
+	return in.do(func() error {
+		sb := int64(len(j.Src))
+		if err := in.data.reserve(sb); err != nil {
+			return cuErr("allocating the source", err)
+		}
+		if err := cu.MemcpyHtoDAsync(in.data.ptr, unsafe.Pointer(unsafe.SliceData(j.Src)), sb, in.stream); err != nil {
+			return in.drain(cuErr("copying the source in", err))
+		}
+		return in.launch(ctx, j, dj, []uint64{uint64(in.data.ptr)}, c.layers[layer:layer+1], nil)
+	})
+}
+
+// Close unmaps the cache's memory and closes its injector.
+func (c *IPCCache) Close() error {
+	err := c.unmap()
+	c.in.Close()
+	return err
+}
+
+func (c *IPCCache) unmap() error {
+	if len(c.mapped) == 0 {
+		return nil
+	}
+	err := c.in.do(func() error {
+		var errs []error
+		for _, p := range c.mapped {
+			if r := C.kvmIpcClose(C.CUdeviceptr(p)); r != C.CUDA_SUCCESS {
+				errs = append(errs, fmt.Errorf("gpu: closing an IPC mapping: CUresult %d", int(r)))
+			}
+		}
+		return errors.Join(errs...)
+	})
+	c.mapped, c.layers = nil, nil
+	return err
+}
+
+// A device cache registered by CUDA IPC gets an injector of its own on
+// its device (closed with it).
+func init() {
+	cudakern.RegisterIPC(func(device int, handles [][]byte, offsets []int64, layerBytes []int) (cudakern.DeviceCache, error) {
+		in, err := Open(Config{Device: device})
+		if err != nil {
+			return nil, err
+		}
+		c, err := in.OpenIPC(handles, offsets, layerBytes)
+		if err != nil {
+			in.Close()
+			return nil, err
+		}
+		return c, nil
+	})
+}

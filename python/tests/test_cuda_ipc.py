@@ -1,0 +1,73 @@
+"""CUDA IPC registration (kvmesh.inject.CUDAPagedCache): the handles and
+offsets come from torch's storage sharing; what cannot be registered is
+refused before anything is sent. Tensors here are stand-ins with the
+torch methods cuda_ipc reads (this machine's torch has no CUDA); a GPU run
+registers real ones."""
+
+import pytest
+
+from kvmesh.errors import UsageError
+from kvmesh.inject import CacheLayout, CUDAPagedCache, PagedCache, cuda_ipc
+
+LAYOUT = CacheLayout(4, 16, 2, 64, 3)  # bf16: 2 * 4 * 16 * 2 * 64 * 2 = 32 KiB a layer
+
+
+class Storage:
+    def __init__(self, device, handle, offset):
+        self.device, self.handle, self.offset = device, handle, offset
+
+    def _share_cuda_(self):
+        # (device, handle, size, offset, ref counter handle, ref counter
+        # offset, event handle, event sync required), as torch answers.
+        return self.device, self.handle, 1 << 20, self.offset, b"", 0, b"", False
+
+
+class Tensor:
+    def __init__(self, nbytes=LAYOUT.layer_bytes, device=0, handle=b"h" * 64, offset=0, elem_offset=0,
+                 cuda=True, contiguous=True):
+        self.is_cuda, self._contiguous = cuda, contiguous
+        self._n, self._elem_offset = nbytes // 2, elem_offset
+        self._storage = Storage(device, handle, offset)
+
+    def is_contiguous(self):
+        return self._contiguous
+
+    def numel(self):
+        return self._n
+
+    def element_size(self):
+        return 2
+
+    def storage_offset(self):
+        return self._elem_offset
+
+    def untyped_storage(self):
+        return self._storage
+
+
+def test_cuda_ipc_handles_and_offsets():
+    a, b = b"a" * 64, b"b" * 64
+    layers = [Tensor(handle=a, offset=0), Tensor(handle=a, offset=0, elem_offset=LAYOUT.layer_bytes // 2),
+              Tensor(handle=b, offset=4096)]
+    device, handles, offsets = cuda_ipc(layers, LAYOUT)
+    assert device == 0
+    assert handles == [a, a, b]
+    assert offsets == [0, LAYOUT.layer_bytes, 4096]
+    cache = PagedCache.cuda(layers, LAYOUT)
+    assert isinstance(cache, CUDAPagedCache)
+    assert (cache.layers, cache.device, cache.ipc_handles, cache.offsets) == (3, 0, handles, offsets)
+    assert cache.layer(2) is layers[2]
+
+
+@pytest.mark.parametrize("layers, why", [
+    ([], "no layers"),
+    ([Tensor(cuda=False)], "shared memory"),
+    ([Tensor(contiguous=False)], "contiguous"),
+    ([Tensor(nbytes=1024)], "the layout needs"),
+    ([Tensor(offset=32)], "alignment"),
+    ([Tensor(handle=b"x" * 8)], "8-byte IPC handle"),
+    ([Tensor(device=0), Tensor(device=1)], "one GPU"),
+])
+def test_cuda_ipc_refusals(layers, why):
+    with pytest.raises(UsageError, match=why):
+        CUDAPagedCache(layers, LAYOUT)
