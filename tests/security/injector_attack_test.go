@@ -1,12 +1,15 @@
 package security_test
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -35,6 +38,7 @@ type attackNode struct {
 	proc                   *harness.Proc
 	app                    client.Config // TLS of the client certificate "app"
 	admin, tenantA, reader string
+	pkiDir                 string // the CA and certificates
 	specA                  chunk.ModelSpec
 	fpA                    chunk.Fingerprint
 	grpcAddr               string
@@ -60,7 +64,7 @@ func startAttackNode(t *testing.T, ctx context.Context) *attackNode {
 	}
 	p := newPKI(t)
 	dir := t.TempDir()
-	a := &attackNode{specA: spec(2)}
+	a := &attackNode{specA: spec(2), pkiDir: p.dir}
 	a.fpA = a.specA.Fingerprint()
 	var lines []byte
 	for _, tk := range []struct {
@@ -176,9 +180,9 @@ func procFiles(t *testing.T, pid int) map[int]string {
 // TestInjectorAttacks runs the attacks on the injector against a real
 // kvmeshd: a client holding a read token, on the node's machine, tries to
 // make the node map the node's own DRAM arena and its other files (by
-// path as before, and by handing the descriptor over itself), another
-// process's memfd and /dev/shm cache (a tenant that registered them), and
-// to use or learn of that tenant's cache ID. Every attempt is refused
+// path as before, and by handing the descriptor over itself), a tenant's
+// registered memfd and /dev/shm cache, the memfd of a victim engine in
+// another process, and to use or learn of the tenant's cache IDs. Every attempt is refused
 // with one answer that describes nothing, and the tenant's entries and
 // cache keep working.
 func TestInjectorAttacks(t *testing.T) {
@@ -295,6 +299,19 @@ func TestInjectorAttacks(t *testing.T) {
 		f.Close()
 	}
 
+	// 2b. Another process's memfd: a victim engine in its own process
+	// registered it; the attacker opens it through /proc/<pid>/fd.
+	vpid, vfd := startVictim(t, ctx, a)
+	vpath := fmt.Sprintf("/proc/%d/fd/%d", vpid, vfd)
+	_, err = attacker.RegisterCache(ctx, withPath(t, base, vpath))
+	wantRefused("another process's memfd registered by path "+vpath, err)
+	if f, err := os.OpenFile(vpath, os.O_RDWR, 0); err == nil {
+		handOver("another process's memfd "+vpath+" handed over", f)
+		f.Close()
+	} else {
+		t.Logf("the victim's memfd cannot be opened here (%v): the path attack alone", err)
+	}
+
 	// 3. No oracle: paths that name nothing, a directory, a file of
 	// another kind, a large tmpfs file are all answered alike.
 	big := filepath.Join("/dev/shm", fmt.Sprintf("kvmesh-attack-big-%d", os.Getpid()))
@@ -365,4 +382,80 @@ func slots(n int) []int {
 		s[i] = i
 	}
 	return s
+}
+
+// startVictim runs a victim engine in another process (this test binary,
+// TestInjectorVictimProcess) that registers a memfd cache of its own with
+// the node, and returns its pid and the memfd's descriptor number there.
+// The process ends with the test.
+func startVictim(t *testing.T, ctx context.Context, a *attackNode) (pid, fd int) {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestInjectorVictimProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "KVMESH_TEST_VICTIM="+a.grpcAddr, "KVMESH_TEST_VICTIM_TOKEN="+a.tenantA,
+		"KVMESH_TEST_VICTIM_PKI="+a.pkiDir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close() // the victim unregisters and exits
+		_ = cmd.Wait()
+	})
+	sc := bufio.NewScanner(out)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "victim fd="); ok {
+			fd, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go func() { _, _ = io.Copy(io.Discard, out) }()
+			return cmd.Process.Pid, fd
+		}
+	}
+	t.Fatalf("the victim process registered no cache: %v", sc.Err())
+	return 0, 0
+}
+
+// TestInjectorVictimProcess is the victim engine of TestInjectorAttacks,
+// run as its own process: it registers a memfd cache with the node named
+// by KVMESH_TEST_VICTIM, prints the memfd's descriptor and holds the
+// cache until its stdin closes.
+func TestInjectorVictimProcess(t *testing.T) {
+	addr := os.Getenv("KVMESH_TEST_VICTIM")
+	if addr == "" {
+		t.Skip("the victim process of TestInjectorAttacks")
+	}
+	sp := spec(2)
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 16, BlockSize: 16, KVHeads: sp.KVHeads, HeadDim: sp.HeadDim, DType: chunk.F32}
+	shm, err := inject.CreateShm("", sp.Layers, []pagedkv.CacheLayout{lay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shm.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	c, err := client.New(ctx, client.Config{Seeds: []string{addr}, TLS: files(os.Getenv("KVMESH_TEST_VICTIM_PKI"), "app"),
+		Token: os.Getenv("KVMESH_TEST_VICTIM_TOKEN"), Logger: quiet(), Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	inj, err := c.RegisterCache(ctx, addr, client.CacheRegistration{Fingerprint: sp.Fingerprint(), Layers: sp.Layers,
+		Layouts: []pagedkv.CacheLayout{lay}, MaxPositions: 1024, File: shm.Memory.File, Offsets: shm.Memory.Offsets})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("victim fd=%d\n", shm.Memory.File.Fd())
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	if err := inj.Close(ctx); err != nil {
+		t.Error(err)
+	}
 }
