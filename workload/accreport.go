@@ -522,7 +522,7 @@ func (r *AccuracyReport) attempts(p func(string, ...any)) {
 			continue
 		}
 		slices.Sort(ds)
-		q := func(f float64) float64 { return ds[min(len(ds)-1, int(f*float64(len(ds))))] }
+		q := func(f float64) float64 { return Quantile(ds, f) }
 		p("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f |\n", enc, len(ds), q(0.1), q(0.5), q(0.9), q(0.99), ds[len(ds)-1])
 	}
 	p("\nThe bound's effect (every task and k pooled; compute is the share of full prefill's (token, layer) computations,\n")
@@ -542,12 +542,12 @@ func (r *AccuracyReport) attempts(p func(string, ...any)) {
 			o := pool(m)
 			pr, _ := r.paired(m, 0, all)
 			p("| %s | %s | %s | %s | %s | %s | %s |\n", name, accCell(o.k, o.n), diffCell(pr), taskAcc(m, "twohop", 0),
-				pct(float64(o.fall)/float64(max(o.approx, 1))), pct(float64(o.tl)/float64(max(o.fullTL, 1))), msf(quantile(o.ttft, 0.5)))
+				pct(float64(o.fall)/float64(max(o.approx, 1))), pct(float64(o.tl)/float64(max(o.fullTL, 1))), msf(Quantile(o.ttft, 0.5)))
 		}
 	}
 	if m := r.method("full prefill"); m >= 0 {
 		p("| full prefill | %s | - | %s | - | 100.0 | %s |\n", func() string { k, n := r.pooled(m, all); return accCell(k, n) }(),
-			taskAcc(m, "twohop", 0), msf(quantile(pool(m).ttft, 0.5)))
+			taskAcc(m, "twohop", 0), msf(Quantile(pool(m).ttft, 0.5)))
 	}
 	p("\n")
 }

@@ -1,8 +1,10 @@
 package workload
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -53,10 +55,10 @@ type Stats struct {
 func (s *Stats) N() int { return len(s.TTFT) }
 
 // P returns the q-quantile (nearest rank) of TTFT.
-func (s *Stats) P(q float64) time.Duration { return quantile(s.TTFT, q) }
+func (s *Stats) P(q float64) time.Duration { return Quantile(s.TTFT, q) }
 
 // CPUP returns the q-quantile of CPU time.
-func (s *Stats) CPUP(q float64) time.Duration { return quantile(s.CPU, q) }
+func (s *Stats) CPUP(q float64) time.Duration { return Quantile(s.CPU, q) }
 
 // HitRate is the fraction of prompt tokens served from the store.
 func (s *Stats) HitRate() float64 {
@@ -84,13 +86,19 @@ func (s *Stats) PrefilledPerRequest() float64 {
 	return float64(s.Prefilled) / float64(s.N())
 }
 
-func quantile(d []time.Duration, q float64) time.Duration {
+// Quantile is the q-quantile of d by nearest rank: the smallest value with
+// at least a q fraction of d at or below it (the median of an even count
+// is the lower middle value); 0 for no values. d is not changed. It is the
+// one quantile of every benchmark and of the demo, so their p50 and p99
+// figures follow one rule.
+func Quantile[T cmp.Ordered](d []T, q float64) T {
 	if len(d) == 0 {
-		return 0
+		var zero T
+		return zero
 	}
 	s := slices.Clone(d)
 	slices.Sort(s)
-	i := int(q*float64(len(s))+0.999999) - 1
+	i := int(math.Ceil(q*float64(len(s)))) - 1
 	return s[min(max(i, 0), len(s)-1)]
 }
 

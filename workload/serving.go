@@ -59,7 +59,7 @@ func sampleQuantile(ss []ServingSample, q float64, f func(ServingSample) time.Du
 	for i, s := range ss {
 		d[i] = f(s)
 	}
-	return quantile(d, q)
+	return Quantile(d, q)
 }
 
 // ClosedLoop runs users concurrent users, each sending its next request

@@ -481,8 +481,8 @@ func (r *SteadyRun) Windows(n, size int) []SteadyWindow {
 				}
 			}
 		}
-		w.FullP50, w.TTFTP50 = quantile(full, 0.5), quantile(all, 0.5)
-		w.Speedup, w.CPUSpeedup = median(ratios), median(cpuRatios)
+		w.FullP50, w.TTFTP50 = Quantile(full, 0.5), Quantile(all, 0.5)
+		w.Speedup, w.CPUSpeedup = Quantile(ratios, 0.5), Quantile(cpuRatios, 0.5)
 		if work > 0 {
 			w.WorkSpeedup = float64(fullWork) / float64(work)
 		}
@@ -497,18 +497,4 @@ func (r *SteadyRun) Windows(n, size int) []SteadyWindow {
 		out = append(out, w)
 	}
 	return out
-}
-
-// median is the middle value of x (the mean of the two middle ones for
-// an even count); 0 for none.
-func median(x []float64) float64 {
-	if len(x) == 0 {
-		return 0
-	}
-	s := slices.Clone(x)
-	slices.Sort(s)
-	if n := len(s); n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/cputime"
 	"github.com/kvmesh/kvmesh/pagedkv"
 	"github.com/kvmesh/kvmesh/tests/harness"
+	"github.com/kvmesh/kvmesh/workload"
 )
 
 // linkRateFlags configure the codec x link-rate run (-linkrate).
@@ -495,12 +496,7 @@ func putDirect(ctx context.Context, addr string, blob []byte, key chunk.Key) err
 	return api.PutDirect(ctx, cc, blob, key)
 }
 
-func pct(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	return d[min(len(d)-1, int(float64(len(d))*q))]
-}
+func pct(d []time.Duration, q float64) time.Duration { return workload.Quantile(d, q) }
 
 func linkRateMarkdown(f linkRateFlags, cs []*lrCodec, raw int64, xfer float64, results map[float64][]lrResult, loadStart, loadEnd string) string {
 	var b strings.Builder

@@ -30,6 +30,7 @@ import (
 	"github.com/kvmesh/kvmesh/internal/loopback"
 	"github.com/kvmesh/kvmesh/internal/resp"
 	"github.com/kvmesh/kvmesh/tests/harness"
+	"github.com/kvmesh/kvmesh/workload"
 )
 
 // putGetFlags configure the Put/Get run against redis-server (-putget).
@@ -115,12 +116,7 @@ type pointResult struct {
 
 func (p pointResult) mbps() float64 { return float64(p.bytes) / 1e6 / p.wall.Seconds() }
 
-func (p pointResult) pct(q float64) time.Duration {
-	if len(p.lat) == 0 {
-		return 0
-	}
-	return p.lat[min(len(p.lat)-1, int(float64(len(p.lat))*q))]
-}
+func (p pointResult) pct(q float64) time.Duration { return workload.Quantile(p.lat, q) }
 
 // cpuPerGB is the servers' CPU seconds per GB moved.
 func (p pointResult) cpuPerGB() float64 { return p.cpu.Seconds() / (float64(p.bytes) / 1e9) }

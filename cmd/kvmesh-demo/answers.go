@@ -259,14 +259,7 @@ func countPrompts(cells []answerCell) int {
 	return n
 }
 
-func p50(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	d := slices.Clone(ds)
-	slices.Sort(d)
-	return d[len(d)/2]
-}
+func p50(ds []time.Duration) time.Duration { return workload.Quantile(ds, 0.5) }
 
 // ansName is a way's name in the tables and the summary.
 func ansName(cfg demoConfig, way int) string {

@@ -525,14 +525,7 @@ type wayStats struct {
 	injected, promptTokens int
 }
 
-func (s *wayStats) p(q float64) time.Duration {
-	if len(s.ttft) == 0 {
-		return 0
-	}
-	d := slices.Clone(s.ttft)
-	slices.Sort(d)
-	return d[min(len(d)-1, int(q*float64(len(d))))]
-}
+func (s *wayStats) p(q float64) time.Duration { return workload.Quantile(s.ttft, q) }
 
 type ttftPoint struct {
 	k    int
@@ -557,8 +550,7 @@ func (pt *ttftPoint) remoteExtra() time.Duration {
 	for i := range d {
 		d[i] = far[i] - near[i]
 	}
-	slices.Sort(d)
-	return d[len(d)/2]
+	return workload.Quantile(d, 0.5)
 }
 
 // speedup is prompt injection's TTFT p50 over way's.
