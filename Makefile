@@ -240,11 +240,12 @@ bench-redis: redis-tools build
 
 # redis-benchmark (-t set,get -P 16 -c 8) against kvmesh's Redis-protocol
 # door (one node, and three with R = 3, W = 2) and against redis-server,
-# same value sizes (BENCH_RESP_SIZES, bytes); prints the table of
+# same value sizes (BENCH_RESP_SIZES, bytes; BENCH_RESP_FLAGS adds
+# redis-benchmark flags, e.g. -r 100000); prints the table of
 # docs/BENCHMARKS.md.
 BENCH_RESP_SIZES ?= 4096 65536 1048576
 bench-resp: redis-tools build
-	KVMESHD=$(BIN)/kvmeshd scripts/bench-resp.sh "$(BENCH_RESP_SIZES)"
+	KVMESHD=$(BIN)/kvmeshd scripts/bench-resp.sh "$(BENCH_RESP_SIZES)" "$(BENCH_RESP_FLAGS)"
 
 # Remote-hit TTFT at k=50 for each codec at emulated 1, 10 and 25 Gbit/s
 # peer links (kvmeshd -peer-link-rate) and unpaced, on 3 kvmeshd processes.

@@ -184,15 +184,32 @@ func (k *respKeyspace) Set(ctx context.Context, key, value []byte) error {
 	if err := k.register(ctx); err != nil {
 		return err
 	}
-	res, err := k.b.n.repl.WriteOwned(ctx, blob, nil)
-	if err != nil {
-		return err
+	// The cluster keeps one version of a key (replication.Wins): a SET
+	// that finds another value kept replaces it by a delete and a write
+	// after it. A write that a concurrent SET's delete refused tries
+	// again, a few times.
+	deleted := false
+	for range setAttempts {
+		res, err := k.b.n.repl.WriteOwned(ctx, blob, nil)
+		switch {
+		case err == nil && !res.AlreadyStored():
+			return nil
+		case err == nil:
+			if _, err := k.b.n.repl.Delete(ctx, chunk.OpaqueKey(k.fp, key)); err != nil {
+				return fmt.Errorf("replacing the value: %w", err)
+			}
+			deleted = true
+		case deleted && errors.Is(err, replication.ErrTombstoned):
+		default:
+			return err
+		}
 	}
-	if res.AlreadyStored() {
-		return fmt.Errorf("%w (a key keeps one value until DEL; its replicas keep the one with the smaller checksum, %016x)", respserver.ErrOtherValue, res.Kept)
-	}
-	return nil
+	return fmt.Errorf("%w: concurrent SETs of the key kept replacing it", respserver.ErrOtherValue)
 }
+
+// setAttempts bounds the writes of one SET that other SETs of its key
+// keep replacing.
+const setAttempts = 4
 
 func (k *respKeyspace) Delete(ctx context.Context, key []byte) (bool, error) {
 	if err := k.check(ctx, auth.ScopeWrite, "delete"); err != nil {

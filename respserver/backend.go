@@ -18,8 +18,8 @@ var (
 	ErrNoAuth = errors.New("respserver: no tokens configured")
 	// ErrNoPerm: the token does not allow the command (NOPERM).
 	ErrNoPerm = errors.New("respserver: permission denied")
-	// ErrOtherValue: SET found the key holding another value, which the
-	// store keeps (one value per key until DEL).
+	// ErrOtherValue: SET lost to another value of the key, which the
+	// store keeps (another SET of it at the same time).
 	ErrOtherValue = errors.New("respserver: key holds another value")
 	// ErrTooLarge: the key and value exceed what one value may hold.
 	ErrTooLarge = errors.New("respserver: value too large")
@@ -41,8 +41,9 @@ type Keyspace interface {
 	Get(ctx context.Context, key []byte) ([]byte, error)
 	// Len returns the length of the value under key (ErrNotFound).
 	Len(ctx context.Context, key []byte) (int, error)
-	// Set stores value under key and returns once the store has
-	// acknowledged it; ErrOtherValue when the key keeps another value.
+	// Set stores value under key, replacing any value it holds, and
+	// returns once the store has acknowledged it; ErrOtherValue when a
+	// concurrent SET's value is kept instead.
 	Set(ctx context.Context, key, value []byte) error
 	// Delete removes key and reports whether it held a value.
 	Delete(ctx context.Context, key []byte) (bool, error)

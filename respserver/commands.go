@@ -17,7 +17,21 @@ type command struct {
 	name   string
 	arity  int
 	noAuth bool
-	run    func(ctx context.Context, cs *conn, args [][]byte) error
+	run    func(ctx context.Context, cs *conn, out *replies, args [][]byte) error
+	// keys returns the keys a command reads or writes; nil for a command
+	// that is not run beside others (one that changes the connection, or
+	// names no key).
+	keys func(args [][]byte) [][]byte
+}
+
+func firstKey(args [][]byte) [][]byte { return args[1:2] }
+func allKeys(args [][]byte) [][]byte  { return args[1:] }
+func pairKeys(args [][]byte) [][]byte {
+	keys := make([][]byte, 0, len(args)/2)
+	for i := 1; i < len(args); i += 2 {
+		keys = append(keys, args[i])
+	}
+	return keys
 }
 
 var commands = map[string]*command{}
@@ -27,16 +41,16 @@ func init() {
 		{name: "PING", arity: -1, noAuth: true, run: ping},
 		{name: "HELLO", arity: -1, noAuth: true, run: hello},
 		{name: "AUTH", arity: -2, noAuth: true, run: authCmd},
-		{name: "QUIT", arity: 1, noAuth: true, run: func(_ context.Context, cs *conn, _ [][]byte) error { cs.out.simple("OK"); return nil }},
-		{name: "GET", arity: 2, run: get},
-		{name: "SET", arity: -3, run: set},
-		{name: "SETNX", arity: 3, run: setnx},
-		{name: "EXISTS", arity: -2, run: exists},
-		{name: "DEL", arity: -2, run: del},
-		{name: "MGET", arity: -2, run: mget},
-		{name: "MSET", arity: -3, run: mset},
-		{name: "STRLEN", arity: 2, run: strlen},
-		{name: "TYPE", arity: 2, run: typeCmd},
+		{name: "QUIT", arity: 1, noAuth: true, run: func(_ context.Context, _ *conn, out *replies, _ [][]byte) error { out.simple("OK"); return nil }},
+		{name: "GET", arity: 2, run: get, keys: firstKey},
+		{name: "SET", arity: -3, run: set, keys: firstKey},
+		{name: "SETNX", arity: 3, run: setnx, keys: firstKey},
+		{name: "EXISTS", arity: -2, run: exists, keys: allKeys},
+		{name: "DEL", arity: -2, run: del, keys: allKeys},
+		{name: "MGET", arity: -2, run: mget, keys: allKeys},
+		{name: "MSET", arity: -3, run: mset, keys: pairKeys},
+		{name: "STRLEN", arity: 2, run: strlen, keys: firstKey},
+		{name: "TYPE", arity: 2, run: typeCmd, keys: firstKey},
 		{name: "INFO", arity: -1, run: info},
 	} {
 		commands[c.name] = c
@@ -45,7 +59,7 @@ func init() {
 
 // run runs one command and reports whether the connection ends after its
 // reply (QUIT).
-func (cs *conn) run(ctx context.Context, args [][]byte) (quit bool) {
+func (cs *conn) run(ctx context.Context, out *replies, args [][]byte) (quit bool) {
 	name := strings.ToUpper(string(args[0]))
 	c, ok := commands[name]
 	label := name
@@ -63,7 +77,7 @@ func (cs *conn) run(ctx context.Context, args [][]byte) (quit bool) {
 	fail := func(reason, msg string) {
 		result = "error"
 		cs.s.refused(label, reason)
-		cs.out.err(msg)
+		out.err(msg)
 	}
 	switch {
 	case !ok:
@@ -78,7 +92,7 @@ func (cs *conn) run(ctx context.Context, args [][]byte) (quit bool) {
 	}
 	cctx, cancel := context.WithTimeout(ctx, cs.s.cfg.ExecTimeout)
 	defer cancel()
-	err := c.run(cctx, cs, args)
+	err := c.run(cctx, cs, out, args)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotFound):
@@ -107,6 +121,8 @@ func errorReply(err error) (reason, msg string) {
 		return "unauthenticated", "NOAUTH Authentication required."
 	case errors.Is(err, ErrNoPerm):
 		return "permission_denied", "NOPERM " + err.Error()
+	case errors.Is(err, errBusy):
+		return "resource_exhausted", "BUSY " + err.Error()
 	case errors.Is(err, ErrTooLarge):
 		return "resource_exhausted", "ERR " + err.Error()
 	case errors.Is(err, ErrOtherValue):
@@ -141,12 +157,12 @@ func argsPreview(args [][]byte) string {
 	return sb.String()
 }
 
-func ping(_ context.Context, cs *conn, args [][]byte) error {
+func ping(_ context.Context, cs *conn, out *replies, args [][]byte) error {
 	switch len(args) {
 	case 1:
-		cs.out.simple("PONG")
+		out.simple("PONG")
 	case 2:
-		cs.out.bulk(args[1])
+		out.bulk(args[1])
 	default:
 		return syntaxError("wrong number of arguments for 'ping' command")
 	}
@@ -154,8 +170,8 @@ func ping(_ context.Context, cs *conn, args [][]byte) error {
 }
 
 // hello answers HELLO [protover [AUTH username password] [SETNAME name]].
-func hello(ctx context.Context, cs *conn, args [][]byte) error {
-	proto := cs.out.proto
+func hello(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
+	proto := out.proto
 	if len(args) > 1 {
 		v, err := strconv.Atoi(string(args[1]))
 		if err != nil {
@@ -188,22 +204,22 @@ func hello(ctx context.Context, cs *conn, args [][]byte) error {
 	if cs.ks == nil {
 		return ErrAuthRequired
 	}
-	cs.out.proto = proto
-	cs.out.mapLen(7)
-	cs.out.bulkString("server")
-	cs.out.bulkString("redis")
-	cs.out.bulkString("version")
-	cs.out.bulkString(redisVersion)
-	cs.out.bulkString("proto")
-	cs.out.int(proto)
-	cs.out.bulkString("id")
-	cs.out.int(int(cs.id))
-	cs.out.bulkString("mode")
-	cs.out.bulkString("standalone")
-	cs.out.bulkString("role")
-	cs.out.bulkString("master")
-	cs.out.bulkString("modules")
-	cs.out.array(0)
+	out.proto = proto
+	out.mapLen(7)
+	out.bulkString("server")
+	out.bulkString("redis")
+	out.bulkString("version")
+	out.bulkString(redisVersion)
+	out.bulkString("proto")
+	out.int(proto)
+	out.bulkString("id")
+	out.int(int(cs.id))
+	out.bulkString("mode")
+	out.bulkString("standalone")
+	out.bulkString("role")
+	out.bulkString("master")
+	out.bulkString("modules")
+	out.array(0)
 	return nil
 }
 
@@ -214,14 +230,14 @@ const redisVersion = "7.0.0"
 
 var errNoProto = errors.New("respserver: protocol version")
 
-func authCmd(ctx context.Context, cs *conn, args [][]byte) error {
+func authCmd(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	if len(args) > 3 {
 		return syntaxError("syntax error")
 	}
 	if err := cs.auth(ctx, args[len(args)-1]); err != nil {
 		return err
 	}
-	cs.out.simple("OK")
+	out.simple("OK")
 	return nil
 }
 
@@ -236,17 +252,20 @@ func (cs *conn) auth(ctx context.Context, token []byte) error {
 	return nil
 }
 
-func get(ctx context.Context, cs *conn, args [][]byte) error {
+func get(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	v, err := cs.ks.Get(ctx, args[1])
 	if errors.Is(err, ErrNotFound) {
-		cs.out.null()
+		out.null()
 		return err
 	}
 	if err != nil {
 		return err
 	}
+	if err := cs.holdReply(len(v)); err != nil {
+		return err
+	}
 	cs.sent(len(v))
-	cs.out.bulk(v)
+	out.bulk(v)
 	return nil
 }
 
@@ -264,7 +283,7 @@ func (cs *conn) received(n int) {
 
 // set answers a plain SET; every option (EX, NX, GET, KEEPTTL, ...) is
 // refused, since the door keeps no expiry and no conditions but SETNX's.
-func set(ctx context.Context, cs *conn, args [][]byte) error {
+func set(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	if len(args) > 3 {
 		return syntaxError(fmt.Sprintf("SET option '%s' is not supported by kvmesh (plain SET only)", clip(args[3])))
 	}
@@ -272,14 +291,14 @@ func set(ctx context.Context, cs *conn, args [][]byte) error {
 	if err := cs.ks.Set(ctx, args[1], args[2]); err != nil {
 		return err
 	}
-	cs.out.simple("OK")
+	out.simple("OK")
 	return nil
 }
 
-func setnx(ctx context.Context, cs *conn, args [][]byte) error {
+func setnx(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	_, err := cs.ks.Len(ctx, args[1])
 	if err == nil {
-		cs.out.int(0)
+		out.int(0)
 		return nil
 	}
 	if !errors.Is(err, ErrNotFound) {
@@ -289,11 +308,11 @@ func setnx(ctx context.Context, cs *conn, args [][]byte) error {
 	if err := cs.ks.Set(ctx, args[1], args[2]); err != nil {
 		return err
 	}
-	cs.out.int(1)
+	out.int(1)
 	return nil
 }
 
-func exists(ctx context.Context, cs *conn, args [][]byte) error {
+func exists(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	n := 0
 	for _, k := range args[1:] {
 		_, err := cs.ks.Len(ctx, k)
@@ -303,11 +322,11 @@ func exists(ctx context.Context, cs *conn, args [][]byte) error {
 			return err
 		}
 	}
-	cs.out.int(n)
+	out.int(n)
 	return nil
 }
 
-func del(ctx context.Context, cs *conn, args [][]byte) error {
+func del(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	n := 0
 	for _, k := range args[1:] {
 		ok, err := cs.ks.Delete(ctx, k)
@@ -318,36 +337,39 @@ func del(ctx context.Context, cs *conn, args [][]byte) error {
 			n++
 		}
 	}
-	cs.out.int(n)
+	out.int(n)
 	return nil
 }
 
 // mget reads every key before it writes the reply, so that an error is
 // one error reply and not half an array.
-func mget(ctx context.Context, cs *conn, args [][]byte) error {
+func mget(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	vals := make([][]byte, len(args)-1)
 	for i, k := range args[1:] {
 		v, err := cs.ks.Get(ctx, k)
 		if err != nil && !errors.Is(err, ErrNotFound) {
 			return err
 		}
+		if err := cs.holdReply(len(v)); err != nil {
+			return err
+		}
 		vals[i] = v
 	}
-	cs.out.array(len(vals))
+	out.array(len(vals))
 	for _, v := range vals {
 		if v == nil {
-			cs.out.null()
+			out.null()
 			continue
 		}
 		cs.sent(len(v))
-		cs.out.bulk(v)
+		out.bulk(v)
 	}
 	return nil
 }
 
 // mset stores the pairs in order; it is not atomic: on an error the
 // pairs before it are stored.
-func mset(ctx context.Context, cs *conn, args [][]byte) error {
+func mset(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	if len(args)%2 != 1 {
 		return syntaxError("wrong number of arguments for 'mset' command")
 	}
@@ -357,26 +379,26 @@ func mset(ctx context.Context, cs *conn, args [][]byte) error {
 			return err
 		}
 	}
-	cs.out.simple("OK")
+	out.simple("OK")
 	return nil
 }
 
-func strlen(ctx context.Context, cs *conn, args [][]byte) error {
+func strlen(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	n, err := cs.ks.Len(ctx, args[1])
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return err
 	}
-	cs.out.int(n)
+	out.int(n)
 	return nil
 }
 
-func typeCmd(ctx context.Context, cs *conn, args [][]byte) error {
+func typeCmd(ctx context.Context, cs *conn, out *replies, args [][]byte) error {
 	_, err := cs.ks.Len(ctx, args[1])
 	switch {
 	case err == nil:
-		cs.out.simple("string")
+		out.simple("string")
 	case errors.Is(err, ErrNotFound):
-		cs.out.simple("none")
+		out.simple("none")
 	default:
 		return err
 	}
@@ -385,7 +407,7 @@ func typeCmd(ctx context.Context, cs *conn, args [][]byte) error {
 
 // info answers INFO with a server section and a kvmesh one, whatever
 // section is asked for.
-func info(_ context.Context, cs *conn, _ [][]byte) error {
+func info(_ context.Context, cs *conn, out *replies, _ [][]byte) error {
 	var b bytes.Buffer
 	b.WriteString("# Server\r\n")
 	fmt.Fprintf(&b, "redis_version:%s\r\nredis_mode:standalone\r\n", redisVersion)
@@ -401,6 +423,6 @@ func info(_ context.Context, cs *conn, _ [][]byte) error {
 			b.WriteString("\r\n")
 		}
 	}
-	cs.out.bulk(b.Bytes())
+	out.bulk(b.Bytes())
 	return nil
 }

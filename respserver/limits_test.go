@@ -26,6 +26,26 @@ func TestPipelining(t *testing.T) {
 		in.WriteString(cmd("GET", k))
 		want.WriteString("$" + strconv.Itoa(2*len(k)) + "\r\n" + k + k + "\r\n")
 	}
+	// Then batches: SETs of distinct keys run side by side, then GETs of
+	// them, a DEL of all, and GETs that find nothing.
+	var all []string
+	for i := range 100 {
+		k := "batch" + strconv.Itoa(i)
+		all = append(all, k)
+		in.WriteString(cmd("SET", k, strings.Repeat(k, 1000)))
+		want.WriteString("+OK\r\n")
+	}
+	for i := range 100 {
+		v := strings.Repeat("batch"+strconv.Itoa(i), 1000)
+		in.WriteString(cmd("GET", "batch"+strconv.Itoa(i)))
+		want.WriteString("$" + strconv.Itoa(len(v)) + "\r\n" + v + "\r\n")
+	}
+	in.WriteString(cmd(append([]string{"DEL"}, all...)...))
+	want.WriteString(":100\r\n")
+	for range 3 {
+		in.WriteString(cmd("GET", "batch7"))
+		want.WriteString("$-1\r\n")
+	}
 	go func() { _, _ = io.WriteString(c, in.String()) }()
 	got := make([]byte, want.Len())
 	if _, err := io.ReadFull(c, got); err != nil {

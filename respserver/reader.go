@@ -55,10 +55,18 @@ func newReader(r io.Reader, lim *Config, b *budget) *reader {
 	return &reader{br: bufio.NewReaderSize(r, lim.MaxInlineBytes), lim: lim, budget: b}
 }
 
-// release gives back the budget of the last command.
+// release gives back the budget of the command being read.
 func (r *reader) release() {
 	r.budget.give(r.held)
 	r.held = 0
+}
+
+// detach returns the budget the last command read holds, which its caller
+// now gives back (budget.give) once the command ran.
+func (r *reader) detach() int {
+	n := r.held
+	r.held = 0
+	return n
 }
 
 func (r *reader) reserve(n int) error {

@@ -1,15 +1,66 @@
 package respserver
 
 import (
-	"bufio"
+	"io"
 	"strconv"
 )
 
+// sink is where replies go: the connection's bufio.Writer, or a
+// command's segments while it runs beside others.
+type sink interface {
+	io.Writer
+	io.ByteWriter
+	io.StringWriter
+}
+
 // replies writes RESP2 or RESP3 replies (proto 2 or 3).
 type replies struct {
-	w     *bufio.Writer
+	w     sink
 	proto int
 	num   [24]byte
+}
+
+// segments holds the replies of one command run beside others: small
+// writes copied, large ones (values) by reference, which the command
+// does not touch again.
+type segments struct {
+	segs  [][]byte
+	small []byte
+}
+
+// largeWrite is the size from which a write is kept by reference.
+const largeWrite = 4 << 10
+
+func (s *segments) Write(b []byte) (int, error) {
+	if len(b) < largeWrite {
+		s.small = append(s.small, b...)
+		return len(b), nil
+	}
+	s.cut()
+	s.segs = append(s.segs, b)
+	return len(b), nil
+}
+
+func (s *segments) WriteByte(c byte) error { s.small = append(s.small, c); return nil }
+
+func (s *segments) WriteString(str string) (int, error) {
+	s.small = append(s.small, str...)
+	return len(str), nil
+}
+
+func (s *segments) cut() {
+	if len(s.small) > 0 {
+		s.segs = append(s.segs, s.small)
+		s.small = nil
+	}
+}
+
+// writeTo writes the segments to w in order.
+func (s *segments) writeTo(w io.Writer) {
+	s.cut()
+	for _, b := range s.segs {
+		_, _ = w.Write(b)
+	}
 }
 
 func (p *replies) header(kind byte, n int) {

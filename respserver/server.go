@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -131,43 +133,151 @@ func (s *Server) refused(command, reason string) {
 	}
 }
 
-// serveConn reads, runs and answers the commands of one connection, in
-// order; replies to pipelined commands go out together once no more input
-// is waiting.
+// maxBatch bounds the pipelined commands a connection runs at once.
+const maxBatch = 32
+
+// serveConn reads, runs and answers the commands of one connection.
+// Pipelined commands that name keys run side by side, in batches of
+// commands whose keys are all different (a command on a key already in
+// the batch starts the next one, so each key sees its commands in
+// order); their replies go out in order, together once no more input is
+// waiting. Any other command runs alone.
 func (s *Server) serveConn(ctx context.Context, c net.Conn) {
 	cs := &conn{s: s, c: c, id: s.nextID.Add(1)}
 	cs.r = newReader(c, &s.cfg, &s.budget)
-	cs.out = &replies{w: bufio.NewWriterSize(c, 64<<10), proto: 2}
+	cs.bw = bufio.NewWriterSize(c, 64<<10)
+	cs.out = &replies{w: cs.bw, proto: 2}
 	defer cs.r.release()
+	defer cs.giveBack()
 	if ks, err := s.cfg.Backend.Open(ctx, ""); err == nil {
 		cs.ks = ks
 	} else if !errors.Is(err, ErrAuthRequired) {
 		s.cfg.Logger.Warn("respserver: opening the keyspace", "err", err)
 		return
 	}
+	// pending is a command read and not yet run, the first of the next
+	// batch; pendingHeld its budget.
+	var pending [][]byte
+	pendingHeld := 0
+	defer func() { s.budget.give(pendingHeld) }()
 	for {
-		_ = c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
-		if _, err := cs.r.br.Peek(1); err != nil {
-			cs.flush()
+		if pending == nil {
+			_ = c.SetReadDeadline(time.Now().Add(s.cfg.IdleTimeout))
+			if _, err := cs.r.br.Peek(1); err != nil {
+				cs.flush()
+				return
+			}
+			_ = c.SetReadDeadline(time.Now().Add(s.cfg.CommandTimeout))
+			args, err := cs.r.next()
+			if err != nil {
+				cs.readFailed(err)
+				return
+			}
+			cs.held += cs.r.detach()
+			if args == nil {
+				continue
+			}
+			pending = args
+		}
+		batch := [][][]byte{pending}
+		pending = nil
+		cs.held += pendingHeld
+		pendingHeld = 0
+		var readErr error
+		if keys := batchKeys(batch[0]); keys != nil {
+			seen := make(map[string]bool)
+			for _, k := range keys {
+				seen[string(k)] = true
+			}
+			for len(batch) < maxBatch && cs.r.br.Buffered() > 0 {
+				args, err := cs.r.next()
+				if err != nil {
+					readErr = err
+					break
+				}
+				n := cs.r.detach()
+				if args == nil {
+					s.budget.give(n)
+					continue
+				}
+				keys := batchKeys(args)
+				if keys == nil || slices.ContainsFunc(keys, func(k []byte) bool { return seen[string(k)] }) {
+					pending, pendingHeld = args, n
+					break
+				}
+				cs.held += n
+				for _, k := range keys {
+					seen[string(k)] = true
+				}
+				batch = append(batch, args)
+			}
+		}
+		quit := cs.runBatch(ctx, batch)
+		// The commands' arguments are done with; replies not yet written
+		// stay held until the flush.
+		s.budget.give(cs.held)
+		cs.held = 0
+		if readErr != nil {
+			cs.readFailed(readErr)
 			return
 		}
-		_ = c.SetReadDeadline(time.Now().Add(s.cfg.CommandTimeout))
-		args, err := cs.r.next()
-		if err != nil {
-			cs.readFailed(err)
-			return
-		}
-		quit := false
-		if args != nil {
-			quit = cs.run(ctx, args)
-		}
-		cs.r.release()
-		if quit || cs.r.br.Buffered() == 0 {
-			if !cs.flush() || quit {
+		if quit || (pending == nil && cs.r.br.Buffered() == 0) {
+			ok := cs.flush()
+			cs.giveBack()
+			if !ok || quit {
 				return
 			}
 		}
 	}
+}
+
+// batchKeys returns the keys of a command that may run beside others, nil
+// for one that runs alone.
+func batchKeys(args [][]byte) [][]byte {
+	c, ok := commands[strings.ToUpper(string(args[0]))]
+	if !ok || c.keys == nil || (c.arity > 0 && len(args) != c.arity) || (c.arity < 0 && len(args) < -c.arity) {
+		return nil
+	}
+	return c.keys(args)
+}
+
+// runBatch runs commands, side by side when there are several, and
+// writes their replies in order; it reports whether the connection ends
+// (QUIT).
+func (cs *conn) runBatch(ctx context.Context, batch [][][]byte) (quit bool) {
+	if len(batch) == 1 {
+		return cs.run(ctx, cs.out, batch[0])
+	}
+	segs := make([]segments, len(batch))
+	var wg sync.WaitGroup
+	for i, args := range batch {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cs.run(ctx, &replies{w: &segs[i], proto: cs.out.proto}, args)
+		}()
+	}
+	wg.Wait()
+	for i := range segs {
+		segs[i].writeTo(cs.bw)
+	}
+	return false
+}
+
+// holdReply takes n bytes of the budget for a reply that waits to be
+// written; giveBack returns them once the replies went out.
+func (cs *conn) holdReply(n int) error {
+	if !cs.s.budget.take(n) {
+		return errBusy
+	}
+	cs.replyHeld.Add(int64(n))
+	return nil
+}
+
+// giveBack returns the budget of the commands run and the replies written.
+func (cs *conn) giveBack() {
+	cs.s.budget.give(cs.held + int(cs.replyHeld.Swap(0)))
+	cs.held = 0
 }
 
 // conn is one client connection's state.
@@ -177,12 +287,17 @@ type conn struct {
 	id  int64
 	r   *reader
 	out *replies
-	ks  Keyspace // nil until AUTH where a token is required
+	bw  *bufio.Writer // the connection's, under out
+	ks  Keyspace      // nil until AUTH where a token is required
+	// held is the budget of the commands read and not yet done;
+	// replyHeld that of replies not yet written.
+	held      int
+	replyHeld atomic.Int64
 }
 
 func (cs *conn) flush() bool {
 	_ = cs.c.SetWriteDeadline(time.Now().Add(cs.s.cfg.WriteTimeout))
-	return cs.out.w.Flush() == nil
+	return cs.bw.Flush() == nil
 }
 
 // readFailed answers a command that could not be read, if it can.

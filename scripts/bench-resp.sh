@@ -3,7 +3,8 @@
 # against redis-server, on this machine, with the same value sizes and
 # client settings; prints a Markdown table (docs/BENCHMARKS.md).
 #
-#   scripts/bench-resp.sh [SIZES]     (make bench-resp; SIZES default "4096 65536 1048576")
+#   scripts/bench-resp.sh [SIZES [MORE]]   (make bench-resp; SIZES default "4096 65536 1048576";
+#                                          MORE: further redis-benchmark flags, e.g. "-r 100000")
 #
 # kvmesh runs as one node (R = 1) and as three nodes on loopback (R = 3,
 # W = 2, the benchmark's clients on node 1's door); every kvmeshd has
@@ -13,6 +14,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sizes=${1:-"4096 65536 1048576"}
+more=${2:-}
 bin=${KVMESHD:-bin/kvmeshd}
 work=$(mktemp -d)
 pids=()
@@ -49,8 +51,16 @@ field() { tr ' ' '\n' <<<"$1" | sed -n "s/^$2=//p"; }
 bench() {
 	local n=$((256 * 1024 * 1024 / $2))
 	n=$((n < 500 ? 500 : n > 20000 ? 20000 : n))
-	timeout 600 redis-benchmark -h 127.0.0.1 -p "$1" -t set,get -d "$2" -P 16 -c 8 -n "$n" --csv 2>/dev/null |
-		awk -F'"' '$2=="SET"{s=$4} $2=="GET"{g=$4} END{printf "%s %s", s, g}'
+	local out
+	out=$(timeout 600 redis-benchmark -h 127.0.0.1 -p "$1" -t set,get -d "$2" -P 16 -c 8 -n "$n" $more --csv 2>"$work/bench.err" || true)
+	if ! grep -q '^"GET"' <<<"$out"; then
+		echo "bench-resp: redis-benchmark on port $1, $2 bytes, gave no result:" >&2
+		cat "$work/bench.err" >&2
+		exit 1
+	fi
+	# The next size's SETs write redis-benchmark's one key anew.
+	redis-cli -p "$1" del key:__rand_int__ >/dev/null
+	awk -F'"' '$2=="SET"{s=$4} $2=="GET"{g=$4} END{printf "%s %s", s, g}' <<<"$out"
 }
 
 declare -A res
@@ -81,4 +91,4 @@ for s in $sizes; do
 	echo "| $((s / 1024)) KiB | $rs | $rg | $os | $og | $ts | $tg |"
 done
 echo
-echo "redis-benchmark -t set,get -d SIZE -P 16 -c 8; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $(redis-server --version | cut -d' ' -f1-3); kvmesh $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+echo "redis-benchmark -t set,get -d SIZE -P 16 -c 8 $more; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg); $(redis-server --version | cut -d' ' -f1-3); kvmesh $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
