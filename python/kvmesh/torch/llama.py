@@ -173,6 +173,12 @@ class Plan:
     keep: int = 0
     bound: float = 0.0
     capture: bool = False
+    # wait(l), if set, runs before layer l first reads or writes the cache
+    # (a layer-wise load lands there); saved(l, k, v, slots) after layer l
+    # wrote the computed rows' post-RoPE K and V (k and v are pre-RoPE K and
+    # V of those rows [n, kv_heads, head_dim], slots their cache slots).
+    wait: "object | None" = None
+    saved: "object | None" = None
 
 
 @dataclasses.dataclass
@@ -402,16 +408,22 @@ class LlamaModel(torch.nn.Module):
                 out.computed.append(active.clone())
                 out.kv.append((k.clone(), v.clone()))
             cs, sn = cos_all[active], sin_all[active]
+            k_pre_rope = k
             q, k = self._rotate(q, cs, sn), self._rotate(k, cs, sn)
             cache = caches[l]
             slots = sslots[act]
+            if plan.wait is not None:
+                plan.wait(l)
             if l == check:
                 old = self._read(cache, 0, slots).float()
                 kf = k.float()
                 dev_sum = (kf - old).double().pow(2).sum((1, 2)).cpu()
                 norm_sum = kf.double().pow(2).sum((1, 2)).cpu()
+            k_pre = k_pre_rope if plan.saved is not None else None
             self._write(cache, 0, slots, k)
             self._write(cache, 1, slots, v)
+            if plan.saved is not None:
+                plan.saved(l, k_pre, v, slots)
             K = self._read(cache, 0, sslots).to(q.dtype)  # [S, KH, D], the whole sequence
             V = self._read(cache, 1, sslots).to(q.dtype)
             g = H // KH
