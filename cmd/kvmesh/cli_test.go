@@ -126,6 +126,13 @@ func TestGolden(t *testing.T) {
 			`connection error: desc = "transport: Error while dialing: dial tcp 10.0.0.2:7000: connect: connection refused"`))},
 	}})
 	fmt.Fprintf(&got, "$ (status text without a leader, one node down)\n%s\n", buf.String())
+	buf.Reset()
+	_ = printRing(&buf, ringOut{Epoch: 5, ReplicationFactor: 3, Samples: 100000, Members: []ringMember{
+		{ID: "n1", GRPC: "10.0.0.1:7000", Raft: "10.0.0.1:7002", Gossip: "10.0.0.1:7001", Weight: 32.66, PrimaryPercent: 50, ReplicaPercent: 100, State: "ready"},
+		{ID: "n2", GRPC: "10.0.0.2:7000", Raft: "10.0.0.2:7002", Gossip: "10.0.0.2:7001", Weight: 32.66, PrimaryPercent: 50, ReplicaPercent: 100, State: "recovering",
+			StateReason: "ring differs from the leader's at the same epoch: epoch 5, leader n1: n2 has weight 72.66 here, 32.66 on the leader"},
+	}})
+	fmt.Fprintf(&got, "$ (ring text with a member whose ring differs from the leader's)\n%s\n", buf.String())
 	text := numbers.ReplaceAllString(norm.Replace(got.String()), "${1}N")
 	text = spaces.ReplaceAllString(addrs.ReplaceAllString(text, "HOST:PORT"), "${1}  ")
 	path := filepath.Join("testdata", "cli.golden")

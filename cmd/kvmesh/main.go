@@ -401,23 +401,27 @@ func ringCmd(ctx context.Context, e *env, args []string) error {
 		}
 		out.Members = append(out.Members, rm)
 	}
-	return e.print(out, func(w io.Writer) error {
-		fmt.Fprintf(w, "epoch %d, %d members, R=%d\n", out.Epoch, len(out.Members), rf)
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NODE\tSTATE\tGRPC\tRAFT\tGOSSIP\tWEIGHT\tPRIMARY\tREPLICA")
-		for _, m := range out.Members {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%.1f%%\t%.1f%%\n", m.ID, m.State, m.GRPC, m.Raft, m.Gossip, m.Weight, m.PrimaryPercent, m.ReplicaPercent)
+	return e.print(out, func(w io.Writer) error { return printRing(w, out) })
+}
+
+// printRing is `kvmesh ring`'s text: the table, then why each member that
+// is not ready is not.
+func printRing(w io.Writer, out ringOut) error {
+	fmt.Fprintf(w, "epoch %d, %d members, R=%d\n", out.Epoch, len(out.Members), out.ReplicationFactor)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tSTATE\tGRPC\tRAFT\tGOSSIP\tWEIGHT\tPRIMARY\tREPLICA")
+	for _, m := range out.Members {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.2f\t%.1f%%\t%.1f%%\n", m.ID, m.State, m.GRPC, m.Raft, m.Gossip, m.Weight, m.PrimaryPercent, m.ReplicaPercent)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, m := range out.Members {
+		if m.StateReason != "" {
+			fmt.Fprintf(w, "%s: %s: %s\n", m.ID, m.State, m.StateReason)
 		}
-		if err := tw.Flush(); err != nil {
-			return err
-		}
-		for _, m := range out.Members {
-			if m.StateReason != "" {
-				fmt.Fprintf(w, "%s: %s: %s\n", m.ID, m.State, m.StateReason)
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // modelOut is one model of `kvmesh models -format json`.
