@@ -87,7 +87,10 @@ func (in *Injector) rows(t *cudakern.RopeTable) (cu.DevicePtr, error) {
 	if err := tb.buf.reserve(int64(4 * len(r))); err != nil {
 		return 0, cuErr("allocating a rope table", err)
 	}
-	if err := cu.MemcpyHtoD(tb.buf.ptr, unsafe.Pointer(unsafe.SliceData(r)), int64(4*len(r))); err != nil {
+	// On the stream, so the kernels after it see it all (a synchronous
+	// copy from pageable memory may return before its DMA is done).
+	if err := cu.MemcpyHtoDAsync(tb.buf.ptr, unsafe.Pointer(unsafe.SliceData(r)), int64(4*len(r)), in.stream); err != nil {
+		_ = in.drain(nil)
 		_ = tb.buf.free()
 		return 0, cuErr("copying a rope table", err)
 	}

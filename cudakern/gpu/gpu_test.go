@@ -175,7 +175,11 @@ func devAlloc(t testing.TB, in *Injector, b []byte) uint64 {
 		if p, err = cu.MemAlloc(int64(max(len(b), 1))); err != nil {
 			return err
 		}
-		return cu.MemcpyHtoD(p, unsafe.Pointer(unsafe.SliceData(b)), int64(len(b)))
+		if err := cu.MemcpyHtoD(p, unsafe.Pointer(unsafe.SliceData(b)), int64(len(b))); err != nil {
+			return err
+		}
+		// The injector's stream does not wait for the legacy stream's DMA.
+		return cu.Synchronize()
 	})
 	if err != nil {
 		t.Fatal(err)
