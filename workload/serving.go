@@ -63,9 +63,9 @@ func sampleQuantile(ss []ServingSample, q float64, f func(ServingSample) time.Du
 }
 
 // ClosedLoop runs users concurrent users, each sending its next request
-// when the last is answered (the InferScale paper's load). The count
-// starts once every user has had a request answered and at least warm has
-// passed (the users' first requests all arrive at once), and runs for d:
+// when the last is answered (the InferScale paper's load), the users'
+// first requests spread over warm. The count starts once every user has
+// had a request answered and at least warm has passed, and runs for d:
 // the point is the requests that finish within it, over d. The first error
 // stops every user.
 func ClosedLoop(ctx context.Context, users int, warm, d time.Duration, serve ServeFunc) (ServingPoint, error) {
@@ -87,6 +87,12 @@ func ClosedLoop(ctx context.Context, users int, warm, d time.Duration, serve Ser
 	first.Add(users)
 	for u := range users {
 		wg.Go(func() {
+			// Users start spread over warm, so their requests do not
+			// move in waves that a short count could miss.
+			select {
+			case <-time.After(warm * time.Duration(u) / time.Duration(users)):
+			case <-ctx.Done():
+			}
 			for n := 0; ; n++ {
 				select {
 				case <-stop:
