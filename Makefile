@@ -270,7 +270,7 @@ bench-accuracy:
 bench-serving:
 	mkdir -p out
 	$(GO) run ./cmd/kvmesh-demo -sections serving,shape -serve-users 1,10,25,50,100 -serve-k 10,50 \
-		-serve-rates 5,10,20,40,80 -serve-duration 1500ms -serve-warm 500ms \
+		-serve-rates 5,10,20,40,80 -serve-duration 2s -serve-warm 500ms \
 		-shape-k 5,10,20,50 -shape-prompt-k 5,50 -shape-queries 3 -cpuprofile out/serving.prof -out docs/bench | tee out/serving.txt
 
 bench-accuracy-facts50:
