@@ -317,6 +317,18 @@ func (s *Sequence) grow(tokens []uint32) error {
 	if sw := e.cfg.SlidingWindow; sw > 0 && n > sw {
 		return fmt.Errorf("%w: %d tokens exceed the sliding window %d (windowed attention is not implemented)", ErrUnsupported, n, sw)
 	}
+	if err := s.reserve(n); err != nil {
+		return err
+	}
+	s.tokens = append(s.tokens, tokens...)
+	return nil
+}
+
+// reserve makes sure the sequence holds blocks for n tokens in all (a
+// scheduler reserves what a request will decode into, so decoding never
+// finds the cache full). Called with e.mu held.
+func (s *Sequence) reserve(n int) error {
+	e := s.e
 	bs := e.layout.BlockSize
 	need := (n+bs-1)/bs - len(s.blocks)
 	if need > len(e.free) {
@@ -330,7 +342,6 @@ func (s *Sequence) grow(tokens []uint32) error {
 			s.slots = append(s.slots, b*bs+o)
 		}
 	}
-	s.tokens = append(s.tokens, tokens...)
 	return nil
 }
 

@@ -17,6 +17,11 @@ type SchedulerConfig struct {
 	// Injector places the requests' chunks (node-side injection); nil
 	// prefills every token (prompt injection).
 	Injector CacheInjector
+	// MaxInjecting bounds the requests whose chunks are being injected at
+	// once; 0 means no bound. The node shares its workers among the
+	// injections in flight, so each of many finishes late; a bound lets
+	// the first ones finish and compute while the rest wait their turn.
+	MaxInjecting int
 	// MaxBatchTokens bounds the prefill tokens one forward pass takes
 	// (decode steps join every pass); 0 means 1024. A request longer than
 	// it runs in a pass of its own.
@@ -36,8 +41,9 @@ type Scheduler struct {
 	e   *Engine
 	cfg SchedulerConfig
 
-	in   chan *job
-	stop chan struct{}
+	in        chan *job
+	stop      chan struct{}
+	injecting chan struct{} // a slot per injection in flight (nil: no bound)
 	// freed is closed (and replaced) whenever a request leaves, for
 	// requests waiting for cache slots.
 	mu    sync.Mutex
@@ -82,6 +88,9 @@ func NewScheduler(e *Engine, cfg SchedulerConfig) *Scheduler {
 		cfg.MaxBatchTokens = 1024
 	}
 	s := &Scheduler{e: e, cfg: cfg, in: make(chan *job), stop: make(chan struct{}), done: make(chan struct{}), freed: make(chan struct{})}
+	if cfg.MaxInjecting > 0 {
+		s.injecting = make(chan struct{}, cfg.MaxInjecting)
+	}
 	go s.loop()
 	return s
 }
@@ -135,15 +144,26 @@ func (s *Scheduler) prepare(j *job) error {
 	if err != nil {
 		return err
 	}
-	if err := s.reserve(j.ctx, seq, all); err != nil {
+	if err := s.reserve(j.ctx, seq, all, len(all)+j.generate-1); err != nil {
 		seq.Release()
 		return err
 	}
 	j.s, j.state, j.resp = seq, make([]chunk.Match, len(all)), &Response{Tokens: len(all)}
 	if s.cfg.Injector != nil {
+		if s.injecting != nil {
+			select {
+			case s.injecting <- struct{}{}:
+			case <-j.ctx.Done():
+				s.release(seq)
+				return j.ctx.Err()
+			}
+		}
 		t1 := time.Now()
 		e.injectRemote(j.ctx, s.cfg.Injector, req, starts, seq, j.state, j.resp)
 		j.resp.Inject = time.Since(t1)
+		if s.injecting != nil {
+			<-s.injecting
+		}
 		if err := j.ctx.Err(); err != nil {
 			s.release(seq)
 			return err
@@ -153,15 +173,19 @@ func (s *Scheduler) prepare(j *job) error {
 	return nil
 }
 
-// reserve grows seq by tokens, waiting while the cache is full and other
-// requests hold slots (they free them as they finish): admission control,
-// so load past saturation queues instead of failing.
-func (s *Scheduler) reserve(ctx context.Context, seq *Sequence, tokens []uint32) error {
+// reserve grows seq by tokens, with blocks for total tokens (what it will
+// decode into), waiting while the cache is full and other requests hold
+// slots (they free them as they finish): admission control, so load past
+// saturation queues instead of failing.
+func (s *Scheduler) reserve(ctx context.Context, seq *Sequence, tokens []uint32, total int) error {
 	for {
 		s.mu.Lock()
 		freed, live := s.freed, s.live
 		s.e.mu.Lock()
-		err := seq.grow(tokens)
+		err := seq.reserve(total)
+		if err == nil {
+			err = seq.grow(tokens)
+		}
 		s.e.mu.Unlock()
 		if err == nil {
 			s.live++
@@ -235,19 +259,22 @@ func (s *Scheduler) loop() {
 		// Requests whose caller gave up leave before their next pass.
 		waiting = slices.DeleteFunc(waiting, s.cancelled)
 		running = slices.DeleteFunc(running, s.cancelled)
-		// A recomputing request's prefill runs alone, first in line.
+		// A recomputing request's prefill runs alone, one per pass of the
+		// others, so neither starves the other.
+		batch := slices.Clone(running)
 		if i := slices.IndexFunc(waiting, func(j *job) bool { return j.solo }); i >= 0 {
 			j := waiting[i]
 			waiting = slices.Delete(waiting, i, i+1)
 			if s.soloPrefill(j) {
-				running = append(running, j)
+				batch = append(batch, j)
 			}
-			continue
 		}
-		batch := slices.Clone(running)
 		tokens := 0
 		n := 0
 		for _, j := range waiting {
+			if j.solo {
+				break // its turn comes after this pass
+			}
 			m := len(j.active())
 			if n > 0 && tokens+m > s.cfg.MaxBatchTokens {
 				break

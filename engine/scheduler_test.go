@@ -172,7 +172,7 @@ func TestSchedulerMatchesAlone(t *testing.T) {
 		for i, req := range reqs {
 			want[i] = alone(ci, req)
 		}
-		s := NewScheduler(e, SchedulerConfig{Injector: ci, MaxBatchTokens: 40})
+		s := NewScheduler(e, SchedulerConfig{Injector: ci, MaxBatchTokens: 40, MaxInjecting: 2})
 		got := make([]*Served, len(reqs))
 		errs := make([]error, len(reqs))
 		var wg sync.WaitGroup
@@ -216,7 +216,7 @@ func TestSchedulerQueuesForCache(t *testing.T) {
 	for i := range n {
 		prompt := randTokens(r, 600, e.cfg.VocabSize)
 		wg.Go(func() {
-			_, errs[i] = s.Serve(ctx, Request{Segments: []Segment{{Tokens: prompt}}}, 2)
+			_, errs[i] = s.Serve(ctx, Request{Segments: []Segment{{Tokens: prompt}}}, 40)
 		})
 	}
 	wg.Wait()

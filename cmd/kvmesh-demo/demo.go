@@ -97,6 +97,7 @@ func parseDemo(args []string, stderr io.Writer) (demoConfig, error) {
 	fs.IntVar(&c.Serving.Generate, "serve-generate", 16, "tokens generated per request in the serving table")
 	fs.DurationVar(&c.Serving.Duration, "serve-duration", time.Second, "time per load level of the serving table (counted)")
 	fs.DurationVar(&c.Serving.Warm, "serve-warm", 300*time.Millisecond, "closed-loop warm-up per load level of the serving table (not counted)")
+	fs.IntVar(&c.Serving.MaxInjecting, "serve-max-injecting", 4, "requests injecting at once in the serving table's scheduler (0: no bound)")
 	fs.IntVar(&c.ShapeHidden, "shape-hidden", 1024, "hidden size of the realistic shape (heads of 128, 8 KV heads)")
 	fs.IntVar(&c.ShapeLayers, "shape-layers", 8, "layers of the realistic shape")
 	shapeKs := fs.String("shape-k", "5,50", "facts per query at the realistic shape")

@@ -47,7 +47,9 @@ type servingLoad struct {
 	Rates    []float64     // open loop, requests/s (none: no open loop)
 	Generate int           // tokens generated per request
 	Warm     time.Duration // closed loop: before the count starts
-	Duration time.Duration
+	// MaxInjecting is the scheduler's bound on injections in flight.
+	MaxInjecting int
+	Duration     time.Duration
 }
 
 // servingResult is every way at every k and load level.
@@ -85,7 +87,7 @@ func measureServing(ctx context.Context, cfg demoConfig, c *client.Client, local
 			if way != srvPrompt {
 				inj = se.inj
 			}
-			sched := engine.NewScheduler(se.Engine, engine.SchedulerConfig{Injector: inj})
+			sched := engine.NewScheduler(se.Engine, engine.SchedulerConfig{Injector: inj, MaxInjecting: load.MaxInjecting})
 			serve := func(ctx context.Context, user, n int) (workload.ServingSample, error) {
 				r := rand.New(rand.NewPCG(cfg.Seed, uint64(way)<<48|uint64(k)<<32|uint64(user)<<16|uint64(n)))
 				from := near
