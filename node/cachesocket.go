@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvmesh/kvmesh/api"
 )
 
@@ -45,9 +47,10 @@ type pendingFile struct {
 
 // cacheSocket receives the files. Its goroutines stop at close.
 type cacheSocket struct {
-	ln  *net.UnixListener
-	log *slog.Logger
-	now func() time.Time
+	ln    *net.UnixListener
+	log   *slog.Logger
+	now   func() time.Time
+	files *prometheus.CounterVec // hand-overs, by outcome: taken, refused
 
 	mu      sync.Mutex
 	closed  bool
@@ -70,7 +73,13 @@ func listenCacheSocket(log *slog.Logger) (*cacheSocket, error) {
 		return nil, fmt.Errorf("node: cache socket: %w", err)
 	}
 	s := &cacheSocket{ln: ln, log: log, now: time.Now,
+		files: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvmesh_inject_cache_files_total",
+			Help: "Shared-memory files engines handed over on the cache socket, by outcome (taken: waiting for or used by a registration; refused: not a file the node maps, or too many waiting; the log says why).",
+		}, []string{"outcome"}),
 		pending: map[[api.CacheHandleBytes]byte]pendingFile{}, users: map[uint32]int{}, conns: map[*net.UnixConn]struct{}{}}
+	s.files.WithLabelValues("taken")
+	s.files.WithLabelValues("refused")
 	s.wg.Add(1)
 	go s.accept()
 	return s, nil
@@ -112,6 +121,8 @@ func (s *cacheSocket) accept() {
 // serve takes one hand-over from c and answers it. A refusal says only
 // that: the reason goes to the log.
 func (s *cacheSocket) serve(c *net.UnixConn) {
+	outcome := "refused"
+	defer func() { s.files.WithLabelValues(outcome).Inc() }()
 	_ = c.SetDeadline(time.Now().Add(cacheConnDeadline))
 	cred, err := unixPeer(c)
 	if err != nil {
@@ -137,7 +148,9 @@ func (s *cacheSocket) serve(c *net.UnixConn) {
 		if f, err := s.take(handle); err == nil {
 			_ = f.Close()
 		}
+		return
 	}
+	outcome = "taken"
 }
 
 // keep checks f and stores it under a new handle; nil and why on refusal.

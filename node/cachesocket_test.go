@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
 // handOver hands f to the node behind ic on its cache socket and returns
@@ -148,4 +149,8 @@ func TestCacheSocketHandles(t *testing.T) {
 	if n != 0 {
 		t.Errorf("%d entries left after every take", n)
 	}
+	// Counted once each, after the answer.
+	testutil.WaitFor(t, "10 hand-overs taken, 1 refused", func() bool {
+		return readCounter(s.files.WithLabelValues("taken")) == 10 && readCounter(s.files.WithLabelValues("refused")) == 1
+	})
 }

@@ -53,6 +53,10 @@ func (n *Node) startInject() (*injector, error) {
 			_ = svc.Close()
 			return nil, err
 		}
+		if err := n.registry.Register(in.sock.files); err != nil {
+			_ = errors.Join(in.sock.close(), svc.Close())
+			return nil, fmt.Errorf("node: register injection metrics: %w", err)
+		}
 	}
 	return in, nil
 }

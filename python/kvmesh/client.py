@@ -648,6 +648,9 @@ class Client:
         max_positions bounds the target positions chunks may be injected
         at (the size of the node's RoPE table for this cache; 0: the
         node's default, 32768): an InjectChunk whose pos + len(tokens)
-        exceeds it is refused."""
+        exceeds it is refused. The cache's memfd goes to the node as a
+        file descriptor on the node's cache socket (never as a path); a
+        cache registered already is refused (PermissionDenied) until it is
+        unregistered."""
         from .inject import register_cache
         return register_cache(self, addr, fingerprint, cache, head_lo, head_hi, max_positions)
