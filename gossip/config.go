@@ -1,7 +1,10 @@
 package gossip
 
 import (
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -146,4 +149,76 @@ type Config struct {
 	// otherwise never talk again, and gossip would stay split after the
 	// network healed. Default 10 probe intervals; negative disables it.
 	ReconnectInterval time.Duration
+}
+
+// DefaultConfig is the configuration of every field Start defaults: the
+// values a zero field takes. The caller sets NodeID (and may change the
+// rest) before Start.
+func DefaultConfig() Config {
+	t := LANTiming()
+	return Config{
+		BindAddr:          "0.0.0.0",
+		Timing:            t,
+		JoinRetryMax:      30 * time.Second,
+		DeadRetention:     time.Hour,
+		ReconnectInterval: 10 * t.ProbeInterval,
+	}
+}
+
+// Validate reports what Start would refuse.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults checks c and gives its zero fields DefaultConfig's values.
+func (c Config) withDefaults() (Config, error) {
+	if c.NodeID == "" {
+		return c, errors.New("gossip: Config.NodeID is required")
+	}
+	if c.Meta.ID == "" {
+		c.Meta.ID = c.NodeID
+	}
+	if c.Meta.ID != c.NodeID {
+		return c, fmt.Errorf("gossip: Meta.ID %q differs from NodeID %q", c.Meta.ID, c.NodeID)
+	}
+	d := DefaultConfig()
+	if c.BindAddr == "" {
+		c.BindAddr = d.BindAddr
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Timing = c.Timing.withDefaults()
+	if c.JoinRetryMax <= 0 {
+		c.JoinRetryMax = d.JoinRetryMax
+	}
+	if c.DeadRetention <= 0 {
+		c.DeadRetention = d.DeadRetention
+	}
+	if c.ReconnectInterval == 0 {
+		c.ReconnectInterval = 10 * c.Timing.ProbeInterval
+	}
+	if net.ParseIP(c.BindAddr) == nil {
+		// memberlist would silently bind every interface.
+		return c, fmt.Errorf("gossip: BindAddr %q is not an IP address", c.BindAddr)
+	}
+	if c.AdvertisePort != 0 && c.BindPort == 0 {
+		return c, errors.New("gossip: AdvertisePort needs a fixed BindPort")
+	}
+	if c.AdvertiseAddr != "" && c.AdvertisePort == 0 {
+		c.AdvertisePort = c.BindPort
+	}
+	if c.Keyring != nil {
+		if len(c.Keyring.GetPrimaryKey()) == 0 {
+			return c, errors.New("gossip: Keyring has no primary key")
+		}
+		c.SecretKey = nil
+	}
+	switch len(c.SecretKey) {
+	case 0, 16, 24, 32:
+	default:
+		return c, fmt.Errorf("gossip: SecretKey must be 16, 24 or 32 bytes, not %d", len(c.SecretKey))
+	}
+	return c, nil
 }

@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
-	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -90,50 +89,9 @@ type Gossip struct {
 // Start creates the node's memberlist, starts draining its events
 // and joins cfg.Seeds (retrying in the background if none answers).
 func Start(cfg Config) (*Gossip, error) {
-	if cfg.NodeID == "" {
-		return nil, errors.New("gossip: Config.NodeID is required")
-	}
-	if cfg.Meta.ID == "" {
-		cfg.Meta.ID = cfg.NodeID
-	}
-	if cfg.Meta.ID != cfg.NodeID {
-		return nil, fmt.Errorf("gossip: Meta.ID %q differs from NodeID %q", cfg.Meta.ID, cfg.NodeID)
-	}
-	if cfg.BindAddr == "" {
-		cfg.BindAddr = "0.0.0.0"
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.JoinRetryMax <= 0 {
-		cfg.JoinRetryMax = 30 * time.Second
-	}
-	if cfg.DeadRetention <= 0 {
-		cfg.DeadRetention = time.Hour
-	}
-	if cfg.ReconnectInterval == 0 {
-		cfg.ReconnectInterval = 10 * cfg.Timing.withDefaults().ProbeInterval
-	}
-	if net.ParseIP(cfg.BindAddr) == nil {
-		// memberlist would silently bind every interface.
-		return nil, fmt.Errorf("gossip: BindAddr %q is not an IP address", cfg.BindAddr)
-	}
-	if cfg.AdvertisePort != 0 && cfg.BindPort == 0 {
-		return nil, errors.New("gossip: AdvertisePort needs a fixed BindPort")
-	}
-	if cfg.AdvertiseAddr != "" && cfg.AdvertisePort == 0 {
-		cfg.AdvertisePort = cfg.BindPort
-	}
-	if cfg.Keyring != nil {
-		if len(cfg.Keyring.GetPrimaryKey()) == 0 {
-			return nil, errors.New("gossip: Keyring has no primary key")
-		}
-		cfg.SecretKey = nil
-	}
-	switch len(cfg.SecretKey) {
-	case 0, 16, 24, 32:
-	default:
-		return nil, fmt.Errorf("gossip: SecretKey must be 16, 24 or 32 bytes, not %d", len(cfg.SecretKey))
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	cfg.Meta.Leaving, cfg.Meta.GossipAddr = false, ""
 	metaB, err := cfg.Meta.MarshalBinary()
@@ -152,7 +110,7 @@ func Start(cfg Config) (*Gossip, error) {
 	}
 	g.queue.init()
 
-	t := cfg.Timing.withDefaults()
+	t := cfg.Timing
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = cfg.NodeID
 	mc.BindAddr = cfg.BindAddr

@@ -553,3 +553,22 @@ func statusOf(g *Gossip, id string) *MemberStatus {
 	}
 	return nil
 }
+
+// TestDefaultConfig: a Config with only NodeID gets DefaultConfig's values,
+// and Validate refuses what Start refuses.
+func TestDefaultConfig(t *testing.T) {
+	got, err := Config{NodeID: "a"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := DefaultConfig()
+	if got.BindAddr != d.BindAddr || got.Timing != d.Timing || got.JoinRetryMax != d.JoinRetryMax ||
+		got.DeadRetention != d.DeadRetention || got.ReconnectInterval != d.ReconnectInterval {
+		t.Errorf("defaults %+v, DefaultConfig %+v", got, d)
+	}
+	for _, bad := range []Config{{}, {NodeID: "a", BindAddr: "localhost"}, {NodeID: "a", AdvertisePort: 7}, {NodeID: "a", SecretKey: []byte("short")}} {
+		if bad.Validate() == nil {
+			t.Errorf("Validate took %+v", bad)
+		}
+	}
+}
