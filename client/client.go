@@ -276,10 +276,11 @@ func (c *Client) noteEpoch(md metadata.MD) {
 
 // retryable reports whether another replica (or a later round) may
 // succeed where err failed: the node was unreachable, overloaded, too
-// slow, recovering (Unavailable), or saw another ring epoch (Aborted).
+// slow, recovering (Unavailable), saw another ring epoch (Aborted), or
+// found its own stored copy damaged (DataLoss; it dropped it).
 func retryable(err error) bool {
 	switch status.Code(err) {
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted:
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Aborted, codes.DataLoss:
 		return true
 	}
 	return false

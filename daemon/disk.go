@@ -107,7 +107,7 @@ func autoBudget(dataDir string, room int64, log *slog.Logger) (int64, error) {
 // diskRoom is what the data directory's file system could give the disk
 // tier: its free space plus the bytes of the tier's own files (tier).
 func diskRoom(dataDir string) (room, tier int64, err error) {
-	free, err := freeBytes(existingParent(dataDir))
+	_, free, err := kvtier.FSSpace(existingParent(dataDir))
 	if err != nil {
 		return 0, 0, err
 	}

@@ -141,6 +141,15 @@ func (d *diskDir) read(rel string, checksum uint64, size int, dst []byte) ([]byt
 		return nil, fmt.Errorf("kvtier: disk read: %w", err)
 	}
 	defer f.Close()
+	b, err := d.readOpen(f, rel, checksum, size, dst)
+	if err != nil {
+		// The file is there: whatever fails now is the stored copy.
+		return nil, fmt.Errorf("%w: %w", ErrDamaged, err)
+	}
+	return b, nil
+}
+
+func (d *diskDir) readOpen(f *os.File, rel string, checksum uint64, size int, dst []byte) ([]byte, error) {
 	st, err := f.Stat()
 	if err != nil {
 		return nil, fmt.Errorf("kvtier: disk read: %w", err)
@@ -223,14 +232,13 @@ type diskFile struct {
 
 // recover lists the valid entry files, removing temp files, files whose
 // names are not ours and files that fail their checksums (torn or
-// corrupted writes).
-func (d *diskDir) recover(log *slog.Logger) ([]diskFile, error) {
-	var out []diskFile
+// corrupted writes, which it counts in damaged).
+func (d *diskDir) recover(log *slog.Logger) (out []diskFile, damaged int, err error) {
 	for i := 0; i < 256; i++ {
 		sub := fmt.Sprintf("%02x", i)
 		ents, err := os.ReadDir(filepath.Join(d.dir, sub))
 		if err != nil {
-			return nil, fmt.Errorf("kvtier: disk recovery: %w", err)
+			return nil, 0, fmt.Errorf("kvtier: disk recovery: %w", err)
 		}
 		for _, de := range ents {
 			rel := sub + "/" + de.Name()
@@ -246,12 +254,15 @@ func (d *diskDir) recover(log *slog.Logger) ([]diskFile, error) {
 			if err != nil {
 				log.Warn("kvtier: dropping invalid disk entry", "file", rel, "err", err)
 				_ = d.remove(rel)
+				if _, _, _, _, ok := parseFileName(rel); ok {
+					damaged++ // ours, and bad: not a stray file
+				}
 				continue
 			}
 			out = append(out, f)
 		}
 	}
-	return out, nil
+	return out, damaged, nil
 }
 
 func (d *diskDir) check(rel string) (diskFile, error) {

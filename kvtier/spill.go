@@ -2,15 +2,32 @@ package kvtier
 
 import "context"
 
+// SpillStats says what Spill wrote and what it left.
+type SpillStats struct {
+	// Entries and Bytes were written to the disk tier.
+	Entries int
+	Bytes   int64
+	// NoRoom entries (NoRoomBytes) did not fit the disk tier's budget.
+	NoRoom      int
+	NoRoomBytes int64
+	// Failed entries (FailedBytes) could not be written (the file system
+	// full, an I/O error: Stats counts the errors) and were dropped.
+	Failed      int
+	FailedBytes int64
+	// Busy entries were pinned or moving, and stayed where they were.
+	Busy int
+}
+
 // Spill writes the entries that live only in DRAM to the disk tier, as
 // far as the disk tier has free room (it evicts nothing from disk for
 // them), so that a store opened again on the same directory has them
 // back: a node calls it before it closes. Pinned entries and entries
-// already moving stay where they are. It returns how many entries and
-// bytes moved; without a disk tier it moves nothing. ctx bounds it.
-func (s *Store) Spill(ctx context.Context) (entries int, bytes int64) {
+// already moving stay where they are. It says what moved and what did
+// not; without a disk tier it moves nothing. ctx bounds it.
+func (s *Store) Spill(ctx context.Context) SpillStats {
+	var st SpillStats
 	if s.disk == nil {
-		return 0, 0
+		return st
 	}
 	s.mu.Lock()
 	defer s.unlock()
@@ -19,8 +36,13 @@ func (s *Store) Spill(ctx context.Context) (entries int, bytes int64) {
 	}
 	var cands []*entry
 	for _, e := range s.index {
+		if e.dram == nil || e.dead || e.loading {
+			continue
+		}
 		if movable(e) {
 			cands = append(cands, e)
+		} else {
+			st.Busy++
 		}
 	}
 	disk := &s.tiers[TierDisk]
@@ -29,14 +51,25 @@ func (s *Store) Spill(ctx context.Context) (entries int, bytes int64) {
 			break
 		}
 		// demoteDRAM releases the lock while it writes: check again.
-		if !movable(e) || disk.used+int64(e.size) > disk.budget {
+		if !movable(e) {
+			st.Busy++
 			continue
 		}
+		if disk.used+int64(e.size) > disk.budget {
+			st.NoRoom++
+			st.NoRoomBytes += int64(e.size)
+			continue
+		}
+		errs := disk.stats.WriteErrors
 		s.demoteDRAM(ctx, e)
-		if e.diskRel != "" && e.dram == nil {
-			entries++
-			bytes += int64(e.size)
+		switch {
+		case e.diskRel != "" && e.dram == nil:
+			st.Entries++
+			st.Bytes += int64(e.size)
+		case disk.stats.WriteErrors != errs:
+			st.Failed++
+			st.FailedBytes += int64(e.size)
 		}
 	}
-	return entries, bytes
+	return st
 }

@@ -26,7 +26,7 @@ func TestSpillKeepsDRAMEntriesAcrossReopen(t *testing.T) {
 	if st := s.Stats(); st.Tiers[TierDisk].Entries != 0 {
 		t.Fatalf("disk holds %d entries before the spill", st.Tiers[TierDisk].Entries)
 	}
-	n, _ := s.Spill(ctx)
+	n := s.Spill(ctx).Entries
 	if n != len(bs) {
 		t.Fatalf("spilled %d of %d entries", n, len(bs))
 	}
@@ -51,10 +51,10 @@ func TestSpillKeepsDRAMEntriesAcrossReopen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	n, _ = s3.Spill(ctx)
+	sp := s3.Spill(ctx)
 	st := s3.Stats()
-	if n == 0 || n >= len(bs) || st.Tiers[TierDisk].Evictions != 0 || st.Entries != len(bs) {
-		t.Fatalf("spill into a small disk tier moved %d: %+v", n, st)
+	if sp.Entries == 0 || sp.Entries+sp.NoRoom != len(bs) || sp.Failed != 0 || st.Tiers[TierDisk].Evictions != 0 || st.Entries != len(bs) {
+		t.Fatalf("spill into a small disk tier: %+v; %+v", sp, st)
 	}
 }
 
@@ -64,8 +64,8 @@ func TestSpillWithoutDiskTier(t *testing.T) {
 	if _, err := s.Put(t.Context(), blobs(t, 1, 12)[0], PutOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if n, b := s.Spill(t.Context()); n != 0 || b != 0 {
-		t.Fatalf("spilled %d entries, %d bytes without a disk tier", n, b)
+	if sp := s.Spill(t.Context()); sp != (SpillStats{}) {
+		t.Fatalf("spilled without a disk tier: %+v", sp)
 	}
 }
 
@@ -88,7 +88,7 @@ func TestRecoveryKeepsEntriesOverBudget(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, _ := s.Spill(ctx); n != len(bs) {
+	if n := s.Spill(ctx).Entries; n != len(bs) {
 		t.Fatalf("spilled %d of %d", n, len(bs))
 	}
 	full := s.Stats().Tiers[TierDisk].Bytes

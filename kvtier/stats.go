@@ -21,6 +21,20 @@ type TierStats struct {
 	Evictions  uint64
 	Demotions  uint64
 	Promotions uint64
+	// WriteErrors (disk only) counts failed disk writes, NoSpaceErrors
+	// those of a file system out of space; Full says the last write
+	// failed so. Such a failure lowers Budget to what the tier held.
+	WriteErrors   uint64
+	NoSpaceErrors uint64
+	Full          bool
+	// FSBytes and FSFreeBytes (disk only) are the size of the disk tier's
+	// file system and its space still free, whatever holds the rest: the
+	// tier's budget says nothing of what else fills the disk.
+	FSBytes, FSFreeBytes int64
+	// Damaged counts stored copies dropped because they failed their
+	// checks: disk files at startup (torn writes included) or on read.
+	// Only the disk tier has any.
+	Damaged uint64
 	// FreeResidentBytes (DRAM only) is memory freed by entries that the
 	// process still holds: pages not yet returned to the OS, including
 	// those a release in flight is returning. It stays below
@@ -59,6 +73,11 @@ func (st Stats) Waste() float64 {
 // entries come, move and go (recount). Hits and misses recorded under the
 // read lock may land just before or after it.
 func (s *Store) Stats() Stats {
+	var fsSize, fsFree int64
+	if s.disk != nil {
+		// A statfs, outside the lock; an error leaves zeros.
+		fsSize, fsFree, _ = FSSpace(s.disk.dir)
+	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	var st Stats
@@ -68,7 +87,11 @@ func (s *Store) Stats() Stats {
 		ts.Tier = Tier(t)
 		ts.Budget = tst.budget
 		ts.Bytes = tst.used
-		ts.Enabled = ts.Budget > 0
+		ts.Enabled = ts.Budget > 0 || Tier(t) == TierDisk && s.disk != nil
+		if Tier(t) == TierDisk {
+			ts.Full = s.diskFull
+			ts.FSBytes, ts.FSFreeBytes = fsSize, fsFree
+		}
 		ts.Hits = tst.hits.Load()
 		ts.Misses = tst.misses.Load()
 		ts.Entries = tst.entries
@@ -107,6 +130,12 @@ var (
 	descEvictions  = prometheus.NewDesc("kvtier_evictions_total", "Entries dropped from the tier for room.", []string{"tier"}, nil)
 	descDemotions  = prometheus.NewDesc("kvtier_demotions_total", "Entries moved from the tier to the one below.", []string{"tier"}, nil)
 	descPromotions = prometheus.NewDesc("kvtier_promotions_total", "Entries moved into the tier from below.", []string{"tier"}, nil)
+	descWriteErrs  = prometheus.NewDesc("kvtier_write_errors_total", "Failed writes to the tier (disk: ENOSPC, I/O errors); the entry stays where it was or is dropped.", []string{"tier"}, nil)
+	descNoSpace    = prometheus.NewDesc("kvtier_no_space_errors_total", "Writes to the tier that failed for want of space on its file system (ENOSPC, quota, short write); each lowers the disk budget to what the tier holds.", []string{"tier"}, nil)
+	descFull       = prometheus.NewDesc("kvtier_full", "1 while the tier's last write failed for want of space on its file system, else 0.", []string{"tier"}, nil)
+	descFSBytes    = prometheus.NewDesc("kvtier_fs_bytes", "Size of the file system the disk tier is on.", []string{"tier"}, nil)
+	descFSFree     = prometheus.NewDesc("kvtier_fs_free_bytes", "Free space of the file system the disk tier is on, whatever fills the rest.", []string{"tier"}, nil)
+	descDamaged    = prometheus.NewDesc("kvtier_damaged_total", "Stored copies dropped because they failed their checksums or could not be read: disk tier files at startup (torn writes included) and on read; 0 for the other tiers.", []string{"tier"}, nil)
 	descFreeRes    = prometheus.NewDesc("kvtier_free_resident_bytes", "Freed DRAM pages the process still holds, not yet returned to the OS.", []string{"tier"}, nil)
 	descReleased   = prometheus.NewDesc("kvtier_released_bytes_total", "Freed DRAM pages returned to the OS.", []string{"tier"}, nil)
 	descLent       = prometheus.NewDesc("kvtier_lent_bytes", "DRAM pages lent to receive entries into, not yet released.", []string{"tier"}, nil)
@@ -122,7 +151,7 @@ var (
 )
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descFreeRes, descReleased, descLent, descAdopted,
+	for _, d := range []*prometheus.Desc{descBudget, descBytes, descStored, descEntries, descPinned, descHits, descMisses, descEvictions, descDemotions, descPromotions, descDamaged, descWriteErrs, descNoSpace, descFull, descFSBytes, descFSFree, descFreeRes, descReleased, descLent, descAdopted,
 		descReuseEntries, descReuseBytes, descAdmitted, descAdmittedBytes, descRefused, descRefusedBytes, descReuseEvicted} {
 		ch <- d
 	}
@@ -151,6 +180,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		n(descEvictions, t.Evictions)
 		n(descDemotions, t.Demotions)
 		n(descPromotions, t.Promotions)
+		n(descDamaged, t.Damaged)
+		if t.Tier == TierDisk {
+			n(descWriteErrs, t.WriteErrors)
+			n(descNoSpace, t.NoSpaceErrors)
+			full := 0.0
+			if t.Full {
+				full = 1
+			}
+			g(descFull, full)
+			g(descFSBytes, float64(t.FSBytes))
+			g(descFSFree, float64(t.FSFreeBytes))
+		}
 		if t.Tier == TierDRAM {
 			g(descFreeRes, float64(t.FreeResidentBytes))
 			n(descReleased, t.ReleasedBytes)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -27,6 +29,11 @@ var (
 	ErrNoSpace = errors.New("kvtier: no space")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("kvtier: store closed")
+	// ErrDamaged: the stored copy failed its checks when read (a bit
+	// flip, a torn or truncated file, an I/O error); the store dropped
+	// it. It wraps the cause, often chunk.ErrCorrupt: the damage is the
+	// store's, not the caller's.
+	ErrDamaged = errors.New("kvtier: stored copy damaged")
 
 	// errMoved: a disk file vanished under a concurrent move; look again.
 	errMoved = errors.New("kvtier: entry moved")
@@ -223,6 +230,9 @@ type Store struct {
 	// inflight counts goroutines doing I/O with mu released; Close waits
 	// for them before unmapping the arena.
 	inflight int
+	// diskFull: the last disk write failed for want of space
+	// (diskWriteFailed).
+	diskFull bool
 	index    map[chunk.Key]*entry
 	groups   map[groupKey][]*entry
 	tiers    [numTiers]tierState
@@ -345,12 +355,13 @@ func Open(cfg Config) (*Store, error) {
 // on every node, so evicting by it would drop the same keys on every
 // replica of them.
 func (s *Store) recoverDisk() error {
-	files, err := s.disk.recover(s.log)
+	files, damaged, err := s.disk.recover(s.log)
 	if err != nil {
 		return err
 	}
-	rand.Shuffle(len(files), func(i, j int) { files[i], files[j] = files[j], files[i] })
 	ts := &s.tiers[TierDisk]
+	ts.stats.Damaged += uint64(damaged)
+	rand.Shuffle(len(files), func(i, j int) { files[i], files[j] = files[j], files[i] })
 	for _, f := range files {
 		if s.index[f.key] != nil {
 			// A duplicate of a key (one put under another checksum):
@@ -873,11 +884,12 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 	s.idle(e)
 	s.tiers[TierDisk].used -= int64(e.size)
 	if err == nil {
+		s.diskWritten()
 		s.tiers[TierDisk].used += size
 	}
 	switch {
 	case err != nil:
-		s.log.Warn("kvtier: demotion failed; dropping", "key", e.key, "err", err)
+		s.diskWriteFailed(e.key, err)
 		ts.stats.Evictions++
 		s.reuse[e.reuse].Evicted++
 		s.remove(e)
@@ -941,10 +953,47 @@ func (s *Store) writeDisk(ctx context.Context, e *entry, blob []byte) (string, i
 	s.unlocked(func() { rel, size, err = s.disk.write(e.key, e.checksum, e.codec, blob) })
 	s.tiers[TierDisk].used -= int64(len(blob))
 	if err != nil {
+		s.diskWriteFailed(e.key, err)
 		return "", 0, err
 	}
+	s.diskWritten()
 	s.tiers[TierDisk].used += size
 	return rel, size, nil
+}
+
+// diskWriteFailed counts a failed disk write. A file system out of space
+// (ENOSPC, a quota, a short write) is a state, not an event per entry:
+// the disk tier's budget drops to what it holds, so that later writes
+// evict older disk entries by policy to make room instead of failing one
+// by one, and the log says so once, not once per entry. A start sizes
+// the budget against the file system again. mu held.
+func (s *Store) diskWriteFailed(key chunk.Key, err error) {
+	ts := &s.tiers[TierDisk]
+	ts.stats.WriteErrors++
+	if !noSpace(err) {
+		s.log.Warn("kvtier: disk write failed", "key", key, "err", err)
+		return
+	}
+	ts.stats.NoSpaceErrors++
+	if ts.used < ts.budget {
+		s.log.Warn("kvtier: the disk tier's file system is out of space; its budget drops to what it holds, and new entries evict older ones",
+			"budget", ts.budget, "now", ts.used, "dir", s.cfg.DiskDir, "err", err)
+		ts.budget = ts.used
+	}
+	s.diskFull = true
+}
+
+// diskWritten ends the out-of-space state once a write succeeds. mu held.
+func (s *Store) diskWritten() {
+	if s.diskFull {
+		s.log.Info("kvtier: disk writes succeed again", "budget", s.tiers[TierDisk].budget)
+		s.diskFull = false
+	}
+}
+
+// noSpace reports whether err is a file system out of room.
+func noSpace(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, io.ErrShortWrite)
 }
 
 // dramPin is the pin a DRAM read holds on an entry's pages: Release of
@@ -1130,6 +1179,9 @@ func (s *Store) promote(ctx context.Context, e *entry) (pinned.Bytes, error) {
 			return pinned.Bytes{}, ErrNotFound
 		}
 		s.log.Warn("kvtier: dropping unreadable disk entry", "key", e.key, "err", rerr)
+		if errors.Is(rerr, ErrDamaged) {
+			s.tiers[TierDisk].stats.Damaged++
+		}
 		s.remove(e)
 		return pinned.Bytes{}, fmt.Errorf("kvtier: get %v: %w", e.key, rerr)
 	}
@@ -1154,7 +1206,12 @@ func (s *Store) readDiskHeap(e *entry) (pinned.Bytes, error) {
 		return pinned.Bytes{}, errMoved
 	}
 	if err != nil {
-		return pinned.Bytes{}, err
+		if errors.Is(err, ErrDamaged) && e.diskRel == rel && !e.dead {
+			s.log.Warn("kvtier: dropping unreadable disk entry", "key", e.key, "err", err)
+			s.tiers[TierDisk].stats.Damaged++
+			s.remove(e)
+		}
+		return pinned.Bytes{}, fmt.Errorf("kvtier: get %v: %w", e.key, err)
 	}
 	return pinned.Owned(b), nil
 }

@@ -251,6 +251,9 @@ func TestDiskRecovery(t *testing.T) {
 	if want := len(files) - len(damage); st.Tiers[TierDisk].Entries != want {
 		t.Fatalf("recovered %d entries, want %d", st.Tiers[TierDisk].Entries, want)
 	}
+	if d := st.Tiers[TierDisk].Damaged; d != uint64(len(damage)) {
+		t.Fatalf("Damaged = %d after recovering %d damaged files", d, len(damage))
+	}
 	for _, p := range append(files[:len(damage):len(damage)], tmp, stray) {
 		if _, err := os.Stat(p); !os.IsNotExist(err) {
 			t.Fatalf("%s not removed", p)
@@ -302,11 +305,14 @@ func TestDiskCorruptionAtRead(t *testing.T) {
 	if victim == nil {
 		t.Fatal("nothing on disk")
 	}
-	if _, err := s.Get(ctx, keyOf(t, victim)); !errors.Is(err, chunk.ErrCorrupt) {
+	if _, err := s.Get(ctx, keyOf(t, victim)); !errors.Is(err, chunk.ErrCorrupt) || !errors.Is(err, ErrDamaged) {
 		t.Fatalf("corrupt read: %v", err)
 	}
 	if s.Contains(keyOf(t, victim)) {
 		t.Fatal("corrupt entry kept")
+	}
+	if d := s.Stats().Tiers[TierDisk].Damaged; d != 1 {
+		t.Fatalf("Damaged = %d after one corrupt read", d)
 	}
 }
 

@@ -67,6 +67,9 @@ var statusRows = []struct {
 	{[]error{inject.ErrClosed}, codes.Unavailable, ""},
 
 	{[]error{meta.ErrSettingsVersion}, codes.FailedPrecondition, ""},
+	// A stored copy found bad is the store's damage, not the request's:
+	// another replica may still hold a good one.
+	{[]error{kvtier.ErrDamaged}, codes.DataLoss, ""},
 	{[]error{chunk.ErrTooLarge, kvtier.ErrNoSpace}, codes.ResourceExhausted, ""},
 	{[]error{chunk.ErrCorrupt, chunk.ErrInvalidEntry, chunk.ErrInvalidSpec, chunk.ErrUnsupported, api.ErrBadMessage,
 		api.ErrFrame, api.ErrLongBody, api.ErrShortBody, meta.ErrInvalidCommand}, codes.InvalidArgument, ""},

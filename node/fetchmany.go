@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -53,6 +55,10 @@ func (n *Node) serveFetchMany(req *api.FetchManyRequest, st grpc.ServerStreaming
 	var total int
 	for i, key := range keys {
 		blob, err := n.repl.ServeFetch(ctx, key)
+		if errors.Is(err, kvtier.ErrDamaged) {
+			items[i].Code = codes.DataLoss // dropped here; another replica may hold it
+			continue
+		}
 		if err != nil {
 			items[i].Code = status.Code(replToStatus(err))
 			continue

@@ -102,6 +102,10 @@ func TestToStatus(t *testing.T) {
 		{inject.ErrUnknownCache, codes.NotFound},
 		{inject.ErrFault, codes.DataLoss},
 		{inject.ErrClosed, codes.Unavailable},
+
+		// A stored copy found bad is the store's damage, not the caller's.
+		{fmt.Errorf("get: %w: %w", kvtier.ErrDamaged, chunk.ErrCorrupt), codes.DataLoss},
+		{fmt.Errorf("put: %w", chunk.ErrCorrupt), codes.InvalidArgument},
 	}
 	for _, tt := range tests {
 		if got := status.Code(toStatus(tt.err)); got != tt.want {

@@ -19,6 +19,8 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 var updateMetricsDoc = flag.Bool("update", false, "rewrite docs/METRICS.md from a node's registry")
@@ -38,7 +40,10 @@ type docMetric struct {
 // sorted by name. It fails when a metric the node's collectors describe
 // has no series: give the workload a call that creates one.
 func nodeMetrics(t *testing.T) []docMetric {
-	n := startCluster(t, 1)[0]
+	// With a disk tier: some of its metrics exist only for disk.
+	n := nodetest.Start(t, 1, nodetest.Config{Node: func(_ int, cfg *node.Config) {
+		cfg.DRAMBytes, cfg.DiskBytes, cfg.HTTPAddr, cfg.RPCTimeout = 64<<20, 16<<20, "", 5*time.Second
+	}}).Nodes[0]
 	testutil.WaitFor(t, "ready", func() bool { return n.Ready() == nil })
 	c := newClient(t, n)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)

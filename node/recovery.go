@@ -23,15 +23,15 @@ import (
 // it.
 var ErrRecovering = errors.New("node: recovering")
 
-// recovery tracks the two steps a (re)started node takes before it is
-// ready: catching its metadata up with the leader, then the startup pull.
-// The background loop that runs them is the only writer.
+// recovery tracks the two steps a started node takes before it is ready:
+// catching its metadata up with the leader, then the startup pull. Every
+// start waits for both, on an empty data directory too: a node restored
+// under its old ID on a new disk holds nothing of its share yet, and one
+// that joins for the first time is handed its share by the pull. A ready
+// node holds what it should, which is what lets a rolling operation pace
+// itself on /readyz. The background loop that runs them is the only
+// writer.
 type recovery struct {
-	// restart is set by Start before the background loop runs: the data
-	// directory held metadata from an earlier run. A node on a fresh data
-	// directory has never held chunks, so its readiness does not wait for
-	// its startup pull (it still runs).
-	restart      bool
 	metaCaughtUp atomic.Bool
 	pullDone     atomic.Bool
 	// ringWhy is set while this node's ring differs from the leader's at
@@ -61,7 +61,7 @@ func (n *Node) recoveringWhy() string {
 			return *why
 		}
 		return "metadata catching up with the leader"
-	case n.rec.restart && !n.rec.pullDone.Load():
+	case !n.rec.pullDone.Load():
 		return "startup pull running"
 	}
 	return ""
@@ -269,9 +269,17 @@ func (n *Node) spill() error {
 	ctx, cancel := context.WithTimeout(context.Background(), spillTimeout)
 	defer cancel()
 	start := time.Now()
-	entries, bytes := n.store.Spill(ctx)
-	if entries > 0 {
-		n.log.Info("node: DRAM spilled to the disk tier", "entries", entries, "bytes", bytes, "took", time.Since(start).Round(time.Millisecond))
+	st := n.store.Spill(ctx)
+	took := time.Since(start).Round(time.Millisecond)
+	if st.NoRoom+st.Failed > 0 || ctx.Err() != nil {
+		// What was not written is only on the other replicas now.
+		n.log.Warn("node: DRAM not all spilled to the disk tier", "written", st.Entries, "bytes", st.Bytes,
+			"no_room", st.NoRoom, "no_room_bytes", st.NoRoomBytes, "failed", st.Failed, "failed_bytes", st.FailedBytes,
+			"busy", st.Busy, "took", took, "timeout", ctx.Err() != nil)
+		return nil
+	}
+	if st.Entries > 0 {
+		n.log.Info("node: DRAM spilled to the disk tier", "entries", st.Entries, "bytes", st.Bytes, "busy", st.Busy, "took", took)
 	}
 	return nil
 }

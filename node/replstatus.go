@@ -47,8 +47,10 @@ func replToStatus(err error) error {
 // well; a busy receiver's push-back wraps ErrBusy alone: send again
 // later; a recovering node's miss wraps ErrRecovering and ErrNotFound). A status without one (the guard's, the interceptor's) goes by
 // its code: PermissionDenied, FailedPrecondition, ResourceExhausted,
-// InvalidArgument, AlreadyExists, DataLoss and OutOfRange are refusals,
-// NotFound is ErrNotFound, Aborted ErrEpochMismatch. Unavailable,
+// InvalidArgument, AlreadyExists and OutOfRange are refusals, NotFound is
+// ErrNotFound, and so is DataLoss (the peer found its stored copy damaged
+// and dropped it: it lacks the key now, a repair target), Aborted
+// ErrEpochMismatch. Unavailable,
 // DeadlineExceeded and the rest stay as they are and count as
 // "unreachable".
 func replFromStatus(err error) error {
@@ -77,9 +79,9 @@ func replFromStatus(err error) error {
 	}
 	switch st.Code() {
 	case codes.PermissionDenied, codes.FailedPrecondition, codes.ResourceExhausted, codes.InvalidArgument,
-		codes.AlreadyExists, codes.DataLoss, codes.OutOfRange:
+		codes.AlreadyExists, codes.OutOfRange:
 		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
-	case codes.NotFound:
+	case codes.NotFound, codes.DataLoss:
 		return fmt.Errorf("%w: %w", replication.ErrNotFound, err)
 	case codes.Aborted:
 		return fmt.Errorf("%w: %w", replication.ErrEpochMismatch, err)

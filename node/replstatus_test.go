@@ -69,6 +69,9 @@ func TestReplStatusRoundTrip(t *testing.T) {
 		// The reason decides, not the message: a status that merely reads
 		// like push-back is a refusal by its code.
 		{"message only", status.Error(codes.ResourceExhausted, "replication: busy: 3 slots"), []error{rejected}, []error{replication.ErrBusy}},
+		// A peer whose stored copy was damaged dropped it: it lacks the
+		// key, a repair target, not a refusal.
+		{"damaged", status.Error(codes.DataLoss, "stored copy damaged"), []error{replication.ErrNotFound}, []error{rejected}},
 	}
 	errs := map[string]error{}
 	for _, tc := range tests {

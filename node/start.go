@@ -123,11 +123,6 @@ func (n *Node) checkDataDir(context.Context) error {
 		n.log.Warn("node: rejoining the cluster after a leave (-rejoin)", "left_at", left.At, "left_incarnation", left.Incarnation)
 	}
 	n.rejoining = left
-	// Metadata from an earlier run means this start is a restart: the
-	// node may have held chunks it now lacks (recovery).
-	if _, err := os.Stat(filepath.Join(n.cfg.DataDir, "raft")); err == nil {
-		n.rec.restart = true
-	}
 	return nil
 }
 
