@@ -60,6 +60,7 @@ func TestRingDisagreementNotReady(t *testing.T) {
 		t.Fatalf("recovering() after another catch-up error = %v, want the catch-up reason", got)
 	}
 	n.rec.metaCaughtUp.Store(true)
+	n.rec.pullDone.Store(true) // every start waits for its startup pull too
 	n.noteRing(nil)
 	if got := n.recovering(); got != nil {
 		t.Fatalf("recovering() once caught up = %v", got)
