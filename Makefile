@@ -22,6 +22,7 @@ FUZZ_TARGETS := ./chunk:FuzzDecode ./api:FuzzFrameUnmarshal ./engine:FuzzParseSa
 	./node:FuzzInjectorService ./node:FuzzAdminService ./daemon:FuzzDaemonConfig \
 	./kvtier:FuzzExtentAllocator ./client:FuzzInjectResults ./node:FuzzPutKey ./respserver:FuzzReader \
 	./meta:FuzzOpenEntry ./api:FuzzRecvCacheFile
+FUZZ_TARGETS += ./api:FuzzCapLists
 FUZZ_ALL = $(shell grep -rl --include='*_test.go' '^func Fuzz' . | while read f; do \
 	d=$$(dirname $$f); grep -ho '^func Fuzz[A-Za-z0-9_]*' $$f | sed "s|func |$$d:|"; done)
 FUZZTIME ?= 8s

@@ -9,40 +9,62 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
-// DefaultMaxStreams is the default per-caller stream limit.
-const DefaultMaxStreams = 64
+// Default per-caller limits.
+const (
+	// DefaultMaxStreams is the default per-caller stream limit.
+	DefaultMaxStreams = 64
+	// DefaultMaxUnary is the default per-caller limit of concurrent unary
+	// calls. It is lower than the stream limit because a unary request
+	// arrives whole: each call in flight holds its decoded request (a
+	// Lookup of MaxLookupBatch items, its fan-out and its answer, about
+	// 10 MB) however slowly the caller reads.
+	DefaultMaxUnary = 16
+)
 
 // LimiterConfig configures a StreamLimiter.
 type LimiterConfig struct {
-	// MaxStreams bounds the streams one caller (Principal.Key) has open at
-	// once. Default DefaultMaxStreams; negative means no limit.
+	// MaxStreams bounds the calls one caller (Principal.Key) has in flight
+	// at once. Default DefaultMaxStreams (DefaultMaxUnary with Unary);
+	// negative means no limit.
 	MaxStreams int
+	// Unary makes the limiter count unary calls: its refusals wrap
+	// ErrTooManyCalls instead of ErrTooManyStreams.
+	Unary bool
 }
 
-// StreamLimiter bounds concurrent streams per caller, so one client
-// cannot hold all of a node's stream slots.
+// StreamLimiter bounds concurrent streams (or unary calls) per caller, so
+// one client cannot hold all of a node's slots, nor its memory.
 type StreamLimiter struct {
 	max    int
+	unary  bool
 	mu     sync.Mutex
 	active map[string]int
 }
 
 // NewStreamLimiter returns a StreamLimiter for cfg.
 func NewStreamLimiter(cfg LimiterConfig) *StreamLimiter {
-	l := &StreamLimiter{max: cfg.MaxStreams, active: make(map[string]int)}
+	l := &StreamLimiter{max: cfg.MaxStreams, unary: cfg.Unary, active: make(map[string]int)}
 	if l.max == 0 {
 		l.max = DefaultMaxStreams
+		if l.unary {
+			l.max = DefaultMaxUnary
+		}
 	}
 	return l
 }
 
-// Acquire takes a stream slot for key. It returns the function that gives
-// it back (call it exactly once), or an error wrapping ErrTooManyStreams
-// that is a ResourceExhausted status.
+// Acquire takes a slot for key. It returns the function that gives it
+// back (call it at least once; calls after the first do nothing), or an
+// error wrapping ErrTooManyStreams (ErrTooManyCalls) that is a
+// ResourceExhausted status.
 func (l *StreamLimiter) Acquire(key string) (release func(), err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.max > 0 && l.active[key] >= l.max {
+		if l.unary {
+			return nil, &authError{code: codes.ResourceExhausted, err: ErrTooManyCalls,
+				msg: fmt.Sprintf("%s has %d unary calls in flight, the limit", key, l.max)}
+		}
 		return nil, &authError{code: codes.ResourceExhausted, err: ErrTooManyStreams,
 			msg: fmt.Sprintf("%s has %d streams open, the limit", key, l.max)}
 	}

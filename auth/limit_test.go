@@ -140,3 +140,28 @@ func TestStreamLimiterOverGRPC(t *testing.T) {
 		_ = cs.CloseSend()
 	}
 }
+
+// TestUnaryLimiter: a unary limiter has its own default and sentinel.
+func TestUnaryLimiter(t *testing.T) {
+	l := NewStreamLimiter(LimiterConfig{Unary: true})
+	var rel []func()
+	for range DefaultMaxUnary {
+		r, err := l.Acquire("token:a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rel = append(rel, r)
+	}
+	_, err := l.Acquire("token:a")
+	if status.Code(err) != codes.ResourceExhausted || !errors.Is(err, ErrTooManyCalls) {
+		t.Fatalf("call %d: %v", DefaultMaxUnary+1, err)
+	}
+	rel[0]()
+	rel[0]() // a second release gives nothing back twice
+	if _, err := l.Acquire("token:a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Acquire("token:a"); err == nil {
+		t.Fatal("a double release freed two slots")
+	}
+}

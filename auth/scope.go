@@ -21,17 +21,24 @@ const (
 	// ScopePeer: the node-to-node API. Only a node certificate grants it;
 	// no token can hold it.
 	ScopePeer
+	// ScopeCluster: state that belongs to the whole cluster rather than to
+	// a namespace (settings, gossip keys, drain). No token names it: an
+	// admin token without a namespace holds it (Verifier.Verify adds it),
+	// as does a node certificate, and every caller when tokens are off. An
+	// admin token with a namespace does not, so it manages its own models
+	// and tokens and nothing else.
+	ScopeCluster
 
 	// TokenScopes are the scopes a token may hold.
 	TokenScopes = ScopeRead | ScopeWrite | ScopeAdmin
 	// AllScopes is what a node certificate grants.
-	AllScopes = TokenScopes | ScopePeer
+	AllScopes = TokenScopes | ScopePeer | ScopeCluster
 )
 
 var scopeNames = [...]struct {
 	s    Scope
 	name string
-}{{ScopeRead, "read"}, {ScopeWrite, "write"}, {ScopeAdmin, "admin"}, {ScopePeer, "peer"}}
+}{{ScopeRead, "read"}, {ScopeWrite, "write"}, {ScopeAdmin, "admin"}, {ScopePeer, "peer"}, {ScopeCluster, "cluster"}}
 
 // Has reports whether s holds every scope in need.
 func (s Scope) Has(need Scope) bool { return s&need == need }
@@ -57,8 +64,8 @@ func (s Scope) String() string {
 }
 
 // ParseScopes parses a comma-separated list of token scopes ("read",
-// "read,write", "read,write,admin"). "peer" is not accepted: no token may
-// hold it.
+// "read,write", "read,write,admin"). "peer" and "cluster" are not
+// accepted: no token names them.
 func ParseScopes(s string) (Scope, error) {
 	var out Scope
 	for part := range strings.SplitSeq(s, ",") {

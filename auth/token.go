@@ -30,6 +30,9 @@ var (
 	// ErrTooManyStreams: the caller is at its stream limit (gRPC
 	// ResourceExhausted).
 	ErrTooManyStreams = errors.New("auth: too many concurrent streams")
+	// ErrTooManyCalls: the caller is at its limit of concurrent unary
+	// calls (gRPC ResourceExhausted).
+	ErrTooManyCalls = errors.New("auth: too many concurrent calls")
 )
 
 // Token sizes and bounds.

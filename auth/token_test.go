@@ -126,7 +126,7 @@ func TestScopes(t *testing.T) {
 	if !TokenScopes.Has(ScopeRead|ScopeAdmin) || ScopeRead.Has(ScopeWrite) || TokenScopes.Has(ScopePeer) {
 		t.Error("Has")
 	}
-	if s := Scope(0xff).String(); s != "read,write,admin,peer,0xf0" {
+	if s := Scope(0xff).String(); s != "read,write,admin,peer,cluster,0xe0" {
 		t.Errorf("String %q", s)
 	}
 }

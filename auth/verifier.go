@@ -58,6 +58,10 @@ func (p *Principal) Key() string {
 // Allow checks the caller holds need.
 func (p *Principal) Allow(need Scope) error {
 	if !p.Scopes.Has(need) {
+		if lack := need &^ p.Scopes; lack == ScopeCluster && len(p.Namespace) > 0 {
+			return &authError{code: codes.PermissionDenied, err: ErrPermissionDenied,
+				msg: fmt.Sprintf("caller %s has a namespace: cluster-wide state (settings, gossip keys, drain) needs an admin token without one", p.name())}
+		}
 		return &authError{code: codes.PermissionDenied, err: ErrPermissionDenied,
 			msg: fmt.Sprintf("caller %s lacks scope %s", p.name(), need&^p.Scopes)}
 	}
@@ -160,9 +164,22 @@ func (v *Verifier) Verify(ctx context.Context, presented string) (*Principal, er
 		return nil, unauthenticated("invalid token")
 	}
 	if !rec.Expires.IsZero() && !v.now().Before(rec.Expires) {
-		return nil, unauthenticated("token %s expired", tok.ID)
+		// The same answer as a wrong secret: the caller learns neither
+		// that the ID exists nor which check failed.
+		return nil, unauthenticated("invalid token")
 	}
-	return &Principal{TokenID: rec.ID, Scopes: rec.Scopes & TokenScopes, Namespace: rec.Namespace}, nil
+	return &Principal{TokenID: rec.ID, Scopes: TokenPrincipalScopes(rec), Namespace: rec.Namespace}, nil
+}
+
+// TokenPrincipalScopes are the scopes a caller presenting rec's token
+// holds: rec's token scopes, and ScopeCluster for an admin token without
+// a namespace.
+func TokenPrincipalScopes(rec Record) Scope {
+	s := rec.Scopes & TokenScopes
+	if s.Has(ScopeAdmin) && len(rec.Namespace) == 0 {
+		s |= ScopeCluster
+	}
+	return s
 }
 
 // Check answers whether the presented token may use scope on model fp: nil

@@ -114,3 +114,59 @@ func TestPrincipalKey(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterScope: an admin token without a namespace holds the cluster
+// scope (settings, gossip keys, drain); one with a namespace does not,
+// and its refusal says why.
+func TestClusterScope(t *testing.T) {
+	tab := newMemTable()
+	root := tab.add(t, "root", TokenScopes, nil, time.Time{})
+	adminA := tab.add(t, "admin-a", TokenScopes, Namespace{"a1a1"}, time.Time{})
+	writer := tab.add(t, "writer", ScopeRead|ScopeWrite, nil, time.Time{})
+	v := NewVerifier(tab)
+	for _, tc := range []struct {
+		name  string
+		token string
+		want  codes.Code
+	}{
+		{"unrestricted admin", root, codes.OK},
+		{"namespaced admin", adminA, codes.PermissionDenied},
+		{"no admin", writer, codes.PermissionDenied},
+	} {
+		err := v.Check(t.Context(), tc.token, ScopeAdmin|ScopeCluster, fpA)
+		if got := status.Code(err); got != tc.want {
+			t.Errorf("%s: code %v (%v), want %v", tc.name, got, err, tc.want)
+		}
+	}
+	err := v.Check(t.Context(), adminA, ScopeAdmin|ScopeCluster, fpA)
+	if !strings.Contains(err.Error(), "namespace") {
+		t.Errorf("the namespaced admin's refusal does not say why: %v", err)
+	}
+	if _, err := ParseScopes("cluster"); err == nil {
+		t.Error("a token can name the cluster scope")
+	}
+}
+
+// TestRefusalsAlike: an expired token, a wrong secret and an unknown ID get
+// the same answer, so a caller learns neither that an ID exists nor which
+// check failed.
+func TestRefusalsAlike(t *testing.T) {
+	tab := newMemTable()
+	expired := tab.add(t, "old", TokenScopes, nil, time.Now().Add(-time.Second))
+	good := tab.add(t, "good", TokenScopes, nil, time.Time{})
+	stranger, _, err := NewToken("not stored", TokenScopes, nil, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := NewVerifier(tab)
+	msg := func(tok string) string {
+		_, err := v.Verify(t.Context(), tok)
+		return status.Convert(err).Message()
+	}
+	want := msg(stranger.String())
+	for name, tok := range map[string]string{"expired": expired, "wrong secret": good[:idLen+1] + stranger.String()[idLen+1:]} {
+		if got := msg(tok); got != want {
+			t.Errorf("%s: %q, an unknown ID gets %q", name, got, want)
+		}
+	}
+}

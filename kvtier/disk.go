@@ -33,7 +33,7 @@ const fileExt = ".kvc"
 
 func openDiskDir(dir string, codec chunk.Codec, lim chunk.Limits) (*diskDir, error) {
 	for i := 0; i < 256; i++ {
-		if err := os.MkdirAll(filepath.Join(dir, fmt.Sprintf("%02x", i)), 0o755); err != nil {
+		if err := os.MkdirAll(filepath.Join(dir, fmt.Sprintf("%02x", i)), 0o700); err != nil {
 			return nil, fmt.Errorf("kvtier: disk tier: %w", err)
 		}
 	}

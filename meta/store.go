@@ -84,7 +84,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	log := cfg.Logger
 	walDir := filepath.Join(cfg.DataDir, "raft", "wal")
 	snapDir := filepath.Join(cfg.DataDir, "raft")
-	if err := os.MkdirAll(walDir, 0o755); err != nil {
+	if err := os.MkdirAll(walDir, 0o700); err != nil {
 		return nil, fmt.Errorf("meta: create data dir: %w", err)
 	}
 	lock, err := lockDir(snapDir)
@@ -126,6 +126,10 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 	}
 	if err := logs.checkEnd(wal); err != nil {
 		return nil, corruptError(cfg.DataDir, "raft log "+walDir, err)
+	}
+	// raft would create its directory open to other users.
+	if err := os.MkdirAll(filepath.Join(snapDir, "snapshots"), 0o700); err != nil {
+		return nil, fmt.Errorf("meta: snapshot dir: %w", err)
 	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(snapDir, cfg.SnapshotRetain, newHCLog(log, "raft-snap"))
 	if err != nil {

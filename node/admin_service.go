@@ -119,12 +119,11 @@ func (s *adminService) RevokeToken(ctx context.Context, req *api.RevokeTokenRequ
 		return nil, err
 	}
 	rec, err := s.n.meta.LookupToken(ctx, req.Id)
-	switch {
-	case err == nil && !p.Manages(rec):
-		return nil, status.Errorf(codes.PermissionDenied, "token %s is outside the caller's namespace", req.Id)
-	case err != nil && len(p.Namespace) > 0:
-		// Only an unrestricted admin may delete what this node has not
-		// seen (it may lag behind the put).
+	if len(p.Namespace) > 0 && (err != nil || !p.Manages(rec)) {
+		// A token outside the caller's namespace gets the answer of one
+		// that does not exist, so IDs cannot be probed for. Only an
+		// unrestricted admin may delete what this node has not seen (it
+		// may lag behind the put).
 		return nil, status.Errorf(codes.NotFound, "no token %s", req.Id)
 	}
 	if err := s.n.meta.DeleteToken(ctx, req.Id); err != nil {

@@ -2,10 +2,12 @@ package node
 
 import (
 	"context"
+	"sync"
 
 	"google.golang.org/grpc/mem"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/replication"
 )
@@ -30,10 +32,11 @@ func (n *Node) newBody(ctx context.Context, size int) (buf []byte, release func(
 
 // recvBody receives the body of a Put stream, size bytes, and returns it
 // with its release (as newBody's). lend says whether the body may be
-// lent DRAM pages (lendBody). Otherwise, or when the store cannot
-// lend, the body is a recycled heap buffer that grows as data arrives.
-// each (unless nil) sees every frame as it arrives (api.RecvBodyEach).
-func (n *Node) recvBody(ctx context.Context, st api.MsgReceiver, size int, lend bool, each func(mem.BufferSlice, []byte)) ([]byte, func(), error) {
+// lent DRAM pages (lendBody, and the caller's credit). Otherwise, or when
+// the store cannot lend, the body is a recycled heap buffer of upfront
+// bytes that grows as data arrives. each (unless nil) sees every frame
+// as it arrives (api.RecvBodyEach).
+func (n *Node) recvBody(ctx context.Context, st api.MsgReceiver, size int, lend bool, upfront int, each func(mem.BufferSlice, []byte)) ([]byte, func(), error) {
 	if lend {
 		if buf, release := n.newBody(ctx, size); buf != nil {
 			if err := api.RecvBodyEach(st, buf, each); err != nil {
@@ -44,12 +47,81 @@ func (n *Node) recvBody(ctx context.Context, st api.MsgReceiver, size int, lend 
 		}
 	}
 	// Room for the announced size only as data arrives (beyond
-	// putUpfrontBytes): a header alone must not reserve MaxBlobBytes.
-	blob, err := n.bodies.RecvBodyEach(st, size, putUpfrontBytes, each)
+	// upfront): a header alone must not reserve MaxBlobBytes.
+	blob, err := n.bodies.RecvBodyEach(st, size, upfront, each)
 	if err != nil {
 		return nil, nil, err
 	}
 	return blob, func() { n.bodies.Put(blob) }, nil
+}
+
+// Credit of Put bodies (lendCredit).
+const (
+	// lendCreditBytes caps a caller's credit: the DRAM its Put headers may
+	// take before their bodies arrive.
+	lendCreditBytes = 4 * putUpfrontBytes
+	// uncreditedUpfrontBytes is the heap a Put of a caller without credit
+	// gets before its data arrives.
+	uncreditedUpfrontBytes = 1 << 20
+	// creditCallers bounds the callers lendCredit remembers.
+	creditCallers = 4096
+)
+
+// lendCredit says whose Put headers are taken at their word. Lent DRAM
+// pages are taken, evicting other entries, when a Put's header arrives;
+// a header alone must not evict anything. So a client's Put is lent
+// pages (and forwarded to the other replicas as it arrives, where they
+// are lent too) only while the client has credit: bytes of its earlier
+// Put bodies that arrived whole, up to lendCreditBytes. A lend spends the
+// announced size, the body's arrival earns it back; a stalled Put keeps
+// what it spent. A caller without credit (a new one, or one whose Puts
+// stall) is received into a heap buffer that grows as its bytes arrive
+// and is stored, evicting what it must, only once whole. Cluster members
+// forward what their own callers' credit let through: they need none.
+type lendCredit struct {
+	mu    sync.Mutex
+	bytes map[string]int
+}
+
+// spend takes size from key's credit, and reports whether it had as much.
+func (c *lendCredit) spend(key string, size int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bytes[key] < size {
+		return false
+	}
+	c.bytes[key] -= size
+	return true
+}
+
+// earn adds the size of a body that arrived whole to key's credit.
+func (c *lendCredit) earn(key string, size int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.bytes == nil {
+		c.bytes = make(map[string]int)
+	}
+	if _, ok := c.bytes[key]; !ok && len(c.bytes) >= creditCallers {
+		for k := range c.bytes { // forget one caller: it starts again from nothing
+			delete(c.bytes, k)
+			break
+		}
+	}
+	c.bytes[key] = min(lendCreditBytes, c.bytes[key]+size)
+}
+
+// putCredit decides, at a Put's header, whether the caller's announced
+// size is taken at its word (credited: lent pages, cut-through), and
+// returns the function to call once the body arrived whole.
+func (n *Node) putCredit(ctx context.Context, size int) (credited bool, arrived func()) {
+	if n.sec.member(ctx) {
+		return true, func() {}
+	}
+	key := "unknown"
+	if p, ok := auth.FromContext(ctx); ok {
+		key = p.Key()
+	}
+	return n.credit.spend(key, size), func() { n.credit.earn(key, size) }
 }
 
 // lendBody says whether a Put stream's body may be received into lent

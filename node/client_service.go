@@ -7,6 +7,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/auth"
 )
 
 // clientService serves api.Client, the calls applications and the CLI
@@ -89,6 +90,12 @@ func (s *clientService) Delete(ctx context.Context, req *api.DeleteRequest) (*ap
 }
 
 func (s *clientService) Stats(ctx context.Context, _ *api.StatsRequest) (*api.StatsResponse, error) {
+	_ = grpc.SetHeader(ctx, metadata.Pairs(api.StateHeader, s.n.State()))
+	if p, ok := auth.FromContext(ctx); !ok || len(p.Namespace) > 0 {
+		// The counts are the whole node's, every tenant's together: a
+		// caller confined to a namespace learns only the node's ID.
+		return &api.StatsResponse{NodeId: s.n.cfg.NodeID}, nil
+	}
 	st := s.n.store.Stats()
 	resp := &api.StatsResponse{NodeId: s.n.cfg.NodeID, Entries: uint64(st.Entries), Panics: uint64(readCounter(s.n.metrics.panics))}
 	for _, t := range st.Tiers {
@@ -100,7 +107,6 @@ func (s *clientService) Stats(ctx context.Context, _ *api.StatsRequest) (*api.St
 			CapacityBytes: uint64(t.Budget), Evictions: t.Evictions})
 	}
 	resp.Forwarded = uint64(readCounter(s.n.metrics.forwards))
-	_ = grpc.SetHeader(ctx, metadata.Pairs(api.StateHeader, s.n.State()))
 	return resp, nil
 }
 

@@ -43,3 +43,34 @@ func TestDataDirNodeID(t *testing.T) {
 	}
 	nodetest.StartNode(t, cfg)
 }
+
+// TestDataDirPrivate: the directories a node creates (the data directory
+// and each one below it) are its user's alone.
+func TestDataDirPrivate(t *testing.T) {
+	cfg := replConfig(t, "n1", nil, 1)
+	cfg.DataDir = filepath.Join(cfg.DataDir, "new")
+	cfg.DiskBytes = 64 << 20
+	nd := nodetest.StartNode(t, cfg)
+	testutil.WaitFor(t, "n1 ready", func() bool { return nd.State() == api.StateReady })
+	n := 0
+	err := filepath.WalkDir(cfg.DataDir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+			t.Errorf("%s: mode %v, want no access for others", path, perm)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n < 3 {
+		t.Fatalf("only %d directories under %s", n, cfg.DataDir)
+	}
+}

@@ -566,11 +566,13 @@ func FuzzInjectorService(f *testing.F) {
 }
 
 // FuzzAdminService fuzzes the token, gossip key and settings RPCs.
-// RevokeToken goes, for every other selector value past the first six,
-// through an unrestricted admin: the namespaced caller's revoke of a
-// token this node does not know ends at NotFound in the handler, and only
-// an unrestricted one reaches the metadata's own checks (the ID's form)
-// and the raft write.
+// RevokeToken, GossipKeys, GetSettings and SetSettings go, for every other
+// selector value past the first six, through an unrestricted admin: the
+// namespaced caller's revoke of a token this node does not know ends at
+// NotFound in the handler, and only an unrestricted one reaches the
+// metadata's own checks (the ID's form) and the raft write; the cluster's
+// gossip keys and settings refuse the namespaced caller (PermissionDenied,
+// always) and only an unrestricted one reaches their handlers.
 func FuzzAdminService(f *testing.F) {
 	e := newFuzzEnv(f)
 	fp := e.spec.Fingerprint().String()
@@ -583,7 +585,7 @@ func FuzzAdminService(f *testing.F) {
 		}
 		f.Add(uint8(6+2), b, []byte(nil))
 	}
-	addSeeds(f, 6, []proto.Message{
+	addSeeds(f, 12, []proto.Message{
 		&api.CreateTokenRequest{Name: "x", Scopes: "read,write", Namespace: []string{fp}, TtlSeconds: 60},
 		&api.CreateTokenRequest{Scopes: "admin", Namespace: []string{fp[:4]}},
 		&api.RevokeTokenRequest{Id: "0123456789abcdef"},
@@ -595,6 +597,19 @@ func FuzzAdminService(f *testing.F) {
 	}, nil)
 	ac := api.NewAdminClient(e.cc)
 	f.Fuzz(func(t *testing.T, sel uint8, msg, _ []byte) {
+		root := sel/6%2 == 1
+		cluster := ac // the caller of the cluster's own state
+		if root {
+			cluster = rootAC
+		}
+		// namespaced checks that the namespaced caller was refused the
+		// cluster's state, whatever it asked.
+		namespaced := func(err error) error {
+			if !root && status.Code(err) != codes.PermissionDenied {
+				t.Fatalf("a namespaced admin reached the cluster's state: %v", err)
+			}
+			return err
+		}
 		switch sel % 6 {
 		case 0:
 			var req api.CreateTokenRequest
@@ -614,39 +629,35 @@ func FuzzAdminService(f *testing.F) {
 		case 2:
 			var req api.RevokeTokenRequest
 			if proto.Unmarshal(msg, &req) == nil && req.Id != id && req.Id != rootID {
-				caller := ac
-				if sel/6%2 == 1 {
-					caller = rootAC
-				}
-				e.call(t, "RevokeToken", true, func(ctx context.Context) error { _, err := caller.RevokeToken(ctx, &req); return err })
+				e.call(t, "RevokeToken", true, func(ctx context.Context) error { _, err := cluster.RevokeToken(ctx, &req); return err })
 			}
 		case 3:
 			var req api.GossipKeyRequest
 			if proto.Unmarshal(msg, &req) == nil {
 				e.call(t, "GossipKeys", true, func(ctx context.Context) error {
-					resp, err := ac.GossipKeys(ctx, &req)
+					resp, err := cluster.GossipKeys(ctx, &req)
 					if err == nil && resp.Failed > 0 && req.Op != api.GossipKeyOp_GOSSIP_KEY_OP_LIST {
 						// Per-node failures after the checks passed: on
 						// one node, nothing may have changed either.
 						return status.Error(codes.FailedPrecondition, resp.Nodes[0].Error)
 					}
-					return err
+					return namespaced(err)
 				})
 			}
 		case 4:
 			e.call(t, "GetSettings", false, func(ctx context.Context) error {
-				resp, err := ac.GetSettings(ctx, &api.GetSettingsRequest{})
+				resp, err := cluster.GetSettings(ctx, &api.GetSettingsRequest{})
 				if err == nil && resp.Settings.Codec != e.n.meta.Settings().Codec.String() {
 					t.Fatalf("GetSettings answered %v, the node holds %+v", resp.Settings, e.n.meta.Settings())
 				}
-				return err
+				return namespaced(err)
 			})
 		case 5:
 			var req api.SetSettingsRequest
 			if proto.Unmarshal(msg, &req) == nil {
 				e.call(t, "SetSettings", true, func(ctx context.Context) error {
-					_, err := ac.SetSettings(ctx, &req)
-					if err == nil {
+					_, err := cluster.SetSettings(ctx, &req)
+					if namespaced(err) == nil {
 						if got := e.n.meta.Settings(); got.Validate() != nil ||
 							req.ReplicationFactor != 0 && got.ReplicationFactor != int(req.ReplicationFactor) ||
 							req.WriteQuorum != 0 && got.WriteQuorum != int(req.WriteQuorum) ||

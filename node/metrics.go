@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"codec"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvmesh_requests_refused_total",
-			Help: "gRPC requests refused, by method and reason (unauthenticated, permission_denied, invalid_argument, out_of_range, resource_exhausted, failed_precondition, unavailable); the Guard's refusals are counted here and not in kvmesh_rpc_requests_total.",
+			Help: "gRPC requests refused, by method and reason (unauthenticated, permission_denied, invalid_argument, out_of_range, resource_exhausted, failed_precondition, unavailable, malformed: a request gRPC could not decode); the Guard's refusals are counted here and not in kvmesh_rpc_requests_total.",
 		}, []string{"method", "reason"}),
 	}
 	reg.MustRegister(m.requests, m.latency, m.panics, m.bytesIn, m.bytesOut, m.lookups, m.forwards, m.transcoded, m.refused,

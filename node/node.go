@@ -126,6 +126,10 @@ type Config struct {
 	// MaxStreamsPerClient bounds one caller's concurrent streams. Default
 	// auth.DefaultMaxStreams; negative means no limit.
 	MaxStreamsPerClient int
+	// MaxUnaryPerClient bounds one client's unary calls in flight (a
+	// cluster member's are not bounded). Default auth.DefaultMaxUnary;
+	// negative means no limit.
+	MaxUnaryPerClient int
 	// MaxChunksPerRequest bounds the chunks one Lookup or Inject names
 	// (ResourceExhausted beyond). Default MaxLookupBatch.
 	MaxChunksPerRequest int
@@ -214,6 +218,8 @@ type Node struct {
 	repl   *replication.Replicator
 	// bodies recycles the buffers Put and Replicate receive entries into.
 	bodies api.BodyPool
+	// credit is the callers' Put credit (lendCredit).
+	credit lendCredit
 	bg     *background // meta watch, gossip events; started last, stopped first
 	drain  drainState
 	rec    recovery  // set by the background recovery (recovery.go)

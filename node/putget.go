@@ -98,8 +98,10 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			sw.Abort() // a no-op once Finish ran
 		}
 	}()
+	size := int(hdr.BlobBytes)
+	credited, arrived := n.putCredit(ctx, size)
 	var each func(mem.BufferSlice, []byte)
-	if !direct && !hdr.Direct {
+	if !direct && !hdr.Direct && credited {
 		decided := false
 		each = func(frame mem.BufferSlice, sofar []byte) {
 			if !decided {
@@ -114,10 +116,15 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			}
 		}
 	}
-	blob, releaseBody, err := n.recvBody(ctx, st, int(hdr.BlobBytes), n.lendBody(direct, &hdr, key), each)
+	upfront := putUpfrontBytes
+	if !credited {
+		upfront = uncreditedUpfrontBytes
+	}
+	blob, releaseBody, err := n.recvBody(ctx, st, size, credited && n.lendBody(direct, &hdr, key), upfront, each)
 	if err != nil {
 		return err
 	}
+	arrived()
 	// The body is released when this call returns, unless a replica write
 	// still uses it (then WriteOwned releases it).
 	recycle := true

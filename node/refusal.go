@@ -74,11 +74,13 @@ func (o *callObserver) audited(method string) bool {
 
 func (o *callObserver) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	resp, err := handler(ctx, req)
+	releaseSlot(ctx)
 	o.done(ctx, info.FullMethod, req, resp, err)
 	return resp, err
 }
 
 func (o *callObserver) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+	defer releaseSlot(ss.Context())
 	if !o.audited(info.FullMethod) {
 		err := handler(srv, ss)
 		o.done(ss.Context(), info.FullMethod, nil, nil, err)
@@ -89,6 +91,14 @@ func (o *callObserver) stream(srv any, ss grpc.ServerStream, info *grpc.StreamSe
 	err := handler(srv, rs)
 	o.done(ss.Context(), info.FullMethod, rs.first, nil, err)
 	return err
+}
+
+// malformed counts and logs a request gRPC could not decode.
+func (o *callObserver) malformed(ctx context.Context, method string, err error) {
+	who := o.identify(ctx)
+	o.n.metrics.refused.WithLabelValues(method, "malformed").Inc()
+	o.refused.Log(ctx, o.n.log, slog.LevelWarn, "node: request refused", "method", method, "reason", "malformed",
+		"caller", who.Key(), "peer", who.Addr, "err", status.Convert(err).Message())
 }
 
 // done counts and logs a refusal and writes the audit record of an admin

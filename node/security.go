@@ -48,6 +48,8 @@ type security struct {
 	tls     *tlsconf.TLS
 	guard   *auth.Guard
 	limiter *auth.StreamLimiter
+	// unary bounds each client's unary calls in flight.
+	unary *auth.StreamLimiter
 	// caches maps each registered inject.CacheID to its model and the
 	// caller that registered it, so Inject and UnregisterCache check the
 	// caller against the cache they name, not only at registration.
@@ -170,11 +172,17 @@ func (s *security) checkCache(ctx context.Context, id uint64) error {
 // replication's times and kinds are for nodes, which present a node
 // certificate (or, in a cluster without TLS, anyone).
 func (s *security) checkPeer(ctx context.Context, what string) error {
-	p, ok := auth.FromContext(ctx)
-	if ok && (p.Peer() || (s.tls.Insecure() && p.CertName == "")) {
+	if s.member(ctx) {
 		return nil
 	}
 	return status.Errorf(codes.PermissionDenied, "%s is for cluster members (a node certificate)", what)
+}
+
+// member reports whether the caller of ctx is a cluster member: a node
+// certificate, or in a cluster without TLS anyone without a certificate.
+func (s *security) member(ctx context.Context) bool {
+	p, ok := auth.FromContext(ctx)
+	return ok && (p.Peer() || (s.tls.Insecure() && p.CertName == ""))
 }
 
 // checkForwarded refuses, with PermissionDenied, a forwarded raft leave
@@ -219,6 +227,7 @@ func (s *security) startGuard(cfg Config, tokens *meta.Store, log *slog.Logger) 
 	}
 	s.guard = auth.NewGuard(auth.Config{Verifier: v, InsecurePeers: s.tls.Insecure(), Logger: log})
 	s.limiter = auth.NewStreamLimiter(auth.LimiterConfig{MaxStreams: cfg.MaxStreamsPerClient})
+	s.unary = auth.NewStreamLimiter(auth.LimiterConfig{MaxStreams: cfg.MaxUnaryPerClient, Unary: true})
 }
 
 // checkFingerprint refuses a caller whose token's namespace does not
@@ -237,11 +246,14 @@ func (n *Node) checkChunks(what string, count int) error {
 	return nil
 }
 
-// serverOptions are the gRPC server options security adds: credentials
-// and the Guard and limiter interceptors, which run before the node's own
-// (panic recovery, metrics) so those see only authorised calls. The call
-// observer (refusals, audit) runs before them all, so it sees their
-// refusals too.
+// serverOptions are the gRPC server options security adds: credentials,
+// the tap handle that authorises each call and takes its caller's slot
+// before its message is read (admit), the codec that caps request lists,
+// and the Guard's interceptors (which find admit's Principal), before the
+// node's own (panic recovery, metrics) so those see only authorised calls.
+// The call observer (refusals, audit) runs before them all, so it sees
+// the handlers' refusals too; admit reports its own to it, and so do the
+// requests gRPC could not decode (undecodable).
 func (n *Node) serverOptions() []grpc.ServerOption {
 	n.sec.startGuard(n.cfg, n.meta, n.log)
 	// Here rather than in New: Start runs once per node, so the
@@ -252,8 +264,11 @@ func (n *Node) serverOptions() []grpc.ServerOption {
 	obs := newCallObserver(n, n.sec.guard)
 	return []grpc.ServerOption{
 		grpc.Creds(n.sec.tls.ServerCredentials()),
+		grpc.InTapHandle(n.admit(obs)),
+		grpc.ForceServerCodecV2(n.serverCodec()),
+		grpc.StatsHandler(undecodable{obs}),
 		grpc.ChainUnaryInterceptor(obs.unary, n.sec.guard.UnaryInterceptor(), n.unaryInterceptor),
-		grpc.ChainStreamInterceptor(obs.stream, n.sec.guard.StreamInterceptor(), n.sec.limiter.StreamInterceptor(), n.streamInterceptor),
+		grpc.ChainStreamInterceptor(obs.stream, n.sec.guard.StreamInterceptor(), n.streamInterceptor),
 	}
 }
 
@@ -264,6 +279,9 @@ func (c *Config) securityDefaults() {
 	}
 	if c.MaxStreamsPerClient == 0 {
 		c.MaxStreamsPerClient = auth.DefaultMaxStreams
+	}
+	if c.MaxUnaryPerClient == 0 {
+		c.MaxUnaryPerClient = auth.DefaultMaxUnary
 	}
 }
 

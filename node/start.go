@@ -109,8 +109,13 @@ func (n *Node) Close() error {
 // under another node ID (ErrNodeIDMismatch), or whose node left the
 // cluster, unless Config.Rejoin (ErrLeftCluster).
 func (n *Node) checkDataDir(context.Context) error {
-	if err := os.MkdirAll(n.cfg.DataDir, 0o755); err != nil {
+	// Only the node's user may read its entries, tokens' records and
+	// raft log: 0700, as the systemd unit's StateDirectoryMode.
+	if err := os.MkdirAll(n.cfg.DataDir, 0o700); err != nil {
 		return fmt.Errorf("node: data dir: %w", err)
+	}
+	if fi, err := os.Stat(n.cfg.DataDir); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		n.log.Warn("node: the data directory is open to other users; make it 0700", "dir", n.cfg.DataDir, "mode", fi.Mode().Perm().String())
 	}
 	if err := checkNodeIDFile(n.cfg.DataDir, n.cfg.NodeID); err != nil {
 		return err
@@ -334,7 +339,6 @@ const grpcStopTimeout = 5 * time.Second
 
 func (n *Node) serveGRPC(context.Context) error {
 	n.grpcSrv = grpc.NewServer(append(append(n.serverOptions(), api.ServerOptions()...),
-		grpc.ForceServerCodecV2(api.Codec()),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 5 * time.Second, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(8<<20),
 	)...)

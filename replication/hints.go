@@ -122,7 +122,7 @@ func openHints(dir string, maxBytes int64, maxCount int, lim chunk.Limits) (*hin
 	if dir == "" {
 		return hs, nil
 	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("replication: hints: %w", err)
 	}
 	ents, err := os.ReadDir(dir)

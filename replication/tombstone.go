@@ -111,7 +111,7 @@ func openTombstones(path string, ttl time.Duration, now func() time.Time) (*tomb
 	if path == "" {
 		return ts, nil
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("replication: tombstones: %w", err)
 	}
 	f, err := os.Open(path)
