@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import math
 import os
 import re
 import threading

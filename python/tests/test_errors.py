@@ -147,7 +147,16 @@ def test_client_calls_check_their_arguments(client):
 
 
 def test_help_shows_the_api():
-    for mod in (kvmesh, kvmesh.keys, kvmesh.entry, kvmesh.client, kvmesh.inject, kvmesh.placement, kvmesh.errors):
+    import importlib
+    mods = [kvmesh, kvmesh.keys, kvmesh.entry, kvmesh.client, kvmesh.inject, kvmesh.placement, kvmesh.errors,
+            importlib.import_module("kvmesh.hfconfig"), importlib.import_module("kvmesh.safetensors")]
+    try:
+        import torch  # noqa: F401
+        mods += [importlib.import_module(m) for m in ("kvmesh.torch", "kvmesh.torch.llama", "kvmesh.torch.examples",
+                                                     "kvmesh.serve", "kvmesh.vllm")]
+    except ImportError:
+        pass
+    for mod in mods:
         assert mod.__all__, mod.__name__
         for name in mod.__all__:
             assert hasattr(mod, name), f"{mod.__name__}.__all__ names missing {name}"

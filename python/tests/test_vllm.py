@@ -189,3 +189,35 @@ def test_reads_the_named_interface():
         assert callable(getattr(KvmeshConnector, n))
     if not HAVE_VLLM:
         assert KvmeshConnector.get_required_kvcache_layout(None) == "NHD"
+
+
+def test_capture_hooks_record_pre_rope_keys(setup):
+    """capture_hooks' pre-hook on rotary_emb sees vLLM's (positions, q, k)
+    before rotation and records k for the layer, in module order."""
+    from kvmesh.vllm import capture_hooks
+    _, worker, _, model = setup
+    kv = model.config.num_kv_heads * model.config.head_dim
+
+    class Rotary(torch.nn.Module):
+        def forward(self, positions, q, k):
+            return q * 2, k * 2  # stands in for the rotation
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rotary_emb = Rotary()
+
+        def forward(self, positions, q, k):
+            return self.rotary_emb(positions, q, k)
+
+    net = torch.nn.ModuleList([Attention() for _ in range(model.num_layers)])
+    hooks = capture_hooks(net, worker)
+    keys = [torch.randn(5, kv) for _ in net]
+    for layer, k in zip(net, keys):
+        layer(torch.arange(5), torch.randn(5, 8), k)
+    for h in hooks:
+        h.remove()
+    for l, k in enumerate(keys):
+        assert torch.equal(worker._keys[l], k.view(5, model.config.num_kv_heads, model.config.head_dim))
+    with pytest.raises(kvmesh.UsageError, match="no module matches"):
+        capture_hooks(torch.nn.Linear(2, 2), worker)

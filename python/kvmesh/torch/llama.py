@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
