@@ -8,9 +8,13 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/resp"
+	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
+	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/respserver"
 )
 
@@ -109,4 +113,51 @@ func TestRESPCluster(t *testing.T) {
 	}
 	do(t, conns[0], "OK", "SET", "k", "two")
 	do(t, conns[1], "two", "GET", "k")
+}
+
+// TestRESPTokens: with tokens, a client must AUTH; its token's namespace
+// is its keyspace and its scopes its commands; a revoked token stops at
+// the next command.
+func TestRESPTokens(t *testing.T) {
+	cfg := nodetest.NodeConfig(t, "n1", nil)
+	cfg.Insecure, cfg.Tokens = true, true
+	n := nodetest.StartNode(t, cfg)
+	testutil.WaitFor(t, "n1 ready", func() bool { return n.Ready() == nil })
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	mint := func(s auth.Scope, ns ...string) (tok, id string) {
+		tk, rec, err := auth.NewToken("resp", s, auth.Namespace(ns), time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := n.Meta().PutToken(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		return tk.String(), rec.ID
+	}
+	rw := auth.ScopeRead | auth.ScopeWrite
+	writerA, _ := mint(rw, "aa")
+	readerA, readerAID := mint(auth.ScopeRead, "aa")
+	writerB, _ := mint(rw, "bb")
+	c := dialRESP(t, serveRESP(t, n))
+	do(t, c, "PONG", "PING")
+	do(t, c, "-NOAUTH Authentication required.", "GET", "k")
+	do(t, c, "-WRONGPASS*", "AUTH", "not-a-token")
+	do(t, c, "OK", "AUTH", writerA)
+	do(t, c, "OK", "SET", "k", "a's value")
+	do(t, c, "OK", "AUTH", "default", writerB)
+	if _, err := c.Do(nil, "GET", "k"); !errors.Is(err, resp.ErrNil) {
+		t.Fatalf("another namespace's GET: %v, want nil", err)
+	}
+	do(t, c, "OK", "AUTH", readerA)
+	do(t, c, "a's value", "GET", "k")
+	do(t, c, "-NOPERM*", "SET", "k", "x")
+	do(t, c, "-NOPERM*", "DEL", "k")
+	if err := n.Meta().DeleteToken(ctx, readerAID); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the revoked token refused", func() bool {
+		_, err := c.Do(nil, "GET", "k")
+		return err != nil && strings.HasPrefix(err.Error(), "WRONGPASS")
+	})
 }

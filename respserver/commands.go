@@ -92,7 +92,14 @@ func (cs *conn) run(ctx context.Context, out *replies, args [][]byte) (quit bool
 	}
 	cctx, cancel := context.WithTimeout(ctx, cs.s.cfg.ExecTimeout)
 	defer cancel()
-	err := c.run(cctx, cs, out, args)
+	select {
+	case cs.s.running <- struct{}{}:
+	case <-cctx.Done():
+		result = "error"
+		out.err("ERR timed out waiting for a turn: " + cctx.Err().Error())
+		return false
+	}
+	err := cs.exec(cctx, c, out, args)
 	switch {
 	case err == nil:
 	case errors.Is(err, ErrNotFound):
@@ -102,6 +109,19 @@ func (cs *conn) run(ctx context.Context, out *replies, args [][]byte) (quit bool
 		fail(reason, msg)
 	}
 	return name == "QUIT"
+}
+
+// exec runs a command holding a running slot; a panic in it is its error,
+// not the node's end.
+func (cs *conn) exec(ctx context.Context, c *command, out *replies, args [][]byte) (err error) {
+	defer func() {
+		<-cs.s.running
+		if r := recover(); r != nil {
+			cs.s.cfg.Logger.Error("respserver: panic in a command", "command", c.name, "panic", r)
+			err = fmt.Errorf("internal error in %s", c.name)
+		}
+	}()
+	return c.run(ctx, cs, out, args)
 }
 
 // errorReply is the refusal reason ("" for a failure that is no refusal)

@@ -29,6 +29,10 @@ type Config struct {
 	MaxInlineBytes int
 	// MaxClients bounds the open connections; more are refused.
 	MaxClients int
+	// MaxInFlight bounds the commands running at once over all
+	// connections (each SET opens streams to W replicas, which peers
+	// limit per caller); more wait their turn.
+	MaxInFlight int
 	// IdleTimeout closes a connection that starts no command for this long.
 	IdleTimeout time.Duration
 	// CommandTimeout bounds the time from a command's first byte to its
@@ -58,6 +62,7 @@ func DefaultConfig() Config {
 		MaxBufferedBytes: 1 << 30,
 		MaxInlineBytes:   64 << 10,
 		MaxClients:       1024,
+		MaxInFlight:      16,
 		IdleTimeout:      10 * time.Minute,
 		CommandTimeout:   60 * time.Second,
 		WriteTimeout:     60 * time.Second,
@@ -84,6 +89,7 @@ func (c Config) withDefaults() Config {
 	set(&c.MaxBufferedBytes, d.MaxBufferedBytes)
 	set(&c.MaxInlineBytes, d.MaxInlineBytes)
 	set(&c.MaxClients, d.MaxClients)
+	set(&c.MaxInFlight, d.MaxInFlight)
 	setD(&c.IdleTimeout, d.IdleTimeout)
 	setD(&c.CommandTimeout, d.CommandTimeout)
 	setD(&c.WriteTimeout, d.WriteTimeout)
@@ -103,7 +109,7 @@ func (c Config) Validate() error {
 	switch {
 	case c.Backend == nil:
 		return fmt.Errorf("%w: no Backend", ErrInvalidConfig)
-	case c.MaxBulkBytes < 0 || c.MaxArgs < 0 || c.MaxCommandBytes < 0 || c.MaxBufferedBytes < 0 || c.MaxInlineBytes < 0 || c.MaxClients < 0:
+	case c.MaxBulkBytes < 0 || c.MaxArgs < 0 || c.MaxCommandBytes < 0 || c.MaxBufferedBytes < 0 || c.MaxInlineBytes < 0 || c.MaxClients < 0 || c.MaxInFlight < 0:
 		return fmt.Errorf("%w: a negative limit", ErrInvalidConfig)
 	case c.MaxInlineBytes < 64:
 		return fmt.Errorf("%w: MaxInlineBytes %d is under 64", ErrInvalidConfig, c.MaxInlineBytes)

@@ -20,6 +20,8 @@ type Server struct {
 	cfg    Config
 	budget budget
 	nextID atomic.Int64
+	// running holds a slot per command running (MaxInFlight).
+	running chan struct{}
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -33,7 +35,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	s := &Server{cfg: cfg, conns: map[net.Conn]struct{}{}}
+	s := &Server{cfg: cfg, conns: map[net.Conn]struct{}{}, running: make(chan struct{}, cfg.MaxInFlight)}
 	s.budget.max = int64(cfg.MaxBufferedBytes)
 	return s, nil
 }
