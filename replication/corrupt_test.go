@@ -2,11 +2,15 @@ package replication
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // corrupt damages b's copy of key in place, as a write into the store's
@@ -77,4 +81,63 @@ func TestServeFetchCorruptCopyIsAbsent(t *testing.T) {
 		got, err := c.stores["b"].Get(t.Context(), key)
 		return err == nil && bytes.Equal(got.Bytes(), blob)
 	})
+}
+
+// failingStore is a memStore whose reads of bad fail as a disk tier's
+// read of a damaged file does, until the key is deleted.
+type failingStore struct {
+	*memStore
+	mu  sync.Mutex
+	bad map[chunk.Key]bool
+}
+
+func (s *failingStore) Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
+	s.mu.Lock()
+	bad := s.bad[key]
+	s.mu.Unlock()
+	if bad {
+		return pinned.Bytes{}, fmt.Errorf("%w: reading the file of %v", chunk.ErrCorrupt, key)
+	}
+	return s.memStore.Get(ctx, key)
+}
+
+func (s *failingStore) Delete(key chunk.Key) error {
+	s.mu.Lock()
+	delete(s.bad, key)
+	s.mu.Unlock()
+	return s.memStore.Delete(key)
+}
+
+// TestReadDropsCopyTheStoreFindsCorrupt: a local copy the store itself
+// fails to read as corrupt is dropped and repaired too, not read around
+// for ever (a repair would find the same bytes stored and keep them).
+func TestReadDropsCopyTheStoreFindsCorrupt(t *testing.T) {
+	fs := &failingStore{memStore: newMemStore(), bad: map[chunk.Key]bool{}}
+	c := newCluster(t, []string{"a", "b", "c"}, func(id string, conf *Config) {
+		if id == "b" {
+			conf.Store = fs
+		}
+	})
+	c.stores["b"] = fs.memStore
+	blob, key := makeBlob(t, 5, 0)
+	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
+	fs.mu.Lock()
+	fs.bad[key] = true
+	fs.mu.Unlock()
+	rr, err := c.reps["b"].Read(t.Context(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr.Blob.Release()
+	c.waitRepairs()
+	got, err := fs.Get(t.Context(), key)
+	if err != nil || !bytes.Equal(got.Bytes(), blob) {
+		t.Errorf("b not repaired: %v", err)
+	}
+	if m := c.reps["b"].Metrics(); m.LocalCorrupt != 1 {
+		t.Errorf("LocalCorrupt %d, want 1", m.LocalCorrupt)
+	}
 }

@@ -57,12 +57,17 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	blob, err := r.cfg.Store.Get(ctx, key)
 	if err == nil {
 		if verr := r.checkLocal(blob.Bytes(), key, true); verr != nil {
-			// A damaged copy here is a missing one: the replicas serve
-			// the read, and this node is repaired like one that lacks it.
 			blob.Release()
-			r.dropCorrupt(key, verr, false)
-			err = fmt.Errorf("%w: %w", ErrNotFound, verr)
+			err = verr
 		}
+	}
+	if errors.Is(err, chunk.ErrCorrupt) {
+		// A damaged copy here (found by the check above, or by the store
+		// reading it: a disk file that fails its checksum) is a missing
+		// one: the replicas serve the read, and this node is repaired like
+		// one that lacks it.
+		r.dropCorrupt(key, err, false)
+		err = fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	if err == nil {
 		r.metrics.readsLocal.Add(1)
@@ -415,7 +420,8 @@ func (r *Replicator) digestOf(ctx context.Context, node string, req DigestReques
 // header alone, chunk.ParseHeader). Copies are verified when stored; this
 // catches what changed them since (a write into the store's memory, a
 // failing disk), so that the node serves a replica's copy and repairs its
-// own instead of serving the damage. Read checks in full (its callers
+// own instead of serving the damage. Every failure wraps chunk.ErrCorrupt.
+// Read checks in full (its callers
 // send the bytes on unchecked); ServeFetch checks the header, as every
 // reader of a peer's copy verifies it in full and repairs a bad one.
 func (r *Replicator) checkLocal(blob []byte, key chunk.Key, full bool) error {
@@ -425,6 +431,11 @@ func (r *Replicator) checkLocal(blob []byte, key chunk.Key, full bool) error {
 		hd, err = chunk.Verify(blob, r.cfg.Limits)
 	} else {
 		hd, err = chunk.ParseHeader(blob, r.cfg.Limits)
+	}
+	if err != nil && !errors.Is(err, chunk.ErrCorrupt) {
+		// The copy was valid when stored: whatever fails now (a size past
+		// the limits, an unknown codec) is damage too.
+		err = fmt.Errorf("%w: %w", chunk.ErrCorrupt, err)
 	}
 	if err != nil {
 		return err

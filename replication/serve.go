@@ -65,12 +65,15 @@ func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (pinned.Byte
 	b, err := r.cfg.Store.Get(ctx, key)
 	if err == nil {
 		if verr := r.checkLocal(b.Bytes(), key, false); verr != nil {
-			// Answered as absent, so the reader asks another replica; the
-			// replica check DropCorrupt queues repairs this node.
 			b.Release()
-			r.DropCorrupt(key, verr)
-			err = fmt.Errorf("%w: %w", ErrNotFound, verr)
+			err = verr
 		}
+	}
+	if errors.Is(err, chunk.ErrCorrupt) {
+		// Answered as absent, so the reader asks another replica; the
+		// replica check DropCorrupt queues repairs this node.
+		r.DropCorrupt(key, err)
+		err = fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	if err != nil {
 		r.serving.end()
