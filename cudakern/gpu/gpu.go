@@ -51,6 +51,7 @@ type Injector struct {
 	meta    devBuf // job, addresses, slots, error word
 	data    devBuf // a host job's source and compact cache layers
 	staging []byte // the host image of meta
+	pinned  []byte // page-locked staging of host sources (upload)
 	tables  []table
 }
 
@@ -210,7 +211,7 @@ func (in *Injector) run(ready chan<- error) {
 		fail("creating a stream", err)
 		return
 	}
-	undo = append(undo, in.stream.Destroy, in.meta.free, in.data.free, func() error {
+	undo = append(undo, in.stream.Destroy, in.meta.free, in.data.free, in.freePinned, func() error {
 		for i := range in.events {
 			_ = cu.DestroyEvent(&in.events[i])
 		}
@@ -311,8 +312,8 @@ func (in *Injector) Inject(ctx context.Context, j *cudakern.Job) error {
 			dst[i] = uint64(in.data.ptr) + uint64(at+int64(i)*clb)
 		}
 		// Queued on the stream, so the kernel follows the copy.
-		if err := cu.MemcpyHtoDAsync(in.data.ptr, unsafe.Pointer(unsafe.SliceData(j.Src)), sb, in.stream); err != nil {
-			return in.drain(cuErr("copying the source in", err))
+		if err := in.upload(in.data.ptr, j.Src); err != nil {
+			return err
 		}
 		if err := in.launch(ctx, &c, dj, src, dst, nil); err != nil {
 			return err

@@ -22,6 +22,7 @@ static CUresult kvmIpcExport(void *handle, CUdeviceptr p) {
 	memcpy(handle, &h, sizeof h);
 	return r;
 }
+static CUresult kvmAllocHost(void **p, size_t n) { return cuMemAllocHost(p, n); }
 static CUresult kvmRange(CUdeviceptr p, size_t *size) {
 	CUdeviceptr base;
 	return cuMemGetAddressRange(&base, size, p);
@@ -93,6 +94,42 @@ func (in *Injector) OpenIPC(handles [][]byte, offsets []int64, layerBytes []int)
 	return c, nil
 }
 
+// upload queues a copy of b to device memory dst on the stream through
+// the page-locked staging buffer (grown as needed), so the DMA runs at the
+// bus's speed rather than through the driver's pageable bounce buffers.
+// The stream must be idle (every call ends synchronized). Owner thread.
+func (in *Injector) upload(dst cu.DevicePtr, b []byte) error {
+	if len(b) > len(in.pinned) {
+		n := max(len(b), 2*len(in.pinned), 1<<20)
+		if in.pinned != nil {
+			if err := cu.MemFreeHost(unsafe.Pointer(&in.pinned[0])); err != nil {
+				return cuErr("freeing page-locked staging", err)
+			}
+			in.pinned = nil
+		}
+		var p unsafe.Pointer
+		if r := C.kvmAllocHost(&p, C.size_t(n)); r != C.CUDA_SUCCESS {
+			return fmt.Errorf("gpu: allocating %d bytes of page-locked staging: CUresult %d", n, int(r))
+		}
+		in.pinned = unsafe.Slice((*byte)(p), n)
+	}
+	copy(in.pinned, b)
+	if err := cu.MemcpyHtoDAsync(dst, unsafe.Pointer(&in.pinned[0]), int64(len(b)), in.stream); err != nil {
+		return in.drain(cuErr("copying the source in", err))
+	}
+	return nil
+}
+
+// freePinned releases the staging buffer. Owner thread, stream idle.
+func (in *Injector) freePinned() error {
+	if in.pinned == nil {
+		return nil
+	}
+	p := unsafe.Pointer(&in.pinned[0])
+	in.pinned = nil
+	return cu.MemFreeHost(p)
+}
+
 // exportIPC is what an engine does to register its cache: the IPC handle
 // of device memory p, for another process to open (tests).
 func (in *Injector) exportIPC(p uint64) ([]byte, error) {
@@ -129,8 +166,8 @@ func (c *IPCCache) Inject(ctx context.Context, j *cudakern.Job, layer int) error
 		if err := in.data.reserve(sb); err != nil {
 			return cuErr("allocating the source", err)
 		}
-		if err := cu.MemcpyHtoDAsync(in.data.ptr, unsafe.Pointer(unsafe.SliceData(j.Src)), sb, in.stream); err != nil {
-			return in.drain(cuErr("copying the source in", err))
+		if err := in.upload(in.data.ptr, j.Src); err != nil {
+			return err
 		}
 		return in.launch(ctx, j, dj, []uint64{uint64(in.data.ptr)}, c.layers[layer:layer+1], nil)
 	})
