@@ -64,6 +64,62 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// DefaultConfig is the configuration of every field New defaults: the
+// values a zero field takes. The caller sets Seeds (and TLS and Token for
+// a secured cluster) before New.
+func DefaultConfig() Config {
+	return Config{
+		RPCTimeout: 10 * time.Second,
+		Attempts:   4,
+		Backoff:    50 * time.Millisecond,
+		MaxBackoff: time.Second,
+		FrameBytes: api.DefaultFrameBytes,
+		Limits:     chunk.DefaultLimits,
+	}
+}
+
+// Validate reports what New would refuse before dialing: no seeds, or TLS
+// files it cannot use.
+func (c Config) Validate() error {
+	c, err := c.withDefaults()
+	if err != nil {
+		return err
+	}
+	_, err = DialOptions(c)
+	return err
+}
+
+// withDefaults checks c and gives its zero (or negative) fields
+// DefaultConfig's values.
+func (c Config) withDefaults() (Config, error) {
+	if len(c.Seeds) == 0 {
+		return c, errors.New("client: Config.Seeds is empty")
+	}
+	d := DefaultConfig()
+	if c.RPCTimeout <= 0 {
+		c.RPCTimeout = d.RPCTimeout
+	}
+	if c.Attempts <= 0 {
+		c.Attempts = d.Attempts
+	}
+	if c.Backoff <= 0 {
+		c.Backoff = d.Backoff
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = d.MaxBackoff
+	}
+	if c.FrameBytes <= 0 {
+		c.FrameBytes = d.FrameBytes
+	}
+	if c.Limits == (chunk.Limits{}) {
+		c.Limits = d.Limits
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c, nil
+}
+
 // Errors callers branch on. gRPC status codes pass through otherwise.
 var (
 	// ErrNoNodes: no seed or member answered.
@@ -99,29 +155,9 @@ type view struct {
 // New dials the seeds and fetches the cluster's ring; it fails if no seed
 // answers before ctx ends.
 func New(ctx context.Context, cfg Config) (*Client, error) {
-	if len(cfg.Seeds) == 0 {
-		return nil, errors.New("client: Config.Seeds is empty")
-	}
-	if cfg.RPCTimeout <= 0 {
-		cfg.RPCTimeout = 10 * time.Second
-	}
-	if cfg.Attempts <= 0 {
-		cfg.Attempts = 4
-	}
-	if cfg.Backoff <= 0 {
-		cfg.Backoff = 50 * time.Millisecond
-	}
-	if cfg.MaxBackoff <= 0 {
-		cfg.MaxBackoff = time.Second
-	}
-	if cfg.FrameBytes <= 0 {
-		cfg.FrameBytes = api.DefaultFrameBytes
-	}
-	if cfg.Limits == (chunk.Limits{}) {
-		cfg.Limits = chunk.DefaultLimits
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	dial, err := DialOptions(cfg)
 	if err != nil {

@@ -409,3 +409,18 @@ func TestLookupBatchesByOwner(t *testing.T) {
 		}
 	}
 }
+
+// TestDefaultConfig: DefaultConfig is what New gives zero fields, and
+// Validate refuses a Config without seeds.
+func TestDefaultConfig(t *testing.T) {
+	d := DefaultConfig()
+	if d.RPCTimeout <= 0 || d.Attempts <= 0 || d.Backoff <= 0 || d.MaxBackoff < d.Backoff || d.FrameBytes <= 0 {
+		t.Fatalf("DefaultConfig %+v has a field New would replace", d)
+	}
+	if err := (Config{}).Validate(); err == nil {
+		t.Error("Validate took a Config without seeds")
+	}
+	if err := (Config{Seeds: []string{"127.0.0.1:1"}}).Validate(); err != nil {
+		t.Errorf("Validate: %v", err)
+	}
+}
