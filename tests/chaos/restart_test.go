@@ -6,8 +6,10 @@ package chaos
 // read; the faults are paced only by readiness, as an operator's script
 // would pace them: a rolling restart (SIGTERM, start, wait for /readyz,
 // next node at once), back-to-back kill -9s of each node (kill, start,
-// /readyz, next), and two-node failures (two nodes killed together, never
-// more than two down, R=3 W=2 by default). The checker counts acknowledged
+// /readyz, next), two-node failures (two nodes killed together, never
+// more than two down, R=3 W=2 by default), then, with a disk tier, a
+// full-cluster restart (SIGTERM every node, start them all) and a node
+// restarted with a tenth of its tier files damaged. The checker counts acknowledged
 // writes that no longer read back (must be 0) and reads of other bytes
 // (must be 0), and reports each node's time to ready and the time to full
 // replication (every acknowledged key on R replicas) after each fault.
@@ -407,6 +409,15 @@ func TestRestartChaos(t *testing.T) {
 		rr.fullReplication(ctx, fmt.Sprintf("after two-node failure %d", k+1))
 	}
 
+	if disk != "0" {
+		rr.fullRestart(ctx)
+		rr.fullReplication(ctx, "after the full-cluster restart")
+		rr.damageTier(ctx, filepath.Join(dir, rr.procs[0].ID()), rr.procs[0])
+		rr.fullReplication(ctx, "after the damaged tier files")
+	} else {
+		rr.logf("full-cluster restart and damaged tier files: skipped (-disk 0 keeps nothing across them)")
+	}
+
 	halt()
 	rr.samples.Wait()
 	p50, pmax := Percentiles(rr.atW)
@@ -490,6 +501,80 @@ func (rr *restartRun) restartAndWait(ctx context.Context, p *harness.Proc, fault
 		}
 	}
 	rr.logf("%s: %s ready %.1fs after its start, holding %d entries", fault, p.ID(), time.Since(start).Seconds(), entries)
+}
+
+// fullRestart stops every node with SIGTERM (each spills its DRAM to
+// its disk tier), then starts them all again together: an upgrade. No
+// node is left to pull from, so what each kept on disk is all there is.
+func (rr *restartRun) fullRestart(ctx context.Context) {
+	rr.inFault.Store(true)
+	defer rr.inFault.Store(false)
+	var wg sync.WaitGroup
+	for _, p := range rr.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.Terminate(90 * time.Second); err != nil {
+				rr.t.Errorf("full restart: %s: unclean exit after SIGTERM: %v", p.ID(), err)
+			}
+		}()
+	}
+	wg.Wait()
+	rr.logf("full-cluster restart: every node stopped with SIGTERM")
+	for _, p := range rr.procs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rr.restartAndWait(ctx, p, "full-cluster restart")
+		}()
+	}
+	wg.Wait()
+}
+
+// damageTier stops p with SIGTERM, damages some of the disk tier files in
+// its data directory dataDir (a bit flipped in some, others truncated),
+// and starts it again: the start must drop them, and the startup pull
+// fetch them back from the other replicas before p is ready.
+func (rr *restartRun) damageTier(ctx context.Context, dataDir string, p *harness.Proc) {
+	rr.inFault.Store(true)
+	defer rr.inFault.Store(false)
+	if err := p.Terminate(90 * time.Second); err != nil {
+		rr.t.Errorf("damaged tier: %s: unclean exit after SIGTERM: %v", p.ID(), err)
+	}
+	var files []string
+	_ = filepath.WalkDir(filepath.Join(dataDir, "tier"), func(path string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(path, ".kvc") {
+			files = append(files, path)
+		}
+		return nil
+	})
+	flipped, cut := 0, 0
+	for i, f := range files {
+		if i%10 != 0 { // every tenth file
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil || len(b) < 2 {
+			continue
+		}
+		if i%20 == 0 {
+			b[len(b)/2] ^= 0x08
+			flipped++
+		} else {
+			b = b[:len(b)/2]
+			cut++
+		}
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			rr.t.Errorf("damaged tier: %v", err)
+		}
+	}
+	rr.logf("damaged tier: %s down, %d of its %d tier files damaged (%d with a bit flipped, %d truncated)", p.ID(), flipped+cut, len(files), flipped, cut)
+	rr.restartAndWait(ctx, p, "damaged tier files")
+	if m, err := harness.Scrape(ctx, p.Addr("http")); err == nil {
+		if got := int(m[`kvtier_damaged_total{tier="disk"}`]); got != flipped+cut {
+			rr.t.Errorf("damaged tier: %s counts %d damaged files (kvtier_damaged_total), %d were damaged", p.ID(), got, flipped+cut)
+		}
+	}
 }
 
 // underReplicated returns how many of keys some replica lacks (by
