@@ -104,6 +104,7 @@ type SecurityFileConfig struct {
 type AuthFileConfig struct {
 	Tokens              bool `json:"tokens"`
 	MaxStreamsPerClient int  `json:"max_streams_per_client"`
+	MaxUnaryPerClient   int  `json:"max_unary_per_client"`
 	MaxChunksPerRequest int  `json:"max_chunks_per_request"`
 	// TokensFile holds token records (auth.Record as JSON, one a line, as
 	// `kvmesh token create` appends them) that kvmeshd puts into the
@@ -442,6 +443,9 @@ func (fc *FileConfig) mergeSecurity(file *FileConfig, set map[string]bool) {
 	if !set["max-streams-per-client"] && file.Auth.MaxStreamsPerClient != 0 {
 		fc.Auth.MaxStreamsPerClient = file.Auth.MaxStreamsPerClient
 	}
+	if !set["max-unary-per-client"] && file.Auth.MaxUnaryPerClient != 0 {
+		fc.Auth.MaxUnaryPerClient = file.Auth.MaxUnaryPerClient
+	}
 	if !set["max-chunks-per-request"] && file.Auth.MaxChunksPerRequest != 0 {
 		fc.Auth.MaxChunksPerRequest = file.Auth.MaxChunksPerRequest
 	}
@@ -455,6 +459,7 @@ func (fc *FileConfig) securityConfig(cfg *node.Config) error {
 	cfg.Insecure = fc.Insecure || fc.TLS.Insecure
 	cfg.Tokens = fc.Auth.Tokens
 	cfg.MaxStreamsPerClient = fc.Auth.MaxStreamsPerClient
+	cfg.MaxUnaryPerClient = fc.Auth.MaxUnaryPerClient
 	if fc.Auth.MaxChunksPerRequest < 0 {
 		return fmt.Errorf("%w: -max-chunks-per-request %d: want a positive count", ErrUsage, fc.Auth.MaxChunksPerRequest)
 	}

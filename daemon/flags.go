@@ -99,6 +99,9 @@ func parseArgs(args []string, stderr io.Writer) (FileConfig, error) {
 	if fc.Auth.MaxStreamsPerClient == 0 {
 		return fc, fmt.Errorf("%w: -max-streams-per-client 0: want a positive limit, or a negative value for no limit", ErrUsage)
 	}
+	if fc.Auth.MaxUnaryPerClient == 0 {
+		return fc, fmt.Errorf("%w: -max-unary-per-client 0: want a positive limit, or a negative value for no limit", ErrUsage)
+	}
 	if fc.Auth.MaxChunksPerRequest == 0 {
 		return fc, fmt.Errorf("%w: -max-chunks-per-request 0: want a positive count", ErrUsage)
 	}
@@ -126,6 +129,7 @@ func (fc *FileConfig) securityFlags(fs *flag.FlagSet) {
 	fs.StringVar(&fc.GossipKeyringFile, "gossip-keyring", "", "gossip keyring file (base64 keys, primary first, mode 0600)")
 	fs.BoolVar(&fc.Auth.Tokens, "tokens", false, "require API tokens (authorization: Bearer) from clients")
 	fs.IntVar(&fc.Auth.MaxStreamsPerClient, "max-streams-per-client", auth.DefaultMaxStreams, "concurrent streams per client (negative: no limit; 0 is refused)")
+	fs.IntVar(&fc.Auth.MaxUnaryPerClient, "max-unary-per-client", auth.DefaultMaxUnary, "unary calls in flight per client, members excepted (negative: no limit; 0 is refused)")
 	fs.IntVar(&fc.Auth.MaxChunksPerRequest, "max-chunks-per-request", node.MaxLookupBatch, "chunks one Lookup or Inject may name (positive)")
 	fs.StringVar(&fc.Auth.TokensFile, "tokens-file", "", "token records to store at start (JSON lines, as kvmesh token create appends)")
 }

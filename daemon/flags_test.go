@@ -143,6 +143,7 @@ func TestFlagRefusals(t *testing.T) {
 		{[]string{"-bootstrap", "-dead-grace", "0s"}, "-dead-grace"},
 		{[]string{"-bootstrap", "-max-chunks-per-request", "0"}, "-max-chunks-per-request 0"},
 		{[]string{"-bootstrap", "-max-streams-per-client", "0"}, "-max-streams-per-client 0"},
+		{[]string{"-bootstrap", "-max-unary-per-client", "0"}, "-max-unary-per-client 0"},
 		{[]string{"-bootstrap", "-rebalance-recv-streams", "0"}, "-rebalance-recv-streams 0"},
 		{[]string{"-bootstrap", "-rebalance-recv-streams", "1025"}, "-rebalance-recv-streams 1025"},
 		{[]string{"-bootstrap-expect", "1000000"}, "-bootstrap-expect 1000000"},
