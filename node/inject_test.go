@@ -198,6 +198,10 @@ func TestInjectRPC(t *testing.T) {
 			t.Errorf("%s: %v, want %v", tc.name, err, tc.code)
 		}
 	}
+	// The failed registration (bad layout) spent its handle too.
+	if _, err := in.RegisterCache(here, withHandle(bad.MemoryHandle)); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("the handle of a failed registration used again: %v", err)
+	}
 	if err := inj.Close(ctx); err != nil {
 		t.Fatal(err)
 	}

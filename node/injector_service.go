@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -68,6 +69,15 @@ func localPeer(ctx context.Context) bool {
 }
 
 func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheRequest) (*api.RegisterCacheResponse, error) {
+	// The call naming a handle spends it, whatever becomes of the call,
+	// so a failed registration leaves no file waiting on the socket.
+	var shm *os.File
+	if len(req.MemoryHandle) > 0 && in.sock != nil && localPeer(ctx) {
+		if f, err := in.sock.take(req.MemoryHandle); err == nil {
+			shm = f
+			defer f.Close() // mapped by Register, or refused
+		}
+	}
 	if req.GetFingerprint() == nil {
 		return nil, status.Error(codes.InvalidArgument, "register cache without a model fingerprint")
 	}
@@ -98,15 +108,10 @@ func (in *injector) RegisterCache(ctx context.Context, req *api.RegisterCacheReq
 			return nil, status.Error(codes.PermissionDenied, "shared-memory caches register from this machine only")
 		}
 		// Only a file the caller handed over on the cache socket, once.
-		if in.sock == nil {
+		if shm == nil {
 			return nil, errShmRefused
 		}
-		f, err := in.sock.take(req.MemoryHandle)
-		if err != nil {
-			return nil, errShmRefused
-		}
-		defer f.Close() // mapped by Register, or refused
-		d.Memory.File = f
+		d.Memory.File = shm
 	case api.MemoryKind_MEMORY_KIND_CUDA_IPC:
 		d.Memory.Kind = inject.MemoryCUDAIPC
 		// IPC handles open on this machine's GPUs only.
