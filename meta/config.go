@@ -148,6 +148,39 @@ const (
 	DefaultWALSegmentSize    = 4 << 20
 )
 
+// DefaultConfig is the configuration of every field Open defaults: the
+// values a zero field takes (BootstrapWait follows ReconcileInterval and
+// HeartbeatTimeout). The caller sets NodeID and DataDir (and the cluster's
+// bootstrap or seeds) before Open.
+func DefaultConfig() Config {
+	c := Config{
+		RaftBind:           DefaultRaftBind,
+		DeadGrace:          DefaultDeadGrace,
+		RaftRemoveAfter:    DefaultRaftRemoveAfter,
+		MaxVoters:          DefaultMaxVoters,
+		ReconcileInterval:  DefaultReconcileInterval,
+		ApplyTimeout:       DefaultApplyTimeout,
+		HeartbeatTimeout:   time.Second,
+		ElectionTimeout:    time.Second,
+		LeaderLeaseTimeout: 500 * time.Millisecond,
+		CommitTimeout:      50 * time.Millisecond,
+		SnapshotInterval:   DefaultSnapshotInterval,
+		SnapshotThreshold:  DefaultSnapshotThreshold,
+		TrailingLogs:       DefaultTrailingLogs,
+		SnapshotRetain:     DefaultSnapshotRetain,
+		WALSegmentSize:     DefaultWALSegmentSize,
+	}
+	c.BootstrapWait = 2*c.ReconcileInterval + 2*c.HeartbeatTimeout
+	return c
+}
+
+// Validate reports what Open would refuse before touching the data
+// directory.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.NodeID == "" {
 		return c, errors.New("meta: Config.NodeID is required")
@@ -166,34 +199,35 @@ func (c Config) withDefaults() (Config, error) {
 			*d = v
 		}
 	}
-	def(&c.DeadGrace, DefaultDeadGrace)
-	def(&c.RaftRemoveAfter, DefaultRaftRemoveAfter)
+	d := DefaultConfig()
+	def(&c.DeadGrace, d.DeadGrace)
+	def(&c.RaftRemoveAfter, d.RaftRemoveAfter)
 	c.RaftRemoveAfter = max(c.RaftRemoveAfter, c.DeadGrace)
-	def(&c.ReconcileInterval, DefaultReconcileInterval)
-	def(&c.ApplyTimeout, DefaultApplyTimeout)
-	def(&c.HeartbeatTimeout, time.Second)
-	def(&c.ElectionTimeout, time.Second)
-	def(&c.LeaderLeaseTimeout, 500*time.Millisecond)
-	def(&c.CommitTimeout, 50*time.Millisecond)
-	def(&c.SnapshotInterval, DefaultSnapshotInterval)
+	def(&c.ReconcileInterval, d.ReconcileInterval)
+	def(&c.ApplyTimeout, d.ApplyTimeout)
+	def(&c.HeartbeatTimeout, d.HeartbeatTimeout)
+	def(&c.ElectionTimeout, d.ElectionTimeout)
+	def(&c.LeaderLeaseTimeout, d.LeaderLeaseTimeout)
+	def(&c.CommitTimeout, d.CommitTimeout)
+	def(&c.SnapshotInterval, d.SnapshotInterval)
 	def(&c.BootstrapWait, 2*c.ReconcileInterval+2*c.HeartbeatTimeout)
 	if c.LeaderLeaseTimeout > c.HeartbeatTimeout {
 		c.LeaderLeaseTimeout = c.HeartbeatTimeout
 	}
 	if c.MaxVoters <= 0 {
-		c.MaxVoters = DefaultMaxVoters
+		c.MaxVoters = d.MaxVoters
 	}
 	if c.SnapshotThreshold == 0 {
-		c.SnapshotThreshold = DefaultSnapshotThreshold
+		c.SnapshotThreshold = d.SnapshotThreshold
 	}
 	if c.TrailingLogs == 0 {
-		c.TrailingLogs = DefaultTrailingLogs
+		c.TrailingLogs = d.TrailingLogs
 	}
 	if c.SnapshotRetain <= 0 {
-		c.SnapshotRetain = DefaultSnapshotRetain
+		c.SnapshotRetain = d.SnapshotRetain
 	}
 	if c.WALSegmentSize <= 0 {
-		c.WALSegmentSize = DefaultWALSegmentSize
+		c.WALSegmentSize = d.WALSegmentSize
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
