@@ -29,7 +29,7 @@ func BenchmarkWrite(b *testing.B) {
 					b.StopTimer()
 					for id, r := range c.reps {
 						r.Close()
-						c.stores[id].wipe()
+						c.stores[id].Wipe()
 						c.start(id)
 					}
 					b.StartTimer()
@@ -70,7 +70,7 @@ func BenchmarkRebalanceJoin(b *testing.B) {
 				}
 				for _, id := range []string{"a", "b", "c"} {
 					c.reps[id].Rebalance(b.Context())
-					stored += int64(c.stores[id].bytes())
+					stored += int64(c.stores[id].Bytes())
 				}
 				c.start("d")
 				c.setRing("a", "b", "c", "d")
@@ -85,7 +85,7 @@ func BenchmarkRebalanceJoin(b *testing.B) {
 				elapsed += time.Since(start)
 				for id, r := range c.reps {
 					r.Close()
-					c.stores[id].wipe() // the cleanup keeps c until the end
+					c.stores[id].Wipe() // the cleanup keeps c until the end
 				}
 			}
 			b.ReportMetric(float64(moved)/float64(stored/4), "moved/ideal")

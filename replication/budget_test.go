@@ -11,11 +11,11 @@ import (
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
-// pinStore is a memStore that counts the pins its Gets hand out (a Get's
+// pinStore is an InmemStore that counts the pins its Gets hand out (a Get's
 // bytes held until release, as kvtier's arena pins them) and the pins held
 // when each Get begins.
 type pinStore struct {
-	*memStore
+	*InmemStore
 	mu       sync.Mutex
 	held     int
 	maxAtGet int
@@ -27,7 +27,7 @@ func (s *pinStore) Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error)
 	s.maxAtGet = max(s.maxAtGet, s.held)
 	s.gets[key]++
 	s.mu.Unlock()
-	b, err := s.memStore.Get(ctx, key)
+	b, err := s.InmemStore.Get(ctx, key)
 	if err != nil {
 		return pinned.Bytes{}, err
 	}
@@ -58,23 +58,21 @@ func (s *pinStore) stats(key chunk.Key) (gets, held, maxAtGet int) {
 func TestRebalanceBackoffReleasesPin(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		change func(t *testing.T, s *memStore, key chunk.Key, i int)
+		change func(t *testing.T, s *InmemStore, key chunk.Key, i int)
 	}{
-		{"gone", func(t *testing.T, s *memStore, key chunk.Key, _ int) {
+		{"gone", func(t *testing.T, s *InmemStore, key chunk.Key, _ int) {
 			if err := s.Delete(key); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"changed", func(t *testing.T, s *memStore, key chunk.Key, i int) {
+		{"changed", func(t *testing.T, s *InmemStore, key chunk.Key, i int) {
 			blob, _ := makeBlob(t, i, 1) // same key, other bytes
 			hd, err := chunk.ParseHeader(blob, chunk.Limits{})
 			if err != nil {
 				t.Fatal(err)
 			}
 			// In one step: a retry must not find the key gone between.
-			s.mu.Lock()
-			s.m[key] = memEntry{blob, hd.Checksum}
-			s.mu.Unlock()
+			s.Overwrite(key, blob, hd.Checksum)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -83,7 +81,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 			c := newCluster(t, []string{"a"}, func(id string, conf *Config) {
 				switch id {
 				case "a":
-					ps.memStore = conf.Store.(*memStore)
+					ps.InmemStore = conf.Store.(*InmemStore)
 					conf.Store = ps
 					conf.RebalanceConcurrency = 1
 				case "d":
@@ -96,7 +94,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 			c.r, c.w = 1, 1
 			i, key := writeChunkMovingTo(t, c, "d")
 			c.setRing("a", "d")
-			c.stores["d"], c.dirs["d"] = recv.memStore, t.TempDir()
+			c.stores["d"], c.dirs["d"] = recv.InmemStore, t.TempDir()
 			d := c.start("d")
 
 			held := holdOnlySlot(t, d, recv)
@@ -134,12 +132,12 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 			}
 			switch tc.name {
 			case "gone":
-				if res.err != nil || res.st.Pending != 0 || res.st.KeysMoved != 0 || recv.has(key) {
-					t.Fatalf("pass %+v, %v; d holds it: %v: want done, nothing moved", res.st, res.err, recv.has(key))
+				if res.err != nil || res.st.Pending != 0 || res.st.KeysMoved != 0 || recv.Has(key) {
+					t.Fatalf("pass %+v, %v; d holds it: %v: want done, nothing moved", res.st, res.err, recv.Has(key))
 				}
 			case "changed":
-				if !errors.Is(res.err, errChanged) || res.st.Pending != 1 || recv.has(key) {
-					t.Fatalf("pass %+v, %v; d holds it: %v: want it pending", res.st, res.err, recv.has(key))
+				if !errors.Is(res.err, errChanged) || res.st.Pending != 1 || recv.Has(key) {
+					t.Fatalf("pass %+v, %v; d holds it: %v: want it pending", res.st, res.err, recv.Has(key))
 				}
 				st, err := c.reps["a"].Rebalance(t.Context())
 				if err != nil || st.Pending != 0 || st.KeysMoved != 1 {
@@ -147,7 +145,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 				}
 				want, _ := makeBlob(t, i, 1)
 				hd, _ := chunk.ParseHeader(want, chunk.Limits{})
-				if sum, ok := recv.checksum(key); !ok || sum != hd.Checksum {
+				if sum, ok := recv.Checksum(key); !ok || sum != hd.Checksum {
 					t.Fatalf("d holds %v (%x), want the new bytes (%x)", ok, sum, hd.Checksum)
 				}
 			}
@@ -186,10 +184,10 @@ func TestStartupPullTakesReceiverBudget(t *testing.T) {
 	})
 	keys, _ := writeAll(t, c, "a", 0, 30)
 	c.stop("b")
-	c.stores["b"].wipe()
+	c.stores["b"].Wipe()
 	gs = newGatedStore()
-	gs.memStore = c.stores["b"]
-	c.net.setDown("b", false)
+	gs.InmemStore = c.stores["b"]
+	c.net.SetDown("b", false)
 	b := c.start("b")
 
 	held := holdOnlySlot(t, b, gs)
@@ -217,7 +215,7 @@ func TestStartupPullTakesReceiverBudget(t *testing.T) {
 		t.Fatalf("pull %+v, %v: want %d keys", res.st, res.err, len(keys))
 	}
 	for _, k := range keys {
-		if !gs.has(k) {
+		if !gs.Has(k) {
 			t.Fatalf("b lacks %v after the pull", k)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 // exactly DefaultConfig's values, and Validate refuses a missing one.
 func TestDefaultConfig(t *testing.T) {
 	c := newCluster(t, []string{"a"}, nil)
-	base := Config{NodeID: "a", Store: newMemStore(), Transport: &transport{n: c.net, from: "a"}, Placement: PlacementFunc(c.ring)}
+	base := Config{NodeID: "a", Store: NewInmemStore(), Transport: c.net.Transport("a"), Placement: PlacementFunc(c.ring)}
 	if err := (Config{NodeID: "a"}).Validate(); err == nil {
 		t.Error("Validate took a Config without Store, Transport and Placement")
 	}

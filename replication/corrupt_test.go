@@ -17,17 +17,12 @@ import (
 // memory would: the header's magic, or one payload byte.
 func (c *cluster) corrupt(t *testing.T, node string, key chunk.Key, header bool) {
 	t.Helper()
-	s := c.stores[node]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e, ok := s.m[key]
-	if !ok {
-		t.Fatalf("%s lacks %v", node, key)
-	}
+	damage := func(blob []byte) { blob[len(blob)-1] ^= 0x01 }
 	if header {
-		e.blob[0] ^= 0xff
-	} else {
-		e.blob[len(e.blob)-1] ^= 0x01
+		damage = func(blob []byte) { blob[0] ^= 0xff }
+	}
+	if !c.stores[node].Damage(key, damage) {
+		t.Fatalf("%s lacks %v", node, key)
 	}
 }
 
@@ -83,10 +78,10 @@ func TestServeFetchCorruptCopyIsAbsent(t *testing.T) {
 	})
 }
 
-// failingStore is a memStore whose reads of bad fail as a disk tier's
+// failingStore is an InmemStore whose reads of bad fail as a disk tier's
 // read of a damaged file does, until the key is deleted.
 type failingStore struct {
-	*memStore
+	*InmemStore
 	mu  sync.Mutex
 	bad map[chunk.Key]bool
 }
@@ -98,27 +93,27 @@ func (s *failingStore) Get(ctx context.Context, key chunk.Key) (pinned.Bytes, er
 	if bad {
 		return pinned.Bytes{}, fmt.Errorf("%w: reading the file of %v", chunk.ErrCorrupt, key)
 	}
-	return s.memStore.Get(ctx, key)
+	return s.InmemStore.Get(ctx, key)
 }
 
 func (s *failingStore) Delete(key chunk.Key) error {
 	s.mu.Lock()
 	delete(s.bad, key)
 	s.mu.Unlock()
-	return s.memStore.Delete(key)
+	return s.InmemStore.Delete(key)
 }
 
 // TestReadDropsCopyTheStoreFindsCorrupt: a local copy the store itself
 // fails to read as corrupt is dropped and repaired too, not read around
 // for ever (a repair would find the same bytes stored and keep them).
 func TestReadDropsCopyTheStoreFindsCorrupt(t *testing.T) {
-	fs := &failingStore{memStore: newMemStore(), bad: map[chunk.Key]bool{}}
+	fs := &failingStore{InmemStore: NewInmemStore(), bad: map[chunk.Key]bool{}}
 	c := newCluster(t, []string{"a", "b", "c"}, func(id string, conf *Config) {
 		if id == "b" {
 			conf.Store = fs
 		}
 	})
-	c.stores["b"] = fs.memStore
+	c.stores["b"] = fs.InmemStore
 	blob, key := makeBlob(t, 5, 0)
 	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)

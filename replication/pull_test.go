@@ -33,31 +33,31 @@ func TestPullRefillsRestartedNode(t *testing.T) {
 	}
 	// b restarts empty: store wiped, tombstones kept on disk.
 	c.stop("b")
-	c.stores["b"].wipe()
-	c.net.setDown("b", false)
+	c.stores["b"].Wipe()
+	c.net.SetDown("b", false)
 	c.start("b")
 
 	st, err := c.reps["b"].AntiEntropy(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Pushed != 0 || c.stores["b"].len() != 0 {
-		t.Fatalf("a push round on the empty node moved something: %+v, holds %d", st, c.stores["b"].len())
+	if st.Pushed != 0 || c.stores["b"].Len() != 0 {
+		t.Fatalf("a push round on the empty node moved something: %+v, holds %d", st, c.stores["b"].Len())
 	}
-	fetches := c.net.fetches.Load()
+	fetches := c.net.Stats().Fetches
 	st, err = c.reps["b"].StartupPull(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Pulled != len(mine) || c.net.fetches.Load()-fetches != int64(len(mine)) {
-		t.Fatalf("pulled %d keys with %d fetches, want %d: %+v", st.Pulled, c.net.fetches.Load()-fetches, len(mine), st)
+	if st.Pulled != len(mine) || c.net.Stats().Fetches-fetches != int64(len(mine)) {
+		t.Fatalf("pulled %d keys with %d fetches, want %d: %+v", st.Pulled, c.net.Stats().Fetches-fetches, len(mine), st)
 	}
 	for _, k := range mine {
-		if !c.stores["b"].has(k) {
+		if !c.stores["b"].Has(k) {
 			t.Fatalf("b lacks %v after the pull", k)
 		}
 	}
-	if c.stores["b"].has(keys[0]) {
+	if c.stores["b"].Has(keys[0]) {
 		t.Fatal("a deleted key came back")
 	}
 	if m := c.reps["b"].Metrics(); m.PullKeys != int64(len(mine)) || m.PullRounds != 1 || m.PullRunning != 0 || m.PullBytes <= 0 {
@@ -76,15 +76,15 @@ func TestStartupPullRetriesUnreachablePeer(t *testing.T) {
 		c := newCluster(t, []string{"a", "b", "c"}, nil)
 		keys, _ := writeAll(t, c, "a", 0, 40)
 		c.stop("b")
-		c.stores["b"].wipe()
-		c.net.setDown("b", false)
+		c.stores["b"].Wipe()
+		c.net.SetDown("b", false)
 		c.start("b")
 		// Every key is on all three nodes (R=3): cut b from a and c for the
 		// first round only.
-		c.net.partition([]string{"b"}, []string{"a", "c"}, true)
+		c.net.Partition([]string{"b"}, []string{"a", "c"}, true)
 		go func() {
 			time.Sleep(200 * time.Millisecond)
-			c.net.partition([]string{"b"}, []string{"a", "c"}, false)
+			c.net.Partition([]string{"b"}, []string{"a", "c"}, false)
 		}()
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
 		defer cancel()
@@ -106,7 +106,7 @@ func TestNodeUpFlushesHints(t *testing.T) {
 			cfg.HintInterval = 10 * time.Millisecond
 			cfg.MaxHintBackoff = time.Hour
 		})
-		c.net.setDown("c", true)
+		c.net.SetDown("c", true)
 		blob, key := makeBlob(t, 1, 0)
 		if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 			t.Fatal(err)
@@ -120,12 +120,12 @@ func TestNodeUpFlushesHints(t *testing.T) {
 		for range 12 {
 			_, _ = c.reps["a"].deliverHints(t.Context(), true)
 		}
-		c.net.setDown("c", false)
+		c.net.SetDown("c", false)
 		time.Sleep(50 * time.Millisecond) // several hint loop ticks: all inside the backoff
-		if c.stores["c"].has(key) {
+		if c.stores["c"].Has(key) {
 			t.Fatal("hint delivered inside its backoff")
 		}
 		c.reps["a"].NodeUp("c")
-		testutil.WaitForWithin(t, 10*time.Second, "the hint delivered after NodeUp", func() bool { return c.stores["c"].has(key) })
+		testutil.WaitForWithin(t, 10*time.Second, "the hint delivered after NodeUp", func() bool { return c.stores["c"].Has(key) })
 	})
 }

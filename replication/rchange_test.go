@@ -110,7 +110,7 @@ func TestRChangeUp(t *testing.T) {
 				if tc.restart {
 					for _, id := range ids {
 						c.stop(id)
-						c.net.setDown(id, false)
+						c.net.SetDown(id, false)
 						c.start(id)
 					}
 				}
@@ -118,7 +118,7 @@ func TestRChangeUp(t *testing.T) {
 				for _, k := range keys {
 					want += int64(tc.to-tc.from) * int64(sizes[k])
 				}
-				before := c.net.bytes.Load()
+				before := c.net.Stats().Bytes
 				q.set(tc.to, 2)
 
 				if tc.background {
@@ -128,7 +128,7 @@ func TestRChangeUp(t *testing.T) {
 					testutil.WaitFor(t, "every key on its replicas at the new factor", func() bool { return placed(c, keys, tc.to) })
 				} else {
 					if tc.downFirstRun != "" {
-						c.net.setDown(tc.downFirstRun, true)
+						c.net.SetDown(tc.downFirstRun, true)
 						pending := 0
 						for _, id := range ids {
 							st, _ := c.reps[id].Rebalance(t.Context())
@@ -140,7 +140,7 @@ func TestRChangeUp(t *testing.T) {
 						if pending == 0 {
 							t.Fatal("no key pending with a new replica down")
 						}
-						c.net.setDown(tc.downFirstRun, false)
+						c.net.SetDown(tc.downFirstRun, false)
 					}
 					_, dropped := rebalanceAll(t, c, ids)
 					if dropped != 0 {
@@ -151,7 +151,7 @@ func TestRChangeUp(t *testing.T) {
 					}
 				}
 				// Digest calls carry no blob bytes: what crossed is the pushes.
-				if moved := c.net.bytes.Load() - before; moved != want {
+				if moved := c.net.Stats().Bytes - before; moved != want {
 					t.Fatalf("moved %d bytes, want %d (each chunk once to each new replica)", moved, want)
 				}
 				if h := c.holders(deleted); len(h) != 0 {
@@ -222,7 +222,7 @@ func TestRChangeDown(t *testing.T) {
 				var keys []chunk.Key
 				if tc.hinted {
 					// c is down during the writes: a keeps hints for it.
-					c.net.setDown("c", true)
+					c.net.SetDown("c", true)
 					for i := range 80 {
 						blob, key := makeBlob(t, i, 0)
 						if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
@@ -241,13 +241,13 @@ func TestRChangeDown(t *testing.T) {
 					keys, _ = writeAll(t, c, "a", 0, 120)
 				}
 				// The first pass records the placement (with c back for it).
-				c.net.setDown("c", false)
+				c.net.SetDown("c", false)
 				rebalanceAll(t, c, ids)
-				c.net.setDown("c", tc.hinted)
+				c.net.SetDown("c", tc.hinted)
 				q.set(tc.to, 1)
 
 				if tc.hinted {
-					c.net.setDown("c", false)
+					c.net.SetDown("c", false)
 					if _, err := c.reps["a"].DeliverHints(t.Context()); err != nil {
 						t.Fatal(err)
 					}
@@ -255,7 +255,7 @@ func TestRChangeDown(t *testing.T) {
 						t.Fatalf("%d hints left", n)
 					}
 					for _, k := range keys {
-						if c.stores["c"].has(k) && !c.ring().IsReplica(k.Content, "c", tc.to) {
+						if c.stores["c"].Has(k) && !c.ring().IsReplica(k.Content, "c", tc.to) {
 							t.Fatalf("hint delivery left %v on c, which no longer replicates it", k)
 						}
 					}
@@ -270,9 +270,9 @@ func TestRChangeDown(t *testing.T) {
 				}
 				// The remaining owners unreachable: nobody deletes anything.
 				for _, id := range ids {
-					c.net.partition([]string{id}, without(ids, id), true)
+					c.net.Partition([]string{id}, without(ids, id), true)
 					st, _ := c.reps[id].Rebalance(t.Context())
-					c.net.partition([]string{id}, without(ids, id), false)
+					c.net.Partition([]string{id}, without(ids, id), false)
 					if st.KeysDropped != 0 {
 						t.Fatalf("%s dropped %d keys with their owners unreachable", id, st.KeysDropped)
 					}
@@ -280,12 +280,12 @@ func TestRChangeDown(t *testing.T) {
 				if !placed(c, keys, tc.from) && !tc.hinted {
 					t.Fatalf("copies lost while owners were unreachable")
 				}
-				before := c.net.bytes.Load()
+				before := c.net.Stats().Bytes
 				_, dropped := rebalanceAll(t, c, ids)
 				if !placed(c, keys, tc.to) {
 					t.Fatalf("not placed at R=%d after one pass", tc.to)
 				}
-				if moved := c.net.bytes.Load() - before; moved != 0 && !tc.hinted {
+				if moved := c.net.Stats().Bytes - before; moved != 0 && !tc.hinted {
 					t.Fatalf("%d bytes moved on lowering R; the owners held every chunk", moved)
 				}
 				if want := len(keys) * (tc.from - tc.to); !tc.hinted && dropped != want {

@@ -26,8 +26,8 @@ func TestRecoveringReplicaIsNotACopy(t *testing.T) {
 	key := keys[0]
 	// b restarts without its chunks and is recovering.
 	c.stop("b")
-	c.stores["b"].wipe()
-	c.net.setDown("b", false)
+	c.stores["b"].Wipe()
+	c.net.SetDown("b", false)
 	flags["b"].Store(true)
 	c.start("b")
 
@@ -37,18 +37,18 @@ func TestRecoveringReplicaIsNotACopy(t *testing.T) {
 	}
 	// The replicas that hold the key are away: the recovering node's own
 	// miss is no answer.
-	c.net.setDown("a", true)
-	c.net.setDown("c", true)
+	c.net.SetDown("a", true)
+	c.net.SetDown("c", true)
 	_, err = c.reps["b"].Read(t.Context(), key)
 	if !errors.Is(err, ErrUnavailable) || errors.Is(err, ErrNotFound) {
 		t.Fatalf("read on the recovering node with its peers away: %v, want ErrUnavailable", err)
 	}
 	// Another coordinator whose only reachable replica is the recovering
 	// one gets no answer either.
-	c.net.setDown("c", false)
-	c.stores["c"].wipe()
+	c.net.SetDown("c", false)
+	c.stores["c"].Wipe()
 	flags["c"].Store(false)
-	c.net.setDown("a", true)
+	c.net.SetDown("a", true)
 	if _, err := c.reps["c"].Read(t.Context(), key); !errors.Is(err, ErrNotFound) {
 		// c is a replica that is not recovering and lacks the key: its
 		// own miss is an answer (the key is absent as far as it knows).
@@ -56,14 +56,14 @@ func TestRecoveringReplicaIsNotACopy(t *testing.T) {
 	}
 	// With the holder back, the read on the recovering node finds it and
 	// repairs the node.
-	c.net.setDown("a", false)
+	c.net.SetDown("a", false)
 	rr, err := c.reps["b"].Read(t.Context(), key)
 	if err != nil {
 		t.Fatalf("read with a holder up: %v", err)
 	}
 	rr.Blob.Release()
 	c.waitRepairs()
-	if !c.stores["b"].has(key) {
+	if !c.stores["b"].Has(key) {
 		t.Fatal("the recovering node was not repaired by the read")
 	}
 	// A key no node has is absent once a replica that is not recovering
@@ -97,29 +97,29 @@ func TestUnderReplicatedCount(t *testing.T) {
 		t.Fatalf("fully replicated: %d keys below W, %d below R", w, r)
 	}
 	// c is away: every key has two copies, counted once over a and b.
-	c.net.setDown("c", true)
+	c.net.SetDown("c", true)
 	if w, r := round("a", "b"); w != 0 || r != n {
 		t.Fatalf("c away: %d below W, %d below R; want 0 and %d", w, r, n)
 	}
 	// b is away too: a holds the only copy it can see of each key.
-	c.net.setDown("b", true)
+	c.net.SetDown("b", true)
 	if w, r := round("a"); w != n || r != n {
 		t.Fatalf("b and c away: %d below W, %d below R; want %d and %d", w, r, n, n)
 	}
 	// c comes back empty: a's round pushes its keys to c, which then
 	// holds them; b is still away, so two copies each.
-	c.net.setDown("b", false)
+	c.net.SetDown("b", false)
 	c.stop("b")
 	c.stop("c")
-	c.stores["c"].wipe()
-	c.net.setDown("c", false)
+	c.stores["c"].Wipe()
+	c.net.SetDown("c", false)
 	c.start("c")
-	c.net.setDown("b", true)
+	c.net.SetDown("b", true)
 	if w, r := round("a", "c"); w != 0 || r != n {
 		t.Fatalf("c refilled by a's round, b away: %d below W, %d below R; want 0 and %d", w, r, n)
 	}
 	for _, k := range keys {
-		if !c.stores["c"].has(k) {
+		if !c.stores["c"].Has(k) {
 			t.Fatalf("c lacks %v after a's round", k)
 		}
 	}

@@ -37,7 +37,7 @@ func TestWriteQuorum(t *testing.T) {
 			c := newCluster(t, []string{"a", "b", "c"}, nil)
 			c.r, c.w = tc.r, tc.w
 			for _, id := range tc.down {
-				c.net.setDown(id, true)
+				c.net.SetDown(id, true)
 			}
 			blob, key := makeBlob(t, 1, 0)
 			res, err := c.reps["a"].Write(t.Context(), blob)
@@ -48,7 +48,7 @@ func TestWriteQuorum(t *testing.T) {
 				t.Fatalf("result %+v, want key %v and >= %d stored", res, key, tc.wantStored)
 			}
 			for _, id := range res.StoredOn {
-				if !c.stores[id].has(key) {
+				if !c.stores[id].Has(key) {
 					t.Errorf("%s acknowledged but does not hold the chunk", id)
 				}
 			}
@@ -83,7 +83,7 @@ func TestWriteRejectsBadBlob(t *testing.T) {
 	want := winner(t, blob, other)
 	testutil.WaitFor(t, "every replica holding the winner", func() bool { // the last replica write may still be in flight
 		for _, id := range c.replicaIDs(key) {
-			if sum, ok := c.stores[id].checksum(key); !ok || sum != want {
+			if sum, ok := c.stores[id].Checksum(key); !ok || sum != want {
 				return false
 			}
 		}
@@ -114,8 +114,8 @@ func TestKillReplicaDuringWriteStream(t *testing.T) {
 			defer wg.Done()
 			for i := w; i < total; i += 2 {
 				if i == total/2 {
-					c.net.setDown("c", true)
-					c.stores["c"].wipe()
+					c.net.SetDown("c", true)
+					c.stores["c"].Wipe()
 				}
 				blob, key := makeBlob(t, i, 0)
 				if _, err := c.reps[coord].Write(t.Context(), blob); err != nil {
@@ -144,7 +144,7 @@ func TestKillReplicaDuringWriteStream(t *testing.T) {
 		}
 	}
 	// c returns empty; hints and anti-entropy bring it back to 3 copies.
-	c.net.setDown("c", false)
+	c.net.SetDown("c", false)
 	for _, id := range []string{"a", "b"} {
 		if _, err := c.reps[id].DeliverHints(t.Context()); err != nil {
 			t.Fatal(err)
@@ -182,7 +182,7 @@ func TestHintedHandoff(t *testing.T) {
 						cfg.MaxHintBackoff = 20 * time.Millisecond
 					}
 				})
-				c.net.setDown("c", true)
+				c.net.SetDown("c", true)
 				const n = 40
 				var keys []chunk.Key
 				for i := range n {
@@ -200,13 +200,13 @@ func TestHintedHandoff(t *testing.T) {
 				testutil.WaitFor(t, "the hint writes to finish", func() bool { n2, _ := c.reps["a"].HintsPending(); return n2 == n })
 				if tc.restart {
 					c.stop("a")
-					c.net.setDown("a", false)
+					c.net.SetDown("a", false)
 					c.start("a")
 					if got, _ := c.reps["a"].HintsPending(); got != n {
 						t.Fatalf("%d hints after restart, want %d", got, n)
 					}
 				}
-				c.net.setDown("c", false)
+				c.net.SetDown("c", false)
 				if tc.background {
 					c.reps["a"].Kick()
 					testutil.WaitFor(t, "the hints to be delivered", func() bool { got, _ := c.reps["a"].HintsPending(); return got == 0 })
@@ -217,7 +217,7 @@ func TestHintedHandoff(t *testing.T) {
 					}
 				}
 				for _, k := range keys {
-					if !c.stores["c"].has(k) {
+					if !c.stores["c"].Has(k) {
 						t.Fatalf("%v not delivered to c", k)
 					}
 				}
@@ -235,7 +235,7 @@ func TestHintBounds(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
 		cfg.MaxHintBytes = int64(3*len(blob) + 1)
 	})
-	c.net.setDown("c", true)
+	c.net.SetDown("c", true)
 	for i := range 10 {
 		b, _ := makeBlob(t, i, 0)
 		if _, err := c.reps["a"].Write(t.Context(), b); err != nil {
@@ -289,7 +289,7 @@ func TestJoinRebalance(t *testing.T) {
 	c.setRing("a", "b", "c", "d")
 
 	// d is unreachable: nothing moves, nothing is dropped.
-	c.net.setDown("d", true)
+	c.net.SetDown("d", true)
 	for _, id := range []string{"a", "b", "c"} {
 		st, _ := c.reps[id].Rebalance(t.Context())
 		if st.KeysDropped != 0 {
@@ -302,7 +302,7 @@ func TestJoinRebalance(t *testing.T) {
 		}
 	}
 
-	c.net.setDown("d", false)
+	c.net.SetDown("d", false)
 	var moved int64
 	for _, id := range []string{"a", "b", "c", "d"} {
 		st, err := c.reps[id].Rebalance(t.Context())
@@ -367,7 +367,7 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 		cfg.MaxHintBytes = 1 // no hints: anti-entropy must do it
 	})
 	old, _ := writeAll(t, c, "a", 0, 50)
-	c.net.partition([]string{"c"}, []string{"a", "b", "d"}, true)
+	c.net.Partition([]string{"c"}, []string{"a", "b", "d"}, true)
 	fresh, _ := writeAll(t, c, "a", 50, 150)
 	var deleted []chunk.Key
 	for _, k := range old[:10] {
@@ -376,7 +376,7 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 		}
 		deleted = append(deleted, k)
 	}
-	c.net.partition([]string{"c"}, []string{"a", "b", "d"}, false)
+	c.net.Partition([]string{"c"}, []string{"a", "b", "d"}, false)
 
 	differ := 0
 	for _, id := range []string{"a", "b", "c", "d"} {
@@ -406,14 +406,14 @@ func TestAntiEntropyPartitionHeals(t *testing.T) {
 			t.Fatalf("deleted %v resurrected on %v", k, h)
 		}
 	}
-	before := c.net.replicates.Load()
+	before := c.net.Stats().Replicates
 	for _, id := range []string{"a", "b", "c", "d"} {
 		st, err := c.reps[id].AntiEntropy(t.Context())
 		if err != nil || st.BucketsDiffer != 0 || st.ItemsListed != 0 {
 			t.Fatalf("second round on %s: %+v, %v", id, st, err)
 		}
 	}
-	if n := c.net.replicates.Load() - before; n != 0 {
+	if n := c.net.Stats().Replicates - before; n != 0 {
 		t.Fatalf("converged round sent %d blobs", n)
 	}
 }
@@ -435,7 +435,7 @@ func TestEvictionAndDeletes(t *testing.T) {
 		}
 		rr.Blob.Release()
 		c.waitRepairs()
-		if !c.stores["b"].has(k) {
+		if !c.stores["b"].Has(k) {
 			t.Fatal("evicted replica not repaired after a read")
 		}
 	})
@@ -443,24 +443,24 @@ func TestEvictionAndDeletes(t *testing.T) {
 		c := newCluster(t, []string{"a", "b", "c"}, nil)
 		keys, _ := writeAll(t, c, "a", 0, 5)
 		c.stores["b"].Delete(keys[0])
-		c.stores["b"].capacity = c.stores["b"].bytes()
+		c.stores["b"].SetCapacity(c.stores["b"].Bytes())
 		st, err := c.reps["a"].AntiEntropy(ctx)
-		if err != nil || st.Refused == 0 || c.stores["b"].has(keys[0]) {
-			t.Fatalf("anti-entropy into a full store: %+v, %v, refilled=%v", st, err, c.stores["b"].has(keys[0]))
+		if err != nil || st.Refused == 0 || c.stores["b"].Has(keys[0]) {
+			t.Fatalf("anti-entropy into a full store: %+v, %v, refilled=%v", st, err, c.stores["b"].Has(keys[0]))
 		}
-		if c.stores["b"].len() != 4 {
-			t.Fatalf("full store holds %d entries, want its 4", c.stores["b"].len())
+		if c.stores["b"].Len() != 4 {
+			t.Fatalf("full store holds %d entries, want its 4", c.stores["b"].Len())
 		}
 	})
 	t.Run("delete while a replica is down", func(t *testing.T) {
 		c := newCluster(t, []string{"a", "b", "c"}, nil)
 		keys, _ := writeAll(t, c, "a", 0, 5)
 		k := keys[0]
-		c.net.setDown("c", true)
+		c.net.SetDown("c", true)
 		if _, err := c.reps["a"].Delete(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		c.net.setDown("c", false)
+		c.net.SetDown("c", false)
 		for _, id := range []string{"c", "a", "b"} {
 			if _, err := c.reps[id].AntiEntropy(ctx); err != nil {
 				t.Fatal(err)
@@ -475,7 +475,7 @@ func TestEvictionAndDeletes(t *testing.T) {
 	})
 	t.Run("late hint after delete", func(t *testing.T) {
 		c := newCluster(t, []string{"a", "b", "c"}, nil)
-		c.net.setDown("c", true)
+		c.net.SetDown("c", true)
 		blob, k := makeBlob(t, 7, 0)
 		if _, err := c.reps["a"].Write(ctx, blob); err != nil {
 			t.Fatal(err)
@@ -486,9 +486,9 @@ func TestEvictionAndDeletes(t *testing.T) {
 		if _, err := c.reps["b"].Delete(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		c.net.setDown("c", false)
+		c.net.SetDown("c", false)
 		c.reps["a"].DeliverHints(ctx)
-		if c.stores["c"].has(k) {
+		if c.stores["c"].Has(k) {
 			t.Fatal("a hint older than the delete resurrected the chunk")
 		}
 	})
@@ -499,12 +499,12 @@ func TestEvictionAndDeletes(t *testing.T) {
 		if _, err := c.reps["a"].Delete(ctx, k); err != nil {
 			t.Fatal(err)
 		}
-		c.net.setDown("c", true) // c keeps the old tombstone
+		c.net.SetDown("c", true) // c keeps the old tombstone
 		blob, _ := makeBlob(t, 0, 0)
 		if _, err := c.reps["a"].Write(ctx, blob); err != nil {
 			t.Fatal(err)
 		}
-		c.net.setDown("c", false)
+		c.net.SetDown("c", false)
 		for _, id := range []string{"c", "a", "b"} {
 			if _, err := c.reps[id].AntiEntropy(ctx); err != nil {
 				t.Fatal(err)
@@ -538,9 +538,9 @@ func TestReadRepairChecksumMismatch(t *testing.T) {
 	}
 	rr.Blob.Release()
 	c.waitRepairs()
-	want, _ := c.stores[reps[0].ID].checksum(k)
+	want, _ := c.stores[reps[0].ID].Checksum(k)
 	for _, id := range []string{"a", "b", "c"} {
-		if got, _ := c.stores[id].checksum(k); got != want {
+		if got, _ := c.stores[id].Checksum(k); got != want {
 			t.Fatalf("%s holds checksum %x, owner %x", id, got, want)
 		}
 	}
@@ -556,7 +556,7 @@ func TestDrain(t *testing.T) {
 	c.setRing("a", "b", "c")
 	for _, k := range keys {
 		for _, id := range c.replicaIDs(k) {
-			if !c.stores[id].has(k) {
+			if !c.stores[id].Has(k) {
 				t.Fatalf("%v missing on %s after d drained", k, id)
 			}
 		}
@@ -573,7 +573,7 @@ func TestTombstonesSurviveRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.stop("b")
-	c.net.setDown("b", false)
+	c.net.SetDown("b", false)
 	r := c.start("b")
 	if _, err := r.ServeReplicate(t.Context(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("repair of a deleted key after restart: %v, want ErrTombstoned", err)
@@ -590,10 +590,8 @@ func mustBlob(t *testing.T, i int) []byte {
 // round put every acknowledged chunk, with its bytes, on all its replicas.
 func TestFlakyNetworkNoAckedLoss(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c", "d"}, func(id string, cfg *Config) { cfg.MaxHints = 25 })
-	c.net.setDrop(0.3)
-	c.net.mu.Lock()
-	c.net.delay = 200 * time.Microsecond
-	c.net.mu.Unlock()
+	c.net.SetDrop(0.3)
+	c.net.SetDelay(200 * time.Microsecond)
 	acked := map[chunk.Key][]byte{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -620,7 +618,7 @@ func TestFlakyNetworkNoAckedLoss(t *testing.T) {
 	for _, r := range c.reps {
 		r.Close()
 	}
-	c.net.setDrop(0)
+	c.net.SetDrop(0)
 	for id := range c.reps {
 		c.start(id)
 	}
@@ -691,7 +689,7 @@ func TestAntiEntropyCostFollowsDifferences(t *testing.T) {
 	for _, k := range keys[:3] {
 		c.stores["c"].Delete(k)
 	}
-	before := c.net.replicates.Load()
+	before := c.net.Stats().Replicates
 	var listed, pushed int
 	for _, id := range []string{"a", "b", "c"} {
 		st, err := c.reps[id].AntiEntropy(t.Context())
@@ -701,14 +699,14 @@ func TestAntiEntropyCostFollowsDifferences(t *testing.T) {
 		listed += st.ItemsListed
 		pushed += st.Pushed
 	}
-	if pushed != 3 || c.net.replicates.Load()-before != 3 {
-		t.Fatalf("pushed %d keys (%d calls), want 3", pushed, c.net.replicates.Load()-before)
+	if pushed != 3 || c.net.Stats().Replicates-before != 3 {
+		t.Fatalf("pushed %d keys (%d calls), want 3", pushed, c.net.Stats().Replicates-before)
 	}
 	if listed > 12 {
 		t.Fatalf("listed %d items to find 3 differences among %d keys", listed, n)
 	}
 	for _, k := range keys[:3] {
-		if !c.stores["c"].has(k) {
+		if !c.stores["c"].Has(k) {
 			t.Fatalf("%v not repaired", k)
 		}
 	}
@@ -719,15 +717,15 @@ func TestAntiEntropyCostFollowsDifferences(t *testing.T) {
 func TestNonMemberKeepsCopies(t *testing.T) {
 	c := newCluster(t, []string{"a", "b", "c", "d"}, nil)
 	keys, _ := writeAll(t, c, "a", 0, 40)
-	held := c.stores["d"].len()
+	held := c.stores["d"].Len()
 	c.setRing("a", "b", "c")
 	st, err := c.reps["d"].Rebalance(t.Context())
-	if err != nil || st.Pending != 0 || st.KeysDropped != 0 || c.stores["d"].len() != held {
-		t.Fatalf("non-member pass: %+v, %v; holds %d of %d", st, err, c.stores["d"].len(), held)
+	if err != nil || st.Pending != 0 || st.KeysDropped != 0 || c.stores["d"].Len() != held {
+		t.Fatalf("non-member pass: %+v, %v; holds %d of %d", st, err, c.stores["d"].Len(), held)
 	}
 	for _, k := range keys {
 		for _, id := range c.replicaIDs(k) {
-			if !c.stores[id].has(k) {
+			if !c.stores[id].Has(k) {
 				t.Fatalf("%v missing on owner %s", k, id)
 			}
 		}
@@ -744,8 +742,8 @@ func TestHintExpiryAndDeparture(t *testing.T) {
 		cfg.Now = clock
 		cfg.HintTTL = time.Hour
 	})
-	c.net.setDown("c", true)
-	c.net.setDown("d", true)
+	c.net.SetDown("c", true)
+	c.net.SetDown("d", true)
 	c.r, c.w = 4, 2
 	for i := range 4 {
 		if _, err := c.reps["a"].Write(t.Context(), mustBlob(t, i)); err != nil {
@@ -757,7 +755,7 @@ func TestHintExpiryAndDeparture(t *testing.T) {
 	mu.Lock()
 	now = now.Add(2 * time.Hour) // c's hints expired
 	mu.Unlock()
-	c.net.setDown("c", false)
+	c.net.SetDown("c", false)
 	n, err := c.reps["a"].DeliverHints(t.Context())
 	if err != nil || n != 0 {
 		t.Fatalf("delivered %d, %v; want 0", n, err)
@@ -778,15 +776,15 @@ func TestDrainWithOwnerDown(t *testing.T) {
 			cfg.RebalanceRetry = 5 * time.Millisecond
 		})
 		writeAll(t, c, "a", 0, 40)
-		held := c.stores["d"].len()
-		c.net.setDown("a", true)
+		held := c.stores["d"].Len()
+		c.net.SetDown("a", true)
 		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 		defer cancel()
 		st, err := c.reps["d"].Drain(ctx)
 		if !errors.Is(err, context.DeadlineExceeded) || st.Pending == 0 {
 			t.Fatalf("drain with an owner down: %+v, %v", st, err)
 		}
-		if c.stores["d"].len() != held {
+		if c.stores["d"].Len() != held {
 			t.Fatalf("drain deleted local chunks")
 		}
 	})
@@ -808,7 +806,7 @@ func TestReadFromPreviousRing(t *testing.T) {
 	}
 	found := 0
 	for _, k := range keys {
-		if !c.ring().IsReplica(k.Content, "d", 1) || c.stores["d"].has(k) {
+		if !c.ring().IsReplica(k.Content, "d", 1) || c.stores["d"].Has(k) {
 			continue
 		}
 		found++
@@ -854,15 +852,15 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 }) // the straggler too
 	first := c.ring().Replicas(key.Content, 3)[0].ID
-	c.net.setDown(first, true)
+	c.net.SetDown(first, true)
 	for _, wantFetches := range []int64{2, 1} {
-		before := c.net.fetches.Load()
+		before := c.net.Stats().Fetches
 		rr, err := c.reps["d"].Read(t.Context(), key)
 		if err != nil {
 			t.Fatal(err)
 		}
 		rr.Blob.Release()
-		if got := c.net.fetches.Load() - before; got != wantFetches {
+		if got := c.net.Stats().Fetches - before; got != wantFetches {
 			t.Fatalf("%d fetches, want %d", got, wantFetches)
 		}
 	}
@@ -870,12 +868,12 @@ func TestReadSkipsSuspectedReplica(t *testing.T) {
 
 // putHookStore runs after once a Put has stored its blob.
 type putHookStore struct {
-	*memStore
+	*InmemStore
 	after func()
 }
 
 func (s *putHookStore) Put(ctx context.Context, blob []byte) (chunk.Header, error) {
-	hd, err := s.memStore.Put(ctx, blob)
+	hd, err := s.InmemStore.Put(ctx, blob)
 	if err == nil && s.after != nil {
 		s.after()
 	}
@@ -930,24 +928,22 @@ func TestHandoffKeepsBytesChangedAfterAck(t *testing.T) {
 			if tc.change {
 				a := c.stores["a"]
 				recv.after = func() {
-					a.mu.Lock() // in one step, as a re-put after a delete
-					a.m[key] = memEntry{newer, nhd.Checksum}
-					a.mu.Unlock()
+					a.Overwrite(key, newer, nhd.Checksum) // in one step, as a re-put after a delete
 				}
 			}
 			c.setRing("a", "d")
-			recv.memStore = newMemStore()
-			c.stores["d"], c.dirs["d"] = recv.memStore, t.TempDir()
+			recv.InmemStore = NewInmemStore()
+			c.stores["d"], c.dirs["d"] = recv.InmemStore, t.TempDir()
 			c.start("d")
 
 			st, err := c.reps["a"].Rebalance(t.Context())
 			if err != nil || st.KeysMoved != 1 || st.Pending != 0 {
 				t.Fatalf("pass %+v, %v: want the key moved", st, err)
 			}
-			if !recv.has(key) {
+			if !recv.Has(key) {
 				t.Fatal("d does not hold the key")
 			}
-			sum, ok := c.stores["a"].checksum(key)
+			sum, ok := c.stores["a"].Checksum(key)
 			switch {
 			case !tc.change && (ok || st.KeysDropped != 1):
 				t.Fatalf("a still holds it (%v), %d dropped: want the handoff dropped", ok, st.KeysDropped)
@@ -1011,7 +1007,7 @@ func TestDivergedReplicasConverge(t *testing.T) {
 			}
 			converged := func() bool {
 				for _, id := range c.replicaIDs(key) {
-					if sum, ok := c.stores[id].checksum(key); !ok || sum != want {
+					if sum, ok := c.stores[id].Checksum(key); !ok || sum != want {
 						return false
 					}
 				}
@@ -1036,7 +1032,7 @@ func TestDivergedReplicasConverge(t *testing.T) {
 			}
 			if !converged() {
 				for _, id := range c.replicaIDs(key) {
-					sum, _ := c.stores[id].checksum(key)
+					sum, _ := c.stores[id].Checksum(key)
 					t.Errorf("%s holds %016x", id, sum)
 				}
 				t.Fatalf("not converged on %016x", want)

@@ -14,10 +14,10 @@ import (
 	"github.com/kvmesh/kvmesh/ring"
 )
 
-// gatedStore is a memStore whose Puts of KindRebalance-sized work can be
+// gatedStore is an InmemStore whose Puts of KindRebalance-sized work can be
 // held: while closed is true, Put blocks until open.
 type gatedStore struct {
-	*memStore
+	*InmemStore
 	mu      sync.Mutex
 	closed  bool
 	open    chan struct{}
@@ -28,7 +28,7 @@ type gatedStore struct {
 }
 
 func newGatedStore() *gatedStore {
-	return &gatedStore{memStore: newMemStore(), open: make(chan struct{})}
+	return &gatedStore{InmemStore: NewInmemStore(), open: make(chan struct{})}
 }
 
 func (s *gatedStore) close() {
@@ -64,7 +64,7 @@ func (s *gatedStore) Put(ctx context.Context, blob []byte) (chunk.Header, error)
 		s.blocked.Add(-1)
 	}
 	s.puts.Add(1)
-	return s.memStore.Put(ctx, blob)
+	return s.InmemStore.Put(ctx, blob)
 }
 
 // hookTransport runs onFetch before each Fetch it passes on.
@@ -144,14 +144,14 @@ func TestNewOwnerWithoutEarlierRingReadsPreviousOwners(t *testing.T) {
 			d := c.reps["d"]
 			waiting := 0
 			for _, k := range keys {
-				if !c.ring().IsReplica(k.Content, "d", tc.rf) || c.stores["d"].has(k) {
+				if !c.ring().IsReplica(k.Content, "d", tc.rf) || c.stores["d"].Has(k) {
 					continue
 				}
 				// Keys whose other new replicas hold them are found
 				// anyway; the gap is keys only previous owners hold.
 				onlyOld := true
 				for _, m := range c.ring().Replicas(k.Content, tc.rf) {
-					if m.ID != "d" && c.stores[m.ID].has(k) {
+					if m.ID != "d" && c.stores[m.ID].Has(k) {
 						onlyOld = false
 					}
 				}
@@ -159,7 +159,7 @@ func TestNewOwnerWithoutEarlierRingReadsPreviousOwners(t *testing.T) {
 					continue
 				}
 				waiting++
-				before := c.net.fetches.Load()
+				before := c.net.Stats().Fetches
 				rr, err := d.Read(t.Context(), k)
 				if tc.wantFound {
 					if err != nil {
@@ -170,7 +170,7 @@ func TestNewOwnerWithoutEarlierRingReadsPreviousOwners(t *testing.T) {
 					t.Fatalf("%v: got %v, want ErrNotFound without the fall-back", k, err)
 				}
 				// The replicas, then at most rf more members.
-				if n := c.net.fetches.Load() - before; n > int64(2*tc.rf) {
+				if n := c.net.Stats().Fetches - before; n > int64(2*tc.rf) {
 					t.Fatalf("%d fetches for one read at R=%d", n, tc.rf)
 				}
 			}
@@ -211,11 +211,11 @@ func TestMissFallbackSettles(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			offset.Add(int64(tc.advance))
-			before := c.net.fetches.Load()
+			before := c.net.Stats().Fetches
 			if _, err := d.Read(t.Context(), absent); !errors.Is(err, ErrNotFound) {
 				t.Fatalf("absent key: %v", err)
 			}
-			if got := c.net.fetches.Load() - before; got != tc.wantFetches {
+			if got := c.net.Stats().Fetches - before; got != tc.wantFetches {
 				t.Fatalf("%d fetches, want %d", got, tc.wantFetches)
 			}
 		})
@@ -288,17 +288,17 @@ func TestReadRepairHereUsesFetchedBlob(t *testing.T) {
 	}
 	testutil.WaitFor(t, "the key on three replicas", func() bool { return len(c.holders(key)) == 3 })
 	c.stores["b"].Delete(key) // evicted on b
-	before := c.net.fetches.Load()
+	before := c.net.Stats().Fetches
 	rr, err := c.reps["b"].Read(t.Context(), key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	rr.Blob.Release()
 	c.waitRepairs()
-	if !c.stores["b"].has(key) {
+	if !c.stores["b"].Has(key) {
 		t.Fatal("b not repaired")
 	}
-	if got := c.net.fetches.Load() - before; got != 1 {
+	if got := c.net.Stats().Fetches - before; got != 1 {
 		t.Fatalf("%d fetches for a read and its repair here, want 1", got)
 	}
 }
@@ -318,7 +318,7 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 			conf.ServingYield = -1
 		}
 	})
-	c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
+	c.stores["d"], c.dirs["d"] = st.InmemStore, t.TempDir()
 	d := c.start("d")
 	reb := ReplicateOptions{Kind: KindRebalance}
 	blobs := make([][]byte, 5)
@@ -365,7 +365,7 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 		}
 	}
 	for i, want := range []bool{true, false, true, false, true} {
-		if st.has(keys[i]) != want {
+		if st.Has(keys[i]) != want {
 			t.Fatalf("blob %d stored %v, want %v", i, !want, want)
 		}
 	}
@@ -392,7 +392,7 @@ func TestRebalanceThroughBusyReceiver(t *testing.T) {
 		c.reps[id].Rebalance(t.Context())
 	}
 	c.setRing("a", "b", "c", "d")
-	c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
+	c.stores["d"], c.dirs["d"] = st.InmemStore, t.TempDir()
 	c.start("d")
 
 	st.close()
@@ -446,10 +446,10 @@ func TestRebalanceYieldsToServing(t *testing.T) {
 			}
 		})
 		held, heldKey := makeBlob(t, 200, 0)
-		if _, err := st.memStore.Put(t.Context(), held); err != nil {
+		if _, err := st.InmemStore.Put(t.Context(), held); err != nil {
 			t.Fatal(err)
 		}
-		c.stores["d"], c.dirs["d"] = st.memStore, t.TempDir()
+		c.stores["d"], c.dirs["d"] = st.InmemStore, t.TempDir()
 		d = c.start("d")
 		st.onPut = func() { servingAtPut.Store(int64(d.serving.inFlight())) }
 
@@ -466,15 +466,15 @@ func TestRebalanceYieldsToServing(t *testing.T) {
 		// Every goroutine of the bubble blocked: a store that did not yield
 		// would have run by now.
 		synctest.Wait()
-		if st.has(key) {
+		if st.Has(key) {
 			t.Fatal("rebalance store ran while a read was in flight")
 		}
 		rr.Blob.Release()
 		if err := <-done; err != nil {
 			t.Fatal(err)
 		}
-		if !st.has(key) || servingAtPut.Load() != 0 {
-			t.Fatalf("stored %v with %d serving calls in flight", st.has(key), servingAtPut.Load())
+		if !st.Has(key) || servingAtPut.Load() != 0 {
+			t.Fatalf("stored %v with %d serving calls in flight", st.Has(key), servingAtPut.Load())
 		}
 		if m := d.Metrics(); m.IncomingYields != 1 {
 			t.Fatalf("%d yields counted, want 1", m.IncomingYields)

@@ -14,7 +14,7 @@ import (
 // delivers their bytes to the replica at Close. A replica that goes down
 // fails the next Send.
 type streamTransport struct {
-	*transport
+	*InmemTransport
 	opened atomic.Int64
 	// slow, if set, is a node with no connection up: a stream to it opens
 	// only when one may wait.
@@ -25,7 +25,7 @@ func (t *streamTransport) OpenReplicate(ctx context.Context, node string, key ch
 	if node == t.slow && !wait {
 		return nil, ErrNoStreamNow
 	}
-	if _, err := t.n.route(ctx, t.from, node); err != nil {
+	if _, err := t.n.Route(ctx, t.from, node); err != nil {
 		return nil, err
 	}
 	t.opened.Add(1)
@@ -42,7 +42,7 @@ type memStream struct {
 }
 
 func (s *memStream) Send(p Piece) error {
-	if _, err := s.t.n.route(s.ctx, s.t.from, s.node); err != nil {
+	if _, err := s.t.n.Route(s.ctx, s.t.from, s.node); err != nil {
 		return err
 	}
 	p.Ref()
@@ -65,7 +65,7 @@ func (s *memStream) Close() (uint64, error) {
 		}
 	}
 	s.drop()
-	r, err := s.t.n.route(s.ctx, s.t.from, s.node)
+	r, err := s.t.n.Route(s.ctx, s.t.from, s.node)
 	if err != nil {
 		return 0, err
 	}
@@ -90,7 +90,7 @@ func streamCluster(t *testing.T) (*cluster, map[string]*streamTransport) {
 	ts := map[string]*streamTransport{}
 	var mu sync.Mutex
 	c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
-		st := &streamTransport{transport: cfg.Transport.(*transport)}
+		st := &streamTransport{InmemTransport: cfg.Transport.(*InmemTransport)}
 		mu.Lock()
 		ts[id] = st
 		mu.Unlock()
@@ -143,7 +143,7 @@ func TestStreamWrite(t *testing.T) {
 				t.Fatalf("%d streams opened, want one per remote replica (2)", got)
 			}
 			if tc.down != "" { // after its stream opened
-				c.net.setDown(tc.down, true)
+				c.net.SetDown(tc.down, true)
 			}
 			refs := send(sw, tc.sendPart)
 			var released atomic.Int32
