@@ -173,33 +173,47 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	// stored bytes unchanged (direct puts above are such moves). The same
 	// entry sent in raw or in lossless becomes the same bytes, so a re-put
 	// from a client in another codec finds its bytes already stored.
-	stored := blob
-	if to := chunk.StoredCodec(hd.Codec, set.Codec); to != hd.Codec {
-		if stored, err = chunk.TranscodeParsed(blob, &hd, to); err != nil {
-			return invalid(err)
-		}
-		if hd, err = chunk.ParseHeader(stored, n.cfg.Limits); err != nil {
-			return err
-		}
-		n.metrics.transcoded.WithLabelValues(to.String()).Inc()
-	}
-	var release func()
-	if &stored[0] == &blob[0] {
-		// Replica writes may outlive this call: they recycle the buffer.
-		recycle = false
-		release = releaseBody
+	stored, hd, transcoded, err := n.transcodeToStored(blob, hd, set.Codec)
+	if err != nil {
+		return err
 	}
 	var res replication.WriteResult
-	if sw != nil && &stored[0] == &blob[0] {
-		res, err = sw.Finish(ctx, stored, hd.Checksum, release)
+	if transcoded {
+		// The client's body is no longer needed: the deferred release
+		// recycles it, and the transcoded bytes are left to the collector.
+		res, err = n.repl.WriteOwned(ctx, stored, nil)
 	} else {
-		res, err = n.repl.WriteOwned(ctx, stored, release)
+		// Replica writes may outlive this call: they recycle the body.
+		recycle = false
+		if sw != nil {
+			res, err = sw.Finish(ctx, stored, hd.Checksum, releaseBody)
+		} else {
+			res, err = n.repl.WriteOwned(ctx, stored, releaseBody)
+		}
 	}
 	if err != nil {
 		return err
 	}
 	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: res.StoredOn,
 		AlreadyStored: res.AlreadyStored(), KeptChecksum: res.Kept})
+}
+
+// transcodeToStored returns blob (header hd) in the codec it is stored
+// in under the cluster's codec: blob itself, or a new buffer (transcoded)
+// with its own header.
+func (n *Node) transcodeToStored(blob []byte, hd chunk.Header, codec chunk.Codec) (stored []byte, shd chunk.Header, transcoded bool, err error) {
+	to := chunk.StoredCodec(hd.Codec, codec)
+	if to == hd.Codec {
+		return blob, hd, false, nil
+	}
+	if stored, err = chunk.TranscodeParsed(blob, &hd, to); err != nil {
+		return nil, hd, false, invalid(err)
+	}
+	if shd, err = chunk.ParseHeader(stored, n.cfg.Limits); err != nil {
+		return nil, hd, false, err
+	}
+	n.metrics.transcoded.WithLabelValues(to.String()).Inc()
+	return stored, shd, true, nil
 }
 
 // serveGet answers a Get or Fetch: from the local store, else (unless
