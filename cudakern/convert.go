@@ -1,7 +1,6 @@
 package cudakern
 
 import (
-	"encoding/binary"
 	"math"
 	"unsafe"
 
@@ -56,21 +55,8 @@ func loadF32(dst []float32, src []byte, dt chunk.DType, scale float32, k isa) {
 		dst, src = dst[n:], src[n*dt.Size():]
 	}
 	switch dt {
-	case chunk.F32:
-		src = src[:4*len(dst)]
-		for i := range dst {
-			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(src[4*i:]))
-		}
-	case chunk.BF16:
-		src = src[:2*len(dst)]
-		for i := range dst {
-			dst[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(src[2*i:])) << 16)
-		}
-	case chunk.F16:
-		src = src[:2*len(dst)]
-		for i := range dst {
-			dst[i] = chunk.F16ToF32(binary.LittleEndian.Uint16(src[2*i:]))
-		}
+	case chunk.F32, chunk.BF16, chunk.F16:
+		chunk.WidenRow(dst, src, dt)
 	case chunk.FP8E4M3:
 		src = src[:len(dst)]
 		for i := range dst {
@@ -104,9 +90,7 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool,
 			copy(dst, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(src))), 4*len(src)))
 			return
 		}
-		for i, v := range src {
-			binary.LittleEndian.PutUint32(dst[4*i:], math.Float32bits(v))
-		}
+		chunk.NarrowRow(dst, src, dt)
 	case chunk.BF16:
 		if n := len(src) &^ 31; n > 0 && k.bf16 {
 			if nt && aligned64(dst) {
@@ -120,19 +104,13 @@ func storeF32(dst []byte, src []float32, dt chunk.DType, scale float32, nt bool,
 			narrowBF16AVX2(&dst[0], &src[0], n)
 			dst, src = dst[2*n:], src[n:]
 		}
-		dst = dst[:2*len(src)]
-		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], chunk.F32ToBF16(v))
-		}
+		chunk.NarrowRow(dst, src, dt)
 	case chunk.F16:
 		if n := len(src) &^ 7; n > 0 && k.avx2 {
 			narrowF16AVX2(&dst[0], &src[0], n)
 			dst, src = dst[2*n:], src[n:]
 		}
-		dst = dst[:2*len(src)]
-		for i, v := range src {
-			binary.LittleEndian.PutUint16(dst[2*i:], chunk.F32ToF16(v))
-		}
+		chunk.NarrowRow(dst, src, dt)
 	case chunk.FP8E4M3:
 		dst = dst[:len(src)]
 		if n := len(src) &^ 63; n > 0 && k.avx512 {
