@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
@@ -462,8 +461,22 @@ func TestBootstrapWaitsForExpect(t *testing.T) {
 	c := newCluster(t, 3)
 	c.start(nodeID(0))
 	c.start(nodeID(1))
-	// Several bootstrap waits (700 ms with fastConfig) pass first.
-	time.Sleep(2 * time.Second)
+	// Proof that nothing bootstrapped with 2 of 3: each node, seeing both,
+	// tried several times and declined each time.
+	tries := map[string]int64{}
+	for _, id := range c.running() {
+		s := c.node(id)
+		testutil.WaitFor(t, id+" sees both nodes alive", func() bool { a, _ := s.alive(); return len(a) == 2 })
+		tries[id] = s.bootTooFew.Load()
+	}
+	testutil.WaitFor(t, "several declined bootstrap attempts on each node", func() bool {
+		for id, n := range tries {
+			if c.node(id).bootTooFew.Load() < n+5 {
+				return false
+			}
+		}
+		return true
+	})
 	for _, id := range c.running() {
 		s := c.node(id)
 		if s.raft.LastIndex() != 0 || s.bootstrapped.Load() {

@@ -48,6 +48,7 @@ func (s *Store) tryBootstrap() {
 	alive, _ := s.alive()
 	if len(alive) < expect {
 		s.log.Debug("meta: waiting for peers to bootstrap", "alive", len(alive), "expect", expect)
+		s.bootTooFew.Add(1)
 		return
 	}
 	ids := slices.Sorted(maps.Keys(alive))[:expect]

@@ -62,6 +62,7 @@ type Store struct {
 	bootSince     time.Time // since when it is unchanged
 	bootRefused   string    // the server last refused at bootstrap, "id@addr"
 	bootstrapped  atomic.Bool
+	bootTooFew    atomic.Int64 // bootstrap attempts that found fewer alive than BootstrapExpect, for tests
 	missingSince  map[string]time.Time
 	refused       map[string]string // ID -> raft address whose handshake failed
 	refusedN      atomic.Int64      // len(refused), for Stats
