@@ -89,11 +89,12 @@ func autoBudget(dataDir string, room int64, log *slog.Logger) (int64, error) {
 	if b < autoDiskMin {
 		b = 0
 	}
-	if err := os.MkdirAll(dataDir, 0o755); err != nil {
+	// 0700, as node creates it: only the node's user reads its data.
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return 0, fmt.Errorf("kvmeshd: -disk auto: %w", err)
 	}
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.FormatInt(b, 10)+"\n"), 0o644); err != nil {
+	if err := os.WriteFile(tmp, []byte(strconv.FormatInt(b, 10)+"\n"), 0o600); err != nil {
 		return 0, fmt.Errorf("kvmeshd: -disk auto: %w", err)
 	}
 	if err := os.Rename(tmp, path); err != nil {

@@ -24,6 +24,9 @@ func TestDiskAutoRemembered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("data directory created as %v (%v), want 0700 as node makes it", fi.Mode(), err)
+	}
 	raw, err := os.ReadFile(filepath.Join(dir, diskBudgetFile))
 	if err != nil || strings.TrimSpace(string(raw)) != itoa(b) {
 		t.Fatalf("first start chose %d and remembered %q (%v)", b, raw, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -197,5 +199,75 @@ func TestRestoreOnEmptyDataDirWaitsForPull(t *testing.T) {
 	}
 	if st.Entries < n {
 		t.Fatalf("%s restored on an empty data directory said ready holding %d of %d entries (first /readyz answer %q)", p.ID(), st.Entries, n, first)
+	}
+}
+
+// TestDiskFull: a node whose -disk exceeds its file system (200M on a
+// 96 MiB tmpfs) says so and clamps the budget at start; once something
+// else fills that file system, its demotions hit ENOSPC: the budget drops
+// to what the tier holds (logged once, not per entry), the metrics and
+// the alert's inputs show it, the tier keeps taking demotions by evicting
+// older disk entries, and every acknowledged entry still reads back (R=3:
+// the other nodes hold them).
+func TestDiskFull(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts processes")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+	hosts := []string{"127.0.0.44", "127.0.0.45", "127.0.0.46"}
+	mnt := testutil.Tmpfs(t, 96<<20)
+	dirs := []string{filepath.Join(mnt, "data"), t.TempDir(), t.TempDir()}
+	rc := startRestartClusterOn(t, ctx, hosts, dirs, 0, 6, "-dram", "16M", "-disk", "200M")
+	p := rc.procs[0]
+	if b, _ := os.ReadFile(p.LogPath()); !strings.Contains(string(b), "clamping") {
+		t.Fatal("-disk 200M on a 96 MiB file system started without a clamping warning")
+	}
+	// Something else takes all but 8 MiB of the file system.
+	_, free := fsFree(t, mnt)
+	if err := os.WriteFile(filepath.Join(mnt, "filler"), make([]byte, free-8<<20), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rc.putMore(t, ctx, 600, 7) // 37.5 MiB: DRAM 16M demotes the rest
+	m, err := harness.Scrape(ctx, p.Addr("http"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	noSpace, budget, bytes := m[`kvtier_no_space_errors_total{tier="disk"}`], m[`kvtier_budget_bytes{tier="disk"}`], m[`kvtier_bytes{tier="disk"}`]
+	if noSpace == 0 || budget > 16<<20 || bytes > budget || m[`kvtier_fs_free_bytes{tier="disk"}`] > 4<<20 {
+		t.Fatalf("disk full: no_space_errors %v, budget %v, bytes %v, fs free %v", noSpace, budget, bytes, m[`kvtier_fs_free_bytes{tier="disk"}`])
+	}
+	if m[`kvtier_demotions_total{tier="dram"}`] < 100 || m[`kvtier_evictions_total{tier="disk"}`] == 0 {
+		t.Fatalf("the full disk tier stopped taking demotions: %v demotions, %v disk evictions",
+			m[`kvtier_demotions_total{tier="dram"}`], m[`kvtier_evictions_total{tier="disk"}`])
+	}
+	b, _ := os.ReadFile(p.LogPath())
+	if n := strings.Count(string(b), "out of space"); n == 0 || float64(n) > noSpace || n > 10 {
+		t.Fatalf("%d out-of-space log lines for %v ENOSPC failures", n, noSpace)
+	}
+	rc.checkEntries(t, ctx, "with a full disk on one node")
+}
+
+// fsFree is the size and free bytes of dir's file system.
+func fsFree(t *testing.T, dir string) (size, free int64) {
+	t.Helper()
+	size, free, err := kvtier.FSSpace(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return size, free
+}
+
+// putMore writes n more entries of 64 KiB drawn from seed.
+func (rc *restartCluster) putMore(t *testing.T, ctx context.Context, n int, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(22, seed))
+	spec := testutil.Spec()
+	for i := range n {
+		k, blob := testutil.StandaloneBlob(t, rng, spec, 128)
+		if _, err := rc.c.Put(ctx, blob); err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		rc.keys, rc.blobs = append(rc.keys, k), append(rc.blobs, blob)
 	}
 }
