@@ -68,8 +68,11 @@ var statusRows = []struct {
 
 	{[]error{meta.ErrSettingsVersion}, codes.FailedPrecondition, ""},
 	// A stored copy found bad is the store's damage, not the request's:
-	// another replica may still hold a good one.
-	{[]error{kvtier.ErrDamaged}, codes.DataLoss, ""},
+	// another replica may still hold a good one. Before chunk.ErrCorrupt,
+	// which it wraps, and before replication's NOT_FOUND, which a replica
+	// that dropped the copy also wraps: a direct reader learns it was
+	// damaged, a peer that the replica lacks it now (replFromStatus).
+	{[]error{kvtier.ErrDamaged}, codes.DataLoss, "DAMAGED"},
 	{[]error{chunk.ErrTooLarge, kvtier.ErrNoSpace}, codes.ResourceExhausted, ""},
 	{[]error{chunk.ErrCorrupt, chunk.ErrInvalidEntry, chunk.ErrInvalidSpec, chunk.ErrUnsupported, api.ErrBadMessage,
 		api.ErrFrame, api.ErrLongBody, api.ErrShortBody, meta.ErrInvalidCommand}, codes.InvalidArgument, ""},

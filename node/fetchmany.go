@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -15,7 +14,6 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/inject"
-	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -55,10 +53,6 @@ func (n *Node) serveFetchMany(req *api.FetchManyRequest, st grpc.ServerStreaming
 	var total int
 	for i, key := range keys {
 		blob, err := n.repl.ServeFetch(ctx, key)
-		if errors.Is(err, kvtier.ErrDamaged) {
-			items[i].Code = codes.DataLoss // dropped here; another replica may hold it
-			continue
-		}
 		if err != nil {
 			items[i].Code = status.Code(replToStatus(err))
 			continue

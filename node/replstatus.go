@@ -72,7 +72,7 @@ func replFromStatus(err error) error {
 		return fmt.Errorf("%w: %w", replication.ErrRejected, err)
 	case "RECOVERING":
 		return fmt.Errorf("%w: %w: %w", replication.ErrRecovering, replication.ErrNotFound, err)
-	case "NOT_FOUND":
+	case "NOT_FOUND", "DAMAGED":
 		return fmt.Errorf("%w: %w", replication.ErrNotFound, err)
 	case "EPOCH_MISMATCH":
 		return fmt.Errorf("%w: %w", replication.ErrEpochMismatch, err)

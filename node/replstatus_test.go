@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/emptypb"
 
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/replication"
 )
 
@@ -72,6 +74,7 @@ func TestReplStatusRoundTrip(t *testing.T) {
 		// A peer whose stored copy was damaged dropped it: it lacks the
 		// key, a repair target, not a refusal.
 		{"damaged", status.Error(codes.DataLoss, "stored copy damaged"), []error{replication.ErrNotFound}, []error{rejected}},
+		{"damaged copy dropped", fmt.Errorf("%w: %w: %w", replication.ErrNotFound, kvtier.ErrDamaged, chunk.ErrCorrupt), []error{replication.ErrNotFound}, []error{rejected}},
 	}
 	errs := map[string]error{}
 	for _, tc := range tests {
