@@ -155,6 +155,30 @@ const (
 	DefaultRPCTimeout = 10 * time.Second
 )
 
+// DefaultConfig is the configuration of every field New defaults that has
+// a fixed value: the values a zero field takes. The listeners other than
+// gRPC default to its host with any free port, and BootstrapExpect to 1
+// without Seeds; the packages the node builds (meta, gossip, replication)
+// have their own DefaultConfig. The caller sets NodeID and DataDir before
+// New.
+func DefaultConfig() Config {
+	c := Config{
+		GRPCAddr:   DefaultGRPCAddr,
+		DRAMBytes:  DefaultDRAMBytes,
+		FrameBytes: api.DefaultFrameBytes,
+		RPCTimeout: DefaultRPCTimeout,
+		Limits:     chunk.DefaultLimits,
+	}
+	c.securityDefaults()
+	return c
+}
+
+// Validate reports what New would refuse before starting anything.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c Config) withDefaults() (Config, error) {
 	if c.NodeID == "" {
 		return c, errors.New("node: Config.NodeID is required")
@@ -162,8 +186,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.DataDir == "" {
 		return c, errors.New("node: Config.DataDir is required")
 	}
+	d := DefaultConfig()
 	if c.GRPCAddr == "" {
-		c.GRPCAddr = DefaultGRPCAddr
+		c.GRPCAddr = d.GRPCAddr
 	}
 	host, _, err := net.SplitHostPort(c.GRPCAddr)
 	if err != nil {
@@ -183,16 +208,16 @@ func (c Config) withDefaults() (Config, error) {
 		c.BootstrapExpect = 1
 	}
 	if c.DRAMBytes <= 0 {
-		c.DRAMBytes = DefaultDRAMBytes
+		c.DRAMBytes = d.DRAMBytes
 	}
 	if c.FrameBytes <= 0 {
-		c.FrameBytes = api.DefaultFrameBytes
+		c.FrameBytes = d.FrameBytes
 	}
 	if c.RPCTimeout <= 0 {
-		c.RPCTimeout = DefaultRPCTimeout
+		c.RPCTimeout = d.RPCTimeout
 	}
 	if c.Limits == (chunk.Limits{}) {
-		c.Limits = chunk.DefaultLimits
+		c.Limits = d.Limits
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
