@@ -61,7 +61,8 @@ type AccuracyReport struct {
 
 func pct(x float64) string { return fmt.Sprintf("%.1f", 100*x) }
 
-// target is one of the bounds, measured: method got against
+// target is one accuracy bound the report checks (a method within some
+// points of a reference, or identical to it), measured: method got against
 // method ref (indices into Result.Methods, -1 when absent) over cells.
 type target struct {
 	what     string

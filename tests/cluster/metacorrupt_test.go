@@ -129,8 +129,8 @@ func soloStopped(t *testing.T, ctx context.Context, revs ...string) (*harness.Pr
 }
 
 // TestRaftLogBitFlipRefused flips a bit in an old entry of a follower's
-// raft log (the case: a model or ring change applied with other
-// bytes than the leader's). The follower refuses to start; moving its
+// raft log (the case this guards: a model or ring change applied with
+// other bytes than the leader's). The follower refuses to start; moving its
 // raft directory aside, as the message says, brings it back with the
 // leader's metadata.
 func TestRaftLogBitFlipRefused(t *testing.T) {
