@@ -5,5 +5,5 @@
 // STRLEN, TYPE, INFO and QUIT; every other command is an error reply.
 //
 // The package knows nothing of the cluster: the node provides the Backend
-// (node.RESPBackend) and the daemon the listener (kvmeshd -resp).
+// (in node.RESPConfig) and the daemon the listener (kvmeshd -resp).
 package respserver
