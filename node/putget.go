@@ -107,7 +107,7 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			if !decided {
 				decided = true
 				if c, ok := chunk.PeekCodec(sofar); ok && chunk.StoredCodec(c, set.Codec) == c {
-					// On an error (no replicas) WriteOwned reports it below.
+					// On an error (no replicas) BeginWrite again reports it below.
 					sw, _ = n.repl.BeginWrite(key, int(hdr.BlobBytes))
 				}
 			}
@@ -177,20 +177,28 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	if err != nil {
 		return err
 	}
-	var res replication.WriteResult
-	if transcoded {
-		// The client's body is no longer needed: the deferred release
-		// recycles it, and the transcoded bytes are left to the collector.
-		res, err = n.repl.WriteOwned(ctx, stored, nil)
-	} else {
-		// Replica writes may outlive this call: they recycle the body.
+	// Replica writes may outlive this call: they recycle the body. The
+	// transcoded bytes are a new buffer left to the collector, and the
+	// deferred release recycles the client's body.
+	var release func()
+	if !transcoded {
 		recycle = false
+		release = releaseBody
+	}
+	if sw == nil || transcoded {
+		// Not cut through: the write opens now, with the stored bytes'
+		// key and size from the header parsed above.
 		if sw != nil {
-			res, err = sw.Finish(ctx, stored, hd.Checksum, releaseBody)
-		} else {
-			res, err = n.repl.WriteOwned(ctx, stored, releaseBody)
+			sw.Abort()
+		}
+		if sw, err = n.repl.BeginWrite(hd.Key, len(stored)); err != nil {
+			if release != nil {
+				release()
+			}
+			return err
 		}
 	}
+	res, err := sw.Finish(ctx, stored, hd.Checksum, release)
 	if err != nil {
 		return err
 	}
