@@ -80,6 +80,34 @@ type Response struct {
 	// the cache.
 	DecodedBytes int64
 	WrittenBytes int64
+	// Timings is where the node's time went.
+	Timings Timings
+}
+
+// Timings is the time a request spent in each stage of injection, summed
+// over its chunks and layers. Stages run concurrently (chunks are fetched
+// and verified at once; several workers decode and write layers while
+// the next ones arrive), so stages overlap and a sum may exceed the
+// request's wall time.
+type Timings struct {
+	// Fetch is the wall time of the fetch phase: every chunk's entry (or
+	// the first bytes of one still arriving) found and verified.
+	Fetch time.Duration
+	// Arrive is the time the pipeline waited for layers of entries still
+	// arriving from a replica.
+	Arrive time.Duration
+	// Verify sums the checks of entries (within Fetch) and of streamed raw
+	// layers as they arrive.
+	Verify time.Duration
+	// Decode sums codec decodes of chunk layers (raw entries have none).
+	Decode time.Duration
+	// Scatter sums RoPE rotations and writes into the cache's slots.
+	Scatter time.Duration
+}
+
+// stageTimes accumulates a request's Timings from concurrent workers.
+type stageTimes struct {
+	arrive, verify, decode, scatter atomic.Int64
 }
 
 // hit is a chunk whose entry passed verification.
@@ -115,6 +143,7 @@ type request struct {
 	heads   int
 	faulted atomic.Bool
 	decoded atomic.Int64
+	times   stageTimes
 
 	wg        sync.WaitGroup // tasks submitted and not finished
 	remaining []atomic.Int32 // per layer: tasks not finished
@@ -152,7 +181,10 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 			h.f.Blob.Release()
 		}
 	}()
-	if err := r.fetch(req, resp.Results); err != nil {
+	fetchStart := time.Now()
+	err = r.fetch(req, resp.Results)
+	resp.Timings.Fetch = time.Since(fetchStart)
+	if err != nil {
 		if s.base.Err() != nil {
 			return nil, fmt.Errorf("%w: %w", ErrClosed, err)
 		}
@@ -184,6 +216,11 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 		}
 	}
 	resp.DecodedBytes = r.decoded.Load()
+	resp.Timings.Arrive = time.Duration(r.times.arrive.Load())
+	resp.Timings.Verify = time.Duration(r.times.verify.Load())
+	resp.Timings.Decode = time.Duration(r.times.decode.Load())
+	resp.Timings.Scatter = time.Duration(r.times.scatter.Load())
+	s.m.observeStages(&resp.Timings)
 	for _, res := range resp.Results {
 		s.m.chunks.WithLabelValues(res.Match.String()).Inc()
 	}
@@ -343,7 +380,10 @@ func (r *request) accept(i int, ch *Chunk, key chunk.Key, f Fetched, err error, 
 		return nil, Result{Reason: err}
 	}
 	h := &hit{idx: i, f: f, pos: ch.Pos, slots: ch.Slots}
-	if err := r.verify(h, content, ch); err != nil {
+	t0 := time.Now()
+	err = r.verify(h, content, ch)
+	r.times.verify.Add(int64(time.Since(t0)))
+	if err != nil {
 		f.Blob.Release()
 		if rf, ok := r.s.cfg.Fetcher.(Refetcher); ok && f.Local && refetch {
 			r.s.log.Warn("inject: local entry failed verification; fetching it from a replica", "content", content, "err", err)
@@ -522,10 +562,18 @@ func (r *request) pipeline(onLayer func(int)) error {
 // hit whose layer will not come (its stream failed) is a MISS from now on;
 // only the end of the request's context is an error.
 func (r *request) arrived(l int) error {
+	t0 := time.Now()
+	waited := false
+	defer func() {
+		if waited {
+			r.times.arrive.Add(int64(time.Since(t0)))
+		}
+	}()
 	for _, h := range r.hits {
 		if h.f.Arriving == nil || h.failed.Load() {
 			continue
 		}
+		waited = true
 		if err := h.f.Arriving.Ready(r.ctx, l); err != nil {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
@@ -568,11 +616,16 @@ func (r *request) process(w *worker, layer, i int) {
 	}
 	c := r.c
 	var src []byte
+	t0 := time.Now()
 	switch {
 	case h.raw && h.f.Arriving != nil:
 		// Arrived just now: checked here, before it is written.
 		var err error
-		if src, err = h.hd.LayerPayload(h.f.Blob.Bytes(), layer); err != nil {
+		src, err = h.hd.LayerPayload(h.f.Blob.Bytes(), layer)
+		t1 := time.Now()
+		r.times.verify.Add(int64(t1.Sub(t0)))
+		t0 = t1
+		if err != nil {
 			h.fail(fmt.Errorf("%w: %w", errVerify, err))
 			r.s.log.Warn("inject: entry failed verification; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
 			return
@@ -593,7 +646,11 @@ func (r *request) process(w *worker, layer, i int) {
 			}
 		}
 		rg := chunk.Range{LayerLo: layer, LayerHi: layer + 1, HeadLo: c.headLo, HeadHi: c.headHi}
-		if err := chunk.DecodeRange(src, h.f.Blob.Bytes(), &h.hd, rg, w.scratch); err != nil {
+		err := chunk.DecodeRange(src, h.f.Blob.Bytes(), &h.hd, rg, w.scratch)
+		t1 := time.Now()
+		r.times.decode.Add(int64(t1.Sub(t0)))
+		t0 = t1
+		if err != nil {
 			h.fail(fmt.Errorf("%w: layer %d: %w", errVerify, layer, err))
 			r.s.log.Warn("inject: entry failed to decode; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
 			return
@@ -610,6 +667,7 @@ func (r *request) process(w *worker, layer, i int) {
 		r.job(&w.job, h, layer, src, w.dst[:])
 		err = w.inj.Inject(r.ctx, &w.job)
 	}
+	r.times.scatter.Add(int64(time.Since(t0)))
 	w.job = cudakern.Job{}
 	w.dst[0] = nil
 	if err != nil && r.ctx.Err() == nil {

@@ -1,6 +1,8 @@
 package inject
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -20,6 +22,9 @@ type metrics struct {
 	// arrivalFailures counts hits lost because a layer of their entry
 	// never arrived (the replica's stream failed).
 	arrivalFailures prometheus.Counter
+	// stages: per request, the time spent in each stage (Timings).
+	stages   *prometheus.HistogramVec
+	stageObs [len(stageNames)]prometheus.Observer
 }
 
 func newMetrics() *metrics {
@@ -55,6 +60,14 @@ func newMetrics() *metrics {
 			Name: "kvmesh_inject_arrival_failures_total",
 			Help: "Chunks streamed from a replica that became a miss because a layer did not arrive (their earlier layers were written).",
 		}),
+		stages: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvmesh_inject_stage_seconds",
+			Help:    "Time an inject request spent in a stage (fetch, arrive, verify, decode, scatter), summed over its chunks and layers; observed for each request that spent time in it.",
+			Buckets: prometheus.ExponentialBuckets(10e-6, 2, 18),
+		}, []string{"stage"}),
+	}
+	for i, st := range stageNames {
+		m.stageObs[i] = m.stages.WithLabelValues(st)
 	}
 	// Every result has a series from the start, so rates and alerts see
 	// zeros rather than nothing.
@@ -65,7 +78,19 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults, m.arrivalFailures}
+	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults, m.arrivalFailures, m.stages}
+}
+
+// stageNames label kvmesh_inject_stage_seconds, in Timings' order.
+var stageNames = [...]string{"fetch", "arrive", "verify", "decode", "scatter"}
+
+// observeStages records the stages t spent time in.
+func (m *metrics) observeStages(t *Timings) {
+	for i, d := range [...]time.Duration{t.Fetch, t.Arrive, t.Verify, t.Decode, t.Scatter} {
+		if d > 0 {
+			m.stageObs[i].Observe(d.Seconds())
+		}
+	}
 }
 
 // Describe implements prometheus.Collector.
