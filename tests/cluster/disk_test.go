@@ -14,9 +14,9 @@ import (
 // bytes that were put.
 func (rc *restartCluster) lostEntries(ctx context.Context) int {
 	lost := 0
-	for i, k := range rc.keys {
+	for i, k := range rc.Keys {
 		b, err := rc.c.Get(ctx, k)
-		if err != nil || string(b) != string(rc.blobs[i]) {
+		if err != nil || string(b) != string(rc.Blobs[i]) {
 			lost++
 		}
 	}

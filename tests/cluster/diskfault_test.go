@@ -145,7 +145,7 @@ func TestDamagedTierFiles(t *testing.T) {
 	defer cc.Close()
 	direct := api.NewClientClient(cc)
 	got := map[codes.Code]int{}
-	for _, k := range rc.keys {
+	for _, k := range rc.Keys {
 		got[directGetCode(ctx, direct, k)]++
 	}
 	if got[codes.DataLoss] != len(files) || got[codes.InvalidArgument] != 0 {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -16,9 +15,8 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
-	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/tests/harness"
+	"github.com/kvmesh/kvmesh/tests/framework"
 )
 
 // getDirect reads key from addr's own store only (no replica fallback).
@@ -46,36 +44,22 @@ func getDirect(ctx context.Context, addr string, key chunk.Key) ([]byte, error) 
 	return blob, nil
 }
 
-// TestKillReplicaDuringWrites SIGKILLs one of three kvmeshd processes
-// while four writers stream puts: every put acknowledged by a write quorum
-// stays readable, and the killed node, restarted, receives the hints of
-// the writes it missed.
+// TestKillReplicaDuringWrites crashes one of three nodes while four
+// writers stream puts: every put acknowledged by a write quorum stays
+// readable, and the killed node, restarted, receives the hints of the
+// writes it missed. One body, run in process and on kvmeshd processes
+// (SIGKILL).
 func TestKillReplicaDuringWrites(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and starts processes")
-	}
-	hosts := []string{"127.0.0.21", "127.0.0.22", "127.0.0.23"}
-	checkBindable(t, hosts...)
-	bin := buildKvmeshd(t)
-	common := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "64M", "-rpc-timeout", "3s"}
-	var procs []*harness.Proc
-	var dirs []string
-	for i, h := range hosts {
-		dirs = append(dirs, t.TempDir())
-		args := slices.Clone(common)
-		if i > 0 {
-			args = append(args, "-join", procs[0].Addr("gossip"))
-		}
-		procs = append(procs, start(t, bin, fmt.Sprintf("n%d", i+1), h, dirs[i], args...))
-	}
+	testutil.SkipIfShort(t, "three-node clusters under writes")
+	runners := []framework.Runner{framework.InProcess{},
+		framework.Processes{Bin: buildKvmeshd, Hosts: []string{"127.0.0.21", "127.0.0.22", "127.0.0.23"}}}
+	framework.Run(t, 3, framework.Options{}, runners, killReplicaDuringWrites)
+}
+
+func killReplicaDuringWrites(t *testing.T, fc framework.Cluster) {
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	c, err := client.New(ctx, client.Config{Seeds: []string{procs[0].Addr("grpc"), procs[1].Addr("grpc")}, RPCTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	waitMembers(ctx, t, c, 3)
+	c := fc.Client()
 	spec := testutil.Spec()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
@@ -95,7 +79,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		wg     sync.WaitGroup
 	)
 	kill := make(chan struct{})
-	victim := procs[2]
+	const victim = 2
 	for w := range writers {
 		wg.Add(1)
 		go func() {
@@ -126,7 +110,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("writes did not start")
 	}
-	victim.Kill()
+	fc.Kill(victim)
 	dead.Store(true)
 	wg.Wait()
 	if t.Failed() {
@@ -147,8 +131,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 
 	// The victim comes back on its addresses: hints of the writes it
 	// missed reach its (empty, DRAM-only) store.
-	restarted := victim
-	if err := restarted.Start(ctx); err != nil {
+	if err := fc.Restart(ctx, victim); err != nil {
 		t.Fatal(err)
 	}
 	missed := 0
@@ -158,7 +141,7 @@ func TestKillReplicaDuringWrites(t *testing.T) {
 		}
 		missed++
 		testutil.WaitFor(t, fmt.Sprintf("the hint of %v on the restarted node", a.key), func() bool {
-			got, err := getDirect(ctx, restarted.Addr("grpc"), a.key)
+			got, err := getDirect(ctx, fc.GRPCAddr(victim), a.key)
 			if err == nil && !bytes.Equal(got, a.blob) {
 				t.Fatalf("hinted %v: bytes differ", a.key)
 			}

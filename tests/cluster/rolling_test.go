@@ -4,15 +4,14 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/tests/framework"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -36,8 +35,7 @@ func readyz(ctx context.Context, addr string) (int, string, error) {
 type restartCluster struct {
 	procs []*harness.Proc
 	c     *client.Client
-	keys  []chunk.Key
-	blobs [][]byte
+	framework.Entries
 }
 
 // startRestartCluster starts three nodes on hosts with the flags both
@@ -80,19 +78,7 @@ func startRestartClusterOn(t *testing.T, ctx context.Context, hosts, dirs []stri
 	}
 	t.Cleanup(func() { c.Close() })
 	rc.c = c
-	spec := testutil.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(21, seed))
-	rc.keys = make([]chunk.Key, n)
-	rc.blobs = make([][]byte, n)
-	for i := range n {
-		rc.keys[i], rc.blobs[i] = testutil.StandaloneBlob(t, rng, spec, 128)
-		if _, err := c.Put(ctx, rc.blobs[i]); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-	}
+	rc.Entries = framework.RegisterAndPut(t, ctx, c, n, 128, seed)
 	return rc
 }
 
@@ -117,15 +103,7 @@ func waitReady(t *testing.T, ctx context.Context, p *harness.Proc) string {
 // checkEntries reads every entry back and compares its bytes.
 func (rc *restartCluster) checkEntries(t *testing.T, ctx context.Context, after string) {
 	t.Helper()
-	for i, k := range rc.keys {
-		b, err := rc.c.Get(ctx, k)
-		if err != nil {
-			t.Fatalf("entry %d lost %s: %v", i, after, err)
-		}
-		if string(b) != string(rc.blobs[i]) {
-			t.Fatalf("entry %d: wrong bytes %s", i, after)
-		}
-	}
+	rc.Check(t, ctx, rc.c, after)
 }
 
 // TestRollingRestartGatedOnReadyz restarts each of three DRAM-only nodes
@@ -176,29 +154,31 @@ func TestRollingRestartGatedOnReadyz(t *testing.T) {
 	rc.checkEntries(t, ctx, "after the rolling restart")
 }
 
-// TestFullRestartKeepsChunksOnDisk stops all three nodes with SIGTERM and
-// starts them again: each wrote its DRAM to its disk tier (on by default)
-// before it left and reads it back on start, so every entry survives
-// although no node was left to pull from.
+// TestFullRestartKeepsChunksOnDisk stops all three nodes cleanly and
+// starts them again: each wrote its DRAM to its disk tier before it left
+// and reads it back on start, so every entry survives although no node was
+// left to pull from. One body, run in process and on kvmeshd processes.
 func TestFullRestartKeepsChunksOnDisk(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and starts processes")
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
-	defer cancel()
-	rc := startRestartCluster(t, ctx, []string{"127.0.0.34", "127.0.0.35", "127.0.0.36"}, 40, 2)
-	for _, p := range rc.procs {
-		if err := p.Terminate(30 * time.Second); err != nil {
-			t.Fatalf("%s after SIGTERM: %v", p.ID(), err)
+	testutil.SkipIfShort(t, "three-node clusters stopped and started")
+	runners := []framework.Runner{framework.InProcess{},
+		framework.Processes{Bin: buildKvmeshd, Hosts: []string{"127.0.0.34", "127.0.0.35", "127.0.0.36"}}}
+	framework.Run(t, 3, framework.Options{DiskBytes: 64 << 20}, runners, func(t *testing.T, fc framework.Cluster) {
+		ctx, cancel := context.WithTimeout(t.Context(), 50*time.Second)
+		defer cancel()
+		e := framework.RegisterAndPut(t, ctx, fc.Client(), 40, 128, 2)
+		for i := range fc.Len() {
+			if err := fc.Stop(i); err != nil {
+				t.Fatalf("n%d stopped: %v", i+1, err)
+			}
 		}
-	}
-	for _, p := range rc.procs {
-		if err := p.Start(ctx); err != nil {
-			t.Fatal(err)
+		for i := range fc.Len() {
+			if err := fc.Restart(ctx, i); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	for _, p := range rc.procs {
-		waitReady(t, ctx, p)
-	}
-	rc.checkEntries(t, ctx, "in the full restart")
+		for i := range fc.Len() {
+			fc.WaitReady(i)
+		}
+		e.Check(t, ctx, fc.Client(), "in the full restart")
+	})
 }
