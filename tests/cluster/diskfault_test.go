@@ -268,6 +268,6 @@ func (rc *restartCluster) putMore(t *testing.T, ctx context.Context, n int, seed
 		if _, err := rc.c.Put(ctx, blob); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
-		rc.keys, rc.blobs = append(rc.keys, k), append(rc.blobs, blob)
+		rc.Keys, rc.Blobs = append(rc.Keys, k), append(rc.Blobs, blob)
 	}
 }
