@@ -335,3 +335,30 @@ func usageLine(name string) string {
 	}
 	return "usage: kvmesh " + c.name + " " + c.args
 }
+
+// connected parses a cluster command's flags, then connects under
+// -timeout; done closes the client and the deadline.
+func (e *env) connected(ctx context.Context, fs *flag.FlagSet, args []string, minArgs, maxArgs int) (pos []string, c *clientConn, err error) {
+	if pos, err = e.parse(fs, args, minArgs, maxArgs); err != nil {
+		return nil, nil, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, e.g.timeout)
+	cl, err := e.client(cctx)
+	if err != nil {
+		cancel()
+		return nil, nil, err
+	}
+	return pos, &clientConn{Client: cl, ctx: cctx, cancel: cancel}, nil
+}
+
+// clientConn is a connected client with the command's deadline.
+type clientConn struct {
+	*client.Client
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (c *clientConn) close() {
+	_ = c.Client.Close()
+	c.cancel()
+}
