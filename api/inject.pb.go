@@ -724,9 +724,11 @@ type InjectDone struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// results: one per chunk, in order; status and the key of the entry
 	// written (no key on a miss).
-	Results       []*LookupResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
-	WrittenBytes  uint64          `protobuf:"varint,2,opt,name=written_bytes,json=writtenBytes,proto3" json:"written_bytes,omitempty"`
-	DecodedBytes  uint64          `protobuf:"varint,3,opt,name=decoded_bytes,json=decodedBytes,proto3" json:"decoded_bytes,omitempty"`
+	Results      []*LookupResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	WrittenBytes uint64          `protobuf:"varint,2,opt,name=written_bytes,json=writtenBytes,proto3" json:"written_bytes,omitempty"`
+	DecodedBytes uint64          `protobuf:"varint,3,opt,name=decoded_bytes,json=decodedBytes,proto3" json:"decoded_bytes,omitempty"`
+	// timings: where the node's time went; nodes that predate it send none.
+	Timings       *InjectTimings `protobuf:"bytes,4,opt,name=timings,proto3" json:"timings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -782,6 +784,99 @@ func (x *InjectDone) GetDecodedBytes() uint64 {
 	return 0
 }
 
+func (x *InjectDone) GetTimings() *InjectTimings {
+	if x != nil {
+		return x.Timings
+	}
+	return nil
+}
+
+// InjectTimings is the time, in nanoseconds, the request spent in each
+// stage of injection, summed over its chunks and layers. Stages overlap
+// (chunks are fetched at once, workers decode and write layers while the
+// next ones arrive), so a sum may exceed the request's wall time.
+type InjectTimings struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fetch_ns: wall time of the fetch phase, every entry found and
+	// verified (verify_ns of it included).
+	FetchNs uint64 `protobuf:"varint,1,opt,name=fetch_ns,json=fetchNs,proto3" json:"fetch_ns,omitempty"`
+	// arrive_ns: waiting for layers of entries still arriving from a replica.
+	ArriveNs uint64 `protobuf:"varint,2,opt,name=arrive_ns,json=arriveNs,proto3" json:"arrive_ns,omitempty"`
+	// verify_ns: checks of entries and of streamed raw layers.
+	VerifyNs uint64 `protobuf:"varint,3,opt,name=verify_ns,json=verifyNs,proto3" json:"verify_ns,omitempty"`
+	// decode_ns: codec decodes of chunk layers (raw entries have none).
+	DecodeNs uint64 `protobuf:"varint,4,opt,name=decode_ns,json=decodeNs,proto3" json:"decode_ns,omitempty"`
+	// scatter_ns: RoPE rotation and writes into the cache's slots.
+	ScatterNs     uint64 `protobuf:"varint,5,opt,name=scatter_ns,json=scatterNs,proto3" json:"scatter_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *InjectTimings) Reset() {
+	*x = InjectTimings{}
+	mi := &file_inject_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *InjectTimings) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*InjectTimings) ProtoMessage() {}
+
+func (x *InjectTimings) ProtoReflect() protoreflect.Message {
+	mi := &file_inject_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use InjectTimings.ProtoReflect.Descriptor instead.
+func (*InjectTimings) Descriptor() ([]byte, []int) {
+	return file_inject_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *InjectTimings) GetFetchNs() uint64 {
+	if x != nil {
+		return x.FetchNs
+	}
+	return 0
+}
+
+func (x *InjectTimings) GetArriveNs() uint64 {
+	if x != nil {
+		return x.ArriveNs
+	}
+	return 0
+}
+
+func (x *InjectTimings) GetVerifyNs() uint64 {
+	if x != nil {
+		return x.VerifyNs
+	}
+	return 0
+}
+
+func (x *InjectTimings) GetDecodeNs() uint64 {
+	if x != nil {
+		return x.DecodeNs
+	}
+	return 0
+}
+
+func (x *InjectTimings) GetScatterNs() uint64 {
+	if x != nil {
+		return x.ScatterNs
+	}
+	return 0
+}
+
 // InjectEvent: plan (if the request asked for it), then layer_written
 // (layer l of every hit is in the cache) in layer order, then done.
 type InjectEvent struct {
@@ -798,7 +893,7 @@ type InjectEvent struct {
 
 func (x *InjectEvent) Reset() {
 	*x = InjectEvent{}
-	mi := &file_inject_proto_msgTypes[11]
+	mi := &file_inject_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -810,7 +905,7 @@ func (x *InjectEvent) String() string {
 func (*InjectEvent) ProtoMessage() {}
 
 func (x *InjectEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_inject_proto_msgTypes[11]
+	mi := &file_inject_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -823,7 +918,7 @@ func (x *InjectEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InjectEvent.ProtoReflect.Descriptor instead.
 func (*InjectEvent) Descriptor() ([]byte, []int) {
-	return file_inject_proto_rawDescGZIP(), []int{11}
+	return file_inject_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *InjectEvent) GetEvent() isInjectEvent_Event {
@@ -933,12 +1028,20 @@ const file_inject_proto_rawDesc = "" +
 	"\x04plan\x18\x03 \x01(\bR\x04plan\"?\n" +
 	"\n" +
 	"InjectPlan\x121\n" +
-	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\"\x89\x01\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\"\xbd\x01\n" +
 	"\n" +
 	"InjectDone\x121\n" +
 	"\aresults\x18\x01 \x03(\v2\x17.kvmesh.v1.LookupResultR\aresults\x12#\n" +
 	"\rwritten_bytes\x18\x02 \x01(\x04R\fwrittenBytes\x12#\n" +
-	"\rdecoded_bytes\x18\x03 \x01(\x04R\fdecodedBytes\"\x97\x01\n" +
+	"\rdecoded_bytes\x18\x03 \x01(\x04R\fdecodedBytes\x122\n" +
+	"\atimings\x18\x04 \x01(\v2\x18.kvmesh.v1.InjectTimingsR\atimings\"\xa0\x01\n" +
+	"\rInjectTimings\x12\x19\n" +
+	"\bfetch_ns\x18\x01 \x01(\x04R\afetchNs\x12\x1b\n" +
+	"\tarrive_ns\x18\x02 \x01(\x04R\barriveNs\x12\x1b\n" +
+	"\tverify_ns\x18\x03 \x01(\x04R\bverifyNs\x12\x1b\n" +
+	"\tdecode_ns\x18\x04 \x01(\x04R\bdecodeNs\x12\x1d\n" +
+	"\n" +
+	"scatter_ns\x18\x05 \x01(\x04R\tscatterNs\"\x97\x01\n" +
 	"\vInjectEvent\x12%\n" +
 	"\rlayer_written\x18\x01 \x01(\x05H\x00R\flayerWritten\x12+\n" +
 	"\x04done\x18\x02 \x01(\v2\x15.kvmesh.v1.InjectDoneH\x00R\x04done\x12+\n" +
@@ -968,7 +1071,7 @@ func file_inject_proto_rawDescGZIP() []byte {
 }
 
 var file_inject_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_inject_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_inject_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_inject_proto_goTypes = []any{
 	(MemoryKind)(0),                 // 0: kvmesh.v1.MemoryKind
 	(*CacheLayout)(nil),             // 1: kvmesh.v1.CacheLayout
@@ -982,35 +1085,37 @@ var file_inject_proto_goTypes = []any{
 	(*InjectRequest)(nil),           // 9: kvmesh.v1.InjectRequest
 	(*InjectPlan)(nil),              // 10: kvmesh.v1.InjectPlan
 	(*InjectDone)(nil),              // 11: kvmesh.v1.InjectDone
-	(*InjectEvent)(nil),             // 12: kvmesh.v1.InjectEvent
-	(*ID)(nil),                      // 13: kvmesh.v1.ID
-	(*Context)(nil),                 // 14: kvmesh.v1.Context
-	(*LookupResult)(nil),            // 15: kvmesh.v1.LookupResult
+	(*InjectTimings)(nil),           // 12: kvmesh.v1.InjectTimings
+	(*InjectEvent)(nil),             // 13: kvmesh.v1.InjectEvent
+	(*ID)(nil),                      // 14: kvmesh.v1.ID
+	(*Context)(nil),                 // 15: kvmesh.v1.Context
+	(*LookupResult)(nil),            // 16: kvmesh.v1.LookupResult
 }
 var file_inject_proto_depIdxs = []int32{
-	13, // 0: kvmesh.v1.RegisterCacheRequest.fingerprint:type_name -> kvmesh.v1.ID
+	14, // 0: kvmesh.v1.RegisterCacheRequest.fingerprint:type_name -> kvmesh.v1.ID
 	1,  // 1: kvmesh.v1.RegisterCacheRequest.layouts:type_name -> kvmesh.v1.CacheLayout
 	0,  // 2: kvmesh.v1.RegisterCacheRequest.memory_kind:type_name -> kvmesh.v1.MemoryKind
-	13, // 3: kvmesh.v1.InjectChunk.content:type_name -> kvmesh.v1.ID
-	14, // 4: kvmesh.v1.InjectChunk.want:type_name -> kvmesh.v1.Context
+	14, // 3: kvmesh.v1.InjectChunk.content:type_name -> kvmesh.v1.ID
+	15, // 4: kvmesh.v1.InjectChunk.want:type_name -> kvmesh.v1.Context
 	8,  // 5: kvmesh.v1.InjectRequest.chunks:type_name -> kvmesh.v1.InjectChunk
-	15, // 6: kvmesh.v1.InjectPlan.results:type_name -> kvmesh.v1.LookupResult
-	15, // 7: kvmesh.v1.InjectDone.results:type_name -> kvmesh.v1.LookupResult
-	11, // 8: kvmesh.v1.InjectEvent.done:type_name -> kvmesh.v1.InjectDone
-	10, // 9: kvmesh.v1.InjectEvent.plan:type_name -> kvmesh.v1.InjectPlan
-	3,  // 10: kvmesh.v1.Injector.CacheSocket:input_type -> kvmesh.v1.CacheSocketRequest
-	2,  // 11: kvmesh.v1.Injector.RegisterCache:input_type -> kvmesh.v1.RegisterCacheRequest
-	6,  // 12: kvmesh.v1.Injector.UnregisterCache:input_type -> kvmesh.v1.UnregisterCacheRequest
-	9,  // 13: kvmesh.v1.Injector.Inject:input_type -> kvmesh.v1.InjectRequest
-	4,  // 14: kvmesh.v1.Injector.CacheSocket:output_type -> kvmesh.v1.CacheSocketResponse
-	5,  // 15: kvmesh.v1.Injector.RegisterCache:output_type -> kvmesh.v1.RegisterCacheResponse
-	7,  // 16: kvmesh.v1.Injector.UnregisterCache:output_type -> kvmesh.v1.UnregisterCacheResponse
-	12, // 17: kvmesh.v1.Injector.Inject:output_type -> kvmesh.v1.InjectEvent
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	16, // 6: kvmesh.v1.InjectPlan.results:type_name -> kvmesh.v1.LookupResult
+	16, // 7: kvmesh.v1.InjectDone.results:type_name -> kvmesh.v1.LookupResult
+	12, // 8: kvmesh.v1.InjectDone.timings:type_name -> kvmesh.v1.InjectTimings
+	11, // 9: kvmesh.v1.InjectEvent.done:type_name -> kvmesh.v1.InjectDone
+	10, // 10: kvmesh.v1.InjectEvent.plan:type_name -> kvmesh.v1.InjectPlan
+	3,  // 11: kvmesh.v1.Injector.CacheSocket:input_type -> kvmesh.v1.CacheSocketRequest
+	2,  // 12: kvmesh.v1.Injector.RegisterCache:input_type -> kvmesh.v1.RegisterCacheRequest
+	6,  // 13: kvmesh.v1.Injector.UnregisterCache:input_type -> kvmesh.v1.UnregisterCacheRequest
+	9,  // 14: kvmesh.v1.Injector.Inject:input_type -> kvmesh.v1.InjectRequest
+	4,  // 15: kvmesh.v1.Injector.CacheSocket:output_type -> kvmesh.v1.CacheSocketResponse
+	5,  // 16: kvmesh.v1.Injector.RegisterCache:output_type -> kvmesh.v1.RegisterCacheResponse
+	7,  // 17: kvmesh.v1.Injector.UnregisterCache:output_type -> kvmesh.v1.UnregisterCacheResponse
+	13, // 18: kvmesh.v1.Injector.Inject:output_type -> kvmesh.v1.InjectEvent
+	15, // [15:19] is the sub-list for method output_type
+	11, // [11:15] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_inject_proto_init() }
@@ -1019,7 +1124,7 @@ func file_inject_proto_init() {
 		return
 	}
 	file_kvmesh_proto_init()
-	file_inject_proto_msgTypes[11].OneofWrappers = []any{
+	file_inject_proto_msgTypes[12].OneofWrappers = []any{
 		(*InjectEvent_LayerWritten)(nil),
 		(*InjectEvent_Done)(nil),
 		(*InjectEvent_Plan)(nil),
@@ -1030,7 +1135,7 @@ func file_inject_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_inject_proto_rawDesc), len(file_inject_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

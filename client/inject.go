@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
@@ -130,6 +131,16 @@ type InjectStats struct {
 	Layers       int // layer events received
 	WrittenBytes uint64
 	DecodedBytes uint64
+	// Timings is the node's own split of its time (zero from a node that
+	// predates it).
+	Timings InjectTimings
+}
+
+// InjectTimings is the time the node spent in each stage of an inject,
+// summed over chunks and layers; stages overlap, so a sum may exceed the
+// call's wall time (api.InjectTimings says what each covers).
+type InjectTimings struct {
+	Fetch, Arrive, Verify, Decode, Scatter time.Duration
 }
 
 // InjectChunks implements engine.CacheInjector.
@@ -200,6 +211,10 @@ func (in *Injector) inject(ctx context.Context, chunks []pagedkv.InjectChunk, on
 		case *api.InjectEvent_Done:
 			d := e.Done
 			stats.WrittenBytes, stats.DecodedBytes = d.WrittenBytes, d.DecodedBytes
+			if tm := d.GetTimings(); tm != nil {
+				stats.Timings = InjectTimings{Fetch: time.Duration(tm.FetchNs), Arrive: time.Duration(tm.ArriveNs),
+					Verify: time.Duration(tm.VerifyNs), Decode: time.Duration(tm.DecodeNs), Scatter: time.Duration(tm.ScatterNs)}
+			}
 			out, err := injectResults(d.Results, len(chunks))
 			if err != nil {
 				return nil, stats, fmt.Errorf("client: inject on %s: %w", in.addr, err)

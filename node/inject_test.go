@@ -77,6 +77,10 @@ func TestInjectRPC(t *testing.T) {
 	if stats.Layers != spec.Layers || stats.WrittenBytes != uint64(spec.Layers*2*4*slotBytes) {
 		t.Fatalf("stats %+v", stats)
 	}
+	// The node's stage timers come through the client.
+	if tm := stats.Timings; tm.Fetch <= 0 || tm.Verify <= 0 || tm.Scatter <= 0 {
+		t.Errorf("timings %+v, want fetch, verify and scatter filled", tm)
+	}
 	// Only the four slots of the hit hold data, in K and V of every layer.
 	written := map[int]bool{17: true, 18: true, 40: true, 41: true}
 	for l, layer := range shm.Layers {

@@ -185,8 +185,11 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 	if sendErr != nil {
 		return sendErr
 	}
+	tm := &resp.Timings
 	done := &api.InjectDone{WrittenBytes: uint64(resp.WrittenBytes), DecodedBytes: uint64(resp.DecodedBytes),
-		Results: lookupResults(r, resp.Results)}
+		Results: lookupResults(r, resp.Results),
+		Timings: &api.InjectTimings{FetchNs: uint64(tm.Fetch), ArriveNs: uint64(tm.Arrive), VerifyNs: uint64(tm.Verify),
+			DecodeNs: uint64(tm.Decode), ScatterNs: uint64(tm.Scatter)}}
 	return st.Send(&api.InjectEvent{Event: &api.InjectEvent_Done{Done: done}})
 }
 

@@ -264,13 +264,16 @@ def slots_array(slots, what: str = "slots") -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class InjectResult:
     """match per chunk (Match.EXACT / APPROXIMATE / MISS) and the key of the
-    entry written (None on a miss); what the node wrote and decoded."""
+    entry written (None on a miss); what the node wrote and decoded, and
+    the node's time per stage in nanoseconds (fetch_ns, arrive_ns,
+    verify_ns, decode_ns, scatter_ns; empty from a node that predates it)."""
 
     matches: "list[str]"
     keys: "list[Key | None]"
     layers: int
     written_bytes: int
     decoded_bytes: int
+    timings: "dict[str, int]" = dataclasses.field(default_factory=dict)
 
 
 class Injector:
@@ -315,7 +318,9 @@ class Injector:
                         raise KvmeshError(f"Inject: {len(d.results)} results for {len(chunks)} chunks")
                     matches = [_MATCH_OF.get(r.status, "MISS") for r in d.results]
                     keys = [_key(r.key) if m != "MISS" else None for m, r in zip(matches, d.results)]
-                    return InjectResult(matches, keys, layers, d.written_bytes, d.decoded_bytes)
+                    timings = ({f.name: getattr(d.timings, f.name) for f in d.timings.DESCRIPTOR.fields}
+                               if d.HasField("timings") else {})
+                    return InjectResult(matches, keys, layers, d.written_bytes, d.decoded_bytes, timings)
         except grpc.RpcError as e:
             raise translate(e, "Inject", self.addr) from None
         raise KvmeshError(f"Inject on {self.addr}: the stream ended without results")

@@ -100,6 +100,8 @@ def test_exact_hit_equals_prefill(setup, cluster, offset):
         got, res, _ = run_injected(model, c, cluster.nodes[0].grpc, tokens, offset, ctxs[-1])
     assert res.matches == [Match.EXACT]
     assert (res.keys[0].content, res.keys[0].context) == (e.key.content, e.key.context)
+    # The node's stage timers come through the client.
+    assert res.timings["fetch_ns"] > 0 and res.timings["scatter_ns"] > 0, res.timings
     diff = (got - ref[offset + CHUNK:]).abs().max().item()
     print(f"offset {offset}: max |logit diff| {diff:.3g}")
     assert diff <= TOL
