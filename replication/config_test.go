@@ -36,3 +36,28 @@ func TestDefaultConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestLearning: a new node whose ring leaves it out is still learning the
+// ring and runs no background pass by it; once the ring includes it, or
+// once it has completed a pass, it is not.
+func TestLearning(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	d := c.start("d")
+	if !d.learning(c.ring()) {
+		t.Fatal("a new node outside its ring is not learning")
+	}
+	if c.reps["a"].learning(c.ring()) {
+		t.Fatal("a member is learning")
+	}
+	c.setRing("a", "b", "c", "d")
+	if d.learning(c.ring()) {
+		t.Fatal("a node in its ring is learning")
+	}
+	if _, err := d.Rebalance(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	c.setRing("a", "b", "c")
+	if d.learning(c.ring()) {
+		t.Fatal("a node that completed a pass is learning: it must hand its chunks over")
+	}
+}

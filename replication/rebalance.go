@@ -462,6 +462,9 @@ func (r *Replicator) ringLoop() {
 		if tried && lastEpoch == rg.Epoch() && lastN == n && time.Now().Before(retryAt) {
 			continue
 		}
+		if r.learning(rg) {
+			continue
+		}
 		tried, lastEpoch, lastN = true, rg.Epoch(), n
 		st, err := r.Rebalance(r.ctx)
 		if r.ctx.Err() != nil {
@@ -474,6 +477,21 @@ func (r *Replicator) ringLoop() {
 			r.log.Info("rebalanced", "epoch", st.Epoch, "replicas", st.Replicas, "keys_moved", st.KeysMoved, "bytes_moved", st.BytesMoved, "dropped", st.KeysDropped)
 		}
 	}
+}
+
+// learning reports whether rg is a new node's view while it still learns
+// the ring: rg leaves this node out, and the node has never completed a
+// pass (here or before a restart). What such a node holds was pushed to it
+// by members that already see it in a newer ring, so a pass by rg would
+// push those chunks back to owners that handed them over and dropped them.
+// The node rebalances once its ring includes it.
+func (r *Replicator) learning(rg *ring.Ring) bool {
+	if _, ok := rg.Member(r.cfg.NodeID); ok {
+		return false
+	}
+	r.rebalanceMu.Lock()
+	defer r.rebalanceMu.Unlock()
+	return r.done == nil && r.saved.epoch == 0
 }
 
 // savedPlacement is the ring epoch and R of the last completed pass.
