@@ -279,11 +279,11 @@ func DialOptions() []grpc.DialOption {
 }
 
 // PutDirect stores blob on the node behind cc only, as a replica write
-// (PutHeader.Direct): the node neither forwards it nor looks for other
-// owners. Benchmarks and tests use it to place an entry on one node so
-// that the others must fetch it from there.
+// (Peer.Replicate, so the caller must be a member): the node neither
+// forwards it nor looks for other owners. Benchmarks and tests use it to
+// place an entry on one node so that the others must fetch it from there.
 func PutDirect(ctx context.Context, cc grpc.ClientConnInterface, blob []byte, key chunk.Key) error {
-	st, err := NewClientClient(cc).Put(ctx)
+	st, err := NewPeerClient(cc).Replicate(ctx)
 	if err != nil {
 		return err
 	}

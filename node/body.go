@@ -124,23 +124,23 @@ func (n *Node) putCredit(ctx context.Context, size int) (credited bool, arrived 
 	return n.credit.spend(key, size), func() { n.credit.earn(key, size) }
 }
 
-// lendBody says whether a Put stream's body may be received into lent
-// DRAM pages: an entry's write or hint, which the store makes room for
-// anyway. A repair must not evict for room (it is refused instead) and a
-// rebalance is admitted only after its body arrived: theirs go to the
-// heap. A client's entry may be lent because replication.WriteOwned and
-// StreamWrite.Finish release it on every path with a StreamTransport,
-// which the node's transport is (asserted below), failed replica writes
-// included: lent pages never released would stay out of the store. A
-// client's entry that this node only forwards (not one of its replicas)
+// lendReplicaBody says whether a replica write's body may be received
+// into lent DRAM pages: an entry's write or hint, which the store makes
+// room for anyway. A repair must not evict for room (it is refused
+// instead) and a rebalance is admitted only after its body arrived:
+// theirs go to the heap.
+func lendReplicaBody(kind replication.Kind) bool {
+	return kind == replication.KindWrite || kind == replication.KindHint
+}
+
+// lendClientBody says whether a client's Put body may be received into
+// lent DRAM pages. It may because StreamWrite.Finish releases it on every
+// path with a StreamTransport, which the node's transport is (asserted
+// below), failed replica writes included, and receivePut releases it
+// where no write began: lent pages never released would stay out of the
+// store. An entry that this node only forwards (not one of its replicas)
 // is not lent: no entry here would take the pages.
-func (n *Node) lendBody(direct bool, hdr *api.PutHeader, key chunk.Key) bool {
-	if k := replication.Kind(hdr.Kind); k != 0 && k != replication.KindWrite && k != replication.KindHint {
-		return false
-	}
-	if direct || hdr.Direct {
-		return true
-	}
+func (n *Node) lendClientBody(key chunk.Key) bool {
 	r := n.meta.Ring()
 	return r.Len() == 0 || r.IsReplica(key.Content, n.cfg.NodeID, n.meta.Settings().ReplicationFactor)
 }

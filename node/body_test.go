@@ -76,13 +76,13 @@ func TestPutLentBody(t *testing.T) {
 		}
 	}
 
-	// A direct put whose stream ends before the announced bytes arrived
+	// A replica write whose stream ends before the announced bytes arrived
 	// gives the lent pages back: the DRAM tier charges what it did before.
 	n0 := nodes[0]
 	before := dramStats(n0).Bytes
 	k, blob := newBlob()
 	cc := dialFrames(t, n0)
-	st, err := api.NewClientClient(cc).Put(ctx)
+	st, err := api.NewPeerClient(cc).Replicate(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func (s *clientService) Models(ctx context.Context, _ *api.ModelsRequest) (*api.
 }
 
 func (s *clientService) Put(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
-	return s.n.receivePut(st, false)
+	return s.n.receivePut(st)
 }
 
 func (s *clientService) Get(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame]) error {

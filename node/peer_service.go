@@ -23,7 +23,7 @@ type peerService struct {
 }
 
 func (s *peerService) Replicate(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
-	return s.n.receivePut(st, true)
+	return s.n.receiveReplica(st)
 }
 
 func (s *peerService) Fetch(req *api.GetRequest, st grpc.ServerStreamingServer[api.GetFrame]) error {

@@ -55,35 +55,25 @@ func (n *Node) model(ctx context.Context, fp chunk.Fingerprint) (chunk.ModelSpec
 	return chunk.ModelSpec{}, errUnknownModel(fp)
 }
 
-// receivePut reads a Put or Replicate stream, checks the entry and stores
-// it: here only (direct), or on its replica set.
-func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse], direct bool) error {
+// receivePut serves Client.Put: a client's entry, checked, transcoded
+// to the cluster's codec where it must be, and written to its replica set
+// (replication.StreamWrite), cut through where it is stored as it comes.
+func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
 	ctx := st.Context()
-	var hdr api.PutHeader
-	if err := api.RecvHeader(st, &hdr); err != nil {
-		return err
-	}
-	key, err := api.KeyFromProto(hdr.Key)
+	hdr, key, err := n.putHeader(st)
 	if err != nil {
-		return invalid(err)
-	}
-	if err := checkFingerprint(ctx, key.Fingerprint); err != nil {
 		return err
 	}
-	if !direct && (hdr.Direct || hdr.Kind != 0 || hdr.At != 0) {
+	if hdr.Direct || hdr.Kind != 0 || hdr.At != 0 {
 		// A single-node store with a chosen time and kind bypasses the
-		// replica set and orders against tombstones: members only.
+		// replica set and orders against tombstones: members only, and
+		// through Peer.Replicate, the one wire form of a replica write.
 		if err := n.sec.checkPeer(ctx, "a direct put"); err != nil {
 			return err
 		}
+		return status.Error(codes.InvalidArgument, "a put to one node only (direct, kind, at) is a replica write: send it with Peer.Replicate")
 	}
-	switch {
-	case hdr.BlobBytes == 0:
-		return status.Error(codes.InvalidArgument, "put of an empty entry")
-	case hdr.BlobBytes > uint64(n.cfg.Limits.MaxBlobBytes):
-		return status.Errorf(codes.ResourceExhausted, "entry of %d bytes exceeds the limit of %d", hdr.BlobBytes, n.cfg.Limits.MaxBlobBytes)
-	}
-	spec, err := n.model(ctx, key.Fingerprint)
+	spec, err := n.putModel(ctx, hdr, key)
 	if err != nil {
 		return err
 	}
@@ -101,14 +91,14 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	size := int(hdr.BlobBytes)
 	credited, arrived := n.putCredit(ctx, size)
 	var each func(mem.BufferSlice, []byte)
-	if !direct && !hdr.Direct && credited {
+	if credited {
 		decided := false
 		each = func(frame mem.BufferSlice, sofar []byte) {
 			if !decided {
 				decided = true
 				if c, ok := chunk.PeekCodec(sofar); ok && chunk.StoredCodec(c, set.Codec) == c {
 					// On an error (no replicas) BeginWrite again reports it below.
-					sw, _ = n.repl.BeginWrite(key, int(hdr.BlobBytes))
+					sw, _ = n.repl.BeginWrite(key, size)
 				}
 			}
 			if sw != nil {
@@ -116,74 +106,30 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 			}
 		}
 	}
-	upfront := putUpfrontBytes
-	if !credited {
-		upfront = uncreditedUpfrontBytes
-	}
-	blob, releaseBody, err := n.recvBody(ctx, st, size, credited && n.lendBody(direct, &hdr, key), upfront, each)
+	blob, hd, releaseBody, err := n.putBody(ctx, st, hdr, key, spec, credited, arrived, n.lendClientBody(key), each)
 	if err != nil {
 		return err
-	}
-	arrived()
-	// The body is released when this call returns, unless a replica write
-	// still uses it (then WriteOwned releases it).
-	recycle := true
-	defer func() {
-		if recycle {
-			releaseBody()
-		}
-	}()
-	var extra api.Frame
-	if err := st.RecvMsg(&extra); !errors.Is(err, io.EOF) {
-		extra.Data.Free()
-		if err == nil {
-			err = fmt.Errorf("%w: frames after the announced %d bytes", api.ErrLongBody, hdr.BlobBytes)
-		}
-		return err
-	}
-	n.metrics.bytesIn.WithLabelValues("put").Add(float64(len(blob)))
-	hd, err := chunk.Verify(blob, n.cfg.Limits)
-	if err != nil {
-		return err
-	}
-	if hd.Key != key {
-		return status.Errorf(codes.InvalidArgument, "entry holds key %v, header says %v", hd.Key, key)
-	}
-	if sh := hd.Shape; sh.Layers != spec.Layers || sh.KVHeads != spec.KVHeads || sh.HeadDim != spec.HeadDim || sh.DType != spec.DType {
-		return status.Errorf(codes.InvalidArgument, "entry shape %d layers x %d heads x %d dims %v does not match model %s (%d x %d x %d %v)",
-			sh.Layers, sh.KVHeads, sh.HeadDim, sh.DType, key.Fingerprint, spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType)
-	}
-	if direct || hdr.Direct {
-		kind := replication.Kind(hdr.Kind)
-		if kind == 0 {
-			kind = replication.KindWrite
-		}
-		kept, err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At})
-		if err != nil {
-			return replToStatus(err)
-		}
-		return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID},
-			AlreadyStored: kept != hd.Checksum, KeptChecksum: kept})
 	}
 	if r := n.meta.Ring(); r.Len() > 0 && !r.IsReplica(key.Content, n.cfg.NodeID, set.ReplicationFactor) {
 		n.metrics.forwards.Inc()
 	}
 	// A client's entry is stored in the cluster's codec: transcoded here,
 	// once, so that replicas, hints, rebalancing, pulls and fetches move the
-	// stored bytes unchanged (direct puts above are such moves). The same
+	// stored bytes unchanged (replica writes are such moves). The same
 	// entry sent in raw or in lossless becomes the same bytes, so a re-put
 	// from a client in another codec finds its bytes already stored.
 	stored, hd, transcoded, err := n.transcodeToStored(blob, hd, set.Codec)
 	if err != nil {
+		releaseBody()
 		return err
 	}
 	// Replica writes may outlive this call: they recycle the body. The
 	// transcoded bytes are a new buffer left to the collector, and the
-	// deferred release recycles the client's body.
-	var release func()
-	if !transcoded {
-		recycle = false
-		release = releaseBody
+	// client's body is recycled at once.
+	release := releaseBody
+	if transcoded {
+		releaseBody()
+		release = nil
 	}
 	if sw == nil || transcoded {
 		// Not cut through: the write opens now, with the stored bytes'
@@ -204,6 +150,115 @@ func (n *Node) receivePut(st grpc.ClientStreamingServer[api.PutFrame, api.PutRes
 	}
 	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: res.StoredOn,
 		AlreadyStored: res.AlreadyStored(), KeptChecksum: res.Kept})
+}
+
+// receiveReplica serves Peer.Replicate: another member's replica write
+// (a write, hint, repair or rebalance), stored here only and answered
+// with the checksum of the version this node keeps.
+func (n *Node) receiveReplica(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) error {
+	ctx := st.Context()
+	hdr, key, err := n.putHeader(st)
+	if err != nil {
+		return err
+	}
+	spec, err := n.putModel(ctx, hdr, key)
+	if err != nil {
+		return err
+	}
+	kind := replication.Kind(hdr.Kind)
+	if kind == 0 {
+		kind = replication.KindWrite
+	}
+	credited, arrived := n.putCredit(ctx, int(hdr.BlobBytes))
+	blob, hd, releaseBody, err := n.putBody(ctx, st, hdr, key, spec, credited, arrived, lendReplicaBody(kind), nil)
+	if err != nil {
+		return err
+	}
+	defer releaseBody()
+	kept, err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At})
+	if err != nil {
+		return replToStatus(err)
+	}
+	return st.SendAndClose(&api.PutResponse{Checksum: hd.Checksum, StoredOn: []string{n.cfg.NodeID},
+		AlreadyStored: kept != hd.Checksum, KeptChecksum: kept})
+}
+
+// putHeader reads a Put or Replicate stream's header and the key it names.
+func (n *Node) putHeader(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse]) (*api.PutHeader, chunk.Key, error) {
+	hdr := &api.PutHeader{}
+	if err := api.RecvHeader(st, hdr); err != nil {
+		return hdr, chunk.Key{}, err
+	}
+	key, err := api.KeyFromProto(hdr.Key)
+	if err != nil {
+		return hdr, key, invalid(err)
+	}
+	if err := checkFingerprint(st.Context(), key.Fingerprint); err != nil {
+		return hdr, key, err
+	}
+	return hdr, key, nil
+}
+
+// putModel checks the size a Put's header announces and returns the spec
+// of its key's model.
+func (n *Node) putModel(ctx context.Context, hdr *api.PutHeader, key chunk.Key) (chunk.ModelSpec, error) {
+	switch {
+	case hdr.BlobBytes == 0:
+		return chunk.ModelSpec{}, status.Error(codes.InvalidArgument, "put of an empty entry")
+	case hdr.BlobBytes > uint64(n.cfg.Limits.MaxBlobBytes):
+		return chunk.ModelSpec{}, status.Errorf(codes.ResourceExhausted, "entry of %d bytes exceeds the limit of %d", hdr.BlobBytes, n.cfg.Limits.MaxBlobBytes)
+	}
+	return n.model(ctx, key.Fingerprint)
+}
+
+// putBody receives a Put stream's body (into lent DRAM pages if lend and
+// the sender is credited, passing each frame to each as it arrives) and
+// checks it is the entry the header announced, of spec's shape: its
+// header, parsed once here (chunk.Verify), is returned for the rest of
+// the write. On success the caller owns the body and calls release once
+// no one reads blob.
+func (n *Node) putBody(ctx context.Context, st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse], hdr *api.PutHeader, key chunk.Key,
+	spec chunk.ModelSpec, credited bool, arrived func(), lend bool, each func(mem.BufferSlice, []byte)) (blob []byte, hd chunk.Header, release func(), err error) {
+	upfront := putUpfrontBytes
+	if !credited {
+		upfront = uncreditedUpfrontBytes
+	}
+	blob, release, err = n.recvBody(ctx, st, int(hdr.BlobBytes), credited && lend, upfront, each)
+	if err != nil {
+		return nil, hd, nil, err
+	}
+	arrived()
+	if hd, err = n.checkBody(st, hdr, key, spec, blob); err != nil {
+		release()
+		return nil, hd, nil, err
+	}
+	return blob, hd, release, nil
+}
+
+// checkBody checks that blob, a received body, ends the stream and is the
+// entry hdr announced, of spec's shape.
+func (n *Node) checkBody(st grpc.ClientStreamingServer[api.PutFrame, api.PutResponse], hdr *api.PutHeader, key chunk.Key, spec chunk.ModelSpec, blob []byte) (chunk.Header, error) {
+	var extra api.Frame
+	if err := st.RecvMsg(&extra); !errors.Is(err, io.EOF) {
+		extra.Data.Free()
+		if err == nil {
+			err = fmt.Errorf("%w: frames after the announced %d bytes", api.ErrLongBody, hdr.BlobBytes)
+		}
+		return chunk.Header{}, err
+	}
+	n.metrics.bytesIn.WithLabelValues("put").Add(float64(len(blob)))
+	hd, err := chunk.Verify(blob, n.cfg.Limits)
+	if err != nil {
+		return hd, err
+	}
+	if hd.Key != key {
+		return hd, status.Errorf(codes.InvalidArgument, "entry holds key %v, header says %v", hd.Key, key)
+	}
+	if sh := hd.Shape; sh.Layers != spec.Layers || sh.KVHeads != spec.KVHeads || sh.HeadDim != spec.HeadDim || sh.DType != spec.DType {
+		return hd, status.Errorf(codes.InvalidArgument, "entry shape %d layers x %d heads x %d dims %v does not match model %s (%d x %d x %d %v)",
+			sh.Layers, sh.KVHeads, sh.HeadDim, sh.DType, key.Fingerprint, spec.Layers, spec.KVHeads, spec.HeadDim, spec.DType)
+	}
+	return hd, nil
 }
 
 // transcodeToStored returns blob (header hd) in the codec it is stored
