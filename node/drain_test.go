@@ -38,15 +38,7 @@ func TestDrainWhenGossipLeaveIsLost(t *testing.T) {
 	c := newClient(t, rest...)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-		t.Fatal(err)
-	}
-	chunks := makeChunks(t, 23, 30)
-	for i, ch := range chunks {
-		if _, err := c.Put(ctx, ch.blob); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-	}
+	chunks := registerAndPut(t, ctx, c, 23, 30)
 	epoch := leader.Meta().Ring().Epoch()
 
 	// The drained node's gossip goes silent; the leader holds it failed.
@@ -125,15 +117,7 @@ func TestRestartedNodeRefills(t *testing.T) {
 			c := newClient(t, nodes[0], nodes[1])
 			ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 			defer cancel()
-			if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-				t.Fatal(err)
-			}
-			chunks := makeChunks(t, 29, 24)
-			for i, ch := range chunks {
-				if _, err := c.Put(ctx, ch.blob); err != nil {
-					t.Fatalf("put %d: %v", i, err)
-				}
-			}
+			chunks := registerAndPut(t, ctx, c, 29, 24)
 			// R=3 on 3 nodes: n3 holds every chunk once the writes'
 			// stragglers are done.
 			testutil.WaitForWithin(t, 30*time.Second, "n3 to hold every chunk", func() bool {

@@ -15,10 +15,12 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/tests/framework"
 )
 
 // replTiming is replication's background work tuned for tests: hints
@@ -75,6 +77,19 @@ func owners(nd *node.Node, key chunk.Key) []string {
 type testChunk struct {
 	key  chunk.Key
 	blob []byte
+}
+
+// registerAndPut registers testutil.Spec through c and puts makeChunks'
+// n chunks of seed, failing t on any error.
+func registerAndPut(t *testing.T, ctx context.Context, c *client.Client, seed uint64, n int) []testChunk {
+	t.Helper()
+	chunks := makeChunks(t, seed, n)
+	blobs := make([][]byte, len(chunks))
+	for i, ch := range chunks {
+		blobs[i] = ch.blob
+	}
+	framework.RegisterAndPutBlobs(t, ctx, c, testutil.Spec(), blobs)
+	return chunks
 }
 
 func makeChunks(t *testing.T, seed uint64, n int) []testChunk {
@@ -242,15 +257,7 @@ func TestJoinRebalances(t *testing.T) {
 	c := newClient(t, nodes...)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-		t.Fatal(err)
-	}
-	chunks := makeChunks(t, 13, 60)
-	for i, ch := range chunks {
-		if _, err := c.Put(ctx, ch.blob); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-	}
+	chunks := registerAndPut(t, ctx, c, 13, 60)
 	n4 := nodetest.StartNode(t, replConfig(t, "n4", []string{nodes[0].GossipAddr()}, 0))
 	all := append(slices.Clone(nodes), n4)
 	nodetest.WaitRing(t, 4, all...)
@@ -295,15 +302,7 @@ func TestDrainMovesEverything(t *testing.T) {
 	c := newClient(t, nodes[:3]...)
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-		t.Fatal(err)
-	}
-	chunks := makeChunks(t, 17, 40)
-	for i, ch := range chunks {
-		if _, err := c.Put(ctx, ch.blob); err != nil {
-			t.Fatalf("put %d: %v", i, err)
-		}
-	}
+	chunks := registerAndPut(t, ctx, c, 17, 40)
 	n4 := nodes[3]
 	held := 0
 	for _, ch := range chunks {

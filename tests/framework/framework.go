@@ -283,18 +283,28 @@ type Entries struct {
 func RegisterAndPut(t testing.TB, ctx context.Context, c *client.Client, n, tokens int, seed uint64) Entries {
 	t.Helper()
 	spec := testutil.Spec()
-	if _, err := c.RegisterModel(ctx, spec); err != nil {
-		t.Fatal(err)
-	}
 	rng := rand.New(rand.NewPCG(21, seed))
 	e := Entries{Keys: make([]chunk.Key, n), Blobs: make([][]byte, n)}
 	for i := range n {
 		e.Keys[i], e.Blobs[i] = testutil.StandaloneBlob(t, rng, spec, tokens)
-		if _, err := c.Put(ctx, e.Blobs[i]); err != nil {
+	}
+	RegisterAndPutBlobs(t, ctx, c, spec, e.Blobs)
+	return e
+}
+
+// RegisterAndPutBlobs registers spec through c and puts blobs in order,
+// failing t on the first error: the "register, then write the data set
+// from one client" setup of the cluster tests.
+func RegisterAndPutBlobs(t testing.TB, ctx context.Context, c *client.Client, spec chunk.ModelSpec, blobs [][]byte) {
+	t.Helper()
+	if _, err := c.RegisterModel(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	for i, b := range blobs {
+		if _, err := c.Put(ctx, b); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
-	return e
 }
 
 // Check reads every entry back through c and compares its bytes; after
