@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -91,6 +92,20 @@ func (m *metrics) observeStages(t *Timings) {
 			m.stageObs[i].Observe(d.Seconds())
 		}
 	}
+}
+
+// StageTotals is the time every request so far spent in each stage:
+// kvmesh_inject_stage_seconds' sums, for a caller that reports the split
+// of a run from the difference of two readings.
+func (s *Service) StageTotals() Timings {
+	var d [len(stageNames)]time.Duration
+	for i, o := range s.m.stageObs {
+		var m dto.Metric
+		if h, ok := o.(prometheus.Metric); ok && h.Write(&m) == nil {
+			d[i] = time.Duration(m.GetHistogram().GetSampleSum() * float64(time.Second))
+		}
+	}
+	return Timings{Fetch: d[0], Arrive: d[1], Verify: d[2], Decode: d[3], Scatter: d[4]}
 }
 
 // Describe implements prometheus.Collector.

@@ -82,6 +82,15 @@ func (n *Node) InjectFetchedBytes() (local, peers float64) {
 	return readCounter(n.inj.fetched.WithLabelValues("local")), readCounter(n.inj.fetched.WithLabelValues("peer"))
 }
 
+// InjectStageTotals reports the time the injection path spent in each
+// stage over every request so far (inject.Service.StageTotals).
+func (n *Node) InjectStageTotals() inject.Timings {
+	if n.inj == nil {
+		return inject.Timings{}
+	}
+	return n.inj.svc.StageTotals()
+}
+
 // nodeModels resolves fingerprints through the metadata's model registry.
 type nodeModels struct{ n *Node }
 

@@ -142,6 +142,9 @@ func TestSummaryMatchesTables(t *testing.T) {
 	if !strings.Contains(text, "concurrent serving") || !strings.Contains(text, "TTFT growth k=5->10 with KV injection") {
 		t.Error("the serving table or the realistic shape's growth is missing")
 	}
+	if !strings.Contains(text, "split by the node's stage timers") {
+		t.Error("the realistic shape's per-stage split is missing")
+	}
 
 	full := 0
 	for _, r := range block("fidelity to full prefill") {

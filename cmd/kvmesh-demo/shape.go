@@ -15,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/engine"
+	"github.com/kvmesh/kvmesh/inject"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/ring"
 )
@@ -36,8 +37,9 @@ func shapeModel(hidden, layers int) engine.ModelConfig {
 // shapePoint is TTFT at one k on the realistic shape.
 type shapePoint struct {
 	k              int
-	inject, prompt []time.Duration // TTFT: KV injection (local hits), prompt injection
-	injectCall     []time.Duration // the engine's Inject timer of the KV injection runs
+	inject, prompt []time.Duration  // TTFT: KV injection (local hits), prompt injection
+	injectCall     []time.Duration  // the engine's Inject timer of the KV injection runs
+	stages         []inject.Timings // the node's stage timers over each KV injection run
 }
 
 type shapeResult struct {
@@ -109,9 +111,11 @@ func measureShape(ctx context.Context, cfg demoConfig, c *client.Client, local *
 		pt := shapePoint{k: k}
 		for q := -1; q < cfg.ShapeQueries; q++ {
 			segs := promptOf(facts, pick(rng, idx, k), randTokens(rng, cfg.QueryTokens, mc.VocabSize))
+			before := local.InjectStageTotals()
 			t1 := time.Now()
 			resp, err := se.RunInjected(ctx, se.inj, engine.Request{Segments: segs})
 			d := time.Since(t1)
+			after := local.InjectStageTotals()
 			if err != nil {
 				return nil, err
 			}
@@ -121,6 +125,8 @@ func measureShape(ctx context.Context, cfg demoConfig, c *client.Client, local *
 			if q >= 0 {
 				pt.inject = append(pt.inject, d)
 				pt.injectCall = append(pt.injectCall, resp.Inject)
+				pt.stages = append(pt.stages, inject.Timings{Fetch: after.Fetch - before.Fetch, Arrive: after.Arrive - before.Arrive,
+					Verify: after.Verify - before.Verify, Decode: after.Decode - before.Decode, Scatter: after.Scatter - before.Scatter})
 			}
 			if slices.Contains(promptKs, k) && q >= 0 && q < 2 {
 				t1 := time.Now()
@@ -159,6 +165,26 @@ func printShape(w io.Writer, cfg demoConfig, sr *shapeResult, served engine.Mode
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%.0f%%\t%s\t\n", pt.k, pt.k*cfg.FactTokens+cfg.QueryTokens, msOf(p50(pt.inject)), msOf(call),
 			100*call.Seconds()/max(p50(pt.inject).Seconds(), 1e-9), pr)
+	}
+	tw.Flush()
+	fmt.Fprintln(w, "The inject call split by the node's stage timers (p50 per stage, ms; verify, decode and scatter are summed over chunks and layers")
+	fmt.Fprintln(w, "across the node's workers, so they may exceed the call; fetch is the wall time of finding and verifying every entry):")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "k\tinject call\tfetch\tverify\tdecode\tscatter\tarrive\t")
+	for _, pt := range sr.pts {
+		fmt.Fprintf(tw, "%d\t%s\t", pt.k, msOf(p50(pt.injectCall)))
+		for _, f := range []func(inject.Timings) time.Duration{
+			func(t inject.Timings) time.Duration { return t.Fetch }, func(t inject.Timings) time.Duration { return t.Verify },
+			func(t inject.Timings) time.Duration { return t.Decode }, func(t inject.Timings) time.Duration { return t.Scatter },
+			func(t inject.Timings) time.Duration { return t.Arrive },
+		} {
+			ds := make([]time.Duration, len(pt.stages))
+			for i, t := range pt.stages {
+				ds[i] = f(t)
+			}
+			fmt.Fprintf(tw, "%s\t", msOf(p50(ds)))
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
 	first, last := sr.pts[0], sr.pts[len(sr.pts)-1]
