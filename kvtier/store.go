@@ -267,35 +267,70 @@ type Store struct {
 	allocWaitHook func()
 }
 
+// DefaultConfig is the configuration of every field Open defaults to a
+// fixed value: the values a zero field takes. DoorkeeperBytes defaults to
+// DRAMBytes, LendBytes to a quarter of it and ReleaseBytes to an eighth (at
+// most 64 MiB); the caller sets DRAMBytes (and DiskDir with DiskBytes for a
+// disk tier) before Open.
+func DefaultConfig() Config {
+	return Config{
+		PageSize:  64 << 10,
+		DiskCodec: chunk.CodecLossless,
+		Limits:    chunk.DefaultLimits,
+		Now:       time.Now,
+	}
+}
+
+// Validate reports what Open would refuse before opening anything.
+func (c Config) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
+// withDefaults checks c and gives its zero fields their defaults, the
+// ones derived from DRAMBytes included, so that the store keeps the
+// configuration it runs by.
+func (c Config) withDefaults() (Config, error) {
+	if c.DRAMBytes <= 0 {
+		return c, fmt.Errorf("kvtier: DRAMBytes must be positive")
+	}
+	if c.DiskDir != "" && c.DiskBytes <= 0 {
+		return c, fmt.Errorf("kvtier: DiskBytes must be positive with DiskDir")
+	}
+	d := DefaultConfig()
+	if c.PageSize == 0 {
+		c.PageSize = d.PageSize
+	}
+	if c.DiskCodec == chunk.CodecInvalid {
+		c.DiskCodec = d.DiskCodec
+	}
+	if c.Limits == (chunk.Limits{}) {
+		c.Limits = d.Limits
+	}
+	if c.Now == nil {
+		c.Now = d.Now
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.DoorkeeperBytes <= 0 {
+		c.DoorkeeperBytes = c.DRAMBytes
+	}
+	if c.LendBytes == 0 {
+		c.LendBytes = c.DRAMBytes / 4
+	}
+	if c.ReleaseBytes == 0 {
+		c.ReleaseBytes = min(c.DRAMBytes/8, 64<<20)
+	}
+	return c, nil
+}
+
 // Open creates a store; with a disk tier it rebuilds the index from the
 // directory, dropping files that fail their checksums.
 func Open(cfg Config) (*Store, error) {
-	if cfg.PageSize == 0 {
-		cfg.PageSize = 64 << 10
-	}
-	if cfg.DiskCodec == chunk.CodecInvalid {
-		cfg.DiskCodec = chunk.CodecLossless
-	}
-	if cfg.Limits == (chunk.Limits{}) {
-		cfg.Limits = chunk.DefaultLimits
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.DRAMBytes <= 0 {
-		return nil, fmt.Errorf("kvtier: DRAMBytes must be positive")
-	}
-	if cfg.DiskDir != "" && cfg.DiskBytes <= 0 {
-		return nil, fmt.Errorf("kvtier: DiskBytes must be positive with DiskDir")
-	}
-	if cfg.DoorkeeperBytes <= 0 {
-		cfg.DoorkeeperBytes = cfg.DRAMBytes
-	}
-	if cfg.LendBytes == 0 {
-		cfg.LendBytes = cfg.DRAMBytes / 4
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	s := &Store{cfg: cfg, log: cfg.Logger, index: make(map[chunk.Key]*entry), groups: make(map[groupKey][]*entry),
 		loans: make(map[*byte]*dramCopy),
@@ -304,9 +339,6 @@ func Open(cfg Config) (*Store, error) {
 		s.reuse[r].Reuse = Reuse(r)
 	}
 	s.moved = sync.NewCond(&s.mu)
-	if cfg.ReleaseBytes == 0 {
-		cfg.ReleaseBytes = min(cfg.DRAMBytes/8, 64<<20)
-	}
 	a, err := newArena(cfg.DRAMBytes, cfg.PageSize, cfg.Prefault, cfg.ReleaseBytes)
 	if err != nil {
 		return nil, err
