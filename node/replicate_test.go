@@ -84,12 +84,17 @@ type testChunk struct {
 func registerAndPut(t *testing.T, ctx context.Context, c *client.Client, seed uint64, n int) []testChunk {
 	t.Helper()
 	chunks := makeChunks(t, seed, n)
+	framework.RegisterAndPutBlobs(t, ctx, c, testutil.Spec(), blobsOf(chunks))
+	return chunks
+}
+
+// blobsOf returns the chunks' blobs, in order.
+func blobsOf(chunks []testChunk) [][]byte {
 	blobs := make([][]byte, len(chunks))
 	for i, ch := range chunks {
 		blobs[i] = ch.blob
 	}
-	framework.RegisterAndPutBlobs(t, ctx, c, testutil.Spec(), blobs)
-	return chunks
+	return blobs
 }
 
 func makeChunks(t *testing.T, seed uint64, n int) []testChunk {

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/tests/framework"
 )
 
 // TestSettingsChangeR changes R through Admin.SetSettings on a follower of
@@ -89,14 +90,7 @@ func TestSettingsChangeR(t *testing.T) {
 
 	set(1, 1)
 	c := newClient(t, nodes...)
-	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-		t.Fatal(err)
-	}
-	for _, ch := range chunks {
-		if _, err := c.Put(ctx, ch.blob); err != nil {
-			t.Fatal(err)
-		}
-	}
+	framework.RegisterAndPutBlobs(t, ctx, c, testutil.Spec(), blobsOf(chunks))
 	placed("R=1", 1)
 
 	epoch := nodes[0].Meta().Ring().Epoch()
