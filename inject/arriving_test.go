@@ -227,6 +227,10 @@ func TestInjectArriving(t *testing.T) {
 			if len(events) != su.spec.Layers {
 				t.Fatalf("layer events %v", events)
 			}
+			// The pipeline waited for layers that had not arrived.
+			if resp.Timings.Arrive <= 0 {
+				t.Errorf("timings %+v, want arrive filled", resp.Timings)
+			}
 			all := su.spec.Layers
 			equalLayers(t, "arrived", su.mem, su.want(t, [2]int{all, all}))
 		})

@@ -43,6 +43,9 @@ func TestTimings(t *testing.T) {
 			if tm.Arrive != 0 {
 				t.Errorf("hit of a stored entry: arrive %v, want 0", tm.Arrive)
 			}
+			if tot := s.StageTotals(); tot.Verify <= 0 || tot.Scatter <= 0 {
+				t.Errorf("stage totals %+v after a hit, want verify and scatter filled", tot)
+			}
 
 			resp, err = s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: randTokens(rng, 20), Context: cx, Slots: slots[1]}}})
 			if err != nil {
