@@ -135,8 +135,8 @@ func lendReplicaBody(kind replication.Kind) bool {
 
 // lendClientBody says whether a client's Put body may be received into
 // lent DRAM pages. It may because StreamWrite.Finish releases it on every
-// path with a StreamTransport, which the node's transport is (asserted
-// below), failed replica writes included, and receivePut releases it
+// path, failed replica writes included (the transport drops its
+// references to the bytes it sent), and receivePut releases it
 // where no write began: lent pages never released would stay out of the
 // store. An entry that this node only forwards (not one of its replicas)
 // is not lent: no entry here would take the pages.
@@ -145,4 +145,4 @@ func (n *Node) lendClientBody(key chunk.Key) bool {
 	return r.Len() == 0 || r.IsReplica(key.Content, n.cfg.NodeID, n.meta.Settings().ReplicationFactor)
 }
 
-var _ replication.StreamTransport = transport{}
+var _ replication.Transport = transport{}

@@ -13,7 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/replication"
 )
 
-// transport implements replication.Transport and StreamTransport over the
+// transport implements replication.Transport over the
 // Peer service. Node IDs resolve to gRPC addresses through the ring, then
 // gossip.
 type transport struct{ n *Node }
@@ -50,7 +50,7 @@ func (t transport) Replicate(ctx context.Context, node string, blob []byte, opts
 	return s.Close()
 }
 
-// OpenReplicate implements replication.StreamTransport: a Peer.Replicate
+// OpenReplicate implements replication.Transport: a Peer.Replicate
 // stream whose body follows as the caller sends it.
 func (t transport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts replication.ReplicateOptions, wait bool) (replication.ReplicaStream, error) {
 	s, err := t.openReplicate(ctx, node, key, size, opts, wait)

@@ -20,7 +20,7 @@
 //     so replicas converge on one whatever order the writes came in.
 //     A write whose entry is still arriving (BeginWrite, a StreamWrite)
 //     opens its replica streams at once and passes each piece on as it
-//     comes (a StreamTransport; cut-through), so the replicas hold the
+//     comes (Transport.OpenReplicate; cut-through), so the replicas hold the
 //     entry by the time its last byte arrives here.
 //   - Reads (Read) try this node first, then the replicas in ring order, then
 //     the previous ring's replicas (a rebalance may still be moving the

@@ -334,14 +334,48 @@ func (t *InmemTransport) From() string { return t.from }
 
 // Replicate implements Transport.
 func (t *InmemTransport) Replicate(ctx context.Context, node string, blob []byte, opts ReplicateOptions) (uint64, error) {
+	return t.replicateOwned(ctx, node, slices.Clone(blob), opts) // a copy, as on a wire
+}
+
+// replicateOwned delivers blob, which the receiver may keep, to node.
+func (t *InmemTransport) replicateOwned(ctx context.Context, node string, blob []byte, opts ReplicateOptions) (uint64, error) {
 	t.n.replicates.Add(1)
 	r, err := t.n.Route(ctx, t.from, node)
 	if err != nil {
 		return 0, err
 	}
 	t.n.bytes.Add(int64(len(blob)))
-	return r.ServeReplicate(ctx, slices.Clone(blob), opts)
+	return r.ServeReplicate(ctx, blob, opts)
 }
+
+// OpenReplicate implements Transport: the stream copies each piece as it
+// is sent (so it holds no reference) and delivers the entry at Close, as
+// Replicate does (the network routes it then).
+func (t *InmemTransport) OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions, wait bool) (ReplicaStream, error) {
+	return &inmemStream{t: t, ctx: ctx, node: node, opts: opts, buf: make([]byte, 0, size)}, nil
+}
+
+// inmemStream is an InmemTransport's ReplicaStream.
+type inmemStream struct {
+	t    *InmemTransport
+	ctx  context.Context
+	node string
+	opts ReplicateOptions
+	buf  []byte
+}
+
+func (s *inmemStream) Send(p Piece) error {
+	for _, b := range p.Parts(nil) {
+		s.buf = append(s.buf, b...)
+	}
+	return nil
+}
+
+func (s *inmemStream) Close() (uint64, error) {
+	return s.t.replicateOwned(s.ctx, s.node, s.buf, s.opts)
+}
+
+func (s *inmemStream) Abort() { s.buf = nil }
 
 // Fetch implements Transport.
 func (t *InmemTransport) Fetch(ctx context.Context, node string, key chunk.Key) ([]byte, error) {

@@ -192,6 +192,15 @@ type Transport interface {
 	// Delete deletes key on node and leaves a tombstone of time at
 	// (Client.Delete with direct=true; ServeDelete).
 	Delete(ctx context.Context, node string, key chunk.Key, at int64) error
+	// OpenReplicate opens a replica write to node before the entry has
+	// arrived whole (Peer.Replicate), so that a node forwards each piece
+	// of a client's entry to the other replicas as it arrives
+	// (cut-through) instead of after the last byte. Unless wait, it must
+	// not wait for a connection that is not up: it returns an error
+	// wrapping ErrNoStreamNow instead, and that replica gets the whole
+	// entry at Finish (opened then with wait), so that a replica slow to
+	// answer delays nothing but its own copy.
+	OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions, wait bool) (ReplicaStream, error)
 }
 
 // Config configures New. Zero fields take DefaultConfig's values.

@@ -42,13 +42,10 @@ func (r *Replicator) Write(ctx context.Context, blob []byte) (WriteResult, error
 }
 
 // WriteOwned is Write for a caller that recycles blob: release (unless
-// nil) is called once no replica write uses blob any more. With a
-// StreamTransport that is exact, whatever the outcome: the transport
-// drops its references to the bytes it sent, and a write that fails
-// before any replica write began releases blob at once. With a plain
-// Transport it is called only when every replica write succeeded (a
-// transport may still read a failed call's bytes), and after a failure
-// blob is left to the collector.
+// nil) is called once no replica write uses blob any more, whatever the
+// outcome: the transport drops its references to the bytes it sent, and
+// a write that fails before any replica write began releases blob at
+// once.
 func (r *Replicator) WriteOwned(ctx context.Context, blob []byte, release func()) (WriteResult, error) {
 	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
 	if err != nil {
@@ -90,20 +87,7 @@ type ReplicaStream interface {
 	Abort()
 }
 
-// StreamTransport is a Transport that can open a replica write before the
-// entry has arrived whole, so that a node forwards each piece of a
-// client's entry to the other replicas as it arrives (cut-through)
-// instead of after the last byte (store-then-forward).
-type StreamTransport interface {
-	// OpenReplicate opens a stream to node. Unless wait, it must not wait
-	// for a connection that is not up: it returns an error wrapping
-	// ErrNoStreamNow instead, and that replica gets the whole entry at
-	// Finish (opened then with wait), so that a replica slow to answer
-	// delays nothing but its own copy.
-	OpenReplicate(ctx context.Context, node string, key chunk.Key, size int, opts ReplicateOptions, wait bool) (ReplicaStream, error)
-}
-
-// ErrNoStreamNow is a StreamTransport's answer when it cannot open a
+// ErrNoStreamNow is a Transport's answer to OpenReplicate when it cannot open a
 // stream without waiting (the connection to the replica is not up).
 var ErrNoStreamNow = errors.New("replication: no stream to the replica now")
 
@@ -124,7 +108,8 @@ type StreamWrite struct {
 }
 
 // replicaStream is a StreamWrite's stream to one remote replica. st is
-// nil where none was opened (a plain Transport) or after a failure (err).
+// nil where none could be opened at once (ErrNoStreamNow) or after a
+// failure (err).
 type replicaStream struct {
 	node   string
 	st     ReplicaStream
@@ -133,8 +118,7 @@ type replicaStream struct {
 }
 
 // BeginWrite opens a write of an entry of size bytes under key on the R
-// replicas of its content ID: streams to the remote ones where the
-// Transport is a StreamTransport. It does not wait for a replica: the
+// replicas of its content ID: streams to the remote ones. It does not wait for a replica: the
 // streams outlive the caller's call (CallTimeout bounds them), and one
 // that cannot be opened at once is opened at Finish. A replica whose
 // stream fails gets a hint at Finish, as a failed write does.
@@ -147,18 +131,14 @@ func (r *Replicator) BeginWrite(key chunk.Key, size int) (*StreamWrite, error) {
 	r.serving.begin()
 	sw := &StreamWrite{r: r, key: key, size: size, w: min(w, len(reps)), reps: reps,
 		opts: ReplicateOptions{Kind: KindWrite, At: r.now()}}
-	st, streaming := r.cfg.Transport.(StreamTransport)
 	for _, m := range reps {
 		if m.ID == r.cfg.NodeID {
 			continue
 		}
 		rs := &replicaStream{node: m.ID}
 		sw.streams = append(sw.streams, rs)
-		if !streaming {
-			continue
-		}
 		sctx, cancel := r.background()
-		rs.st, rs.err = st.OpenReplicate(sctx, m.ID, key, size, sw.opts, false)
+		rs.st, rs.err = r.cfg.Transport.OpenReplicate(sctx, m.ID, key, size, sw.opts, false)
 		if rs.err != nil {
 			if errors.Is(rs.err, ErrNoStreamNow) {
 				rs.err = nil // opened at Finish, sent whole
@@ -288,23 +268,13 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 		return res, ErrClosed
 	}
 	// The streams hold the blob through a Piece: release runs once the
-	// last of them and this call drop it. A plain Transport cannot say
-	// when it stops reading a failed call's bytes: then release runs only
-	// if every replica write succeeded.
-	_, exact := r.cfg.Transport.(StreamTransport)
-	held := &heldBlob{data: blob}
+	// last of them and this call drop it.
+	held := &heldBlob{data: blob, release: release}
 	held.refs.Store(1)
 	var left atomic.Int32
-	var failed atomic.Bool
 	left.Store(int32(len(reps)))
-	done := func(a ack) {
-		if a.err != nil {
-			failed.Store(true)
-		}
+	done := func() {
 		if left.Add(-1) == 0 {
-			if exact || !failed.Load() {
-				held.release = release
-			}
 			held.Free()
 		}
 	}
@@ -323,7 +293,7 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 		go func() {
 			defer r.wg.Done()
 			a := ack{node: m.ID}
-			defer func() { done(a) }()
+			defer done()
 			switch {
 			case rs == nil:
 				ctx, cancel := r.background()
@@ -335,13 +305,8 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 			case rs.err != nil:
 				a.err = rs.err
 				hint(&a)
-			case exact: // no stream could be opened at once: one now, sent whole
+			default: // no stream could be opened at once: one now, sent whole
 				a.kept, a.err = sw.openLate(rs, held)
-				hint(&a)
-			default: // a plain Transport
-				ctx, cancel := r.background()
-				defer cancel()
-				a.kept, a.err = r.cfg.Transport.Replicate(ctx, m.ID, blob, sw.opts)
 				hint(&a)
 			}
 			if a.err == nil {
@@ -386,7 +351,7 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 // the whole blob.
 func (sw *StreamWrite) openLate(rs *replicaStream, held *heldBlob) (uint64, error) {
 	ctx, cancel := sw.r.background()
-	st, err := sw.r.cfg.Transport.(StreamTransport).OpenReplicate(ctx, rs.node, sw.key, sw.size, sw.opts, true)
+	st, err := sw.r.cfg.Transport.OpenReplicate(ctx, rs.node, sw.key, sw.size, sw.opts, true)
 	if err != nil {
 		cancel()
 		return 0, err
