@@ -18,6 +18,15 @@ type ListCap struct {
 	Max int
 }
 
+// counts reports whether a field of number num and wire type typ is an
+// element of the capped list. An element of a list of messages, strings or
+// bytes is length-delimited; the same number with another wire type is not
+// an element (the decoder keeps it as an unknown field), so it is neither
+// counted nor cut.
+func (lc ListCap) counts(num protowire.Number, typ protowire.Type) bool {
+	return num == lc.Field.Number() && typ == protowire.BytesType
+}
+
 // CapLists returns c with caps on the lists of the messages it decodes. A
 // message whose capped field holds more than Max elements is decoded with
 // only the first Max+1 (every other field kept), so the handler, which
@@ -79,7 +88,7 @@ func TruncateLists(b []byte, caps []ListCap) ([]byte, bool) {
 		}
 		rest = rest[n+m:]
 		for i, lc := range caps {
-			if num == lc.Field.Number() {
+			if lc.counts(num, typ) {
 				counts[i]++
 				over = over || counts[i] > lc.Max
 			}
@@ -97,7 +106,7 @@ func TruncateLists(b []byte, caps []ListCap) ([]byte, bool) {
 		rest = rest[n+m:]
 		keep := true
 		for i, lc := range caps {
-			if num == lc.Field.Number() {
+			if lc.counts(num, typ) {
 				counts[i]++
 				keep = counts[i] <= lc.Max+1
 			}
