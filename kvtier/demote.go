@@ -52,11 +52,11 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 		// Pinned while it was written: pins win, it stays in DRAM.
 		_ = s.disk.remove(rel)
 		s.tiers[TierDisk].used -= size
-		s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+		s.enterPolicy(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	default:
 		s.dropDRAM(e)
 		s.setDisk(e, rel, size)
-		s.admit(TierDisk, e, size)
+		s.enterPolicy(TierDisk, e, size)
 		ts.stats.Demotions++
 	}
 }

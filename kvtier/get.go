@@ -164,7 +164,7 @@ func (s *Store) promote(ctx context.Context, e *entry) (pinned.Bytes, error) {
 	if hd, err := chunk.ParseHeader(c.span.view, s.cfg.Limits); err == nil {
 		e.codec = hd.Codec
 	}
-	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+	s.enterPolicy(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	s.tiers[TierDRAM].stats.Promotions++
 	return s.pinDRAM(e), nil
 }

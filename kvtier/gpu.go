@@ -189,7 +189,7 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 	s.dropDRAM(e)
 	s.dropDisk(e)
 	s.setDev(e, c)
-	s.admit(TierGPU, e, need)
+	s.enterPolicy(TierGPU, e, need)
 	ts.stats.Promotions++
 	s.pinDev(c)
 	return &DeviceHandle{s: s, c: c, Ptr: ptr, Size: need}, nil
@@ -217,7 +217,7 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 		// it stays on the GPU.
 		c.detached = true
 		s.maybeFreeDRAM(c)
-		s.admit(TierGPU, e, e.dev.size)
+		s.enterPolicy(TierGPU, e, e.dev.size)
 		return
 	}
 	if err != nil || e.dead {
@@ -235,6 +235,6 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 	}
 	s.dropDev(e)
 	s.setDRAM(e, c)
-	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+	s.enterPolicy(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	ts.stats.Demotions++
 }

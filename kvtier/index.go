@@ -88,8 +88,8 @@ func (s *Store) loaded(e *entry) {
 	s.recount(e)
 }
 
-// admit puts e in tier t's policy, charged cost bytes (already in used).
-func (s *Store) admit(t Tier, e *entry, cost int64) {
+// enterPolicy puts e in tier t's policy, charged cost bytes (already in used).
+func (s *Store) enterPolicy(t Tier, e *entry, cost int64) {
 	ts := &s.tiers[t]
 	e.pn = pnode{cost: cost, key: e.key, owner: e, reuse: e.reuse}
 	e.pol = ts.pol

@@ -113,7 +113,7 @@ func (s *Store) adopt(e *entry, c *dramCopy, hd *chunk.Header) error {
 	if e.dead {
 		return nil
 	}
-	s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+	s.enterPolicy(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 	return nil
 }
 

@@ -106,7 +106,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Head
 		if e.dead {
 			return nil
 		}
-		s.admit(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
+		s.enterPolicy(TierDRAM, e, int64(c.span.pages)*int64(s.arena.pageSize))
 		return nil
 	}
 	if ctx.Err() != nil {
@@ -130,7 +130,7 @@ func (s *Store) place(ctx context.Context, e *entry, blob []byte, hd *chunk.Head
 	if e.dead {
 		return nil
 	}
-	s.admit(TierDisk, e, size)
+	s.enterPolicy(TierDisk, e, size)
 	return nil
 }
 

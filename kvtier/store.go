@@ -327,7 +327,7 @@ func (s *Store) recoverDisk() error {
 		s.setDisk(e, f.rel, f.stored)
 		s.link(e)
 		ts.used += f.stored
-		s.admit(TierDisk, e, f.stored)
+		s.enterPolicy(TierDisk, e, f.stored)
 	}
 	if ts.used > ts.budget {
 		s.log.Warn("kvtier: the disk tier holds more than its budget; every entry is kept, and new ones evict older ones by policy until it fits",

@@ -226,7 +226,7 @@ func (r *Replicator) AntiEntropy(ctx context.Context) (AntiEntropyStats, error) 
 // instead of waiting for each peer's own round to push them: it is what a
 // node that restarted with an empty tier runs (StartupPull). Transfers
 // share the rebalance rate limit, and each store takes the receiver's
-// budget (storeAdmitted), so a refill yields to this node's serving;
+// budget (storeThroughInbox), so a refill yields to this node's serving;
 // progress shows in the pull metrics.
 func (r *Replicator) Pull(ctx context.Context) (AntiEntropyStats, error) {
 	return r.antiEntropy(ctx, true)
@@ -456,7 +456,7 @@ func (r *Replicator) fixItem(ctx context.Context, rg *ring.Ring, n int, p string
 		}
 		defer got.Release()
 		st.Fetched++
-		_, err = r.storeAdmitted(ctx, got.Bytes(), a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
+		_, err = r.storeThroughInbox(ctx, got.Bytes(), a.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
 		return err
 	case b != nil && b.Deleted:
 		if a.At > b.At {
@@ -494,7 +494,7 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	if err := r.waitBytes(ctx, len(blob)); err != nil {
 		return err
 	}
-	_, err = r.storeAdmitted(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
+	_, err = r.storeThroughInbox(ctx, blob, b.Key, ReplicateOptions{Kind: KindRepair, At: b.At}, false)
 	if isRejected(err) {
 		st.Refused++
 		return nil
@@ -509,15 +509,15 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 	return nil
 }
 
-// storeAdmitted stores blob within the receiver's budget (admission.go):
+// storeThroughInbox stores blob within the receiver's budget (inbox.go):
 // incoming rebalance blobs, read repairs, and blobs fetched from a peer by
 // this node's own anti-entropy or pull: a node refilling itself after a
 // restart stores at most IncomingRebalanceStreams blobs at once, yields to
 // its serving calls and keeps to the incoming byte rate. refusable: other
 // nodes' work, refused with ErrBusy when the budget stays spent; this
 // node's own work is not refusable: it waits as long as ctx allows.
-func (r *Replicator) storeAdmitted(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions, refusable bool) (uint64, error) {
-	release, err := r.admit(ctx, len(blob), refusable)
+func (r *Replicator) storeThroughInbox(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions, refusable bool) (uint64, error) {
+	release, err := r.inboxSlot(ctx, len(blob), refusable)
 	if err != nil {
 		return 0, err
 	}

@@ -117,7 +117,7 @@ func TestRebalanceBackoffReleasesPin(t *testing.T) {
 			// The slot stays held until the pass has ended by itself (the
 			// next retry reads the key: gone, nil; changed, errChanged): a
 			// retry that read the old bytes before the change would
-			// otherwise reach d's admit after the slot frees, and d would
+			// otherwise reach d's inboxSlot after the slot frees, and d would
 			// take them.
 			res := <-done
 			recv.release()

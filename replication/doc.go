@@ -34,7 +34,7 @@
 //   - On every ring epoch change the Replicator streams the chunks it holds
 //     to new owners that lack them, rate-limited per sender, and deletes a
 //     chunk it no longer owns only after every new owner holds it
-//     (Rebalance). The receiver keeps its own budget (admission.go): a few
+//     (Rebalance). The receiver keeps its own budget (inbox.go): a few
 //     rebalance stores at once, each waiting for a gap in the serving calls
 //     in flight (ServingYield), the rest waiting or pushed back with
 //     ErrBusy, which the sender answers by sending again later. Drain does

@@ -23,7 +23,7 @@ type metrics struct {
 	rebalanceKeys, rebalanceBytes, rebalanceDropped, rebalancePending atomic.Int64
 	drainKeys, drainBytes, drainPending                               atomic.Int64
 
-	// receiver budget and serving yield (admission.go); rebalanceBusy
+	// receiver budget and serving yield (inbox.go); rebalanceBusy
 	// counts push-backs a sender got.
 	incomingBusy, incomingWaiting, incomingYields, rebalanceBusy atomic.Int64
 	missFallbacks                                                atomic.Int64

@@ -327,7 +327,7 @@ func (r *Replicator) repair(ctx context.Context, key chunk.Key, source, target s
 // this node: as costly as a rebalance store, so it takes the receiver's
 // budget and yields to serving too.
 func (r *Replicator) repairHere(ctx context.Context, key chunk.Key, blob []byte) error {
-	if _, err := r.storeAdmitted(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}, false); err != nil {
+	if _, err := r.storeThroughInbox(ctx, blob, key, ReplicateOptions{Kind: KindRepair, At: r.liveAt(key)}, false); err != nil {
 		return err
 	}
 	r.metrics.repairsDone.Add(1)

@@ -249,7 +249,7 @@ type Config struct {
 	RebalanceBytesPerSec int64
 	// RebalanceConcurrency is the number of parallel transfers. Default 4.
 	RebalanceConcurrency int
-	// The receiver's rebalance budget (admission.go): at most
+	// The receiver's rebalance budget (inbox.go): at most
 	// IncomingRebalanceStreams rebalance blobs are stored here at once
 	// (default 1: on a 2-core newcomer a second concurrent store did not
 	// shorten the rebalance and doubled the Get tail); a blob waits for a slot up to IncomingRebalanceWait

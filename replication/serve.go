@@ -16,7 +16,7 @@ import (
 //     opts.At exists (ErrTombstoned).
 //   - KindRepair refuses a tombstoned key, and a store without room
 //     (RoomChecker).
-//   - KindRebalance stores it within the receiver's budget (admission.go):
+//   - KindRebalance stores it within the receiver's budget (inbox.go):
 //     it may wait for a slot and for serving calls to finish, and fails
 //     with ErrBusy (not a refusal) when the budget stays spent.
 //
@@ -42,10 +42,10 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts Repli
 		opts.At = r.now()
 	}
 	if opts.Kind == KindRebalance {
-		// The receiver's budget (admission.go): a slot, a gap in serving,
+		// The receiver's budget (inbox.go): a slot, a gap in serving,
 		// the byte rate; ErrBusy tells the sender to come back later.
 		r.rebalanceSeen.Store(r.cfg.Now().UnixNano())
-		kept, err = r.storeAdmitted(ctx, blob, hd.Key, opts, true)
+		kept, err = r.storeThroughInbox(ctx, blob, hd.Key, opts, true)
 	} else {
 		kept, err = r.storeLocal(ctx, blob, hd.Key, opts)
 	}

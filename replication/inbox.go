@@ -64,11 +64,11 @@ func newInbox(c *Config) *inbox {
 // callMargin is left of a call's deadline for the answer to get back.
 const callMargin = 500 * time.Millisecond
 
-// admit takes a slot for storing size bytes of incoming rebalance work,
+// inboxSlot takes a slot for storing size bytes of incoming rebalance work,
 // yields to serving, takes size bytes of the byte rate, and returns the
 // func that frees the slot. Work of other nodes is refusable (ErrBusy);
 // this node's own (a read repair) waits as long as ctx allows.
-func (r *Replicator) admit(ctx context.Context, size int, refusable bool) (func(), error) {
+func (r *Replicator) inboxSlot(ctx context.Context, size int, refusable bool) (func(), error) {
 	in := r.inbox
 	m := &r.metrics
 	if refusable && in.waiting.Load() > 0 && in.waiting.Load()+int64(size) > in.maxQueued {
