@@ -9,10 +9,10 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 )
 
-// streamTransport is the test network as a StreamTransport: a stream
-// holds the pieces sent to it, as a transport's send queue does, and
-// delivers their bytes to the replica at Close. A replica that goes down
-// fails the next Send.
+// streamTransport is the test network with streams that hold references:
+// a stream holds the pieces sent to it, as a transport's send queue does,
+// and delivers their bytes to the replica at Close. A replica that goes
+// down fails the next Send.
 type streamTransport struct {
 	*InmemTransport
 	opened atomic.Int64
