@@ -559,6 +559,24 @@ func (r *Replicator) PeerTable(peer string) []uint64 {
 	return newPairSet(r.ring(), r.cfg.NodeID, []string{peer}, n).tables(r.localItems)[0]
 }
 
+// aeKickGap is how long after CopiesDropped its anti-entropy round runs:
+// copies dropped in a burst (a damaged disk, a full file system) are
+// counted by one round.
+const aeKickGap = 5 * time.Second
+
+// CopiesDropped tells the replicator that this node lost copies outside
+// its own paths (its store dropped damaged or unwritable entries): an
+// anti-entropy round runs aeKickGap later (one for a burst), so that the
+// under-replication gauges (and the repairs) follow the loss instead of
+// waiting for the next periodic round. It does not block; with the
+// periodic rounds off (a negative AntiEntropyInterval) it does nothing.
+func (r *Replicator) CopiesDropped() {
+	select {
+	case r.aeKick <- struct{}{}:
+	default:
+	}
+}
+
 func (r *Replicator) antiEntropyLoop() {
 	t := time.NewTicker(r.cfg.AntiEntropyInterval)
 	defer t.Stop()
@@ -567,6 +585,17 @@ func (r *Replicator) antiEntropyLoop() {
 		case <-r.ctx.Done():
 			return
 		case <-t.C:
+		case <-r.aeKick:
+			// Wait out the burst, then count it in one round.
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(aeKickGap):
+			}
+			select {
+			case <-r.aeKick:
+			default:
+			}
 		}
 		st, err := r.AntiEntropy(r.ctx)
 		if err != nil && r.ctx.Err() == nil {

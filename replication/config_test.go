@@ -3,6 +3,8 @@ package replication
 import (
 	"reflect"
 	"testing"
+	"testing/synctest"
+	"time"
 )
 
 // TestDefaultConfig: a Config with only the required fields set gets
@@ -60,4 +62,23 @@ func TestLearning(t *testing.T) {
 	if d.learning(c.ring()) {
 		t.Fatal("a node that completed a pass is learning: it must hand its chunks over")
 	}
+}
+
+// TestCopiesDropped: a dropped copy brings an anti-entropy round forward
+// (the periodic one is an hour away), one round for a burst of drops.
+func TestCopiesDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
+			cfg.AntiEntropyInterval = time.Hour
+		})
+		a := c.reps["a"]
+		for range 10 {
+			a.CopiesDropped()
+		}
+		time.Sleep(aeKickGap + time.Second)
+		synctest.Wait()
+		if n := a.Metrics().AntiEntropyRounds; n != 1 {
+			t.Fatalf("%d anti-entropy rounds after a burst of drops, want 1", n)
+		}
+	})
 }

@@ -462,4 +462,5 @@ func (r *Replicator) dropCorrupt(key chunk.Key, why error, check bool) {
 	if check {
 		r.enqueue(repairTask{key: key, check: true})
 	}
+	r.CopiesDropped()
 }

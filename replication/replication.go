@@ -446,6 +446,7 @@ type Replicator struct {
 	prev     atomic.Pointer[ring.Ring]
 	kick     chan struct{}
 	hintKick chan struct{}
+	aeKick   chan struct{} // CopiesDropped: an anti-entropy round soon
 
 	suspectMu sync.Mutex
 	suspects  map[string]time.Time // node -> until when reads try it last
@@ -474,6 +475,7 @@ func New(cfg Config) (*Replicator, error) {
 		repairs:  make(chan repairTask, cfg.RepairQueue),
 		kick:     make(chan struct{}, 1),
 		hintKick: make(chan struct{}, 1),
+		aeKick:   make(chan struct{}, 1),
 		suspects: make(map[string]time.Time),
 		serving:  newServingGate(),
 	}
