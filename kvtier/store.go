@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvmesh/kvmesh/chunk"
 )
@@ -186,64 +185,6 @@ type Store struct {
 	// waits for one.
 	punchHook     func()
 	allocWaitHook func()
-}
-
-// DefaultConfig is the configuration of every field Open defaults to a
-// fixed value: the values a zero field takes. DoorkeeperBytes defaults to
-// DRAMBytes, LendBytes to a quarter of it and ReleaseBytes to an eighth (at
-// most 64 MiB); the caller sets DRAMBytes (and DiskDir with DiskBytes for a
-// disk tier) before Open.
-func DefaultConfig() Config {
-	return Config{
-		PageSize:  64 << 10,
-		DiskCodec: chunk.CodecLossless,
-		Limits:    chunk.DefaultLimits,
-		Now:       time.Now,
-	}
-}
-
-// Validate reports what Open would refuse before opening anything.
-func (c Config) Validate() error {
-	_, err := c.withDefaults()
-	return err
-}
-
-// withDefaults checks c and gives its zero fields their defaults, the
-// ones derived from DRAMBytes included, so that the store keeps the
-// configuration it runs by.
-func (c Config) withDefaults() (Config, error) {
-	if c.DRAMBytes <= 0 {
-		return c, fmt.Errorf("kvtier: DRAMBytes must be positive")
-	}
-	if c.DiskDir != "" && c.DiskBytes <= 0 {
-		return c, fmt.Errorf("kvtier: DiskBytes must be positive with DiskDir")
-	}
-	d := DefaultConfig()
-	if c.PageSize == 0 {
-		c.PageSize = d.PageSize
-	}
-	if c.DiskCodec == chunk.CodecInvalid {
-		c.DiskCodec = d.DiskCodec
-	}
-	if c.Limits == (chunk.Limits{}) {
-		c.Limits = d.Limits
-	}
-	if c.Now == nil {
-		c.Now = d.Now
-	}
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
-	if c.DoorkeeperBytes <= 0 {
-		c.DoorkeeperBytes = c.DRAMBytes
-	}
-	if c.LendBytes == 0 {
-		c.LendBytes = c.DRAMBytes / 4
-	}
-	if c.ReleaseBytes == 0 {
-		c.ReleaseBytes = min(c.DRAMBytes/8, 64<<20)
-	}
-	return c, nil
 }
 
 // Open creates a store; with a disk tier it rebuilds the index from the
