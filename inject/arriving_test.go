@@ -106,7 +106,7 @@ type arrivingSetup struct {
 	spec   chunk.ModelSpec
 	blobs  [2][]byte
 	arr    [2]*arrival
-	chunks []Chunk
+	chunks []pagedkv.InjectChunk
 }
 
 func newArrivingSetup(t *testing.T, c chunk.Codec, corrupt func(blob []byte, hd *chunk.Header)) *arrivingSetup {
@@ -130,7 +130,7 @@ func newArrivingSetup(t *testing.T, c chunk.Codec, corrupt func(blob []byte, hd 
 			su.arr[i].src = src
 		}
 		f.arrivals[e.Key.Content] = su.arr[i]
-		su.chunks = append(su.chunks, Chunk{Tokens: tokens, Context: chunk.StandaloneContext(), Pos: 40 * (i + 1), Slots: slots[i]})
+		su.chunks = append(su.chunks, pagedkv.InjectChunk{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: tokens, Pos: 40 * (i + 1), Slots: slots[i]})
 	}
 	return su
 }

@@ -23,7 +23,7 @@ type benchSetup struct {
 	spec    chunk.ModelSpec
 	lay     pagedkv.CacheLayout
 	entries []*chunk.Entry
-	chunks  []Chunk
+	chunks  []pagedkv.InjectChunk
 	mem     [][]byte
 	written int64
 }
@@ -52,7 +52,7 @@ func newShapeSetup(b *testing.B, layers, heads, hd, n, tokens int, dt chunk.DTyp
 			slots[t] = table[p/16]*16 + p%16
 		}
 		st.entries = append(st.entries, e)
-		st.chunks = append(st.chunks, Chunk{Tokens: toks, Context: chunk.StandaloneContext(), Pos: 100 + i*tokens, Slots: slots})
+		st.chunks = append(st.chunks, pagedkv.InjectChunk{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: toks, Pos: 100 + i*tokens, Slots: slots})
 		st.written += int64(layers * 2 * tokens * heads * hd * dt.Size())
 	}
 	st.mem = layersOf(layers, st.lay)

@@ -145,7 +145,7 @@ func TestEngineCacheBytes(t *testing.T) {
 	for i, sg := range segs {
 		n := len(sg.Tokens)
 		if sg.Chunk {
-			ch := Chunk{Tokens: sg.Tokens, Context: contexts[i], Pos: start + at, Slots: slots[at : at+n]}
+			ch := pagedkv.InjectChunk{Key: chunk.Key{Context: contexts[i]}, Tokens: sg.Tokens, Pos: start + at, Slots: slots[at : at+n]}
 			req.Chunks = append(req.Chunks, ch)
 			segOf = append(segOf, i)
 			got, err := f.Fetch(ctx, chunk.Key{Fingerprint: fp, Content: chunk.ContentID(fp, sg.Tokens), Context: contexts[i]})
@@ -183,23 +183,14 @@ type serviceInjector struct {
 }
 
 func (si serviceInjector) InjectChunks(ctx context.Context, chunks []pagedkv.InjectChunk) ([]pagedkv.InjectResult, error) {
-	req := &Request{Cache: si.id, Chunks: make([]Chunk, len(chunks))}
-	for i, c := range chunks {
-		req.Chunks[i] = Chunk{Fingerprint: c.Key.Fingerprint, Content: c.Key.Content, Tokens: c.Tokens,
-			Context: c.Key.Context, Pos: c.Pos, Slots: c.Slots}
-	}
+	req := &Request{Cache: si.id, Chunks: chunks}
 	resp, err := si.s.Inject(ctx, req)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]pagedkv.InjectResult, len(chunks))
 	for i, r := range resp.Results {
-		switch r.Match {
-		case chunk.MatchExact:
-			out[i] = pagedkv.InjectResult{Match: chunk.MatchExact, Context: r.Context}
-		case chunk.MatchApproximate:
-			out[i] = pagedkv.InjectResult{Match: chunk.MatchApproximate, Context: r.Context}
-		}
+		out[i] = r.InjectResult
 	}
 	return out, nil
 }

@@ -151,7 +151,7 @@ func TestServiceOverKvtier(t *testing.T) {
 		}
 		pos := 500 * i
 		directInject(t, inj, rope, b, lay, 2, 4, pos, slots[i], want)
-		req.Chunks = append(req.Chunks, Chunk{Tokens: toks, Context: chunk.PrefixContext(chunk.ID{Hi: 1}), Pos: pos, Slots: slots[i]})
+		req.Chunks = append(req.Chunks, pagedkv.InjectChunk{Key: chunk.Key{Context: chunk.PrefixContext(chunk.ID{Hi: 1})}, Tokens: toks, Pos: pos, Slots: slots[i]})
 	}
 	resp, err := s.Inject(ctx, req)
 	if err != nil {

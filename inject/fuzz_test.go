@@ -97,8 +97,7 @@ func FuzzInjectBlob(f *testing.F) {
 			copy(mem[l], guard[l])
 		}
 		bf.blob = blob
-		resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
-			Context: chunk.StandaloneContext(), Pos: 9, Slots: slots}}})
+		resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []pagedkv.InjectChunk{{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: toks, Pos: 9, Slots: slots}}})
 		if err != nil {
 			t.Fatal(err)
 		}

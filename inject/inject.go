@@ -11,32 +11,21 @@ import (
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
-// Chunk is one chunk of an Inject request.
-type Chunk struct {
-	// Fingerprint is the model; zero means the cache's. Any other value
-	// than the cache's makes the request invalid.
-	Fingerprint chunk.Fingerprint
-	// Content is the content ID; zero means chunk.ContentID of Tokens.
-	Content chunk.ID
-	// Tokens, when given, are checked against the content ID and the
-	// entry's tokens.
-	Tokens []uint32
-	// Context is the wanted context (the prompt's prefix chain ID before
-	// the chunk, or a window); an entry with exactly it is EXACT.
-	Context chunk.Context
-	// Pos is the absolute position of the chunk's first token.
-	Pos int
-	// Slots maps token t to a cache slot, -1 to skip it; its length is the
-	// chunk's token count.
-	Slots []int
-}
-
-// Request asks to inject chunks into a registered cache.
+// Request asks to inject chunks into a registered cache. Each chunk's Key
+// names the encoding wanted: a zero Fingerprint means the cache's (any
+// other value makes the request invalid); a zero Content means
+// chunk.ContentID of Tokens; Context is the wanted context (the prompt's
+// prefix chain ID before the chunk, or a window), and an entry with
+// exactly it is EXACT. Tokens, when given, are checked against the content
+// ID and the entry's tokens; Pos is the absolute position of the chunk's
+// first token; Slots maps token t to a cache slot, -1 to skip it (its
+// length is the chunk's token count).
 type Request struct {
 	Cache  CacheID
-	Chunks []Chunk
+	Chunks []pagedkv.InjectChunk
 	// OnLayer, if set, is called on the Inject caller's goroutine, in
 	// layer order, once layer l of every hit is written: the engine may
 	// start computing layer l. It must return promptly: the workers run
@@ -62,11 +51,10 @@ type Request struct {
 	OnPlan func(results []Result)
 }
 
-// Result answers one chunk.
+// Result answers one chunk: the injector's answer every engine reads
+// (Match, and the Context of the entry injected, zero on a miss), and why.
 type Result struct {
-	Match chunk.Match
-	// Context is the context of the entry injected (zero on a miss).
-	Context chunk.Context
+	pagedkv.InjectResult
 	// Reason says why a chunk is a MISS when something was found but not
 	// used (verification failed, the fetch failed); nil otherwise.
 	Reason error
@@ -247,16 +235,16 @@ func (s *Service) checkRequest(c *cache, req *Request) error {
 	for i := range req.Chunks {
 		ch := &req.Chunks[i]
 		switch {
-		case !ch.Fingerprint.IsZero() && ch.Fingerprint != fp:
-			return bad(i, "fingerprint %v, cache holds %v", ch.Fingerprint, fp)
+		case !ch.Key.Fingerprint.IsZero() && ch.Key.Fingerprint != fp:
+			return bad(i, "fingerprint %v, cache holds %v", ch.Key.Fingerprint, fp)
 		case len(ch.Slots) == 0:
 			return bad(i, "no slots")
-		case ch.Content.IsZero() && len(ch.Tokens) == 0:
+		case ch.Key.Content.IsZero() && len(ch.Tokens) == 0:
 			return bad(i, "neither a content ID nor tokens")
 		case len(ch.Tokens) != 0 && len(ch.Tokens) != len(ch.Slots):
 			return bad(i, "%d tokens, %d slots", len(ch.Tokens), len(ch.Slots))
-		case !ch.Context.Kind.Valid():
-			return bad(i, "context kind %v", ch.Context.Kind)
+		case !ch.Key.Context.Kind.Valid():
+			return bad(i, "context kind %v", ch.Key.Context.Kind)
 		case ch.Pos < 0 || ch.Pos > c.rope.MaxPositions()-len(ch.Slots):
 			return bad(i, "positions [%d,%d) beyond the cache's %d", ch.Pos, ch.Pos+len(ch.Slots), c.rope.MaxPositions())
 		}
@@ -265,8 +253,8 @@ func (s *Service) checkRequest(c *cache, req *Request) error {
 				return bad(i, "slot[%d] = %d out of range -1..%d", t, sl, nslots-1)
 			}
 		}
-		if len(ch.Tokens) != 0 && !ch.Content.IsZero() && chunk.ContentID(fp, ch.Tokens) != ch.Content {
-			return bad(i, "tokens do not hash to content %v", ch.Content)
+		if len(ch.Tokens) != 0 && !ch.Key.Content.IsZero() && chunk.ContentID(fp, ch.Tokens) != ch.Key.Content {
+			return bad(i, "tokens do not hash to content %v", ch.Key.Content)
 		}
 		total += len(ch.Slots)
 	}
@@ -355,22 +343,22 @@ loop:
 }
 
 // key is the stored key chunk ch asks for.
-func (r *request) key(ch *Chunk) chunk.Key {
+func (r *request) key(ch *pagedkv.InjectChunk) chunk.Key {
 	fp := r.c.desc.Fingerprint
-	content := ch.Content
+	content := ch.Key.Content
 	if content.IsZero() {
 		content = chunk.ContentID(fp, ch.Tokens)
 	}
 	// The wanted context as the one key of its computation: the root of a
 	// prefix chain finds the standalone encoding EXACT.
-	return chunk.Key{Fingerprint: fp, Content: content, Context: chunk.Canonical(fp, ch.Context)}
+	return chunk.Key{Fingerprint: fp, Content: content, Context: chunk.Canonical(fp, ch.Key.Context)}
 }
 
 // accept verifies chunk i's fetched entry for key; a nil hit is a MISS
 // (and f is released). A local entry that fails verification is dropped
 // and fetched again from the replicas when the Fetcher is a Refetcher
 // (once: refetch).
-func (r *request) accept(i int, ch *Chunk, key chunk.Key, f Fetched, err error, refetch bool) (*hit, Result) {
+func (r *request) accept(i int, ch *pagedkv.InjectChunk, key chunk.Key, f Fetched, err error, refetch bool) (*hit, Result) {
 	content := key.Content
 	if err != nil || f.Match == chunk.MatchMiss || f.Blob.Len() == 0 {
 		f.Blob.Release()
@@ -393,8 +381,8 @@ func (r *request) accept(i int, ch *Chunk, key chunk.Key, f Fetched, err error, 
 		r.s.log.Warn("inject: entry failed verification; chunk is a miss", "content", content, "err", err)
 		return nil, Result{Reason: err}
 	}
-	want := chunk.Canonical(r.c.desc.Fingerprint, ch.Context)
-	return h, Result{Match: chunk.MatchOf(want, h.hd.Key.Context), Context: h.hd.Key.Context}
+	want := chunk.Canonical(r.c.desc.Fingerprint, ch.Key.Context)
+	return h, Result{InjectResult: pagedkv.InjectResult{Match: chunk.MatchOf(want, h.hd.Key.Context), Context: h.hd.Key.Context}}
 }
 
 // errVerify marks verification failures in Result.Reason.
@@ -407,7 +395,7 @@ var errVerify = errors.New("inject: entry does not fit")
 // every layer. After it, only a codec payload that was sealed malformed by
 // its writer, or a layer of an arriving entry that does not arrive or
 // fails its checksum, can fail.
-func (r *request) verify(h *hit, content chunk.ID, ch *Chunk) error {
+func (r *request) verify(h *hit, content chunk.ID, ch *pagedkv.InjectChunk) error {
 	c := r.c
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", errVerify, fmt.Sprintf(format, a...))

@@ -127,13 +127,13 @@ func TestInjectMatchesDirect(t *testing.T) {
 			for i, n := range sizes {
 				toks := randTokens(rng, n)
 				cx := chunk.PrefixContext(chunk.ID{Lo: uint64(i + 1)})
-				ch := Chunk{Tokens: toks, Context: cx, Pos: rng.IntN(4096 - n), Slots: slots[i]}
+				ch := pagedkv.InjectChunk{Key: chunk.Key{Context: cx}, Tokens: toks, Pos: rng.IntN(4096 - n), Slots: slots[i]}
 				if i == 5 { // not stored: a miss
 					req.Chunks = append(req.Chunks, ch)
 					continue
 				}
 				if i%2 == 0 { // the engine may give the content ID alone
-					ch.Content, ch.Tokens = chunk.ContentID(fp, toks), nil
+					ch.Key.Content, ch.Tokens = chunk.ContentID(fp, toks), nil
 				}
 				blob := f.put(t, synthEntry(rng, spec, toks, cx), tc.codec)
 				directInject(t, inj, rope, blob, lay, tc.headLo, hi, ch.Pos, ch.Slots, want)
@@ -156,8 +156,8 @@ func TestInjectMatchesDirect(t *testing.T) {
 				if r.Match != wantM {
 					t.Errorf("chunk %d: %v (%v), want %v", i, r.Match, r.Reason, wantM)
 				}
-				if wantM == chunk.MatchExact && r.Context != req.Chunks[i].Context {
-					t.Errorf("chunk %d: context %v, want %v", i, r.Context, req.Chunks[i].Context)
+				if wantM == chunk.MatchExact && r.Context != req.Chunks[i].Key.Context {
+					t.Errorf("chunk %d: context %v, want %v", i, r.Context, req.Chunks[i].Key.Context)
 				}
 			}
 			equalLayers(t, "cache", mem, want)
@@ -284,12 +284,11 @@ func TestMatchAndVerification(t *testing.T) {
 			if tc.fail != nil {
 				f.errs[content] = tc.fail
 			}
-			ch := Chunk{Content: content, Context: tc.want, Pos: 40, Slots: slots[0]}
+			ch := pagedkv.InjectChunk{Key: chunk.Key{Content: content, Context: tc.want}, Pos: 40, Slots: slots[0]}
 			if tc.tokens {
 				ch.Tokens = toks
 			}
-			resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{ch,
-				{Tokens: ntoks, Context: prefix, Pos: 300, Slots: slots[1]}}})
+			resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []pagedkv.InjectChunk{ch, {Key: chunk.Key{Context: prefix}, Tokens: ntoks, Pos: 300, Slots: slots[1]}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -325,7 +324,7 @@ func TestInvalidRequest(t *testing.T) {
 		t.Fatal(err)
 	}
 	toks := []uint32{1, 2, 3}
-	good := Chunk{Tokens: toks, Context: chunk.StandaloneContext(), Pos: 0, Slots: []int{0, 1, 2}}
+	good := pagedkv.InjectChunk{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: toks, Pos: 0, Slots: []int{0, 1, 2}}
 	cases := []struct {
 		name string
 		mod  func(*Request)
@@ -336,25 +335,25 @@ func TestInvalidRequest(t *testing.T) {
 		{"slot-high", func(r *Request) { r.Chunks[0].Slots = []int{0, 1, 32} }, ErrInvalidRequest},
 		{"slot-twice", func(r *Request) { r.Chunks[0].Slots = []int{4, -1, 4} }, ErrInvalidRequest},
 		{"slot-twice-across", func(r *Request) {
-			r.Chunks = append(r.Chunks, Chunk{Tokens: []uint32{5}, Context: chunk.StandaloneContext(), Slots: []int{1}})
+			r.Chunks = append(r.Chunks, pagedkv.InjectChunk{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: []uint32{5}, Slots: []int{1}})
 		}, ErrInvalidRequest},
 		{"slot-low", func(r *Request) { r.Chunks[0].Slots = []int{0, -2, 3} }, ErrInvalidRequest},
 		{"no-slots", func(r *Request) {
 			r.Chunks[0].Slots = nil
 			r.Chunks[0].Tokens = nil
-			r.Chunks[0].Content = chunk.ID{Lo: 1}
+			r.Chunks[0].Key.Content = chunk.ID{Lo: 1}
 		}, ErrInvalidRequest},
 		{"tokens-vs-slots", func(r *Request) { r.Chunks[0].Slots = []int{0, 1} }, ErrInvalidRequest},
 		{"position", func(r *Request) { r.Chunks[0].Pos = 98 }, ErrInvalidRequest},
 		{"negative-position", func(r *Request) { r.Chunks[0].Pos = -1 }, ErrInvalidRequest},
-		{"fingerprint", func(r *Request) { r.Chunks[0].Fingerprint = chunk.Fingerprint{Lo: 1} }, ErrInvalidRequest},
-		{"content-vs-tokens", func(r *Request) { r.Chunks[0].Content = chunk.ID{Lo: 1} }, ErrInvalidRequest},
+		{"fingerprint", func(r *Request) { r.Chunks[0].Key.Fingerprint = chunk.Fingerprint{Lo: 1} }, ErrInvalidRequest},
+		{"content-vs-tokens", func(r *Request) { r.Chunks[0].Key.Content = chunk.ID{Lo: 1} }, ErrInvalidRequest},
 		{"no-content", func(r *Request) { r.Chunks[0].Tokens = nil }, ErrInvalidRequest},
-		{"context", func(r *Request) { r.Chunks[0].Context = chunk.Context{} }, ErrInvalidRequest},
+		{"context", func(r *Request) { r.Chunks[0].Key.Context = chunk.Context{} }, ErrInvalidRequest},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			req := &Request{Cache: id, Chunks: []Chunk{good}}
+			req := &Request{Cache: id, Chunks: []pagedkv.InjectChunk{good}}
 			req.Chunks[0].Slots = append([]int(nil), good.Slots...)
 			tc.mod(req)
 			before := f.calls.Load()

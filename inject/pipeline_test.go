@@ -66,7 +66,7 @@ func newPipeFixture(t *testing.T, layers, n int, codec chunk.Codec, mod func(*Co
 		blob := px.f.put(t, synthEntry(rng, spec, toks, cx), codec)
 		pos := 24 * i
 		directInject(t, inj, rope, blob, lay, 0, 4, pos, slots[i], px.want)
-		px.req.Chunks = append(px.req.Chunks, Chunk{Tokens: toks, Context: cx, Pos: pos, Slots: slots[i]})
+		px.req.Chunks = append(px.req.Chunks, pagedkv.InjectChunk{Key: chunk.Key{Context: cx}, Tokens: toks, Pos: pos, Slots: slots[i]})
 	}
 	return px
 }
@@ -287,8 +287,7 @@ func TestFaultIsAnError(t *testing.T) {
 	if err := os.Truncate(path, 0); err != nil {
 		t.Fatal(err)
 	}
-	_, err = s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks,
-		Context: chunk.StandaloneContext(), Pos: 0, Slots: slots}}})
+	_, err = s.Inject(t.Context(), &Request{Cache: id, Chunks: []pagedkv.InjectChunk{{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: toks, Pos: 0, Slots: slots}}})
 	if !errors.Is(err, ErrFault) {
 		t.Fatalf("err %v, want ErrFault", err)
 	}
@@ -325,7 +324,7 @@ func TestMetrics(t *testing.T) {
 	px := newPipeFixture(t, 5, 4, chunk.CodecLossless, nil)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(px.s)
-	miss := Chunk{Tokens: []uint32{1, 2, 3}, Context: chunk.StandaloneContext(), Pos: 0, Slots: []int{-1, -1, -1}}
+	miss := pagedkv.InjectChunk{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: []uint32{1, 2, 3}, Pos: 0, Slots: []int{-1, -1, -1}}
 	px.req.Chunks = append(px.req.Chunks, miss)
 	resp, err := px.s.Inject(t.Context(), px.req)
 	if err != nil {

@@ -53,7 +53,7 @@ func TestLocalCorruptRefetched(t *testing.T) {
 	for i := range slots {
 		slots[i] = i
 	}
-	resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks, Context: chunk.StandaloneContext(), Slots: slots}}})
+	resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []pagedkv.InjectChunk{{Key: chunk.Key{Context: chunk.StandaloneContext()}, Tokens: toks, Slots: slots}}})
 	if err != nil {
 		t.Fatal(err)
 	}

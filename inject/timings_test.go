@@ -26,7 +26,7 @@ func TestTimings(t *testing.T) {
 			f.put(t, synthEntry(rng, spec, toks, cx), codec)
 			slots := slotPlan(rng, lay.Slots(), []int{20, 20}, false)
 
-			resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: toks, Context: cx, Slots: slots[0]}}})
+			resp, err := s.Inject(t.Context(), &Request{Cache: id, Chunks: []pagedkv.InjectChunk{{Key: chunk.Key{Context: cx}, Tokens: toks, Slots: slots[0]}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -47,7 +47,7 @@ func TestTimings(t *testing.T) {
 				t.Errorf("stage totals %+v after a hit, want verify and scatter filled", tot)
 			}
 
-			resp, err = s.Inject(t.Context(), &Request{Cache: id, Chunks: []Chunk{{Tokens: randTokens(rng, 20), Context: cx, Slots: slots[1]}}})
+			resp, err = s.Inject(t.Context(), &Request{Cache: id, Chunks: []pagedkv.InjectChunk{{Key: chunk.Key{Context: cx}, Tokens: randTokens(rng, 20), Slots: slots[1]}}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/inject"
+	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
 // injector is the node's injection path: the inject
@@ -150,7 +151,7 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 	if err := in.n.sec.checkCache(st.Context(), req.CacheId); err != nil {
 		return err
 	}
-	r := &inject.Request{Cache: inject.CacheID(req.CacheId), Chunks: make([]inject.Chunk, len(req.Chunks))}
+	r := &inject.Request{Cache: inject.CacheID(req.CacheId), Chunks: make([]pagedkv.InjectChunk, len(req.Chunks))}
 	for i, c := range req.Chunks {
 		if c.GetContent() == nil {
 			return status.Errorf(codes.InvalidArgument, "chunk %d has no content ID", i)
@@ -163,8 +164,7 @@ func (in *injector) Inject(req *api.InjectRequest, st grpc.ServerStreamingServer
 		for j, s := range c.Slots {
 			slots[j] = int(s)
 		}
-		r.Chunks[i] = inject.Chunk{Content: api.IDFromProto(c.Content), Tokens: c.Tokens, Context: want,
-			Pos: int(c.Pos), Slots: slots}
+		r.Chunks[i] = pagedkv.InjectChunk{Key: chunk.Key{Content: api.IDFromProto(c.Content), Context: want}, Tokens: c.Tokens, Pos: int(c.Pos), Slots: slots}
 	}
 	var sendErr error
 	if req.Plan {
@@ -201,7 +201,7 @@ func lookupResults(r *inject.Request, results []inject.Result) []*api.LookupResu
 		if res.Match != chunk.MatchMiss {
 			// The cache's model is the fingerprint; the key names the
 			// content and the context of the entry written.
-			lr.Key = &api.Key{Content: api.ProtoID(r.Chunks[i].Content), Context: api.ProtoContext(res.Context)}
+			lr.Key = &api.Key{Content: api.ProtoID(r.Chunks[i].Key.Content), Context: api.ProtoContext(res.Context)}
 		}
 		out[i] = lr
 	}
