@@ -2228,16 +2228,13 @@ func (x *ClusterInfoResponse) GetCodec() string {
 // when given; else the sub-tables of the buckets in `split`, the items of
 // the buckets in `ranges`, or (neither) the bucket table.
 type DigestRequest struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Resume after this key (absent: from the start).
-	After         *Key     `protobuf:"bytes,1,opt,name=after,proto3" json:"after,omitempty"`
-	Limit         uint32   `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
-	From          string   `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
-	Epoch         uint64   `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	Replicas      uint32   `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
-	Split         []uint32 `protobuf:"varint,6,rep,packed,name=split,proto3" json:"split,omitempty"`
-	Keys          []*Key   `protobuf:"bytes,7,rep,name=keys,proto3" json:"keys,omitempty"`
-	Ranges        []uint32 `protobuf:"varint,8,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	From          string                 `protobuf:"bytes,3,opt,name=from,proto3" json:"from,omitempty"`
+	Epoch         uint64                 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	Replicas      uint32                 `protobuf:"varint,5,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	Split         []uint32               `protobuf:"varint,6,rep,packed,name=split,proto3" json:"split,omitempty"`
+	Keys          []*Key                 `protobuf:"bytes,7,rep,name=keys,proto3" json:"keys,omitempty"`
+	Ranges        []uint32               `protobuf:"varint,8,rep,packed,name=ranges,proto3" json:"ranges,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2270,20 +2267,6 @@ func (x *DigestRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use DigestRequest.ProtoReflect.Descriptor instead.
 func (*DigestRequest) Descriptor() ([]byte, []int) {
 	return file_kvmesh_proto_rawDescGZIP(), []int{29}
-}
-
-func (x *DigestRequest) GetAfter() *Key {
-	if x != nil {
-		return x.After
-	}
-	return nil
-}
-
-func (x *DigestRequest) GetLimit() uint32 {
-	if x != nil {
-		return x.Limit
-	}
-	return 0
 }
 
 func (x *DigestRequest) GetFrom() string {
@@ -2408,7 +2391,6 @@ func (x *DigestItem) GetAt() int64 {
 type DigestResponse struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Items         []*DigestItem          `protobuf:"bytes,1,rep,name=items,proto3" json:"items,omitempty"`
-	More          bool                   `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
 	Epoch         uint64                 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	Table         []uint64               `protobuf:"fixed64,4,rep,packed,name=table,proto3" json:"table,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -2450,13 +2432,6 @@ func (x *DigestResponse) GetItems() []*DigestItem {
 		return x.Items
 	}
 	return nil
-}
-
-func (x *DigestResponse) GetMore() bool {
-	if x != nil {
-		return x.More
-	}
-	return false
 }
 
 func (x *DigestResponse) GetEpoch() uint64 {
@@ -3111,16 +3086,14 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\x10leader_grpc_addr\x18\x05 \x01(\tR\x0eleaderGrpcAddr\x12-\n" +
 	"\x12replication_factor\x18\x06 \x01(\rR\x11replicationFactor\x12!\n" +
 	"\fwrite_quorum\x18\a \x01(\rR\vwriteQuorum\x12\x14\n" +
-	"\x05codec\x18\b \x01(\tR\x05codec\"\xe3\x01\n" +
-	"\rDigestRequest\x12$\n" +
-	"\x05after\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x05after\x12\x14\n" +
-	"\x05limit\x18\x02 \x01(\rR\x05limit\x12\x12\n" +
+	"\x05codec\x18\b \x01(\tR\x05codec\"\xc1\x01\n" +
+	"\rDigestRequest\x12\x12\n" +
 	"\x04from\x18\x03 \x01(\tR\x04from\x12\x14\n" +
 	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\x12\x1a\n" +
 	"\breplicas\x18\x05 \x01(\rR\breplicas\x12\x14\n" +
 	"\x05split\x18\x06 \x03(\rR\x05split\x12\"\n" +
 	"\x04keys\x18\a \x03(\v2\x0e.kvmesh.v1.KeyR\x04keys\x12\x16\n" +
-	"\x06ranges\x18\b \x03(\rR\x06ranges\"\x93\x01\n" +
+	"\x06ranges\x18\b \x03(\rR\x06rangesJ\x04\b\x01\x10\x02J\x04\b\x02\x10\x03R\x05afterR\x05limit\"\x93\x01\n" +
 	"\n" +
 	"DigestItem\x12 \n" +
 	"\x03key\x18\x01 \x01(\v2\x0e.kvmesh.v1.KeyR\x03key\x12\x1a\n" +
@@ -3128,12 +3101,11 @@ const file_kvmesh_proto_rawDesc = "" +
 	"\n" +
 	"blob_bytes\x18\x03 \x01(\x04R\tblobBytes\x12\x18\n" +
 	"\adeleted\x18\x04 \x01(\bR\adeleted\x12\x0e\n" +
-	"\x02at\x18\x05 \x01(\x03R\x02at\"}\n" +
+	"\x02at\x18\x05 \x01(\x03R\x02at\"u\n" +
 	"\x0eDigestResponse\x12+\n" +
-	"\x05items\x18\x01 \x03(\v2\x15.kvmesh.v1.DigestItemR\x05items\x12\x12\n" +
-	"\x04more\x18\x02 \x01(\bR\x04more\x12\x14\n" +
+	"\x05items\x18\x01 \x03(\v2\x15.kvmesh.v1.DigestItemR\x05items\x12\x14\n" +
 	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x14\n" +
-	"\x05table\x18\x04 \x03(\x06R\x05table\"7\n" +
+	"\x05table\x18\x04 \x03(\x06R\x05tableJ\x04\b\x02\x10\x03R\x04more\"7\n" +
 	"\fDrainRequest\x12'\n" +
 	"\x0fkeep_membership\x18\x01 \x01(\bR\x0ekeepMembership\"\xc0\x01\n" +
 	"\rDrainProgress\x12\x17\n" +
@@ -3288,50 +3260,49 @@ var file_kvmesh_proto_depIdxs = []int32{
 	5,  // 27: kvmesh.v1.DeleteRequest.key:type_name -> kvmesh.v1.Key
 	28, // 28: kvmesh.v1.StatsResponse.tiers:type_name -> kvmesh.v1.TierStats
 	8,  // 29: kvmesh.v1.ClusterInfoResponse.members:type_name -> kvmesh.v1.Member
-	5,  // 30: kvmesh.v1.DigestRequest.after:type_name -> kvmesh.v1.Key
-	5,  // 31: kvmesh.v1.DigestRequest.keys:type_name -> kvmesh.v1.Key
-	5,  // 32: kvmesh.v1.DigestItem.key:type_name -> kvmesh.v1.Key
-	33, // 33: kvmesh.v1.DigestResponse.items:type_name -> kvmesh.v1.DigestItem
-	5,  // 34: kvmesh.v1.FetchManyRequest.keys:type_name -> kvmesh.v1.Key
-	40, // 35: kvmesh.v1.FetchManyHeads.entries:type_name -> kvmesh.v1.FetchManyEntry
-	41, // 36: kvmesh.v1.FetchManyFrame.header:type_name -> kvmesh.v1.FetchManyHeads
-	9,  // 37: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
-	11, // 38: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
-	15, // 39: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
-	17, // 40: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
-	22, // 41: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
-	25, // 42: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
-	27, // 43: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
-	30, // 44: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
-	35, // 45: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
-	15, // 46: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
-	17, // 47: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
-	32, // 48: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
-	37, // 49: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
-	25, // 50: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
-	43, // 51: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
-	39, // 52: kvmesh.v1.Peer.FetchMany:input_type -> kvmesh.v1.FetchManyRequest
-	10, // 53: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
-	13, // 54: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
-	16, // 55: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
-	20, // 56: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
-	24, // 57: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
-	26, // 58: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
-	29, // 59: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
-	31, // 60: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
-	36, // 61: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
-	16, // 62: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
-	20, // 63: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
-	34, // 64: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
-	38, // 65: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
-	26, // 66: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
-	44, // 67: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
-	42, // 68: kvmesh.v1.Peer.FetchMany:output_type -> kvmesh.v1.FetchManyFrame
-	53, // [53:69] is the sub-list for method output_type
-	37, // [37:53] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	5,  // 30: kvmesh.v1.DigestRequest.keys:type_name -> kvmesh.v1.Key
+	5,  // 31: kvmesh.v1.DigestItem.key:type_name -> kvmesh.v1.Key
+	33, // 32: kvmesh.v1.DigestResponse.items:type_name -> kvmesh.v1.DigestItem
+	5,  // 33: kvmesh.v1.FetchManyRequest.keys:type_name -> kvmesh.v1.Key
+	40, // 34: kvmesh.v1.FetchManyHeads.entries:type_name -> kvmesh.v1.FetchManyEntry
+	41, // 35: kvmesh.v1.FetchManyFrame.header:type_name -> kvmesh.v1.FetchManyHeads
+	9,  // 36: kvmesh.v1.Client.RegisterModel:input_type -> kvmesh.v1.RegisterModelRequest
+	11, // 37: kvmesh.v1.Client.Models:input_type -> kvmesh.v1.ModelsRequest
+	15, // 38: kvmesh.v1.Client.Put:input_type -> kvmesh.v1.PutFrame
+	17, // 39: kvmesh.v1.Client.Get:input_type -> kvmesh.v1.GetRequest
+	22, // 40: kvmesh.v1.Client.Lookup:input_type -> kvmesh.v1.LookupRequest
+	25, // 41: kvmesh.v1.Client.Delete:input_type -> kvmesh.v1.DeleteRequest
+	27, // 42: kvmesh.v1.Client.Stats:input_type -> kvmesh.v1.StatsRequest
+	30, // 43: kvmesh.v1.Client.ClusterInfo:input_type -> kvmesh.v1.ClusterInfoRequest
+	35, // 44: kvmesh.v1.Client.Drain:input_type -> kvmesh.v1.DrainRequest
+	15, // 45: kvmesh.v1.Peer.Replicate:input_type -> kvmesh.v1.PutFrame
+	17, // 46: kvmesh.v1.Peer.Fetch:input_type -> kvmesh.v1.GetRequest
+	32, // 47: kvmesh.v1.Peer.Digest:input_type -> kvmesh.v1.DigestRequest
+	37, // 48: kvmesh.v1.Peer.MetaApply:input_type -> kvmesh.v1.MetaApplyRequest
+	25, // 49: kvmesh.v1.Peer.Delete:input_type -> kvmesh.v1.DeleteRequest
+	43, // 50: kvmesh.v1.Peer.GossipKey:input_type -> kvmesh.v1.GossipKeyRequest
+	39, // 51: kvmesh.v1.Peer.FetchMany:input_type -> kvmesh.v1.FetchManyRequest
+	10, // 52: kvmesh.v1.Client.RegisterModel:output_type -> kvmesh.v1.RegisterModelResponse
+	13, // 53: kvmesh.v1.Client.Models:output_type -> kvmesh.v1.ModelsResponse
+	16, // 54: kvmesh.v1.Client.Put:output_type -> kvmesh.v1.PutResponse
+	20, // 55: kvmesh.v1.Client.Get:output_type -> kvmesh.v1.GetFrame
+	24, // 56: kvmesh.v1.Client.Lookup:output_type -> kvmesh.v1.LookupResponse
+	26, // 57: kvmesh.v1.Client.Delete:output_type -> kvmesh.v1.DeleteResponse
+	29, // 58: kvmesh.v1.Client.Stats:output_type -> kvmesh.v1.StatsResponse
+	31, // 59: kvmesh.v1.Client.ClusterInfo:output_type -> kvmesh.v1.ClusterInfoResponse
+	36, // 60: kvmesh.v1.Client.Drain:output_type -> kvmesh.v1.DrainProgress
+	16, // 61: kvmesh.v1.Peer.Replicate:output_type -> kvmesh.v1.PutResponse
+	20, // 62: kvmesh.v1.Peer.Fetch:output_type -> kvmesh.v1.GetFrame
+	34, // 63: kvmesh.v1.Peer.Digest:output_type -> kvmesh.v1.DigestResponse
+	38, // 64: kvmesh.v1.Peer.MetaApply:output_type -> kvmesh.v1.MetaApplyResponse
+	26, // 65: kvmesh.v1.Peer.Delete:output_type -> kvmesh.v1.DeleteResponse
+	44, // 66: kvmesh.v1.Peer.GossipKey:output_type -> kvmesh.v1.GossipKeyNodeResult
+	42, // 67: kvmesh.v1.Peer.FetchMany:output_type -> kvmesh.v1.FetchManyFrame
+	52, // [52:68] is the sub-list for method output_type
+	36, // [36:52] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_kvmesh_proto_init() }

@@ -161,7 +161,7 @@ func (k Key) String() string {
 }
 
 // CompareKeys is the one order of keys: content ID, then fingerprint, then
-// context kind, window and context ID. Digest pages, merges of sorted key
+// context kind, window and context ID. Merges of sorted key
 // lists and rebalancing walks all sort by it, so two nodes that exchange
 // sorted lists agree on their order.
 func CompareKeys(a, b Key) int {

@@ -410,7 +410,7 @@ func FuzzPeerService(f *testing.F) {
 		// Sent with body 0 (addSeeds): its own key.
 		&api.PutHeader{Key: api.ProtoKey(e.keys[0]), BlobBytes: uint64(len(e.blobs[0])), Direct: true, Kind: 3},
 		&api.GetRequest{Key: pk, Direct: true},
-		&api.DigestRequest{Limit: 2},
+		&api.DigestRequest{},
 		&api.DigestRequest{From: "fz", Epoch: e.n.meta.Ring().Epoch(), Replicas: 1, Keys: []*api.Key{pk}},
 		&api.MetaApplyRequest{Command: []byte(`{"kind":1}`)},
 		&api.DeleteRequest{Key: pk, Direct: true, At: 1},

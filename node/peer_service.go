@@ -3,14 +3,12 @@ package node
 import (
 	"context"
 	"errors"
-	"slices"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
-	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/meta"
 )
 
@@ -35,41 +33,11 @@ func (s *peerService) FetchMany(req *api.FetchManyRequest, st grpc.ServerStreami
 }
 
 func (s *peerService) Digest(ctx context.Context, req *api.DigestRequest) (*api.DigestResponse, error) {
-	if req.From != "" || len(req.Keys) > 0 {
-		return s.n.serveDigest(ctx, req)
+	if req.From == "" && len(req.Keys) == 0 {
+		// Nothing asked (a probe of the peer API): nothing answered.
+		return &api.DigestResponse{Epoch: s.n.meta.Ring().Epoch()}, nil
 	}
-	var after *chunk.Key
-	if req.After != nil {
-		k, err := api.KeyFromProto(req.After)
-		if err != nil {
-			return nil, invalid(err)
-		}
-		after = &k
-	}
-	limit := int(req.Limit)
-	if limit <= 0 || limit > MaxDigestItems {
-		limit = MaxDigestItems
-	}
-	var items []*api.DigestItem
-	var keys []chunk.Key
-	sums := make(map[chunk.Key][2]uint64)
-	s.n.store.Scan(func(k chunk.Key, sum uint64, size int) bool {
-		if after == nil || chunk.CompareKeys(k, *after) > 0 {
-			keys = append(keys, k)
-			sums[k] = [2]uint64{sum, uint64(size)}
-		}
-		return true
-	})
-	slices.SortFunc(keys, chunk.CompareKeys)
-	more := len(keys) > limit
-	if more {
-		keys = keys[:limit]
-	}
-	for _, k := range keys {
-		v := sums[k]
-		items = append(items, &api.DigestItem{Key: api.ProtoKey(k), Checksum: v[0], BlobBytes: v[1]})
-	}
-	return &api.DigestResponse{Items: items, More: more}, nil
+	return s.n.serveDigest(ctx, req)
 }
 
 func (s *peerService) MetaApply(ctx context.Context, req *api.MetaApplyRequest) (*api.MetaApplyResponse, error) {

@@ -22,8 +22,6 @@ import (
 const (
 	// MaxLookupBatch is the most items one Lookup may carry.
 	MaxLookupBatch = 4096
-	// MaxDigestItems is the most items one Digest answer carries.
-	MaxDigestItems = 10000
 	// putUpfrontBytes is how much of an entry's announced size a Put
 	// allocates before its data arrives.
 	putUpfrontBytes = 16 << 20
