@@ -128,20 +128,14 @@ func soloStopped(t *testing.T, ctx context.Context, revs ...string) (*harness.Pr
 	return p, dir
 }
 
-// TestRaftLogBitFlipRefused flips a bit in an old entry of a follower's
-// raft log (the case this guards: a model or ring change applied with
-// other bytes than the leader's). The follower refuses to start; moving its
-// raft directory aside, as the message says, brings it back with the
-// leader's metadata.
-func TestRaftLogBitFlipRefused(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and starts processes")
-	}
+// startMetaCluster starts three kvmeshd (DRAM only) bootstrapping together
+// on metaHosts, and picks a follower as the victim whose data directory a
+// test damages: it returns the processes, a client of the cluster (closed
+// at cleanup), and the victim with its data directory.
+func startMetaCluster(ctx context.Context, t *testing.T) (procs []*harness.Proc, c *client.Client, victim *harness.Proc, vdir string) {
+	t.Helper()
 	checkBindable(t, metaHosts...)
 	bin := buildKvmeshd(t)
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
-	defer cancel()
-	var procs []*harness.Proc
 	var dirs []string
 	for i, h := range metaHosts {
 		dirs = append(dirs, t.TempDir())
@@ -159,12 +153,27 @@ func TestRaftLogBitFlipRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	info := waitMembers(ctx, t, c, 3)
-	victim, vdir := procs[2], dirs[2]
+	victim, vdir = procs[2], dirs[2]
 	if info.LeaderId == victim.ID() {
 		victim, vdir = procs[1], dirs[1]
 	}
+	return procs, c, victim, vdir
+}
+
+// TestRaftLogBitFlipRefused flips a bit in an old entry of a follower's
+// raft log (the case this guards: a model or ring change applied with
+// other bytes than the leader's). The follower refuses to start; moving its
+// raft directory aside, as the message says, brings it back with the
+// leader's metadata.
+func TestRaftLogBitFlipRefused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts processes")
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	defer cancel()
+	procs, _, victim, vdir := startMetaCluster(ctx, t)
 	fps := registerRevs(t, ctx, procs[0], "rev-flipped-old-entry", "rev-later-1", "rev-later-2")
 	testutil.WaitFor(t, victim.ID()+" to apply every model", func() bool {
 		models, _, _, err := nodeView(ctx, victim.Addr("grpc"))
@@ -290,34 +299,9 @@ func TestRingDisagreementNotReady(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts processes")
 	}
-	checkBindable(t, metaHosts...)
-	bin := buildKvmeshd(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
 	defer cancel()
-	var procs []*harness.Proc
-	var dirs []string
-	for i, h := range metaHosts {
-		dirs = append(dirs, t.TempDir())
-		args := []string{"-bootstrap-expect", "3", "-local-timing", "-dead-grace", "1h", "-dram", "32M", "-disk", "0", "-rpc-timeout", "3s"}
-		if i > 0 {
-			args = append(args, "-join", procs[0].Addr("gossip"))
-		}
-		procs = append(procs, start(t, bin, fmt.Sprintf("m%d", i+1), h, dirs[i], args...))
-	}
-	var seeds []string
-	for _, p := range procs {
-		seeds = append(seeds, p.Addr("grpc"))
-	}
-	c, err := client.New(ctx, client.Config{Seeds: seeds, RPCTimeout: 3 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	info := waitMembers(ctx, t, c, 3)
-	victim, vdir := procs[2], dirs[2]
-	if info.LeaderId == victim.ID() {
-		victim, vdir = procs[1], dirs[1]
-	}
+	procs, c, victim, vdir := startMetaCluster(ctx, t)
 	for _, p := range procs {
 		waitReady(t, ctx, p)
 	}
