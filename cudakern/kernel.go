@@ -2,7 +2,7 @@ package cudakern
 
 import (
 	"context"
-	"sync"
+	"fmt"
 )
 
 // Kernel is what callers of an injector use: the CPU Injector and the CUDA
@@ -17,32 +17,31 @@ type Kernel interface {
 	Close()
 }
 
-var (
-	deviceMu   sync.Mutex
-	deviceOpen func() (Kernel, string, error)
-)
-
-// RegisterDevice sets how New opens a device kernel. cudakern/gpu calls it
-// when it is linked (the cuda build tag); nothing else should.
-func RegisterDevice(open func() (Kernel, string, error)) {
-	deviceMu.Lock()
-	defer deviceMu.Unlock()
-	deviceOpen = open
+// GPU opens injection work on this machine's CUDA devices. cudakern/gpu's
+// Driver implements it in a build with the cuda tag; a caller without one
+// passes nil and gets the CPU Injector (and no device caches). It is a
+// value the caller hands down, not a registry, so that a default build
+// links no CUDA and a test can pass a stand-in.
+type GPU interface {
+	// Kernel opens an injector on device, named for the log (the device
+	// and its compute capability).
+	Kernel(device int) (Kernel, string, error)
+	// OpenIPC opens a cache in another process's device memory: layer l is
+	// layerBytes[l] bytes at offsets[l] (nil: 0) in the allocation
+	// handles[l] exports on device (IPCHandleBytes each).
+	OpenIPC(device int, handles [][]byte, offsets []int64, layerBytes []int) (DeviceCache, error)
 }
 
-// New returns the device kernel when one is registered and its device
+// NewKernel returns gpu's kernel on device when gpu is set and the device
 // answers, else a CPU Injector of cfg, and says which it chose (the
 // device's name, or why not, for the log).
-func New(cfg Config) (Kernel, string) {
-	deviceMu.Lock()
-	open := deviceOpen
-	deviceMu.Unlock()
-	if open == nil {
-		return NewInjector(cfg), "cpu (built without the cuda tag)"
+func NewKernel(gpu GPU, device int, cfg Config) (Kernel, string) {
+	if gpu == nil {
+		return NewInjector(cfg), "cpu (no GPU configured)"
 	}
-	k, name, err := open()
+	k, name, err := gpu.Kernel(device)
 	if err != nil {
-		return NewInjector(cfg), "cpu (no device: " + err.Error() + ")"
+		return NewInjector(cfg), fmt.Sprintf("cpu (GPU %d does not answer: %v)", device, err)
 	}
 	return k, name
 }

@@ -7,32 +7,44 @@ import (
 	"testing"
 )
 
-// fakeDevice is a registered device kernel that records its use.
-type fakeDevice struct {
-	*Injector
-	opened bool
+// fakeGPU is a GPU whose kernel is a CPU Injector; it records its use.
+type fakeGPU struct {
+	err    error
+	k      *Injector
+	device int
 }
 
-func TestNewChoosesDevice(t *testing.T) {
-	defer RegisterDevice(nil)
-	k, why := New(Config{Workers: 1})
+func (g *fakeGPU) Kernel(device int) (Kernel, string, error) {
+	g.device = device
+	if g.err != nil {
+		return nil, "", g.err
+	}
+	g.k = NewInjector(Config{Workers: 1})
+	return g.k, "fake gpu", nil
+}
+
+func (g *fakeGPU) OpenIPC(int, [][]byte, []int64, []int) (DeviceCache, error) {
+	return nil, errors.New("not here")
+}
+
+func TestNewKernelChoosesDevice(t *testing.T) {
+	k, why := NewKernel(nil, 0, Config{Workers: 1})
 	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "cpu") {
-		t.Fatalf("no device registered: got %T (%q), want the CPU Injector", k, why)
+		t.Fatalf("no GPU: got %T (%q), want the CPU Injector", k, why)
 	}
 	k.Close()
 
-	RegisterDevice(func() (Kernel, string, error) { return nil, "", errors.New("no driver") })
-	k, why = New(Config{Workers: 1})
-	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "no driver") {
-		t.Fatalf("device that does not answer: got %T (%q), want the CPU Injector and the reason", k, why)
+	g := &fakeGPU{err: errors.New("no driver")}
+	k, why = NewKernel(g, 3, Config{Workers: 1})
+	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "no driver") || g.device != 3 {
+		t.Fatalf("GPU that does not answer: got %T (%q) on device %d, want the CPU Injector and the reason", k, why, g.device)
 	}
 	k.Close()
 
-	dev := &fakeDevice{Injector: NewInjector(Config{Workers: 1})}
-	RegisterDevice(func() (Kernel, string, error) { dev.opened = true; return dev, "fake gpu", nil })
-	k, why = New(Config{Workers: 1})
-	if k != Kernel(dev) || why != "fake gpu" || !dev.opened {
-		t.Fatalf("answering device: got %T (%q), want the device kernel", k, why)
+	g = &fakeGPU{}
+	k, why = NewKernel(g, 1, Config{Workers: 1})
+	if k != Kernel(g.k) || why != "fake gpu" || g.device != 1 {
+		t.Fatalf("answering GPU: got %T (%q) on device %d, want its kernel", k, why, g.device)
 	}
 	k.Close()
 	if err := k.Inject(context.Background(), &Job{}); !errors.Is(err, ErrInvalidJob) && !errors.Is(err, ErrClosed) {

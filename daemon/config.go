@@ -288,6 +288,7 @@ func (fc FileConfig) Config(logOut io.Writer) (node.Config, error) {
 		// other owners that lack them, for at most this long.
 		ShutdownHandoff: 30 * time.Second,
 		Replication:     rcfg,
+		GPU:             linkedGPU(),
 		Logger:          logger,
 	}
 	return cfg, fc.securityConfig(&cfg)

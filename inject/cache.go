@@ -52,8 +52,8 @@ const (
 	// descriptor (the node's cache socket), never by name.
 	MemoryShm
 	// MemoryCUDAIPC is device memory exported with cudaIpcGetMemHandle, one
-	// handle per layer, opened by the device kernel of a cuda build
-	// (cudakern/gpu); without one, ErrUnsupported.
+	// handle per layer, opened through the Service's Config.GPU
+	// (cudakern/gpu.Driver in a cuda build); without one, ErrUnsupported.
 	MemoryCUDAIPC
 	// MemoryInProcess is memory handed to RegisterInProcess as slices (an
 	// embedded cluster, tests). Register refuses it.

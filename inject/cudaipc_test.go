@@ -57,13 +57,44 @@ func (f *fakeIPC) Close() error {
 	return nil
 }
 
+// fakeGPU is the stand-in cudakern.GPU of a Service under test: it has no
+// kernel (the workers take the CPU Injector, as with a GPU that does not
+// answer), and OpenIPC opens the fakeIPC registerIPC armed.
+type fakeGPU struct{ next *fakeIPC }
+
+func (g *fakeGPU) Kernel(int) (cudakern.Kernel, string, error) {
+	return nil, "", errors.New("the stand-in GPU has no kernel")
+}
+
+func (g *fakeGPU) OpenIPC(device int, handles [][]byte, offsets []int64, sizes []int) (cudakern.DeviceCache, error) {
+	f := g.next
+	if f == nil {
+		return nil, errors.New("no stand-in device cache armed")
+	}
+	g.next = nil
+	return f.open(device, handles, offsets, sizes)
+}
+
+// withFakeGPU is newService's Config change that gives the Service a
+// fakeGPU (when on), for caches registered by registerIPC.
+func withFakeGPU(on bool) func(*Config) {
+	return func(c *Config) {
+		if on {
+			c.GPU = &fakeGPU{}
+		}
+	}
+}
+
 // registerIPC registers host layers of lay through the CUDA IPC path with
-// a fakeIPC as the device kernel.
+// a fakeIPC as the device cache. s must have a fakeGPU (withFakeGPU).
 func registerIPC(t *testing.T, s *Service, d Descriptor, lay pagedkv.CacheLayout) (CacheID, [][]byte) {
 	t.Helper()
+	g, ok := s.cfg.GPU.(*fakeGPU)
+	if !ok {
+		t.Fatal("registerIPC: the Service has no stand-in GPU (newService with withFakeGPU)")
+	}
 	f := &fakeIPC{layers: layersOf(d.Layers, lay)}
-	cudakern.RegisterIPC(f.open)
-	t.Cleanup(func() { cudakern.RegisterIPC(nil) })
+	g.next = f
 	d.Memory = ipcMemory(d.Layers)
 	d.Memory.Device = 1
 	id, err := s.Register(t.Context(), d)

@@ -50,9 +50,9 @@
 // memory is ErrRefused alone) and the in-process kind are implemented;
 // MemoryCUDAIPC is an engine's cache in its GPU memory, one IPC handle
 // per layer (and each layer's offset in its handle's allocation): checked
-// here, opened by the device kernel a cuda build links (cudakern.OpenIPC,
-// cudakern/gpu), and written there, the source staged through the device;
-// without a device kernel it is refused with ErrUnsupported. Register dispatches on the kind, one branch each. CreateShm is the
+// here, opened through Config.GPU (cudakern/gpu.Driver in a cuda build),
+// and written there, the source staged through the device; without a GPU
+// it is refused with ErrUnsupported. Register dispatches on the kind, one branch each. CreateShm is the
 // engine-side helper that creates and maps such a file so the engine can
 // place its cache in it.
 package inject

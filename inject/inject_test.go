@@ -99,7 +99,7 @@ func TestInjectMatchesDirect(t *testing.T) {
 			}
 			fp := spec.Fingerprint()
 			f := newMemFetcher()
-			s := newService(t, f, spec, nil)
+			s := newService(t, f, spec, withFakeGPU(tc.mem == ipc))
 			hi := tc.headHi
 			if hi == 0 {
 				hi = spec.KVHeads

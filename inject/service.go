@@ -102,6 +102,13 @@ type Config struct {
 	MaxChunks int
 	// Limits bound the entries accepted. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
+	// GPU, when set, runs the workers' injections on device GPUDevice
+	// (when it answers; the CPU Injector otherwise, with the same bits)
+	// and opens caches registered by CUDA IPC. Nil: the CPU Injector, and
+	// CUDA IPC registrations are ErrUnsupported. cudakern/gpu.Driver is
+	// the GPU of a build with the cuda tag.
+	GPU       cudakern.GPU
+	GPUDevice int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -125,6 +132,9 @@ type Service struct {
 	wg    sync.WaitGroup // workers
 	base  context.Context
 	stop  context.CancelFunc
+	// kernel names the workers' injection kernel (cudakern.NewKernel's
+	// choice); set by New.
+	kernel string
 
 	mu       sync.Mutex // guards the fields below and every cache's refs/gone
 	closed   bool
@@ -167,12 +177,17 @@ func New(cfg Config) (*Service, error) {
 		ropes:  map[ropeKey]*ropeRef{},
 	}
 	s.base, s.stop = context.WithCancel(context.Background())
+	gpu := cfg.GPU
 	for i := 0; i < cfg.Workers; i++ {
-		// A CUDA kernel where one is linked (the cuda build tag) and a
-		// device answers, the CPU Injector otherwise; the same bits.
-		inj, kind := cudakern.New(cudakern.Config{Workers: 1})
+		// A CUDA kernel where a GPU is configured and its device answers,
+		// the CPU Injector otherwise; the same bits.
+		inj, kind := cudakern.NewKernel(gpu, cfg.GPUDevice, cudakern.Config{Workers: 1})
 		if i == 0 {
+			s.kernel = kind
 			s.log.Info("injection kernel", "kernel", kind)
+			if _, cpu := inj.(*cudakern.Injector); cpu {
+				gpu = nil // asked once: the other workers take the CPU too
+			}
 		}
 		w := &worker{inj: inj}
 		s.wg.Add(1)
@@ -180,6 +195,10 @@ func New(cfg Config) (*Service, error) {
 	}
 	return s, nil
 }
+
+// Kernel names the kernel the workers inject with: "cpu (...)" or the
+// GPU's name, as cudakern.NewKernel chose at New.
+func (s *Service) Kernel() string { return s.kernel }
 
 // Close cancels the requests in flight, waits for them, stops the workers
 // and unmaps every registration.
@@ -208,8 +227,8 @@ func (s *Service) Close() error {
 
 // Register maps the memory d names and registers it. Each memory kind
 // has its own branch: shared memory (MemoryShm) is mapped here; CUDA IPC
-// (MemoryCUDAIPC) is opened by the device kernel of a cuda build
-// (ErrUnsupported without one); in-process memory goes through
+// (MemoryCUDAIPC) is opened through Config.GPU (ErrUnsupported without
+// one); in-process memory goes through
 // RegisterInProcess.
 func (s *Service) Register(ctx context.Context, d Descriptor) (CacheID, error) {
 	switch d.Memory.Kind {
@@ -226,8 +245,8 @@ func (s *Service) Register(ctx context.Context, d Descriptor) (CacheID, error) {
 // registerIPC opens the engine's device memory d names: one CUDA IPC
 // handle per layer (64 bytes each) on device d.Memory.Device, each layer
 // at its offset in the handle's allocation. The handles and sizes are
-// checked here; opening them needs the device kernel cudakern/gpu links
-// in a cuda build (ErrUnsupported without it), which refuses a handle it
+// checked here; opening them needs Config.GPU (cudakern/gpu.Driver in a
+// cuda build; ErrUnsupported without it), which refuses a handle it
 // cannot open or an allocation too small for its layer (ErrInvalidCache).
 // Hits are then written straight into that memory, their source staged
 // through the device.
@@ -260,10 +279,10 @@ func (s *Service) registerIPC(ctx context.Context, d Descriptor) (CacheID, error
 			return bad("layer %d offset %d: want a multiple of %d", l, m.Offsets[l], Alignment)
 		}
 	}
-	dev, err := cudakern.OpenIPC(m.Device, m.IPCHandles, m.Offsets, sizes)
-	if errors.Is(err, cudakern.ErrNoDevice) {
-		return 0, fmt.Errorf("%w: %v (CUDA IPC needs a cuda build and a device)", ErrUnsupported, m.Kind)
+	if s.cfg.GPU == nil {
+		return 0, fmt.Errorf("%w: %v (CUDA IPC needs a node built with the cuda tag)", ErrUnsupported, m.Kind)
 	}
+	dev, err := s.cfg.GPU.OpenIPC(m.Device, m.IPCHandles, m.Offsets, sizes)
 	if err != nil {
 		return 0, fmt.Errorf("%w: CUDA IPC: %w", ErrInvalidCache, err)
 	}

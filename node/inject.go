@@ -29,10 +29,12 @@ func (n *Node) startInject() (*injector, error) {
 	in.reads = newEntryReads(readsConfig{open: n.fetchMany, get: remote.Get, timeout: n.cfg.RPCTimeout})
 	remote.reads = in.reads
 	svc, err := inject.New(inject.Config{
-		Fetcher: countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: remote}, c: in.fetched, drop: n.repl.DropCorrupt},
-		Models:  nodeModels{n},
-		Limits:  n.cfg.Limits,
-		Logger:  n.log,
+		Fetcher:   countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: remote}, c: in.fetched, drop: n.repl.DropCorrupt},
+		Models:    nodeModels{n},
+		Limits:    n.cfg.Limits,
+		GPU:       n.cfg.GPU,
+		GPUDevice: n.cfg.GPUDevice,
+		Logger:    n.log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node: start injection: %w", err)
@@ -80,6 +82,15 @@ func (n *Node) InjectFetchedBytes() (local, peers float64) {
 		return 0, 0
 	}
 	return readCounter(n.inj.fetched.WithLabelValues("local")), readCounter(n.inj.fetched.WithLabelValues("peer"))
+}
+
+// InjectKernel names the kernel the injection service runs on: the CPU
+// Injector or the GPU (inject.Service.Kernel).
+func (n *Node) InjectKernel() string {
+	if n.inj == nil {
+		return ""
+	}
+	return n.inj.svc.Kernel()
 }
 
 // InjectStageTotals reports the time the injection path spent in each

@@ -17,6 +17,7 @@ import (
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
@@ -55,6 +56,11 @@ type Config struct {
 	// without the cuda tag refuses a positive budget.
 	GPUBytes  int64
 	GPUDevice int
+	// GPU runs injection on device GPUDevice and opens engine caches
+	// registered by CUDA IPC (inject.Config.GPU): cudakern/gpu.Driver,
+	// which kvmeshd built with the cuda tag sets. Nil: the CPU Injector,
+	// and CUDA IPC registrations are refused as unsupported.
+	GPU cudakern.GPU
 	// DRAMReleaseBytes is how many bytes of freed DRAM pages stay resident
 	// before they go back to the OS (kvtier.Config.ReleaseBytes). Default
 	// (0) kvtier's, min(DRAMBytes/8, 64 MiB); negative: never.

@@ -3,18 +3,10 @@
 package main
 
 import (
-	"fmt"
-	"os"
-
 	"github.com/kvmesh/kvmesh/cudakern"
-	_ "github.com/kvmesh/kvmesh/cudakern/gpu" // registers the GPU kernel with cudakern.New
+	"github.com/kvmesh/kvmesh/cudakern/gpu"
 )
 
-// With the cuda tag the demo's injections (the in-process nodes'
-// inject.Service, through cudakern.New) run on the GPU when one answers;
-// the demo says which kernel they got (its nodes' logs are discarded).
-func init() {
-	k, kind := cudakern.New(cudakern.Config{Workers: 1})
-	k.Close()
-	fmt.Fprintf(os.Stderr, "injection kernel: %s\n", kind)
-}
+// linkedGPU is the GPU the demo's in-process nodes inject on in a build
+// with the cuda tag (when device 0 answers; the CPU otherwise).
+func linkedGPU() cudakern.GPU { return gpu.Driver{} }

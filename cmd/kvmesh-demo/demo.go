@@ -380,6 +380,7 @@ func startDemoCluster(ctx context.Context, dir string, log *slog.Logger, w io.Wr
 	for i, h := range loopback.Hosts(3) {
 		n, err := node.New(node.Config{NodeID: fmt.Sprintf("n%d", i+1), DataDir: filepath.Join(dir, strconv.Itoa(i)),
 			GRPCAddr: h + ":0", Seeds: seeds, BootstrapExpect: 3, DRAMBytes: 512 << 20, LocalTiming: true, Logger: log,
+			GPU:      linkedGPU(),
 			Insecure: true}) // one process on loopback
 		if err != nil {
 			return nodes, err
@@ -392,6 +393,10 @@ func startDemoCluster(ctx context.Context, dir string, log *slog.Logger, w io.Wr
 			seeds = []string{n.GossipAddr()}
 		}
 		fmt.Fprintf(w, "started %s grpc=%s http=%s\n", n.ID(), n.GRPCAddr(), n.HTTPAddr())
+		if i == 0 {
+			// The nodes' logs are discarded; this says where they inject.
+			fmt.Fprintf(w, "injection kernel: %s\n", n.InjectKernel())
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()

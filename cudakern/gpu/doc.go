@@ -7,5 +7,7 @@
 // answers, so a default build must never link it. With the tag, Open
 // returns an Injector with the CPU Injector's methods (Inject, Workers,
 // Close) plus InjectDevice for sources and caches already in device
-// memory; cudakern.New picks it at start when a device answers.
+// memory, and Driver is the cudakern.GPU a daemon built with the tag hands
+// to the node: cudakern.NewKernel picks its kernel at start when a device
+// answers, and CUDA IPC caches are opened through it.
 package gpu

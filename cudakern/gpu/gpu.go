@@ -464,13 +464,18 @@ func (in *Injector) drain(err error) error {
 	return err
 }
 
-// The device kernel New chooses when this package is linked: device 0.
-func init() {
-	cudakern.RegisterDevice(func() (cudakern.Kernel, string, error) {
-		in, err := Open(Config{})
-		if err != nil {
-			return nil, "", err
-		}
-		return in, "cuda " + in.Device(), nil
-	})
+// Driver is cudakern.GPU over this package: kernels and IPC caches on
+// the machine's CUDA devices. The zero value is ready; a daemon built with
+// the cuda tag hands it to the node.
+type Driver struct{}
+
+var _ cudakern.GPU = Driver{}
+
+// Kernel implements cudakern.GPU: an Injector on device.
+func (Driver) Kernel(device int) (cudakern.Kernel, string, error) {
+	in, err := Open(Config{Device: device})
+	if err != nil {
+		return nil, "", err
+	}
+	return in, "cuda " + in.Device(), nil
 }

@@ -197,19 +197,17 @@ func (c *IPCCache) unmap() error {
 	return err
 }
 
-// A device cache registered by CUDA IPC gets an injector of its own on
-// its device (closed with it).
-func init() {
-	cudakern.RegisterIPC(func(device int, handles [][]byte, offsets []int64, layerBytes []int) (cudakern.DeviceCache, error) {
-		in, err := Open(Config{Device: device})
-		if err != nil {
-			return nil, err
-		}
-		c, err := in.OpenIPC(handles, offsets, layerBytes)
-		if err != nil {
-			in.Close()
-			return nil, err
-		}
-		return c, nil
-	})
+// OpenIPC implements cudakern.GPU: a device cache registered by CUDA IPC
+// gets an injector of its own on its device (closed with it).
+func (Driver) OpenIPC(device int, handles [][]byte, offsets []int64, layerBytes []int) (cudakern.DeviceCache, error) {
+	in, err := Open(Config{Device: device})
+	if err != nil {
+		return nil, err
+	}
+	c, err := in.OpenIPC(handles, offsets, layerBytes)
+	if err != nil {
+		in.Close()
+		return nil, err
+	}
+	return c, nil
 }

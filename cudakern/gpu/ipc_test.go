@@ -66,10 +66,10 @@ func ipcChild(t *testing.T, h string) {
 	}
 	j := ipcJob(t)
 	// An allocation too small for its layer is refused (and unmapped).
-	if _, err := cudakern.OpenIPC(0, [][]byte{handle}, []int64{64}, []int{j.Layout.LayerBytes()}); err == nil {
+	if _, err := (Driver{}).OpenIPC(0, [][]byte{handle}, []int64{64}, []int{j.Layout.LayerBytes()}); err == nil {
 		t.Error("an allocation too small for the layer at offset 64 was opened")
 	}
-	c, err := cudakern.OpenIPC(0, [][]byte{handle}, nil, []int{j.Layout.LayerBytes()})
+	c, err := (Driver{}).OpenIPC(0, [][]byte{handle}, nil, []int{j.Layout.LayerBytes()})
 	if err != nil {
 		t.Fatal(err)
 	}
