@@ -54,6 +54,12 @@ type Config struct {
 	// straight into it. The memory must outlive the engine; the caller
 	// frees it after Close. Nil means the Go heap.
 	CacheMemory func(layers int, layout pagedkv.CacheLayout) ([][]byte, error)
+	// GPU, when set, runs the engine's own injections (chunks it looks up
+	// itself) on device GPUDevice when it answers, with the CPU
+	// Injector's bits (cudakern.NewKernel); the cache stays in host
+	// memory. Nil: the CPU Injector.
+	GPU       cudakern.GPU
+	GPUDevice int
 	// Logger receives warnings (entries that do not fit the model); nil
 	// means slog.Default().
 	Logger *slog.Logger
@@ -74,7 +80,7 @@ type Engine struct {
 	spec   chunk.ModelSpec
 	fp     chunk.Fingerprint
 	rope   *cudakern.RopeTable
-	inj    *cudakern.Injector
+	inj    cudakern.Kernel
 	pool   *pool
 	layout pagedkv.CacheLayout
 	log    *slog.Logger
@@ -139,9 +145,13 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, fmt.Errorf("engine: cache layout: %w", err)
 	}
+	inj, kernel := cudakern.NewKernel(cfg.GPU, cfg.GPUDevice, cudakern.Config{Workers: cfg.Workers})
+	if cfg.GPU != nil {
+		cfg.Logger.Info("engine injection kernel", "kernel", kernel)
+	}
 	e := &Engine{
 		w: w, cfg: mc, spec: spec, fp: spec.Fingerprint(), rope: rope, layout: layout, log: cfg.Logger,
-		inj:  cudakern.NewInjector(cudakern.Config{Workers: cfg.Workers}),
+		inj:  inj,
 		pool: newPool(cfg.Workers, !cfg.PureGo),
 	}
 	e.attnAVX = e.pool.avx && mc.HeadDim%8 == 0 && layout.LayerBytes()/4 < math.MaxInt32

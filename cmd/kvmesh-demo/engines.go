@@ -29,7 +29,7 @@ func newServingEngine(ctx context.Context, c *client.Client, local *node.Node, w
 	tokenizer string, kvd chunk.DType, cacheTokens int, log *slog.Logger) (*servingEngine, error) {
 	se := &servingEngine{}
 	e, err := engine.New(weights, engine.Config{CacheTokens: cacheTokens, KVDType: kvd, TokenizerID: tokenizer,
-		Logger: log, CacheMemory: func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
+		GPU: linkedGPU(), Logger: log, CacheMemory: func(layers int, lay pagedkv.CacheLayout) ([][]byte, error) {
 			var err error
 			if se.shm, err = inject.CreateShm("", layers, []pagedkv.CacheLayout{lay}); err != nil {
 				return nil, err
