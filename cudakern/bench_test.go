@@ -122,6 +122,8 @@ var benchCases = []struct {
 }{
 	{"bf16-bf16-pagedkv.NHD", chunk.BF16, chunk.BF16, pagedkv.NHD, chunk.RopeNeoX},
 	{"bf16-bf16-pagedkv.HND", chunk.BF16, chunk.BF16, pagedkv.HND, chunk.RopeNeoX},
+	{"bf16-bf16-pagedkv.BlockNHD", chunk.BF16, chunk.BF16, pagedkv.BlockNHD, chunk.RopeNeoX},
+	{"bf16-bf16-pagedkv.BlockHND", chunk.BF16, chunk.BF16, pagedkv.BlockHND, chunk.RopeNeoX},
 	{"f16-f16-pagedkv.NHD", chunk.F16, chunk.F16, pagedkv.NHD, chunk.RopeNeoX},
 	{"f32-f32-pagedkv.NHD", chunk.F32, chunk.F32, pagedkv.NHD, chunk.RopeNeoX},
 	{"bf16-fp8-pagedkv.NHD", chunk.BF16, chunk.FP8E4M3, pagedkv.NHD, chunk.RopeNeoX},
@@ -156,8 +158,8 @@ func BenchmarkInject(b *testing.B) {
 // scatterCopy is a plain memcpy of exactly the bytes j writes, from the
 // same source into the same destination slots in the same order as the
 // Injector: (layer, 16-token tile) items taken by w goroutines, each token's
-// K heads then V heads copied with the runtime's memmove (NHD: one 2 KiB
-// run per token and K or V; HND: one run per head). It is the kernel
+// K heads then V heads copied with the runtime's memmove (NHD, BlockNHD:
+// one 2 KiB run per token and K or V; HND, BlockHND: one run per head). It is the kernel
 // without rotation or conversion, so it only makes sense for same-dtype
 // jobs.
 func scatterCopy(j *Job, w int) {
@@ -187,7 +189,7 @@ func scatterCopy(j *Job, w int) {
 							continue
 						}
 						so := kv*j.Tokens*srcTok + tok*srcTok
-						if l.Order == pagedkv.NHD {
+						if l.Strides().Head == row {
 							d := l.Offset(kv, slot, 0)
 							copy(dst[d:d+l.KVHeads*row], src[so:so+l.KVHeads*row])
 							continue

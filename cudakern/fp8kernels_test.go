@@ -229,7 +229,7 @@ func TestInjectFP8SinglePassMatchesGo(t *testing.T) {
 				if style == chunk.RopeGPTJ && shape.hd != 128 {
 					continue // the generic path, covered elsewhere
 				}
-				for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+				for _, order := range pagedkv.Orders() {
 					for _, ntMin := range []int{0, ntMinBytes} {
 						spec := testSpec(style, shape.hd, shape.rot, chunk.RopeScaling{})
 						tab, err := tabs.Get(spec, 2048)

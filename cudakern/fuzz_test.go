@@ -19,6 +19,9 @@ func FuzzInject(f *testing.F) {
 	f.Add([]byte{1, 0x31, 2, 7, 0, 3, 2, 4, 1, 3, 9, 1, 2, 0xfe, 3, 0xff, 7, 1, 0, 2})
 	f.Add([]byte{3, 0x22, 1, 0, 5, 1, 0, 1, 9, 9, 4, 0, 0, 0x80, 0x7f, 3})
 	f.Add([]byte{2, 0x13, 3, 3, 3, 2, 1, 3, 0, 3, 12, 2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+	// Byte 0's bit 0x40: K and V inside each block (BlockNHD, BlockHND).
+	f.Add([]byte{0x40, 0x22, 3, 3, 3, 2, 1, 3, 0, 3, 12, 2, 1, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11})
+	f.Add([]byte{0x4a, 0x13, 2, 2, 5, 2, 2, 4, 1, 3, 9, 2, 7, 0xff, 3, 9, 1, 2, 0, 11})
 	in := NewInjector(Config{Workers: 2})
 	f.Cleanup(in.Close)
 	// A second injector stores non-temporally whatever the size, so the NT
@@ -40,8 +43,13 @@ func FuzzInject(f *testing.F) {
 			style = chunk.RopeGPTJ
 		}
 		order := pagedkv.NHD
-		if at(0)&2 != 0 {
+		switch at(0) & 0x42 {
+		case 2:
 			order = pagedkv.HND
+		case 0x40:
+			order = pagedkv.BlockNHD
+		case 0x42:
+			order = pagedkv.BlockHND
 		}
 		hd := hds[at(2)%len(hds)]
 		rot := 0

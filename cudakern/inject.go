@@ -86,18 +86,15 @@ type plan struct {
 	wideN     int
 	narrowN   int
 	scalar    rotScalar
-	fp8K      fp8Path // single-pass kernel for K, if any (see pickFP8)
-	fp8V      fp8Path // and for V
-	kArg      float32 // the scale argument of the fp8 kernels for K
-	vArg      float32 // and for V
-	kDiv      int     // nonzero: the fp8 K store divides by kArg
-	vDiv      int     // and the V store by vArg
-	dstHead   int     // bytes between the heads of one slot in Dst
-	kvBytes   int     // offset of V in a destination layer
-	slotBytes int     // NHD: bytes of one slot (all heads)
-	blkBytes  int     // HND: bytes of one block of K or V
-	tiles     int     // token tiles per layer
-	items     int     // layers * tiles
+	fp8K      fp8Path         // single-pass kernel for K, if any (see pickFP8)
+	fp8V      fp8Path         // and for V
+	kArg      float32         // the scale argument of the fp8 kernels for K
+	vArg      float32         // and for V
+	kDiv      int             // nonzero: the fp8 K store divides by kArg
+	vDiv      int             // and the V store by vArg
+	dst       pagedkv.Strides // the layout's strides, derived once
+	tiles     int             // token tiles per layer
+	items     int             // layers * tiles
 	cancel    <-chan struct{}
 }
 
@@ -211,13 +208,7 @@ func (j *Job) planSrc(rawSrc, devDst bool) (plan, error) {
 			p.kernel = kernelF32NeoX
 		}
 	}
-	p.dstHead = l.HeadDim * p.dstES
-	p.kvBytes = l.LayerBytes() / 2
-	p.slotBytes = l.KVHeads * p.dstHead
-	p.blkBytes = l.BlockSize * p.slotBytes
-	if l.Order == pagedkv.HND {
-		p.dstHead *= l.BlockSize
-	}
+	p.dst = l.Strides()
 	p.tiles = (j.Tokens + tileTokens - 1) / tileTokens
 	p.items = len(j.Dst) * p.tiles
 	return p, nil
@@ -424,15 +415,8 @@ func (in *Injector) work(id int) {
 // the hardware prefetchers. 16 tokens of a Llama-8B layer are 64 KiB.
 const tileTokens = 16
 
-// offset is CacheLayout.Offset(kv, slot, 0) from the plan's precomputed
-// strides (it inlines; Offset does not).
-func (p *plan) offset(kv, slot int) int {
-	if p.Layout.Order == pagedkv.HND {
-		bs := p.Layout.BlockSize
-		return kv*p.kvBytes + slot/bs*p.blkBytes + slot%bs*p.Layout.HeadDim*p.dstES
-	}
-	return kv*p.kvBytes + slot*p.slotBytes
-}
+// offset is CacheLayout.Offset(kv, slot, 0) from the plan's strides.
+func (p *plan) offset(kv, slot int) int { return p.dst.Offset(kv, slot, 0) }
 
 // item rotates and scatters tokens [tile*tileTokens, ...) of one layer,
 // every head of the range: one kernel call per token for K, one for V.
@@ -451,7 +435,7 @@ func (p *plan) item(layer, tile int, x []float32) {
 		}
 		c, s := t.Row(p.Pos + tok)
 		ks := tok*p.srcTok + p.HeadLo*p.srcRow
-		p.rotHeads(dst[p.offset(0, slot):], src[ks:], c, s, x, p.heads, p.dstHead)
+		p.rotHeads(dst[p.offset(0, slot):], src[ks:], c, s, x, p.heads, p.dst.Head)
 	}
 	for tok := lo; tok < hi; tok++ {
 		slot := p.Slots[tok]
@@ -459,6 +443,6 @@ func (p *plan) item(layer, tile int, x []float32) {
 			continue
 		}
 		vs := p.srcV + tok*p.srcTok + p.HeadLo*p.srcRow
-		p.putV(dst[p.offset(1, slot):], src[vs:], x, p.heads, p.dstHead)
+		p.putV(dst[p.offset(1, slot):], src[vs:], x, p.heads, p.dst.Head)
 	}
 }

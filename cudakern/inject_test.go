@@ -60,21 +60,29 @@ func randKV(rng *rand.Rand, dt chunk.DType, n int) []byte {
 	return b
 }
 
-// elemIndex is the test's own layout arithmetic (row-major strides), kept
-// independent of CacheLayout.Offset: element index of (kv, slot, head, 0).
+// elemIndex is the test's own layout arithmetic (row-major strides of each
+// order's tensor shape), kept independent of CacheLayout.Offset: element
+// index of (kv, slot, head, 0).
 func elemIndex(l pagedkv.CacheLayout, kv, slot, head int) int {
 	blk, off := slot/l.BlockSize, slot%l.BlockSize
-	dims := []int{2, l.NumBlocks, l.BlockSize, l.KVHeads, l.HeadDim}
-	idx := []int{kv, blk, off, head, 0}
-	if l.Order == pagedkv.HND {
-		dims = []int{2, l.NumBlocks, l.KVHeads, l.BlockSize, l.HeadDim}
-		idx = []int{kv, blk, head, off, 0}
+	var dims, idx []int
+	switch l.Order {
+	case pagedkv.NHD:
+		dims, idx = []int{2, l.NumBlocks, l.BlockSize, l.KVHeads}, []int{kv, blk, off, head}
+	case pagedkv.HND:
+		dims, idx = []int{2, l.NumBlocks, l.KVHeads, l.BlockSize}, []int{kv, blk, head, off}
+	case pagedkv.BlockNHD:
+		dims, idx = []int{l.NumBlocks, 2, l.BlockSize, l.KVHeads}, []int{blk, kv, off, head}
+	case pagedkv.BlockHND:
+		dims, idx = []int{l.NumBlocks, 2, l.KVHeads, l.BlockSize}, []int{blk, kv, head, off}
+	default:
+		panic("elemIndex: order " + l.Order.String())
 	}
 	e := 0
 	for i := range dims {
 		e = e*dims[i] + idx[i]
 	}
-	return e
+	return e * l.HeadDim
 }
 
 // written marks the bytes of the head vectors a job writes.
@@ -252,7 +260,7 @@ func testInjectMatchesReference(t *testing.T, nt bool) {
 	n := 0
 	for _, srcDT := range allDTypes {
 		for _, dstDT := range allDTypes {
-			for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+			for _, order := range pagedkv.Orders() {
 				v := vs[n%len(vs)]
 				n++
 				name := srcDT.String() + "->" + dstDT.String() + "/" + order.String() + "/" + v.name
@@ -498,7 +506,7 @@ func TestInjectNoAlloc(t *testing.T) {
 // TestLayoutOffsets: Offset agrees with row-major strides, and the head
 // vectors tile the layer exactly once.
 func TestLayoutOffsets(t *testing.T) {
-	for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+	for _, order := range pagedkv.Orders() {
 		for _, dt := range allDTypes {
 			l := pagedkv.CacheLayout{Order: order, NumBlocks: 3, BlockSize: 5, KVHeads: 3, HeadDim: 4, DType: dt}
 			if err := l.Validate(); err != nil {
@@ -506,7 +514,7 @@ func TestLayoutOffsets(t *testing.T) {
 			}
 			seen := make([]int, l.LayerBytes())
 			row := l.HeadDim * dt.Size()
-			// The Injector's own strides (plan.offset, plan.dstHead).
+			// The Injector's own strides (plan.offset, plan.dst).
 			tab, err := NewRopeTable(testSpec(chunk.RopeNeoX, l.HeadDim, 0, chunk.RopeScaling{}), 16)
 			if err != nil {
 				t.Fatal(err)
@@ -518,7 +526,7 @@ func TestLayoutOffsets(t *testing.T) {
 			}
 			for kv := 0; kv < 2; kv++ {
 				for s := 0; s < l.Slots(); s++ {
-					if got, want := p.offset(kv, s)+2*p.dstHead, l.Offset(kv, s, 2); got != want {
+					if got, want := p.offset(kv, s)+2*p.dst.Head, l.Offset(kv, s, 2); got != want {
 						t.Fatalf("%v %v (%d,%d,2): plan offset %d, layout %d", order, dt, kv, s, got, want)
 					}
 					for h := 0; h < l.KVHeads; h++ {
@@ -543,7 +551,7 @@ func TestLayoutOffsets(t *testing.T) {
 
 func TestGatherScatter(t *testing.T) {
 	rng := rand.New(rand.NewPCG(19, 20))
-	for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+	for _, order := range pagedkv.Orders() {
 		for _, dt := range allDTypes {
 			t.Run(order.String()+"/"+dt.String(), func(t *testing.T) {
 				l := pagedkv.CacheLayout{Order: order, NumBlocks: 5, BlockSize: 4, KVHeads: 3, HeadDim: 8, DType: dt, KScale: 0.5, VScale: 0.25}

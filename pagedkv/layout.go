@@ -21,7 +21,28 @@ const (
 	// HND is [2, num_blocks, kv_heads, block_size, head_dim]; one head's
 	// slots within a block are contiguous.
 	HND Order = 2
+	// BlockNHD keeps a block's K and V together: [num_blocks, 2,
+	// block_size, kv_heads, head_dim], FlashInfer's NHD paged cache and
+	// the shape of vLLM's FlashInfer and Triton backends.
+	BlockNHD Order = 3
+	// BlockHND is [num_blocks, 2, kv_heads, block_size, head_dim],
+	// FlashInfer's HND paged cache (vLLM's FlashInfer backend with the HND
+	// cache layout).
+	BlockHND Order = 4
 )
+
+// Orders returns every valid order, in numeric order.
+func Orders() []Order { return []Order{NHD, HND, BlockNHD, BlockHND} }
+
+// Valid reports whether o is one of Orders.
+func (o Order) Valid() bool { return o >= NHD && o <= BlockHND }
+
+// headMajor: within a block of K or V, a head's slots are contiguous.
+func (o Order) headMajor() bool { return o == HND || o == BlockHND }
+
+// kvInBlock: a block holds its K then its V, instead of all of K's blocks
+// coming before all of V's.
+func (o Order) kvInBlock() bool { return o == BlockNHD || o == BlockHND }
 
 func (o Order) String() string {
 	switch o {
@@ -29,6 +50,10 @@ func (o Order) String() string {
 		return "NHD"
 	case HND:
 		return "HND"
+	case BlockNHD:
+		return "BlockNHD"
+	case BlockHND:
+		return "BlockHND"
 	}
 	return fmt.Sprintf("order(%d)", uint8(o))
 }
@@ -62,7 +87,7 @@ func (l CacheLayout) Validate() error {
 		return fmt.Errorf("%w: %s", ErrInvalidLayout, fmt.Sprintf(format, a...))
 	}
 	switch {
-	case l.Order != NHD && l.Order != HND:
+	case !l.Order.Valid():
 		return bad("order %v", l.Order)
 	case l.NumBlocks <= 0, l.BlockSize <= 0, l.KVHeads <= 0, l.HeadDim <= 0:
 		return bad("blocks %d, block size %d, kv heads %d, head dim %d must be positive",
@@ -100,15 +125,43 @@ func (l CacheLayout) LayerBytes() int {
 // Offset is the byte offset of element 0 of head vector (kv, slot, head),
 // kv being 0 for K and 1 for V. It does not check its arguments.
 func (l CacheLayout) Offset(kv, slot, head int) int {
-	return l.elemOffset(kv, slot, head) * l.DType.Size()
+	return l.Strides().Offset(kv, slot, head)
 }
 
-func (l CacheLayout) elemOffset(kv, slot, head int) int {
-	if l.Order == HND {
-		b, o := slot/l.BlockSize, slot%l.BlockSize
-		return (((kv*l.NumBlocks+b)*l.KVHeads+head)*l.BlockSize + o) * l.HeadDim
+// Strides are the byte strides of one layer. In every order the head
+// vector (kv, slot, head) starts at
+//
+//	kv*KV + slot/BlockSize*Block + slot%BlockSize*Slot + head*Head
+//
+// so a kernel that derives them once computes offsets as Offset does.
+type Strides struct {
+	BlockSize int
+	KV        int // between K and V of one block
+	Block     int // between blocks
+	Slot      int // between slots of one block
+	Head      int // between the heads of one slot
+}
+
+// Offset is the byte offset of element 0 of head vector (kv, slot, head).
+func (s Strides) Offset(kv, slot, head int) int {
+	return kv*s.KV + slot/s.BlockSize*s.Block + slot%s.BlockSize*s.Slot + head*s.Head
+}
+
+// Strides derives l's strides; every offset into a layer comes from here.
+// A block of K (or of V) is one plane of BlockSize*KVHeads head vectors,
+// slot-major or head-major; the planes are all of K's blocks then all of
+// V's, or each block's K then its V.
+func (l CacheLayout) Strides() Strides {
+	row := l.HeadDim * l.DType.Size()
+	plane := l.BlockSize * l.KVHeads * row
+	s := Strides{BlockSize: l.BlockSize, KV: l.NumBlocks * plane, Block: plane, Slot: l.KVHeads * row, Head: row}
+	if l.Order.headMajor() {
+		s.Slot, s.Head = row, l.BlockSize*row
 	}
-	return ((kv*l.NumBlocks*l.BlockSize+slot)*l.KVHeads + head) * l.HeadDim
+	if l.Order.kvInBlock() {
+		s.KV, s.Block = plane, 2*plane
+	}
+	return s
 }
 
 // Scales returns the K and V scales the cache stores with: the fp8 scales

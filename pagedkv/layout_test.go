@@ -18,6 +18,7 @@ func TestValidate(t *testing.T) {
 		edit func(*CacheLayout)
 	}{
 		{"order", func(l *CacheLayout) { l.Order = 0 }},
+		{"order past the last", func(l *CacheLayout) { l.Order = BlockHND + 1 }},
 		{"no blocks", func(l *CacheLayout) { l.NumBlocks = 0 }},
 		{"negative block size", func(l *CacheLayout) { l.BlockSize = -1 }},
 		{"no heads", func(l *CacheLayout) { l.KVHeads = 0 }},
@@ -37,10 +38,11 @@ func TestValidate(t *testing.T) {
 	}
 }
 
-// TestOffsetsTile: in both orders the head vectors of a layer tile it
-// exactly once, and a slot's heads are contiguous in NHD.
+// TestOffsetsTile: in every order the head vectors of a layer tile it
+// exactly once, and a slot's heads are contiguous where the order is
+// slot-major (NHD, BlockNHD).
 func TestOffsetsTile(t *testing.T) {
-	for _, order := range []Order{NHD, HND} {
+	for _, order := range Orders() {
 		l := CacheLayout{Order: order, NumBlocks: 3, BlockSize: 5, KVHeads: 3, HeadDim: 4, DType: chunk.F16}
 		seen := make([]int, l.LayerBytes())
 		row := l.HeadDim * l.DType.Size()
@@ -48,8 +50,8 @@ func TestOffsetsTile(t *testing.T) {
 			for s := range l.Slots() {
 				for h := range l.KVHeads {
 					o := l.Offset(kv, s, h)
-					if order == NHD && h > 0 && o != l.Offset(kv, s, h-1)+row {
-						t.Fatalf("NHD (%d,%d,%d): heads not contiguous", kv, s, h)
+					if !order.headMajor() && h > 0 && o != l.Offset(kv, s, h-1)+row {
+						t.Fatalf("%v (%d,%d,%d): heads not contiguous", order, kv, s, h)
 					}
 					for i := o; i < o+row; i++ {
 						seen[i]++
@@ -61,6 +63,59 @@ func TestOffsetsTile(t *testing.T) {
 			if n != 1 {
 				t.Fatalf("%v: byte %d covered %d times", order, i, n)
 			}
+		}
+	}
+}
+
+// TestOffsetsMatchShapes: Offset is the row-major index of each order's
+// tensor shape as the engines name it (kv: K or V, block, slot within the
+// block, head; head_dim innermost).
+func TestOffsetsMatchShapes(t *testing.T) {
+	shapes := map[Order]string{
+		NHD:      "kbsh", // vLLM FlashAttention [2, num_blocks, block_size, kv_heads, head_dim]
+		HND:      "kbhs", // [2, num_blocks, kv_heads, block_size, head_dim]
+		BlockNHD: "bksh", // FlashInfer NHD, vLLM FlashInfer/Triton [num_blocks, 2, block_size, kv_heads, head_dim]
+		BlockHND: "bkhs", // FlashInfer HND [num_blocks, 2, kv_heads, block_size, head_dim]
+	}
+	if len(shapes) != len(Orders()) {
+		t.Fatalf("%d shapes for %d orders", len(shapes), len(Orders()))
+	}
+	for _, order := range Orders() {
+		axes, ok := shapes[order]
+		if !ok {
+			t.Fatalf("no shape for %v", order)
+		}
+		l := CacheLayout{Order: order, NumBlocks: 3, BlockSize: 4, KVHeads: 5, HeadDim: 6, DType: chunk.BF16}
+		dims := map[byte]int{'k': 2, 'b': l.NumBlocks, 's': l.BlockSize, 'h': l.KVHeads}
+		for kv := range 2 {
+			for s := range l.Slots() {
+				for h := range l.KVHeads {
+					idx := map[byte]int{'k': kv, 'b': s / l.BlockSize, 's': s % l.BlockSize, 'h': h}
+					want := 0
+					for i := range len(axes) {
+						want = want*dims[axes[i]] + idx[axes[i]]
+					}
+					want *= l.HeadDim * l.DType.Size()
+					if got := l.Offset(kv, s, h); got != want {
+						t.Fatalf("%v: Offset(%d, %d, %d) = %d, want %d", order, kv, s, h, got, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestOrders(t *testing.T) {
+	seen := map[string]bool{}
+	for _, o := range Orders() {
+		if !o.Valid() || seen[o.String()] {
+			t.Fatalf("order %d (%v): invalid or named twice", uint8(o), o)
+		}
+		seen[o.String()] = true
+	}
+	for _, o := range []Order{0, BlockHND + 1, 255} {
+		if o.Valid() {
+			t.Fatalf("order %d is valid", uint8(o))
 		}
 	}
 }

@@ -140,7 +140,7 @@ func TestGPUInjectMatchesCPU(t *testing.T) {
 	n := 0
 	for _, s := range dtypes {
 		for _, d := range dtypes {
-			for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+			for _, order := range pagedkv.Orders() {
 				for _, bits := range []bool{false, true} {
 					sp := specs[n%len(specs)]
 					n++
@@ -198,8 +198,8 @@ func devRead(t testing.TB, in *Injector, p uint64, b []byte) {
 }
 
 // TestGPUDecodeInjectMatchesCPU: codec payloads in device memory decoded,
-// rotated and scattered in one pass equal chunk's decoder then the CPU
-// Injector; LayerDone sees every layer in order.
+// rotated and scattered in one pass into a device cache of each order equal
+// chunk's decoder then the CPU Injector; LayerDone sees every layer in order.
 func TestGPUDecodeInjectMatchesCPU(t *testing.T) {
 	in := open(t)
 	cpu := cudakern.NewInjector(cudakern.Config{Workers: 2})
@@ -210,8 +210,12 @@ func TestGPUDecodeInjectMatchesCPU(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	orders := pagedkv.Orders()
+	n := 0
 	for _, codec := range []chunk.Codec{chunk.CodecInt8, chunk.CodecInt4, chunk.CodecFP8} {
 		for _, edt := range []chunk.DType{chunk.F32, chunk.F16, chunk.BF16} {
+			order := orders[n%len(orders)]
+			n++
 			toks := make([]uint32, 100)
 			for i := range toks {
 				toks[i] = rng.Uint32() % 32000
@@ -231,7 +235,7 @@ func TestGPUDecodeInjectMatchesCPU(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			lay := pagedkv.CacheLayout{Order: pagedkv.HND, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}
+			lay := pagedkv.CacheLayout{Order: order, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}
 			j := job(rng, tab, edt, lay, 100, 3, 2, false)
 			j.Src, j.SrcKScale, j.SrcVScale = dec.KV, 0, 0
 			var tgt Target

@@ -201,7 +201,7 @@ func TestHostLayout(t *testing.T) {
 	}
 }
 
-// TestHostInjectMatchesCPU: every source and cache dtype, both orders,
+// TestHostInjectMatchesCPU: every source and cache dtype, every order,
 // every rope variant, on values and on arbitrary bits.
 func TestHostInjectMatchesCPU(t *testing.T) {
 	in := cudakern.NewInjector(cudakern.Config{Workers: 1})
@@ -212,7 +212,7 @@ func TestHostInjectMatchesCPU(t *testing.T) {
 	n := 0
 	for _, srcDT := range dtypes {
 		for _, dstDT := range dtypes {
-			for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+			for _, order := range pagedkv.Orders() {
 				for _, bits := range []bool{false, true} {
 					v := vs[n%len(vs)]
 					n++
@@ -282,7 +282,7 @@ func entry(rng *rand.Rand, s chunk.ModelSpec, dt chunk.DType, tokens, layers, he
 
 // TestHostDecodeInjectMatchesCPU: int8, int4 and fp8 payloads of f32, f16
 // and bf16 entries decoded in the kernel's pass equal chunk's decoder
-// followed by the CPU Injector, into every cache dtype and both orders.
+// followed by the CPU Injector, into every cache dtype and every order.
 // 70 tokens cover a second, partial key group; head dim 80 a partial value
 // group.
 func TestHostDecodeInjectMatchesCPU(t *testing.T) {
@@ -291,11 +291,14 @@ func TestHostDecodeInjectMatchesCPU(t *testing.T) {
 	rng := rand.New(rand.NewPCG(29, 3))
 	vs := append(variants(), variant{"neox/hd80/partial", spec(chunk.RopeNeoX, 80, 48, chunk.RopeScaling{})})
 	var tabs cudakern.RopeTables
+	orders := pagedkv.Orders()
 	n := 0
 	for _, codec := range []chunk.Codec{chunk.CodecInt8, chunk.CodecInt4, chunk.CodecFP8} {
 		for _, edt := range []chunk.DType{chunk.F32, chunk.F16, chunk.BF16} {
 			for _, dstDT := range dtypes {
-				order := []pagedkv.Order{pagedkv.NHD, pagedkv.HND}[n%2]
+				// Shifted once per (codec, entry dtype): every cache
+				// dtype meets every order.
+				order := orders[(n+n/len(dtypes))%len(orders)]
 				v := vs[n%len(vs)]
 				if n%7 == 0 {
 					v = vs[len(vs)-1]
@@ -397,14 +400,14 @@ func TestHostDecodeRejects(t *testing.T) {
 
 // TestHostCompactMatchesCPU: the host-memory path of the CUDA injector
 // (CompactJob on the device, ScatterCompact on the host) gives the CPU
-// Injector's cache, duplicate slots included.
+// Injector's cache, duplicate slots included, in every order.
 func TestHostCompactMatchesCPU(t *testing.T) {
 	in := cudakern.NewInjector(cudakern.Config{Workers: 1})
 	defer in.Close()
 	rng := rand.New(rand.NewPCG(29, 5))
 	vs := variants()
-	for i, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND, pagedkv.NHD, pagedkv.HND} {
-		src, dst := dtypes[i], dtypes[3-i]
+	for i, order := range pagedkv.Orders() {
+		src, dst := dtypes[i%len(dtypes)], dtypes[len(dtypes)-1-i%len(dtypes)]
 		v := vs[3*i%len(vs)]
 		tab, err := cudakern.NewRopeTable(v.spec, 100)
 		if err != nil {

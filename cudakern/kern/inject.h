@@ -65,8 +65,10 @@ typedef uint64_t kvm_u64;
 enum { KVM_F32 = 1, KVM_F16 = 2, KVM_BF16 = 3, KVM_FP8 = 4 };
 /* Source encodings: raw elements, or a quantizing codec's layer payload. */
 enum { KVM_RAW = 0, KVM_INT8 = 1, KVM_INT4 = 2, KVM_QFP8 = 3 };
-/* Cache orders: the values of pagedkv.Order. */
-enum { KVM_NHD = 1, KVM_HND = 2 };
+/* Cache orders: the values of pagedkv.Order. NHD and HND hold all of K's
+ * blocks, then all of V's; BLOCK_NHD and BLOCK_HND hold each block's K then
+ * its V (FlashInfer's shapes). */
+enum { KVM_NHD = 1, KVM_HND = 2, KVM_BLOCK_NHD = 3, KVM_BLOCK_HND = 4 };
 /* Error bits a pass reports (codec payloads only). */
 enum { KVM_ERR_PARAMS = 1, KVM_ERR_FP8NAN = 2, KVM_ERR_PADDING = 4 };
 
@@ -398,12 +400,21 @@ KVM_HD kvm_u32 kvm_check_padding(const kvm_job *j, const kvm_qgeom *g, const kvm
 
 /* ---- The fused pass ---- */
 
-/* Element offset of (kv, slot, head, 0) in one layer (CacheLayout.Offset). */
+/*
+ * Element offset of (kv, slot, head, 0) in one layer (CacheLayout.Offset):
+ * a block of K or of V is a plane of block_size*heads head vectors, slot-
+ * or head-major; the plane's index is kv*num_blocks+block, or 2*block+kv
+ * where a block holds its K and V. NHD, the common case, needs no division.
+ */
 KVM_HD kvm_i64 kvm_offset(const kvm_job *j, int kv, kvm_i64 slot, int head) {
-	kvm_i64 bs = j->block_size;
-	if (j->order == KVM_HND)
-		return (((kv * j->num_blocks + slot / bs) * j->heads + head) * bs + slot % bs) * j->head_dim;
-	return ((kv * j->num_blocks * bs + slot) * j->heads + head) * j->head_dim;
+	kvm_i64 bs = j->block_size, b, o, plane, in;
+	if (j->order == KVM_NHD)
+		return ((kv * j->num_blocks * bs + slot) * j->heads + head) * j->head_dim;
+	b = slot / bs;
+	o = slot % bs;
+	plane = j->order == KVM_HND ? kv * j->num_blocks + b : 2 * b + kv;
+	in = j->order == KVM_BLOCK_NHD ? o * j->heads + head : head * bs + o;
+	return (plane * bs * j->heads + in) * j->head_dim;
 }
 
 /* Source element bits of (kv, tok, source head, dim), in the source dtype
