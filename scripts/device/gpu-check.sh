@@ -18,8 +18,9 @@
 #
 # The device machine has the driver but no Go and no network: the payload
 # is prebuilt here by `make gpu-payload` into the ignored folder
-# out/gpu-check (test binaries with the PTX embedded, the demo, BUILT_AT;
-# at most 64 MiB) and passed with carry: ["out/gpu-check"]:
+# out/gpu-check (test binaries with the PTX embedded and the demo, gzipped,
+# and BUILT_AT; with the tree at most 64 MiB) and passed with carry:
+# ["out/gpu-check"]:
 #
 #   make gpu-payload
 #   device tool: command "bash scripts/device/gpu-check.sh", carry ["out/gpu-check"], timeout_s 540
@@ -31,14 +32,21 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu-check-out}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/gpu-check.log") 2>&1
-P=$PWD/out/gpu-check
+C=$PWD/out/gpu-check
+P=$(mktemp -d /tmp/gpu-check.XXXXXX)
+trap 'rm -rf "$P"' EXIT
 fail=0
 step() { echo; echo "== $(date -u +%T) $*"; }
 
-step "payload built at $(cat "$P/BUILT_AT" 2>/dev/null || echo '?') on $(hostname)"
+step "payload built at $(cat "$C/BUILT_AT" 2>/dev/null || echo '?') on $(hostname)"
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader || true
+for z in "$C"/*.gz; do
+	[[ -f $z ]] || { echo "no payload in $C: run make gpu-payload and carry out/gpu-check" >&2; exit 2; }
+	b=$(basename "$z" .gz)
+	gzip -dc "$z" >"$P/$b" && chmod +x "$P/$b" || { echo "cannot unpack $z" >&2; exit 2; }
+done
 for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo; do
-	[[ -x $P/$b ]] || { echo "missing $P/$b: run make gpu-payload and carry out/gpu-check" >&2; exit 2; }
+	[[ -x $P/$b ]] || { echo "missing $b in the payload: run make gpu-payload and carry out/gpu-check" >&2; exit 2; }
 done
 
 step "cudakern/gpu tests"
