@@ -25,9 +25,29 @@ const (
 // (linux/amd64, no cgo), so that the answer does not depend on the machine.
 func goList(t *testing.T, root string, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	return goListBuild(t, root, defaultBuild, args...)
+}
+
+// build is a configuration the module is built in: the default one, and
+// the cuda one (cgo, the cuda tag) that links the GPU code.
+type build struct {
+	name string
+	env  []string
+	tags []string
+}
+
+var (
+	defaultBuild = build{name: "default", env: []string{"CGO_ENABLED=0"}}
+	cudaBuild    = build{name: "cuda", env: []string{"CGO_ENABLED=1"}, tags: []string{"-tags", "cuda"}}
+)
+
+// goListBuild is goList in build b. Listing needs neither a C compiler nor
+// CUDA: nothing is compiled.
+func goListBuild(t *testing.T, root string, b build, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command("go", append(append([]string{"list"}, b.tags...), args...)...)
 	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "GOOS=linux", "GOARCH=amd64", "CGO_ENABLED=0")
+	cmd.Env = append(append(os.Environ(), "GOOS=linux", "GOARCH=amd64"), b.env...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -96,7 +116,8 @@ type pkg struct {
 // TestLayering: every package of the module has a row in the package
 // table of docs/ARCHITECTURE.md, every row names packages that exist, and
 // each package imports only packages on rows below its own (tests' own
-// imports are not checked: an external test may import what it likes).
+// imports are not checked: an external test may import what it likes),
+// in the default build and in the cuda one.
 func TestLayering(t *testing.T) {
 	root := moduleRoot(t)
 	doc, err := os.ReadFile(filepath.Join(root, archDoc))
@@ -107,19 +128,53 @@ func TestLayering(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%s: %v", archDoc, err)
 	}
-	var pkgs []pkg
-	dec := json.NewDecoder(bytes.NewReader(goList(t, root, "-e", "-json=ImportPath,Imports", "./...")))
-	for {
-		var p pkg
-		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
-			break
-		} else if err != nil {
-			t.Fatal(err)
+	for _, b := range []build{defaultBuild, cudaBuild} {
+		var pkgs []pkg
+		dec := json.NewDecoder(bytes.NewReader(goListBuild(t, root, b, "-e", "-json=ImportPath,Imports", "./...")))
+		for {
+			var p pkg
+			if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatal(err)
+			}
+			pkgs = append(pkgs, p)
 		}
-		pkgs = append(pkgs, p)
+		for _, msg := range check(rows, pkgs) {
+			t.Errorf("%s build: %s", b.name, msg)
+		}
 	}
-	for _, msg := range check(rows, pkgs) {
-		t.Error(msg)
+}
+
+// TestNoCUDAInDefaultBinaries: a default build of any command links
+// neither gorgonia.org/cu (whose init exits a process without a driver)
+// nor the GPU code; the cuda build of kvmeshd and of the demo links
+// cudakern/gpu, so the GPU is really wired in there.
+func TestNoCUDAInDefaultBinaries(t *testing.T) {
+	root := moduleRoot(t)
+	deps := func(b build, cmd string) map[string]bool {
+		set := map[string]bool{}
+		for _, p := range strings.Fields(string(goListBuild(t, root, b, "-deps", cmd))) {
+			set[p] = true
+		}
+		return set
+	}
+	cmds := strings.Fields(string(goList(t, root, "./cmd/...")))
+	if len(cmds) == 0 {
+		t.Fatal("no commands under ./cmd")
+	}
+	for _, c := range cmds {
+		d := deps(defaultBuild, c)
+		for _, bad := range []string{"gorgonia.org/cu", module + "/cudakern/gpu"} {
+			if d[bad] {
+				t.Errorf("the default build of %s links %s", c, bad)
+			}
+		}
+	}
+	for _, c := range []string{"./cmd/kvmeshd", "./cmd/kvmesh-demo"} {
+		if !deps(cudaBuild, c)[module+"/cudakern/gpu"] {
+			t.Errorf("the cuda build of %s does not link cudakern/gpu", c)
+		}
 	}
 }
 
