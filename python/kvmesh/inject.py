@@ -15,6 +15,7 @@ or [num_blocks][kv_heads][block_size][head_dim] (HND).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import mmap
 import os
 from typing import Callable, Sequence
@@ -24,11 +25,14 @@ import numpy as np
 
 from ._pb import inject_pb2, inject_pb2_grpc
 from .entry import _np_dtype
-from .errors import KvmeshError, PermissionDenied, UsageError
+from .errors import InvalidArgument, KvmeshError, PermissionDenied, UsageError
 from .keys import ID, Context, DType, Key, _is_int, tokens_array, want_context, want_id
 
 __all__ = ["NHD", "HND", "ALIGNMENT", "CacheLayout", "PagedCache", "CUDAPagedCache", "InjectChunk", "InjectResult",
-           "Injector", "register_cache", "send_cache_file", "cuda_ipc"]
+           "Injector", "StagedInjector", "register_cache", "send_cache_file", "cuda_ipc", "STAGING", "CUDA_IPC",
+           "HOST_STAGING"]
+
+log = logging.getLogger("kvmesh.inject")
 
 NHD, HND = 1, 2
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
@@ -135,10 +139,12 @@ class PagedCache:
         self.close()
 
     @staticmethod
-    def cuda(tensors, layout: CacheLayout) -> "CUDAPagedCache":
+    def cuda(tensors, layout: CacheLayout, staging: str = "auto") -> "CUDAPagedCache":
         """A PagedCache over torch CUDA tensors (one per layer) instead of
-        shared memory: see CUDAPagedCache."""
-        return CUDAPagedCache(tensors, layout)
+        shared memory, registered by CUDA IPC or, where that is impossible,
+        through pinned host staging (staging "auto", "never" or "always"):
+        see CUDAPagedCache."""
+        return CUDAPagedCache(tensors, layout, staging)
 
 
 # CUDA IPC handles (cudaIpcMemHandle_t) are 64 bytes; the node wants every
@@ -146,31 +152,55 @@ class PagedCache:
 IPC_HANDLE_BYTES = 64
 _DEVICE_ALIGN = 64
 
+# How a CUDAPagedCache may reach the node (CUDAPagedCache.staging), and how
+# it does (CUDAPagedCache.transport).
+STAGING = ("auto", "never", "always")
+CUDA_IPC, HOST_STAGING = "cuda-ipc", "host-staging"
+
+
+def _gpu():
+    """kvmesh.torch.gpu, the CUDA seam (imported on first use: it needs
+    torch)."""
+    from .torch import gpu
+    return gpu
+
+
+def _check_layers(what: str, tensors: list, layout: CacheLayout) -> None:
+    """Refuses layers that cannot be an engine's GPU cache of layout, by
+    IPC or staging alike."""
+    if not isinstance(layout, CacheLayout):
+        raise UsageError(f"{what}: want a kvmesh.inject.CacheLayout, got {type(layout).__name__}")
+    if not tensors:
+        raise UsageError(f"{what}: no layers")
+    cuda = _gpu().cuda
+    for l, t in enumerate(tensors):
+        if not cuda.is_device(t):
+            raise UsageError(f"{what}: layer {l} is not a CUDA tensor: for a cache in host memory, register a "
+                             "PagedCache in shared memory")
+        if not t.is_contiguous():
+            raise UsageError(f"{what}: layer {l} is not contiguous")
+        if t.numel() * t.element_size() != layout.layer_bytes:
+            raise UsageError(f"{what}: layer {l} of {t.numel() * t.element_size()} bytes, the layout needs "
+                             f"{layout.layer_bytes}")
+
 
 def cuda_ipc(tensors, layout: CacheLayout):
     """The CUDA IPC registration of a cache whose layer l is the torch CUDA
     tensor tensors[l] (contiguous, layout.layer_bytes): (device, one
     64-byte handle per layer, each layer's byte offset in the allocation
     its handle exports), from torch's own storage sharing. Layers of one
-    allocation share its handle."""
-    if not isinstance(layout, CacheLayout):
-        raise UsageError(f"cuda_ipc: want a kvmesh.inject.CacheLayout, got {type(layout).__name__}")
+    allocation share its handle. What cannot be exported is a UsageError."""
     tensors = list(tensors)
-    if not tensors:
-        raise UsageError("cuda_ipc: no layers")
+    _check_layers("cuda_ipc", tensors, layout)
+    cuda = _gpu().cuda
     devices, handles, offsets = set(), [], []
     for l, t in enumerate(tensors):
-        if not getattr(t, "is_cuda", False):
-            raise UsageError(f"cuda_ipc: layer {l} is not a CUDA tensor: register a PagedCache in shared memory "
-                             "and copy its layers to the device from pinned memory instead")
-        if not t.is_contiguous():
-            raise UsageError(f"cuda_ipc: layer {l} is not contiguous")
-        if t.numel() * t.element_size() != layout.layer_bytes:
-            raise UsageError(f"cuda_ipc: layer {l} of {t.numel() * t.element_size()} bytes, the layout needs "
-                             f"{layout.layer_bytes}")
-        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._untyped()
-        device, handle, _size, offset = storage._share_cuda_()[:4]
-        handle = bytes(handle)
+        try:
+            device, handle, offset = cuda.export(t)
+        except KvmeshError:
+            raise
+        except Exception as e:  # noqa: BLE001 (torch refuses with RuntimeError and more)
+            raise UsageError(f"cuda_ipc: layer {l}: torch cannot export it by CUDA IPC: {e}") from e
         if len(handle) != IPC_HANDLE_BYTES:
             raise UsageError(f"cuda_ipc: layer {l}: torch gave a {len(handle)}-byte IPC handle")
         offset += t.storage_offset() * t.element_size()
@@ -188,32 +218,86 @@ def cuda_ipc(tensors, layout: CacheLayout):
 class CUDAPagedCache:
     """A paged KV cache in the engine's GPU memory: one torch CUDA tensor
     per layer (contiguous, layout.layer_bytes each; the CacheLayout's
-    order and dtype). register_cache registers it with the local node by
-    CUDA IPC (MEMORY_KIND_CUDA_IPC, the handles from torch), and the node
-    writes hits straight into it. That needs a kvmeshd built with the cuda
-    tag on the same machine and GPU (others refuse it as unsupported);
-    where IPC is impossible, register a PagedCache in shared memory and
-    copy its layers to the device from pinned memory."""
+    order and dtype). register_cache registers it with the local node.
 
-    def __init__(self, tensors, layout: CacheLayout):
+    By CUDA IPC (MEMORY_KIND_CUDA_IPC, the handles from torch) the node
+    writes hits straight into the tensors. That needs a kvmeshd built with
+    the cuda tag on the same machine and GPU. Where IPC is impossible the
+    cache goes through pinned host staging (kvmesh.torch.gpu.HostStaging):
+    a shared-memory PagedCache of the same layout, page-locked, that the
+    node writes; its StagedInjector copies the rows written to the tensors
+    and waits for the copies before it reports a layer or returns. It
+    costs host memory the size of the cache and a host-to-device copy of
+    what each injection writes.
+
+    staging says which:
+    - "auto" (the default): IPC, else staging where IPC is impossible:
+      torch cannot export the tensors (expandable segments, say), or the
+      node answers that it cannot open them (Unimplemented: a kvmeshd
+      without the cuda tag; InvalidArgument: its device refused the
+      handles). The fallback is logged (logger kvmesh.inject) and said by
+      fallback_reason; it lasts for the cache's life.
+    - "never": IPC only; what cannot be exported raises UsageError, a
+      node's refusal its KvmeshError.
+    - "always": staging only.
+    transport says which one the cache uses: CUDA_IPC ("cuda-ipc") or
+    HOST_STAGING ("host-staging"); with "auto" it may turn to staging at
+    register_cache. A node on another machine is refused either way
+    (PermissionDenied): both need the node on the engine's machine.
+
+    A cache is registered through staging with one node at a time (the
+    staging is one shared-memory file). close() also frees the staging."""
+
+    def __init__(self, tensors, layout: CacheLayout, staging: str = "auto"):
+        if staging not in STAGING:
+            raise UsageError(f"PagedCache.cuda: staging {staging!r}: want one of {', '.join(STAGING)}")
+        if isinstance(tensors, (str, bytes)) or not hasattr(tensors, "__iter__"):
+            raise UsageError(f"PagedCache.cuda: want one torch CUDA tensor per layer, got {type(tensors).__name__}")
         self._tensors = list(tensors)
-        self.device, self.ipc_handles, self.offsets = cuda_ipc(self._tensors, layout)
-        self.layers, self.layout = len(self._tensors), layout
+        _check_layers("PagedCache.cuda", self._tensors, layout)
+        self.layers, self.layout, self.staging = len(self._tensors), layout, staging
+        self.transport, self.fallback_reason = CUDA_IPC, None
+        self.device, self.ipc_handles, self.offsets = None, [], []
+        self._host = None  # the HostStaging, once one is made
+        self._staged = False  # registered through the staging
+        if staging == "always":
+            self.transport = HOST_STAGING
+            return
+        try:
+            self.device, self.ipc_handles, self.offsets = cuda_ipc(self._tensors, layout)
+        except UsageError as e:
+            if staging == "never":
+                raise
+            self._fall_back(str(e))
+
+    def _fall_back(self, reason: str) -> None:
+        self.transport, self.fallback_reason = HOST_STAGING, reason
+        log.warning("kvmesh: GPU cache of %d layers through pinned host staging, not CUDA IPC: %s", self.layers, reason)
+
+    def host_staging(self):
+        """The cache's HostStaging (made on first use: host memory the size
+        of the cache)."""
+        if self._host is None:
+            self._host = _gpu().HostStaging(self._tensors, self.layout)
+        return self._host
 
     def layer(self, l: int):
         """Layer l, the engine's own tensor."""
         return self._tensors[l]
 
     def close(self) -> None:
-        """Drops the references to the tensors (unregister first)."""
+        """Drops the references to the tensors and frees the staging
+        (unregister first)."""
         self._tensors = []
+        if self._host is not None:
+            host, self._host = self._host, None
+            host.close()
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
-
 
 @dataclasses.dataclass(frozen=True)
 class InjectChunk:
@@ -276,6 +360,17 @@ class InjectResult:
     timings: "dict[str, int]" = dataclasses.field(default_factory=dict)
 
 
+def _want_chunks(chunks) -> "list[InjectChunk]":
+    """chunks as a list of InjectChunks, or UsageError."""
+    if isinstance(chunks, InjectChunk):
+        raise UsageError("inject: want a list of InjectChunks, got one (wrap it in a list)")
+    chunks = list(chunks)
+    for i, c in enumerate(chunks):
+        if not isinstance(c, InjectChunk):
+            raise UsageError(f"inject: chunk {i}: want a kvmesh.inject.InjectChunk, got {type(c).__name__}")
+    return chunks
+
+
 class Injector:
     """Injects chunks into a cache registered with one node (the node on
     the engine's machine: it writes the engine's memory). Made by
@@ -292,12 +387,7 @@ class Injector:
         on_plan(matches) once every entry is fetched and verified, before
         anything is written."""
         from .client import _MATCH_OF, _key, _pcontext, _pid, translate
-        if isinstance(chunks, InjectChunk):
-            raise UsageError("inject: want a list of InjectChunks, got one (wrap it in a list)")
-        chunks = list(chunks)
-        for i, c in enumerate(chunks):
-            if not isinstance(c, InjectChunk):
-                raise UsageError(f"inject: chunk {i}: want a kvmesh.inject.InjectChunk, got {type(c).__name__}")
+        chunks = _want_chunks(chunks)
         req = inject_pb2.InjectRequest(cache_id=self.cache_id, plan=on_plan is not None, chunks=[
             inject_pb2.InjectChunk(content=_pid(c.content), tokens=list(c.tokens), want=_pcontext(c.want),
                                    pos=c.pos, slots=list(c.slots)) for c in chunks])
@@ -342,11 +432,86 @@ class Injector:
         self.close()
 
 
+class StagedInjector(Injector):
+    """The Injector of a CUDAPagedCache registered through host staging:
+    the node writes the staging, and inject copies what it wrote to the
+    engine's tensors (the slots of the chunks the plan answered as hits,
+    each layer as the node reports it) and waits for the copies before it
+    calls on_layer(l) and before it returns: when the engine hears of a
+    layer, its tensors hold it. A failed copy raises KvmeshError. Slots of
+    a planned hit that the node then answers MISS (an entry that failed to
+    decode or arrive at a later layer) hold what the staging held, as they
+    hold unspecified bytes by CUDA IPC: the engine computes them, as for
+    any MISS. close() unregisters; the cache keeps its staging."""
+
+    def __init__(self, client, addr: str, cache_id: int, cache: CUDAPagedCache):
+        super().__init__(client, addr, cache_id)
+        self.cache = cache
+
+    def inject(self, chunks: "Sequence[InjectChunk]", on_layer: "Callable[[int], None] | None" = None,
+               on_plan: "Callable[[list], None] | None" = None, timeout: "float | None" = None) -> InjectResult:
+        """Injector.inject, the rows written copied to the device first."""
+        from .client import Match
+        chunks = _want_chunks(chunks)
+        slots = [slots_array(c.slots) for c in chunks]
+        host = self.cache.host_staging()
+        gpu = _gpu()
+        runs = None  # the rows to copy, once the plan says which chunks hit
+        early = []  # layers reported before a plan (a node that sends none)
+
+        def hit_runs(matches):
+            return gpu.slot_runs(np.concatenate([np.zeros(0, np.int64)] + [
+                s for s, m in zip(slots, matches, strict=True) if m != Match.MISS]))
+
+        def plan(matches):
+            nonlocal runs
+            runs = hit_runs(matches)
+            if on_plan:
+                on_plan(matches)
+
+        def layer(l):
+            if runs is None:
+                early.append(l)
+                return
+            host.copy(l, runs)
+            host.wait()
+            if on_layer:
+                on_layer(l)
+
+        res = super().inject(chunks, on_layer=layer, on_plan=plan, timeout=timeout)
+        if early:
+            runs = hit_runs(res.matches)
+            for l in early:
+                host.copy(l, runs)
+            host.wait()
+            for l in early:
+                if on_layer:
+                    on_layer(l)
+        return res
+
+    def close(self) -> None:
+        """Unregisters the staging from the node."""
+        try:
+            super().close()
+        finally:
+            self.cache._staged = False
+
+
+def _ipc_refused(e: KvmeshError) -> bool:
+    """Whether a node's answer to a CUDA IPC registration says it cannot
+    open the handles (no device kernel; its device refused them), so that
+    staging may serve the cache instead. A malformed registration answers
+    InvalidArgument too: staging then fails the same way, and says so."""
+    return e.code == grpc.StatusCode.UNIMPLEMENTED or isinstance(e, InvalidArgument)
+
+
 def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_lo: int = 0, head_hi: int = 0,
                    max_positions: int = 0) -> Injector:
     """Registers cache with the node at addr (on this machine) for the model
     fingerprint; head_lo/head_hi: the model KV heads the cache holds (both
-    0: all); max_positions: see Client.register_cache."""
+    0: all); max_positions: see Client.register_cache. A CUDAPagedCache
+    registers by CUDA IPC or through its host staging (a StagedInjector),
+    as its staging says."""
     from .client import _pid, translate
     if not isinstance(cache, (PagedCache, CUDAPagedCache)):
         hint = (": allocate a PagedCache (shared memory the node can map) and view its layers with "
@@ -356,31 +521,41 @@ def register_cache(client, addr: str, fingerprint: ID, cache: PagedCache, head_l
         if not _is_int(v) or v < 0:
             raise UsageError(f"register_cache: {name} {v!r}: want a non-negative int")
     stub = inject_pb2_grpc.InjectorStub(client._channel(addr))
-    if isinstance(cache, CUDAPagedCache):
+
+    def register(c, **memory) -> int:
         req = inject_pb2.RegisterCacheRequest(
-            fingerprint=_pid(fingerprint), layers=cache.layers, layouts=[cache.layout.proto()], head_lo=head_lo,
-            head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_CUDA_IPC,
-            device=cache.device, ipc_handles=cache.ipc_handles, offsets=cache.offsets)
+            fingerprint=_pid(fingerprint), layers=c.layers, layouts=[c.layout.proto()], head_lo=head_lo,
+            head_hi=head_hi, max_positions=max_positions, offsets=c.offsets, **memory)
         try:
-            resp = stub.RegisterCache(req, metadata=client._metadata, timeout=client.rpc_timeout)
+            return stub.RegisterCache(req, metadata=client._metadata, timeout=client.rpc_timeout).cache_id
         except grpc.RpcError as e:
             raise translate(e, "RegisterCache", addr) from None
-        return Injector(client, addr, resp.cache_id)
-    try:
-        sock = stub.CacheSocket(inject_pb2.CacheSocketRequest(), metadata=client._metadata,
-                                timeout=client.rpc_timeout)
-    except grpc.RpcError as e:
-        raise translate(e, "CacheSocket", addr) from None
-    handle = send_cache_file(sock.address, cache.fileno(), client.rpc_timeout)
-    req = inject_pb2.RegisterCacheRequest(
-        fingerprint=_pid(fingerprint), layers=cache.layers, layouts=[cache.layout.proto()], head_lo=head_lo,
-        head_hi=head_hi, max_positions=max_positions, memory_kind=inject_pb2.MEMORY_KIND_SHM,
-        memory_handle=handle, offsets=cache.offsets)
-    try:
-        resp = stub.RegisterCache(req, metadata=client._metadata, timeout=client.rpc_timeout)
-    except grpc.RpcError as e:
-        raise translate(e, "RegisterCache", addr) from None
-    return Injector(client, addr, resp.cache_id)
+
+    def register_shm(c: PagedCache) -> int:
+        try:
+            sock = stub.CacheSocket(inject_pb2.CacheSocketRequest(), metadata=client._metadata,
+                                    timeout=client.rpc_timeout)
+        except grpc.RpcError as e:
+            raise translate(e, "CacheSocket", addr) from None
+        handle = send_cache_file(sock.address, c.fileno(), client.rpc_timeout)
+        return register(c, memory_kind=inject_pb2.MEMORY_KIND_SHM, memory_handle=handle)
+
+    if not isinstance(cache, CUDAPagedCache):
+        return Injector(client, addr, register_shm(cache))
+    if cache.transport == CUDA_IPC:
+        try:
+            return Injector(client, addr, register(cache, memory_kind=inject_pb2.MEMORY_KIND_CUDA_IPC,
+                                                   device=cache.device, ipc_handles=cache.ipc_handles))
+        except KvmeshError as e:
+            if cache.staging != "auto" or not _ipc_refused(e):
+                raise
+            cache._fall_back(f"the node at {addr} cannot open its CUDA IPC handles: {e}")
+    if cache._staged:
+        raise UsageError("register_cache: this GPU cache is registered through host staging already: close that "
+                         "Injector first")
+    cache_id = register_shm(cache.host_staging().cache)
+    cache._staged = True
+    return StagedInjector(client, addr, cache_id, cache)
 
 
 # The cache socket's protocol (api/cachesocket.go): the hello with one

@@ -24,8 +24,9 @@ vLLM the leading run of EXACT hits (block-aligned, the last prompt token
 always computed). The worker side registers a host staging buffer of
 vLLM's cache shape with the local node (the CPU-staging variant of
 docs/VLLM.md), has the node inject the chunks there (start_load_kv, on a
-thread), and copies each layer into vLLM's cache in wait_for_layer_load
-once the node reported that layer written. Blocks of a chunk planned as a
+thread), and copies the loaded slots of each layer into vLLM's cache in
+wait_for_layer_load once the node reported that layer written (the pinned
+host staging of kvmesh.torch.gpu: copy stream, then a wait). Blocks of a chunk planned as a
 hit that came back MISS are reported by get_block_ids_with_load_errors, so
 vLLM recomputes them. save_kv_layer records the step's pre-RoPE K
 (captured by capture_hooks, else un-rotated from the cache) and V of the
@@ -49,9 +50,10 @@ from . import hfconfig
 from .client import Client, LookupItem, Match
 from .entry import Entry
 from .errors import KvmeshError, UsageError
-from .inject import CacheLayout, InjectChunk, PagedCache
+from .inject import CacheLayout, InjectChunk
 from .keys import DType, Key, ModelSpec, RopeStyle, content_id, prefix_chain
-from .torch import cache_tensor, to_numpy_kv
+from .torch import to_numpy_kv
+from .torch.gpu import HostStaging, slot_runs
 from .torch.llama import rope_inv_freq
 
 __all__ = ["KvmeshConnector", "KvmeshConnectorMetadata", "capture_hooks", "VLLM_COMMIT", "HAVE_VLLM"]
@@ -190,8 +192,8 @@ class KvmeshConnector(KVConnectorBase_V1):
         # Worker side.
         self._caches: dict = {}
         self._names: list = []
-        self._staging = None
-        self._host: list = []
+        self._staging: "HostStaging | None" = None
+        self._runs: list = []  # the slot runs this step loads
         self._injector = None
         self._load_thread = None
         self._layer_done: list = []
@@ -317,8 +319,7 @@ class KvmeshConnector(KVConnectorBase_V1):
                              f"{self.spec.kv_heads}, {self.spec.head_dim}]")
         self._caches, self._names = dict(kv_caches), names
         layout = CacheLayout(t.shape[1], t.shape[2], t.shape[3], t.shape[4], DType.parse(str(t.dtype)))
-        self._staging = PagedCache(self.spec.layers, layout)
-        self._host = [cache_tensor(self._staging, l) for l in range(self.spec.layers)]
+        self._staging = HostStaging([kv_caches[n] for n in names], layout)
         local = self._local
         if local is None:
             from .serve import _loopback
@@ -326,13 +327,14 @@ class KvmeshConnector(KVConnectorBase_V1):
             local = next((a for a in cands if a and _loopback(a)), None)
             if local is None:
                 raise UsageError("KvmeshConnector: no node on a loopback address; set local in the extra config")
-        self._injector = self.client.register_cache(local, self.fingerprint, self._staging)
+        self._injector = self.client.register_cache(local, self.fingerprint, self._staging.cache)
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         """Starts one Inject call for the step's chunks on a thread; layer l
         is copied into vLLM's cache by wait_for_layer_load."""
         meta = self._get_connector_metadata()
         self._layer_done = [threading.Event() for _ in self._names]
+        self._runs = []
         self._errors = set()
         self._keys = {}
         loads = [ld for ld in meta.loads if ld.chunks]
@@ -344,6 +346,7 @@ class KvmeshConnector(KVConnectorBase_V1):
             self._load_thread = None
             return
         chunks = [c for ld in loads for c in ld.chunks]
+        self._runs = slot_runs([s for c in chunks for s in c.slots])
 
         def run():
             try:
@@ -379,14 +382,10 @@ class KvmeshConnector(KVConnectorBase_V1):
             return
         l = _layer_index(layer_name)
         self._layer_done[l].wait()
-        slots = [s for ld in self._loads for c in ld.chunks for s in c.slots if s >= 0]
-        if not slots:
+        if not self._runs:
             return
-        ix = torch.as_tensor(slots)
-        dst, src = self._caches[self._names[l]], self._host[l]
-        bs = dst.shape[2]
-        b, o = ix // bs, ix % bs
-        dst[:, b.to(dst.device), o.to(dst.device)] = src[:, b, o].to(dst.device, dst.dtype)
+        self._staging.copy(l, self._runs)
+        self._staging.wait()
         if l == len(self._names) - 1:
             self._finish_load()
 
@@ -486,7 +485,6 @@ class KvmeshConnector(KVConnectorBase_V1):
                 self._injector.close()
                 self._injector = None
         finally:
-            self._host = []
             if self._staging is not None:
                 self._staging.close()
                 self._staging = None

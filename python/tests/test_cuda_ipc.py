@@ -1,13 +1,14 @@
 """CUDA IPC registration (kvmesh.inject.CUDAPagedCache): the handles and
 offsets come from torch's storage sharing; what cannot be registered is
-refused before anything is sent. Tensors here are stand-ins with the
+refused before anything is sent; what torch cannot export makes staging
+"auto" choose host staging. Tensors here are stand-ins with the
 torch methods cuda_ipc reads (this machine's torch has no CUDA); a GPU run
 registers real ones."""
 
 import pytest
 
 from kvmesh.errors import UsageError
-from kvmesh.inject import CacheLayout, CUDAPagedCache, PagedCache, cuda_ipc
+from kvmesh.inject import CUDA_IPC, HOST_STAGING, CacheLayout, CUDAPagedCache, PagedCache, cuda_ipc
 
 LAYOUT = CacheLayout(4, 16, 2, 64, 3)  # bf16: 2 * 4 * 16 * 2 * 64 * 2 = 32 KiB a layer
 
@@ -64,10 +65,40 @@ def test_cuda_ipc_handles_and_offsets():
     ([Tensor(cuda=False)], "shared memory"),
     ([Tensor(contiguous=False)], "contiguous"),
     ([Tensor(nbytes=1024)], "the layout needs"),
+])
+@pytest.mark.parametrize("staging", ["auto", "never", "always"])
+def test_cuda_cache_refusals(layers, why, staging):
+    """Layers that cannot be a GPU cache are refused whatever the path."""
+    with pytest.raises(UsageError, match=why):
+        CUDAPagedCache(layers, LAYOUT, staging)
+
+
+@pytest.mark.parametrize("layers, why", [
     ([Tensor(offset=32)], "alignment"),
     ([Tensor(handle=b"x" * 8)], "8-byte IPC handle"),
     ([Tensor(device=0), Tensor(device=1)], "one GPU"),
 ])
 def test_cuda_ipc_refusals(layers, why):
+    """What cannot be exported by CUDA IPC is refused with staging "never",
+    and makes "auto" choose host staging, saying why (the staging itself
+    is made only when the cache is registered)."""
     with pytest.raises(UsageError, match=why):
-        CUDAPagedCache(layers, LAYOUT)
+        cuda_ipc(layers, LAYOUT)
+    with pytest.raises(UsageError, match=why):
+        CUDAPagedCache(layers, LAYOUT, "never")
+    cache = PagedCache.cuda(layers, LAYOUT)
+    assert cache.transport == HOST_STAGING and why in cache.fallback_reason
+    assert cache.ipc_handles == [] and cache._host is None
+
+
+def test_staging_choices():
+    layers = [Tensor()]
+    ipc = PagedCache.cuda(layers, LAYOUT)
+    assert (ipc.staging, ipc.transport, ipc.fallback_reason) == ("auto", CUDA_IPC, None)
+    always = PagedCache.cuda(layers, LAYOUT, staging="always")
+    assert (always.transport, always.fallback_reason, always.ipc_handles) == (HOST_STAGING, None, [])
+    for bad in ("sometimes", None, True):
+        with pytest.raises(UsageError, match="staging"):
+            PagedCache.cuda(layers, LAYOUT, staging=bad)
+    with pytest.raises(UsageError, match="one torch CUDA tensor per layer"):
+        PagedCache.cuda(Tensor(), LAYOUT)
