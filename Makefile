@@ -13,12 +13,18 @@ MODIFIED := $(shell test -n "$$(git status --porcelain --untracked-files=no 2>/d
 LDFLAGS := -X github.com/kvmesh/kvmesh/internal/buildinfo.commit=$(COMMIT) -X github.com/kvmesh/kvmesh/internal/buildinfo.modified=$(MODIFIED)
 
 ##@ Build and run
-.PHONY: all build run clean help
+.PHONY: all build build-cuda run clean help
 
 all: build
 
 build: ## static binaries of ./cmd/... into bin/ (CGO_ENABLED=0)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/...
+
+# A kvmeshd for GPU machines: the GPU tier, injection on the GPU, CUDA IPC
+# caches. It links CUDA's driver library and exits at start where no
+# driver answers, so it is a binary of its own.
+build-cuda: cuda-toolkit ## bin/kvmeshd-cuda, kvmeshd with the GPU code (-tags cuda, cgo; installs the toolkit)
+	CGO_ENABLED=1 $(GO) build -tags cuda -trimpath -ldflags "$(LDFLAGS)" -o $(BIN)/kvmeshd-cuda ./cmd/kvmeshd
 
 # The main job: a local cluster doing real work (see README).
 run: ## the main job: the in-process demo, a local cluster doing real work
@@ -271,7 +277,8 @@ gpu-payload: cuda-toolkit ## the cuda-tagged test binaries and demo for the prep
 	CGO_ENABLED=1 $(GO) test -tags cuda -c -ldflags=-s -o $(GPU_PAYLOAD)/cudakern_gpu.test ./cudakern/gpu
 	CGO_ENABLED=1 $(GO) test -tags cuda -c -ldflags=-s -o $(GPU_PAYLOAD)/kvtier_cuda.test ./kvtier
 	CGO_ENABLED=1 $(GO) build -tags cuda -trimpath -ldflags "-s $(LDFLAGS)" -o $(GPU_PAYLOAD)/kvmesh-demo ./cmd/kvmesh-demo
-	gzip -9 $(GPU_PAYLOAD)/*.test $(GPU_PAYLOAD)/kvmesh-demo
+	CGO_ENABLED=1 $(GO) build -tags cuda -trimpath -ldflags "-s $(LDFLAGS)" -o $(GPU_PAYLOAD)/kvmeshd-cuda ./cmd/kvmeshd
+	gzip -9 $(GPU_PAYLOAD)/*.test $(GPU_PAYLOAD)/kvmesh-demo $(GPU_PAYLOAD)/kvmeshd-cuda
 	git rev-parse HEAD >$(GPU_PAYLOAD)/BUILT_AT
 	@n=$$(du -cb $(GPU_PAYLOAD) | tail -1 | cut -f1); t=$$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1); \
 		echo "$(GPU_PAYLOAD): $$n bytes, with the tracked tree $$((n + t))"; \

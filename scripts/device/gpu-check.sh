@@ -13,8 +13,10 @@
 #   3. A benchmark table: rotate+scatter and fused dequant+rotate+scatter
 #      GB/s against a device-to-device copy of the same bytes (target >=
 #      0.8), and the tier's host-to-device staging GB/s.
-#   4. The demo (cmd/kvmesh-demo, cuda build) with its injections on the
-#      GPU (the log names the kernel), on the committed recall model.
+#   4. kvmeshd built with the cuda tag: it starts with a GPU tier, injects
+#      on the GPU (its log names the kernel) and shows the tier's budget.
+#   5. The demo (cmd/kvmesh-demo, cuda build) with its injections on the
+#      GPU (it prints the kernel), on the committed recall model.
 #
 # The device machine has the driver but no Go and no network: the payload
 # is prebuilt here by `make gpu-payload` into the ignored folder
@@ -45,7 +47,7 @@ for z in "$C"/*.gz; do
 	b=$(basename "$z" .gz)
 	gzip -dc "$z" >"$P/$b" && chmod +x "$P/$b" || { echo "cannot unpack $z" >&2; exit 2; }
 done
-for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo; do
+for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo kvmeshd-cuda; do
 	[[ -x $P/$b ]] || { echo "missing $b in the payload: run make gpu-payload and carry out/gpu-check" >&2; exit 2; }
 done
 
@@ -68,6 +70,27 @@ step "benchmarks"
 			for (n in best) printf "| %s | %.1f | %s |\n", n, best[n] / 1000, (n ~ /GPUInject/ && copy > 0) ? sprintf("%.2f", best[n] / copy) : ""
 		}' "$OUT/bench.txt" | sort
 } | tee "$OUT/table.md"
+
+step "kvmeshd (cuda build): a GPU tier of 1 GiB, injection on the GPU"
+# The node must start, open the slab, say it injects on the GPU and show
+# the tier's budget in its metrics; it is stopped with SIGTERM.
+kd=$(mktemp -d /tmp/gpu-check-node.XXXXXX)
+"$P/kvmeshd-cuda" -id g1 -data-dir "$kd" -insecure -bootstrap -gpu 1G \
+	-grpc 127.0.0.1:0 -gossip 127.0.0.1:0 -raft 127.0.0.1:0 -http 127.0.0.1:0 >"$OUT/kvmeshd.log" 2>&1 &
+kpid=$!
+for _ in $(seq 120); do grep -q '^kvmeshd ready' "$OUT/kvmeshd.log" && break; kill -0 $kpid 2>/dev/null || break; sleep 0.5; done
+if grep -q '^kvmeshd ready' "$OUT/kvmeshd.log"; then
+	http=$(sed -n 's/^kvmeshd ready.* http=\([^ ]*\).*/\1/p' "$OUT/kvmeshd.log" | head -1)
+	exec 3<>"/dev/tcp/${http%:*}/${http##*:}" && printf 'GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n' >&3 && timeout 10 cat <&3 >"$OUT/kvmeshd-metrics.txt"
+	exec 3<&-
+	grep 'kvtier_budget_bytes{tier="gpu"}' "$OUT/kvmeshd-metrics.txt" || { echo "no GPU tier budget in the node's metrics"; fail=1; }
+	grep -m1 'injection kernel' "$OUT/kvmeshd.log"
+	grep -q 'injection kernel.*kernel="\?cuda' "$OUT/kvmeshd.log" || { echo "kvmeshd does not inject on the GPU"; fail=1; }
+else
+	echo "kvmeshd did not get ready:"; tail -20 "$OUT/kvmeshd.log"; fail=1
+fi
+kill -TERM $kpid 2>/dev/null; timeout 30 tail --pid=$kpid -f /dev/null; kill -KILL $kpid 2>/dev/null
+rm -rf "$kd"
 
 step "demo, injections on the GPU"
 timeout 240 "$P/kvmesh-demo" -model train/recall -facts 200 -k 5,20 -queries 4 -answer-prompts 2 -out "$OUT/demo" 2>&1 | tee "$OUT/demo.txt" | tail -40 || fail=1
