@@ -102,7 +102,9 @@ func FuzzLayoutFromProto(f *testing.F) {
 		}
 		f.Add(b)
 	}
-	seed(ProtoLayout(pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}))
+	for _, o := range pagedkv.Orders() {
+		seed(ProtoLayout(pagedkv.CacheLayout{Order: o, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 64, DType: chunk.BF16}))
+	}
 	seed(&CacheLayout{Order: 300, NumBlocks: -1, Dtype: 1 << 20})
 	seed(&CacheLayout{NumBlocks: 1 << 40, BlockSize: 1, KScale: 0.5})
 	f.Fuzz(func(t *testing.T, b []byte) {

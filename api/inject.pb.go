@@ -83,7 +83,9 @@ func (MemoryKind) EnumDescriptor() ([]byte, []int) {
 }
 
 // CacheLayout mirrors pagedkv.CacheLayout: order 1 NHD (vLLM
-// FlashAttention), 2 HND; dtype uses chunk's numbering (1 f32, 2 f16,
+// FlashAttention), 2 HND, and with K and V inside each block 3 BlockNHD
+// (FlashInfer's NHD; vLLM's FlashInfer and Triton backends) and 4
+// BlockHND (FlashInfer's HND); dtype uses chunk's numbering (1 f32, 2 f16,
 // 3 bf16, 4 fp8 e4m3, with k_scale and v_scale).
 type CacheLayout struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`

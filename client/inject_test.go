@@ -134,7 +134,9 @@ func TestInjectorOverRPC(t *testing.T) {
 
 	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
-	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
+	// An order with K and V inside each block (FlashInfer's) goes over the
+	// wire as the others do.
+	lay := pagedkv.CacheLayout{Order: pagedkv.BlockHND, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F32}
 	shm, err := os.CreateTemp(t.TempDir(), "cache")
 	if err != nil {
 		t.Fatal(err)

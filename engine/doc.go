@@ -4,7 +4,7 @@
 //
 // It loads Hugging Face checkpoints (config.json and safetensors, one file or
 // sharded), writes random-weight models in the same format, keeps a paged KV
-// cache in the layout cudakern writes (NHD or HND, float32), and runs
+// cache in any layout cudakern writes (a pagedkv.Order, float32), and runs
 // prefill, decode and greedy generation. Chunks are encoded standalone,
 // after a context window, after their whole prefix, or all at once from one
 // prefill of a prompt (EncodePrompt, the write-back path), with K captured

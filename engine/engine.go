@@ -32,7 +32,7 @@ type Config struct {
 	// CUDA default).
 	BlockSize int
 	// CacheOrder is the physical axis order of a cache layer: pagedkv.NHD
-	// (vLLM FlashAttention's, the default) or pagedkv.HND.
+	// (vLLM FlashAttention's, the default) or any other pagedkv.Order.
 	CacheOrder pagedkv.Order
 	// MaxPositions sizes the RoPE table: injection needs target positions
 	// below it (the forward pass rotates positions beyond it on the fly).

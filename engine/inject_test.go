@@ -621,7 +621,9 @@ func TestEncodePromptMatchesPerChunkEncoding(t *testing.T) {
 	}
 }
 
-func TestCacheOrderHND(t *testing.T) {
+// TestCacheOrders: the engine runs over a cache of every order, and
+// injection into each gives its prefill's logits, the same in every order.
+func TestCacheOrders(t *testing.T) {
 	ctx := t.Context()
 	c := variants()["llama-gptj"]
 	dir := t.TempDir()
@@ -636,7 +638,7 @@ func TestCacheOrderHND(t *testing.T) {
 	prefix, ch, q := randTokens(r, 9, c.VocabSize), randTokens(r, 21, c.VocabSize), randTokens(r, 5, c.VocabSize)
 	segs := []Segment{{Tokens: prefix}, {Tokens: ch, Chunk: true}, {Tokens: q}}
 	var logits [][]float32
-	for _, order := range []pagedkv.Order{pagedkv.NHD, pagedkv.HND} {
+	for _, order := range pagedkv.Orders() {
 		e, err := New(w, Config{Workers: 2, CacheTokens: 256, BlockSize: 8, CacheOrder: order})
 		if err != nil {
 			t.Fatal(err)
@@ -664,8 +666,10 @@ func TestCacheOrderHND(t *testing.T) {
 		}
 		logits = append(logits, want.Logits)
 	}
-	if d := maxAbsDiff(logits[0], logits[1]); d != 0 {
-		t.Fatalf("NHD and HND prefills differ by %g", d)
+	for i, order := range pagedkv.Orders() {
+		if d := maxAbsDiff(logits[0], logits[i]); d != 0 {
+			t.Fatalf("%v and %v prefills differ by %g", pagedkv.Orders()[0], order, d)
+		}
 	}
 }
 

@@ -89,6 +89,9 @@ func TestInjectMatchesDirect(t *testing.T) {
 		{"bf16-int4-gptj-inproc", chunk.BF16, chunk.BF16, pagedkv.NHD, true, 3, 4, chunk.CodecInt4, inProc},
 		{"bf16-raw-hnd-cudaipc-heads", chunk.BF16, chunk.BF16, pagedkv.HND, false, 1, 3, chunk.CodecRaw, ipc},
 		{"f16-int8-to-fp8-nhd-cudaipc", chunk.F16, chunk.FP8E4M3, pagedkv.NHD, false, 0, 0, chunk.CodecInt8, ipc},
+		{"bf16-int8-blocknhd-memfd-heads", chunk.BF16, chunk.BF16, pagedkv.BlockNHD, false, 1, 4, chunk.CodecInt8, memfd},
+		{"f16-raw-to-fp8-blockhnd-shm", chunk.F16, chunk.FP8E4M3, pagedkv.BlockHND, false, 0, 0, chunk.CodecRaw, shmDir},
+		{"bf16-lossless-gptj-blockhnd-cudaipc", chunk.BF16, chunk.BF16, pagedkv.BlockHND, true, 0, 2, chunk.CodecLossless, ipc},
 	}
 	for ci, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

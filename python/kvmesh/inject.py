@@ -7,9 +7,12 @@ to inject stored chunks at positions of a new prompt: the node fetches each
 chunk's best entry (its own tier first, then a replica), rotates the
 pre-RoPE keys to the target positions and writes post-RoPE K and V into the
 given slots, layer by layer, and answers EXACT, APPROXIMATE or MISS per
-chunk. The layout is cudakern's: per layer, K then V, each
-[num_blocks][block_size][kv_heads][head_dim] (NHD, vLLM FlashAttention's)
-or [num_blocks][kv_heads][block_size][head_dim] (HND).
+chunk. The layout is one of cudakern's (pagedkv.Order), per layer:
+[2][num_blocks][block_size][kv_heads][head_dim] (NHD, vLLM FlashAttention's),
+[2][num_blocks][kv_heads][block_size][head_dim] (HND), or with K and V inside
+each block, [num_blocks][2][block_size][kv_heads][head_dim] (BLOCK_NHD:
+FlashInfer's NHD, vLLM's FlashInfer and Triton backends) and
+[num_blocks][2][kv_heads][block_size][head_dim] (BLOCK_HND: FlashInfer's HND).
 """
 
 from __future__ import annotations
@@ -28,13 +31,17 @@ from .entry import _np_dtype
 from .errors import InvalidArgument, KvmeshError, PermissionDenied, UsageError
 from .keys import ID, Context, DType, Key, _is_int, tokens_array, want_context, want_id
 
-__all__ = ["NHD", "HND", "ALIGNMENT", "CacheLayout", "PagedCache", "CUDAPagedCache", "InjectChunk", "InjectResult",
-           "Injector", "StagedInjector", "register_cache", "send_cache_file", "cuda_ipc", "STAGING", "CUDA_IPC",
-           "HOST_STAGING"]
+__all__ = ["NHD", "HND", "BLOCK_NHD", "BLOCK_HND", "ORDERS", "ALIGNMENT", "CacheLayout", "PagedCache", "CUDAPagedCache",
+           "InjectChunk", "InjectResult", "Injector", "StagedInjector", "register_cache", "send_cache_file", "cuda_ipc",
+           "STAGING", "CUDA_IPC", "HOST_STAGING"]
 
 log = logging.getLogger("kvmesh.inject")
 
-NHD, HND = 1, 2
+NHD, HND, BLOCK_NHD, BLOCK_HND = 1, 2, 3, 4  # pagedkv.Order's numbers
+ORDERS = (NHD, HND, BLOCK_NHD, BLOCK_HND)
+# Each order's axes as positions of (kv, block, slot in block, head) in
+# its shape, head_dim last: what canonical() permutes by.
+_AXES = {NHD: (0, 1, 2, 3), HND: (0, 1, 3, 2), BLOCK_NHD: (1, 0, 2, 3), BLOCK_HND: (1, 0, 3, 2)}
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
 
 
@@ -55,8 +62,8 @@ class CacheLayout:
             if not _is_int(v) or v <= 0:
                 raise UsageError(f"CacheLayout.{name} {v!r}: want a positive int")
         object.__setattr__(self, "dtype", DType.parse(self.dtype))
-        if self.order not in (NHD, HND):
-            raise UsageError(f"CacheLayout.order {self.order!r}: want kvmesh.inject.NHD or HND")
+        if not _is_int(self.order) or self.order not in ORDERS:
+            raise UsageError(f"CacheLayout.order {self.order!r}: want kvmesh.inject.NHD, HND, BLOCK_NHD or BLOCK_HND")
 
     @property
     def slots(self) -> int:
@@ -68,9 +75,23 @@ class CacheLayout:
 
     @property
     def shape(self) -> tuple:
-        if self.order == HND:
-            return (2, self.num_blocks, self.kv_heads, self.block_size, self.head_dim)
-        return (2, self.num_blocks, self.block_size, self.kv_heads, self.head_dim)
+        """One layer's array shape in this order (head_dim last)."""
+        dims = (2, self.num_blocks, self.block_size, self.kv_heads)
+        ax = _AXES[self.order]
+        out = [0] * 4
+        for i, a in enumerate(ax):
+            out[a] = dims[i]
+        return (*out, self.head_dim)
+
+    def canonical(self, layer):
+        """A view of one layer (a numpy array or torch tensor of this
+        layout's shape) with its axes as (kv, block, slot in block, head,
+        head_dim), whatever the order: canonical(x)[kv, b, o, h] is the head
+        vector of slot b*block_size+o in every layout. It copies nothing."""
+        if tuple(layer.shape) != self.shape:
+            raise UsageError(f"CacheLayout.canonical: layer of shape {tuple(layer.shape)}, the layout's is {self.shape}")
+        perm = (*_AXES[self.order], 4)
+        return layer.permute(*perm) if hasattr(layer, "permute") else layer.transpose(perm)
 
     def proto(self) -> inject_pb2.CacheLayout:
         """The layout as the Injector service's message."""

@@ -116,7 +116,7 @@ def test_chunk_entries_strict():
     (lambda: kvmesh.encode(b"bytes"), "want a kvmesh.Entry"),
     (lambda: kvmesh.parse_header(12), r"want an encoded entry \(bytes\)"),
     (lambda: CacheLayout(0, 16, 2, 16), "num_blocks 0: want a positive int"),
-    (lambda: CacheLayout(4, 16, 2, 16, order=3), "NHD or HND"),
+    (lambda: CacheLayout(4, 16, 2, 16, order=5), "NHD, HND, BLOCK_NHD or BLOCK_HND"),
     (lambda: PagedCache(2, (4, 16, 2, 16)), "want a kvmesh.inject.CacheLayout"),
     (lambda: kvmesh.Client([]), "no seeds"),
     (lambda: kvmesh.Client([1234]), "host:port strings"),

@@ -154,9 +154,13 @@ def test_capture_matches_pre_rope_keys(setup):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_layouts_and_dtypes(cluster, dtype):
-    """The node writes the same values into an NHD and an HND cache of a
-    16-bit dtype; V lands unrotated, exactly as stored."""
-    from kvmesh.inject import HND, NHD
+    """The node writes the same values into a cache of every order of a
+    16-bit dtype; V lands unrotated, exactly as stored. A BLOCK_NHD layer is
+    a tensor of FlashInfer's shape (vLLM's FlashInfer and Triton backends:
+    [num_blocks, 2, block_size, kv_heads, head_dim]) and a BLOCK_HND layer
+    FlashInfer's HND one: per (slot, head) they hold what the NHD cache
+    holds."""
+    from kvmesh.inject import BLOCK_HND, BLOCK_NHD, HND, NHD, ORDERS
     from kvmesh.keys import DType, ModelSpec, RopeStyle
     dt = DType.parse(dtype)
     spec = ModelSpec("llama", 2, 2, 16, dt, RopeStyle.NEOX, 10000, salt=f"layouts-{dtype}")
@@ -165,26 +169,44 @@ def test_layouts_and_dtypes(cluster, dtype):
     kv = torch.randn(2, 2, len(tokens), 2, 16)
     from kvmesh.torch import chunk_entries
     (e,) = chunk_entries(kv, spec, tokens, [(0, len(tokens))], [kvmesh.standalone_context()])
-    slots = [5 + 2 * i for i in range(len(tokens))]  # scattered slots
+    nb, bs = 5, 16
+    slots = [5 + 3 * i for i in range(len(tokens))]  # scattered slots, across blocks
+    b, o = torch.tensor(slots) // bs, torch.tensor(slots) % bs
+    # (kv, slots' blocks, their offsets) -> [tokens, heads, dim], indexed as
+    # each engine indexes its own tensor.
+    index = {
+        NHD: lambda t, k: t[k, b, o],
+        HND: lambda t, k: t[k, b, :, o],
+        BLOCK_NHD: lambda t, k: t[b, k, o],
+        BLOCK_HND: lambda t, k: t[b, k, :, o],
+    }
+    shapes = {NHD: (2, nb, bs, 2, 16), HND: (2, nb, 2, bs, 16), BLOCK_NHD: (nb, 2, bs, 2, 16),
+              BLOCK_HND: (nb, 2, 2, bs, 16)}
     got = {}
     with kvmesh.Client(cluster.seeds) as c:
         c.register_model(spec)
         c.put(e)
-        for order in (NHD, HND):
-            with PagedCache(2, CacheLayout(4, 16, 2, 16, dt, order)) as cache:
+        for order in ORDERS:
+            lay = CacheLayout(nb, bs, 2, 16, dt, order)
+            with PagedCache(2, lay) as cache:
                 with c.register_cache(cluster.nodes[0].grpc, fp, cache) as inj:
                     res = inj.inject([InjectChunk(e.key.content, tokens, kvmesh.standalone_context(), 100, slots)])
                 assert res.matches == [Match.EXACT]
                 t = cache_tensor(cache, 1)
-                if order == HND:
-                    t = t.transpose(2, 3)  # [2, blocks, heads, block, dim] -> NHD
-                got[order] = t.reshape(2, -1, 2, 16)[:, slots].float().clone()
-                del t
-    assert torch.equal(got[NHD], got[HND])
+                assert tuple(t.shape) == shapes[order] == lay.shape
+                got[order] = torch.stack([index[order](t, k) for k in range(2)]).float().clone()
+                # canonical() is the same view whatever the order.
+                assert torch.equal(lay.canonical(t)[:, b, o].float(), got[order])
+                # Every byte outside the named slots is still zero.
+                rest = lay.canonical(t).clone()
+                rest[:, b, o] = 0
+                assert not rest.float().any()
+                del t, rest
+    for order in ORDERS:
+        assert torch.equal(got[order], got[NHD]), order
     want_v = kv[1, 1].to({DType.F16: torch.float16, DType.BF16: torch.bfloat16}[dt]).float()
     assert torch.equal(got[NHD][1], want_v)
     assert not torch.equal(got[NHD][0], kv[1, 0])  # K is rotated to position 100
-
 
 
 def test_registration_refusals(setup, cluster, tmp_path):
