@@ -22,11 +22,11 @@ import "C"
 import (
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
 	"unsafe"
 
 	"gorgonia.org/cu"
+
+	"github.com/kvmesh/kvmesh/internal/cudathread"
 )
 
 // CUDAConfig configures OpenCUDA. Zero fields take the documented defaults.
@@ -55,13 +55,12 @@ func OpenCUDA(cfg CUDAConfig) (*SlabDevice, error) {
 	if cfg.StagingBytes <= 0 {
 		cfg.StagingBytes = 8 << 20
 	}
-	m := &cudaSlab{size: cfg.Bytes, reqs: make(chan cudaReq), done: make(chan struct{})}
-	ready := make(chan error, 1)
-	go m.run(cfg, ready)
-	if err := <-ready; err != nil {
-		<-m.done
+	m := &cudaSlab{size: cfg.Bytes}
+	th, err := cudathread.Start(cfg.Device, func(th *cudathread.Thread, _ cu.Device) error { return m.setup(th, cfg) })
+	if err != nil {
 		return nil, err
 	}
+	m.th = th
 	d, err := NewSlabDevice(m, SlabConfig{Align: cfg.Align})
 	if err != nil {
 		_ = m.Close()
@@ -70,57 +69,37 @@ func OpenCUDA(cfg CUDAConfig) (*SlabDevice, error) {
 	return d, nil
 }
 
-// cudaSlab is a SlabMemory in device memory. A CUDA context is current
-// per OS thread, so one goroutine locked to its thread owns the context,
-// the stream, the staging buffers and the slab, and runs every call that
-// touches them; callers hand it closures and wait.
+// cudaSlab is a SlabMemory in device memory. Its thread (one goroutine
+// locked to an OS thread with the device's context current) owns the
+// stream, the staging buffers and the slab, and runs every call that
+// touches them.
 type cudaSlab struct {
 	size int64
-	base DevicePtr // written by run before ready, read-only after
+	base DevicePtr // written by setup before Start returns, read-only after
+	th   *cudathread.Thread
 
-	// mu orders Close against calls in flight: they hold it shared while
-	// they use reqs, Close exclusively to close it.
-	mu     sync.RWMutex
-	closed bool
-	reqs   chan cudaReq
-	done   chan struct{} // closed when run returns
-
-	// Owned by run's goroutine.
+	// Owned by the thread.
 	stream cu.Stream
 	stage  [2][]byte // page-locked
 	ev     [2]cu.Event
 }
 
-type cudaReq struct {
-	fn  func() error
-	res chan error
-}
-
 func (m *cudaSlab) Base() DevicePtr { return m.base }
 func (m *cudaSlab) Size() int64     { return m.size }
 
-// do runs fn on the owner thread.
+// do runs fn on the thread.
 func (m *cudaSlab) do(fn func() error) error {
-	m.mu.RLock()
-	defer m.mu.RUnlock()
-	if m.closed {
+	err := m.th.Do(fn)
+	if errors.Is(err, cudathread.ErrClosed) {
 		return ErrDeviceClosed
 	}
-	res := make(chan error, 1)
-	m.reqs <- cudaReq{fn: fn, res: res}
-	return <-res
+	return err
 }
 
-// Close implements SlabMemory: it stops the owner goroutine, which frees
+// Close implements SlabMemory: it stops the thread, which frees
 // everything it allocated.
 func (m *cudaSlab) Close() error {
-	m.mu.Lock()
-	if !m.closed {
-		m.closed = true
-		close(m.reqs)
-	}
-	m.mu.Unlock()
-	<-m.done
+	m.th.Close()
 	return nil
 }
 
@@ -128,69 +107,36 @@ func cuErr(what string, err error) error {
 	return fmt.Errorf("kvtier: cuda %s: %w", what, err)
 }
 
-// run owns the context. It reports setup on ready, then serves reqs until
-// they are closed, then releases everything in reverse order.
-func (m *cudaSlab) run(cfg CUDAConfig, ready chan<- error) {
-	defer close(m.done)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var cleanup []func() error
-	defer func() {
-		for i := len(cleanup) - 1; i >= 0; i-- {
-			_ = cleanup[i]()
-		}
-	}()
-	fail := func(what string, err error) { ready <- cuErr(what, err) }
-
-	dev, err := cu.GetDevice(cfg.Device)
-	if err != nil {
-		fail(fmt.Sprintf("device %d", cfg.Device), err)
-		return
-	}
-	ctx, err := dev.RetainPrimaryCtx()
-	if err != nil {
-		fail("retaining the primary context", err)
-		return
-	}
-	cleanup = append(cleanup, dev.ReleasePrimaryCtx)
-	if err := cu.SetCurrentContext(ctx); err != nil {
-		fail("making the context current", err)
-		return
-	}
-	cleanup = append(cleanup, func() error { return cu.SetCurrentContext(cu.CUContext{}) })
+// setup allocates, on the thread, the stream, the slab and the staging
+// buffers; the thread frees them at Close, after the stream drained.
+func (m *cudaSlab) setup(th *cudathread.Thread, cfg CUDAConfig) error {
+	var err error
 	if m.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
-		fail("creating a stream", err)
-		return
+		return cuErr("creating a stream", err)
 	}
-	cleanup = append(cleanup, m.stream.Destroy)
+	th.Defer(m.stream.Destroy)
 	slab, err := cu.MemAlloc(cfg.Bytes)
 	if err != nil {
-		fail(fmt.Sprintf("allocating a %d-byte slab", cfg.Bytes), err)
-		return
+		return cuErr(fmt.Sprintf("allocating a %d-byte slab", cfg.Bytes), err)
 	}
-	cleanup = append(cleanup, func() error { return cu.MemFree(slab) })
+	th.Defer(func() error { return cu.MemFree(slab) })
 	m.base = DevicePtr(slab)
 	for i := range m.stage {
 		var p unsafe.Pointer
 		if r := C.kvtierAllocHost(&p, C.size_t(cfg.StagingBytes)); r != C.CUDA_SUCCESS {
-			fail("allocating page-locked staging", fmt.Errorf("CUresult %d", int(r)))
-			return
+			return cuErr("allocating page-locked staging", fmt.Errorf("CUresult %d", int(r)))
 		}
-		cleanup = append(cleanup, func() error { return cu.MemFreeHost(p) })
+		th.Defer(func() error { return cu.MemFreeHost(p) })
 		m.stage[i] = unsafe.Slice((*byte)(p), cfg.StagingBytes)
 		if m.ev[i], err = cu.MakeEvent(cu.DisableTiming); err != nil {
-			fail("creating an event", err)
-			return
+			return cuErr("creating an event", err)
 		}
 		ev := &m.ev[i]
-		cleanup = append(cleanup, func() error { return cu.DestroyEvent(ev) })
+		th.Defer(func() error { return cu.DestroyEvent(ev) })
 	}
 	// Everything is freed after the stream drains.
-	cleanup = append(cleanup, m.stream.Synchronize)
-	ready <- nil
-	for r := range m.reqs {
-		r.res <- r.fn()
-	}
+	th.Defer(m.stream.Synchronize)
+	return nil
 }
 
 // CopyIn implements SlabMemory: src goes through the two staging buffers

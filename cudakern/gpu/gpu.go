@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -15,6 +13,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/cudakern/kern"
+	"github.com/kvmesh/kvmesh/internal/cudathread"
 )
 
 // ErrCorrupt wraps chunk.ErrCorrupt: a codec payload the kernel found
@@ -31,20 +30,16 @@ type Config struct {
 
 // Injector runs cudakern Jobs on one device, in its primary context (so
 // device pointers of other users of that context, such as the GPU tier's
-// slab, are valid here). One goroutine locked to an OS thread owns the
-// context, the module, the stream and the buffers; calls are handed to it
-// and serialized. It is safe for concurrent use.
+// slab, are valid here). Its thread (one goroutine locked to an OS thread
+// with the context current) owns the module, the stream and the buffers;
+// calls are handed to it and serialized. It is safe for concurrent use.
 type Injector struct {
 	cfg  Config
 	name string
 	cc   int // compute capability, major*10+minor
+	th   *cudathread.Thread
 
-	mu     sync.RWMutex // held shared by calls using reqs, exclusively by Close
-	closed bool
-	reqs   chan req
-	done   chan struct{}
-
-	// Owned by run's goroutine.
+	// Owned by the thread.
 	fn      cu.Function
 	stream  cu.Stream
 	events  []cu.Event
@@ -99,11 +94,6 @@ func (in *Injector) rows(t *cudakern.RopeTable) (cu.DevicePtr, error) {
 	return tb.buf.ptr, nil
 }
 
-type req struct {
-	fn  func() error
-	res chan error
-}
-
 // devBuf is a device allocation that only grows.
 type devBuf struct {
 	ptr  cu.DevicePtr
@@ -145,73 +135,46 @@ func Open(cfg Config) (*Injector, error) {
 	if cfg.Threads <= 0 {
 		cfg.Threads = 128
 	}
-	in := &Injector{cfg: cfg, reqs: make(chan req), done: make(chan struct{})}
-	ready := make(chan error, 1)
-	go in.run(ready)
-	if err := <-ready; err != nil {
-		<-in.done
+	in := &Injector{cfg: cfg}
+	th, err := cudathread.Start(cfg.Device, in.setup)
+	if err != nil {
 		return nil, err
 	}
+	in.th = th
 	return in, nil
 }
 
-// run owns the context: it reports setup on ready, serves reqs until they
-// are closed, then releases everything newest first.
-func (in *Injector) run(ready chan<- error) {
-	defer close(in.done)
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	var undo []func() error
-	defer func() {
-		for i := len(undo) - 1; i >= 0; i-- {
-			_ = undo[i]()
-		}
-	}()
-	fail := func(what string, err error) { ready <- cuErr(what, err) }
-	dev, err := cu.GetDevice(in.cfg.Device)
-	if err != nil {
-		fail(fmt.Sprintf("device %d", in.cfg.Device), err)
-		return
-	}
+// setup, on the thread, reads the device's compute capability, loads its
+// PTX and creates the stream; the thread frees everything at Close, after
+// the stream drained.
+func (in *Injector) setup(th *cudathread.Thread, dev cu.Device) error {
 	maj, err1 := dev.Attribute(cu.ComputeCapabilityMajor)
 	minor, err2 := dev.Attribute(cu.ComputeCapabilityMinor)
 	if err := errors.Join(err1, err2); err != nil {
-		fail("compute capability", err)
-		return
+		return cuErr("compute capability", err)
 	}
 	in.cc = maj*10 + minor
 	in.name, _ = dev.Name()
 	ptx, err := kern.PTX(in.cc)
 	if err != nil {
-		ready <- err
-		return
+		return err
 	}
-	ctx, err := dev.RetainPrimaryCtx()
-	if err != nil {
-		fail("retaining the primary context", err)
-		return
-	}
-	undo = append(undo, dev.ReleasePrimaryCtx)
-	if err := cu.SetCurrentContext(ctx); err != nil {
-		fail("making the context current", err)
-		return
-	}
-	undo = append(undo, func() error { return cu.SetCurrentContext(cu.CUContext{}) })
 	mod, err := cu.LoadData(string(ptx))
 	if err != nil {
-		fail("loading the PTX", err)
-		return
+		return cuErr("loading the PTX", err)
 	}
-	undo = append(undo, mod.Unload)
+	th.Defer(mod.Unload)
 	if in.fn, err = mod.Function(kern.Kernel); err != nil {
-		fail("finding "+kern.Kernel, err)
-		return
+		return cuErr("finding "+kern.Kernel, err)
 	}
 	if in.stream, err = cu.MakeStream(cu.NonBlocking); err != nil {
-		fail("creating a stream", err)
-		return
+		return cuErr("creating a stream", err)
 	}
-	undo = append(undo, in.stream.Destroy, in.meta.free, in.data.free, in.freePinned, func() error {
+	th.Defer(in.stream.Destroy)
+	th.Defer(in.meta.free)
+	th.Defer(in.data.free)
+	th.Defer(in.freePinned)
+	th.Defer(func() error {
 		for i := range in.events {
 			_ = cu.DestroyEvent(&in.events[i])
 		}
@@ -221,23 +184,17 @@ func (in *Injector) run(ready chan<- error) {
 		return nil
 	})
 	// Everything is freed after the stream drains.
-	undo = append(undo, in.stream.Synchronize)
-	ready <- nil
-	for r := range in.reqs {
-		r.res <- r.fn()
-	}
+	th.Defer(in.stream.Synchronize)
+	return nil
 }
 
-// do runs fn on the owner thread.
+// do runs fn on the thread.
 func (in *Injector) do(fn func() error) error {
-	in.mu.RLock()
-	defer in.mu.RUnlock()
-	if in.closed {
+	err := in.th.Do(fn)
+	if errors.Is(err, cudathread.ErrClosed) {
 		return cudakern.ErrClosed
 	}
-	res := make(chan error, 1)
-	in.reqs <- req{fn: fn, res: res}
-	return <-res
+	return err
 }
 
 // Device names the GPU and its compute capability.
@@ -250,15 +207,7 @@ func (in *Injector) Workers() int { return 1 }
 
 // Close waits for the call in flight and frees the device state. Later
 // calls return cudakern.ErrClosed.
-func (in *Injector) Close() {
-	in.mu.Lock()
-	if !in.closed {
-		in.closed = true
-		close(in.reqs)
-	}
-	in.mu.Unlock()
-	<-in.done
-}
+func (in *Injector) Close() { in.th.Close() }
 
 // Target names device memory for InjectDevice.
 type Target struct {
