@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"testing"
 )
 
@@ -185,49 +184,13 @@ func TestExtentAllocatorErrors(t *testing.T) {
 	}
 }
 
-// hostSlab is a SlabMemory in Go memory, for tests of the SlabDevice
-// without a GPU. A mutex stands in for the ordering a device's copy engine
-// would give; copies to distinct allocations never overlap anyway.
-type hostSlab struct {
-	base DevicePtr
-	mu   sync.Mutex
-	mem  []byte
-}
-
-func newHostSlab(base DevicePtr, size int64) *hostSlab {
-	return &hostSlab{base: base, mem: make([]byte, size)}
-}
-
-func (h *hostSlab) Base() DevicePtr { return h.base }
-func (h *hostSlab) Size() int64     { return int64(len(h.mem)) }
-
-func (h *hostSlab) Close() error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.mem = nil
-	return nil
-}
-
-func (h *hostSlab) CopyIn(off int64, src []byte) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	copy(h.mem[off:off+int64(len(src))], src)
-	return nil
-}
-
-func (h *hostSlab) CopyOut(off int64, dst []byte) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	copy(dst, h.mem[off:off+int64(len(dst))])
-	return nil
-}
-
 // TestSlabDevice checks the DeviceMemory contract of a SlabDevice over
 // host memory: aligned real addresses, bounds on every access, copies in
 // and out at offsets, Full when no extent fits, and Close.
 func TestSlabDevice(t *testing.T) {
-	const base = DevicePtr(1 << 40)
-	d, err := NewSlabDevice(newHostSlab(base, 10_000), SlabConfig{})
+	mem := NewHostSlab(10_000)
+	base := mem.Base()
+	d, err := NewSlabDevice(mem, SlabConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}

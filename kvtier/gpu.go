@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/pinned"
 )
+
+// ErrWrongCodec: GetDevice was asked for an entry in other codecs than
+// the one it is stored in; it was not moved.
+var ErrWrongCodec = errors.New("kvtier: entry stored in another codec")
 
 // DeviceHandle is a pinned entry in device memory: the GPU tier keeps it
 // there, at Ptr, until Release.
@@ -16,7 +21,13 @@ type DeviceHandle struct {
 	c    *devCopy
 	Ptr  DevicePtr
 	Size int64
-	done bool
+	// Header is the entry's header, parsed on the host when the entry
+	// entered the GPU tier, from bytes whose every layer then matched its
+	// checksum: the device copy is those bytes. A reader needs no
+	// device-to-host read to find a layer (Ptr + PayloadStart + the
+	// layer's Offset). It is shared: read it, never modify it.
+	Header *chunk.Header
+	done   bool
 }
 
 // Release unpins the device copy; calling it again does nothing.
@@ -51,8 +62,15 @@ func (s *Store) unpinDev(c *devCopy) {
 
 // GetDevice returns the entry under key pinned in device memory, promoting
 // it there from DRAM or disk (the GPU tier's victims are demoted to DRAM).
-// It is for the local engine, which injects from device memory.
-func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, error) {
+// It is for the local engine, which injects from device memory. With
+// codecs, an entry stored in another codec is not moved (ErrWrongCodec):
+// a reader that cannot decode it on the device reads it with Get.
+//
+// An entry enters the GPU tier only from host bytes whose header parses
+// under Config.Limits, names key, and whose every layer matches its
+// checksum; other bytes stay where they are and GetDevice fails with
+// chunk.ErrCorrupt (a reader of them with Get finds the same).
+func (s *Store) GetDevice(ctx context.Context, key chunk.Key, codecs ...chunk.Codec) (*DeviceHandle, error) {
 	s.mu.Lock()
 	defer s.unlock()
 	if s.cfg.GPU == nil {
@@ -67,6 +85,9 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 			s.countMisses(numTiers)
 			return nil, ErrNotFound
 		}
+		if len(codecs) > 0 && !slices.Contains(codecs, e.codec) {
+			return nil, fmt.Errorf("%w: %v, wanted one of %v", ErrWrongCodec, e.codec, codecs)
+		}
 		if e.dev != nil {
 			s.countMisses(TierGPU)
 			s.tiers[TierGPU].hits.Add(1)
@@ -74,7 +95,7 @@ func (s *Store) GetDevice(ctx context.Context, key chunk.Key) (*DeviceHandle, er
 				e.pol.touch(&e.pn)
 			}
 			s.pinDev(e.dev)
-			return &DeviceHandle{s: s, c: e.dev, Ptr: e.dev.ptr, Size: e.dev.size}, nil
+			return &DeviceHandle{s: s, c: e.dev, Ptr: e.dev.ptr, Size: e.dev.size, Header: e.dev.hd}, nil
 		}
 		if e.busy {
 			// Another goroutine is moving it; look again when it is done.
@@ -162,22 +183,34 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 	// takes milliseconds for a large entry on a real device), so that a
 	// concurrent promotion sees them; e is busy, so nothing else moves it.
 	ts.used += need
-	var werr error
-	s.unlocked(func() { werr = s.cfg.GPU.Write(ptr, 0, b) })
-	if werr == nil && s.closed {
+	var (
+		hd         *chunk.Header
+		verr, werr error
+	)
+	s.unlocked(func() {
+		// Checked here, once, because no reader of the device copy can
+		// check it without copying it back.
+		if hd, verr = verifyEntry(b, e.key, s.cfg.Limits); verr == nil {
+			werr = s.cfg.GPU.Write(ptr, 0, b)
+		}
+	})
+	if werr == nil && verr == nil && s.closed {
 		werr = ErrClosed
 	}
-	if werr != nil {
+	if verr != nil || werr != nil {
 		ts.used -= need
 		if !s.freed {
 			_ = s.cfg.GPU.Free(ptr)
 		}
-		if errors.Is(werr, ErrClosed) {
+		switch {
+		case verr != nil:
+			return nil, fmt.Errorf("kvtier: %v not moved to the GPU tier: %w", e.key, verr)
+		case errors.Is(werr, ErrClosed):
 			return nil, werr
 		}
 		return nil, fmt.Errorf("kvtier: device write: %w", werr)
 	}
-	c := &devCopy{ptr: ptr, size: need}
+	c := &devCopy{ptr: ptr, size: need, hd: hd}
 	if e.dead { // deleted meanwhile: its other copies are ours to drop
 		c.detached = true
 		s.maybeFreeDev(c)
@@ -192,7 +225,31 @@ func (s *Store) promoteGPU(ctx context.Context, e *entry, b []byte) (*DeviceHand
 	s.enterPolicy(TierGPU, e, need)
 	ts.stats.Promotions++
 	s.pinDev(c)
-	return &DeviceHandle{s: s, c: c, Ptr: ptr, Size: need}, nil
+	return &DeviceHandle{s: s, c: c, Ptr: ptr, Size: need, Header: hd}, nil
+}
+
+// verifyEntry parses blob's header and checks that it names key and that
+// every layer matches its checksum. Its errors wrap chunk.ErrCorrupt.
+func verifyEntry(blob []byte, key chunk.Key, lim chunk.Limits) (*chunk.Header, error) {
+	corrupt := func(err error) error {
+		if errors.Is(err, chunk.ErrCorrupt) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", chunk.ErrCorrupt, err)
+	}
+	hd, err := chunk.ParseHeader(blob, lim)
+	if err != nil {
+		return nil, corrupt(err)
+	}
+	if hd.Key != key {
+		return nil, fmt.Errorf("%w: header names %v", chunk.ErrCorrupt, hd.Key)
+	}
+	for l := range hd.Layers {
+		if _, err := hd.LayerPayload(blob, l); err != nil {
+			return nil, corrupt(err)
+		}
+	}
+	return &hd, nil
 }
 
 // demoteGPU moves e from the GPU tier to DRAM (which may demote to disk),

@@ -3,8 +3,11 @@ package kvtier
 import (
 	"bytes"
 	"errors"
+	"reflect"
 	"testing"
 	"time"
+
+	"github.com/kvmesh/kvmesh/chunk"
 )
 
 // slowDevice is a host device whose copies take a while, as a real
@@ -41,7 +44,7 @@ func deviceMakers() []deviceMaker {
 		{"host", func(_ testing.TB, capacity int64) testDevice { return NewHostDevice(capacity) }},
 		{"slow", func(_ testing.TB, capacity int64) testDevice { return slowDevice{NewHostDevice(capacity)} }},
 		{"slab", func(t testing.TB, capacity int64) testDevice {
-			d, err := NewSlabDevice(newHostSlab(1<<40, capacity), SlabConfig{})
+			d, err := NewSlabDevice(NewHostSlab(capacity), SlabConfig{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,5 +133,79 @@ func testGPUTier(t *testing.T, dev testDevice) {
 	}
 	if _, err := s.GetDevice(ctx, keyOf(t, big)); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("oversized device promotion: %v", err)
+	}
+}
+
+// TestGPUTierVerifies: an entry enters the GPU tier only from host bytes
+// whose layers match their checksums, and its handle carries the header
+// parsed then; the copy lies at real addresses of the slab (a HostSlab),
+// as a device kernel reads it. An entry in a codec not asked for stays.
+func TestGPUTierVerifies(t *testing.T) {
+	ctx := t.Context()
+	mem := NewHostSlab(1 << 20)
+	dev, err := NewSlabDevice(mem, SlabConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = dev.Close() })
+	s := openTest(t, Config{DRAMBytes: 64 * 4096, GPU: dev})
+	bs := blobs(t, 2, 12)
+	for _, b := range bs {
+		if _, err := s.Put(ctx, b, PutOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good, bad := keyOf(t, bs[0]), keyOf(t, bs[1])
+
+	if _, err := s.GetDevice(ctx, good, chunk.CodecInt8, chunk.CodecFP8); !errors.Is(err, ErrWrongCodec) {
+		t.Fatalf("a raw entry asked for in int8 or fp8: %v", err)
+	}
+	h, err := s.GetDevice(ctx, good, chunk.CodecRaw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := chunk.ParseHeader(bs[0], chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h.Header == nil || !reflect.DeepEqual(*h.Header, want) {
+		t.Fatalf("handle header %+v, want %+v", h.Header, want)
+	}
+	at, err := mem.At(uint64(h.Ptr), int(h.Size))
+	if err != nil || !bytes.Equal(at, bs[0]) {
+		t.Fatalf("the bytes at the handle's address differ from the entry (%v)", err)
+	}
+	if got := s.Stats().Tiers[TierGPU].PinnedBytes; got != h.Size {
+		t.Fatalf("%d bytes pinned on the GPU, want %d", got, h.Size)
+	}
+	h.Release()
+	h.Release() // a second Release does nothing
+	h2, err := s.GetDevice(ctx, good)
+	if err != nil || h2.Header != h.Header {
+		t.Fatalf("a GPU hit lends another header (%v)", err)
+	}
+	h2.Release()
+
+	// One flipped payload bit in DRAM: the entry does not enter the tier.
+	b, err := s.Get(ctx, bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Bytes()[len(b.Bytes())-1] ^= 1
+	b.Release()
+	if _, err := s.GetDevice(ctx, bad); !errors.Is(err, chunk.ErrCorrupt) {
+		t.Fatalf("a corrupt entry promoted: %v", err)
+	}
+	if got, tier, err := s.get(ctx, bad); err != nil || tier != TierDRAM {
+		t.Fatalf("the corrupt entry: tier %v, %v; want it left in DRAM", tier, err)
+	} else {
+		got.Release()
+	}
+	st := checkBudgets(t, s)
+	if st.Tiers[TierGPU].PinnedBytes != 0 || st.Tiers[TierDRAM].PinnedBytes != 0 {
+		t.Fatalf("pins left: gpu %d, dram %d", st.Tiers[TierGPU].PinnedBytes, st.Tiers[TierDRAM].PinnedBytes)
+	}
+	if st.Tiers[TierGPU].Bytes != int64(len(bs[0])) {
+		t.Fatalf("GPU tier holds %d bytes, want the good entry's %d", st.Tiers[TierGPU].Bytes, len(bs[0]))
 	}
 }

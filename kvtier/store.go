@@ -105,10 +105,14 @@ type dramCopy struct {
 	detached bool
 }
 
-// devCopy is an entry's allocation in device memory.
+// devCopy is an entry's allocation in device memory, and its header:
+// parsed, and every layer checked against its checksum, from the host
+// bytes the copy was made of, so that a reader of the device copy needs
+// no device-to-host read. Read-only once set.
 type devCopy struct {
 	ptr      DevicePtr
 	size     int64
+	hd       *chunk.Header
 	pins     int
 	detached bool
 }
