@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/cudakern"
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
@@ -13,6 +14,33 @@ import (
 type Local interface {
 	Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context) (chunk.Key, chunk.Match, error)
 	Get(ctx context.Context, key chunk.Key) (pinned.Bytes, error)
+}
+
+// DeviceCopy is a local entry lent in device memory (the node's GPU
+// tier). Its encoded bytes (chunk.Encode's format) start at device address
+// Ptr, in this process's primary context of the device, where the
+// Service's device caches run their kernels, so a layer's source is Ptr +
+// Header.PayloadStart + its Offset. Header is the entry's header, parsed
+// from the host bytes the copy was made of, whose every layer then matched
+// its checksum: the Service reads no byte of the copy on the host. Release
+// unpins the copy; the Service calls it exactly once, after every kernel
+// reading the copy has finished.
+type DeviceCopy struct {
+	Ptr     uint64
+	Header  *chunk.Header
+	Release func()
+}
+
+// DeviceLocal is a Local that can lend its entries in device memory; the
+// node implements it over kvtier's GPU tier.
+type DeviceLocal interface {
+	Local
+	// GetDevice lends the entry stored under key in the memory of CUDA
+	// device `device`, moving it there from another tier, when it is
+	// stored in one of codecs. Otherwise it fails (no GPU tier on that
+	// device, no room there, another codec, bytes that fail their checks,
+	// not found), moving nothing, and the caller reads the entry with Get.
+	GetDevice(ctx context.Context, key chunk.Key, device int, codecs []chunk.Codec) (DeviceCopy, error)
 }
 
 // Remote reaches the other replicas of a content ID; the node implements
@@ -72,6 +100,10 @@ type StreamRemote interface {
 // first; else the best approximate one as chunk.Better ranks them, local when
 // the replicas hold none better (no network).
 // Local blobs are pinned in their tier until the Service releases them.
+// It is a DeviceFetcher: with a Local that is a DeviceLocal, an exact local
+// entry for a cache in device memory is lent there (Fetched.Device) when
+// its codec has a device decoder and the device copy can be had, and read
+// on the host otherwise.
 type TierFetcher struct {
 	Local Local
 	// Remote may be nil (a single node, or tests): local entries only.
@@ -100,6 +132,23 @@ func (f TierFetcher) Fetch(ctx context.Context, key chunk.Key) (Fetched, error) 
 // replica node rather than per chunk), then the entry reads, at most
 // Parallel at once. found is called as each key is settled.
 func (f TierFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found func(i int, got Fetched, err error)) {
+	f.fetchBatch(ctx, noDevice, keys, found)
+}
+
+// FetchBatchDevice implements DeviceFetcher: FetchBatch, with the local
+// exact entries lent in the memory of device when the Local can
+// (DeviceLocal.GetDevice, in a codec the kernels decode).
+func (f TierFetcher) FetchBatchDevice(ctx context.Context, device int, keys []chunk.Key, found func(i int, got Fetched, err error)) {
+	f.fetchBatch(ctx, device, keys, found)
+}
+
+// noDevice is fetchBatch's device for a cache in host memory.
+const noDevice = -1
+
+// deviceCodecs are the codecs an entry lent in device memory may have.
+var deviceCodecs = cudakern.DeviceCodecs()
+
+func (f TierFetcher) fetchBatch(ctx context.Context, device int, keys []chunk.Key, found func(i int, got Fetched, err error)) {
 	par := f.Parallel
 	if par <= 0 {
 		par = DefaultFetchParallel
@@ -132,7 +181,7 @@ func (f TierFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found fun
 		}
 		// A local exact entry: pin it (a disk tier read may take a while).
 		if !goBounded(func() {
-			got, ok := f.localGet(ctx, &locals[i])
+			got, ok := f.localGet(ctx, &locals[i], device)
 			if ok {
 				found(i, got, nil)
 				return
@@ -241,9 +290,16 @@ func (f TierFetcher) localBest(key chunk.Key) (localAnswer, bool) {
 	return a, a.match == chunk.MatchExact
 }
 
-// localGet pins a local exact entry; on failure (evicted since Best) a
-// becomes a local miss.
-func (f TierFetcher) localGet(ctx context.Context, a *localAnswer) (Fetched, bool) {
+// localGet pins a local exact entry, in the memory of device when it is
+// not noDevice and the Local can lend it there; on failure (evicted since
+// Best) a becomes a local miss.
+func (f TierFetcher) localGet(ctx context.Context, a *localAnswer, device int) (Fetched, bool) {
+	if dl, ok := f.Local.(DeviceLocal); ok && device != noDevice {
+		if dc, err := dl.GetDevice(ctx, a.key, device, deviceCodecs); err == nil {
+			return Fetched{Device: &dc, Local: true, Key: a.key, Match: chunk.MatchExact}, true
+		}
+		// Not to be had on the device: read it on the host.
+	}
 	got, err := f.local(ctx, a.key, chunk.MatchExact)
 	if err == nil {
 		return got, true
@@ -258,7 +314,7 @@ func (f TierFetcher) localExact(ctx context.Context, key chunk.Key) (localAnswer
 	if !exact {
 		return a, false
 	}
-	a.got, exact = f.localGet(ctx, &a)
+	a.got, exact = f.localGet(ctx, &a, noDevice)
 	return a, exact
 }
 

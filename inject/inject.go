@@ -164,9 +164,11 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 	defer stop()
 	r := &request{s: s, ctx: ctx, cancel: cancel, c: c, heads: c.headHi - c.headLo}
 	resp := &Response{Results: make([]Result, len(req.Chunks))}
+	// The pipeline has waited for its workers, whose kernels have finished,
+	// when this runs: device copies are no longer read.
 	defer func() {
 		for _, h := range r.hits {
-			h.f.Blob.Release()
+			h.f.release()
 		}
 	}()
 	fetchStart := time.Now()
@@ -201,6 +203,9 @@ func (s *Service) Inject(ctx context.Context, req *Request) (*Response, error) {
 		}
 		for _, n := range h.written {
 			resp.WrittenBytes += n
+		}
+		if h.f.Device != nil {
+			s.m.deviceChunks.Inc()
 		}
 	}
 	resp.DecodedBytes = r.decoded.Load()
@@ -293,15 +298,20 @@ func (r *request) fetch(req *Request, results []Result) error {
 	seen := make([]atomic.Bool, len(req.Chunks))
 	settle := func(i int, f Fetched, err error) {
 		if i < 0 || i >= len(seen) || seen[i].Swap(true) {
-			f.Blob.Release()
+			f.release()
 			return
 		}
 		hits[i], results[i] = r.accept(i, &req.Chunks[i], keys[i], f, err, true)
 	}
 	var err error
-	if bf, ok := r.s.cfg.Fetcher.(BatchFetcher); ok {
+	df, devices := r.s.cfg.Fetcher.(DeviceFetcher)
+	bf, batches := r.s.cfg.Fetcher.(BatchFetcher)
+	switch {
+	case devices && r.c.dev != nil:
+		df.FetchBatchDevice(r.ctx, r.c.desc.Memory.Device, keys, settle)
+	case batches:
 		bf.FetchBatch(r.ctx, keys, settle)
-	} else {
+	default:
 		err = r.fetchEach(keys, settle)
 	}
 	for _, h := range hits {
@@ -360,8 +370,8 @@ func (r *request) key(ch *pagedkv.InjectChunk) chunk.Key {
 // (once: refetch).
 func (r *request) accept(i int, ch *pagedkv.InjectChunk, key chunk.Key, f Fetched, err error, refetch bool) (*hit, Result) {
 	content := key.Content
-	if err != nil || f.Match == chunk.MatchMiss || f.Blob.Len() == 0 {
-		f.Blob.Release()
+	if err != nil || f.Match == chunk.MatchMiss || (f.Blob.Len() == 0 && f.Device == nil) {
+		f.release()
 		if err != nil && r.ctx.Err() == nil {
 			r.s.log.Debug("inject: fetch failed; chunk is a miss", "content", content, "err", err)
 		}
@@ -372,7 +382,19 @@ func (r *request) accept(i int, ch *pagedkv.InjectChunk, key chunk.Key, f Fetche
 	err = r.verify(h, content, ch)
 	r.times.verify.Add(int64(time.Since(t0)))
 	if err != nil {
-		f.Blob.Release()
+		f.release()
+		if f.Device != nil {
+			// The device copy does not fit the cache, or the kernels cannot
+			// read it: read the entry on the host, where it is checked as
+			// any entry is (and fetched again from a replica when it fails).
+			r.s.log.Debug("inject: device copy not used; reading the entry on the host", "content", content, "err", err)
+			nf, ferr := r.s.cfg.Fetcher.Fetch(r.ctx, key)
+			if nf.Device != nil { // Fetch lends none; never loop
+				nf.release()
+				return nil, Result{Reason: errors.New("inject: Fetch lent a device copy")}
+			}
+			return r.accept(i, ch, key, nf, ferr, refetch)
+		}
 		if rf, ok := r.s.cfg.Fetcher.(Refetcher); ok && f.Local && refetch {
 			r.s.log.Warn("inject: local entry failed verification; fetching it from a replica", "content", content, "err", err)
 			nf, ferr := rf.Refetch(r.ctx, f.Key, key, err)
@@ -395,14 +417,29 @@ var errVerify = errors.New("inject: entry does not fit")
 // every layer. After it, only a codec payload that was sealed malformed by
 // its writer, or a layer of an arriving entry that does not arrive or
 // fails its checksum, can fail.
+//
+// An entry lent in device memory (Fetched.Device) is checked from its
+// header alone, the one the store parsed when the bytes entered device
+// memory, after it had checked every layer's checksum on them: the same
+// checks of key, tokens and shape, plus what the kernels need to read the
+// layers where they lie (a device decoder for the codec, payloads of the
+// size it reads, aligned raw layers).
 func (r *request) verify(h *hit, content chunk.ID, ch *pagedkv.InjectChunk) error {
 	c := r.c
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: %s", errVerify, fmt.Sprintf(format, a...))
 	}
-	hd, err := chunk.ParseHeader(h.f.Blob.Bytes(), r.s.cfg.Limits)
-	if err != nil {
-		return err
+	var hd chunk.Header
+	if dc := h.f.Device; dc != nil {
+		if dc.Header == nil {
+			return bad("a device copy without its header")
+		}
+		hd = *dc.Header
+	} else {
+		var err error
+		if hd, err = chunk.ParseHeader(h.f.Blob.Bytes(), r.s.cfg.Limits); err != nil {
+			return err
+		}
 	}
 	sh, spec := hd.Shape, c.spec
 	switch {
@@ -422,7 +459,7 @@ func (r *request) verify(h *hit, content chunk.ID, ch *pagedkv.InjectChunk) erro
 	for l := range hd.Layers {
 		// An entry still arriving has its layers checked as they come
 		// (process); the header checked here covers their checksums.
-		if h.f.Arriving == nil {
+		if h.f.Arriving == nil && h.f.Device == nil {
 			if _, err := hd.LayerPayload(h.f.Blob.Bytes(), l); err != nil {
 				return err
 			}
@@ -446,6 +483,17 @@ func (r *request) verify(h *hit, content chunk.ID, ch *pagedkv.InjectChunk) erro
 		if err := j.Validate(); err != nil {
 			return bad("layer %d: %v", l, err)
 		}
+		if h.f.Device != nil {
+			j.Dst = [][]byte{nil}
+			if _, err := cudakern.DeviceJobOf(&j, hd.Codec); err != nil {
+				return bad("layer %d on the device: %v", l, err)
+			}
+		}
+	}
+	if dc := h.f.Device; dc != nil {
+		if err := r.deviceLayers(h, dc); err != nil {
+			return err
+		}
 	}
 	h.written = make([]int64, len(c.layouts))
 	for l, lay := range c.layouts {
@@ -456,6 +504,26 @@ func (r *request) verify(h *hit, content chunk.ID, ch *pagedkv.InjectChunk) erro
 			}
 		}
 		h.written[l] = int64(2 * n * lay.KVHeads * lay.HeadDim * lay.DType.Size())
+	}
+	return nil
+}
+
+// deviceLayers checks that the kernels can read h's layers in its device
+// copy dc: each a codec payload of the size the kernel reads, or a raw
+// layer aligned for its elements (its size verify checked).
+func (r *request) deviceLayers(h *hit, dc *DeviceCopy) error {
+	sh := h.hd.Shape
+	for l, ref := range h.hd.Layers {
+		at := dc.Ptr + uint64(h.hd.PayloadStart) + ref.Offset
+		if h.raw {
+			if at%uint64(sh.DType.Size()) != 0 {
+				return fmt.Errorf("%w: raw layer %d at %#x, not aligned for %v", errVerify, l, at, sh.DType)
+			}
+			continue
+		}
+		if n := cudakern.EncodedLayerBytes(h.hd.Codec, sh.DType, sh.Tokens, sh.KVHeads, sh.HeadDim); ref.Length != uint64(n) {
+			return fmt.Errorf("%w: %v layer %d of %d bytes, the device decoder reads %d", errVerify, h.hd.Codec, l, ref.Length, n)
+		}
 	}
 	return nil
 }
@@ -589,7 +657,9 @@ func (r *request) job(j *cudakern.Job, h *hit, layer int, src []byte, dst [][]by
 	c := r.c
 	*j = cudakern.Job{Rope: c.rope, Src: src, SrcDType: h.hd.Shape.DType, Tokens: len(h.slots), SrcHeads: r.heads,
 		Pos: h.pos, Slots: h.slots, Layout: c.layouts[layer], Dst: dst}
-	if h.raw {
+	if h.raw || h.f.Device != nil {
+		// The whole entry's layer: cudakern selects the cache's heads (a
+		// device kernel decodes a codec payload of every head).
 		j.SrcHeads, j.HeadLo, j.HeadHi = h.hd.Shape.KVHeads, c.headLo, c.headHi
 	}
 }
@@ -600,6 +670,10 @@ func (r *request) job(j *cudakern.Job, h *hit, layer int, src []byte, dst [][]by
 func (r *request) process(w *worker, layer, i int) {
 	h := r.hits[i]
 	if h.failed.Load() {
+		return
+	}
+	if h.f.Device != nil {
+		r.processDevice(w, layer, h)
 		return
 	}
 	c := r.c
@@ -661,6 +735,34 @@ func (r *request) process(w *worker, layer, i int) {
 	if err != nil && r.ctx.Err() == nil {
 		// verify validated this job; only a bug gets here.
 		r.s.log.Error("inject: cudakern refused a verified job", "key", h.hd.Key, "layer", layer, "err", err)
+		h.fail(fmt.Errorf("inject: layer %d: %w", layer, err))
+	}
+}
+
+// processDevice writes layer l of h, an entry lent in device memory, into
+// the device cache: the kernel reads the layer where it lies (and decodes
+// a codec payload in the same pass), so nothing crosses the bus.
+func (r *request) processDevice(w *worker, layer int, h *hit) {
+	t0 := time.Now()
+	ref := h.hd.Layers[layer]
+	src := h.f.Device.Ptr + uint64(h.hd.PayloadStart) + ref.Offset
+	r.job(&w.job, h, layer, nil, w.dst[:])
+	err := r.c.dev.InjectDevice(r.ctx, &w.job, layer, src, h.hd.Codec)
+	r.times.scatter.Add(int64(time.Since(t0)))
+	w.job = cudakern.Job{}
+	switch {
+	case err == nil:
+		if !h.raw {
+			r.decoded.Add(int64(h.dec))
+		}
+	case r.ctx.Err() != nil:
+	case errors.Is(err, chunk.ErrCorrupt):
+		// A payload sealed malformed by its writer, as DecodeRange finds
+		// on the host.
+		h.fail(fmt.Errorf("%w: layer %d: %w", errVerify, layer, err))
+		r.s.log.Warn("inject: entry failed to decode on the device; chunk is a miss", "key", h.hd.Key, "layer", layer, "err", err)
+	default:
+		r.s.log.Error("inject: the device refused a verified job", "key", h.hd.Key, "layer", layer, "err", err)
 		h.fail(fmt.Errorf("inject: layer %d: %w", layer, err))
 	}
 }

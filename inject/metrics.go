@@ -20,6 +20,8 @@ type metrics struct {
 	request  prometheus.Histogram
 	caches   prometheus.Gauge
 	faults   prometheus.Counter
+	// deviceChunks counts hits written from device copies (no host copy).
+	deviceChunks prometheus.Counter
 	// arrivalFailures counts hits lost because a layer of their entry
 	// never arrived (the replica's stream failed).
 	arrivalFailures prometheus.Counter
@@ -57,6 +59,10 @@ func newMetrics() *metrics {
 		faults: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_inject_faults_total", Help: "Inject requests stopped by a fault in registered memory.",
 		}),
+		deviceChunks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvmesh_inject_device_chunks_total",
+			Help: "Chunks written into a cache in device memory straight from the node's GPU tier, read there by the kernel (no copy through the host).",
+		}),
 		arrivalFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvmesh_inject_arrival_failures_total",
 			Help: "Chunks streamed from a replica that became a miss because a layer did not arrive (their earlier layers were written).",
@@ -79,7 +85,7 @@ func newMetrics() *metrics {
 }
 
 func (m *metrics) all() []prometheus.Collector {
-	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults, m.arrivalFailures, m.stages}
+	return []prometheus.Collector{m.requests, m.chunks, m.decoded, m.written, m.layer, m.request, m.caches, m.faults, m.deviceChunks, m.arrivalFailures, m.stages}
 }
 
 // stageNames label kvmesh_inject_stage_seconds, in Timings' order.

@@ -33,12 +33,26 @@ type Fetched struct {
 	// in order: the Service waits for layer l before using it and checks
 	// it against its checksum then. Nil means Blob is whole.
 	Arriving Arriving
+	// Device, when set, lends the entry in device memory instead of Blob
+	// (empty then): a DeviceFetcher's answer for a cache on that device,
+	// Local and Key set. The Service releases it exactly once, after the
+	// kernels that read it.
+	Device *DeviceCopy
 	// Match is MatchExact when Blob's context is the wanted one,
 	// MatchApproximate for another encoding of the content, MatchMiss when
 	// nothing was found
 	// (Blob empty). The Service re-derives it from Blob's header, which is
 	// authoritative.
 	Match chunk.Match
+}
+
+// release releases what f lends: its Blob, and its device copy.
+func (f *Fetched) release() {
+	f.Blob.Release()
+	if f.Device != nil {
+		f.Device.Release()
+		f.Device = nil
+	}
 }
 
 // Arriving tells when the layers of an entry still being received are in
@@ -70,6 +84,19 @@ type BatchFetcher interface {
 	// every call has returned; if ctx ends, the remaining keys are found
 	// with an error.
 	FetchBatch(ctx context.Context, keys []chunk.Key, found func(i int, got Fetched, err error))
+}
+
+// DeviceFetcher is a BatchFetcher that can lend local entries in device
+// memory. The Service uses FetchBatchDevice for a cache registered by CUDA
+// IPC: the kernel then reads a hit's layers where they lie, with no copy
+// through the host.
+type DeviceFetcher interface {
+	BatchFetcher
+	// FetchBatchDevice is FetchBatch for a cache in the memory of CUDA
+	// device `device`: a key whose exact entry is local and can be lent
+	// there, in a codec of cudakern.DeviceCodecs, is answered with
+	// Fetched.Device; every other key as FetchBatch answers it.
+	FetchBatchDevice(ctx context.Context, device int, keys []chunk.Key, found func(i int, got Fetched, err error))
 }
 
 // ModelSource resolves a model fingerprint to its spec (the node's model

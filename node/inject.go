@@ -20,16 +20,17 @@ import (
 func (n *Node) startInject() (*injector, error) {
 	in := &injector{n: n, fetched: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "kvmesh_inject_fetched_bytes_total",
-		Help: "Entry bytes the injection path read, by source (local tier, peer replica).",
+		Help: "Entry bytes the injection path read, by source (local: this node's store, read on the host; gpu: its GPU tier's device copies, read in device memory by the kernel; peer: a replica).",
 	}, []string{"source"})}
-	// Both sources have a series from the start.
+	// Every source has a series from the start.
 	in.fetched.WithLabelValues("local")
+	in.fetched.WithLabelValues("gpu")
 	in.fetched.WithLabelValues("peer")
 	remote := replicaRemote{n: n}
 	in.reads = newEntryReads(readsConfig{open: n.fetchMany, get: remote.Get, timeout: n.cfg.RPCTimeout})
 	remote.reads = in.reads
 	svc, err := inject.New(inject.Config{
-		Fetcher:   countingFetcher{f: inject.TierFetcher{Local: n.store, Remote: remote}, c: in.fetched, drop: n.repl.DropCorrupt},
+		Fetcher:   countingFetcher{f: inject.TierFetcher{Local: n.injectLocal(), Remote: remote}, c: in.fetched, drop: n.repl.DropCorrupt},
 		Models:    nodeModels{n},
 		Limits:    n.cfg.Limits,
 		GPU:       n.cfg.GPU,
@@ -61,6 +62,40 @@ func (n *Node) startInject() (*injector, error) {
 		}
 	}
 	return in, nil
+}
+
+// injectLocal is the store as the injection path reads it: with a GPU
+// tier, an inject.DeviceLocal that lends the tier's entries to caches on
+// its device.
+func (n *Node) injectLocal() inject.Local {
+	if n.cfg.GPUBytes <= 0 {
+		return n.store
+	}
+	return gpuLocal{Store: n.store, device: n.cfg.GPUDevice}
+}
+
+// gpuLocal is inject.DeviceLocal over the store's GPU tier on device. Its
+// slab and the injection path's device caches live in the device's
+// primary context in this process, so a copy's address is valid for their
+// kernels.
+type gpuLocal struct {
+	*kvtier.Store
+	device int
+}
+
+// errOtherDevice: a cache on another device than the GPU tier's.
+var errOtherDevice = errors.New("node: the GPU tier is on another device")
+
+// GetDevice implements inject.DeviceLocal.
+func (l gpuLocal) GetDevice(ctx context.Context, key chunk.Key, device int, codecs []chunk.Codec) (inject.DeviceCopy, error) {
+	if device != l.device {
+		return inject.DeviceCopy{}, fmt.Errorf("%w: %d, not %d", errOtherDevice, l.device, device)
+	}
+	h, err := l.Store.GetDevice(ctx, key, codecs...)
+	if err != nil {
+		return inject.DeviceCopy{}, err
+	}
+	return inject.DeviceCopy{Ptr: uint64(h.Ptr), Header: h.Header, Release: h.Release}, nil
 }
 
 // close stops the service: requests in flight end, registrations are
@@ -131,6 +166,20 @@ func (f countingFetcher) Fetch(ctx context.Context, key chunk.Key) (inject.Fetch
 	return got, err
 }
 
+// FetchBatchDevice implements inject.DeviceFetcher (FetchBatch when the
+// wrapped Fetcher lends nothing in device memory).
+func (f countingFetcher) FetchBatchDevice(ctx context.Context, device int, keys []chunk.Key, found func(int, inject.Fetched, error)) {
+	df, ok := f.f.(inject.DeviceFetcher)
+	if !ok {
+		f.FetchBatch(ctx, keys, found)
+		return
+	}
+	df.FetchBatchDevice(ctx, device, keys, func(i int, got inject.Fetched, err error) {
+		f.count(got, err)
+		found(i, got, err)
+	})
+}
+
 // FetchBatch implements inject.BatchFetcher (over Fetch calls when the
 // wrapped Fetcher has no FetchBatch).
 func (f countingFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found func(int, inject.Fetched, error)) {
@@ -149,6 +198,10 @@ func (f countingFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found
 }
 
 func (f countingFetcher) count(got inject.Fetched, err error) {
+	if err == nil && got.Device != nil {
+		f.c.WithLabelValues("gpu").Add(float64(got.Device.Header.BlobBytes))
+		return
+	}
 	if err == nil && got.Blob.Len() > 0 {
 		src := "peer"
 		if got.Local {

@@ -173,6 +173,18 @@ func (c *IPCCache) Inject(ctx context.Context, j *cudakern.Job, layer int) error
 	})
 }
 
+// InjectDevice implements cudakern.DeviceCache: j into layer `layer` of
+// the cache from src, device memory in this process's primary context
+// (the GPU tier's slab: the injector runs in that context too), by one
+// launch of the kernel, which decodes a codec payload in the same pass.
+// Nothing crosses the bus but the job's metadata.
+func (c *IPCCache) InjectDevice(ctx context.Context, j *cudakern.Job, layer int, src uint64, codec chunk.Codec) error {
+	if len(j.Dst) != 1 || layer < 0 || layer >= len(c.layers) {
+		return fmt.Errorf("%w: layer %d of a %d-layer device cache, %d job layers", cudakern.ErrInvalidJob, layer, len(c.layers), len(j.Dst))
+	}
+	return c.in.InjectDevice(ctx, j, Target{Codec: codec, Src: []uint64{src}, Dst: c.layers[layer : layer+1]})
+}
+
 // Close unmaps the cache's memory and closes its injector.
 func (c *IPCCache) Close() error {
 	err := c.unmap()
