@@ -42,6 +42,14 @@ ORDERS = (NHD, HND, BLOCK_NHD, BLOCK_HND)
 # Each order's axes as positions of (kv, block, slot in block, head) in
 # its shape, head_dim last: what canonical() permutes by.
 _AXES = {NHD: (0, 1, 2, 3), HND: (0, 1, 3, 2), BLOCK_NHD: (1, 0, 2, 3), BLOCK_HND: (1, 0, 3, 2)}
+
+
+def _canonical(layer, order: int):
+    """CacheLayout.canonical without the shape check (a valid order)."""
+    perm = (*_AXES[order], 4)
+    return layer.permute(*perm) if hasattr(layer, "permute") else layer.transpose(perm)
+
+
 ALIGNMENT = 4096  # every layer starts on a page (the node needs 64 bytes)
 
 
@@ -90,8 +98,7 @@ class CacheLayout:
         vector of slot b*block_size+o in every layout. It copies nothing."""
         if tuple(layer.shape) != self.shape:
             raise UsageError(f"CacheLayout.canonical: layer of shape {tuple(layer.shape)}, the layout's is {self.shape}")
-        perm = (*_AXES[self.order], 4)
-        return layer.permute(*perm) if hasattr(layer, "permute") else layer.transpose(perm)
+        return _canonical(layer, self.order)
 
     def proto(self) -> inject_pb2.CacheLayout:
         """The layout as the Injector service's message."""

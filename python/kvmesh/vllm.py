@@ -50,7 +50,7 @@ from . import hfconfig
 from .client import Client, LookupItem, Match
 from .entry import Entry
 from .errors import KvmeshError, UsageError
-from .inject import CacheLayout, InjectChunk
+from .inject import BLOCK_NHD, NHD, CacheLayout, InjectChunk
 from .keys import DType, Key, ModelSpec, RopeStyle, content_id, prefix_chain
 from .torch import to_numpy_kv
 from .torch.gpu import HostStaging, slot_runs
@@ -223,8 +223,10 @@ class KvmeshConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> "str | None":
-        """NHD: the staging buffer and cudakern use vLLM FlashAttention's
-        layout."""
+        """NHD (vLLM's cache layout setting): a layer's rows are [block_size,
+        kv_heads, head_dim], FlashAttention's layout, or the FlashInfer and
+        Triton backends' with K and V inside each block (register_kv_caches
+        takes either)."""
         return "NHD"
 
     # -- scheduler side ------------------------------------------------------
@@ -308,17 +310,22 @@ class KvmeshConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: "dict[str, torch.Tensor]"):
         """Registers a host staging buffer of the caches' layout with the
-        node on this machine (vLLM's layer tensors are [2, num_blocks,
-        block_size, kv_heads, head_dim], FlashAttention's NHD)."""
+        node on this machine. vLLM's layer tensors are [2, num_blocks,
+        block_size, kv_heads, head_dim] (FlashAttention's, kvmesh's NHD) or
+        [num_blocks, 2, block_size, kv_heads, head_dim] (the FlashInfer and
+        Triton backends', kvmesh's BLOCK_NHD); [2, 2, ...] reads as
+        FlashAttention's."""
         names = sorted(kv_caches, key=_layer_index)
         if len(names) != self.spec.layers:
             raise UsageError(f"register_kv_caches: {len(names)} layers for a {self.spec.layers}-layer model")
         t = kv_caches[names[0]]
-        if t.dim() != 5 or t.shape[0] != 2 or tuple(t.shape[3:]) != (self.spec.kv_heads, self.spec.head_dim):
+        heads = (self.spec.kv_heads, self.spec.head_dim)
+        if t.dim() != 5 or 2 not in tuple(t.shape[:2]) or tuple(t.shape[3:]) != heads:
             raise UsageError(f"register_kv_caches: layer of shape {tuple(t.shape)}: want [2, num_blocks, block_size, "
-                             f"{self.spec.kv_heads}, {self.spec.head_dim}]")
+                             f"{heads[0]}, {heads[1]}] or [num_blocks, 2, block_size, {heads[0]}, {heads[1]}]")
+        order, blocks = (NHD, t.shape[1]) if t.shape[0] == 2 else (BLOCK_NHD, t.shape[0])
         self._caches, self._names = dict(kv_caches), names
-        layout = CacheLayout(t.shape[1], t.shape[2], t.shape[3], t.shape[4], DType.parse(str(t.dtype)))
+        layout = CacheLayout(blocks, t.shape[2], t.shape[3], t.shape[4], DType.parse(str(t.dtype)), order)
         self._staging = HostStaging([kv_caches[n] for n in names], layout)
         local = self._local
         if local is None:
@@ -405,16 +412,17 @@ class KvmeshConnector(KVConnectorBase_V1):
         l = _layer_index(layer_name)
         step = attn_metadata.slot_mapping.detach().cpu().tolist()
         row = {s: r for r, s in enumerate(step)}
-        bs = kv_layer.shape[2]
+        cache = self._staging.layout.canonical(kv_layer)  # [2, blocks, block, heads, dim] in either shape
+        bs = cache.shape[2]
         for sv in meta.saves:
             lo, hi = sv.chunks[0][0], sv.chunks[-1][1]
             sl = torch.as_tensor(sv.slots[lo:hi])
             b, o = sl // bs, sl % bs
-            v = kv_layer[1, b.to(kv_layer.device), o.to(kv_layer.device)].detach().float().cpu()
+            v = cache[1, b.to(kv_layer.device), o.to(kv_layer.device)].detach().float().cpu()
             if l in self._keys and all(s in row for s in sv.slots[lo:hi]):
                 k = self._keys[l][[row[s] for s in sv.slots[lo:hi]]].float().cpu()
             else:
-                post = kv_layer[0, b.to(kv_layer.device), o.to(kv_layer.device)].detach().float().cpu()
+                post = cache[0, b.to(kv_layer.device), o.to(kv_layer.device)].detach().float().cpu()
                 k = self._unrotate(post, torch.arange(lo, hi))
             self._saved[(sv.req_id, l)] = (k, v)
 

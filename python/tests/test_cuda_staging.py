@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 import kvmesh  # noqa: E402
 from kvmesh import KvmeshError, Match, UsageError  # noqa: E402
-from kvmesh.inject import (CUDA_IPC, HND, HOST_STAGING, NHD, CacheLayout, InjectChunk, PagedCache,  # noqa: E402
+from kvmesh.inject import (CUDA_IPC, HOST_STAGING, NHD, ORDERS, CacheLayout, InjectChunk, PagedCache,  # noqa: E402
                            StagedInjector)
 from kvmesh.keys import DType, ModelSpec, RopeStyle  # noqa: E402
 from kvmesh.torch import cache_tensor, chunk_entries, gpu  # noqa: E402
@@ -136,7 +136,7 @@ def reference(client, node, fp, layout, start, chunks):
     return res, out
 
 
-@pytest.mark.parametrize("order", [NHD, HND])
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("dt", [DType.F16, DType.BF16])
 def test_staging_writes_what_shm_does(cluster, device, order, dt):
     """staging "always": the engine's tensors get exactly the rows the node
@@ -256,23 +256,20 @@ def test_one_staged_registration_at_a_time(cluster, standin):
 
 def test_slot_runs_and_rows():
     """slot_runs merges consecutive slots (-1 and repeats dropped); copy_rows
-    copies those rows alone, in both orders."""
+    copies those rows alone (a run across a block boundary, a whole block,
+    a single row), in every order."""
     assert gpu.slot_runs([5, 3, 4, -1, 4, 9, 10, 12]) == [(3, 6), (9, 11), (12, 13)]
     assert gpu.slot_runs([-1, -1]) == [] and gpu.slot_runs([]) == []
-    runs = gpu.slot_runs([14, 15, 16, 17, 18, 40])
-    for order in (NHD, HND):
+    rows = [14, 15] + list(range(16, 32)) + [32, 33, 50]
+    runs = gpu.slot_runs(rows)
+    for order in ORDERS:
         lay = CacheLayout(4, 16, 3, 8, DType.F16, order)
         src, dst = torch.randn(lay.shape).half(), torch.randn(lay.shape).half()
         want = dst.clone()
-        nhd = (lambda t: t) if order == NHD else (lambda t: t.transpose(2, 3))
-        w, s = nhd(want).reshape(2, -1, 3, 8), nhd(src).reshape(2, -1, 3, 8)
-        for slot in (14, 15, 16, 17, 18, 40):
-            w[:, slot] = s[:, slot]
-        if order == HND:
-            want = w.reshape(2, 4, 16, 3, 8).transpose(2, 3).contiguous()
-        else:
-            want = w.reshape(lay.shape)
+        w, s = lay.canonical(want), lay.canonical(src)  # views: writing w writes want
+        for slot in rows:
+            w[:, slot // 16, slot % 16] = s[:, slot // 16, slot % 16]
         gpu.copy_rows(dst, src, runs, order)
-        assert torch.equal(dst, want)
+        assert torch.equal(dst, want), order
     with pytest.raises(UsageError, match="order"):
         gpu.copy_rows(dst, src, runs, 7)

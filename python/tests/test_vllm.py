@@ -7,8 +7,9 @@ wait_for_layer_load and save_kv_layer per attention layer, wait_for_save,
 get_finished, get_block_ids_with_load_errors, clear_connector_metadata),
 with the objects those calls take shaped as vLLM's, against a torch paged
 cache of vLLM FlashAttention's shape [2, num_blocks, block_size, kv_heads,
-head_dim] per layer, the model being kvmesh.torch.LlamaModel on the
-trained recall model."""
+head_dim] per layer and of the FlashInfer and Triton backends' [num_blocks,
+2, block_size, kv_heads, head_dim], the model being kvmesh.torch.LlamaModel
+on the trained recall model."""
 
 import json
 import types
@@ -48,14 +49,23 @@ class Blocks:
 
 
 class Runner:
-    """The model runner's side of one step, in vLLM's order."""
+    """The model runner's side of one step, in vLLM's order. vllm holds the
+    layers as the attention backend shapes them (FlashAttention's, or
+    FlashInfer's with K and V inside each block); caches are the same
+    memory as [2, num_blocks, block_size, kv_heads, head_dim] views, which
+    the model reads and writes."""
 
-    def __init__(self, model, worker):
+    def __init__(self, model, worker, backend):
         self.model, self.worker = model, worker
         self.names = [f"model.layers.{l}.self_attn.attn" for l in range(model.num_layers)]
-        self.caches = [torch.zeros(2, NUM_BLOCKS, BLOCK, model.config.num_kv_heads, model.config.head_dim)
-                       for _ in self.names]
-        worker.register_kv_caches(dict(zip(self.names, self.caches)))
+        hd = (model.config.num_kv_heads, model.config.head_dim)
+        if backend == "flash_attn":
+            self.vllm = [torch.zeros(2, NUM_BLOCKS, BLOCK, *hd) for _ in self.names]
+            self.caches = self.vllm
+        else:
+            self.vllm = [torch.zeros(NUM_BLOCKS, 2, BLOCK, *hd) for _ in self.names]
+            self.caches = [t.transpose(0, 1) for t in self.vllm]
+        worker.register_kv_caches(dict(zip(self.names, self.vllm)))
 
     def step(self, meta, tokens, blocks, computed, capture=True):
         slots = [blocks[t // BLOCK] * BLOCK + t % BLOCK for t in range(len(tokens))]
@@ -68,7 +78,7 @@ class Runner:
         def saved(l, k, v, _slots):
             if capture:
                 w.record_pre_rope_key(l, k)  # what capture_hooks' pre-hook on rotary_emb records
-            w.save_kv_layer(self.names[l], self.caches[l], md)
+            w.save_kv_layer(self.names[l], self.vllm[l], md)
 
         plan = Plan(active=list(range(computed, len(tokens))), wait=lambda l: w.wait_for_layer_load(self.names[l]),
                     saved=saved)
@@ -94,14 +104,17 @@ def schedule(sched, req_id, tokens, blocks, local_computed=0):
     return req, ext, sched.build_connector_meta(out)
 
 
-@pytest.fixture
+@pytest.fixture(params=["flash_attn", "flashinfer"])
 def setup(cluster, request):
     tok = "vllm-test/" + request.node.name
     sched = KvmeshConnector(vllm_config(cluster.seeds, tok), KVConnectorRole.SCHEDULER)
     worker = KvmeshConnector(vllm_config(cluster.seeds, tok), KVConnectorRole.WORKER)
     model = LlamaModel.from_pretrained(ROOT / "train" / "recall", tokenizer_id=tok)
     assert worker.spec.fingerprint() == sched.spec.fingerprint()
-    yield sched, worker, Runner(model, worker), model
+    run = Runner(model, worker, request.param)
+    # The staging the node writes has the backend's own shape.
+    assert worker._staging.layout.shape == tuple(run.vllm[0].shape)
+    yield sched, worker, run, model
     worker.shutdown()
     sched.shutdown()
 
@@ -124,7 +137,7 @@ def test_save_then_load_equals_prefill(setup):
     assert finished == (None, None) and errors == set()
     assert sched.request_finished(req, blocks_a) == (False, None)
     assert (logits_a - ref).abs().max().item() < 1e-4
-    kv_a = [c.view(2, -1, *c.shape[3:])[:, slots_a[:192]].clone() for c in run.caches]
+    kv_a = [c.reshape(2, -1, *c.shape[3:])[:, slots_a[:192]].clone() for c in run.caches]
 
     # The same prompt again, in other blocks: the leading three chunks load.
     for c in run.caches:
@@ -134,7 +147,7 @@ def test_save_then_load_equals_prefill(setup):
     assert ext == 3 * CHUNK and len(meta.loads) == 1 and not meta.saves
     logits_b, slots_b, _, errors = run.step(meta, tokens, blocks_b, 3 * CHUNK)
     assert errors == set()
-    worst = max((c.view(2, -1, *c.shape[3:])[:, slots_b[:192]] - a).abs().max().item() for c, a in zip(run.caches, kv_a))
+    worst = max((c.reshape(2, -1, *c.shape[3:])[:, slots_b[:192]] - a).abs().max().item() for c, a in zip(run.caches, kv_a))
     print(f"loaded blocks vs prefill's: max |diff| {worst:.2g}; logits {(logits_b - ref).abs().max().item():.2g}")
     assert worst < 1e-5
     assert (logits_b - ref).abs().max().item() < 1e-4

@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import KvmeshError, UsageError
-from ..inject import HND, NHD, CacheLayout, PagedCache
+from ..inject import BLOCK_HND, BLOCK_NHD, NHD, ORDERS, CacheLayout, PagedCache, _canonical
 
 __all__ = ["CUDA", "cuda", "HostStaging", "slot_runs", "copy_rows"]
 
@@ -103,7 +103,7 @@ cuda = CUDA()
 
 def slot_runs(slots) -> "list[tuple[int, int]]":
     """The distinct slots >= 0 of slots as sorted runs of consecutive slots,
-    [start, stop) each: one copy per run and K or V (per block in HND)."""
+    [start, stop) each: one copy per run and K or V in NHD (copy_rows)."""
     a = np.unique(np.asarray(slots, dtype=np.int64).ravel())
     a = a[a >= 0]
     if a.size == 0:
@@ -117,31 +117,36 @@ def slot_runs(slots) -> "list[tuple[int, int]]":
 def copy_rows(dst, src, runs: "Sequence[tuple[int, int]]", order: int, non_blocking: bool = False) -> None:
     """Copies the token rows of runs (slot_runs) of one layer, K and V, from
     src to dst: tensors of one CacheLayout.shape (of that order), dst
-    contiguous. In NHD a run is one piece of K and one of V; in HND it is
-    cut at block boundaries, whole blocks staying one piece."""
+    contiguous. In NHD a run is one piece of K and one of V; in the other
+    orders it is cut at block boundaries, whole blocks staying one piece
+    (K and V in one where the block holds both) and a part of a block one
+    strided copy."""
     if tuple(dst.shape) != tuple(src.shape) or dst.dim() != 5:
         raise UsageError(f"copy_rows: shapes {tuple(dst.shape)} and {tuple(src.shape)}: want one CacheLayout.shape")
+    if order not in ORDERS:
+        raise UsageError(f"copy_rows: cache order {order!r}: want one of kvmesh.inject.ORDERS")
     if order == NHD:
         d, s = dst.view(2, -1, *dst.shape[3:]), src.reshape(2, -1, *src.shape[3:])
         for a, b in runs:
             for kv in (0, 1):
                 d[kv, a:b].copy_(s[kv, a:b], non_blocking=non_blocking)
         return
-    if order != HND:
-        raise UsageError(f"copy_rows: cache order {order!r}: host staging copies NHD and HND")
-    bs = dst.shape[3]
+    cd, cs = _canonical(dst, order), _canonical(src, order)  # [2, blocks, block, heads, dim] views
+    bs = cd.shape[2]
     for a, b in runs:
         while a < b:
             blk, o = divmod(a, bs)
             if o == 0 and b - a >= bs:  # whole blocks
                 n = (b - a) // bs
-                for kv in (0, 1):
-                    dst[kv, blk:blk + n].copy_(src[kv, blk:blk + n], non_blocking=non_blocking)
+                if order in (BLOCK_NHD, BLOCK_HND):
+                    dst[blk:blk + n].copy_(src[blk:blk + n], non_blocking=non_blocking)
+                else:
+                    for kv in (0, 1):
+                        dst[kv, blk:blk + n].copy_(src[kv, blk:blk + n], non_blocking=non_blocking)
                 a += n * bs
-            else:  # part of one block: its rows in every head
+            else:  # part of one block: its rows in every head, K and V
                 e = min(b, (blk + 1) * bs) - blk * bs
-                for kv in (0, 1):
-                    dst[kv, blk, :, o:e].copy_(src[kv, blk, :, o:e], non_blocking=non_blocking)
+                cd[:, blk, o:e].copy_(cs[:, blk, o:e], non_blocking=non_blocking)
                 a = blk * bs + e
 
 
