@@ -119,6 +119,10 @@ func ShapeFromProto(p *Shape) chunk.Shape {
 	return chunk.Shape{DType: chunk.DType(p.GetDtype()), Tokens: int(p.GetTokens()), Layers: int(p.GetLayers()), KVHeads: int(p.GetKvHeads()), HeadDim: int(p.GetHeadDim())}
 }
 
+// IPCHandleBytes is the length of each RegisterCacheRequest.ipc_handles
+// entry: a cudaIpcMemHandle_t (cudakern.IPCHandleBytes on the device side).
+const IPCHandleBytes = 64
+
 // ProtoLayout converts a cache layout to its wire form.
 func ProtoLayout(l pagedkv.CacheLayout) *CacheLayout {
 	return &CacheLayout{Order: uint32(l.Order), NumBlocks: int64(l.NumBlocks), BlockSize: int64(l.BlockSize),

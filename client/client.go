@@ -28,6 +28,13 @@ var (
 	ErrNoNodes = errors.New("client: no cluster node answered")
 	// ErrNotFound: the key is stored on no replica.
 	ErrNotFound = errors.New("client: not found")
+	// ErrNoCUDAIPC: the node cannot open a cache's CUDA IPC handles
+	// (RegisterCache with CacheRegistration.CUDA): it has no device
+	// kernel (a kvmeshd built without the cuda tag: Unimplemented) or its
+	// device refused them (InvalidArgument). The cache can be served
+	// through shared memory instead (CacheRegistration.File), which the
+	// caller copies to its GPU itself; see RegisterCache.
+	ErrNoCUDAIPC = errors.New("client: the node cannot open CUDA IPC memory")
 )
 
 // Client is safe for concurrent use. Close it when done.

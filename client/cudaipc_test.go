@@ -2,12 +2,15 @@ package client
 
 import (
 	"bytes"
+	"errors"
 	"net"
 	"os"
 	"slices"
 	"testing"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
@@ -51,12 +54,68 @@ func TestRegisterCacheCUDA(t *testing.T) {
 	if err := inj.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	for _, bad := range []CacheRegistration{
-		{Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}},
-		{Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: reg.CUDA, File: os.Stdin},
+	fi.mu.Lock()
+	fi.reg = nil
+	fi.mu.Unlock()
+	for name, bad := range map[string]CacheRegistration{
+		"no memory":    {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}},
+		"both":         {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: reg.CUDA, File: os.Stdin},
+		"device":       {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: &CUDAMemory{Device: -1, Handles: [][]byte{h0, h1}}},
+		"one handle":   {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: &CUDAMemory{Handles: [][]byte{h0}}},
+		"short handle": {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: &CUDAMemory{Handles: [][]byte{h0, h1[:8]}}},
 	} {
-		if _, err := c.RegisterCache(t.Context(), lis.Addr().String(), bad); err == nil {
-			t.Errorf("registration with file %v and CUDA %v accepted", bad.File != nil, bad.CUDA != nil)
+		_, err := c.RegisterCache(t.Context(), lis.Addr().String(), bad)
+		if err == nil || errors.Is(err, ErrNoCUDAIPC) {
+			t.Errorf("%s: registration answered %v, want a refusal that is not ErrNoCUDAIPC", name, err)
+		}
+	}
+	fi.mu.Lock()
+	defer fi.mu.Unlock()
+	if fi.reg != nil {
+		t.Errorf("a refused registration reached the node: %v", fi.reg)
+	}
+}
+
+// TestRegisterCacheCUDARefused: a node that cannot open the IPC handles
+// (Unimplemented: no device kernel; InvalidArgument: its device refused
+// them) answers an error that is ErrNoCUDAIPC and keeps the node's
+// status, so a caller can fall back to shared memory; other refusals
+// are not ErrNoCUDAIPC.
+func TestRegisterCacheCUDARefused(t *testing.T) {
+	_, fakes := startFakes(t, 1)
+	c := newTestClient(t, fakes[0].addr)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi := &fakeInjector{}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
+	api.RegisterInjectorServer(srv, fi)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+
+	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F16}
+	reg := CacheRegistration{Fingerprint: chunk.Fingerprint{Lo: 5, Hi: 6}, Layers: 1, Layouts: []pagedkv.CacheLayout{lay},
+		CUDA: &CUDAMemory{Handles: [][]byte{bytes.Repeat([]byte{1}, api.IPCHandleBytes)}}}
+	for _, tc := range []struct {
+		code     codes.Code
+		fallBack bool
+	}{
+		{codes.Unimplemented, true},
+		{codes.InvalidArgument, true},
+		{codes.PermissionDenied, false}, // another machine: shared memory is refused too
+		{codes.ResourceExhausted, false},
+	} {
+		fi.mu.Lock()
+		fi.regErr = status.Error(tc.code, "refused")
+		fi.mu.Unlock()
+		_, err := c.RegisterCache(t.Context(), lis.Addr().String(), reg)
+		if err == nil {
+			t.Fatalf("%v: registered", tc.code)
+		}
+		if errors.Is(err, ErrNoCUDAIPC) != tc.fallBack || status.Code(err) != tc.code {
+			t.Errorf("%v: %v (ErrNoCUDAIPC %v, code %v), want ErrNoCUDAIPC %v", tc.code, err,
+				errors.Is(err, ErrNoCUDAIPC), status.Code(err), tc.fallBack)
 		}
 	}
 }

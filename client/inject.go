@@ -8,6 +8,9 @@ import (
 	"os"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/pagedkv"
@@ -34,9 +37,10 @@ type CacheRegistration struct {
 	Offsets []int64
 	// CUDA, instead of File, names a cache in the engine's device memory:
 	// the node opens its CUDA IPC handles and writes hits into it there
-	// (a kvmeshd built with the cuda tag, on the engine's GPU; others
-	// answer Unimplemented). Where IPC is impossible, register shared
-	// memory (File) and copy it to the device from pinned memory.
+	// (a kvmeshd built with the cuda tag, on the engine's GPU). Where the
+	// node cannot, RegisterCache fails with ErrNoCUDAIPC: register shared
+	// memory (File) of the same layout instead and copy what the node
+	// writes there to the device (see RegisterCache).
 	CUDA *CUDAMemory
 }
 
@@ -47,6 +51,23 @@ type CUDAMemory struct {
 	// Handles holds one cudaIpcMemHandle_t (64 bytes) per layer; layers
 	// may share one (one allocation, several offsets).
 	Handles [][]byte
+}
+
+// check refuses handles no node could open: a device below 0, or not one
+// 64-byte handle per layer.
+func (m *CUDAMemory) check(layers int) error {
+	if m.Device < 0 {
+		return fmt.Errorf("CUDA device %d", m.Device)
+	}
+	if len(m.Handles) != layers {
+		return fmt.Errorf("%d CUDA IPC handles for %d layers", len(m.Handles), layers)
+	}
+	for l, h := range m.Handles {
+		if len(h) != api.IPCHandleBytes {
+			return fmt.Errorf("layer %d: CUDA IPC handle of %d bytes, want %d", l, len(h), api.IPCHandleBytes)
+		}
+	}
+	return nil
 }
 
 // Injector places chunks into a cache registered with one node: it
@@ -68,10 +89,25 @@ type Injector struct {
 // large enough for the layers, or one it holds or maps already.
 //
 // With reg.CUDA the cache is device memory, registered by its IPC handles
-// (MEMORY_KIND_CUDA_IPC) with no file.
+// (MEMORY_KIND_CUDA_IPC) with no file; handles that cannot be (a device
+// below 0, not one 64-byte handle per layer) are refused before any call.
+// A node that cannot open them answers an error that is ErrNoCUDAIPC (and
+// keeps the node's status): the caller may then fall back to a
+// shared-memory cache of the same layout, page-locked for its GPU, and
+// copy the rows the node writes there (the slots of the chunks answered
+// EXACT or APPROXIMATE, layer l once InjectLayered reported it) to the
+// device before its model reads them. A Go client has no CUDA of its own:
+// those copies are the engine's (the Python client's CUDAPagedCache makes
+// them itself). A node on another machine is refused either way
+// (PermissionDenied).
 func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegistration) (*Injector, error) {
 	if (reg.File == nil) == (reg.CUDA == nil) {
 		return nil, fmt.Errorf("client: register cache with %s: want a shared-memory file or CUDA memory, one of them", addr)
+	}
+	if reg.CUDA != nil {
+		if err := reg.CUDA.check(reg.Layers); err != nil {
+			return nil, fmt.Errorf("client: register cache with %s: %w", addr, err)
+		}
 	}
 	cc, err := c.conn(addr)
 	if err != nil {
@@ -83,7 +119,11 @@ func (c *Client) RegisterCache(ctx context.Context, addr string, reg CacheRegist
 	if reg.CUDA != nil {
 		req := registerRequest(reg)
 		req.MemoryKind, req.Device, req.IpcHandles = api.MemoryKind_MEMORY_KIND_CUDA_IPC, int32(reg.CUDA.Device), reg.CUDA.Handles
-		return c.register(ctx, ic, addr, req)
+		in, err := c.register(ctx, ic, addr, req)
+		if code := status.Code(err); code == codes.Unimplemented || code == codes.InvalidArgument {
+			return nil, fmt.Errorf("%w: %w", ErrNoCUDAIPC, err)
+		}
+		return in, err
 	}
 	sock, err := ic.CacheSocket(ctx, &api.CacheSocketRequest{})
 	if err != nil {

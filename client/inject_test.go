@@ -28,6 +28,7 @@ type fakeInjector struct {
 	api.UnimplementedInjectorServer
 	mu       sync.Mutex
 	reg      *api.RegisterCacheRequest
+	regErr   error // RegisterCache's answer, if set
 	req      *api.InjectRequest
 	events   []*api.InjectEvent
 	err      error
@@ -83,6 +84,9 @@ func (f *fakeInjector) RegisterCache(_ context.Context, r *api.RegisterCacheRequ
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reg = r
+	if f.regErr != nil {
+		return nil, f.regErr
+	}
 	return &api.RegisterCacheResponse{CacheId: 42}, nil
 }
 
