@@ -278,7 +278,8 @@ gpu-payload: cuda-toolkit ## the cuda-tagged test binaries and demo for the prep
 	CGO_ENABLED=1 $(GO) test -tags cuda -c -ldflags=-s -o $(GPU_PAYLOAD)/kvtier_cuda.test ./kvtier
 	CGO_ENABLED=1 $(GO) build -tags cuda -trimpath -ldflags "-s $(LDFLAGS)" -o $(GPU_PAYLOAD)/kvmesh-demo ./cmd/kvmesh-demo
 	CGO_ENABLED=1 $(GO) build -tags cuda -trimpath -ldflags "-s $(LDFLAGS)" -o $(GPU_PAYLOAD)/kvmeshd-cuda ./cmd/kvmeshd
-	gzip -9 $(GPU_PAYLOAD)/*.test $(GPU_PAYLOAD)/kvmesh-demo $(GPU_PAYLOAD)/kvmeshd-cuda
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s $(LDFLAGS)" -o $(GPU_PAYLOAD)/kvmeshd ./cmd/kvmeshd
+	gzip -9 $(GPU_PAYLOAD)/*.test $(GPU_PAYLOAD)/kvmesh-demo $(GPU_PAYLOAD)/kvmeshd-cuda $(GPU_PAYLOAD)/kvmeshd
 	git rev-parse HEAD >$(GPU_PAYLOAD)/BUILT_AT
 	@n=$$(du -cb $(GPU_PAYLOAD) | tail -1 | cut -f1); t=$$(git ls-files -z | xargs -0 du -cb | tail -1 | cut -f1); \
 		echo "$(GPU_PAYLOAD): $$n bytes, with the tracked tree $$((n + t))"; \

@@ -15,7 +15,13 @@
 #      0.8), and the tier's host-to-device staging GB/s.
 #   4. kvmeshd built with the cuda tag: it starts with a GPU tier, injects
 #      on the GPU (its log names the kernel) and shows the tier's budget.
-#   5. The demo (cmd/kvmesh-demo, cuda build) with its injections on the
+#   5. Pinned host staging from Python (python/tests/test_cuda_staging.py)
+#      with real CUDA tensors: the fallback of a GPU cache the node cannot
+#      write by CUDA IPC, against kvmeshd built without the cuda tag (it
+#      answers IPC Unimplemented); bytes equal a shared-memory cache's.
+#      Needs the device's python3 with torch, grpcio, protobuf, numpy,
+#      xxhash and pytest (its image has them); SKIP where one is missing.
+#   6. The demo (cmd/kvmesh-demo, cuda build) with its injections on the
 #      GPU (it prints the kernel), on the committed recall model.
 #
 # The device machine has the driver but no Go and no network: the payload
@@ -47,7 +53,7 @@ for z in "$C"/*.gz; do
 	b=$(basename "$z" .gz)
 	gzip -dc "$z" >"$P/$b" && chmod +x "$P/$b" || { echo "cannot unpack $z" >&2; exit 2; }
 done
-for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo kvmeshd-cuda; do
+for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo kvmeshd-cuda kvmeshd; do
 	[[ -x $P/$b ]] || { echo "missing $b in the payload: run make gpu-payload and carry out/gpu-check" >&2; exit 2; }
 done
 
@@ -91,6 +97,20 @@ else
 fi
 kill -TERM $kpid 2>/dev/null; timeout 30 tail --pid=$kpid -f /dev/null; kill -KILL $kpid 2>/dev/null
 rm -rf "$kd"
+
+step "Python: pinned host staging with CUDA tensors"
+# The tests with the "cuda" parameter run only where torch sees a GPU;
+# the nodes are kvmeshd without the cuda tag, so "auto" must fall back.
+if python3 -c 'import torch, grpc, google.protobuf, numpy, xxhash, pytest; assert torch.cuda.is_available()' 2>"$OUT/python-imports.txt"; then
+	KVMESHD=$P/kvmeshd PYTHONUNBUFFERED=1 timeout 180 python3 -m pytest -v -p no:cacheprovider \
+		python/tests/test_cuda_staging.py 2>&1 | tee "$OUT/staging.txt" | tail -30
+	[[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
+	# Every order and dtype, and the auto fallback, with CUDA tensors.
+	n=$(grep -c '\[cuda.*PASSED' "$OUT/staging.txt")
+	[[ $n -ge 9 ]] || { echo "$n CUDA staging tests passed, want 9"; fail=1; }
+else
+	echo "SKIP: python3 here lacks torch with CUDA or the client's packages:"; tail -3 "$OUT/python-imports.txt"
+fi
 
 step "demo, injections on the GPU"
 timeout 240 "$P/kvmesh-demo" -model train/recall -facts 200 -k 5,20 -queries 4 -answer-prompts 2 -out "$OUT/demo" 2>&1 | tee "$OUT/demo.txt" | tail -40 || fail=1
