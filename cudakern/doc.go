@@ -8,8 +8,9 @@
 //     YaRN and dynamic NTK scaling; NeoX and GPT-J pairing; partial rotary).
 //   - GatherF32, ScatterF32: read and write head vectors of one layer of a
 //     paged KV cache whose geometry is a pagedkv.CacheLayout (vLLM's
-//     FlashAttention layout NHD or its HND variant), so that no caller
-//     repeats the layout arithmetic.
+//     FlashAttention layout NHD or its HND variant, or FlashInfer's with K
+//     and V inside each block), so that no caller repeats the layout
+//     arithmetic.
 //   - Injector: the fused hot path. For a range of layers it reads a chunk's
 //     canonical K and V, rotates K to the target positions, converts to the
 //     cache dtype and scatters both into the named slots in one pass over the

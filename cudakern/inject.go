@@ -410,9 +410,10 @@ func (in *Injector) work(id int) {
 
 // tileTokens is the number of tokens in one work item. A worker walks its
 // tile token by token over all heads, so it reads the source sequentially
-// (one token's heads are contiguous) and, in NHD, writes whole slots; an
-// item of (layer, head) would read with a stride of all heads and defeat
-// the hardware prefetchers. 16 tokens of a Llama-8B layer are 64 KiB.
+// (one token's heads are contiguous) and, in NHD and BlockNHD, writes
+// whole slots; an item of (layer, head) would read with a stride of all
+// heads and defeat the hardware prefetchers. 16 tokens of a Llama-8B layer
+// are 64 KiB.
 const tileTokens = 16
 
 // offset is CacheLayout.Offset(kv, slot, 0) from the plan's strides.

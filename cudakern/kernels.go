@@ -204,7 +204,8 @@ func (p *plan) isa() isa { return isa{avx2: p.simd, avx512: p.avx512, bf16: p.bf
 
 // rotGeneric is rotHeads through float32: widen as many heads as the
 // scratch vector holds with one call, rotate them with one call, round them
-// into the destination with one call where the heads are contiguous (NHD).
+// into the destination with one call where the heads are contiguous (NHD,
+// BlockNHD).
 func (p *plan) rotGeneric(dst, src []byte, c, s, x []float32, count, dstStride int) {
 	k := p.isa()
 	t := p.Rope
@@ -243,7 +244,7 @@ func (p *plan) putV(dst, src []byte, x []float32, count, dstStride int) {
 	src = src[:count*sr]
 	if p.fp8V != fp8None {
 		hd := p.Layout.HeadDim
-		if dstStride == row { // NHD: the heads are one run in source and destination
+		if dstStride == row { // NHD, BlockNHD: the heads are one run in source and destination
 			p.convV(dst, src, count*hd)
 			return
 		}
@@ -264,7 +265,7 @@ func (p *plan) putV(dst, src []byte, x []float32, count, dstStride int) {
 		}
 		return
 	}
-	if dstStride == row { // NHD: the heads are one run in source and destination
+	if dstStride == row { // NHD, BlockNHD: the heads are one run in source and destination
 		count, row = 1, count*row
 	}
 	if p.nt && row%64 == 0 {

@@ -14,8 +14,9 @@ engine's own outputs, engine/testdata/python_logits.json).
 
 The paged cache is one tensor per layer, [2, num_blocks, block_size,
 kv_heads, head_dim] (NHD, cudakern's and vLLM FlashAttention's layout) or
-[2, num_blocks, kv_heads, block_size, head_dim] (HND); a token's slot is
-block * block_size + offset (kvmesh.torch.cache_tensor gives such tensors
+[2, num_blocks, kv_heads, block_size, head_dim] (HND), or a view of a cache
+of any other order as one of these (CacheLayout.canonical); a token's slot
+is block * block_size + offset (kvmesh.torch.cache_tensor gives such tensors
 over a PagedCache the node fills). The forward pass writes each computed
 token's post-RoPE K and V into its slot and attends over the slots of the
 sequence so far, in position order.
