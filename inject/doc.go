@@ -55,4 +55,14 @@
 // it is refused with ErrUnsupported. Register dispatches on the kind, one branch each. CreateShm is the
 // engine-side helper that creates and maps such a file so the engine can
 // place its cache in it.
+//
+// Device to device: for a MemoryCUDAIPC cache, a DeviceFetcher (TierFetcher
+// over a DeviceLocal: the node's GPU tier on the cache's device) lends
+// exact local entries in device memory (Fetched.Device) instead of host
+// bytes. Such a hit is verified from the header the tier parsed when the
+// entry entered device memory, after checking every layer's checksum on
+// the host bytes it came from; each layer is then one kernel launch from
+// the entry's device address (cudakern.DeviceCache.InjectDevice), a codec
+// payload decoded in the same pass. A device hit that does not fit is read
+// again on the host and verified there as any entry.
 package inject

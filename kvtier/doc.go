@@ -97,6 +97,9 @@
 // coalesces free extents (O(log n), tested on the CPU against a bitmap
 // reference); copies go through page-locked staging buffers on a stream
 // owned by one goroutine locked to its OS thread, where the CUDA context
-// is current. scripts/device/gpu-check.sh runs the GPU tier tests on a
-// machine with a GPU.
+// is current. GetDevice moves an entry into the tier only from host bytes
+// whose every layer matches its checksum, and lends it with that parsed
+// header, so a kernel reading the copy needs nothing read back.
+// scripts/device/gpu-check.sh runs the GPU tier tests on a machine with a
+// GPU.
 package kvtier

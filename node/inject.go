@@ -198,7 +198,7 @@ func (f countingFetcher) FetchBatch(ctx context.Context, keys []chunk.Key, found
 }
 
 func (f countingFetcher) count(got inject.Fetched, err error) {
-	if err == nil && got.Device != nil {
+	if err == nil && got.Device != nil && got.Device.Header != nil {
 		f.c.WithLabelValues("gpu").Add(float64(got.Device.Header.BlobBytes))
 		return
 	}
