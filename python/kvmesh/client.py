@@ -651,6 +651,8 @@ class Client:
         exceeds it is refused. The cache's memfd goes to the node as a
         file descriptor on the node's cache socket (never as a path); a
         cache registered already is refused (PermissionDenied) until it is
-        unregistered."""
+        unregistered. A CUDAPagedCache (PagedCache.cuda) registers by CUDA
+        IPC or through its pinned host staging, as its staging says (a
+        StagedInjector then copies what the node writes to the tensors)."""
         from .inject import register_cache
         return register_cache(self, addr, fingerprint, cache, head_lo, head_hi, max_positions)

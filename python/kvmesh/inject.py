@@ -475,6 +475,7 @@ class StagedInjector(Injector):
     def __init__(self, client, addr: str, cache_id: int, cache: CUDAPagedCache):
         super().__init__(client, addr, cache_id)
         self.cache = cache
+        self._host = cache.host_staging()  # the staging the node maps
 
     def inject(self, chunks: "Sequence[InjectChunk]", on_layer: "Callable[[int], None] | None" = None,
                on_plan: "Callable[[list], None] | None" = None, timeout: "float | None" = None) -> InjectResult:
@@ -482,7 +483,9 @@ class StagedInjector(Injector):
         from .client import Match
         chunks = _want_chunks(chunks)
         slots = [slots_array(c.slots) for c in chunks]
-        host = self.cache.host_staging()
+        host = self._host
+        if host.closed:
+            raise UsageError("inject: the GPU cache was closed: its staging is gone")
         gpu = _gpu()
         runs = None  # the rows to copy, once the plan says which chunks hit
         early = []  # layers reported before a plan (a node that sends none)

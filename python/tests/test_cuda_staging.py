@@ -241,7 +241,8 @@ def test_failed_copy_raises(cluster, standin):
 
 def test_one_staged_registration_at_a_time(cluster, standin):
     """The staging is one shared-memory file: a second registration while
-    one holds it is refused, and allowed once that one is closed."""
+    one holds it is refused, and allowed once that one is closed; an
+    injector whose cache was closed refuses to inject."""
     spec, _ = setup_model(cluster, DType.F16)
     layout = CacheLayout(4, 16, 2, 16, DType.F16, NHD)
     node = cluster.nodes[0].grpc
@@ -252,6 +253,9 @@ def test_one_staged_registration_at_a_time(cluster, standin):
                 c.register_cache(node, spec.fingerprint(), cache)
         with c.register_cache(node, spec.fingerprint(), cache) as inj:
             assert inj.inject([]).matches == []
+            cache.close()  # before its injector: the node still maps the old staging
+            with pytest.raises(UsageError, match="closed"):
+                inj.inject([])
 
 
 def test_slot_runs_and_rows():

@@ -171,7 +171,7 @@ class HostStaging:
         self.cache = PagedCache(len(self.tensors), layout, name="kvmesh-staging")
         self.host = [cache_tensor(self.cache, l) for l in range(len(self.tensors))]
         self._base = self.cache.layer(0).ctypes.data - self.cache.offsets[0]
-        self.pinned = False
+        self.pinned, self.closed = False, False
         try:
             self.pinned = self._cuda.pin(self._base, self.cache.size)
         except KvmeshError as e:
@@ -182,6 +182,8 @@ class HostStaging:
     def copy(self, layer: int, runs: "Sequence[tuple[int, int]]") -> None:
         """Queues the copy of runs (slot_runs) of layer from the staging to
         tensors[layer]; a failure is a KvmeshError."""
+        if self.closed:
+            raise UsageError("host staging: closed")
         try:
             with self._cuda.copying(self._stream):
                 copy_rows(self.tensors[layer], self.host[layer], runs, self.layout.order, non_blocking=self.pinned)
@@ -203,7 +205,9 @@ class HostStaging:
     def close(self) -> None:
         """Unpins and closes the staging (unregister it first). The
         engine's tensors stay the engine's."""
-        self.host = []
+        if self.closed:
+            return
+        self.closed, self.host = True, []
         try:
             if self.pinned:
                 self.pinned = False
