@@ -97,7 +97,8 @@ class CacheLayout:
         head_dim), whatever the order: canonical(x)[kv, b, o, h] is the head
         vector of slot b*block_size+o in every layout. It copies nothing."""
         if tuple(layer.shape) != self.shape:
-            raise UsageError(f"CacheLayout.canonical: layer of shape {tuple(layer.shape)}, the layout's is {self.shape}")
+            raise UsageError(f"CacheLayout.canonical: layer of shape {tuple(layer.shape)}, "
+                             f"the layout's is {self.shape}")
         return _canonical(layer, self.order)
 
     def proto(self) -> inject_pb2.CacheLayout:

@@ -26,8 +26,8 @@ torch = pytest.importorskip("torch")
 
 import kvmesh  # noqa: E402
 from kvmesh import KvmeshError, Match, UsageError  # noqa: E402
-from kvmesh.inject import (CUDA_IPC, HOST_STAGING, NHD, ORDERS, CacheLayout, InjectChunk, PagedCache,  # noqa: E402
-                           StagedInjector)
+from kvmesh.inject import (BLOCK_NHD, CUDA_IPC, HOST_STAGING, NHD, ORDERS, CacheLayout, InjectChunk,  # noqa: E402
+                           PagedCache, StagedInjector)
 from kvmesh.keys import DType, ModelSpec, RopeStyle  # noqa: E402
 from kvmesh.torch import cache_tensor, chunk_entries, gpu  # noqa: E402
 
@@ -275,5 +275,15 @@ def test_slot_runs_and_rows():
             w[:, slot // 16, slot % 16] = s[:, slot // 16, slot % 16]
         gpu.copy_rows(dst, src, runs, order)
         assert torch.equal(dst, want), order
+    # vLLM's FlashInfer backend with its HND cache layout: the BLOCK_NHD
+    # shape over memory in BLOCK_HND order (a strided tensor).
+    lay = CacheLayout(4, 16, 3, 8, DType.F16, BLOCK_NHD)
+    src = torch.randn(lay.shape).half()
+    dst = torch.randn(4, 2, 3, 16, 8).half().permute(0, 1, 3, 2, 4)
+    want = dst.clone()
+    for slot in rows:
+        want[slot // 16, :, slot % 16] = src[slot // 16, :, slot % 16]
+    gpu.copy_rows(dst, src, runs, BLOCK_NHD)
+    assert torch.equal(dst, want)
     with pytest.raises(UsageError, match="order"):
         gpu.copy_rows(dst, src, runs, 7)

@@ -147,7 +147,8 @@ def test_save_then_load_equals_prefill(setup):
     assert ext == 3 * CHUNK and len(meta.loads) == 1 and not meta.saves
     logits_b, slots_b, _, errors = run.step(meta, tokens, blocks_b, 3 * CHUNK)
     assert errors == set()
-    worst = max((c.reshape(2, -1, *c.shape[3:])[:, slots_b[:192]] - a).abs().max().item() for c, a in zip(run.caches, kv_a))
+    worst = max((c.reshape(2, -1, *c.shape[3:])[:, slots_b[:192]] - a).abs().max().item()
+                for c, a in zip(run.caches, kv_a))
     print(f"loaded blocks vs prefill's: max |diff| {worst:.2g}; logits {(logits_b - ref).abs().max().item():.2g}")
     assert worst < 1e-5
     assert (logits_b - ref).abs().max().item() < 1e-4

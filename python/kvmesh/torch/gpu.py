@@ -117,7 +117,8 @@ def slot_runs(slots) -> "list[tuple[int, int]]":
 def copy_rows(dst, src, runs: "Sequence[tuple[int, int]]", order: int, non_blocking: bool = False) -> None:
     """Copies the token rows of runs (slot_runs) of one layer, K and V, from
     src to dst: tensors of one CacheLayout.shape (of that order), dst
-    contiguous. In NHD a run is one piece of K and one of V; in the other
+    contiguous in NHD (strided ones are copied right in the other orders:
+    vLLM's FlashInfer HND cache is BLOCK_NHD-shaped). In NHD a run is one piece of K and one of V; in the other
     orders it is cut at block boundaries, whole blocks staying one piece
     (K and V in one where the block holds both) and a part of a block one
     strided copy."""
