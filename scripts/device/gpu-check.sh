@@ -8,7 +8,9 @@
 #      device memory (InjectDevice, one event per layer), bad targets
 #      refused, a cache exported by CUDA IPC injected from a second
 #      process, and entries of the GPU tier (kvtier's slab) injected from
-#      their device copies into a device cache (TestGPUTierInjectDevice).
+#      their device copies into a device cache (TestGPUTierInjectDevice;
+#      TestGPUServiceDeviceToDevice: the node's whole path, an
+#      inject.Service over the tier writing a second process's IPC cache).
 #   2. kvtier's GPU tier tests on the real device: put/get/evict, budgets,
 #      staging copies.
 #   3. A benchmark table: rotate+scatter and fused dequant+rotate+scatter
@@ -59,7 +61,7 @@ for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo kvmeshd-cuda kvmeshd; do
 done
 
 step "cudakern/gpu tests"
-(cd cudakern/gpu && timeout 240 "$P/cudakern_gpu.test" -test.run 'TestGPU|TestGPUTierInjectDevice' -test.v -test.count=1 -test.timeout=230s) || fail=1
+(cd cudakern/gpu && timeout 240 "$P/cudakern_gpu.test" -test.run 'TestGPU|TestGPUTierInjectDevice|TestGPUServiceDeviceToDevice' -test.v -test.count=1 -test.timeout=230s) || fail=1
 
 step "kvtier GPU tier tests"
 (cd kvtier && timeout 240 "$P/kvtier_cuda.test" -test.run 'TestGPUTier|TestConcurrentBudgets|TestCUDACopies' -test.count=1 -test.timeout=230s) || fail=1
