@@ -13,6 +13,10 @@ chunk. The layout is one of cudakern's (pagedkv.Order), per layer:
 each block, [num_blocks][2][block_size][kv_heads][head_dim] (BLOCK_NHD:
 FlashInfer's NHD, vLLM's FlashInfer and Triton backends) and
 [num_blocks][2][kv_heads][block_size][head_dim] (BLOCK_HND: FlashInfer's HND).
+
+A cache in GPU memory (PagedCache.cuda over torch CUDA tensors) registers
+by CUDA IPC, or through pinned host staging where IPC is impossible
+(CUDAPagedCache, StagedInjector, kvmesh.torch.gpu).
 """
 
 from __future__ import annotations

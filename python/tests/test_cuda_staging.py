@@ -287,3 +287,28 @@ def test_slot_runs_and_rows():
     assert torch.equal(dst, want)
     with pytest.raises(UsageError, match="order"):
         gpu.copy_rows(dst, src, runs, 7)
+
+
+def test_unpinned_staging_still_copies(standin, caplog):
+    """Where page-locking fails (a memlock limit, a torch without the
+    binding) the staging says so and copies synchronously, as exactly."""
+    def refuse(ptr, nbytes):
+        raise KvmeshError("cudaHostRegister: CUDA error 2")
+    standin.pin = refuse
+    lay = CacheLayout(2, 16, 2, 8, DType.F16, NHD)
+    dst = [torch.zeros(lay.shape, dtype=torch.float16)]
+    with caplog.at_level(logging.WARNING, logger="kvmesh.gpu"):
+        st = gpu.HostStaging(dst, lay)
+    try:
+        assert not st.pinned and any("not page-locked" in r.getMessage() for r in caplog.records)
+        st.host[0].copy_(torch.randn(lay.shape).half())
+        st.copy(0, gpu.slot_runs([3, 4, 20]))
+        st.wait()
+        want = torch.zeros(lay.shape, dtype=torch.float16)
+        want[:, 0, 3:5], want[:, 1, 4] = st.host[0][:, 0, 3:5], st.host[0][:, 1, 4]
+        assert torch.equal(dst[0], want)
+    finally:
+        st.close()
+    assert ("unpin", st._base) not in standin.calls
+    with pytest.raises(UsageError, match="closed"):
+        st.copy(0, [(0, 1)])

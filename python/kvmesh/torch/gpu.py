@@ -175,10 +175,14 @@ class HostStaging:
         self.pinned, self.closed = False, False
         try:
             self.pinned = self._cuda.pin(self._base, self.cache.size)
-        except KvmeshError as e:
+        except Exception as e:  # noqa: BLE001 (a torch without the binding, a memlock limit: copies stay exact)
             log.warning("kvmesh: host staging of %d bytes is not page-locked (its copies are synchronous): %s",
                         self.cache.size, e)
-        self._stream = self._cuda.stream(self.tensors[0])
+        try:
+            self._stream = self._cuda.stream(self.tensors[0])
+        except BaseException:
+            self.close()
+            raise
 
     def copy(self, layer: int, runs: "Sequence[tuple[int, int]]") -> None:
         """Queues the copy of runs (slot_runs) of layer from the staging to
