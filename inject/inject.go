@@ -382,8 +382,9 @@ func (r *request) accept(i int, ch *pagedkv.InjectChunk, key chunk.Key, f Fetche
 	err = r.verify(h, content, ch)
 	r.times.verify.Add(int64(time.Since(t0)))
 	if err != nil {
+		lent := f.Device != nil
 		f.release()
-		if f.Device != nil {
+		if lent {
 			// The device copy does not fit the cache, or the kernels cannot
 			// read it: read the entry on the host, where it is checked as
 			// any entry is (and fetched again from a replica when it fails).
