@@ -69,6 +69,17 @@ type Config struct {
 	// SkipVerify skips checking every layer checksum on Put (the header is
 	// always checked). Only for callers that verified the blob already.
 	SkipVerify bool
+	// OnDropped, when set, is called with the key of each copy the store
+	// drops for want of room below it rather than by its eviction policy:
+	// a demotion that the tier below could not take (the disk tier out of
+	// space, failing its write or unable to make room; DRAM holding only
+	// pinned entries for a GPU victim, or the device read failing). The
+	// caller then holds fewer copies than its placement says. Evictions
+	// from the lowest tier, deletes, TTL expiry and damaged copies a read
+	// finds (it returns ErrDamaged to its caller) are not reported. It is
+	// called with the store's lock held: it must return at once and must
+	// not call the Store.
+	OnDropped func(chunk.Key)
 	// Now is the clock for TTLs. Default time.Now.
 	Now func() time.Time
 	// Logger defaults to slog.Default().

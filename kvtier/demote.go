@@ -19,6 +19,9 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 		ts.stats.Evictions++
 		s.reuse[e.reuse].Evicted++
 		s.remove(e)
+		if s.disk != nil {
+			s.dropped(e.key)
+		}
 		return
 	}
 	e.busy = true
@@ -42,6 +45,7 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 		s.reuse[e.reuse].Evicted++
 		s.remove(e)
 		s.maybeFreeDRAM(c)
+		s.dropped(e.key)
 	case e.dead:
 		_ = s.disk.remove(rel)
 		s.tiers[TierDisk].used -= size
@@ -58,6 +62,14 @@ func (s *Store) demoteDRAM(ctx context.Context, e *entry) {
 		s.setDisk(e, rel, size)
 		s.enterPolicy(TierDisk, e, size)
 		ts.stats.Demotions++
+	}
+}
+
+// dropped reports a copy dropped for want of room below its tier
+// (Config.OnDropped). mu held.
+func (s *Store) dropped(key chunk.Key) {
+	if s.cfg.OnDropped != nil {
+		s.cfg.OnDropped(key)
 	}
 }
 

@@ -285,6 +285,7 @@ func (s *Store) demoteGPU(ctx context.Context, e *entry) {
 		if !e.dead {
 			ts.stats.Evictions++
 			s.remove(e)
+			s.dropped(e.key)
 		} else {
 			s.dropDev(e)
 		}

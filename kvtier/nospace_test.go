@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 )
 
@@ -44,4 +45,54 @@ func TestDiskOutOfSpace(t *testing.T) {
 		t.Fatalf("%d log lines for %d ENOSPC failures:\n%s", n, d.NoSpaceErrors, logs.String())
 	}
 	checkCounts(t, s)
+}
+
+// TestOnDropped: Config.OnDropped names each copy the store drops because
+// the disk tier could not take a demotion (here the file system fills up),
+// and nothing that the eviction policy drops: the evictions of a store
+// without a disk tier, nor those of a disk tier that makes room by policy.
+func TestOnDropped(t *testing.T) {
+	const puts = 400
+	run := func(t *testing.T, cfg Config) (*Store, []chunk.Key) {
+		var drops []chunk.Key
+		cfg.OnDropped = func(k chunk.Key) { drops = append(drops, k) }
+		s := openTest(t, cfg)
+		for i := range puts {
+			if _, err := s.Put(t.Context(), makeBlob(t, testFP, uint64(i+1), 12, testStandalone, 2), PutOptions{}); err != nil {
+				t.Fatalf("put %d: %v", i, err)
+			}
+		}
+		// Every put has returned: OnDropped runs under the store's lock,
+		// so drops is complete.
+		return s, drops
+	}
+	t.Run("no disk tier", func(t *testing.T) {
+		s, drops := run(t, Config{DRAMBytes: 16 * 4096})
+		if ev := s.Stats().Tiers[TierDRAM].Evictions; ev == 0 || len(drops) != 0 {
+			t.Fatalf("%d DRAM evictions, %d reported as dropped for want of room; want some, none", ev, len(drops))
+		}
+	})
+	t.Run("disk tier evicting by policy", func(t *testing.T) {
+		s, drops := run(t, Config{DRAMBytes: 16 * 4096, DiskDir: t.TempDir(), DiskBytes: 64 * 4096})
+		if ev := s.Stats().Tiers[TierDisk].Evictions; ev == 0 || len(drops) != 0 {
+			t.Fatalf("%d disk evictions, %d reported as dropped for want of room; want some, none", ev, len(drops))
+		}
+	})
+	t.Run("file system full", func(t *testing.T) {
+		s, drops := run(t, Config{DRAMBytes: 16 * 4096, DiskDir: testutil.Tmpfs(t, 512<<10), DiskBytes: 4 << 20})
+		d := s.Stats().Tiers[TierDisk]
+		if d.NoSpaceErrors == 0 {
+			t.Fatalf("the file system never filled: %+v", d)
+		}
+		// Each failed write dropped its DRAM victim.
+		if uint64(len(drops)) < d.WriteErrors {
+			t.Fatalf("%d copies reported dropped for %d failed disk writes", len(drops), d.WriteErrors)
+		}
+		for _, k := range drops {
+			if s.Contains(k) {
+				t.Fatalf("%v reported dropped, still stored", k)
+			}
+		}
+		checkCounts(t, s)
+	})
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -247,6 +248,9 @@ type Node struct {
 	gossip *gossip.Gossip
 	peers  *peerPool
 	repl   *replication.Replicator
+	// dropsTo is repl once it runs: the store, opened before it, tells it
+	// of the copies it drops for want of room (kvtier.Config.OnDropped).
+	dropsTo atomic.Pointer[replication.Replicator]
 	// bodies recycles the buffers Put and Replicate receive entries into.
 	bodies api.BodyPool
 	// credit is the callers' Put credit (lendCredit).

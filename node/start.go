@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/kvmesh/kvmesh/api"
+	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/gossip"
 	"github.com/kvmesh/kvmesh/kvtier"
 	"github.com/kvmesh/kvmesh/meta"
@@ -166,6 +167,13 @@ func TierDir(dataDir string) string { return filepath.Join(dataDir, "tier") }
 func (n *Node) openStore(context.Context) error {
 	cfg := n.cfg
 	tcfg := kvtier.Config{DRAMBytes: cfg.DRAMBytes, ReleaseBytes: cfg.DRAMReleaseBytes, Admission: cfg.Admission, Limits: cfg.Limits, SkipVerify: true, Logger: n.log}
+	// A copy the disk tier could not take leaves this node short of what
+	// the ring says: the replicator takes such copies back when it can.
+	tcfg.OnDropped = func(chunk.Key) {
+		if r := n.dropsTo.Load(); r != nil {
+			r.CopiesDropped()
+		}
+	}
 	if cfg.DiskBytes > 0 {
 		tcfg.DiskDir, tcfg.DiskBytes = TierDir(cfg.DataDir), cfg.DiskBytes
 	}
@@ -286,6 +294,7 @@ func (n *Node) startReplication(context.Context) error {
 		return fmt.Errorf("node: start replication: %w", err)
 	}
 	n.undo.push("replication", n.repl.Close)
+	n.dropsTo.Store(n.repl)
 	// Unwound before the replicator closes (the servers have stopped):
 	// a node without a disk tier hands its chunks to their other owners.
 	n.undo.push("hand chunks to their other owners", n.handoff)

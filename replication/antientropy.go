@@ -482,6 +482,11 @@ func (r *Replicator) pullItem(ctx context.Context, p string, b *DigestItem, st *
 		st.Deletes++
 		return r.applyDelete(b.Key, b.At)
 	}
+	if rc, ok := r.cfg.Store.(RoomChecker); ok && b.Size > 0 && !rc.HasRoom(b.Size) {
+		// storeLocal would refuse it: do not fetch it for nothing.
+		st.Refused++
+		return nil
+	}
 	got, err := r.fetchFrom(ctx, p, b.Key)
 	if errors.Is(err, ErrNotFound) {
 		return nil // evicted or deleted there since it listed it
@@ -559,17 +564,22 @@ func (r *Replicator) PeerTable(peer string) []uint64 {
 	return newPairSet(r.ring(), r.cfg.NodeID, []string{peer}, n).tables(r.localItems)[0]
 }
 
-// aeKickGap is how long after CopiesDropped its anti-entropy round runs:
-// copies dropped in a burst (a damaged disk, a full file system) are
-// counted by one round.
+// aeKickGap is how long after CopiesDropped its round runs: copies
+// dropped in a burst (a damaged disk, a full file system) are taken back
+// by one round.
 const aeKickGap = 5 * time.Second
 
 // CopiesDropped tells the replicator that this node lost copies outside
-// its own paths (its store dropped damaged or unwritable entries): an
-// anti-entropy round runs aeKickGap later (one for a burst), so that the
-// under-replication gauges (and the repairs) follow the loss instead of
-// waiting for the next periodic round. It does not block; with the
-// periodic rounds off (a negative AntiEntropyInterval) it does nothing.
+// its own paths (its store dropped damaged entries, or entries the tier
+// below could not take): a Pull round runs aeKickGap later (one for a
+// burst), in which this node takes back from its peers the copies it
+// lacks, as far as its store has room for them without evicting (a full
+// store fetches nothing), instead of waiting for the peers' periodic
+// rounds to push them. A plain round would not: the node that lacks a
+// key is not its source. The loss shows in the under-replication gauges
+// of the keys' other holders, at their next round (a key is counted by a
+// node that holds it). It does not block; with the periodic rounds off
+// (a negative AntiEntropyInterval) it does nothing.
 func (r *Replicator) CopiesDropped() {
 	select {
 	case r.aeKick <- struct{}{}:
@@ -581,12 +591,13 @@ func (r *Replicator) antiEntropyLoop() {
 	t := time.NewTicker(r.cfg.AntiEntropyInterval)
 	defer t.Stop()
 	for {
+		pull := false
 		select {
 		case <-r.ctx.Done():
 			return
 		case <-t.C:
 		case <-r.aeKick:
-			// Wait out the burst, then count it in one round.
+			// Wait out the burst, then take it back in one round.
 			select {
 			case <-r.ctx.Done():
 				return
@@ -596,14 +607,15 @@ func (r *Replicator) antiEntropyLoop() {
 			case <-r.aeKick:
 			default:
 			}
+			pull = true
 		}
-		st, err := r.AntiEntropy(r.ctx)
+		st, err := r.antiEntropy(r.ctx, pull)
 		if err != nil && r.ctx.Err() == nil {
 			r.log.Debug("anti-entropy", "err", err)
 		}
 		if st.BucketsDiffer > 0 || st.UnderW > 0 {
-			r.log.Info("anti-entropy round", "peers", st.Peers, "buckets_differ", st.BucketsDiffer,
-				"pushed", st.Pushed, "deletes", st.Deletes, "refused", st.Refused, "under_w", st.UnderW, "under_r", st.UnderR)
+			r.log.Info("anti-entropy round", "peers", st.Peers, "buckets_differ", st.BucketsDiffer, "pull", pull,
+				"pushed", st.Pushed, "pulled", st.Pulled, "deletes", st.Deletes, "refused", st.Refused, "under_w", st.UnderW, "under_r", st.UnderR)
 		}
 	}
 }

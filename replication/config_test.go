@@ -2,6 +2,7 @@ package replication
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -64,21 +65,91 @@ func TestLearning(t *testing.T) {
 	}
 }
 
-// TestCopiesDropped: a dropped copy brings an anti-entropy round forward
-// (the periodic one is an hour away), one round for a burst of drops.
+// TestCopiesDropped: copies this node's store dropped (for want of room
+// below a tier, or damaged) bring a Pull round forward (the periodic round
+// is an hour away), one round for a burst of drops. With room, the round
+// takes the copies back from the peers; a full store fetches nothing, and
+// the keys' other holders count them as below R at their rounds until
+// the store has room and their pushes repair it.
 func TestCopiesDropped(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newCluster(t, []string{"a", "b", "c"}, func(id string, cfg *Config) {
 			cfg.AntiEntropyInterval = time.Hour
 		})
-		a := c.reps["a"]
-		for range 10 {
-			a.CopiesDropped()
+		keys, _ := writeAll(t, c, "a", 0, 20)
+		a, sa := c.reps["a"], c.stores["a"]
+		lost := keys[:3] // with R = 3 of 3 nodes, a replicates every key
+		drop := func() {
+			for _, k := range lost {
+				if err := sa.Delete(k); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for range 10 {
+				a.CopiesDropped()
+			}
 		}
-		time.Sleep(aeKickGap + time.Second)
-		synctest.Wait()
-		if n := a.Metrics().AntiEntropyRounds; n != 1 {
-			t.Fatalf("%d anti-entropy rounds after a burst of drops, want 1", n)
+		round := func() (fetches int64) {
+			t.Helper()
+			before, f := a.Metrics(), c.net.Stats().Fetches
+			time.Sleep(aeKickGap + time.Second)
+			synctest.Wait()
+			after := a.Metrics()
+			if after.AntiEntropyRounds-before.AntiEntropyRounds != 1 || after.PullRounds-before.PullRounds != 1 {
+				t.Fatalf("%d anti-entropy rounds (%d pull) after a burst of drops, want 1 pull round",
+					after.AntiEntropyRounds-before.AntiEntropyRounds, after.PullRounds-before.PullRounds)
+			}
+			return c.net.Stats().Fetches - f
+		}
+		peersUnderR := func() int {
+			t.Helper()
+			n := 0
+			for _, id := range []string{"b", "c"} {
+				st, err := c.reps[id].AntiEntropy(t.Context())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if st.UnderW != 0 {
+					t.Fatalf("%s: %d keys under W with one copy lost", id, st.UnderW)
+				}
+				n += st.UnderR
+			}
+			return n
+		}
+
+		// Room here: the early round takes them back.
+		drop()
+		if f := round(); f != int64(len(lost)) {
+			t.Fatalf("the round fetched %d copies, want the %d lost", f, len(lost))
+		}
+		for _, k := range lost {
+			if !sa.Has(k) {
+				t.Fatalf("a lacks %v after the round", k)
+			}
+		}
+
+		// No room here: nothing is fetched in vain; the other holders
+		// count the loss, and repair it once a has room.
+		drop()
+		sa.SetCapacity(sa.Bytes())
+		if f := round(); f != 0 {
+			t.Fatalf("a full store fetched %d copies it could not keep", f)
+		}
+		if slices.ContainsFunc(lost, sa.Has) {
+			t.Fatal("a full store took a copy back")
+		}
+		if n := peersUnderR(); n != len(lost) {
+			t.Fatalf("the peers count %d keys below R, want the %d a lost", n, len(lost))
+		}
+		sa.SetCapacity(0)
+		peersUnderR() // their pushes repair a
+		for _, k := range lost {
+			if !sa.Has(k) {
+				t.Fatalf("a lacks %v once it has room", k)
+			}
+		}
+		if n := peersUnderR(); n != 0 {
+			t.Fatalf("%d keys below R after the repair", n)
 		}
 	})
 }
