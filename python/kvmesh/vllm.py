@@ -21,16 +21,34 @@ python/tests/test_vllm.py can drive it through vLLM's call sequence.
 What it does: the scheduler side cuts each prompt into chunks of
 chunk_tokens (a multiple of the block size) and looks them up; it offers
 vLLM the leading run of EXACT hits (block-aligned, the last prompt token
-always computed). The worker side registers a host staging buffer of
-vLLM's cache shape with the local node (the CPU-staging variant of
-docs/VLLM.md), has the node inject the chunks there (start_load_kv, on a
-thread), and copies the loaded slots of each layer into vLLM's cache in
-wait_for_layer_load once the node reported that layer written (the pinned
-host staging of kvmesh.torch.gpu: copy stream, then a wait). Blocks of a chunk planned as a
-hit that came back MISS are reported by get_block_ids_with_load_errors, so
-vLLM recomputes them. save_kv_layer records the step's pre-RoPE K
-(captured by capture_hooks, else un-rotated from the cache) and V of the
-chunks to save; wait_for_save stores them under their prefix-chain keys.
+always computed). The worker side registers vLLM's own cache with the
+local node and has the node inject the chunks (start_load_kv, on a
+thread); wait_for_layer_load returns once that layer of every hit is in
+vLLM's cache. Blocks of a chunk planned as a hit that came back MISS are
+reported by get_block_ids_with_load_errors, so vLLM recomputes them.
+save_kv_layer records the step's pre-RoPE K (captured by capture_hooks,
+else un-rotated from the cache) and V of the chunks to save; wait_for_save
+stores them under their prefix-chain keys.
+
+Which path runs (register_kv_caches; transport and fallback_reason say
+which ran):
+- vLLM's cache on a GPU, CUDA IPC: the per-layer tensors are registered
+  themselves (PagedCache.cuda, one IPC handle and offset per layer). The
+  node writes hits straight into vLLM's blocks (from a GPU tier on that
+  device, device to device) and reports each layer once it is written: the
+  connector copies nothing. Needs a kvmeshd built with the cuda tag on the
+  same machine, and layers torch can export, each on a 64-byte boundary of
+  its allocation.
+- vLLM's cache on a GPU, host staging: where IPC is impossible (a kvmeshd
+  without the cuda tag answers Unimplemented, its device refuses the
+  handles, torch cannot export the tensors, a layer is not 64-byte
+  aligned) staging "auto" falls back, once for the connector's life, and
+  kvmesh.inject logs why. The node writes a pinned host buffer of the
+  cache's layout and kvmesh.torch.gpu copies the written rows of each
+  layer to vLLM's tensors (a copy stream, then a wait) before the layer is
+  reported.
+- vLLM's cache in host memory (a CPU vLLM): the same host staging, its rows
+  copied in wait_for_layer_load once the node reported the layer.
 """
 
 from __future__ import annotations
@@ -50,9 +68,9 @@ from . import hfconfig
 from .client import Client, LookupItem, Match
 from .entry import Entry
 from .errors import KvmeshError, UsageError
-from .inject import BLOCK_NHD, NHD, CacheLayout, InjectChunk
+from .inject import BLOCK_HND, BLOCK_NHD, HND, HOST_STAGING, NHD, STAGING, CacheLayout, InjectChunk, PagedCache
 from .keys import DType, Key, ModelSpec, RopeStyle, content_id, prefix_chain
-from .torch import to_numpy_kv
+from .torch import gpu, to_numpy_kv
 from .torch.gpu import HostStaging, slot_runs
 from .torch.llama import rope_inv_freq
 
@@ -145,6 +163,40 @@ def _layer_index(name: str) -> int:
     return int(m.group(1))
 
 
+# vLLM's HND cache layout keeps a backend's shape over memory with
+# block_size and kv_heads swapped: the order of that memory, per shape.
+_SWAPPED = {NHD: HND, BLOCK_NHD: BLOCK_HND}
+
+
+def _layouts(tensors: "list[torch.Tensor]", heads: "tuple[int, int]"):
+    """vLLM's layers as (the CacheLayout of their shape, the CacheLayout of
+    their memory, each layer as a contiguous tensor of that memory's
+    shape), or UsageError."""
+    t = tensors[0]
+    if t.dim() != 5 or 2 not in tuple(t.shape[:2]) or tuple(t.shape[3:]) != heads:
+        raise UsageError(f"register_kv_caches: layer of shape {tuple(t.shape)}: want [2, num_blocks, block_size, "
+                         f"{heads[0]}, {heads[1]}] or [num_blocks, 2, block_size, {heads[0]}, {heads[1]}]")
+    shape_order, blocks = (NHD, t.shape[1]) if t.shape[0] == 2 else (BLOCK_NHD, t.shape[0])
+    view = CacheLayout(blocks, t.shape[2], t.shape[3], t.shape[4], DType.parse(str(t.dtype)), shape_order)
+    order, memory = None, []
+    for l, x in enumerate(tensors):
+        if x.shape != t.shape or x.dtype != t.dtype or x.device != t.device:
+            raise UsageError(f"register_kv_caches: layer {l} is {tuple(x.shape)} {x.dtype} on {x.device}, layer 0 "
+                             f"{tuple(t.shape)} {t.dtype} on {t.device}: want one shape, dtype and device")
+        if x.is_contiguous():
+            o, m = shape_order, x
+        elif x.transpose(2, 3).is_contiguous():
+            o, m = _SWAPPED[shape_order], x.transpose(2, 3)
+        else:
+            raise UsageError(f"register_kv_caches: layer {l} has strides {x.stride()}: want its memory in its "
+                             "shape's order or with block_size and kv_heads swapped (vLLM's HND cache layout)")
+        if order is not None and o != order:
+            raise UsageError(f"register_kv_caches: layer {l}'s memory order differs from layer 0's")
+        order = o
+        memory.append(m)
+    return view, dataclasses.replace(view, order=order), memory
+
+
 def capture_hooks(model: torch.nn.Module, connector: "KvmeshConnector", pattern: str = r"rotary_emb$") -> list:
     """Records pre-RoPE keys for connector.save_kv_layer: a forward pre-hook
     on each module matching pattern (vLLM's Llama-family attention calls
@@ -169,7 +221,14 @@ class KvmeshConnector(KVConnectorBase_V1):
     chunk_tokens (default 256, a multiple of the block size),
     accept_approximate (false: only EXACT hits are loaded), tokenizer_id,
     weights_revision (default the model path and revision), spec (a dict of
-    ModelSpec fields, instead of the one config.json gives)."""
+    ModelSpec fields, instead of the one config.json gives), staging
+    ("auto": a GPU cache by CUDA IPC, else through host staging; "never":
+    IPC or fail; "always": host staging; see PagedCache.cuda).
+
+    After register_kv_caches, transport says how the node reaches vLLM's
+    cache (kvmesh.inject.CUDA_IPC or HOST_STAGING), fallback_reason why it
+    is not IPC where "auto" fell back (else None), and layout is the
+    CacheLayout registered (the order of vLLM's memory)."""
 
     def __init__(self, vllm_config, role, kv_cache_config=None):
         super().__init__(vllm_config, role, kv_cache_config)
@@ -180,6 +239,9 @@ class KvmeshConnector(KVConnectorBase_V1):
             raise UsageError(f"KvmeshConnector: chunk_tokens {self._chunk} must be a positive multiple of the "
                              f"block size {self._block}")
         self._approx = bool(ex.get("accept_approximate", False))
+        self._staging_mode = ex.get("staging", "auto")
+        if self._staging_mode not in STAGING:
+            raise UsageError(f"KvmeshConnector: staging {self._staging_mode!r}: want one of {', '.join(STAGING)}")
         self.spec = self._spec(vllm_config, ex)
         self.fingerprint = self.spec.fingerprint()
         addrs = ex.get("addrs") or os.environ.get("KVMESH_ADDR", "")
@@ -192,8 +254,13 @@ class KvmeshConnector(KVConnectorBase_V1):
         # Worker side.
         self._caches: dict = {}
         self._names: list = []
-        self._staging: "HostStaging | None" = None
-        self._runs: list = []  # the slot runs this step loads
+        self.transport: "str | None" = None
+        self.fallback_reason: "str | None" = None
+        self.layout: "CacheLayout | None" = None  # of vLLM's memory, as registered
+        self._view: "CacheLayout | None" = None  # of vLLM's tensors' shape
+        self._cache = None  # a CUDAPagedCache over vLLM's GPU tensors
+        self._staging: "HostStaging | None" = None  # the host staging of a cache in host memory
+        self._runs: list = []  # the slot runs this step copies from _staging
         self._injector = None
         self._load_thread = None
         self._layer_done: list = []
@@ -309,36 +376,67 @@ class KvmeshConnector(KVConnectorBase_V1):
     # -- worker side ---------------------------------------------------------
 
     def register_kv_caches(self, kv_caches: "dict[str, torch.Tensor]"):
-        """Registers a host staging buffer of the caches' layout with the
-        node on this machine. vLLM's layer tensors are [2, num_blocks,
-        block_size, kv_heads, head_dim] (FlashAttention's, kvmesh's NHD) or
-        [num_blocks, 2, block_size, kv_heads, head_dim] (the FlashInfer and
-        Triton backends', kvmesh's BLOCK_NHD); [2, 2, ...] reads as
-        FlashAttention's."""
+        """Registers vLLM's cache with the node on this machine (module doc:
+        by CUDA IPC, else through host staging). vLLM's layer tensors are
+        [2, num_blocks, block_size, kv_heads, head_dim] (FlashAttention's,
+        kvmesh's NHD) or [num_blocks, 2, block_size, kv_heads, head_dim]
+        (the FlashInfer and Triton backends', kvmesh's BLOCK_NHD); [2, 2,
+        ...] reads as FlashAttention's. Their memory may be in that order
+        (contiguous) or with block_size and kv_heads swapped (vLLM's HND
+        cache layout: kvmesh's HND, BLOCK_HND); the node is given that
+        memory order. Every layer has the same shape, dtype, memory order
+        and device."""
+        if self._injector is not None:
+            raise UsageError("register_kv_caches: the caches are registered already")
+        if not isinstance(kv_caches, dict) or not all(isinstance(t, torch.Tensor) for t in kv_caches.values()):
+            raise UsageError("register_kv_caches: want a dict of layer name to torch.Tensor")
         names = sorted(kv_caches, key=_layer_index)
         if len(names) != self.spec.layers:
             raise UsageError(f"register_kv_caches: {len(names)} layers for a {self.spec.layers}-layer model")
-        t = kv_caches[names[0]]
-        heads = (self.spec.kv_heads, self.spec.head_dim)
-        if t.dim() != 5 or 2 not in tuple(t.shape[:2]) or tuple(t.shape[3:]) != heads:
-            raise UsageError(f"register_kv_caches: layer of shape {tuple(t.shape)}: want [2, num_blocks, block_size, "
-                             f"{heads[0]}, {heads[1]}] or [num_blocks, 2, block_size, {heads[0]}, {heads[1]}]")
-        order, blocks = (NHD, t.shape[1]) if t.shape[0] == 2 else (BLOCK_NHD, t.shape[0])
-        self._caches, self._names = dict(kv_caches), names
-        layout = CacheLayout(blocks, t.shape[2], t.shape[3], t.shape[4], DType.parse(str(t.dtype)), order)
-        self._staging = HostStaging([kv_caches[n] for n in names], layout)
-        local = self._local
+        tensors = [kv_caches[n] for n in names]
+        view, layout, memory = _layouts(tensors, (self.spec.kv_heads, self.spec.head_dim))
+        local = self._local_node()
+        if gpu.cuda.is_device(tensors[0]):  # every layer is on its device (_layouts)
+            cache = PagedCache.cuda(memory, layout, staging=self._staging_mode)
+            try:
+                self._injector = self.client.register_cache(local, self.fingerprint, cache)
+            except BaseException:
+                cache.close()
+                raise
+            self._cache = cache
+            self.transport, self.fallback_reason = cache.transport, cache.fallback_reason
+        else:
+            if self._staging_mode == "never":
+                raise UsageError("register_kv_caches: staging \"never\", but vLLM's cache is in host memory, "
+                                 "which CUDA IPC cannot register")
+            staging = HostStaging(memory, layout)
+            try:
+                self._injector = self.client.register_cache(local, self.fingerprint, staging.cache)
+            except BaseException:
+                staging.close()
+                raise
+            self._staging = staging
+            self.transport, self.fallback_reason = HOST_STAGING, None
+        self._caches, self._names, self._view, self.layout = dict(kv_caches), names, view, layout
+        # The reason of a fallback is kvmesh.inject's warning.
+        log.info("kvmesh: vLLM's cache of %d layers (%s, order %d) registered with %s by %s", len(names),
+                 layout.dtype.name, layout.order, local, self.transport)
+
+    def _local_node(self) -> str:
+        """The node on this machine: the extra config's local, else the
+        first seed or member on a loopback address."""
+        if self._local is not None:
+            return self._local
+        from .serve import _loopback
+        cands = list(self.client.seeds) + [m.grpc_addr for m in self.client.ring.members]
+        local = next((a for a in cands if a and _loopback(a)), None)
         if local is None:
-            from .serve import _loopback
-            cands = list(self.client.seeds) + [m.grpc_addr for m in self.client.ring.members]
-            local = next((a for a in cands if a and _loopback(a)), None)
-            if local is None:
-                raise UsageError("KvmeshConnector: no node on a loopback address; set local in the extra config")
-        self._injector = self.client.register_cache(local, self.fingerprint, self._staging.cache)
+            raise UsageError("KvmeshConnector: no node on a loopback address; set local in the extra config")
+        return local
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         """Starts one Inject call for the step's chunks on a thread; layer l
-        is copied into vLLM's cache by wait_for_layer_load."""
+        is in vLLM's cache when wait_for_layer_load(l) returns."""
         meta = self._get_connector_metadata()
         self._layer_done = [threading.Event() for _ in self._names]
         self._runs = []
@@ -353,7 +451,8 @@ class KvmeshConnector(KVConnectorBase_V1):
             self._load_thread = None
             return
         chunks = [c for ld in loads for c in ld.chunks]
-        self._runs = slot_runs([s for c in chunks for s in c.slots])
+        if self._staging is not None:
+            self._runs = slot_runs([s for c in chunks for s in c.slots])
 
         def run():
             try:
@@ -383,16 +482,17 @@ class KvmeshConnector(KVConnectorBase_V1):
             log.warning("kvmesh: inject failed; vLLM recomputes the blocks: %s", err)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Blocks until the node wrote this layer of every hit, then copies
-        the loaded slots into vLLM's cache."""
+        """Blocks until this layer of every hit is in vLLM's cache: written
+        there by the node (CUDA IPC), copied there from the host staging
+        before the layer was reported (a GPU cache through staging), or
+        copied here once the node reported it (a cache in host memory)."""
         if not self._layer_done:
             return
         l = _layer_index(layer_name)
         self._layer_done[l].wait()
-        if not self._runs:
-            return
-        self._staging.copy(l, self._runs)
-        self._staging.wait()
+        if self._staging is not None and self._runs:
+            self._staging.copy(l, self._runs)
+            self._staging.wait()
         if l == len(self._names) - 1:
             self._finish_load()
 
@@ -412,7 +512,7 @@ class KvmeshConnector(KVConnectorBase_V1):
         l = _layer_index(layer_name)
         step = attn_metadata.slot_mapping.detach().cpu().tolist()
         row = {s: r for r, s in enumerate(step)}
-        cache = self._staging.layout.canonical(kv_layer)  # [2, blocks, block, heads, dim] in either shape
+        cache = self._view.canonical(kv_layer)  # [2, blocks, block, heads, dim] in either shape
         bs = cache.shape[2]
         for sv in meta.saves:
             lo, hi = sv.chunks[0][0], sv.chunks[-1][1]
@@ -487,13 +587,21 @@ class KvmeshConnector(KVConnectorBase_V1):
         return set(self._errors)
 
     def shutdown(self):
-        """Unregisters the staging buffer and closes the client."""
+        """Waits for a load in flight, unregisters vLLM's cache (and frees
+        its host staging) and closes the client."""
         try:
+            if self._load_thread is not None:
+                self._finish_load()
             if self._injector is not None:
-                self._injector.close()
-                self._injector = None
+                inj, self._injector = self._injector, None
+                inj.close()
         finally:
-            if self._staging is not None:
-                self._staging.close()
-                self._staging = None
-            self.client.close()
+            cache, staging = self._cache, self._staging  # one of them, or neither
+            self._cache = self._staging = None
+            try:
+                if cache is not None:
+                    cache.close()
+                if staging is not None:
+                    staging.close()
+            finally:
+                self.client.close()

@@ -5,9 +5,9 @@ CUDA IPC registration Unimplemented).
 
 This machine's torch has no CUDA, so the engine's "device" tensors are CPU
 tensors and kvmesh.torch.gpu.cuda, the seam of every CUDA call, is replaced
-by StandIn: it takes CPU tensors for device tensors, exports a made-up IPC
-handle, and records page-locking, copy streams and waits. The copies are
-torch's copy_ as on a GPU. On a machine with CUDA, the tests marked "cuda"
+by cudastandin.StandIn: it takes CPU tensors for device tensors, exports
+made-up IPC handles, and records page-locking, copy streams and waits. The
+copies are torch's copy_ as on a GPU. On a machine with CUDA, the tests marked "cuda"
 run the same bodies with real CUDA tensors and the real seam
 (scripts/device/gpu-check.sh runs them).
 
@@ -17,7 +17,6 @@ the same injection from the same starting contents, so rows the node did
 not write (other slots of a partly written block, a MISS chunk's slots)
 keep what they held."""
 
-import contextlib
 import logging
 
 import pytest
@@ -30,47 +29,10 @@ from kvmesh.inject import (BLOCK_NHD, CUDA_IPC, HOST_STAGING, NHD, ORDERS, Cache
                            PagedCache, StagedInjector)
 from kvmesh.keys import DType, ModelSpec, RopeStyle  # noqa: E402
 from kvmesh.torch import cache_tensor, chunk_entries, gpu  # noqa: E402
+from cudastandin import StandIn  # noqa: E402
 
 HAVE_CUDA = torch.cuda.is_available()
 TORCH_DTYPE = {DType.F16: torch.float16, DType.BF16: torch.bfloat16}
-
-
-class StandIn(gpu.CUDA):
-    """The CUDA seam for a machine without a GPU: CPU tensors are device
-    tensors; pin, unpin, copy streams and waits are recorded."""
-
-    def __init__(self):
-        self.calls = []
-        self.export_error = None
-        self.wait_error = None
-
-    def is_device(self, t):
-        return isinstance(t, torch.Tensor)
-
-    def export(self, t):
-        if self.export_error:
-            raise self.export_error
-        return 0, bytes(range(64)), 0
-
-    def pin(self, ptr, nbytes):
-        self.calls.append(("pin", ptr, nbytes))
-        return True
-
-    def unpin(self, ptr):
-        self.calls.append(("unpin", ptr))
-
-    def stream(self, t):
-        return "copy stream"
-
-    def copying(self, stream):
-        assert stream == "copy stream"
-        self.calls.append(("copy",))
-        return contextlib.nullcontext()
-
-    def wait(self, stream):
-        if self.wait_error:
-            raise self.wait_error
-        self.calls.append(("wait",))
 
 
 @pytest.fixture

@@ -22,6 +22,9 @@
 #      with real CUDA tensors: the fallback of a GPU cache the node cannot
 #      write by CUDA IPC, against kvmeshd built without the cuda tag (it
 #      answers IPC Unimplemented); bytes equal a shared-memory cache's.
+#      The vLLM connector (python/tests/test_vllm.py, driven by the test,
+#      no vLLM) with vLLM-style CUDA layers: "auto" falls back the same
+#      way and the loaded blocks equal the prefill's.
 #      Needs the device's python3 with torch, grpcio, protobuf, numpy,
 #      xxhash and pytest (its image has them); SKIP where one is missing.
 #   6. The demo (cmd/kvmesh-demo, cuda build) with its injections on the
@@ -101,16 +104,19 @@ fi
 kill -TERM $kpid 2>/dev/null; timeout 30 tail --pid=$kpid -f /dev/null; kill -KILL $kpid 2>/dev/null
 rm -rf "$kd"
 
-step "Python: pinned host staging with CUDA tensors"
+step "Python: pinned host staging and the vLLM connector with CUDA tensors"
 # The tests with the "cuda" parameter run only where torch sees a GPU;
 # the nodes are kvmeshd without the cuda tag, so "auto" must fall back.
 if python3 -c 'import torch, grpc, google.protobuf, numpy, xxhash, pytest; assert torch.cuda.is_available()' 2>"$OUT/python-imports.txt"; then
-	KVMESHD=$P/kvmeshd PYTHONUNBUFFERED=1 timeout 180 python3 -m pytest -v -p no:cacheprovider \
-		python/tests/test_cuda_staging.py 2>&1 | tee "$OUT/staging.txt" | tail -30
+	KVMESHD=$P/kvmeshd PYTHONUNBUFFERED=1 timeout 240 python3 -m pytest -v -p no:cacheprovider \
+		python/tests/test_cuda_staging.py python/tests/test_vllm.py 2>&1 | tee "$OUT/staging.txt" | tail -30
 	[[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
 	# Every order and dtype, and the auto fallback, with CUDA tensors.
-	n=$(grep -c '\[cuda.*PASSED' "$OUT/staging.txt")
+	n=$(grep -c 'test_cuda_staging.py::.*\[cuda.*PASSED' "$OUT/staging.txt")
 	[[ $n -ge 9 ]] || { echo "$n CUDA staging tests passed, want 9"; fail=1; }
+	# The connector over CUDA layers in both cache shapes.
+	n=$(grep -c 'test_vllm.py::test_cuda_cache_loads\[cuda-.*PASSED' "$OUT/staging.txt")
+	[[ $n -ge 2 ]] || { echo "$n CUDA vLLM connector tests passed, want 2"; fail=1; }
 else
 	echo "SKIP: python3 here lacks torch with CUDA or the client's packages:"; tail -3 "$OUT/python-imports.txt"
 fi
