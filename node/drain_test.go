@@ -133,6 +133,7 @@ func TestRestartedNodeRefills(t *testing.T) {
 				}
 				return true
 			})
+			rounds := []int64{nodes[0].Replicator().Metrics().AntiEntropyRounds, nodes[1].Replicator().Metrics().AntiEntropyRounds}
 			if err := nodes[2].Close(); err != nil {
 				t.Fatal(err)
 			}
@@ -143,10 +144,41 @@ func TestRestartedNodeRefills(t *testing.T) {
 			back := nodetest.StartNode(t, cfg)
 			nodetest.WaitRing(t, 3, nodes[0], nodes[1], back)
 			if tc.noPull {
-				// Bounded look for a refill that must not happen.
-				time.Sleep(2 * time.Second)
+				// Everything that could refill it, done: its recovery (no
+				// pull), each member's rebalance pass for this ring and
+				// hint delivery (run here, as their loops would), every
+				// repair queue drained. Anti-entropy is off on it, and
+				// no round ran on the others (checked below).
+				testutil.WaitFor(t, "the restarted n3 ready", func() bool { return back.Ready() == nil })
+				all := []*node.Node{nodes[0], nodes[1], back}
+				for _, nd := range all {
+					r := nd.Replicator()
+					if st, err := r.Rebalance(ctx); err != nil || st.Pending != 0 {
+						t.Fatalf("%s: rebalance %+v: %v", nd.ID(), st, err)
+					}
+					if n, err := r.DeliverHints(ctx); err != nil || n != 0 {
+						t.Fatalf("%s: delivered %d hints: %v", nd.ID(), n, err)
+					}
+				}
+				testutil.WaitFor(t, "every repair queue to drain", func() bool {
+					for _, nd := range all {
+						m := nd.Replicator().Metrics()
+						if nd.Replicator().RepairsPending() > 0 || m.RepairsQueued != m.RepairsDone+m.RepairErrors {
+							return false
+						}
+					}
+					return true
+				})
 				if n := len(holdersOf(back, chunks)); n != 0 {
 					t.Fatalf("%d chunks refilled without the startup pull: %+v; n1 %+v", n, back.Replicator().Metrics(), nodes[0].Replicator().Metrics())
+				}
+				for i, nd := range nodes[:2] {
+					if m := nd.Replicator().Metrics(); m.AntiEntropyRounds != rounds[i] {
+						t.Fatalf("%s ran %d anti-entropy rounds meanwhile: the check above proves nothing", nd.ID(), m.AntiEntropyRounds-rounds[i])
+					}
+				}
+				if m := back.Replicator().Metrics(); m.PullRounds != 0 || m.AntiEntropyRounds != 0 {
+					t.Fatalf("n3 ran rounds without a startup pull: %+v", m)
 				}
 				return
 			}
