@@ -144,7 +144,8 @@ def schedule(sched, req_id, tokens, blocks, local_computed=0):
 
 class IPCNode:
     """Records the RegisterCache requests the connector sends (the node's
-    InjectorStub, wrapped). Where memory names the storage address an IPC
+    InjectorStub, wrapped), the IDs of the caches registered and those
+    unregistered. Where memory names the storage address an IPC
     handle of the stand-in exports (cudastandin.StandIn), that request is
     registered as the shared-memory PagedCache there instead, with the
     request's offsets and layout: the real node then writes what the
@@ -152,6 +153,7 @@ class IPCNode:
 
     def __init__(self, standin, monkeypatch):
         self.standin, self.requests, self.memory = standin, [], {}
+        self.registered, self.unregistered = [], []
         real, node = inject_pb2_grpc.InjectorStub, self
 
         class Stub:
@@ -173,7 +175,13 @@ class IPCNode:
                     as_shm.memory_kind = inject_pb2.MEMORY_KIND_SHM
                     as_shm.memory_handle = send_cache_file(sock.address, shm.fileno(), 10)
                     req = as_shm
-                return self._real.RegisterCache(req, **kw)
+                resp = self._real.RegisterCache(req, **kw)
+                node.registered.append(resp.cache_id)
+                return resp
+
+            def UnregisterCache(self, req, **kw):
+                node.unregistered.append(req.cache_id)
+                return self._real.UnregisterCache(req, **kw)
 
         monkeypatch.setattr(inject_pb2_grpc, "InjectorStub", Stub)
 
@@ -237,6 +245,8 @@ def setup(cluster, request, monkeypatch, caplog):
     yield sched, worker, run, model
     worker.shutdown()
     sched.shutdown()
+    if node is not None:
+        assert node.unregistered == node.registered[-1:]  # shutdown unregistered vLLM's cache
     if where == "gpu-ipc":
         node.cache.close()
 
@@ -301,6 +311,14 @@ def test_load_errors_are_reported(setup, cluster):
         assert c.delete(kvmesh.Key(worker.fingerprint, lost.content, lost.want)) > 0
     _, _, _, errors = run.step(meta, tokens, blocks, 3 * CHUNK)
     assert errors == {4, 5, 6, 7}  # the blocks of tokens 64..127: vLLM recomputes them
+    if run.where == "gpu-staging":
+        # A copy from the staging to the device that fails is a load error
+        # of every block the step loads, not an exception in the step.
+        _, ext, meta = schedule(sched, "c", tokens, blocks)
+        assert ext == CHUNK
+        run.node.standin.wait_error = RuntimeError("CUDA error: an illegal memory access was encountered")
+        _, _, _, errors = run.step(meta, tokens, blocks, CHUNK)
+        assert errors == {0, 1, 2, 3}
 
 
 def test_saving_without_capture_unrotates(setup):
