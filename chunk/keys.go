@@ -67,8 +67,12 @@ type Context struct {
 
 func (c Context) String() string {
 	switch c.Kind {
-	case ContextStandalone, ContextOpaque:
+	case ContextStandalone:
 		return c.Kind.String()
+	case ContextOpaque:
+		if c.ID.IsZero() && c.Window == 0 {
+			return c.Kind.String()
+		}
 	case ContextWindow:
 		return fmt.Sprintf("window(%d):%s", c.Window, c.ID)
 	}
@@ -85,10 +89,11 @@ var ErrNonCanonical = errors.New("chunk: key does not name the entry")
 
 // CheckCanonical reports whether c is in the one form its kind allows, so
 // that two spellings of a context never name two entries: standalone has a
-// zero ID and window, prefix a zero window, window a w in 1..MaxWindow.
+// zero ID and window, opaque and prefix a zero window (an opaque ID is a
+// version), window a w in 1..MaxWindow.
 func (c Context) CheckCanonical() error {
 	switch c.Kind {
-	case ContextStandalone, ContextOpaque:
+	case ContextStandalone:
 		if !c.ID.IsZero() || c.Window != 0 {
 			return fmt.Errorf("%w: %v context with ID %v and window %d (both must be zero)", ErrNonCanonical, c.Kind, c.ID, c.Window)
 		}
@@ -96,9 +101,9 @@ func (c Context) CheckCanonical() error {
 		if c.Window == 0 || c.Window > MaxWindow {
 			return fmt.Errorf("%w: window %d out of range 1..%d", ErrNonCanonical, c.Window, MaxWindow)
 		}
-	case ContextPrefix:
+	case ContextPrefix, ContextOpaque:
 		if c.Window != 0 {
-			return fmt.Errorf("%w: prefix context with window %d (must be zero)", ErrNonCanonical, c.Window)
+			return fmt.Errorf("%w: %v context with window %d (must be zero)", ErrNonCanonical, c.Kind, c.Window)
 		}
 	default:
 		return fmt.Errorf("%w: context kind %v", ErrNonCanonical, c.Kind)

@@ -40,6 +40,9 @@ func MatchOf(want, have Context) Match {
 // b. It is the one ranking of stored encodings: every store, the merge of
 // replicas' answers and the injection's fetcher choose by it.
 //
+// Of two opaque contexts, the newer version is better whatever the want
+// (OpaqueNewer): an opaque lookup asks for the newest (OpaqueNewest).
+//
 // The order: want itself; then an encoding after another prefix; then a
 // window encoding, widest window first; then standalone; then contexts of an
 // unknown kind. Ties go to the lower context ID, so every store and replica
@@ -54,6 +57,9 @@ func MatchOf(want, have Context) Match {
 func Better(want, a, b Context) bool {
 	if a == b {
 		return false
+	}
+	if a.Kind == ContextOpaque && b.Kind == ContextOpaque {
+		return OpaqueNewer(a, b)
 	}
 	if a == want || b == want {
 		return a == want

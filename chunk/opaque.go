@@ -12,8 +12,9 @@ import (
 //
 //   - the model is OpaqueSpec(namespace): one layer of one head of 256
 //     bf16 dims, so a token is OpaqueTokenBytes of payload;
-//   - the key is OpaqueKey(fp, key): content ID OpaqueID(fp, key), a hash
-//     of the key bytes in a domain of its own, and context opaque;
+//   - the key is OpaqueKeyAt(fp, key, version): content ID OpaqueID(fp,
+//     key), a hash of the key bytes in a domain of its own, and context
+//     opaque with the version as its ID (OpaqueContextAt);
 //   - the tokens are [len(key), len(value)] and zeros up to the fewest
 //     tokens whose raw bytes hold both (at least 2);
 //   - the KV bytes are key, value and zeros up to the raw size.
@@ -21,6 +22,12 @@ import (
 // Opaque entries are stored raw or lossless, never in a lossy codec.
 // ParseHeader checks their form; DecodeOpaque checks that the stored key
 // hashes to the content ID, since the tokens do not carry it.
+//
+// Each SET of a key writes a new version, a key of its own, so replicas
+// never choose between two values of one key by their bytes: the newest
+// version (OpaqueNewer) is the value, and a replica that stores it retires
+// the older ones. Version zero is an entry written before versions
+// (OpaqueKey); every other version is a writer's stamp.
 
 // OpaqueTokenBytes is the raw size of one token of an opaque entry.
 const OpaqueTokenBytes = 2 * 256 * 2
@@ -50,13 +57,32 @@ func OpaqueID(fp Fingerprint, key []byte) ID {
 	return ID{Lo: xxhash64Seed(fp.Lo^domOpaqueLo, key), Hi: xxhash64Seed(fp.Hi^domOpaqueHi, key)}
 }
 
-// OpaqueContext is the context of every opaque entry.
+// OpaqueContext is the context of an opaque entry of version zero: one
+// written before versions, which every versioned entry of its key
+// replaces.
 func OpaqueContext() Context { return Context{Kind: ContextOpaque} }
 
-// OpaqueKey is the key of the value stored under key for the opaque
-// model fp.
-func OpaqueKey(fp Fingerprint, key []byte) Key {
-	return Key{Fingerprint: fp, Content: OpaqueID(fp, key), Context: OpaqueContext()}
+// OpaqueContextAt is the context of version v of an opaque value: the
+// version is the context ID.
+func OpaqueContextAt(v ID) Context { return Context{Kind: ContextOpaque, ID: v} }
+
+// OpaqueNewer reports whether the opaque context a names a newer version
+// than b: the greater ID (Hi, then Lo).
+func OpaqueNewer(a, b Context) bool { return b.ID.Less(a.ID) }
+
+// OpaqueNewest is the context a lookup of an opaque value's newest
+// version asks for. No entry is stored in it (its window is not zero), so
+// every answer ranks the versions by chunk.Better: the newest first.
+func OpaqueNewest() Context { return Context{Kind: ContextOpaque, Window: 1} }
+
+// OpaqueKey is the key of the version-zero value stored under key for the
+// opaque model fp (one written before versions).
+func OpaqueKey(fp Fingerprint, key []byte) Key { return OpaqueKeyAt(fp, key, ID{}) }
+
+// OpaqueKeyAt is the key of version v of the value stored under key for
+// the opaque model fp.
+func OpaqueKeyAt(fp Fingerprint, key []byte, v ID) Key {
+	return Key{Fingerprint: fp, Content: OpaqueID(fp, key), Context: OpaqueContextAt(v)}
 }
 
 // opaqueTokens is the token count of an opaque entry of n key and value
@@ -70,9 +96,10 @@ func MaxOpaqueBytes(lim Limits) int {
 	return min(lim.MaxTokens*OpaqueTokenBytes, lim.MaxRawBytes/OpaqueTokenBytes*OpaqueTokenBytes)
 }
 
-// EncodeOpaque appends the entry of value under key for the opaque model
-// fp to dst: lossless when that is smaller than raw, else raw.
-func EncodeOpaque(dst []byte, fp Fingerprint, key, value []byte, lim Limits) ([]byte, error) {
+// EncodeOpaque appends the entry of version v of value under key for the
+// opaque model fp to dst: lossless when that is smaller than raw, else
+// raw.
+func EncodeOpaque(dst []byte, fp Fingerprint, key, value []byte, v ID, lim Limits) ([]byte, error) {
 	n := len(key) + len(value)
 	if m := MaxOpaqueBytes(lim); n > m {
 		return dst, fmt.Errorf("%w: %d key and value bytes, the limit is %d", ErrTooLarge, n, m)
@@ -83,7 +110,7 @@ func EncodeOpaque(dst []byte, fp Fingerprint, key, value []byte, lim Limits) ([]
 	raw := make([]byte, t*OpaqueTokenBytes)
 	copy(raw, key)
 	copy(raw[len(key):], value)
-	k := OpaqueKey(fp, key)
+	k := OpaqueKeyAt(fp, key, v)
 	sh := opaqueShape(t)
 	layer := func(int) ([]byte, error) { return raw, nil }
 	start := len(dst)

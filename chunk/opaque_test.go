@@ -17,7 +17,7 @@ func TestOpaqueRoundTrip(t *testing.T) {
 		}
 		for _, value := range [][]byte{random, make([]byte, n)} {
 			key := []byte("key-" + string(rune('a'+n%26)))
-			blob, err := EncodeOpaque(nil, fp, key, value, Limits{})
+			blob, err := EncodeOpaque(nil, fp, key, value, ID{}, Limits{})
 			if err != nil {
 				t.Fatalf("%d bytes: %v", n, err)
 			}
@@ -46,7 +46,7 @@ func TestOpaqueRoundTrip(t *testing.T) {
 // stored larger than raw.
 func TestOpaqueCompresses(t *testing.T) {
 	fp := OpaqueSpec("").Fingerprint()
-	zeros, err := EncodeOpaque(nil, fp, []byte("k"), make([]byte, 1<<20), Limits{})
+	zeros, err := EncodeOpaque(nil, fp, []byte("k"), make([]byte, 1<<20), ID{}, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +58,7 @@ func TestOpaqueCompresses(t *testing.T) {
 	for i := range value {
 		value[i] = byte(rng.Uint32())
 	}
-	blob, err := EncodeOpaque(nil, fp, []byte("k"), value, Limits{})
+	blob, err := EncodeOpaque(nil, fp, []byte("k"), value, ID{}, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,14 +69,14 @@ func TestOpaqueCompresses(t *testing.T) {
 
 func TestOpaqueRefused(t *testing.T) {
 	fp := OpaqueSpec("").Fingerprint()
-	blob, err := EncodeOpaque(nil, fp, []byte("k"), []byte("value"), Limits{})
+	blob, err := EncodeOpaque(nil, fp, []byte("k"), []byte("value"), ID{}, Limits{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := Transcode(blob, CodecInt8, Limits{}); err == nil {
 		t.Fatal("an opaque entry transcoded to int8")
 	}
-	if _, err := EncodeOpaque(nil, fp, nil, make([]byte, MaxOpaqueBytes(Limits{})+1), Limits{}); !errors.Is(err, ErrTooLarge) {
+	if _, err := EncodeOpaque(nil, fp, nil, make([]byte, MaxOpaqueBytes(Limits{})+1), ID{}, Limits{}); !errors.Is(err, ErrTooLarge) {
 		t.Fatalf("a value over the limit: %v, want ErrTooLarge", err)
 	}
 	// A header that says more tokens than its lengths need is not the
@@ -90,5 +90,42 @@ func TestOpaqueRefused(t *testing.T) {
 	}
 	if _, err := ParseHeader(long, Limits{}); !errors.Is(err, ErrNonCanonical) {
 		t.Fatalf("an opaque entry of 3 tokens for 6 bytes: %v, want ErrNonCanonical", err)
+	}
+}
+
+// Each version of a value is an entry of its own; the newest ranks first
+// whatever a lookup wants, and version zero (written before versions) is
+// older than any.
+func TestOpaqueVersions(t *testing.T) {
+	fp := OpaqueSpec("ns").Fingerprint()
+	v1, v2 := ID{Hi: 100, Lo: 7}, ID{Hi: 100, Lo: 8}
+	blob, err := EncodeOpaque(nil, fp, []byte("k"), []byte("value"), v2, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hd, err := Verify(blob, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := OpaqueKeyAt(fp, []byte("k"), v2); hd.Key != want || hd.Key.Content != OpaqueKey(fp, []byte("k")).Content {
+		t.Fatalf("key %v, want %v", hd.Key, want)
+	}
+	if got, err := DecodeOpaque(blob, []byte("k"), Limits{}); err != nil || string(got) != "value" {
+		t.Fatalf("decode: %q, %v", got, err)
+	}
+	zero, a, b := OpaqueContext(), OpaqueContextAt(v1), OpaqueContextAt(v2)
+	for _, want := range []Context{OpaqueNewest(), zero, a, b} {
+		if !Better(want, b, a) || Better(want, a, b) || !Better(want, a, zero) || Better(want, zero, a) {
+			t.Fatalf("want %v: the newer version does not rank first", want)
+		}
+	}
+	if err := OpaqueNewest().CheckCanonical(); !errors.Is(err, ErrNonCanonical) {
+		t.Fatalf("OpaqueNewest is a stored context: %v", err)
+	}
+	if err := b.CheckCanonical(); err != nil {
+		t.Fatal(err)
+	}
+	if s := b.String(); s != "opaque:00000000000000640000000000000008" {
+		t.Fatalf("String %q", s)
 	}
 }

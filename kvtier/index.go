@@ -219,6 +219,24 @@ func (s *Store) Best(fp chunk.Fingerprint, content chunk.ID, want chunk.Context)
 	return best.key, chunk.MatchApproximate, nil
 }
 
+// Encodings returns the keys stored of content for the model fp, every
+// context (an opaque value's versions), in no order.
+func (s *Store) Encodings(fp chunk.Fingerprint, content chunk.ID) []chunk.Key {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return nil
+	}
+	now := s.now()
+	var out []chunk.Key
+	for _, e := range s.groups[groupKey{fp, content}] {
+		if !e.loading && !e.dead && (e.expires == 0 || e.expires > now) {
+			out = append(out, e.key)
+		}
+	}
+	return out
+}
+
 // Contains reports whether key is stored (in any tier).
 // It takes the exclusive lock only to drop an expired entry.
 func (s *Store) Contains(key chunk.Key) bool {

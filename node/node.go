@@ -238,6 +238,9 @@ func (c Config) withDefaults() (Config, error) {
 type Node struct {
 	cfg Config
 	log *slog.Logger
+	// respClock stamps the versions of the values the Redis-protocol
+	// doors write (resp.go).
+	respClock versionClock
 	// incarnation tells this run of the node from its other runs (gossip
 	// metadata and meta.Config.Incarnation): a node that left explicitly
 	// is admitted back only with another one.

@@ -12,7 +12,7 @@ import (
 )
 
 // replStore is the node's kvtier store as replication sees it: a
-// replication.Store, RoomChecker and Container. It maps kvtier's sentinel
+// replication.Store, RoomChecker, Container and Encodings. It maps kvtier's sentinel
 // errors to replication's (keeping both in the chain) and lends kvtier's
 // pinned views without copying.
 type replStore struct{ s *kvtier.Store }
@@ -21,6 +21,7 @@ var (
 	_ replication.Store       = replStore{}
 	_ replication.RoomChecker = replStore{}
 	_ replication.Container   = replStore{}
+	_ replication.Encodings   = replStore{}
 )
 
 func mapKVTierErr(err error) error {
@@ -57,6 +58,11 @@ func (k replStore) DeleteIf(key chunk.Key, checksum uint64) error {
 
 // Contains implements Container.
 func (k replStore) Contains(key chunk.Key) bool { return k.s.Contains(key) }
+
+// Encodings implements Encodings.
+func (k replStore) Encodings(fp chunk.Fingerprint, content chunk.ID) []chunk.Key {
+	return k.s.Encodings(fp, content)
+}
 
 // Scan implements Store.
 func (k replStore) Scan(fn func(key chunk.Key, checksum uint64, size int) bool) { k.s.Scan(fn) }

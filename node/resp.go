@@ -7,11 +7,13 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/replication"
@@ -23,8 +25,9 @@ import (
 // node's metrics and refusal counter. Zero fields take
 // respserver.DefaultConfig's values.
 func (n *Node) RESPConfig() respserver.Config {
+	clock := &n.respClock
 	cfg := respserver.Config{
-		Backend:      &respBackend{n: n},
+		Backend:      &respBackend{n: n, clock: clock},
 		TLS:          n.sec.tls.ServerConfig(),
 		MaxBulkBytes: chunk.MaxOpaqueBytes(n.cfg.Limits),
 		Metrics:      n.metrics.resp,
@@ -39,7 +42,7 @@ func (n *Node) RESPConfig() respserver.Config {
 		},
 	}
 	if n.cfg.Tokens {
-		cfg.Backend = &respBackend{n: n, verifier: auth.NewVerifier(n.meta)}
+		cfg.Backend = &respBackend{n: n, verifier: auth.NewVerifier(n.meta), clock: clock}
 	}
 	return cfg
 }
@@ -52,6 +55,7 @@ type respBackend struct {
 	n        *Node
 	verifier *auth.Verifier // nil: no tokens, one keyspace for all
 	models   sync.Map       // chunk.Fingerprint of an opaque model known registered
+	clock    *versionClock
 }
 
 func (b *respBackend) Open(ctx context.Context, token string) (respserver.Keyspace, error) {
@@ -135,17 +139,96 @@ func (k *respKeyspace) register(ctx context.Context) error {
 	return nil
 }
 
-// read returns the stored entry of key; release it.
+// newest returns the key of the newest version of key's value that its
+// replicas hold (chunk.OpaqueNewer; versions written before versions are
+// version zero). It asks every replica at once and decides once R-W+1 of
+// them answered: any R-W+1 include one of the W that acknowledged the
+// last SET. With fewer answers it takes the best of those it got, and
+// fails only when no replica answered.
+func (k *respKeyspace) newest(ctx context.Context, key []byte) (chunk.Key, error) {
+	n := k.b.n
+	rg := n.meta.Ring()
+	rf, w := n.quorum()
+	content := chunk.OpaqueID(k.fp, key)
+	reps := rg.Replicas(content, rf)
+	if len(reps) == 0 {
+		return chunk.Key{}, fmt.Errorf("%w: the cluster has no ring yet", replication.ErrUnavailable)
+	}
+	need := len(reps) - min(w, len(reps)) + 1
+	items := []lookupItem{{content: content, want: chunk.OpaqueNewest()}}
+	type answer struct {
+		res *api.LookupResult
+		err error
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // the replicas not waited for
+	answers := make(chan answer, len(reps))
+	pfp := api.ProtoFingerprint(k.fp)
+	for _, m := range reps {
+		if m.ID == n.cfg.NodeID {
+			answers <- answer{res: n.lookupLocal(k.fp, items)[0]}
+			continue
+		}
+		go func() {
+			res, err := n.remoteLookup(ctx, m.GRPCAddr, pfp, items)
+			if err != nil {
+				answers <- answer{err: fmt.Errorf("%s: %w", m.ID, err)}
+				return
+			}
+			answers <- answer{res: res[0]}
+		}()
+	}
+	var best *api.LookupResult
+	var errs []error
+	answered := 0
+	for range reps {
+		a := <-answers
+		if a.err != nil {
+			errs = append(errs, a.err)
+			continue
+		}
+		if betterAnswer(chunk.OpaqueNewest(), a.res, best) {
+			best = a.res
+		}
+		if answered++; answered >= need {
+			break
+		}
+	}
+	if answered == 0 {
+		return chunk.Key{}, fmt.Errorf("%w: no replica of the key answered: %w", replication.ErrUnavailable, errors.Join(errs...))
+	}
+	found, ok := hitOf(best)
+	if !ok {
+		return chunk.Key{}, fmt.Errorf("%w: no replica holds the key", respserver.ErrNotFound)
+	}
+	return found, nil
+}
+
+// read returns the stored entry of the newest version of key; release
+// it. A version retired between the lookup and the read (a SET of the key
+// replaced it) sends it back to the lookup, which finds the newer one.
 func (k *respKeyspace) read(ctx context.Context, key []byte) (replication.ReadResult, error) {
 	if err := k.check(ctx, auth.ScopeRead, "read"); err != nil {
 		return replication.ReadResult{}, err
 	}
-	rr, err := k.b.n.repl.Read(ctx, chunk.OpaqueKey(k.fp, key))
-	if errors.Is(err, replication.ErrNotFound) || status.Code(err) == codes.NotFound {
-		return rr, fmt.Errorf("%w: %w", respserver.ErrNotFound, err)
+	var err error
+	for range readAttempts {
+		var found chunk.Key
+		if found, err = k.newest(ctx, key); err != nil {
+			return replication.ReadResult{}, err
+		}
+		var rr replication.ReadResult
+		rr, err = k.b.n.repl.Read(ctx, found)
+		if !errors.Is(err, replication.ErrNotFound) && status.Code(err) != codes.NotFound {
+			return rr, err
+		}
 	}
-	return rr, err
+	return replication.ReadResult{}, fmt.Errorf("%w: %w", respserver.ErrNotFound, err)
 }
+
+// readAttempts bounds the lookups of one read whose version SETs of the
+// key keep retiring.
+const readAttempts = 3
 
 func (k *respKeyspace) Get(ctx context.Context, key []byte) ([]byte, error) {
 	rr, err := k.read(ctx, key)
@@ -170,59 +253,80 @@ func (k *respKeyspace) Len(ctx context.Context, key []byte) (int, error) {
 	return n, nil
 }
 
+// Set writes value as a new version of key (versionClock), acknowledged
+// once W replicas hold it; each replica that stores it retires the older
+// versions it holds, so the old value stays readable until the new one
+// is. A replica that holds or deleted a newer version refuses it as
+// tombstoned: this node's clock is behind the writer of that version, and
+// the write is stamped again past the newest version the replicas hold.
 func (k *respKeyspace) Set(ctx context.Context, key, value []byte) error {
 	if err := k.check(ctx, auth.ScopeWrite, "write"); err != nil {
-		return err
-	}
-	blob, err := chunk.EncodeOpaque(nil, k.fp, key, value, k.b.n.cfg.Limits)
-	if errors.Is(err, chunk.ErrTooLarge) {
-		return fmt.Errorf("%w: %w", respserver.ErrTooLarge, err)
-	}
-	if err != nil {
 		return err
 	}
 	if err := k.register(ctx); err != nil {
 		return err
 	}
-	// The cluster keeps one version of a key (replication.Wins): a SET
-	// that finds another value kept replaces it by a delete and a write
-	// after it. A write that a concurrent SET's delete refused tries
-	// again, a few times.
-	deleted := false
-	for range setAttempts {
-		res, err := k.b.n.repl.WriteOwned(ctx, blob, nil)
-		switch {
-		case err == nil && !res.AlreadyStored():
-			return nil
-		case err == nil:
-			if _, err := k.b.n.repl.Delete(ctx, chunk.OpaqueKey(k.fp, key)); err != nil {
-				return fmt.Errorf("replacing the value: %w", err)
-			}
-			deleted = true
-		case deleted && errors.Is(err, replication.ErrTombstoned):
-		default:
+	var seen chunk.ID
+	for attempt := range setAttempts {
+		v := k.b.clock.next(k.b.n.cfg.NodeID, time.Now(), seen)
+		blob, err := chunk.EncodeOpaque(nil, k.fp, key, value, v, k.b.n.cfg.Limits)
+		if errors.Is(err, chunk.ErrTooLarge) {
+			return fmt.Errorf("%w: %w", respserver.ErrTooLarge, err)
+		}
+		if err != nil {
 			return err
 		}
+		_, err = k.b.n.repl.WriteOwned(ctx, blob, nil)
+		if !errors.Is(err, replication.ErrTombstoned) {
+			return err
+		}
+		// Past the newest version held, or, where the newer version was
+		// deleted (no replica names it), ahead by a growing step.
+		seen = chunk.ID{Hi: v.Hi + uint64(time.Millisecond)<<(4*attempt)}
+		if found, err := k.newest(ctx, key); err == nil && chunk.OpaqueNewer(found.Context, chunk.OpaqueContextAt(seen)) {
+			seen = found.Context.ID
+		}
 	}
-	return fmt.Errorf("%w: concurrent SETs of the key kept replacing it", respserver.ErrOtherValue)
+	return fmt.Errorf("%w: replicas hold or deleted newer versions of the key than this node's clock gives (clocks apart by more than %v)",
+		respserver.ErrOtherValue, time.Duration(uint64(time.Millisecond)<<(4*(setAttempts-1))))
 }
 
-// setAttempts bounds the writes of one SET that other SETs of its key
-// keep replacing.
+// setAttempts bounds the writes of one SET that replicas refuse as older
+// than a version they hold or deleted.
 const setAttempts = 4
+
+// versionClock stamps the versions this node's door writes: a hybrid
+// logical clock in Hi (nanoseconds since the Unix epoch, raised past every
+// stamp it gave and every version it was told of) and the node in Lo
+// (XXH64 of its ID), which breaks ties between nodes. docs/KEYS.md.
+type versionClock struct {
+	mu   sync.Mutex
+	last uint64
+}
+
+// next is a stamp of node newer than every one given before and than
+// seen.
+func (c *versionClock) next(node string, now time.Time, seen chunk.ID) chunk.ID {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.last = max(uint64(now.UnixNano()), c.last+1, seen.Hi+1)
+	return chunk.ID{Hi: c.last, Lo: xxhash.Sum64String(node)}
+}
 
 func (k *respKeyspace) Delete(ctx context.Context, key []byte) (bool, error) {
 	if err := k.check(ctx, auth.ScopeWrite, "delete"); err != nil {
 		return false, err
 	}
-	_, err := k.Len(ctx, key)
+	// A delete of the newest version retires the older ones on every
+	// replica that takes it (replication/versions.go).
+	found, err := k.newest(ctx, key)
 	if errors.Is(err, respserver.ErrNotFound) {
 		return false, nil
 	}
 	if err != nil {
 		return false, err
 	}
-	if _, err := k.b.n.repl.Delete(ctx, chunk.OpaqueKey(k.fp, key)); err != nil {
+	if _, err := k.b.n.repl.Delete(ctx, found); err != nil {
 		return false, err
 	}
 	return true, nil

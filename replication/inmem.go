@@ -22,7 +22,7 @@ import (
 // for them. Production code never builds them.
 
 // InmemStore is an in-memory Store with an optional byte capacity (as a
-// RoomChecker) and Stat. Its zero value is not usable: call NewInmemStore.
+// RoomChecker), Stat and Encodings. Its zero value is not usable: call NewInmemStore.
 type InmemStore struct {
 	mu       sync.Mutex
 	m        map[chunk.Key]memEntry
@@ -99,6 +99,19 @@ func (s *InmemStore) DeleteIf(key chunk.Key, checksum uint64) error {
 	delete(s.m, key)
 	s.used -= len(e.blob)
 	return nil
+}
+
+// Encodings implements Encodings (a walk of every key: a test double).
+func (s *InmemStore) Encodings(fp chunk.Fingerprint, content chunk.ID) []chunk.Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []chunk.Key
+	for k := range s.m {
+		if k.Fingerprint == fp && k.Content == content {
+			out = append(out, k)
+		}
+	}
+	return out
 }
 
 // Scan calls fn for every held key, outside the lock, until fn returns

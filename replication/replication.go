@@ -535,8 +535,14 @@ func (r *Replicator) track(n int) bool {
 	return true
 }
 
+// lockKey locks k; every version of an opaque value shares one lock
+// (versions.go).
 func (r *Replicator) lockKey(k chunk.Key) *sync.Mutex {
-	mu := &r.keyLocks[(k.Content.Lo^k.Context.ID.Lo)%uint64(len(r.keyLocks))]
+	ctx := k.Context.ID.Lo
+	if versioned(k) {
+		ctx = 0
+	}
+	mu := &r.keyLocks[(k.Content.Lo^ctx)%uint64(len(r.keyLocks))]
 	mu.Lock()
 	return mu
 }

@@ -31,10 +31,39 @@ type tombstones struct {
 	now  func() time.Time
 	path string
 
-	mu      sync.Mutex
-	m       map[chunk.Key]tomb
+	mu sync.Mutex
+	m  map[chunk.Key]tomb
+	// deleted is the newest version deleted of each opaque value that
+	// has one in m (versions.go), rebuilt from m on every compaction.
+	deleted map[valueOf]chunk.ID
 	f       *os.File // nil without a path
 	records int      // records in the log file
+}
+
+// valueOf names an opaque value, all its versions.
+type valueOf struct {
+	fp      chunk.Fingerprint
+	content chunk.ID
+}
+
+// noteLocked records k's delete in deleted.
+func (ts *tombstones) noteLocked(k chunk.Key, t tomb) {
+	if !t.deleted || k.Context.Kind != chunk.ContextOpaque {
+		return
+	}
+	v := valueOf{k.Fingerprint, k.Content}
+	if old, ok := ts.deleted[v]; !ok || old.Less(k.Context.ID) {
+		ts.deleted[v] = k.Context.ID
+	}
+}
+
+// newestDeleted returns the newest version deleted of the opaque value
+// key is a version of.
+func (ts *tombstones) newestDeleted(key chunk.Key) (chunk.ID, bool) {
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	v, ok := ts.deleted[valueOf{key.Fingerprint, key.Content}]
+	return v, ok
 }
 
 // tombRecordBytes is the size of one log record: key (16+16+1+4+16), at
@@ -107,7 +136,7 @@ func getKey(b []byte) (chunk.Key, error) {
 // openTombstones loads the log at path ("" for memory only), dropping
 // expired and torn records, and rewrites it compacted.
 func openTombstones(path string, ttl time.Duration, now func() time.Time) (*tombstones, error) {
-	ts := &tombstones{ttl: ttl, now: now, path: path, m: make(map[chunk.Key]tomb)}
+	ts := &tombstones{ttl: ttl, now: now, path: path, m: make(map[chunk.Key]tomb), deleted: make(map[valueOf]chunk.ID)}
 	if path == "" {
 		return ts, nil
 	}
@@ -150,9 +179,12 @@ func (ts *tombstones) expiredLocked(t tomb, now int64) bool {
 // compactLocked drops expired records and rewrites the log.
 func (ts *tombstones) compactLocked() error {
 	now := ts.now().UnixNano()
+	clear(ts.deleted)
 	for k, t := range ts.m {
 		if ts.expiredLocked(t, now) {
 			delete(ts.m, k)
+		} else {
+			ts.noteLocked(k, t)
 		}
 	}
 	if ts.path == "" {
@@ -218,6 +250,7 @@ func (ts *tombstones) set(k chunk.Key, at int64, deleted bool) error {
 	}
 	t := tomb{at: at, deleted: deleted}
 	ts.m[k] = t
+	ts.noteLocked(k, t)
 	if ts.f == nil {
 		return nil
 	}

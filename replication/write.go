@@ -417,6 +417,9 @@ func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key,
 	if hasTomb && t.deleted && (opts.At == 0 || opts.At <= t.at) {
 		return 0, fmt.Errorf("%w: %w: %v", ErrRejected, ErrTombstoned, key)
 	}
+	if err := r.supersededLocked(key); err != nil {
+		return 0, err
+	}
 	if opts.Kind == KindRepair {
 		if rc, ok := r.cfg.Store.(RoomChecker); ok && !rc.HasRoom(len(blob)) {
 			return 0, fmt.Errorf("%w: %w: %v (%d bytes)", ErrRejected, ErrNoRoom, key, len(blob))
@@ -436,6 +439,7 @@ func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key,
 		}
 		return 0, err
 	}
+	r.retireOlderLocked(key, r.now())
 	if hasTomb && opts.At > t.at {
 		// A write newer than the delete: remember it, so that the older
 		// tombstone on another replica does not win in anti-entropy.
@@ -520,5 +524,6 @@ func (r *Replicator) applyDelete(key chunk.Key, at int64) error {
 	if err := r.cfg.Store.Delete(key); err != nil && !errors.Is(err, ErrNotFound) {
 		return fmt.Errorf("replication: delete %v: %w", key, err)
 	}
+	r.retireOlderLocked(key, at)
 	return nil
 }

@@ -1,0 +1,83 @@
+package replication
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvmesh/kvmesh/chunk"
+)
+
+// Versions of an opaque value (chunk/opaque.go) are keys of their own: one
+// content ID, one opaque context per version. A replica never chooses
+// between two values of a key by their bytes; it keeps the newest version
+// (chunk.OpaqueNewer) and retires the older ones, each with a tombstone,
+// so that no hint, repair, rebalance or anti-entropy brings an older
+// version back:
+//
+//   - a version older than one the replica holds, or than one it deleted,
+//     is refused as tombstoned (and tombstoned here, so anti-entropy
+//     deletes it on the replica that offered it);
+//   - storing a version retires the older ones held here;
+//   - a delete of a version retires the older ones held here too, so that
+//     a key deleted at its newest version has no value left.
+//
+// This needs a Store that lists the versions it holds (Encodings); with
+// another Store every version is kept, and readers still pick the newest.
+
+// Encodings is implemented by a Store that can list the keys it holds of
+// one content ID of one model, whatever their context.
+type Encodings interface {
+	Encodings(fp chunk.Fingerprint, content chunk.ID) []chunk.Key
+}
+
+// versioned reports whether key is a version of an opaque value.
+func versioned(key chunk.Key) bool { return key.Context.Kind == chunk.ContextOpaque }
+
+// supersededLocked reports (as ErrTombstoned) a version of an opaque value
+// that is older than one held or deleted here, and tombstones it. It runs
+// under key's lock, which every version of the key shares.
+func (r *Replicator) supersededLocked(key chunk.Key) error {
+	if !versioned(key) {
+		return nil
+	}
+	newer := false
+	if v, ok := r.tombs.newestDeleted(key); ok && !chunk.OpaqueNewer(key.Context, chunk.OpaqueContextAt(v)) {
+		newer = true
+	}
+	if es, ok := r.cfg.Store.(Encodings); ok && !newer {
+		for _, k := range es.Encodings(key.Fingerprint, key.Content) {
+			if versioned(k) && chunk.OpaqueNewer(k.Context, key.Context) {
+				newer = true
+				break
+			}
+		}
+	}
+	if !newer {
+		return nil
+	}
+	if err := r.tombs.set(key, r.now(), true); err != nil {
+		r.log.Warn("recording a superseded version", "key", key, "err", err)
+	}
+	return fmt.Errorf("%w: %w: %v (a newer version of the value is held or deleted here)", ErrRejected, ErrTombstoned, key)
+}
+
+// retireOlderLocked deletes, with a tombstone at time at, every version of
+// key's value held here that is older than key. It runs under key's lock.
+func (r *Replicator) retireOlderLocked(key chunk.Key, at int64) {
+	es, ok := r.cfg.Store.(Encodings)
+	if !versioned(key) || !ok {
+		return
+	}
+	for _, k := range es.Encodings(key.Fingerprint, key.Content) {
+		if !versioned(k) || !chunk.OpaqueNewer(key.Context, k.Context) {
+			continue
+		}
+		if err := r.tombs.set(k, at, true); err != nil {
+			r.log.Warn("recording a retired version", "key", k, "err", err)
+			continue
+		}
+		if err := r.cfg.Store.Delete(k); err != nil && !errors.Is(err, ErrNotFound) {
+			r.log.Warn("retiring an older version", "key", k, "err", err)
+		}
+	}
+}
