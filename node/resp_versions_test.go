@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,6 +128,134 @@ func TestRESPReplaceStaleReplica(t *testing.T) {
 	}
 }
 
-// TestRESPFailedSetKeepsOld: a SET that reaches no quorum leaves the key
-// holding a value: the old one where no replica took the new one.
-var _ = errors.Is
+// TestRESPFailedSetKeepsOld: a SET that reaches no quorum (the other two
+// replicas down) is an error, and the key keeps its old value: through
+// the node that took the SET while the others are down, and on every
+// node once they are back and anti-entropy has run.
+func TestRESPFailedSetKeepsOld(t *testing.T) {
+	c, conns := respCluster(t, 3)
+	do(t, conns[0], "OK", "SET", "k", "old")
+	for i, cn := range conns {
+		testutil.WaitFor(t, fmt.Sprintf("node %d to hold the old value", i), func() bool {
+			got, err := cn.Do(nil, "GET", "k")
+			return err == nil && string(got) == "old"
+		})
+	}
+	settle(t, c.Nodes...)
+	for _, i := range []int{1, 2} {
+		if err := c.Stop(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	do(t, conns[0], "-ERR replication: write quorum not reached*", "SET", "k", "new")
+	do(t, conns[0], "old", "GET", "k")
+	for _, i := range []int{1, 2} {
+		conns[i] = dialRESP(t, serveRESP(t, c.Restart(i)))
+	}
+	c.WaitRing(3, c.Nodes...)
+	settle(t, c.Nodes...)
+	for _, cn := range conns {
+		do(t, cn, "old", "GET", "k")
+	}
+	// The key still takes a SET.
+	do(t, conns[1], "OK", "SET", "k", "newer")
+	for _, cn := range conns {
+		do(t, cn, "newer", "GET", "k")
+	}
+}
+
+// TestRESPReplaceNeverNil: while one client SETs a key again and again
+// through two nodes, GETs through every node never find it missing, and
+// never read a value older than the last SET acknowledged before the GET
+// began.
+func TestRESPReplaceNeverNil(t *testing.T) {
+	c, conns := respCluster(t, 3)
+	do(t, conns[0], "OK", "SET", "k", "v000000")
+	var acked atomic.Int64 // the last SET acknowledged
+	const sets = 200
+	writers := []*resp.Conn{dialRESP(t, serveRESP(t, c.Nodes[0])), dialRESP(t, serveRESP(t, c.Nodes[1]))}
+	done := make(chan error, 1)
+	go func() {
+		for i := 1; i <= sets; i++ {
+			if _, err := writers[i%2].Do(nil, "SET", "k", fmt.Sprintf("v%06d", i)); err != nil {
+				done <- fmt.Errorf("SET %d: %w", i, err)
+				return
+			}
+			acked.Store(int64(i))
+		}
+		done <- nil
+	}()
+	var writeErr error
+	reads := 0
+	for finished := false; !finished; {
+		select {
+		case writeErr = <-done:
+			finished = true
+		default:
+		}
+		for i, cn := range conns {
+			before := acked.Load()
+			got, err := cn.Do(nil, "GET", "k")
+			if err != nil {
+				t.Fatalf("GET through node %d after SET %d: %v", i, before, err)
+			}
+			var n int64
+			if _, err := fmt.Sscanf(string(got), "v%06d", &n); err != nil || n < before {
+				t.Fatalf("GET through node %d after SET %d acknowledged: %q", i, before, got)
+			}
+			reads++
+		}
+	}
+	if writeErr != nil {
+		t.Fatal(writeErr)
+	}
+	for i, cn := range conns {
+		testutil.WaitFor(t, fmt.Sprintf("node %d to read the last SET", i), func() bool {
+			got, err := cn.Do(nil, "GET", "k")
+			return err == nil && string(got) == fmt.Sprintf("v%06d", sets)
+		})
+	}
+	t.Logf("%d GETs during %d SETs", reads, sets)
+}
+
+// TestRESPUnversionedValue: a value stored before versions (version zero,
+// chunk.OpaqueKey) reads through every node, a SET replaces it, and it
+// does not come back.
+func TestRESPUnversionedValue(t *testing.T) {
+	c, conns := respCluster(t, 3)
+	fp := chunk.OpaqueSpec("resp:").Fingerprint()
+	// The opaque model is registered by a node's first SET.
+	do(t, conns[0], "OK", "SET", "other", "x")
+	blob, err := chunk.EncodeOpaque(nil, fp, []byte("k"), []byte("written before versions"), chunk.ID{}, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	res, err := c.Nodes[0].Replicator().Write(ctx, blob)
+	if err != nil || res.Key != chunk.OpaqueKey(fp, []byte("k")) {
+		t.Fatalf("writing the unversioned entry: %v %v", res.Key, err)
+	}
+	for i, cn := range conns {
+		testutil.WaitFor(t, fmt.Sprintf("node %d to read the unversioned value", i), func() bool {
+			got, err := cn.Do(nil, "GET", "k")
+			return err == nil && string(got) == "written before versions"
+		})
+	}
+	do(t, conns[1], "23", "STRLEN", "k")
+	do(t, conns[1], "OK", "SET", "k", "versioned")
+	settle(t, c.Nodes...)
+	for i, cn := range conns {
+		do(t, cn, "versioned", "GET", "k")
+		if c.Nodes[i].Store().Contains(chunk.OpaqueKey(fp, []byte("k"))) {
+			t.Fatalf("node %d still holds the unversioned entry", i)
+		}
+	}
+	// A late copy of the old entry (a hint, a repair) is refused.
+	if _, err := c.Nodes[2].Replicator().Write(ctx, blob); !errors.Is(err, replication.ErrTombstoned) {
+		t.Fatalf("writing the replaced entry again: %v, want ErrTombstoned", err)
+	}
+	for _, cn := range conns {
+		do(t, cn, "versioned", "GET", "k")
+	}
+}

@@ -17,7 +17,12 @@ import (
 //   - a version older than one the replica holds, or than one it deleted,
 //     is refused as tombstoned (and tombstoned here, so anti-entropy
 //     deletes it on the replica that offered it);
-//   - storing a version retires the older ones held here;
+//   - storing a version retires the older ones held here, except on the
+//     node whose write it is: there they are retired once W replicas
+//     acknowledged it, and a write that fails its quorum with every
+//     replica answered is withdrawn (this node's copy and hints dropped,
+//     without a tombstone), so the value it would replace stays here; a
+//     replica that took it keeps it, and it may still become the value;
 //   - a delete of a version retires the older ones held here too, so that
 //     a key deleted at its newest version has no value left.
 //
@@ -79,5 +84,21 @@ func (r *Replicator) retireOlderLocked(key chunk.Key, at int64) {
 		if err := r.cfg.Store.Delete(k); err != nil && !errors.Is(err, ErrNotFound) {
 			r.log.Warn("retiring an older version", "key", k, "err", err)
 		}
+	}
+}
+
+// settleOwn ends this node's part in its own write of key, a version of an
+// opaque value stored here: acknowledged (or not known) retires the older
+// versions held here, failed withdraws it.
+func (r *Replicator) settleOwn(key chunk.Key, acknowledged bool) {
+	mu := r.lockKey(key)
+	defer mu.Unlock()
+	if acknowledged {
+		r.retireOlderLocked(key, r.now())
+		return
+	}
+	r.hints.dropKey(key, r.now())
+	if err := r.cfg.Store.Delete(key); err != nil && !errors.Is(err, ErrNotFound) {
+		r.log.Warn("withdrawing a failed write", "key", key, "err", err)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync/atomic"
 
 	"github.com/kvmesh/kvmesh/chunk"
@@ -231,7 +232,8 @@ func (t tailPiece) Len() int                    { return len(t.data) - t.off }
 // by CallTimeout), so blob must not be modified after the call; release
 // is called as WriteOwned says. A replica that cannot be reached gets a
 // hint on this node. With fewer than W acknowledgements the error wraps
-// ErrQuorum (the replicas that did store the chunk keep it).
+// ErrQuorum (the replicas that did store the chunk keep it; a version of
+// an opaque value is withdrawn here, versions.go).
 func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, release func()) (WriteResult, error) {
 	r := sw.r
 	if sw.ended {
@@ -278,6 +280,12 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 			held.Free()
 		}
 	}
+	// A version of an opaque value stored here by its own write retires
+	// the older versions only once the write is acknowledged; a write
+	// that fails is withdrawn here before Finish returns (versions.go).
+	// outcome says which, once: true for acknowledged, or not known (ctx
+	// ended first).
+	outcome := make(chan bool, 1)
 	hint := func(a *ack) {
 		if a.err != nil && !errors.Is(a.err, ErrRejected) {
 			a.hinted = r.addHint(a.node, sw.key, blob, sw.opts.At)
@@ -298,7 +306,14 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 			case rs == nil:
 				ctx, cancel := r.background()
 				defer cancel()
-				a.kept, a.err = r.storeLocal(ctx, blob, sw.key, sw.opts)
+				a.kept, a.err = r.store(ctx, blob, sw.key, sw.opts, !versioned(sw.key))
+				if a.err == nil && versioned(sw.key) {
+					defer func() {
+						if <-outcome {
+							r.settleOwn(sw.key, true)
+						}
+					}()
+				}
 			case rs.st != nil:
 				a.kept, a.err = rs.finish(held, sw.sent)
 				hint(&a)
@@ -330,6 +345,7 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 				res.StoredOn = append(res.StoredOn, a.node)
 				if len(res.StoredOn) >= w {
 					r.metrics.writes.Add(1)
+					outcome <- true
 					return res, nil
 				}
 			case a.hinted:
@@ -340,10 +356,15 @@ func (sw *StreamWrite) Finish(ctx context.Context, blob []byte, sum uint64, rele
 			}
 		case <-ctx.Done():
 			r.metrics.writeFailures.Add(1)
+			outcome <- true // the replicas still writing may take it
 			return res, fmt.Errorf("replication: write %v: %w", sw.key, ctx.Err())
 		}
 	}
 	r.metrics.writeFailures.Add(1)
+	outcome <- false
+	if versioned(sw.key) && slices.Contains(res.StoredOn, r.cfg.NodeID) {
+		r.settleOwn(sw.key, false) // before the caller hears of the failure
+	}
 	return res, fmt.Errorf("%w: %d of %d stored %v (need %d): %w", ErrQuorum, len(res.StoredOn), len(reps), sw.key, w, errors.Join(errs...))
 }
 
@@ -411,6 +432,12 @@ func (r *Replicator) keepWinner(ctx context.Context, blob []byte, key chunk.Key,
 // opts.Kind (see ServeReplicate) and returns the checksum of the version
 // of key the store keeps. Refusals wrap ErrRejected.
 func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions) (uint64, error) {
+	return r.store(ctx, blob, key, opts, true)
+}
+
+// store is storeLocal; retire says whether a version of an opaque value
+// retires the older ones now (versions.go).
+func (r *Replicator) store(ctx context.Context, blob []byte, key chunk.Key, opts ReplicateOptions, retire bool) (uint64, error) {
 	mu := r.lockKey(key)
 	defer mu.Unlock()
 	t, hasTomb := r.tombs.get(key)
@@ -439,7 +466,9 @@ func (r *Replicator) storeLocal(ctx context.Context, blob []byte, key chunk.Key,
 		}
 		return 0, err
 	}
-	r.retireOlderLocked(key, r.now())
+	if retire {
+		r.retireOlderLocked(key, r.now())
+	}
 	if hasTomb && opts.At > t.at {
 		// A write newer than the delete: remember it, so that the older
 		// tombstone on another replica does not win in anti-entropy.
