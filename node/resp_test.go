@@ -98,9 +98,8 @@ func TestRESPCluster(t *testing.T) {
 	do(t, conns[0], "OK", "SET", "k", "one")
 	do(t, conns[1], "OK", "SET", "k", "one")
 	do(t, conns[2], "0", "SETNX", "k", "two")
-	// A SET of a key that holds another value replaces it, whichever
-	// checksum wins, on every node once the replicas past W have the
-	// delete and the write (docs/REDIS.md).
+	// A SET of a key that holds another value replaces it (a new
+	// version), read through every node (docs/REDIS.md).
 	for _, v := range []string{"one", "two", "three", "one"} {
 		do(t, conns[0], "OK", "SET", "k2", v)
 		for i, c := range conns {

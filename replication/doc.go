@@ -18,6 +18,9 @@
 //     store of it, whatever its kind, keeps the version that Wins (the
 //     smaller entry checksum), and repair and anti-entropy push that version,
 //     so replicas converge on one whatever order the writes came in.
+//     Opaque values (the Redis door's) are versioned instead: each version
+//     is a key of its own, and a replica keeps the newest and refuses
+//     older ones (versions.go).
 //     A write whose entry is still arriving (BeginWrite, a StreamWrite)
 //     opens its replica streams at once and passes each piece on as it
 //     comes (Transport.OpenReplicate; cut-through), so the replicas hold the

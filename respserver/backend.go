@@ -18,8 +18,9 @@ var (
 	ErrNoAuth = errors.New("respserver: no tokens configured")
 	// ErrNoPerm: the token does not allow the command (NOPERM).
 	ErrNoPerm = errors.New("respserver: permission denied")
-	// ErrOtherValue: SET lost to another value of the key, which the
-	// store keeps (another SET of it at the same time).
+	// ErrOtherValue: SET could not be stored over another value of the
+	// key that the store holds or deleted (in kvmesh: a version stamped
+	// ahead of this node's clock).
 	ErrOtherValue = errors.New("respserver: key holds another value")
 	// ErrTooLarge: the key and value exceed what one value may hold.
 	ErrTooLarge = errors.New("respserver: value too large")
@@ -42,8 +43,8 @@ type Keyspace interface {
 	// Len returns the length of the value under key (ErrNotFound).
 	Len(ctx context.Context, key []byte) (int, error)
 	// Set stores value under key, replacing any value it holds, and
-	// returns once the store has acknowledged it; ErrOtherValue when a
-	// concurrent SET's value is kept instead.
+	// returns once the store has acknowledged it; ErrOtherValue when
+	// the store keeps another value over it.
 	Set(ctx context.Context, key, value []byte) error
 	// Delete removes key and reports whether it held a value.
 	Delete(ctx context.Context, key []byte) (bool, error)

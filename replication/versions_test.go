@@ -1,0 +1,131 @@
+package replication
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/internal/testutil"
+)
+
+func opaqueBlob(t *testing.T, value string, v chunk.ID) ([]byte, chunk.Key) {
+	t.Helper()
+	fp := chunk.OpaqueSpec("test").Fingerprint()
+	blob, err := chunk.EncodeOpaque(nil, fp, []byte("k"), []byte(value), v, chunk.Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return blob, chunk.OpaqueKeyAt(fp, []byte("k"), v)
+}
+
+// settle runs anti-entropy rounds on ids, in order, until a pass changes
+// nothing.
+func (c *cluster) settle(ids ...string) {
+	c.t.Helper()
+	testutil.WaitFor(c.t, "anti-entropy to settle", func() bool {
+		quiet := true
+		for _, id := range ids {
+			st, err := c.reps[id].AntiEntropy(c.t.Context())
+			if err != nil || st.Pushed+st.Fetched+st.Deletes > 0 {
+				quiet = false
+			}
+		}
+		return quiet
+	})
+}
+
+// Versions of an opaque value: a replica that missed the newer one gets it
+// and drops the older; the older is refused everywhere after (as a repair,
+// a hint, a write), also after a delete of the newest and a restart.
+func TestOpaqueVersions(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	ctx := t.Context()
+	b1, k1 := opaqueBlob(t, "one", chunk.ID{Hi: 10, Lo: 1})
+	b2, k2 := opaqueBlob(t, "two", chunk.ID{Hi: 20, Lo: 1})
+	between, _ := opaqueBlob(t, "between", chunk.ID{Hi: 15, Lo: 9})
+	if _, err := c.reps["a"].Write(ctx, b1); err != nil {
+		t.Fatal(err)
+	}
+	c.settle("a", "b", "c")
+	c.net.SetDown("c", true)
+	if _, err := c.reps["a"].Write(ctx, b2); err != nil {
+		t.Fatal(err)
+	}
+	c.net.SetDown("c", false)
+	// The coordinator retires its older version once the write is
+	// acknowledged, b as it stores the newer one.
+	testutil.WaitFor(t, "the old version on c alone", func() bool {
+		got := c.holders(k1)
+		return len(got) == 1 && got[0] == "c"
+	})
+	if _, err := c.reps["a"].ServeReplicate(ctx, b1, ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+		t.Fatalf("repair of the old version: %v, want ErrTombstoned", err)
+	}
+	c.settle("c", "a", "b")
+	if got := c.holders(k1); len(got) != 0 {
+		t.Fatalf("the old version still on %v", got)
+	}
+	if got := c.holders(k2); len(got) != 3 {
+		t.Fatalf("the new version on %v, want all three", got)
+	}
+	for _, kind := range []Kind{KindWrite, KindHint, KindRepair, KindRebalance} {
+		if _, err := c.reps["c"].ServeReplicate(ctx, between, ReplicateOptions{Kind: kind}); !errors.Is(err, ErrTombstoned) {
+			t.Fatalf("%v of a version older than the one held: %v, want ErrTombstoned", kind, err)
+		}
+	}
+	// A delete of the newest version leaves no version anywhere, and one
+	// older than it stays refused after a restart.
+	if _, err := c.reps["b"].Delete(ctx, k2); err != nil {
+		t.Fatal(err)
+	}
+	c.settle("a", "b", "c")
+	if got := append(c.holders(k1), c.holders(k2)...); len(got) != 0 {
+		t.Fatalf("versions left after the delete on %v", got)
+	}
+	c.stop("b")
+	c.net.SetDown("b", false)
+	r := c.start("b")
+	if _, err := r.ServeReplicate(ctx, between, ReplicateOptions{Kind: KindHint}); !errors.Is(err, ErrTombstoned) {
+		t.Fatalf("hint of a version older than a deleted one, after a restart: %v, want ErrTombstoned", err)
+	}
+	// A newer version is a value again.
+	b3, k3 := opaqueBlob(t, "three", chunk.ID{Hi: 30, Lo: 1})
+	if _, err := c.reps["c"].Write(ctx, b3); err != nil {
+		t.Fatal(err)
+	}
+	c.settle("a", "b", "c")
+	if got := c.holders(k3); len(got) != 3 {
+		t.Fatalf("the newest version on %v, want all three", got)
+	}
+}
+
+// A write of a version that fails its quorum is withdrawn on the
+// coordinator: the older version stays there, and no hint carries the
+// failed one.
+func TestOpaqueFailedWriteWithdrawn(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	ctx := t.Context()
+	b1, k1 := opaqueBlob(t, "one", chunk.ID{Hi: 10, Lo: 1})
+	b2, k2 := opaqueBlob(t, "two", chunk.ID{Hi: 20, Lo: 1})
+	if _, err := c.reps["a"].Write(ctx, b1); err != nil {
+		t.Fatal(err)
+	}
+	c.settle("a", "b", "c")
+	c.net.SetDown("b", true)
+	c.net.SetDown("c", true)
+	if _, err := c.reps["a"].Write(ctx, b2); !errors.Is(err, ErrQuorum) {
+		t.Fatalf("write with two replicas down: %v, want ErrQuorum", err)
+	}
+	if got := c.holders(k2); len(got) != 0 {
+		t.Fatalf("the failed version on %v", got)
+	}
+	if n, _ := c.reps["a"].HintsPending(); n != 0 {
+		t.Fatalf("%d hints of the failed write", n)
+	}
+	c.net.SetDown("b", false)
+	c.net.SetDown("c", false)
+	c.settle("a", "b", "c")
+	if got := c.holders(k1); len(got) != 3 {
+		t.Fatalf("the old version on %v, want all three", got)
+	}
+}
