@@ -256,9 +256,16 @@ func (k *respKeyspace) Len(ctx context.Context, key []byte) (int, error) {
 // Set writes value as a new version of key (versionClock), acknowledged
 // once W replicas hold it; each replica that stores it retires the older
 // versions it holds, so the old value stays readable until the new one
-// is. A replica that holds or deleted a newer version refuses it as
-// tombstoned: this node's clock is behind the writer of that version, and
-// the write is stamped again past the newest version the replicas hold.
+// is. SETs of one key through this node run one at a time, so their
+// versions reach the replicas in order.
+//
+// A replica that holds or deleted a newer version refuses the write as
+// tombstoned. Either this node's clock is behind the node that wrote it
+// (an earlier SET must stay earlier: the write is stamped past the newest
+// version the replicas hold, and sent again), or that SET ran at the same
+// time as this one. A newer version that the first look-up did not find
+// was not acknowledged before this SET began, so this SET is done: it
+// came just before that one.
 func (k *respKeyspace) Set(ctx context.Context, key, value []byte) error {
 	if err := k.check(ctx, auth.ScopeWrite, "write"); err != nil {
 		return err
@@ -266,6 +273,7 @@ func (k *respKeyspace) Set(ctx context.Context, key, value []byte) error {
 	if err := k.register(ctx); err != nil {
 		return err
 	}
+	defer k.b.clock.lock(chunk.OpaqueID(k.fp, key))()
 	var seen chunk.ID
 	for attempt := range setAttempts {
 		v := k.b.clock.next(k.b.n.cfg.NodeID, time.Now(), seen)
@@ -280,28 +288,49 @@ func (k *respKeyspace) Set(ctx context.Context, key, value []byte) error {
 		if !errors.Is(err, replication.ErrTombstoned) {
 			return err
 		}
-		// Past the newest version held, or, where the newer version was
-		// deleted (no replica names it), ahead by a growing step.
-		seen = chunk.ID{Hi: v.Hi + uint64(time.Millisecond)<<(4*attempt)}
-		if found, err := k.newest(ctx, key); err == nil && chunk.OpaqueNewer(found.Context, chunk.OpaqueContextAt(seen)) {
+		found, ferr := k.newest(ctx, key)
+		if ferr == nil && chunk.OpaqueNewer(found.Context, chunk.OpaqueContextAt(v)) {
+			if attempt > 0 {
+				return nil
+			}
 			seen = found.Context.ID
+			continue
 		}
+		// No replica names a newer version: a deleted one refused it.
+		// Ahead by a growing step.
+		seen = chunk.ID{Hi: v.Hi + uint64(setStep)<<(4*attempt)}
 	}
-	return fmt.Errorf("%w: replicas hold or deleted newer versions of the key than this node's clock gives (clocks apart by more than %v)",
-		respserver.ErrOtherValue, time.Duration(uint64(time.Millisecond)<<(4*(setAttempts-1))))
+	return fmt.Errorf("%w: replicas deleted versions of the key newer than this node's clock gives (clocks more than %v apart)",
+		respserver.ErrOtherValue, setReach)
 }
 
 // setAttempts bounds the writes of one SET that replicas refuse as older
-// than a version they hold or deleted.
-const setAttempts = 4
+// than a version they hold or deleted; each is stamped setStep, then 16
+// and 256 times that, past the one before, so that a node whose clock is
+// up to setReach behind another still writes after it.
+const (
+	setAttempts = 4
+	setStep     = time.Millisecond
+	setReach    = setStep * (1 + 16 + 256)
+)
 
 // versionClock stamps the versions this node's door writes: a hybrid
 // logical clock in Hi (nanoseconds since the Unix epoch, raised past every
 // stamp it gave and every version it was told of) and the node in Lo
-// (XXH64 of its ID), which breaks ties between nodes. docs/KEYS.md.
+// (XXH64 of its ID), which breaks ties between nodes. docs/KEYS.md. Its
+// key locks put the SETs of one key through this node in a row.
 type versionClock struct {
 	mu   sync.Mutex
 	last uint64
+	keys [256]sync.Mutex
+}
+
+// lock locks the SETs of the key whose content ID is id and returns the
+// unlock.
+func (c *versionClock) lock(id chunk.ID) func() {
+	mu := &c.keys[id.Lo%uint64(len(c.keys))]
+	mu.Lock()
+	return mu.Unlock
 }
 
 // next is a stamp of node newer than every one given before and than
