@@ -147,6 +147,10 @@ func (k *respKeyspace) register(ctx context.Context) error {
 // fails only when no replica answered.
 func (k *respKeyspace) newest(ctx context.Context, key []byte) (chunk.Key, error) {
 	n := k.b.n
+	if _, ok := n.meta.Model(k.fp); !ok {
+		// No SET of this keyspace yet (the first registers its model).
+		return chunk.Key{}, fmt.Errorf("%w: no value in this keyspace", respserver.ErrNotFound)
+	}
 	rg := n.meta.Ring()
 	rf, w := n.quorum()
 	content := chunk.OpaqueID(k.fp, key)
