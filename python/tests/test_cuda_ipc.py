@@ -60,6 +60,18 @@ def test_cuda_ipc_handles_and_offsets():
     assert cache.layer(2) is layers[2]
 
 
+@pytest.mark.parametrize("version", [2, 3])
+def test_cuda_ipc_versioned_handles(version):
+    """torch 2.2 and later give a version byte and a type byte before a
+    cudaMalloc block's cudaIpcMemHandle_t ('c'); the node gets the 64-byte
+    handle alone."""
+    a, b = bytes(range(64)), bytes(range(64, 128))
+    layers = [Tensor(handle=bytes([version]) + b"c" + a), Tensor(handle=bytes([version]) + b"c" + b, offset=4096)]
+    device, handles, offsets = cuda_ipc(layers, LAYOUT)
+    assert (device, handles, offsets) == (0, [a, b], [0, 4096])
+    assert PagedCache.cuda(layers, LAYOUT).transport == CUDA_IPC
+
+
 @pytest.mark.parametrize("layers, why", [
     ([], "no layers"),
     ([Tensor(cuda=False)], "shared memory"),
@@ -75,7 +87,9 @@ def test_cuda_cache_refusals(layers, why, staging):
 
 @pytest.mark.parametrize("layers, why", [
     ([Tensor(offset=32)], "alignment"),
-    ([Tensor(handle=b"x" * 8)], "8-byte IPC handle"),
+    ([Tensor(handle=b"x" * 8)], "8-byte shareable handle"),
+    ([Tensor(handle=b"\x02e" + b"x" * 80)], "expandable segment"),
+    ([Tensor(handle=b"\x02c" + b"x" * 63)], "65-byte shareable handle"),
     ([Tensor(device=0), Tensor(device=1)], "one GPU"),
 ])
 def test_cuda_ipc_refusals(layers, why):

@@ -27,9 +27,9 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import KvmeshError, UsageError
-from ..inject import BLOCK_HND, BLOCK_NHD, NHD, ORDERS, CacheLayout, PagedCache, _canonical
+from ..inject import BLOCK_HND, BLOCK_NHD, IPC_HANDLE_BYTES, NHD, ORDERS, CacheLayout, PagedCache, _canonical
 
-__all__ = ["CUDA", "cuda", "HostStaging", "slot_runs", "copy_rows"]
+__all__ = ["CUDA", "cuda", "HostStaging", "ipc_mem_handle", "slot_runs", "copy_rows"]
 
 log = logging.getLogger("kvmesh.gpu")
 
@@ -45,12 +45,12 @@ class CUDA:
 
     def export(self, t) -> "tuple[int, bytes, int]":
         """t's storage by CUDA IPC, from torch's storage sharing: (device,
-        the allocation's 64-byte cudaIpcMemHandle_t, the storage's byte
-        offset in that allocation). torch raises where the allocation
-        cannot be exported (expandable segments, for one)."""
+        the allocation's 64-byte cudaIpcMemHandle_t (ipc_mem_handle), the
+        storage's byte offset in that allocation). Raises where the
+        allocation cannot be exported (expandable segments, for one)."""
         storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()._untyped()
         device, handle, _size, offset = storage._share_cuda_()[:4]
-        return int(device), bytes(handle), int(offset)
+        return int(device), ipc_mem_handle(bytes(handle)), int(offset)
 
     def pin(self, ptr: int, nbytes: int) -> bool:
         """Page-locks nbytes of host memory at ptr for the device
@@ -91,6 +91,30 @@ class CUDA:
         """Returns once every copy queued on stream is done."""
         if stream is not None:
             stream.synchronize()
+
+
+# torch's shareable handles: before torch 2.2 the bare cudaIpcMemHandle_t;
+# since, a version byte, a type byte, then the type's payload ('c': the
+# cudaIpcMemHandle_t of a cudaMalloc block; 'e': an expandable segment's
+# memory handles, which cuIpcOpenMemHandle cannot open).
+_SHAREABLE_CUDA_MALLOC = ord("c")
+_SHAREABLE_EXPANDABLE_SEGMENT = ord("e")
+
+
+def ipc_mem_handle(shareable: bytes) -> bytes:
+    """The 64-byte cudaIpcMemHandle_t in the handle torch's _share_cuda_
+    gives (bare, or in its versioned form). A handle of another kind
+    raises ValueError (export's callers then stage or refuse)."""
+    n = IPC_HANDLE_BYTES
+    if len(shareable) == n:
+        return shareable
+    if len(shareable) >= 2 and shareable[1] == _SHAREABLE_EXPANDABLE_SEGMENT:
+        raise ValueError("the tensor is in an expandable segment (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), "
+                         "which CUDA IPC handles cannot name")
+    if len(shareable) == n + 2 and shareable[1] == _SHAREABLE_CUDA_MALLOC:
+        return shareable[2:]
+    raise ValueError(f"torch gave a {len(shareable)}-byte shareable handle of a kind kvmesh does not know "
+                     f"(type byte {shareable[1:2]!r})")
 
 
 def _code(err) -> int:
