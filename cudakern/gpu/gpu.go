@@ -188,9 +188,17 @@ func (in *Injector) setup(th *cudathread.Thread, dev cu.Device) error {
 	return nil
 }
 
-// do runs fn on the thread.
+// do runs fn on the thread. A failed fn may leave copies queued that
+// still read the page-locked staging or the job image, or kernels that
+// still use the buffers, so the stream is drained before the next call
+// can reuse or free them.
 func (in *Injector) do(fn func() error) error {
-	err := in.th.Do(fn)
+	err := in.th.Do(func() error {
+		if err := fn(); err != nil {
+			return in.drain(err)
+		}
+		return nil
+	})
 	if errors.Is(err, cudathread.ErrClosed) {
 		return cudakern.ErrClosed
 	}
@@ -269,7 +277,7 @@ func (in *Injector) Inject(ctx context.Context, j *cudakern.Job) error {
 		}
 		for i, d := range c.Dst {
 			if err := cu.MemcpyDtoHAsync(unsafe.Pointer(unsafe.SliceData(d)), cu.DevicePtr(dst[i]), clb, in.stream); err != nil {
-				return in.drain(cuErr("copying the result out", err))
+				return cuErr("copying the result out", err)
 			}
 		}
 		if err := in.stream.Synchronize(); err != nil {
@@ -363,12 +371,12 @@ func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.Dev
 		slots[i] = int64(s)
 	}
 	if err := cu.MemcpyHtoDAsync(in.meta.ptr, unsafe.Pointer(&img[0]), int64(total), in.stream); err != nil {
-		return in.drain(cuErr("copying the job in", err))
+		return cuErr("copying the job in", err)
 	}
 	for len(in.events) < layers {
 		ev, err := cu.MakeEvent(cu.DisableTiming)
 		if err != nil {
-			return in.drain(cuErr("creating an event", err))
+			return cuErr("creating an event", err)
 		}
 		in.events = append(in.events, ev)
 	}
@@ -377,15 +385,15 @@ func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.Dev
 		layer := int64(l)
 		args := []unsafe.Pointer{unsafe.Pointer(&jobPtr), unsafe.Pointer(&layer)}
 		if err := in.fn.Launch(j.Tokens, 1, 1, in.cfg.Threads, 1, 1, 0, in.stream, args); err != nil {
-			return in.drain(cuErr(fmt.Sprintf("launching layer %d", l), err))
+			return cuErr(fmt.Sprintf("launching layer %d", l), err)
 		}
 		if err := in.events[l].Record(in.stream); err != nil {
-			return in.drain(cuErr("recording an event", err))
+			return cuErr("recording an event", err)
 		}
 	}
 	for l := 0; l < layers; l++ {
 		if err := in.events[l].Synchronize(); err != nil {
-			return in.drain(cuErr(fmt.Sprintf("layer %d", l), err))
+			return cuErr(fmt.Sprintf("layer %d", l), err)
 		}
 		if layerDone != nil {
 			layerDone(l)
@@ -393,7 +401,7 @@ func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.Dev
 	}
 	bits := (*uint32)(unsafe.Pointer(&img[errAt]))
 	if err := cu.MemcpyDtoHAsync(unsafe.Pointer(bits), in.meta.ptr+cu.DevicePtr(errAt), 4, in.stream); err != nil {
-		return in.drain(cuErr("reading the error word", err))
+		return cuErr("reading the error word", err)
 	}
 	if err := in.stream.Synchronize(); err != nil {
 		return cuErr("reading the error word", err)
@@ -404,8 +412,8 @@ func (in *Injector) launch(ctx context.Context, j *cudakern.Job, dj cudakern.Dev
 	return ctx.Err()
 }
 
-// drain waits for the stream after a failure, so that nothing queued still
-// reads the staging image, and returns err.
+// drain waits for the stream after a failure (do calls it), so that
+// nothing queued still reads the staging image, and returns err.
 func (in *Injector) drain(err error) error {
 	if serr := in.stream.Synchronize(); serr != nil {
 		return errors.Join(err, cuErr("synchronizing", serr))

@@ -27,6 +27,12 @@ static CUresult kvmRange(CUdeviceptr p, size_t *size) {
 	CUdeviceptr base;
 	return cuMemGetAddressRange(&base, size, p);
 }
+static const char *kvmErrName(CUresult r) {
+	const char *s = 0;
+	if (cuGetErrorName(r, &s) != CUDA_SUCCESS || s == 0)
+		return "unknown CUresult";
+	return s;
+}
 */
 import "C"
 
@@ -41,6 +47,12 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/cudakern"
 )
+
+// cuResult names a driver result for an error message (the number alone
+// says little in a device run's log).
+func cuResult(r C.CUresult) string {
+	return fmt.Sprintf("%s (CUresult %d)", C.GoString(C.kvmErrName(r)), int(r))
+}
 
 // IPCCache is an engine's paged cache in its device memory, opened here
 // from the CUDA IPC handles it exported: the node writes hits straight
@@ -69,7 +81,7 @@ func (in *Injector) OpenIPC(handles [][]byte, offsets []int64, layerBytes []int)
 			if !ok {
 				var d C.CUdeviceptr
 				if r := C.kvmIpcOpen(&d, unsafe.Pointer(&h[0])); r != C.CUDA_SUCCESS {
-					return fmt.Errorf("gpu: opening the IPC handle of layer %d: CUresult %d", l, int(r))
+					return fmt.Errorf("gpu: opening the IPC handle of layer %d: %s", l, cuResult(r))
 				}
 				p = uint64(d)
 				open[string(h)] = p
@@ -80,9 +92,12 @@ func (in *Injector) OpenIPC(handles [][]byte, offsets []int64, layerBytes []int)
 				off = offsets[l]
 			}
 			var size C.size_t
-			if r := C.kvmRange(C.CUdeviceptr(p), &size); r != C.CUDA_SUCCESS || off < 0 || int64(size) < off+int64(layerBytes[l]) {
-				return fmt.Errorf("%w: layer %d: %d bytes at %d in an allocation of %d (CUresult %d)",
-					cudakern.ErrInvalidJob, l, layerBytes[l], off, int64(size), int(r))
+			if r := C.kvmRange(C.CUdeviceptr(p), &size); r != C.CUDA_SUCCESS {
+				return fmt.Errorf("gpu: the size of the IPC mapping of layer %d: %s", l, cuResult(r))
+			}
+			if off < 0 || int64(size) < off+int64(layerBytes[l]) {
+				return fmt.Errorf("%w: layer %d: %d bytes at %d in an allocation of %d",
+					cudakern.ErrInvalidJob, l, layerBytes[l], off, int64(size))
 			}
 			c.layers = append(c.layers, p+uint64(off))
 		}
@@ -109,13 +124,13 @@ func (in *Injector) upload(dst cu.DevicePtr, b []byte) error {
 		}
 		var p unsafe.Pointer
 		if r := C.kvmAllocHost(&p, C.size_t(n)); r != C.CUDA_SUCCESS {
-			return fmt.Errorf("gpu: allocating %d bytes of page-locked staging: CUresult %d", n, int(r))
+			return fmt.Errorf("gpu: allocating %d bytes of page-locked staging: %s", n, cuResult(r))
 		}
 		in.pinned = unsafe.Slice((*byte)(p), n)
 	}
 	copy(in.pinned, b)
 	if err := cu.MemcpyHtoDAsync(dst, unsafe.Pointer(&in.pinned[0]), int64(len(b)), in.stream); err != nil {
-		return in.drain(cuErr("copying the source in", err))
+		return cuErr("copying the source in", err)
 	}
 	return nil
 }
@@ -136,7 +151,7 @@ func (in *Injector) exportIPC(p uint64) ([]byte, error) {
 	h := make([]byte, cudakern.IPCHandleBytes)
 	err := in.do(func() error {
 		if r := C.kvmIpcExport(unsafe.Pointer(&h[0]), C.CUdeviceptr(p)); r != C.CUDA_SUCCESS {
-			return fmt.Errorf("gpu: exporting an IPC handle: CUresult %d", int(r))
+			return fmt.Errorf("gpu: exporting an IPC handle: %s", cuResult(r))
 		}
 		return nil
 	})
@@ -200,7 +215,7 @@ func (c *IPCCache) unmap() error {
 		var errs []error
 		for _, p := range c.mapped {
 			if r := C.kvmIpcClose(C.CUdeviceptr(p)); r != C.CUDA_SUCCESS {
-				errs = append(errs, fmt.Errorf("gpu: closing an IPC mapping: CUresult %d", int(r)))
+				errs = append(errs, fmt.Errorf("gpu: closing an IPC mapping: %s", cuResult(r)))
 			}
 		}
 		return errors.Join(errs...)
