@@ -43,7 +43,7 @@ func TestGPUIPCSecondProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^TestGPUIPCSecondProcess$", "-test.v")
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^TestGPUIPCSecondProcess$", "-test.v", "-test.timeout=60s")
 	cmd.Env = append(os.Environ(), "KVMESH_IPC_HANDLE="+hex.EncodeToString(handle))
 	out, err := cmd.CombinedOutput()
 	if err != nil {

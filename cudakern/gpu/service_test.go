@@ -92,7 +92,7 @@ func TestGPUServiceDeviceToDevice(t *testing.T) {
 		}
 		mem, hs = append(mem, p), append(hs, hex.EncodeToString(h))
 	}
-	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^TestGPUServiceDeviceToDevice$", "-test.v")
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run", "^TestGPUServiceDeviceToDevice$", "-test.v", "-test.timeout=60s")
 	cmd.Env = append(os.Environ(), "KVMESH_D2D_HANDLES="+strings.Join(hs, ","))
 	out, err := cmd.CombinedOutput()
 	if err != nil {

@@ -39,8 +39,10 @@
 #   make gpu-payload
 #   device tool: command "bash scripts/device/gpu-check.sh", carry ["out/gpu-check"], timeout_s 540
 #
-# Results land in $OUT: gpu-check.log, bench.txt, table.md (the lines for
-# docs/BENCHMARKS.md, with the commit of BUILT_AT).
+# Results land in $OUT, six files (the device tool returns at most 8):
+# gpu-check.log (everything), bench.txt, table.md (the lines for
+# docs/BENCHMARKS.md, with the commit of BUILT_AT), kvmeshd.log,
+# staging.txt and demo.txt. Scratch files go to a temporary folder.
 set -uo pipefail
 
 OUT=${OUT:-/tmp/gpu-check-out}
@@ -51,6 +53,17 @@ P=$(mktemp -d /tmp/gpu-check.XXXXXX)
 trap 'rm -rf "$P"' EXIT
 fail=0
 step() { echo; echo "== $(date -u +%T) $*"; }
+# The whole run keeps inside GPU_CHECK_SECONDS (default 470: the device
+# tool's 8-minute try, with room for the transfers). Each step's timeout is
+# its own cap or what is left, whichever is less; a step with under 20 s
+# left is skipped and says so. Go test binaries get -test.timeout 10 s
+# under their step's, so a hang prints every goroutine's stack.
+end=$((SECONDS + ${GPU_CHECK_SECONDS:-470}))
+budget() {
+	local left=$((end - SECONDS - 5))
+	if ((left < 20)); then echo 0; elif ((left < $1)); then echo "$left"; else echo "$1"; fi
+}
+skipped() { echo "SKIP: $1: the run's time is spent"; fail=1; }
 
 step "payload built at $(cat "$C/BUILT_AT" 2>/dev/null || echo '?') on $(hostname)"
 nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv,noheader || true
@@ -64,14 +77,23 @@ for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo kvmeshd-cuda kvmeshd; do
 done
 
 step "cudakern/gpu tests"
-(cd cudakern/gpu && timeout 240 "$P/cudakern_gpu.test" -test.run 'TestGPU|TestGPUTierInjectDevice|TestGPUServiceDeviceToDevice' -test.v -test.count=1 -test.timeout=230s) || fail=1
+T=$(budget 150)
+((T > 0)) || skipped "cudakern/gpu tests"
+((T > 0)) && { (cd cudakern/gpu && timeout $T "$P/cudakern_gpu.test" -test.run 'TestGPU|TestGPUTierInjectDevice|TestGPUServiceDeviceToDevice' -test.v -test.count=1 -test.timeout=$((T - 10))s) || fail=1; }
 
 step "kvtier GPU tier tests"
-(cd kvtier && timeout 240 "$P/kvtier_cuda.test" -test.run 'TestGPUTier|TestConcurrentBudgets|TestCUDACopies' -test.count=1 -test.timeout=230s) || fail=1
+T=$(budget 90)
+((T > 0)) || skipped "kvtier GPU tier tests"
+((T > 0)) && { (cd kvtier && timeout $T "$P/kvtier_cuda.test" -test.run 'TestGPUTier|TestConcurrentBudgets|TestCUDACopies' -test.v -test.count=1 -test.timeout=$((T - 10))s) || fail=1; }
 
 step "benchmarks"
-(cd cudakern/gpu && timeout 120 "$P/cudakern_gpu.test" -test.run '^$' -test.bench 'BenchmarkGPU' -test.benchtime=1s -test.count=3) | tee "$OUT/bench.txt" || fail=1
-(cd kvtier && timeout 90 "$P/kvtier_cuda.test" -test.run '^$' -test.bench 'BenchmarkCUDACopy' -test.benchtime=1s -test.count=3) | tee -a "$OUT/bench.txt" || fail=1
+: >"$OUT/bench.txt"
+T=$(budget 75)
+((T > 0)) || skipped "cudakern/gpu benchmarks"
+((T > 0)) && { (cd cudakern/gpu && timeout $T "$P/cudakern_gpu.test" -test.run '^$' -test.bench 'BenchmarkGPU' -test.benchtime=1s -test.count=3 -test.timeout=$((T - 10))s) | tee -a "$OUT/bench.txt" || fail=1; }
+T=$(budget 45)
+((T > 0)) || skipped "kvtier benchmarks"
+((T > 0)) && { (cd kvtier && timeout $T "$P/kvtier_cuda.test" -test.run '^$' -test.bench 'BenchmarkCUDACopy' -test.benchtime=1s -test.count=2 -test.timeout=$((T - 10))s) | tee -a "$OUT/bench.txt" || fail=1; }
 # GB/s of each benchmark's best run, and each inject over the copy.
 {
 	echo "| benchmark | GB/s | / device-to-device copy |"
@@ -90,12 +112,12 @@ kd=$(mktemp -d /tmp/gpu-check-node.XXXXXX)
 "$P/kvmeshd-cuda" -id g1 -data-dir "$kd" -insecure -bootstrap -gpu 1G \
 	-grpc 127.0.0.1:0 -gossip 127.0.0.1:0 -raft 127.0.0.1:0 -http 127.0.0.1:0 >"$OUT/kvmeshd.log" 2>&1 &
 kpid=$!
-for _ in $(seq 120); do grep -q '^kvmeshd ready' "$OUT/kvmeshd.log" && break; kill -0 $kpid 2>/dev/null || break; sleep 0.5; done
+for _ in $(seq $((2 * $(budget 60)))); do grep -q '^kvmeshd ready' "$OUT/kvmeshd.log" && break; kill -0 $kpid 2>/dev/null || break; sleep 0.5; done
 if grep -q '^kvmeshd ready' "$OUT/kvmeshd.log"; then
 	http=$(sed -n 's/^kvmeshd ready.* http=\([^ ]*\).*/\1/p' "$OUT/kvmeshd.log" | head -1)
-	exec 3<>"/dev/tcp/${http%:*}/${http##*:}" && printf 'GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n' >&3 && timeout 10 cat <&3 >"$OUT/kvmeshd-metrics.txt"
+	exec 3<>"/dev/tcp/${http%:*}/${http##*:}" && printf 'GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n' >&3 && timeout 10 cat <&3 >"$P/kvmeshd-metrics.txt"
 	exec 3<&-
-	grep 'kvtier_budget_bytes{tier="gpu"}' "$OUT/kvmeshd-metrics.txt" || { echo "no GPU tier budget in the node's metrics"; fail=1; }
+	grep 'kvtier_budget_bytes{tier="gpu"}' "$P/kvmeshd-metrics.txt" || { echo "no GPU tier budget in the node's metrics"; fail=1; }
 	grep -m1 'injection kernel' "$OUT/kvmeshd.log"
 	grep -q 'injection kernel.*kernel="\?cuda' "$OUT/kvmeshd.log" || { echo "kvmeshd does not inject on the GPU"; fail=1; }
 else
@@ -107,8 +129,10 @@ rm -rf "$kd"
 step "Python: pinned host staging and the vLLM connector with CUDA tensors"
 # The tests with the "cuda" parameter run only where torch sees a GPU;
 # the nodes are kvmeshd without the cuda tag, so "auto" must fall back.
-if python3 -c 'import torch, grpc, google.protobuf, numpy, xxhash, pytest; assert torch.cuda.is_available()' 2>"$OUT/python-imports.txt"; then
-	KVMESHD=$P/kvmeshd PYTHONUNBUFFERED=1 timeout 240 python3 -m pytest -v -p no:cacheprovider \
+if python3 -c 'import torch, grpc, google.protobuf, numpy, xxhash, pytest; assert torch.cuda.is_available()' 2>"$P/python-imports.txt"; then
+	T=$(budget 150)
+	((T > 0)) || skipped "Python tests"
+	((T > 0)) && KVMESHD=$P/kvmeshd PYTHONUNBUFFERED=1 timeout $T python3 -m pytest -v -p no:cacheprovider \
 		python/tests/test_cuda_staging.py python/tests/test_vllm.py 2>&1 | tee "$OUT/staging.txt" | tail -30
 	[[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
 	# Every order and dtype, and the auto fallback, with CUDA tensors.
@@ -118,11 +142,13 @@ if python3 -c 'import torch, grpc, google.protobuf, numpy, xxhash, pytest; asser
 	n=$(grep -c 'test_vllm.py::test_cuda_cache_loads\[cuda-.*PASSED' "$OUT/staging.txt")
 	[[ $n -ge 2 ]] || { echo "$n CUDA vLLM connector tests passed, want 2"; fail=1; }
 else
-	echo "SKIP: python3 here lacks torch with CUDA or the client's packages:"; tail -3 "$OUT/python-imports.txt"
+	echo "SKIP: python3 here lacks torch with CUDA or the client's packages:"; tail -3 "$P/python-imports.txt"
 fi
 
 step "demo, injections on the GPU"
-timeout 240 "$P/kvmesh-demo" -model train/recall -facts 200 -k 5,20 -queries 4 -answer-prompts 2 -out "$OUT/demo" 2>&1 | tee "$OUT/demo.txt" | tail -40 || fail=1
+T=$(budget 150)
+((T > 0)) || skipped "the demo"
+((T > 0)) && timeout $T "$P/kvmesh-demo" -model train/recall -facts 200 -k 5,20 -queries 4 -answer-prompts 2 -out "$P/demo" 2>&1 | tee "$OUT/demo.txt" | tail -40 || fail=1
 grep -m1 'injection kernel' "$OUT/demo.txt" || { echo "the demo did not log its injection kernel"; fail=1; }
 grep -q 'injection kernel: cuda' "$OUT/demo.txt" || { echo "the demo's injections did not run on the GPU"; fail=1; }
 
