@@ -34,7 +34,10 @@ type tombstones struct {
 	mu sync.Mutex
 	m  map[chunk.Key]tomb
 	// deleted is the newest version deleted of each opaque value that
-	// has one in m (versions.go), rebuilt from m on every compaction.
+	// has one in m (versions.go), rebuilt from m on every compaction. m
+	// keeps only that version's tombstone of the value: it stands for
+	// the older versions' (every one is refused), so a key SET again and
+	// again holds one tombstone, not one per SET.
 	deleted map[valueOf]chunk.ID
 	f       *os.File // nil without a path
 	records int      // records in the log file
@@ -187,6 +190,11 @@ func (ts *tombstones) compactLocked() error {
 			ts.noteLocked(k, t)
 		}
 	}
+	for k, t := range ts.m {
+		if v, ok := ts.deleted[valueOf{k.Fingerprint, k.Content}]; ok && t.deleted && k.Context.ID.Less(v) {
+			delete(ts.m, k) // an older version's, implied by v's
+		}
+	}
 	if ts.path == "" {
 		return nil
 	}
@@ -247,6 +255,16 @@ func (ts *tombstones) set(k chunk.Key, at int64, deleted bool) error {
 	defer ts.mu.Unlock()
 	if old, ok := ts.m[k]; ok && old.at > at {
 		return nil
+	}
+	if deleted && k.Context.Kind == chunk.ContextOpaque {
+		if v, ok := ts.deleted[valueOf{k.Fingerprint, k.Content}]; ok {
+			if k.Context.ID.Less(v) {
+				return nil // implied by the newer version's tombstone
+			}
+			if v != k.Context.ID {
+				delete(ts.m, chunk.Key{Fingerprint: k.Fingerprint, Content: k.Content, Context: chunk.OpaqueContextAt(v)})
+			}
+		}
 	}
 	t := tomb{at: at, deleted: deleted}
 	ts.m[k] = t

@@ -129,3 +129,48 @@ func TestOpaqueFailedWriteWithdrawn(t *testing.T) {
 		t.Fatalf("the old version on %v, want all three", got)
 	}
 }
+
+// A value SET again and again holds one tombstone per replica (the newest
+// retired version's, which stands for the older ones), also after a
+// restart, and every older version stays refused.
+func TestOpaqueOneTombstonePerValue(t *testing.T) {
+	c := newCluster(t, []string{"a", "b", "c"}, nil)
+	ctx := t.Context()
+	const versions = 50
+	var key chunk.Key
+	for i := 1; i <= versions; i++ {
+		var blob []byte
+		blob, key = opaqueBlob(t, "value", chunk.ID{Hi: uint64(i)})
+		if _, err := c.reps["a"].Write(ctx, blob); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.settle("a", "b", "c")
+	count := func(r *Replicator) int {
+		n := 0
+		for _, it := range r.tombs.list() {
+			if it.key.Content == key.Content {
+				n++
+			}
+		}
+		return n
+	}
+	for id, r := range c.reps {
+		if n := count(r); n != 1 {
+			t.Fatalf("%s holds %d tombstones of the value, want 1", id, n)
+		}
+	}
+	c.stop("a")
+	c.net.SetDown("a", false)
+	r := c.start("a")
+	if n := count(r); n != 1 {
+		t.Fatalf("after a restart a holds %d tombstones of the value, want 1", n)
+	}
+	old, _ := opaqueBlob(t, "old", chunk.ID{Hi: 3})
+	if _, err := r.ServeReplicate(ctx, old, ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+		t.Fatalf("repair of an old version after a restart: %v, want ErrTombstoned", err)
+	}
+	if got := c.holders(key); len(got) != 3 {
+		t.Fatalf("the newest version on %v, want all three", got)
+	}
+}
