@@ -51,9 +51,14 @@ func TestOpaqueVersions(t *testing.T) {
 	if _, err := c.reps["a"].Write(ctx, b2); err != nil {
 		t.Fatal(err)
 	}
+	// c stays down until the write's call to it has given up (a hint),
+	// so that c keeps the old version. The coordinator retires its older
+	// version once the write is acknowledged, b as it stores the newer.
+	testutil.WaitFor(t, "the write to c hinted", func() bool {
+		n, _ := c.reps["a"].HintsPending()
+		return n == 1
+	})
 	c.net.SetDown("c", false)
-	// The coordinator retires its older version once the write is
-	// acknowledged, b as it stores the newer one.
 	testutil.WaitFor(t, "the old version on c alone", func() bool {
 		got := c.holders(k1)
 		return len(got) == 1 && got[0] == "c"
