@@ -134,8 +134,20 @@ func BenchmarkClusterPutGet(b *testing.B) {
 // lent from the DRAM tier and adopted, or a heap buffer copied into it)
 // apart from replication. cpu-ns/op is the whole process's CPU time per
 // put, the client's included (run it alone).
-func BenchmarkStorePut(b *testing.B) {
-	n := startClusterDRAM(b, 1, 512<<20)[0]
+func BenchmarkStorePut(b *testing.B) { benchPuts(b, 1) }
+
+// BenchmarkReplicaPut is BenchmarkStorePut over two nodes at R=2, W=2:
+// each put is also a replica write (Peer.Replicate) that the other node
+// receives, checks and stores, and the key is deleted from both stores
+// after it. cpu-ns/op is the CPU of the client, the coordinator and the
+// replica together.
+func BenchmarkReplicaPut(b *testing.B) { benchPuts(b, 2) }
+
+// benchPuts runs BenchmarkStorePut over nodes nodes, each holding every
+// entry (R = W = nodes).
+func benchPuts(b *testing.B, nodes int) {
+	ns := startClusterDRAM(b, nodes, 512<<20)
+	n := ns[0]
 	c := newClient(b, n)
 	ctx := b.Context()
 	spec := chunk.ModelSpec{Family: "llama", Layers: 32, KVHeads: 8, HeadDim: 128, DType: chunk.BF16,
@@ -143,15 +155,15 @@ func BenchmarkStorePut(b *testing.B) {
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		b.Fatal(err)
 	}
-	set := meta.Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecRaw}
+	set := meta.Settings{ReplicationFactor: nodes, WriteQuorum: nodes, Codec: chunk.CodecRaw}
 	if err := n.Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
 		b.Fatal(err)
 	}
-	testutil.WaitFor(b, "the client to see R=1", func() bool {
+	testutil.WaitFor(b, fmt.Sprintf("the client to see R=%d", nodes), func() bool {
 		if _, err := c.ClusterInfo(ctx); err != nil {
 			b.Fatal(err)
 		}
-		return c.ReplicationFactor() == 1
+		return c.ReplicationFactor() == nodes
 	})
 	const conc, count = 8, 32
 	for _, size := range []int{1 << 20, 4 << 20} {
@@ -184,8 +196,10 @@ func BenchmarkStorePut(b *testing.B) {
 						k := i % count
 						mu[k].Lock()
 						_, err := c.Put(ctx, blobs[k])
-						if err == nil {
-							err = n.Store().Delete(keys[k])
+						for _, nd := range ns {
+							if err == nil {
+								err = nd.Store().Delete(keys[k])
+							}
 						}
 						mu[k].Unlock()
 						if err != nil {
