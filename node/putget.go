@@ -173,7 +173,7 @@ func (n *Node) receiveReplica(st grpc.ClientStreamingServer[api.PutFrame, api.Pu
 		return err
 	}
 	defer releaseBody()
-	kept, err := n.repl.ServeReplicate(ctx, blob, replication.ReplicateOptions{Kind: kind, At: hdr.At})
+	kept, err := n.repl.ServeReplicate(ctx, blob, hd, replication.ReplicateOptions{Kind: kind, At: hdr.At})
 	if err != nil {
 		return replToStatus(err)
 	}

@@ -122,11 +122,11 @@ func TestReplicatorOverKVTier(t *testing.T) {
 	// A second version of the key is not an error: the one that Wins
 	// stays in kvtier.
 	other := otherBytes(t, blob)
-	if _, err := r.ServeReplicate(ctx, other, replication.ReplicateOptions{Kind: replication.KindWrite}); err != nil {
-		t.Fatalf("second version of a key: %v", err)
-	}
 	h1, _ := chunk.ParseHeader(blob, chunk.Limits{})
 	h2, _ := chunk.ParseHeader(other, chunk.Limits{})
+	if _, err := r.ServeReplicate(ctx, other, h2, replication.ReplicateOptions{Kind: replication.KindWrite}); err != nil {
+		t.Fatalf("second version of a key: %v", err)
+	}
 	want := h1.Checksum
 	if replication.Wins(h2.Checksum, h1.Checksum) {
 		want = h2.Checksum

@@ -162,7 +162,7 @@ func holdOnlySlot(t *testing.T, r *Replicator, gs *gatedStore) <-chan error {
 	other, _ := makeBlob(t, 100000, 0)
 	held := make(chan error, 1)
 	go func() {
-		_, err := r.ServeReplicate(t.Context(), other, ReplicateOptions{Kind: KindRebalance})
+		_, err := serveReceived(t.Context(), r, other, ReplicateOptions{Kind: KindRebalance})
 		held <- err
 	}()
 	testutil.WaitFor(t, "the rebalance store to hold its slot", func() bool { return gs.blocked.Load() == 1 })

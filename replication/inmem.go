@@ -358,7 +358,19 @@ func (t *InmemTransport) replicateOwned(ctx context.Context, node string, blob [
 		return 0, err
 	}
 	t.n.bytes.Add(int64(len(blob)))
-	return r.ServeReplicate(ctx, blob, opts)
+	return serveReceived(ctx, r, blob, opts)
+}
+
+// serveReceived is the receiving end of a replica write over the
+// in-memory network: blob's header parsed once, as node's receive path
+// does, then ServeReplicate. A blob whose header does not parse is
+// refused.
+func serveReceived(ctx context.Context, r *Replicator, blob []byte, opts ReplicateOptions) (uint64, error) {
+	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrRejected, err)
+	}
+	return r.ServeReplicate(ctx, blob, hd, opts)
 }
 
 // OpenReplicate implements Transport: the stream copies each piece as it

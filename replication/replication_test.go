@@ -68,8 +68,8 @@ func TestWriteRejectsBadBlob(t *testing.T) {
 	if _, err := c.reps["a"].Write(t.Context(), bad); !errors.Is(err, chunk.ErrCorrupt) {
 		t.Fatalf("corrupt blob: %v", err)
 	}
-	if _, err := c.reps["b"].ServeReplicate(t.Context(), bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
-		t.Fatalf("ServeReplicate of a corrupt blob: %v, want ErrRejected", err)
+	if _, err := serveReceived(t.Context(), c.reps["b"], bad, ReplicateOptions{Kind: KindWrite}); !errors.Is(err, ErrRejected) {
+		t.Fatalf("a corrupt blob received: %v, want ErrRejected", err)
 	}
 	if _, err := c.reps["a"].Write(t.Context(), blob); err != nil {
 		t.Fatal(err)
@@ -575,7 +575,7 @@ func TestTombstonesSurviveRestart(t *testing.T) {
 	c.stop("b")
 	c.net.SetDown("b", false)
 	r := c.start("b")
-	if _, err := r.ServeReplicate(t.Context(), mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+	if _, err := serveReceived(t.Context(), r, mustBlob(t, 1), ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("repair of a deleted key after restart: %v, want ErrTombstoned", err)
 	}
 }

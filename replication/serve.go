@@ -10,7 +10,10 @@ import (
 	"github.com/kvmesh/kvmesh/pinned"
 )
 
-// ServeReplicate handles a blob sent by another node (Peer.Replicate):
+// ServeReplicate handles a blob sent by another node (Peer.Replicate).
+// hd is blob's header, parsed once where the blob was received (node's
+// receive path with chunk.Verify, the in-memory transport with
+// chunk.ParseHeader); the store checks blob again as it stores it.
 //
 //   - KindWrite and KindHint store it unless a tombstone at least as new as
 //     opts.At exists (ErrTombstoned).
@@ -27,11 +30,7 @@ import (
 //
 // Refusals wrap ErrRejected (node maps them to a gRPC status the sending
 // Transport turns back into ErrRejected); other errors mean "try again".
-func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, opts ReplicateOptions) (kept uint64, err error) {
-	hd, err := chunk.ParseHeader(blob, r.cfg.Limits)
-	if err != nil {
-		return 0, fmt.Errorf("%w: %w", ErrRejected, err)
-	}
+func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, hd chunk.Header, opts ReplicateOptions) (kept uint64, err error) {
 	if opts.Kind < KindWrite || opts.Kind > KindRebalance {
 		return 0, fmt.Errorf("%w: unknown kind %v", ErrRejected, opts.Kind)
 	}

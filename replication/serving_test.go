@@ -329,28 +329,28 @@ func TestIncomingRebalanceBudget(t *testing.T) {
 
 	st.close()
 	first := make(chan error, 1)
-	go func() { _, err := d.ServeReplicate(t.Context(), blobs[0], reb); first <- err }()
+	go func() { _, err := serveReceived(t.Context(), d, blobs[0], reb); first <- err }()
 	testutil.WaitFor(t, "the first store to hold the slot", func() bool { return st.blocked.Load() == 1 }) // holds the slot
 
 	// A call whose deadline leaves no time to wait is pushed back at once.
 	short, cancel := context.WithTimeout(t.Context(), callMargin/2)
-	_, err := d.ServeReplicate(short, blobs[1], reb)
+	_, err := serveReceived(short, d, blobs[1], reb)
 	cancel()
 	if !errors.Is(err, ErrBusy) || errors.Is(err, ErrRejected) {
 		t.Fatalf("no time to wait: %v, want ErrBusy and no refusal", err)
 	}
 	// One waits for the slot...
 	second := make(chan error, 1)
-	go func() { _, err := d.ServeReplicate(t.Context(), blobs[2], reb); second <- err }()
+	go func() { _, err := serveReceived(t.Context(), d, blobs[2], reb); second <- err }()
 	testutil.WaitFor(t, "one blob waiting for the slot", func() bool { return d.Metrics().IncomingWaiting == 1 })
 	// ...and the next finds the waiting bytes at their bound.
-	if _, err := d.ServeReplicate(t.Context(), blobs[3], reb); !errors.Is(err, ErrBusy) {
+	if _, err := serveReceived(t.Context(), d, blobs[3], reb); !errors.Is(err, ErrBusy) {
 		t.Fatalf("queue full: %v, want ErrBusy", err)
 	}
 	// Writes are serving: they do not take the rebalance budget.
 	wrote := make(chan error, 1)
 	go func() {
-		_, err := d.ServeReplicate(t.Context(), blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
+		_, err := serveReceived(t.Context(), d, blobs[4], ReplicateOptions{Kind: KindWrite, At: 1})
 		wrote <- err
 	}()
 	testutil.WaitFor(t, "the write to store without a slot", func() bool { return st.blocked.Load() == 2 })
@@ -460,7 +460,7 @@ func TestRebalanceYieldsToServing(t *testing.T) {
 		blob, key := makeBlob(t, 201, 0)
 		done := make(chan error, 1)
 		go func() {
-			_, err := d.ServeReplicate(t.Context(), blob, ReplicateOptions{Kind: KindRebalance})
+			_, err := serveReceived(t.Context(), d, blob, ReplicateOptions{Kind: KindRebalance})
 			done <- err
 		}()
 		// Every goroutine of the bubble blocked: a store that did not yield

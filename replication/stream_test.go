@@ -69,7 +69,7 @@ func (s *memStream) Close() (uint64, error) {
 	if err != nil {
 		return 0, err
 	}
-	return r.ServeReplicate(s.ctx, blob, s.opts)
+	return serveReceived(s.ctx, r, blob, s.opts)
 }
 
 func (s *memStream) Abort() { s.drop() }

@@ -63,7 +63,7 @@ func TestOpaqueVersions(t *testing.T) {
 		got := c.holders(k1)
 		return len(got) == 1 && got[0] == "c"
 	})
-	if _, err := c.reps["a"].ServeReplicate(ctx, b1, ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+	if _, err := serveReceived(ctx, c.reps["a"], b1, ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("repair of the old version: %v, want ErrTombstoned", err)
 	}
 	c.settle("c", "a", "b")
@@ -74,7 +74,7 @@ func TestOpaqueVersions(t *testing.T) {
 		t.Fatalf("the new version on %v, want all three", got)
 	}
 	for _, kind := range []Kind{KindWrite, KindHint, KindRepair, KindRebalance} {
-		if _, err := c.reps["c"].ServeReplicate(ctx, between, ReplicateOptions{Kind: kind}); !errors.Is(err, ErrTombstoned) {
+		if _, err := serveReceived(ctx, c.reps["c"], between, ReplicateOptions{Kind: kind}); !errors.Is(err, ErrTombstoned) {
 			t.Fatalf("%v of a version older than the one held: %v, want ErrTombstoned", kind, err)
 		}
 	}
@@ -90,7 +90,7 @@ func TestOpaqueVersions(t *testing.T) {
 	c.stop("b")
 	c.net.SetDown("b", false)
 	r := c.start("b")
-	if _, err := r.ServeReplicate(ctx, between, ReplicateOptions{Kind: KindHint}); !errors.Is(err, ErrTombstoned) {
+	if _, err := serveReceived(ctx, r, between, ReplicateOptions{Kind: KindHint}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("hint of a version older than a deleted one, after a restart: %v, want ErrTombstoned", err)
 	}
 	// A newer version is a value again.
@@ -172,7 +172,7 @@ func TestOpaqueOneTombstonePerValue(t *testing.T) {
 		t.Fatalf("after a restart a holds %d tombstones of the value, want 1", n)
 	}
 	old, _ := opaqueBlob(t, "old", chunk.ID{Hi: 3})
-	if _, err := r.ServeReplicate(ctx, old, ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
+	if _, err := serveReceived(ctx, r, old, ReplicateOptions{Kind: KindRepair}); !errors.Is(err, ErrTombstoned) {
 		t.Fatalf("repair of an old version after a restart: %v, want ErrTombstoned", err)
 	}
 	if got := c.holders(key); len(got) != 3 {
