@@ -116,3 +116,51 @@ def test_staging_choices():
             PagedCache.cuda(layers, LAYOUT, staging=bad)
     with pytest.raises(UsageError, match="one torch CUDA tensor per layer"):
         PagedCache.cuda(Tensor(), LAYOUT)
+
+
+_CHILD = """
+import sys
+import numpy as np
+import cupy
+handle, offset, n, device = bytes.fromhex(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+cupy.cuda.Device(device).use()
+p = cupy.cuda.runtime.ipcOpenMemHandle(handle)
+out = np.zeros(n // 4, dtype=np.int32)
+cupy.cuda.runtime.memcpy(out.ctypes.data, p + offset, n, cupy.cuda.runtime.memcpyDeviceToHost)
+cupy.cuda.runtime.ipcCloseMemHandle(p)
+print(int(out[0]), int(out[-1]), int((out == np.arange(out[0], out[0] + out.size, dtype=np.int32)).all()))
+"""
+
+
+def _have_cuda():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _have_cuda(), reason="needs torch with CUDA (the GPU run)")
+def test_real_export_opens_in_another_process():
+    """The seam's export of a real CUDA tensor (a view inside a caching-
+    allocator block): the 64-byte handle and the byte offset cuda_ipc sends
+    name the view's bytes in another process (cupy there, as the node's
+    cuIpcOpenMemHandle), on the device's own torch."""
+    import subprocess
+    import sys
+
+    import torch
+    pytest.importorskip("cupy")
+    from kvmesh.torch import gpu
+    raw = torch.arange(3 * 4096, dtype=torch.int32, device="cuda")
+    view = raw[4096:8192]
+    device, handle, offset = gpu.CUDA().export(view)
+    offset += view.storage_offset() * view.element_size()
+    print(f"torch {torch.__version__}: shareable handle of "
+          f"{len(bytes(view.untyped_storage()._share_cuda_()[1]))} bytes, offset {offset}")
+    assert len(handle) == 64
+    torch.cuda.synchronize()
+    r = subprocess.run([sys.executable, "-c", _CHILD, handle.hex(), str(offset), str(4096 * 4), str(device)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["4096", "8191", "1"], r.stdout

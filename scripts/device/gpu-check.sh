@@ -18,7 +18,9 @@
 #      0.8), and the tier's host-to-device staging GB/s.
 #   4. kvmeshd built with the cuda tag: it starts with a GPU tier, injects
 #      on the GPU (its log names the kernel) and shows the tier's budget.
-#   5. Pinned host staging from Python (python/tests/test_cuda_staging.py)
+#   5. Python with real CUDA: torch's IPC export of a tensor opened by a
+#      second process (python/tests/test_cuda_ipc.py, cupy there); pinned
+#      host staging (python/tests/test_cuda_staging.py)
 #      with real CUDA tensors: the fallback of a GPU cache the node cannot
 #      write by CUDA IPC, against kvmeshd built without the cuda tag (it
 #      answers IPC Unimplemented); bytes equal a shared-memory cache's.
@@ -133,8 +135,11 @@ if python3 -c 'import torch, grpc, google.protobuf, numpy, xxhash, pytest; asser
 	T=$(budget 150)
 	((T > 0)) || skipped "Python tests"
 	((T > 0)) && KVMESHD=$P/kvmeshd PYTHONUNBUFFERED=1 timeout $T python3 -m pytest -v -p no:cacheprovider \
-		python/tests/test_cuda_staging.py python/tests/test_vllm.py 2>&1 | tee "$OUT/staging.txt" | tail -30
+		python/tests/test_cuda_ipc.py python/tests/test_cuda_staging.py python/tests/test_vllm.py 2>&1 | tee "$OUT/staging.txt" | tail -30
 	[[ ${PIPESTATUS[0]} -eq 0 ]] || fail=1
+	# torch's IPC export of a real tensor opens in another process (cupy).
+	grep -q 'test_cuda_ipc.py::test_real_export_opens_in_another_process PASSED' "$OUT/staging.txt" ||
+		{ echo "the IPC export of a real CUDA tensor did not open in another process"; fail=1; }
 	# Every order and dtype, and the auto fallback, with CUDA tensors.
 	n=$(grep -c 'test_cuda_staging.py::.*\[cuda.*PASSED' "$OUT/staging.txt")
 	[[ $n -ge 9 ]] || { echo "$n CUDA staging tests passed, want 9"; fail=1; }
