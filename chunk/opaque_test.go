@@ -5,6 +5,8 @@ import (
 	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 func TestOpaqueRoundTrip(t *testing.T) {
@@ -127,5 +129,25 @@ func TestOpaqueVersions(t *testing.T) {
 	}
 	if s := b.String(); s != "opaque:00000000000000640000000000000008" {
 		t.Fatalf("String %q", s)
+	}
+}
+
+// TestOpaqueVectors: the opaque rows of docs/KEYS.md section 5, computed
+// with the reference implementation of its appendix.
+func TestOpaqueVectors(t *testing.T) {
+	fp := OpaqueSpec("resp:").Fingerprint()
+	if got := fp.String(); got != "e5db97ef09b635e977ce58d580b388e1" {
+		t.Errorf("opaque fingerprint %s", got)
+	}
+	if got := OpaqueID(fp, []byte("k")).String(); got != "85471beeacfee4a8f21565af25c54487" {
+		t.Errorf("OpaqueID %s", got)
+	}
+	lo := xxhash.Sum64String("n1")
+	if lo != 0x51ce9f3ef4b004a7 {
+		t.Errorf("XXH64(n1) %016x", lo)
+	}
+	k := OpaqueKeyAt(fp, []byte("k"), ID{Hi: 0x18ee2b0d97698b8b, Lo: lo})
+	if got := k.String(); got != "e5db97ef09b635e977ce58d580b388e1/85471beeacfee4a8f21565af25c54487/opaque:18ee2b0d97698b8b51ce9f3ef4b004a7" {
+		t.Errorf("key text %s", got)
 	}
 }

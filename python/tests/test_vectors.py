@@ -63,6 +63,11 @@ def test_keys_md_vectors():
     got["after [128000, 882, 25] = context of chunk 1"] = ctxs[1].id
     got["after [9906, 1917] = context of chunk 2"] = ctxs[2].id
     got["after [0, 1, 2, 3, 4] (chain end)"] = end
+    # The Redis door's opaque keyspace (chunk/opaque.go): the fingerprint of
+    # OpaqueSpec("resp:") and a key's content ID in the opaque domain.
+    ofp = ModelSpec("kvmesh-opaque", 1, 1, 256, DType.BF16, RopeStyle.NEOX, 10000, salt="resp:").fingerprint()
+    got['Fingerprint(OpaqueSpec("resp:")) = ofp (the door\'s keyspace without tokens)'] = ofp
+    got['OpaqueID(ofp, "k")'] = ID(xxh64(b"k", ofp.lo ^ 0x6F70617175652E2E), xxh64(b"k", ofp.hi ^ 0x2E2E6F7061717565))
     assert set(got) == set(table), set(table) ^ set(got)
     for what, want in table.items():
         assert str(got[what]) == want, what
