@@ -912,8 +912,12 @@ type PutHeader struct {
 	Key   *Key                   `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
 	// blob_bytes is the size of the encoded entry that the data frames carry.
 	BlobBytes uint64 `protobuf:"varint,2,opt,name=blob_bytes,json=blobBytes,proto3" json:"blob_bytes,omitempty"`
-	// direct: store on the receiving node only; do not forward or replicate.
-	// Peers set it; clients leave it false.
+	// direct marks a replica write: an entry stored on the receiving node
+	// only, neither forwarded nor replicated. Peers set it on every
+	// Peer.Replicate stream, and that handler does not read it: each stream
+	// it serves is such a write. A Client.Put with direct (or kind, or at)
+	// set is refused (InvalidArgument for a member, PermissionDenied for
+	// anyone else): a replica write goes through Peer.Replicate.
 	Direct bool `protobuf:"varint,3,opt,name=direct,proto3" json:"direct,omitempty"`
 	// kind says why a peer sends the entry (replication.Kind: 1 write,
 	// 2 hint, 3 repair, 4 rebalance; 0 for a client put); at is the write's

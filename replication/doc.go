@@ -67,7 +67,7 @@
 // over its peer connections, and calls Kick when meta's Watch fires. The
 // Transport methods and the Serve* methods meet on the Peer service:
 //
-//	Transport.Replicate -> Peer.Replicate (PutHeader.direct, kind, at) -> ServeReplicate
+//	Transport.Replicate -> Peer.Replicate (PutHeader kind, at)         -> ServeReplicate
 //	Transport.Fetch     -> Peer.Fetch (FORMAT_ENTRY, direct)            -> ServeFetch
 //	Transport.Digest    -> Peer.Digest (from, epoch, replicas, split,
 //	                       ranges, keys)                                -> ServeDigest
