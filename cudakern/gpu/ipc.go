@@ -40,6 +40,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"gorgonia.org/cu"
@@ -60,6 +61,7 @@ func cuResult(r C.CUresult) string {
 type IPCCache struct {
 	in     *Injector
 	mapped []uint64 // each distinct handle's mapping
+	sizes  []int64  // each mapping's size, as cuMemGetAddressRange says
 	layers []uint64 // each layer's address
 }
 
@@ -86,15 +88,17 @@ func (in *Injector) OpenIPC(handles [][]byte, offsets []int64, layerBytes []int)
 				p = uint64(d)
 				open[string(h)] = p
 				c.mapped = append(c.mapped, p)
+				var size C.size_t
+				if r := C.kvmRange(C.CUdeviceptr(p), &size); r != C.CUDA_SUCCESS {
+					return fmt.Errorf("gpu: the size of the IPC mapping of layer %d: %s", l, cuResult(r))
+				}
+				c.sizes = append(c.sizes, int64(size))
 			}
 			var off int64
 			if offsets != nil {
 				off = offsets[l]
 			}
-			var size C.size_t
-			if r := C.kvmRange(C.CUdeviceptr(p), &size); r != C.CUDA_SUCCESS {
-				return fmt.Errorf("gpu: the size of the IPC mapping of layer %d: %s", l, cuResult(r))
-			}
+			size := c.sizes[slices.Index(c.mapped, p)]
 			if off < 0 || int64(size) < off+int64(layerBytes[l]) {
 				return fmt.Errorf("%w: layer %d: %d bytes at %d in an allocation of %d",
 					cudakern.ErrInvalidJob, l, layerBytes[l], off, int64(size))
@@ -220,7 +224,7 @@ func (c *IPCCache) unmap() error {
 		}
 		return errors.Join(errs...)
 	})
-	c.mapped, c.layers = nil, nil
+	c.mapped, c.sizes, c.layers = nil, nil, nil
 	return err
 }
 
