@@ -274,7 +274,7 @@ func (s *Store) reconcile() error {
 // address are not checked again. Each refusal is logged once per address.
 func (s *Store) checkAdmission(alive map[string]ring.Member, inRaft map[string]raft.Server) map[string]bool {
 	out := make(map[string]bool)
-	if s.admit == nil {
+	if s.tlsLayer == nil {
 		return out
 	}
 	for _, id := range slices.Sorted(maps.Keys(alive)) {

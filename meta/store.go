@@ -32,7 +32,7 @@ type Store struct {
 	lock     *os.File           // flock on DataDir/raft/LOCK
 	raftAddr string
 	trans    *guardedTransport
-	admit    *streamLayer // nil without TLS; see admissible
+	tlsLayer *streamLayer // raft's TLS stream layer (nil without TLS): admissible dials through it
 	peers    atomic.Pointer[peersBox]
 
 	watchMu     sync.Mutex
@@ -147,7 +147,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 			return nil, fmt.Errorf("meta: raft advertise address: %w", err)
 		}
 	}
-	trans, admit, err := newTransport(cfg, advertise, newHCLog(log, "raft-net"))
+	trans, tlsLayer, err := newTransport(cfg, advertise, newHCLog(log, "raft-net"))
 	if err != nil {
 		return nil, fmt.Errorf("meta: raft transport on %s: %w", cfg.RaftBind, err)
 	}
@@ -183,7 +183,7 @@ func Open(ctx context.Context, cfg Config) (*Store, error) {
 		lock:          lock,
 		raftAddr:      string(trans.LocalAddr()),
 		trans:         gt,
-		admit:         admit,
+		tlsLayer:      tlsLayer,
 		watchers:      make(map[uint64]chan struct{}),
 		obsCh:         make(chan raft.Observation, 16),
 		wake:          make(chan struct{}, 1),

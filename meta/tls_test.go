@@ -320,7 +320,7 @@ func TestInsecureTLS(t *testing.T) {
 	if resp, err := requestVote(rawTransport(t, tl), s, 0); err != nil || resp.Granted {
 		t.Fatalf("plain vote request: %+v, %v", resp, err)
 	}
-	if s.admit != nil {
+	if s.tlsLayer != nil {
 		t.Fatal("insecure mode checks certificates at admission")
 	}
 }

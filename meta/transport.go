@@ -54,10 +54,10 @@ const admitTimeout = 2 * time.Second
 // so a node that holds the gossip key but no valid node certificate never
 // takes a voter slot it could not use. Without TLS every node is.
 func (s *Store) admissible(raftAddr string) error {
-	if s.admit == nil {
+	if s.tlsLayer == nil {
 		return nil
 	}
-	c, err := s.admit.Dial(raft.ServerAddress(raftAddr), admitTimeout)
+	c, err := s.tlsLayer.Dial(raft.ServerAddress(raftAddr), admitTimeout)
 	if err != nil {
 		return err
 	}

@@ -248,11 +248,11 @@ func (n *Node) checkChunks(what string, count int) error {
 
 // serverOptions are the gRPC server options security adds: credentials,
 // the tap handle that authorises each call and takes its caller's slot
-// before its message is read (admit), the codec that caps request lists,
-// and the Guard's interceptors (which find admit's Principal), before the
+// before its message is read (callGate), the codec that caps request lists,
+// and the Guard's interceptors (which find callGate's Principal), before the
 // node's own (panic recovery, metrics) so those see only authorised calls.
 // The call observer (refusals, audit) runs before them all, so it sees
-// the handlers' refusals too; admit reports its own to it, and so do the
+// the handlers' refusals too; callGate reports its own to it, and so do the
 // requests gRPC could not decode (undecodable).
 func (n *Node) serverOptions() []grpc.ServerOption {
 	n.sec.startGuard(n.cfg, n.meta, n.log)
@@ -264,7 +264,7 @@ func (n *Node) serverOptions() []grpc.ServerOption {
 	obs := newCallObserver(n, n.sec.guard)
 	return []grpc.ServerOption{
 		grpc.Creds(n.sec.tls.ServerCredentials()),
-		grpc.InTapHandle(n.admit(obs)),
+		grpc.InTapHandle(n.callGate(obs)),
 		grpc.ForceServerCodecV2(n.serverCodec()),
 		grpc.StatsHandler(undecodable{obs}),
 		grpc.ChainUnaryInterceptor(obs.unary, n.sec.guard.UnaryInterceptor(), n.unaryInterceptor),

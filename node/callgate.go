@@ -15,7 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 )
 
-// admit is the node's tap handle (grpc.InTapHandle): it runs when a
+// callGate is the node's tap handle (grpc.InTapHandle): it runs when a
 // call's headers arrive, before gRPC reads a byte of its message, and
 // authorises the call (the Guard, from the token in the metadata) and
 // takes the caller's slot (streams, or unary calls) there. A caller
@@ -28,7 +28,7 @@ import (
 //
 // gRPC runs it on the connection's reader with the transport's lock held:
 // it must not block (token lookups read the applied metadata in memory).
-func (n *Node) admit(obs *callObserver) tap.ServerInHandle {
+func (n *Node) callGate(obs *callObserver) tap.ServerInHandle {
 	streaming := sync.OnceValue(func() map[string]bool {
 		m := make(map[string]bool)
 		for svc, info := range n.grpcSrv.GetServiceInfo() {
@@ -61,7 +61,7 @@ func (n *Node) admit(obs *callObserver) tap.ServerInHandle {
 // slotKey holds, in a call's context, the release of its slot.
 type slotKey struct{}
 
-// releaseSlot gives back the slot admit took for the call of ctx; a
+// releaseSlot gives back the slot callGate took for the call of ctx; a
 // second release does nothing.
 func releaseSlot(ctx context.Context) {
 	if release, ok := ctx.Value(slotKey{}).(func()); ok {
