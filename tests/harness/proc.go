@@ -119,8 +119,9 @@ func (p *Proc) Host() string { return p.cfg.Host }
 // LogPath is the file holding the stderr of every incarnation.
 func (p *Proc) LogPath() string { return p.cfg.LogPath }
 
-// Addr returns the bound address of a listener: "grpc", "gossip", "raft"
-// or "http" ("" before the first start).
+// Addr returns the bound address of a listener: "grpc", "gossip", "raft",
+// "http", or another the ready line names ("resp"), as of the last start
+// ("" before the first).
 func (p *Proc) Addr(kind string) string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -238,9 +239,10 @@ func (p *Proc) Start(ctx context.Context) error {
 	select {
 	case m := <-ready:
 		p.mu.Lock()
-		if p.addrs == nil {
-			p.addrs = m
-		}
+		// A restart binds the same grpc, gossip, raft and http addresses
+		// (pinned above); a listener left to pick its port (-resp
+		// HOST:0) may bind another.
+		p.addrs = m
 		p.mu.Unlock()
 		return nil
 	case <-done:
