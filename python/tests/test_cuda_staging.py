@@ -274,3 +274,36 @@ def test_unpinned_staging_still_copies(standin, caplog):
     assert ("unpin", st._base) not in standin.calls
     with pytest.raises(UsageError, match="closed"):
         st.copy(0, [(0, 1)])
+
+
+def test_failed_pin_clears_the_runtime_error(monkeypatch):
+    """A cudaHostRegister that fails is a KvmeshError and resets the CUDA
+    runtime's last error, which torch's next kernel launch check would
+    otherwise report as its own (the real seam over a stand-in cudart)."""
+    class Cudart:
+        def cudaHostRegister(self, ptr, nbytes, flags):
+            return 801  # cudaErrorNotSupported
+
+        def cudaHostUnregister(self, ptr):
+            return 1
+
+    cleared = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: Cudart())
+    monkeypatch.setattr(gpu, "_clear_last_error", lambda: cleared.append(True))
+    with pytest.raises(KvmeshError, match="CUDA error 801"):
+        gpu.CUDA().pin(4096, 4096)
+    with pytest.raises(KvmeshError, match="CUDA error 1"):
+        gpu.CUDA().unpin(4096)
+    assert cleared == [True, True]
+
+
+def test_clear_last_error(caplog):
+    """With torch's CUDA runtime loaded (the GPU run) the reset finds
+    cudaGetLastError; without one it is a warning, not an error."""
+    if HAVE_CUDA:
+        torch.zeros(1, device="cuda")  # the runtime is loaded and initialised
+    with caplog.at_level(logging.WARNING, logger="kvmesh.gpu"):
+        gpu._clear_last_error()
+    warned = any("last error" in r.getMessage() for r in caplog.records)
+    assert warned != HAVE_CUDA

@@ -61,6 +61,7 @@ class CUDA:
             return False
         err = _code(torch.cuda.cudart().cudaHostRegister(ptr, nbytes, 0))
         if err:
+            _clear_last_error()
             raise KvmeshError(f"cudaHostRegister of {nbytes} bytes: CUDA error {err}")
         return True
 
@@ -69,6 +70,7 @@ class CUDA:
         import torch
         err = _code(torch.cuda.cudart().cudaHostUnregister(ptr))
         if err:
+            _clear_last_error()
             raise KvmeshError(f"cudaHostUnregister: CUDA error {err}")
 
     def stream(self, t):
@@ -115,6 +117,30 @@ def ipc_mem_handle(shareable: bytes) -> bytes:
         return shareable[2:]
     raise ValueError(f"torch gave a {len(shareable)}-byte shareable handle of a kind kvmesh does not know "
                      f"(type byte {shareable[1:2]!r})")
+
+
+def _clear_last_error() -> None:
+    """Resets this thread's CUDA runtime error after a failed call. torch
+    checks its kernel launches with cudaGetLastError, so the error of a
+    cudaHostRegister that failed (and was handled: the staging stays
+    unpinned) would otherwise fail torch's next launch in this thread.
+    torch binds no cudaGetLastError; the runtime torch loaded has it (one
+    instance per process: dlopen finds the loaded library by its name)."""
+    import ctypes
+    names = [None]
+    try:
+        import torch
+        names.append(f"libcudart.so.{torch.version.cuda.split('.')[0]}")
+    except Exception:  # noqa: BLE001 (no CUDA build of torch: nothing to clear)
+        pass
+    for name in names:
+        try:
+            ctypes.CDLL(name).cudaGetLastError()
+            return
+        except (OSError, AttributeError):
+            continue
+    log.warning("kvmesh: could not reset the CUDA runtime's last error after a failed call; "
+                "torch's next kernel launch in this thread may report it")
 
 
 def _code(err) -> int:
