@@ -99,9 +99,9 @@ func (in *Injector) OpenIPC(handles [][]byte, offsets []int64, layerBytes []int)
 				off = offsets[l]
 			}
 			size := c.sizes[slices.Index(c.mapped, p)]
-			if off < 0 || int64(size) < off+int64(layerBytes[l]) {
+			if off < 0 || size < off+int64(layerBytes[l]) {
 				return fmt.Errorf("%w: layer %d: %d bytes at %d in an allocation of %d",
-					cudakern.ErrInvalidJob, l, layerBytes[l], off, int64(size))
+					cudakern.ErrInvalidJob, l, layerBytes[l], off, size)
 			}
 			c.layers = append(c.layers, p+uint64(off))
 		}
