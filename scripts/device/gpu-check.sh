@@ -78,6 +78,15 @@ for b in cudakern_gpu.test kvtier_cuda.test kvmesh-demo kvmeshd-cuda kvmeshd; do
 	[[ -x $P/$b ]] || { echo "missing $b in the payload: run make gpu-payload and carry out/gpu-check" >&2; exit 2; }
 done
 
+# The binaries need the driver's libcuda.so.1 (and glibc >= 2.34); the
+# driver's folder may be outside the loader's cache.
+if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 '; then
+	for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib /usr/lib/x86_64-linux-gnu; do
+		[[ -e $d/libcuda.so.1 ]] && export LD_LIBRARY_PATH=$d${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+	done
+fi
+ldd "$P/cudakern_gpu.test" | grep -E 'libcuda|not found' || echo "ldd found no libcuda.so.1 for the test binary"
+
 step "cudakern/gpu tests"
 T=$(budget 150)
 ((T > 0)) || skipped "cudakern/gpu tests"
