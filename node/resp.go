@@ -18,6 +18,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/replication"
 	"github.com/kvmesh/kvmesh/respserver"
+	"github.com/kvmesh/kvmesh/ring"
 )
 
 // RESPConfig is the configuration of this node's Redis-protocol door
@@ -140,35 +141,62 @@ func (k *respKeyspace) register(ctx context.Context) error {
 }
 
 // newest returns the key of the newest version of key's value that its
-// replicas hold (chunk.OpaqueNewer; versions written before versions are
+// replicas hold (chunk.OpaqueNewer; values written before versions are
 // version zero). It asks every replica at once and decides once R-W+1 of
 // them answered: any R-W+1 include one of the W that acknowledged the
 // last SET. With fewer answers it takes the best of those it got, and
-// fails only when no replica answered.
+// fails only when no replica answered. Where no replica holds a version
+// and a ring change may still be moving the key, it asks the key's
+// previous owners too (replication's Fallbacks, as a Read does).
 func (k *respKeyspace) newest(ctx context.Context, key []byte) (chunk.Key, error) {
 	n := k.b.n
 	if _, ok := n.meta.Model(k.fp); !ok {
 		// No SET of this keyspace yet (the first registers its model).
 		return chunk.Key{}, fmt.Errorf("%w: no value in this keyspace", respserver.ErrNotFound)
 	}
-	rg := n.meta.Ring()
 	rf, w := n.quorum()
 	content := chunk.OpaqueID(k.fp, key)
-	reps := rg.Replicas(content, rf)
+	reps := n.meta.Ring().Replicas(content, rf)
 	if len(reps) == 0 {
 		return chunk.Key{}, fmt.Errorf("%w: the cluster has no ring yet", replication.ErrUnavailable)
 	}
-	need := len(reps) - min(w, len(reps)) + 1
+	best, answered, err := k.ask(ctx, content, reps, len(reps)-min(w, len(reps))+1)
+	if answered == 0 {
+		return chunk.Key{}, fmt.Errorf("%w: no replica of the key answered: %w", replication.ErrUnavailable, err)
+	}
+	if best == nil {
+		var more []ring.Member
+		for _, m := range n.repl.Fallbacks(content) {
+			if !isMemberOf(reps, m.ID) {
+				more = append(more, m)
+			}
+		}
+		if len(more) > 0 {
+			best, _, _ = k.ask(ctx, content, more, len(more))
+		}
+	}
+	found, ok := hitOf(best)
+	if !ok {
+		return chunk.Key{}, fmt.Errorf("%w: no replica holds the key", respserver.ErrNotFound)
+	}
+	return found, nil
+}
+
+// ask sends a direct lookup of the newest version of content to each of
+// members at once and returns the best answer once need of them answered
+// (or all that could), how many answered, and the failures.
+func (k *respKeyspace) ask(ctx context.Context, content chunk.ID, members []ring.Member, need int) (*api.LookupResult, int, error) {
+	n := k.b.n
 	items := []lookupItem{{content: content, want: chunk.OpaqueNewest()}}
 	type answer struct {
 		res *api.LookupResult
 		err error
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel() // the replicas not waited for
-	answers := make(chan answer, len(reps))
+	defer cancel() // the members not waited for
+	answers := make(chan answer, len(members))
 	pfp := api.ProtoFingerprint(k.fp)
-	for _, m := range reps {
+	for _, m := range members {
 		if m.ID == n.cfg.NodeID {
 			answers <- answer{res: n.lookupLocal(k.fp, items)[0]}
 			continue
@@ -185,7 +213,7 @@ func (k *respKeyspace) newest(ctx context.Context, key []byte) (chunk.Key, error
 	var best *api.LookupResult
 	var errs []error
 	answered := 0
-	for range reps {
+	for range members {
 		a := <-answers
 		if a.err != nil {
 			errs = append(errs, a.err)
@@ -198,14 +226,11 @@ func (k *respKeyspace) newest(ctx context.Context, key []byte) (chunk.Key, error
 			break
 		}
 	}
-	if answered == 0 {
-		return chunk.Key{}, fmt.Errorf("%w: no replica of the key answered: %w", replication.ErrUnavailable, errors.Join(errs...))
-	}
-	found, ok := hitOf(best)
-	if !ok {
-		return chunk.Key{}, fmt.Errorf("%w: no replica holds the key", respserver.ErrNotFound)
-	}
-	return found, nil
+	return best, answered, errors.Join(errs...)
+}
+
+func isMemberOf(ms []ring.Member, id string) bool {
+	return slices.ContainsFunc(ms, func(m ring.Member) bool { return m.ID == id })
 }
 
 // read returns the stored entry of the newest version of key; release

@@ -11,6 +11,7 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/resp"
 	"github.com/kvmesh/kvmesh/internal/testutil"
+	"github.com/kvmesh/kvmesh/meta"
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
@@ -257,5 +258,58 @@ func TestRESPUnversionedValue(t *testing.T) {
 	}
 	for _, cn := range conns {
 		do(t, cn, "versioned", "GET", "k")
+	}
+}
+
+// TestRESPGetDuringRingChange: at R=1, a value whose key a new member now
+// owns reads through every node before any rebalance has moved it (the
+// previous owner is asked, as a Read asks it).
+func TestRESPGetDuringRingChange(t *testing.T) {
+	noRebalance := func(cfg *node.Config) {
+		cfg.DRAMBytes, cfg.RPCTimeout = 64<<20, 5*time.Second
+		cfg.Replication.RingCheckInterval = -1 // nothing moves
+	}
+	c := nodetest.Start(t, 2, nodetest.Config{Node: func(_ int, cfg *node.Config) { noRebalance(cfg) }})
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	set := meta.Settings{ReplicationFactor: 1, WriteQuorum: 1, Codec: chunk.CodecLossless}
+	if err := c.Nodes[0].Meta().SetSettings(ctx, set, meta.AnyVersion()); err != nil {
+		t.Fatal(err)
+	}
+	for _, nd := range c.Nodes {
+		testutil.WaitFor(t, "R=1", func() bool { r, w := nd.Quorum(); return r == 1 && w == 1 })
+	}
+	conn := dialRESP(t, serveRESP(t, c.Nodes[0]))
+	var keys []string
+	for i := range 24 {
+		keys = append(keys, fmt.Sprintf("key-%d", i))
+		do(t, conn, "OK", "SET", keys[i], "value of "+keys[i])
+	}
+	cfg := nodetest.NodeConfig(t, "n3", []string{c.Nodes[0].GossipAddr()})
+	cfg.Insecure = true
+	noRebalance(&cfg)
+	n3 := nodetest.StartNode(t, cfg)
+	nodes := append(c.Nodes, n3)
+	nodetest.WaitRing(t, 3, nodes...)
+	fp := chunk.OpaqueSpec("resp:").Fingerprint()
+	var moved []string
+	for _, k := range keys {
+		if n3.Meta().Ring().Replicas(chunk.OpaqueID(fp, []byte(k)), 1)[0].ID == "n3" {
+			if holdsValue(t, n3, k) {
+				t.Fatalf("%s moved to n3", k)
+			}
+			moved = append(moved, k)
+		}
+	}
+	// (A read through a node that fetched it from the previous owner may
+	// repair n3 with it.)
+	for _, nd := range nodes {
+		cn := dialRESP(t, serveRESP(t, nd))
+		for _, k := range moved {
+			do(t, cn, "value of "+k, "GET", k)
+		}
+	}
+	if len(moved) == 0 {
+		t.Fatal("no key is n3's: the test proves nothing")
 	}
 }

@@ -99,21 +99,9 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	// go last (stable, so ring order holds among the rest).
 	slices.SortStableFunc(order, func(a, b string) int { return boolCmp(r.suspected(a), r.suspected(b)) })
 	nReps := len(order)
-	if prev := r.prev.Load(); prev != nil && prev.Len() > 0 && prev.Epoch() != rg.Epoch() {
-		for _, m := range prev.Replicas(key.Content, n) {
-			if m.ID != self && !slices.Contains(order, m.ID) {
-				order = append(order, m.ID)
-			}
-		}
-	} else if r.settling() {
-		// No previous ring known here: the previous owners of key rank
-		// right after its replicas (a join moves a key only to the
-		// newcomer, which ranks above them).
-		extra := min(n, rg.Len()-len(reps))
-		for _, m := range rg.Replicas(key.Content, len(reps)+extra)[len(reps):] {
-			if m.ID != self && !slices.Contains(order, m.ID) {
-				order = append(order, m.ID)
-			}
+	for _, m := range r.fallbacks(rg, key.Content, len(reps), n) {
+		if m.ID != self && !slices.Contains(order, m.ID) {
+			order = append(order, m.ID)
 		}
 	}
 	var errs []error
@@ -187,6 +175,33 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 		return ReadResult{}, fmt.Errorf("%w: %v on %d nodes", ErrNotFound, key, len(order)+1)
 	}
 	return ReadResult{}, fmt.Errorf("%w: %v on %d nodes: %w", ErrNotFound, key, len(order)+1, errors.Join(errs...))
+}
+
+// Fallbacks are the nodes a read of content asks after its replicas in
+// the current ring, while a ring change may still be moving it: the
+// previous ring's replicas of content, or, on a node that never saw the
+// previous ring, the members ranked right after the replicas for
+// RebalanceSettle after a sign of a rebalance. Empty otherwise. Some may
+// be replicas too; the caller skips those.
+func (r *Replicator) Fallbacks(content chunk.ID) []ring.Member {
+	n, _ := r.quorum()
+	rg := r.ring()
+	r.noteEpoch(rg)
+	return r.fallbacks(rg, content, len(rg.Replicas(content, n)), n)
+}
+
+func (r *Replicator) fallbacks(rg *ring.Ring, content chunk.ID, reps, n int) []ring.Member {
+	if prev := r.prev.Load(); prev != nil && prev.Len() > 0 && prev.Epoch() != rg.Epoch() {
+		return prev.Replicas(content, n)
+	}
+	if r.settling() {
+		// No previous ring known here: the previous owners of content
+		// rank right after its replicas (a join moves a key only to the
+		// newcomer, which ranks above them).
+		extra := min(n, rg.Len()-reps)
+		return rg.Replicas(content, reps+extra)[reps:]
+	}
+	return nil
 }
 
 // noteEpoch records a ring epoch new to this node as a sign of a
