@@ -34,8 +34,10 @@ type ReadResult struct {
 // background. The error wraps ErrNotFound when no node has it and a
 // replica that is not recovering said so (this node, when it is one);
 // ErrUnavailable when none could (unreachable, or refilling after a
-// restart: an empty replica is not a copy's absence). A read
-// counts as serving (incoming rebalance work yields to it) until its
+// restart: an empty replica is not a copy's absence). A read of a
+// version of an opaque value that a node has retired gets the newer
+// version it holds instead (versions.go): the Blob names the key it is. A
+// read counts as serving (incoming rebalance work yields to it) until its
 // Blob is released.
 func (r *Replicator) Read(ctx context.Context, key chunk.Key) (ReadResult, error) {
 	r.serving.begin()
@@ -54,9 +56,9 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	r.noteEpoch(rg)
 	reps := rg.Replicas(key.Content, n)
 	self := r.cfg.NodeID
-	blob, err := r.cfg.Store.Get(ctx, key)
+	blob, got, err := r.getVersion(ctx, key)
 	if err == nil {
-		if verr := r.checkLocal(blob.Bytes(), key, true); verr != nil {
+		if verr := r.checkLocal(blob.Bytes(), got, true); verr != nil {
 			blob.Release()
 			err = verr
 		}
@@ -66,13 +68,13 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 		// reading it: a disk file that fails its checksum) is a missing
 		// one: the replicas serve the read, and this node is repaired like
 		// one that lacks it.
-		r.dropCorrupt(key, err, false)
+		r.dropCorrupt(got, err, false)
 		err = fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	if err == nil {
 		r.metrics.readsLocal.Add(1)
 		if isMember(reps, self) && r.chance() {
-			r.enqueue(repairTask{key: key, check: true})
+			r.enqueue(repairTask{key: got, check: true})
 		}
 		return ReadResult{Blob: blob, From: self}, nil
 	}
@@ -110,8 +112,12 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 			r.metrics.missFallbacks.Add(1)
 		}
 		b, err := r.cfg.Transport.Fetch(ctx, node, key)
+		got := key
 		if err == nil {
-			if hd, verr := chunk.Verify(b, r.cfg.Limits); verr != nil || hd.Key != key {
+			hd, verr := chunk.Verify(b, r.cfg.Limits)
+			if verr == nil && serves(hd.Key, key) {
+				got = hd.Key // key itself, or a newer version
+			} else {
 				if verr == nil {
 					verr = fmt.Errorf("it names %v", hd.Key)
 				}
@@ -126,14 +132,14 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 			r.setSuspect(node, false)
 			r.metrics.readsRemote.Add(1)
 			for _, t := range lacking {
-				task := repairTask{key: key, target: t, source: node}
+				task := repairTask{key: got, target: t, source: node}
 				if t == self {
 					task.blob = b // stored here without fetching it again
 				}
 				r.enqueue(task)
 			}
 			if r.chance() && i+1 < nReps {
-				r.enqueue(repairTask{key: key, check: true})
+				r.enqueue(repairTask{key: got, check: true})
 			}
 			return ReadResult{Blob: pinned.Owned(b), From: node}, nil
 		}
@@ -159,7 +165,7 @@ func (r *Replicator) read(ctx context.Context, key chunk.Key) (ReadResult, error
 	if selfLacks && len(order) > 0 {
 		// A rebalance may have handed the key over to this node (and the
 		// old owner dropped it) while the fetches ran.
-		if blob, err := r.cfg.Store.Get(ctx, key); err == nil {
+		if blob, _, err := r.getVersion(ctx, key); err == nil {
 			r.metrics.readsLocal.Add(1)
 			return ReadResult{Blob: blob, From: self}, nil
 		}
@@ -366,7 +372,12 @@ func (r *Replicator) fetchFrom(ctx context.Context, node string, key chunk.Key) 
 	if err != nil {
 		return pinned.Bytes{}, err
 	}
-	if hd, err := chunk.Verify(b, r.cfg.Limits); err != nil || hd.Key != key {
+	hd, err := chunk.Verify(b, r.cfg.Limits)
+	if err == nil && hd.Key != key && serves(hd.Key, key) {
+		// The version is retired there: a newer one came since the list.
+		return pinned.Bytes{}, fmt.Errorf("%w: %s holds %v, newer than %v", ErrNotFound, node, hd.Key, key)
+	}
+	if err != nil || hd.Key != key {
 		return pinned.Bytes{}, fmt.Errorf("%w: %s served a bad copy of %v: %v", chunk.ErrCorrupt, node, key, err)
 	}
 	return pinned.Owned(b), nil

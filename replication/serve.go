@@ -55,15 +55,16 @@ func (r *Replicator) ServeReplicate(ctx context.Context, blob []byte, hd chunk.H
 }
 
 // ServeFetch lends this node's blob for key (Peer.Fetch with direct
-// set); the caller releases it once sent. Absent keys wrap ErrNotFound,
+// set), or for a version of an opaque value retired here the newest held
+// (versions.go); the caller releases it once sent. Absent keys wrap ErrNotFound,
 // and also ErrRecovering while this node refills after a restart (it may
 // still receive the key). It counts as serving (incoming rebalance work
 // yields to it) until released.
 func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (pinned.Bytes, error) {
 	r.serving.begin()
-	b, err := r.cfg.Store.Get(ctx, key)
+	b, got, err := r.getVersion(ctx, key)
 	if err == nil {
-		if verr := r.checkLocal(b.Bytes(), key, false); verr != nil {
+		if verr := r.checkLocal(b.Bytes(), got, false); verr != nil {
 			b.Release()
 			err = verr
 		}
@@ -71,7 +72,7 @@ func (r *Replicator) ServeFetch(ctx context.Context, key chunk.Key) (pinned.Byte
 	if errors.Is(err, chunk.ErrCorrupt) {
 		// Answered as absent, so the reader asks another replica; the
 		// replica check DropCorrupt queues repairs this node.
-		r.DropCorrupt(key, err)
+		r.DropCorrupt(got, err)
 		err = fmt.Errorf("%w: %w", ErrNotFound, err)
 	}
 	if err != nil {

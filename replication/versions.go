@@ -1,10 +1,12 @@
 package replication
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
 	"github.com/kvmesh/kvmesh/chunk"
+	"github.com/kvmesh/kvmesh/pinned"
 )
 
 // Versions of an opaque value (chunk/opaque.go) are keys of their own: one
@@ -24,7 +26,10 @@ import (
 //     without a tombstone), so the value it would replace stays here; a
 //     replica that took it keeps it, and it may still become the value;
 //   - a delete of a version retires the older ones held here too, so that
-//     a key deleted at its newest version has no value left.
+//     a key deleted at its newest version has no value left;
+//   - a read of a version (Read, ServeFetch) that is retired here is
+//     served by the newest version held here, which is newer: a reader
+//     that found a version never misses because a SET replaced it.
 //
 // This needs a Store that lists the versions it holds (Encodings); with
 // another Store every version is kept, and readers still pick the newest.
@@ -101,4 +106,36 @@ func (r *Replicator) settleOwn(key chunk.Key, acknowledged bool) {
 	if err := r.cfg.Store.Delete(key); err != nil && !errors.Is(err, ErrNotFound) {
 		r.log.Warn("withdrawing a failed write", "key", key, "err", err)
 	}
+}
+
+// getVersion is Store.Get of key, except that a version of an opaque value
+// gone here (retired) is served by the newest version held here, newer
+// than it. It returns the key of the copy it lends.
+func (r *Replicator) getVersion(ctx context.Context, key chunk.Key) (pinned.Bytes, chunk.Key, error) {
+	b, err := r.cfg.Store.Get(ctx, key)
+	es, ok := r.cfg.Store.(Encodings)
+	if err == nil || !versioned(key) || !ok || !errors.Is(err, ErrNotFound) {
+		return b, key, err
+	}
+	newest := key
+	for _, k := range es.Encodings(key.Fingerprint, key.Content) {
+		if versioned(k) && chunk.OpaqueNewer(k.Context, newest.Context) {
+			newest = k
+		}
+	}
+	if newest == key {
+		return b, key, err
+	}
+	nb, nerr := r.cfg.Store.Get(ctx, newest)
+	if nerr != nil {
+		return b, key, err // gone too: the miss of key
+	}
+	return nb, newest, nil
+}
+
+// serves reports whether a copy named got serves a read of key: key
+// itself, or a newer version of the same opaque value.
+func serves(got, key chunk.Key) bool {
+	return got == key || versioned(key) && versioned(got) && got.Fingerprint == key.Fingerprint &&
+		got.Content == key.Content && chunk.OpaqueNewer(got.Context, key.Context)
 }

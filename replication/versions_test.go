@@ -102,6 +102,27 @@ func TestOpaqueVersions(t *testing.T) {
 	if got := c.holders(k3); len(got) != 3 {
 		t.Fatalf("the newest version on %v, want all three", got)
 	}
+	// A read of a retired version is served by the newer one, here and
+	// from a peer.
+	b, err := c.reps["c"].ServeFetch(ctx, k1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, err := chunk.ParseHeader(b.Bytes(), chunk.Limits{}); err != nil || hd.Key != k3 {
+		t.Fatalf("fetch of a retired version: %v, %v; want %v", hd.Key, err, k3)
+	}
+	b.Release()
+	if err := c.stores["b"].Delete(k3); err != nil {
+		t.Fatal(err)
+	}
+	rr, err := c.reps["b"].Read(ctx, k2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hd, err := chunk.ParseHeader(rr.Blob.Bytes(), chunk.Limits{}); err != nil || hd.Key != k3 || rr.From == "b" {
+		t.Fatalf("read of a retired version: %v from %s, %v; want %v from a peer", hd.Key, rr.From, err, k3)
+	}
+	rr.Blob.Release()
 }
 
 // A write of a version that fails its quorum is withdrawn on the
