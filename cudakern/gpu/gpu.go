@@ -229,7 +229,10 @@ type Target struct {
 	// nil) and j.Dst's bytes are not read.
 	Src, Dst []uint64
 	// LayerDone, if set, is called with each layer's index, in order, once
-	// that layer's kernel has finished (its event has fired).
+	// that layer's kernel has finished (its event has fired). It runs on
+	// the injector's thread, so it must not call the injector (that call
+	// would wait for itself), and a payload found corrupt is reported by
+	// InjectDevice's error after the last layer, not before LayerDone.
 	LayerDone func(layer int)
 }
 
