@@ -33,15 +33,15 @@ type GPU interface {
 }
 
 // NewKernel returns gpu's kernel on device when gpu is set and the device
-// answers, else a CPU Injector of cfg, and says which it chose (the
-// device's name, or why not, for the log).
-func NewKernel(gpu GPU, device int, cfg Config) (Kernel, string) {
+// answers, else a CPU Injector of cfg. It says which it chose: the
+// device's name, or why not (for the log), and onGPU.
+func NewKernel(gpu GPU, device int, cfg Config) (k Kernel, name string, onGPU bool) {
 	if gpu == nil {
-		return NewInjector(cfg), "cpu (no GPU configured)"
+		return NewInjector(cfg), "cpu (no GPU configured)", false
 	}
 	k, name, err := gpu.Kernel(device)
 	if err != nil {
-		return NewInjector(cfg), fmt.Sprintf("cpu (GPU %d does not answer: %v)", device, err)
+		return NewInjector(cfg), fmt.Sprintf("cpu (GPU %d does not answer: %v)", device, err), false
 	}
-	return k, name
+	return k, name, true
 }

@@ -28,22 +28,22 @@ func (g *fakeGPU) OpenIPC(int, [][]byte, []int64, []int) (DeviceCache, error) {
 }
 
 func TestNewKernelChoosesDevice(t *testing.T) {
-	k, why := NewKernel(nil, 0, Config{Workers: 1})
-	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "cpu") {
+	k, why, onGPU := NewKernel(nil, 0, Config{Workers: 1})
+	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "cpu") || onGPU {
 		t.Fatalf("no GPU: got %T (%q), want the CPU Injector", k, why)
 	}
 	k.Close()
 
 	g := &fakeGPU{err: errors.New("no driver")}
-	k, why = NewKernel(g, 3, Config{Workers: 1})
-	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "no driver") || g.device != 3 {
+	k, why, onGPU = NewKernel(g, 3, Config{Workers: 1})
+	if _, ok := k.(*Injector); !ok || !strings.Contains(why, "no driver") || g.device != 3 || onGPU {
 		t.Fatalf("GPU that does not answer: got %T (%q) on device %d, want the CPU Injector and the reason", k, why, g.device)
 	}
 	k.Close()
 
 	g = &fakeGPU{}
-	k, why = NewKernel(g, 1, Config{Workers: 1})
-	if k != Kernel(g.k) || why != "fake gpu" || g.device != 1 {
+	k, why, onGPU = NewKernel(g, 1, Config{Workers: 1})
+	if k != Kernel(g.k) || why != "fake gpu" || g.device != 1 || !onGPU {
 		t.Fatalf("answering GPU: got %T (%q) on device %d, want its kernel", k, why, g.device)
 	}
 	k.Close()

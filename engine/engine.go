@@ -145,7 +145,7 @@ func New(w *Weights, cfg Config) (*Engine, error) {
 	if err := layout.Validate(); err != nil {
 		return nil, fmt.Errorf("engine: cache layout: %w", err)
 	}
-	inj, kernel := cudakern.NewKernel(cfg.GPU, cfg.GPUDevice, cudakern.Config{Workers: cfg.Workers})
+	inj, kernel, _ := cudakern.NewKernel(cfg.GPU, cfg.GPUDevice, cudakern.Config{Workers: cfg.Workers})
 	if cfg.GPU != nil {
 		cfg.Logger.Info("engine injection kernel", "kernel", kernel)
 	}

@@ -203,3 +203,32 @@ func ipcMemory(n int) Memory {
 	}
 	return Memory{Kind: MemoryCUDAIPC, IPCHandles: h}
 }
+
+// kernelGPU is a GPU whose kernels are CPU Injectors; it counts them.
+type kernelGPU struct {
+	fakeGPU
+	opened atomic.Int32
+}
+
+func (g *kernelGPU) Kernel(int) (cudakern.Kernel, string, error) {
+	g.opened.Add(1)
+	return cudakern.NewInjector(cudakern.Config{Workers: 1}), "counting gpu", nil
+}
+
+// TestGPUWorkers: only GPUWorkers of the workers open a GPU kernel (one by
+// default), the others take the CPU Injector, and Kernel names the GPU's.
+func TestGPUWorkers(t *testing.T) {
+	spec := testSpec(chunk.BF16)
+	for _, tc := range []struct{ workers, gpuWorkers, want int }{{4, 0, 1}, {4, 3, 3}, {2, 8, 2}} {
+		g := &kernelGPU{}
+		s := newService(t, newMemFetcher(), spec, func(c *Config) {
+			c.Workers, c.GPUWorkers, c.GPU = tc.workers, tc.gpuWorkers, g
+		})
+		if got := int(g.opened.Load()); got != tc.want {
+			t.Errorf("%d workers, GPUWorkers %d: %d GPU kernels opened, want %d", tc.workers, tc.gpuWorkers, got, tc.want)
+		}
+		if s.Kernel() != "counting gpu" {
+			t.Errorf("Kernel() = %q, want the GPU's", s.Kernel())
+		}
+	}
+}

@@ -129,13 +129,20 @@ type Config struct {
 	MaxChunks int
 	// Limits bound the entries accepted. Zero means chunk.DefaultLimits.
 	Limits chunk.Limits
-	// GPU, when set, runs the workers' injections on device GPUDevice
-	// (when it answers; the CPU Injector otherwise, with the same bits)
-	// and opens caches registered by CUDA IPC. Nil: the CPU Injector, and
-	// CUDA IPC registrations are ErrUnsupported. cudakern/gpu.Driver is
-	// the GPU of a build with the cuda tag.
+	// GPU, when set, runs GPUWorkers of the workers' injections into
+	// caches in host memory on device GPUDevice (when it answers; the CPU
+	// Injector otherwise, with the same bits), and opens caches registered
+	// by CUDA IPC. Nil: the CPU Injector, and CUDA IPC registrations are
+	// ErrUnsupported. cudakern/gpu.Driver is the GPU of a build with the
+	// cuda tag.
 	GPU       cudakern.GPU
 	GPUDevice int
+	// GPUWorkers is how many workers open a GPU kernel; the others use the
+	// CPU Injector. Each GPU kernel holds its own stream and copies of the
+	// RoPE tables in device memory (64 MiB for 131072 positions of 128
+	// dims), and a job into host memory crosses the bus twice, so one per
+	// Service by default rather than one per worker.
+	GPUWorkers int
 	// Logger defaults to slog.Default().
 	Logger *slog.Logger
 }
@@ -146,6 +153,7 @@ const (
 	DefaultLayersAhead   = 2
 	DefaultMaxCaches     = 16
 	DefaultMaxChunks     = 4096
+	DefaultGPUWorkers    = 1
 )
 
 // Service registers KV caches and injects chunks into them. It is safe
@@ -188,6 +196,9 @@ func New(cfg Config) (*Service, error) {
 	if cfg.MaxCaches <= 0 {
 		cfg.MaxCaches = DefaultMaxCaches
 	}
+	if cfg.GPUWorkers <= 0 {
+		cfg.GPUWorkers = DefaultGPUWorkers
+	}
 	if cfg.MaxChunks <= 0 {
 		cfg.MaxChunks = DefaultMaxChunks
 	}
@@ -206,13 +217,16 @@ func New(cfg Config) (*Service, error) {
 	s.base, s.stop = context.WithCancel(context.Background())
 	gpu := cfg.GPU
 	for i := 0; i < cfg.Workers; i++ {
+		if i == cfg.GPUWorkers {
+			gpu = nil
+		}
 		// A CUDA kernel where a GPU is configured and its device answers,
 		// the CPU Injector otherwise; the same bits.
-		inj, kind := cudakern.NewKernel(gpu, cfg.GPUDevice, cudakern.Config{Workers: 1})
+		inj, kind, onGPU := cudakern.NewKernel(gpu, cfg.GPUDevice, cudakern.Config{Workers: 1})
 		if i == 0 {
 			s.kernel = kind
-			s.log.Info("injection kernel", "kernel", kind)
-			if _, cpu := inj.(*cudakern.Injector); cpu {
+			s.log.Info("injection kernel", "kernel", kind, "gpu_workers", min(cfg.GPUWorkers, cfg.Workers), "workers", cfg.Workers)
+			if !onGPU {
 				gpu = nil // asked once: the other workers take the CPU too
 			}
 		}
