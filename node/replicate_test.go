@@ -131,30 +131,28 @@ func TestReplicaKilledDuringWrites(t *testing.T) {
 	c := newClient(t, nodes[0], nodes[1])
 	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-		t.Fatal(err)
-	}
 	chunks := makeChunks(t, 7, 60)
-	var acked []testChunk
-	failed := 0
-	var killed sync.WaitGroup
-	for i, ch := range chunks {
-		if i == 20 {
-			// Kill n3 in the middle of the stream, while writes go on.
-			killed.Add(1)
-			go func() {
-				defer killed.Done()
-				_ = nodes[2].Close()
-			}()
+	quorate := func(i int, res client.PutResult) {
+		if len(res.StoredOn) < 2 {
+			t.Fatalf("put %d acknowledged by %v, below the write quorum", i, res.StoredOn)
 		}
+	}
+	const before = 20 // writes before the kill, all acknowledged
+	for i, res := range framework.RegisterAndPutBlobs(t, ctx, c, testutil.Spec(), blobsOf(chunks[:before])) {
+		quorate(i, res)
+	}
+	acked := slices.Clone(chunks[:before])
+	failed := 0
+	// Kill n3 in the middle of the stream, while writes go on.
+	var killed sync.WaitGroup
+	killed.Go(func() { _ = nodes[2].Close() })
+	for i, ch := range chunks[before:] {
 		res, err := c.Put(ctx, ch.blob)
 		if err != nil {
 			failed++
 			continue
 		}
-		if len(res.StoredOn) < 2 {
-			t.Fatalf("put %d acknowledged by %v, below the write quorum", i, res.StoredOn)
-		}
+		quorate(i+before, res)
 		acked = append(acked, ch)
 	}
 	killed.Wait()
@@ -198,11 +196,7 @@ func TestHintsDeliveredAfterReturn(t *testing.T) {
 		t.Fatal(err)
 	}
 	chunks := makeChunks(t, 11, 20)
-	for i, ch := range chunks {
-		res, err := c.Put(ctx, ch.blob)
-		if err != nil {
-			t.Fatalf("put %d with one node down: %v", i, err)
-		}
+	for i, res := range framework.PutBlobs(t, ctx, c, blobsOf(chunks)) {
 		if slices.Contains(res.StoredOn, "n3") {
 			t.Fatalf("put %d stored on the closed n3", i)
 		}
@@ -360,18 +354,12 @@ func TestSingleNodeQuorumAndDrain(t *testing.T) {
 	c := newClient(t, nd)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := c.RegisterModel(ctx, testutil.Spec()); err != nil {
-		t.Fatal(err)
-	}
 	ch := makeChunks(t, 19, 1)[0]
-	res, err := c.Put(ctx, ch.blob)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := framework.RegisterAndPutBlobs(t, ctx, c, testutil.Spec(), [][]byte{ch.blob})[0]
 	if !slices.Equal(res.StoredOn, []string{"n1"}) {
 		t.Fatalf("stored on %v, want [n1]", res.StoredOn)
 	}
-	_, err = c.Drain(ctx, nd.GRPCAddr(), true, nil)
+	_, err := c.Drain(ctx, nd.GRPCAddr(), true, nil)
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("drain of the only node: %v, want FailedPrecondition", err)
 	}

@@ -292,19 +292,30 @@ func RegisterAndPut(t testing.TB, ctx context.Context, c *client.Client, n, toke
 	return e
 }
 
-// RegisterAndPutBlobs registers spec through c and puts blobs in order,
-// failing t on the first error: the "register, then write the data set
-// from one client" setup of the cluster tests.
-func RegisterAndPutBlobs(t testing.TB, ctx context.Context, c *client.Client, spec chunk.ModelSpec, blobs [][]byte) {
+// RegisterAndPutBlobs registers spec through c and puts blobs in order
+// (PutBlobs), failing t on the first error: the "register, then write the
+// data set from one client" setup of the cluster tests. It returns the
+// puts' replies, in order.
+func RegisterAndPutBlobs(t testing.TB, ctx context.Context, c *client.Client, spec chunk.ModelSpec, blobs [][]byte) []client.PutResult {
 	t.Helper()
 	if _, err := c.RegisterModel(ctx, spec); err != nil {
 		t.Fatal(err)
 	}
+	return PutBlobs(t, ctx, c, blobs)
+}
+
+// PutBlobs is RegisterAndPutBlobs' second step alone, for a test that
+// acts on the cluster between registering and writing.
+func PutBlobs(t testing.TB, ctx context.Context, c *client.Client, blobs [][]byte) []client.PutResult {
+	t.Helper()
+	res := make([]client.PutResult, len(blobs))
 	for i, b := range blobs {
-		if _, err := c.Put(ctx, b); err != nil {
+		var err error
+		if res[i], err = c.Put(ctx, b); err != nil {
 			t.Fatalf("put %d: %v", i, err)
 		}
 	}
+	return res
 }
 
 // Check reads every entry back through c and compares its bytes; after
