@@ -35,7 +35,8 @@ type recovery struct {
 	metaCaughtUp atomic.Bool
 	pullDone     atomic.Bool
 	// ringWhy is set while this node's ring differs from the leader's at
-	// the same epoch (errRingDisagrees), nil otherwise.
+	// the same epoch (errRingDisagrees), nil otherwise: found at the start
+	// (catchUpMeta) or later (watchRing).
 	ringWhy atomic.Pointer[string]
 }
 
@@ -53,13 +54,14 @@ func (n *Node) recovering() error {
 	return nil
 }
 
-// recoveringWhy says which step of recovery runs ("" once both are done).
+// recoveringWhy says which step of recovery runs ("" once both are done),
+// or how the ring differs from the leader's, whenever that was found.
 func (n *Node) recoveringWhy() string {
+	if why := n.rec.ringWhy.Load(); why != nil {
+		return *why
+	}
 	switch {
 	case !n.rec.metaCaughtUp.Load():
-		if why := n.rec.ringWhy.Load(); why != nil {
-			return *why
-		}
 		return "metadata catching up with the leader"
 	case !n.rec.pullDone.Load():
 		return "startup pull running"
@@ -99,8 +101,8 @@ func (n *Node) inRing() error {
 }
 
 // recover runs the steps of recovery in order, once the node is in the
-// ring: the metadata catch-up, then the startup pull. It returns early
-// only when ctx ends.
+// ring: the metadata catch-up, then the startup pull. Then it keeps
+// checking the ring against the leader's (watchRing) until ctx ends.
 func (n *Node) recover(ctx context.Context) {
 	watch, unwatch := n.meta.Watch()
 	defer unwatch()
@@ -138,9 +140,86 @@ func (n *Node) recover(ctx context.Context) {
 	n.rec.metaCaughtUp.Store(true)
 	n.log.Info("node: metadata caught up with the leader", "took", time.Since(start).Round(time.Millisecond))
 	n.startupPull(ctx)
-	if ctx.Err() == nil {
-		n.rec.pullDone.Store(true)
+	if ctx.Err() != nil {
+		return
 	}
+	n.rec.pullDone.Store(true)
+	n.watchRing(ctx, wait, func() uint64 { return n.meta.Ring().Epoch() }, n.checkRing)
+}
+
+// watchRing checks this node's ring against the leader's after the
+// start, as catchUpMeta does at the start: a ring that differs at the
+// same epoch makes the node not ready (recovering, with the difference
+// as the reason) until a check finds them equal again. It checks once
+// for each ring epoch the node applies (epoch), and, until a check has
+// compared that epoch and found no difference, again at each wake (in
+// recover: a meta change, or each second). A node that agrees thus calls
+// the leader once per epoch. A check that could not compare (no leader,
+// the leader unreachable or at another epoch) changes nothing. It
+// returns when wait does (false).
+func (n *Node) watchRing(ctx context.Context, wait func() bool, epoch func() uint64, check func(context.Context) (compared bool, err error)) {
+	var agreed uint64 // the last epoch a check found equal to the leader's; 0: none
+	for {
+		if ep := epoch(); ep != agreed || n.rec.ringWhy.Load() != nil {
+			compared, err := check(ctx)
+			switch {
+			case errors.Is(err, errRingDisagrees):
+				n.noteRing(err)
+			case compared && err == nil:
+				n.noteRing(nil)
+				agreed = ep
+			case err != nil:
+				n.log.Debug("node: ring check", "err", err)
+			}
+		}
+		if !wait() {
+			return
+		}
+	}
+}
+
+// leaderClient is a client of the raft leader, and its ID; self is true
+// (and c nil) when this node leads.
+func (n *Node) leaderClient() (lid string, c api.ClientClient, self bool, err error) {
+	lid, laddr := n.meta.Leader()
+	if lid == n.cfg.NodeID {
+		return lid, nil, true, nil
+	}
+	if lid == "" || laddr == "" {
+		return lid, nil, false, errors.New("no leader address")
+	}
+	c, err = n.peers.client(laddr)
+	return lid, c, false, err
+}
+
+// checkRing compares this node's ring with the leader's (one ClusterInfo
+// call; ringAgrees). The leader's own ring is the reference: on the
+// leader it compares nothing and agrees.
+func (n *Node) checkRing(ctx context.Context) (compared bool, err error) {
+	lid, c, self, err := n.leaderClient()
+	if self || err != nil {
+		return self, err
+	}
+	rctx, cancel := n.withTimeout(ctx)
+	defer cancel()
+	info, err := c.ClusterInfo(rctx, &api.ClusterInfoRequest{})
+	if err != nil {
+		return false, fmt.Errorf("leader %s: cluster info: %w", lid, err)
+	}
+	return ringAgrees(n.meta.Ring(), info, lid)
+}
+
+// ringAgrees compares ring r with the leader lid's (info) when both are
+// at the same epoch (compared), failing with errRingDisagrees when they
+// differ.
+func ringAgrees(r *ring.Ring, info *api.ClusterInfoResponse, lid string) (compared bool, err error) {
+	if r.Epoch() != info.Epoch {
+		return false, nil
+	}
+	if diff := ringDiff(r.Members(), info.Members); diff != "" {
+		return true, fmt.Errorf("%w: epoch %d, leader %s: %s", errRingDisagrees, info.Epoch, lid, diff)
+	}
+	return true, nil
 }
 
 // catchUpMeta waits until this node's metadata holds what the leader's
@@ -149,15 +228,8 @@ func (n *Node) recover(ctx context.Context) {
 // run: the node's own commit index is capped by the log it has, so it
 // cannot tell how far behind it is. The leader itself is caught up.
 func (n *Node) catchUpMeta(ctx context.Context) error {
-	lid, laddr := n.meta.Leader()
-	if lid == n.cfg.NodeID {
-		return nil
-	}
-	if lid == "" || laddr == "" {
-		return errors.New("no leader address")
-	}
-	c, err := n.peers.client(laddr)
-	if err != nil {
+	lid, c, self, err := n.leaderClient()
+	if self || err != nil {
 		return err
 	}
 	rctx, cancel := n.withTimeout(ctx)
@@ -194,12 +266,8 @@ func (n *Node) catchUpMeta(ctx context.Context) error {
 		case <-watch:
 		}
 	}
-	if r := n.meta.Ring(); r.Epoch() == info.Epoch {
-		if diff := ringDiff(r.Members(), info.Members); diff != "" {
-			return fmt.Errorf("%w: epoch %d, leader %s: %s", errRingDisagrees, info.Epoch, lid, diff)
-		}
-	}
-	return nil
+	_, err = ringAgrees(n.meta.Ring(), info, lid)
+	return err
 }
 
 // noteRing keeps the reason a ring disagreement gives (for State and
@@ -243,11 +311,12 @@ func ringDiff(ours []ring.Member, leader []*api.Member) string {
 }
 
 // registerRecoveryMetric exports kvmesh_node_recovering: 1 while the node
-// is up but not ready because it is recovering (see Ready), else 0.
+// is up but not ready because it is recovering (see Ready), else 0; and
+// kvmesh_node_ring_disagrees: 1 while its ring differs from the leader's.
 func (n *Node) registerRecoveryMetric() {
 	g := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "kvmesh_node_recovering",
-		Help: "1 while the node catches its metadata up with the leader or runs its startup pull (not ready yet), else 0.",
+		Help: "1 while the node catches its metadata up with the leader, runs its startup pull, or has a ring that differs from the leader's (not ready), else 0.",
 	}, func() float64 {
 		if n.recovering() != nil {
 			return 1
@@ -256,6 +325,18 @@ func (n *Node) registerRecoveryMetric() {
 	})
 	if err := n.registry.Register(g); err != nil {
 		n.log.Warn("node: register recovery metric", "err", err)
+	}
+	d := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "kvmesh_node_ring_disagrees",
+		Help: "1 while this node's ring differs from the leader's at the same epoch (damaged raft state; the node is not ready), else 0.",
+	}, func() float64 {
+		if n.rec.ringWhy.Load() != nil {
+			return 1
+		}
+		return 0
+	})
+	if err := n.registry.Register(d); err != nil {
+		n.log.Warn("node: register ring check metric", "err", err)
 	}
 }
 

@@ -1,11 +1,14 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvmesh/kvmesh/api"
 	"github.com/kvmesh/kvmesh/ring"
@@ -65,4 +68,131 @@ func TestRingDisagreementNotReady(t *testing.T) {
 	if got := n.recovering(); got != nil {
 		t.Fatalf("recovering() once caught up = %v", got)
 	}
+}
+
+// TestRingCheckedAtEachEpoch drives watchRing with a scripted check: a
+// started node checks once per ring epoch it applies, a difference found
+// later makes it not ready (and sets the gauge's state), a check that
+// cannot compare changes nothing, and agreement makes it ready again.
+func TestRingCheckedAtEachEpoch(t *testing.T) {
+	n := &Node{log: slog.New(slog.DiscardHandler)}
+	n.rec.metaCaughtUp.Store(true)
+	n.rec.pullDone.Store(true)
+	var epoch atomic.Uint64
+	epoch.Store(5)
+	type answer struct {
+		compared bool
+		err      error
+	}
+	calls := make(chan uint64)   // the epoch each check ran at
+	answers := make(chan answer) // what that check returns
+	idle := make(chan struct{})  // the loop waits (it handled the last wake)
+	wake := make(chan struct{})
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	wait := func() bool {
+		select {
+		case idle <- struct{}{}:
+		case <-stop:
+			return false
+		}
+		select {
+		case <-wake:
+			return true
+		case <-stop:
+			return false
+		}
+	}
+	check := func(context.Context) (bool, error) {
+		select {
+		case calls <- epoch.Load():
+		case <-stop:
+			return false, nil
+		}
+		select {
+		case a := <-answers:
+			return a.compared, a.err
+		case <-stop:
+			return false, nil
+		}
+	}
+	go func() {
+		defer close(done)
+		n.watchRing(t.Context(), wait, epoch.Load, check)
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+	// next returns the loop's next move after a wake: the epoch of a
+	// check, or ok false when it went back to waiting without one.
+	next := func() (ep uint64, ok bool) {
+		t.Helper()
+		select {
+		case ep := <-calls:
+			return ep, true
+		case <-idle:
+			return 0, false
+		case <-time.After(30 * time.Second):
+			t.Fatal("timed out waiting for the ring check loop")
+		}
+		return 0, false
+	}
+	// step wakes the loop (unless first), expects a check at epoch want
+	// answered with a, and waits for the loop to be idle again.
+	step := func(first bool, want uint64, a answer) {
+		t.Helper()
+		if !first {
+			wake <- struct{}{}
+		}
+		if ep, ok := next(); !ok || ep != want {
+			t.Fatalf("check at epoch %d (%v), want one at %d", ep, ok, want)
+		}
+		answers <- a
+		if ep, ok := next(); ok {
+			t.Fatalf("a second check at epoch %d without a wake", ep)
+		}
+	}
+	// quiet wakes the loop and expects no check.
+	quiet := func() {
+		t.Helper()
+		wake <- struct{}{}
+		if ep, ok := next(); ok {
+			t.Fatalf("a check at epoch %d with nothing to check", ep)
+		}
+	}
+	diff := fmt.Errorf("%w: epoch 6, leader n1: n2 has weight 72.66 here, 32.66 on the leader", errRingDisagrees)
+
+	step(true, 5, answer{true, nil}) // the first check after the start
+	if err := n.recovering(); err != nil {
+		t.Fatalf("agreeing: recovering() = %v", err)
+	}
+	quiet() // the same epoch, agreed: no call to the leader
+
+	epoch.Store(6)
+	step(false, 6, answer{true, diff}) // a new epoch is checked, and differs
+	if err := n.recovering(); !errors.Is(err, ErrRecovering) || !strings.Contains(err.Error(), "72.66 here, 32.66 on the leader") {
+		t.Fatalf("after a difference at epoch 6: recovering() = %v, want ErrRecovering with the difference", err)
+	}
+	if n.rec.ringWhy.Load() == nil {
+		t.Fatal("kvmesh_node_ring_disagrees reads no difference")
+	}
+	// Still differing, it checks again at each wake; a check that cannot
+	// compare (the leader unreachable) keeps the node not ready.
+	step(false, 6, answer{false, errors.New("leader n1: cluster info: unavailable")})
+	if err := n.recovering(); !errors.Is(err, ErrRecovering) || !strings.Contains(err.Error(), "72.66") {
+		t.Fatalf("after a check that could not compare: recovering() = %v, want the difference kept", err)
+	}
+	step(false, 6, answer{true, nil})
+	if err := n.recovering(); err != nil {
+		t.Fatalf("agreeing again: recovering() = %v", err)
+	}
+	quiet()
+
+	// A leader at another epoch cannot be compared: it is asked again at
+	// the next wake, and the node stays ready meanwhile.
+	epoch.Store(7)
+	step(false, 7, answer{false, nil})
+	if err := n.recovering(); err != nil {
+		t.Fatalf("epoch 7 not compared yet: recovering() = %v", err)
+	}
+	step(false, 7, answer{true, nil})
+	quiet()
 }
