@@ -15,6 +15,7 @@ import (
 	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/tests/framework"
 )
 
 // respCluster starts n in-process nodes (R=3, W=2) with their doors.
@@ -60,34 +61,6 @@ func holdsValue(t *testing.T, nd *node.Node, key string) bool {
 	return m != chunk.MatchMiss
 }
 
-// oldRuleKeeps picks two values of key that the one-version-per-key rule
-// (replication.Wins over the unversioned entries' checksums) would settle
-// on the first of: the pair with which a replica that missed the
-// replacement brings the old value back under that rule.
-func oldRuleKeeps(t *testing.T, key string) (v1, v2 string) {
-	t.Helper()
-	fp := chunk.OpaqueSpec("resp:").Fingerprint()
-	sum := func(v string) uint64 {
-		blob, err := chunk.EncodeOpaque(nil, fp, []byte(key), []byte(v), chunk.ID{}, chunk.Limits{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd, err := chunk.ParseHeader(blob, chunk.Limits{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return hd.Checksum
-	}
-	for i := range 64 {
-		v1, v2 = fmt.Sprintf("old value %d", i), fmt.Sprintf("new value %d", i)
-		if replication.Wins(sum(v1), sum(v2)) {
-			return v1, v2
-		}
-	}
-	t.Fatal("no pair of values whose old one wins by checksum")
-	return "", ""
-}
-
 // TestRESPReplaceStaleReplica: a SET that replaced a value while one
 // replica was down stays the value of the key on every node after that
 // replica comes back and anti-entropy and repair have run.
@@ -96,7 +69,7 @@ func TestRESPReplaceStaleReplica(t *testing.T) {
 	if r, w := c.Nodes[0].Quorum(); r != 3 || w != 2 {
 		t.Fatalf("R=%d W=%d, want 3 and 2", r, w)
 	}
-	v1, v2 := oldRuleKeeps(t, "k")
+	v1, v2 := framework.StaleWinningValues(t, "k")
 	do(t, conns[0], "OK", "SET", "k", v1)
 	for i, cn := range conns {
 		testutil.WaitFor(t, fmt.Sprintf("node %d to hold %q", i, v1), func() bool {

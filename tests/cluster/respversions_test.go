@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/replication"
+	"github.com/kvmesh/kvmesh/tests/framework"
 	"github.com/kvmesh/kvmesh/tests/harness"
 )
 
@@ -40,7 +39,7 @@ func TestRESPReplaceStoppedReplica(t *testing.T) {
 		host, port, _ := strings.Cut(p.Addr("resp"), ":")
 		return strings.TrimRight(string(runTool(t, "", cli, append([]string{"-h", host, "-p", port, "--raw"}, args...)...)), "\n")
 	}
-	v1, v2 := oldRuleKeeps(t, "k")
+	v1, v2 := framework.StaleWinningValues(t, "k")
 	testutil.WaitForWithin(t, 2*time.Minute, "the first SET", func() bool { return redis(procs[0], "SET", "k", v1) == "OK" })
 	for _, p := range procs {
 		testutil.WaitForWithin(t, time.Minute, p.ID()+" to read v1", func() bool { return redis(p, "GET", "k") == v1 })
@@ -88,31 +87,4 @@ func TestRESPReplaceStoppedReplica(t *testing.T) {
 			t.Fatalf("after anti-entropy: GET k through %s: %q, want %q", p.ID(), got, v2)
 		}
 	}
-}
-
-// oldRuleKeeps picks two values of key that the one-version-per-key rule
-// (replication.Wins over unversioned entries' checksums) would settle on
-// the first of.
-func oldRuleKeeps(t *testing.T, key string) (v1, v2 string) {
-	t.Helper()
-	fp := chunk.OpaqueSpec("resp:").Fingerprint()
-	sum := func(v string) uint64 {
-		blob, err := chunk.EncodeOpaque(nil, fp, []byte(key), []byte(v), chunk.ID{}, chunk.Limits{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hd, err := chunk.ParseHeader(blob, chunk.Limits{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return hd.Checksum
-	}
-	for i := range 64 {
-		v1, v2 = fmt.Sprintf("old value %d", i), fmt.Sprintf("new value %d", i)
-		if replication.Wins(sum(v1), sum(v2)) {
-			return v1, v2
-		}
-	}
-	t.Fatal("no pair of values whose old one wins by checksum")
-	return "", ""
 }
