@@ -3,12 +3,10 @@ package client
 import (
 	"bytes"
 	"errors"
-	"net"
 	"os"
 	"slices"
 	"testing"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -24,22 +22,15 @@ import (
 func TestRegisterCacheCUDA(t *testing.T) {
 	_, fakes := startFakes(t, 1)
 	c := newTestClient(t, fakes[0].addr)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fi := &fakeInjector{} // no cache socket: the IPC path must not ask for one
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
-	api.RegisterInjectorServer(srv, fi)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	addr := serveInjector(t, fi)
 
 	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
 	lay := pagedkv.CacheLayout{Order: pagedkv.HND, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.BF16}
 	h0, h1 := bytes.Repeat([]byte{1}, 64), bytes.Repeat([]byte{2}, 64)
 	reg := CacheRegistration{Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, Offsets: []int64{0, 4096},
 		CUDA: &CUDAMemory{Device: 3, Handles: [][]byte{h0, h1}}}
-	inj, err := c.RegisterCache(t.Context(), lis.Addr().String(), reg)
+	inj, err := c.RegisterCache(t.Context(), addr, reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +55,7 @@ func TestRegisterCacheCUDA(t *testing.T) {
 		"one handle":   {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: &CUDAMemory{Handles: [][]byte{h0}}},
 		"short handle": {Fingerprint: fp, Layers: 2, Layouts: []pagedkv.CacheLayout{lay}, CUDA: &CUDAMemory{Handles: [][]byte{h0, h1[:8]}}},
 	} {
-		_, err := c.RegisterCache(t.Context(), lis.Addr().String(), bad)
+		_, err := c.RegisterCache(t.Context(), addr, bad)
 		if err == nil || errors.Is(err, ErrNoCUDAIPC) {
 			t.Errorf("%s: registration answered %v, want a refusal that is not ErrNoCUDAIPC", name, err)
 		}
@@ -84,15 +75,8 @@ func TestRegisterCacheCUDA(t *testing.T) {
 func TestRegisterCacheCUDARefused(t *testing.T) {
 	_, fakes := startFakes(t, 1)
 	c := newTestClient(t, fakes[0].addr)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fi := &fakeInjector{}
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
-	api.RegisterInjectorServer(srv, fi)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	addr := serveInjector(t, fi)
 
 	lay := pagedkv.CacheLayout{Order: pagedkv.NHD, NumBlocks: 8, BlockSize: 16, KVHeads: 2, HeadDim: 16, DType: chunk.F16}
 	reg := CacheRegistration{Fingerprint: chunk.Fingerprint{Lo: 5, Hi: 6}, Layers: 1, Layouts: []pagedkv.CacheLayout{lay},
@@ -109,7 +93,7 @@ func TestRegisterCacheCUDARefused(t *testing.T) {
 		fi.mu.Lock()
 		fi.regErr = status.Error(tc.code, "refused")
 		fi.mu.Unlock()
-		_, err := c.RegisterCache(t.Context(), lis.Addr().String(), reg)
+		_, err := c.RegisterCache(t.Context(), addr, reg)
 		if err == nil {
 			t.Fatalf("%v: registered", tc.code)
 		}

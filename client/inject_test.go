@@ -42,6 +42,21 @@ var fakeHandle = bytes.Repeat([]byte{7}, api.CacheHandleBytes)
 
 // listenCacheSocket starts the fake's cache socket: it takes one file per
 // connection and answers fakeHandle.
+// serveInjector serves fi's Injector service on a loopback port until the
+// test ends and returns its address.
+func serveInjector(t *testing.T, fi *fakeInjector) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
+	api.RegisterInjectorServer(srv, fi)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
 func (f *fakeInjector) listenCacheSocket(t *testing.T) {
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: fmt.Sprintf("@kvmesh-client-test-%d-%d", os.Getpid(), rand.Uint64()), Net: "unix"})
 	if err != nil {
@@ -125,16 +140,9 @@ func doneEv(rs ...*api.LookupResult) *api.InjectEvent {
 func TestInjectorOverRPC(t *testing.T) {
 	_, fakes := startFakes(t, 1)
 	c := newTestClient(t, fakes[0].addr)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fi := &fakeInjector{}
 	fi.listenCacheSocket(t)
-	srv := grpc.NewServer(grpc.ForceServerCodecV2(api.Codec()))
-	api.RegisterInjectorServer(srv, fi)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
+	addr := serveInjector(t, fi)
 
 	ctx := t.Context()
 	fp := chunk.Fingerprint{Lo: 5, Hi: 6}
@@ -146,7 +154,7 @@ func TestInjectorOverRPC(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer shm.Close()
-	inj, err := c.RegisterCache(ctx, lis.Addr().String(), CacheRegistration{Fingerprint: fp, Layers: 4,
+	inj, err := c.RegisterCache(ctx, addr, CacheRegistration{Fingerprint: fp, Layers: 4,
 		Layouts: []pagedkv.CacheLayout{lay}, File: shm, Offsets: []int64{0, 4096, 8192, 12288}})
 	if err != nil {
 		t.Fatal(err)
