@@ -70,7 +70,7 @@ func nodeMetrics(t *testing.T) []docMetric {
 		t.Fatalf("put of an unknown model: %v", err)
 	}
 
-	rc := dialRESP(t, serveRESP(t, n))
+	rc := dialRESP(t, nodetest.ServeRESP(t, n))
 	do(t, rc, "OK", "SET", "k", "v")
 	do(t, rc, "v", "GET", "k")
 	do(t, rc, "-ERR unknown command*", "NOPE")

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strconv"
 	"testing"
+
+	"github.com/kvmesh/kvmesh/node/nodetest"
 )
 
 // BenchmarkRESP measures one connection's SET of new keys (written once,
@@ -12,7 +14,7 @@ import (
 // a time: the latency of each.
 func BenchmarkRESP(b *testing.B) {
 	nodes := startCluster(b, 3)
-	c := dialRESP(b, serveRESP(b, nodes[0]))
+	c := dialRESP(b, nodetest.ServeRESP(b, nodes[0]))
 	value := make([]byte, 4<<10)
 	set := func(key string) {
 		if err := c.Command([]byte("SET"), []byte(key), value); err != nil {

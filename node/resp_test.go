@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"strings"
 	"testing"
 	"time"
@@ -14,34 +13,8 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/resp"
 	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/node"
 	"github.com/kvmesh/kvmesh/node/nodetest"
-	"github.com/kvmesh/kvmesh/respserver"
 )
-
-// serveRESP serves n's Redis-protocol door on a loopback port until the
-// test ends and returns its address.
-func serveRESP(t testing.TB, n *node.Node) string {
-	t.Helper()
-	srv, err := respserver.New(n.RESPConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		stop()
-		if err := <-done; err != nil {
-			t.Errorf("resp server: %v", err)
-		}
-	})
-	return ln.Addr().String()
-}
 
 func dialRESP(t testing.TB, addr string) *resp.Conn {
 	t.Helper()
@@ -71,7 +44,7 @@ func TestRESPCluster(t *testing.T) {
 	nodes := startCluster(t, 3)
 	var conns []*resp.Conn
 	for _, n := range nodes {
-		conns = append(conns, dialRESP(t, serveRESP(t, n)))
+		conns = append(conns, dialRESP(t, nodetest.ServeRESP(t, n)))
 	}
 	rng := rand.New(rand.NewPCG(7, 8))
 	value := make([]byte, 3<<20+17)
@@ -143,7 +116,7 @@ func TestRESPTokens(t *testing.T) {
 	writerA, _ := mint(rw, "aa")
 	readerA, readerAID := mint(auth.ScopeRead, "aa")
 	writerB, _ := mint(rw, "bb")
-	c := dialRESP(t, serveRESP(t, n))
+	c := dialRESP(t, nodetest.ServeRESP(t, n))
 	do(t, c, "PONG", "PING")
 	do(t, c, "-NOAUTH Authentication required.", "GET", "k")
 	do(t, c, "-WRONGPASS*", "AUTH", "not-a-token")

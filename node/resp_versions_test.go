@@ -27,7 +27,7 @@ func respCluster(t *testing.T, n int) (*nodetest.Cluster, []*resp.Conn) {
 	}})
 	conns := make([]*resp.Conn, n)
 	for i, nd := range c.Nodes {
-		conns[i] = dialRESP(t, serveRESP(t, nd))
+		conns[i] = dialRESP(t, nodetest.ServeRESP(t, nd))
 	}
 	return c, conns
 }
@@ -84,7 +84,7 @@ func TestRESPReplaceStaleReplica(t *testing.T) {
 	do(t, conns[0], "OK", "SET", "k", v2)
 	nd := c.Restart(2)
 	c.WaitRing(3, c.Nodes...)
-	conns[2] = dialRESP(t, serveRESP(t, nd))
+	conns[2] = dialRESP(t, nodetest.ServeRESP(t, nd))
 	if !holdsValue(t, nd, "k") {
 		t.Fatal("the restarted replica holds no value of k: the test would prove nothing")
 	}
@@ -124,7 +124,7 @@ func TestRESPFailedSetKeepsOld(t *testing.T) {
 	do(t, conns[0], "-ERR replication: write quorum not reached*", "SET", "k", "new")
 	do(t, conns[0], "old", "GET", "k")
 	for _, i := range []int{1, 2} {
-		conns[i] = dialRESP(t, serveRESP(t, c.Restart(i)))
+		conns[i] = dialRESP(t, nodetest.ServeRESP(t, c.Restart(i)))
 	}
 	c.WaitRing(3, c.Nodes...)
 	settle(t, c.Nodes...)
@@ -147,7 +147,7 @@ func TestRESPReplaceNeverNil(t *testing.T) {
 	do(t, conns[0], "OK", "SET", "k", "v000000")
 	var acked atomic.Int64 // the last SET acknowledged
 	const sets = 200
-	writers := []*resp.Conn{dialRESP(t, serveRESP(t, c.Nodes[0])), dialRESP(t, serveRESP(t, c.Nodes[1]))}
+	writers := []*resp.Conn{dialRESP(t, nodetest.ServeRESP(t, c.Nodes[0])), dialRESP(t, nodetest.ServeRESP(t, c.Nodes[1]))}
 	done := make(chan error, 1)
 	go func() {
 		for i := 1; i <= sets; i++ {
@@ -252,7 +252,7 @@ func TestRESPGetDuringRingChange(t *testing.T) {
 	for _, nd := range c.Nodes {
 		testutil.WaitFor(t, "R=1", func() bool { r, w := nd.Quorum(); return r == 1 && w == 1 })
 	}
-	conn := dialRESP(t, serveRESP(t, c.Nodes[0]))
+	conn := dialRESP(t, nodetest.ServeRESP(t, c.Nodes[0]))
 	var keys []string
 	for i := range 24 {
 		keys = append(keys, fmt.Sprintf("key-%d", i))
@@ -277,7 +277,7 @@ func TestRESPGetDuringRingChange(t *testing.T) {
 	// (A read through a node that fetched it from the previous owner may
 	// repair n3 with it.)
 	for _, nd := range nodes {
-		cn := dialRESP(t, serveRESP(t, nd))
+		cn := dialRESP(t, nodetest.ServeRESP(t, nd))
 		for _, k := range moved {
 			do(t, cn, "value of "+k, "GET", k)
 		}

@@ -2,7 +2,6 @@ package security_test
 
 import (
 	"bufio"
-	"context"
 	"crypto/tls"
 	"io"
 	"net"
@@ -14,7 +13,6 @@ import (
 	"github.com/kvmesh/kvmesh/auth"
 	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node/nodetest"
-	"github.com/kvmesh/kvmesh/respserver"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
 
@@ -30,19 +28,7 @@ func TestRESPOverTLS(t *testing.T) {
 	testutil.WaitFor(t, "n1 ready", func() bool { return n.Ready() == nil })
 	tok := newToken(t, n, "lmcache", auth.ScopeRead|auth.ScopeWrite, nil)
 
-	srv, err := respserver.New(n.RESPConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	t.Cleanup(func() { stop(); <-done })
-	addr := ln.Addr().String()
+	addr := nodetest.ServeRESP(t, n)
 
 	// talk sends PING on c and returns what comes back before the end.
 	talk := func(c net.Conn) string {
