@@ -346,10 +346,7 @@ func listKeys(t *testing.T, ctx context.Context, admin api.AdminClient, want int
 // nothing is stored or deleted. A node certificate can.
 func TestPeerAPINeedsNodeCertificate(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodetest.NodeConfig(t, "n1", nil)
-	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
-	n1 := nodetest.StartNode(t, cfg)
-	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	n1 := startSecureNode(t, p, nil)
 	root := newToken(t, n1, "root", auth.ScopeRead|auth.ScopeWrite|auth.ScopeAdmin, nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()

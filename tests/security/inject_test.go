@@ -17,8 +17,6 @@ import (
 	"github.com/kvmesh/kvmesh/chunk"
 	"github.com/kvmesh/kvmesh/client"
 	"github.com/kvmesh/kvmesh/inject"
-	"github.com/kvmesh/kvmesh/internal/testutil"
-	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/pagedkv"
 )
 
@@ -29,10 +27,7 @@ import (
 // answered as for an ID that does not exist.
 func TestInjectNamespace(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodetest.NodeConfig(t, "n1", nil)
-	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
-	n1 := nodetest.StartNode(t, cfg)
-	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	n1 := startSecureNode(t, p, nil)
 
 	specA, specB := spec(2), spec(3)
 	fpA, fpB := specA.Fingerprint(), specB.Fingerprint()

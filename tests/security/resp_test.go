@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvmesh/kvmesh/auth"
-	"github.com/kvmesh/kvmesh/internal/testutil"
 	"github.com/kvmesh/kvmesh/node/nodetest"
 	"github.com/kvmesh/kvmesh/tlsconf"
 )
@@ -22,10 +21,7 @@ import (
 // and a token works.
 func TestRESPOverTLS(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodetest.NodeConfig(t, "n1", nil)
-	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
-	n := nodetest.StartNode(t, cfg)
-	testutil.WaitFor(t, "n1 ready", func() bool { return n.Ready() == nil })
+	n := startSecureNode(t, p, nil)
 	tok := newToken(t, n, "lmcache", auth.ScopeRead|auth.ScopeWrite, nil)
 
 	addr := nodetest.ServeRESP(t, n)

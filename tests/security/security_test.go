@@ -75,6 +75,20 @@ func files(dir, name string) tlsconf.Config {
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
+// startSecureNode starts node n1 of p's CA with TLS and tokens (mod, if
+// set, changes the config first) and waits until it is ready.
+func startSecureNode(t *testing.T, p pki, mod func(*node.Config)) *node.Node {
+	t.Helper()
+	cfg := nodetest.NodeConfig(t, "n1", nil)
+	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
+	if mod != nil {
+		mod(&cfg)
+	}
+	n := nodetest.StartNode(t, cfg)
+	testutil.WaitFor(t, "n1 ready", func() bool { return n.Ready() == nil })
+	return n
+}
+
 // inRaft reports whether id is in n's raft configuration.
 func inRaft(t *testing.T, n *node.Node, id string) bool {
 	servers, err := n.Meta().Servers()
@@ -182,11 +196,8 @@ func TestNoTLSRefused(t *testing.T) {
 // the scope or namespace, and serves the others.
 func TestClientAccess(t *testing.T) {
 	p := newPKI(t)
-	cfg := nodetest.NodeConfig(t, "n1", nil)
-	cfg.TLS, cfg.Tokens = files(p.dir, "n1"), true
-	cfg.MaxChunksPerRequest = 16
-	n1 := nodetest.StartNode(t, cfg)
-	testutil.WaitFor(t, "n1 ready", func() bool { return n1.Ready() == nil })
+	const maxChunks = 16
+	n1 := startSecureNode(t, p, func(c *node.Config) { c.MaxChunksPerRequest = maxChunks })
 	addr := n1.GRPCAddr()
 
 	specA, specB := spec(2), spec(3)
@@ -314,7 +325,7 @@ func TestClientAccess(t *testing.T) {
 	t.Run("chunks per request", func(t *testing.T) {
 		// The client splits lookups at node.MaxLookupBatch; this node's
 		// own limit is lower.
-		items := make([]client.LookupItem, cfg.MaxChunksPerRequest+1)
+		items := make([]client.LookupItem, maxChunks+1)
 		for i := range items {
 			items[i] = client.LookupItem{Content: keyA.Content, Want: keyA.Context}
 		}
